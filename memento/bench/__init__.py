@@ -1,0 +1,1 @@
+"""``memento bench ...`` suites. Each writes a JSON file of results (and prints a table)."""

@@ -1,0 +1,195 @@
+"""``memento bench bank``: case-bank add throughput, search latency and recall per faiss index.
+
+For each size N and factory string, a fresh bank is filled with N random unit vectors
+through ``CaseBank.add`` in chunks (SQLite insert + index add, IVF training included),
+then timed with single-vector queries (the online loop's access pattern). Recall@k is
+measured against exact inner-product search over the same vectors. Everything of one
+size runs in one process, so the figures compare side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from memento.errors import ConfigError
+
+__all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "make_vectors", "run_bank_bench"]
+
+logger = logging.getLogger(__name__)
+
+_ADD_CHUNK = 10_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BankBenchConfig:
+    sizes: tuple[int, ...] = (10_000, 100_000)
+    factories: tuple[str, ...] = ("Flat", "HNSW32,Flat", "IVF{nlist},Flat")
+    dim: int = 384
+    queries: int = 200
+    k: int = 10
+    data: Literal["uniform", "clustered"] = "uniform"
+    ef_search: tuple[int, ...] = (64, 128, 256)
+    nprobe: tuple[int, ...] = (16, 64, 256)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sizes or min(self.sizes) < 1:
+            raise ConfigError(f"BankBenchConfig.sizes={self.sizes!r}: need positive sizes")
+        if not self.factories:
+            raise ConfigError(f"BankBenchConfig.factories={self.factories!r}: need at least one")
+        for name in ("dim", "queries", "k"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"BankBenchConfig.{name}={getattr(self, name)!r}: must be >= 1")
+        if self.data not in ("uniform", "clustered"):
+            raise ConfigError(f"BankBenchConfig.data={self.data!r}: must be 'uniform' or 'clustered'")
+
+
+def ivf_nlist(n: int) -> int:
+    """A power of two near 4 * sqrt(n), small enough that the index trains (39 points per list)."""
+    nlist = 2 ** max(2, round(math.log2(4 * math.sqrt(n))))
+    while nlist > 4 and 39 * nlist > n:
+        nlist //= 2
+    return nlist
+
+
+def make_vectors(rng: np.random.Generator, n: int, dim: int, data: str) -> np.ndarray:
+    """``n`` unit vectors: uniform on the sphere, or a mixture of 1,000 clusters (as real embeddings are)."""
+    if data == "uniform":
+        x = rng.standard_normal((n, dim), dtype=np.float32)
+    else:
+        centers = rng.standard_normal((1000, dim), dtype=np.float32)
+        centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+        x = centers[rng.integers(0, len(centers), size=n)] + 0.06 * rng.standard_normal((n, dim), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def _exact_topk(base_ND: np.ndarray, queries_QD: np.ndarray, k: int) -> np.ndarray:
+    out = np.empty((len(queries_QD), k), dtype=np.int64)
+    for start in range(0, len(queries_QD), 64):
+        sims = queries_QD[start:start + 64] @ base_ND.T
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1)
+        out[start:start + 64] = np.take_along_axis(top, order, axis=1)
+    return out
+
+
+def _time_queries(bank: Any, queries_QD: np.ndarray, k: int) -> tuple[dict[str, float], np.ndarray]:
+    for q in queries_QD[:5]:  # warm-up
+        bank.search_positions(q, k)
+    latencies = np.empty(len(queries_QD))
+    found = np.empty((len(queries_QD), k), dtype=np.int64)
+    for i, q in enumerate(queries_QD):
+        t0 = time.perf_counter()
+        _, positions = bank.search_positions(q, k)
+        latencies[i] = time.perf_counter() - t0
+        found[i] = positions[0]
+    ms = latencies * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean())}, found
+
+
+def _recall(found_QK: np.ndarray, truth_QK: np.ndarray) -> float:
+    hits = sum(len(set(f.tolist()) & set(t.tolist())) for f, t in zip(found_QK, truth_QK))
+    return hits / truth_QK.size
+
+
+def _environment() -> dict[str, Any]:
+    import faiss
+
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "faiss": faiss.__version__, "numpy": np.__version__, "faiss_omp_threads": faiss.omp_get_max_threads()}
+
+
+def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
+                   workdir: str | Path | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and writes to ``out`` as it goes) the results document."""
+    from memento.memory import CaseBank
+    from memento.types import Case
+
+    rng = np.random.default_rng(config.seed)
+    results: dict[str, Any] = {"benchmark": "bank", "config": dataclasses.asdict(config),
+                               "environment": _environment(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                               "results": []}
+    root = Path(tempfile.mkdtemp(prefix="memento-bench-", dir=workdir))
+    try:
+        for n in config.sizes:
+            base_ND = make_vectors(rng, n, config.dim, config.data)
+            queries_QD = make_vectors(rng, config.queries, config.dim, config.data)
+            truth_QK = _exact_topk(base_ND, queries_QD, min(config.k, n))
+            k = min(config.k, n)
+            cases = [Case(state=f"synthetic state {i}", action=f"synthetic action {i}", reward=float(i % 2))
+                     for i in range(n)]
+            for template in config.factories:
+                factory = template.replace("{nlist}", str(ivf_nlist(n)))
+                path = root / f"bank-{n}-{factory.replace(',', '_')}"
+                logger.info("bench bank: n=%d factory=%s", n, factory)
+                bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed)
+                t0 = time.perf_counter()
+                for start in range(0, n, _ADD_CHUNK):
+                    bank.add(cases[start:start + _ADD_CHUNK], base_ND[start:start + _ADD_CHUNK])
+                add_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                bank.flush()
+                flush_s = time.perf_counter() - t0
+                row: dict[str, Any] = {"n": n, "factory": factory, "add_s": add_s, "add_per_s": n / add_s,
+                                       "flush_s": flush_s, "trained": bank.stats()["index_trained"],
+                                       "search": []}
+                knob = "ef_search" if "HNSW" in factory else "nprobe" if "IVF" in factory else None
+                values = (config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe"
+                          else (None,))
+                for value in values:
+                    if knob is not None:
+                        bank.set_search_params(**{knob: value})
+                    timing, found = _time_queries(bank, queries_QD, k)
+                    row["search"].append({"param": knob, "value": value, **timing,
+                                          f"recall@{k}": _recall(found, truth_QK)})
+                bank.close()
+                t0 = time.perf_counter()
+                CaseBank.open(path).close()
+                row["open_s"] = time.perf_counter() - t0
+                shutil.rmtree(path, ignore_errors=True)
+                results["results"].append(row)
+                logger.info("bench bank: %s", row)
+                if out is not None:
+                    _write(out, results)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if out is not None:
+        _write(out, results)
+    return results
+
+
+def _write(path: str | Path, results: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """A Markdown table of the results (the form docs/benchmarks.md records)."""
+    k = results["config"]["k"]
+    lines = [f"| N | factory | add (cases/s) | param | search p50 (ms) | p99 (ms) | recall@{k} |",
+             "|---:|---|---:|---|---:|---:|---:|"]
+    for row in results["results"]:
+        for s in row["search"]:
+            param = "" if s["param"] is None else f"{s['param']}={s['value']}"
+            recall = next(v for key, v in s.items() if key.startswith("recall@"))
+            lines.append(f"| {row['n']:,} | {row['factory']} | {row['add_per_s']:,.0f} | {param} | "
+                         f"{s['p50_ms']:.3f} | {s['p99_ms']:.3f} | {recall:.3f} |")
+    return "\n".join(lines)

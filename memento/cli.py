@@ -1,0 +1,261 @@
+"""The ``memento`` command.
+
+Every subcommand validates its input before writing anything; a ``MementoError`` is
+printed as one line (``memento: error: ...``) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, get_args
+
+from memento.errors import MementoError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_CASE_FORMAT_HELP = """\
+case               Case JSONL {"id", "state", "action", "reward", "env"?, "kind"?, "meta"?}
+memento-memory     Memento case memory {"case", "plan", "case_label": positive|negative}
+memento-np-memory  Memento non-parametric memory {"question", "plan", "reward": 0|1}
+memento-training   Memento retriever pairs {"query", "case", "case_label", "plan", "truth_label"}
+                   (imports the unique cases they mention)"""
+
+
+def _add_encoder_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("encoder (used when the bank is created)")
+    group.add_argument("--encoder", metavar="PATH", default=None,
+                       help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default="avg",
+                       help="SimCSE pooling (default: avg)")
+    group.add_argument("--max-length", type=int, default=256, help="token limit per text (default: 256)")
+    group.add_argument("--index", default="Flat",
+                       help='faiss index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat" (default: Flat)')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memento",
+        description="Learn which past cases a frozen LLM should see. Manage case banks and run benchmarks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Errors in input print one line and exit with status 2. Run 'memento COMMAND --help' for details.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    bank = commands.add_parser("bank", help="create, fill, search and inspect case banks",
+                               description="A case bank is a directory: cases.sqlite (cases + embeddings) "
+                                           "and index.faiss beside it.")
+    bank_cmds = bank.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
+
+    create = bank_cmds.add_parser("create", help="create an empty bank",
+                                  description="Create an empty case bank. Its dimension comes from the encoder, "
+                                              "or from --dim for a bank filled with your own vectors.")
+    create.add_argument("--bank", required=True, metavar="DIR", help="bank directory to create")
+    create.add_argument("--dim", type=int, default=None,
+                        help="vector dimension without an encoder (then text search is unavailable)")
+    _add_encoder_options(create)
+
+    imp = bank_cmds.add_parser(
+        "import", help="import cases from a JSONL file", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read a case file, encode the states and add every case in one transaction.\n"
+                    "The whole file is checked first: a bad line prints FILE:LINE: reason, exits 2,\n"
+                    "and leaves the bank unchanged. A missing bank is created (encoder options below).\n\n"
+                    "formats:\n" + _CASE_FORMAT_HELP)
+    imp.add_argument("file", metavar="FILE", help="JSONL file to import")
+    imp.add_argument("--bank", required=True, metavar="DIR", help="bank directory (created if missing)")
+    from memento.formats import CaseFormat
+
+    imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case", help="input format (default: case)")
+    imp.add_argument("--allow-duplicates", action="store_true",
+                     help="store cases whose content is already in the bank")
+    _add_encoder_options(imp)
+
+    exp = bank_cmds.add_parser("export", help="write every case as Case JSONL")
+    exp.add_argument("out", metavar="OUT", help="output JSONL file (written atomically)")
+    exp.add_argument("--bank", required=True, metavar="DIR")
+
+    search = bank_cmds.add_parser("search", help="nearest cases to a text",
+                                  description="Encode TEXT with the bank's encoder and print the k nearest cases "
+                                              "by cosine similarity.")
+    search.add_argument("text", metavar="TEXT")
+    search.add_argument("--bank", required=True, metavar="DIR")
+    search.add_argument("-k", type=int, default=4, help="number of cases (default: 4)")
+    search.add_argument("--env", default=None, help="only cases of this env")
+    search.add_argument("--kind", default=None, help="only cases of this kind")
+    search.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    stats = bank_cmds.add_parser("stats", help="counts, rewards, index and file sizes")
+    stats.add_argument("--bank", required=True, metavar="DIR")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    bench = commands.add_parser("bench", help="benchmarks that write JSON results",
+                                description="Benchmarks. Each writes a JSON file of results; compare figures "
+                                            "from one run (these machines are noisy).")
+    bench_cmds = bench.add_subparsers(dest="bench_command", metavar="SUITE", required=True)
+    bb = bench_cmds.add_parser(
+        "bank", help="case bank add throughput, search latency and recall per index",
+        description="Fill banks with random unit vectors and measure CaseBank.add throughput (SQLite + index), "
+                    "single-query search latency (p50/p99) and recall@k against exact search, for each index "
+                    "factory and size. '{nlist}' in a factory is replaced by a size-dependent IVF list count.")
+    bb.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="bank sizes (default: 10000 100000)")
+    bb.add_argument("--factories", nargs="+", default=["Flat", "HNSW32,Flat", "IVF{nlist},Flat"],
+                    help='faiss factory strings (default: Flat "HNSW32,Flat" "IVF{nlist},Flat")')
+    bb.add_argument("--dim", type=int, default=384, help="vector dimension (default: 384)")
+    bb.add_argument("--queries", type=int, default=200, help="timed single queries per setting (default: 200)")
+    bb.add_argument("-k", type=int, default=10, help="k for search and recall@k (default: 10)")
+    bb.add_argument("--data", choices=["uniform", "clustered"], default="uniform",
+                    help="uniform random unit vectors, or a mixture of clusters like real embeddings")
+    bb.add_argument("--ef-search", type=int, nargs="+", default=[64, 128, 256], help="HNSW efSearch values")
+    bb.add_argument("--nprobe", type=int, nargs="+", default=[16, 64, 256], help="IVF nprobe values")
+    bb.add_argument("--seed", type=int, default=0)
+    bb.add_argument("--workdir", default=None, help="where the temporary banks go (default: system temp)")
+    bb.add_argument("--json", required=True, metavar="OUT", help="results file")
+    return parser
+
+
+def _configure_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _encoder_config(args: argparse.Namespace) -> Any:
+    from memento.config import EncoderConfig
+
+    return EncoderConfig(model=args.encoder, pooling=args.pooling, max_length=args.max_length)
+
+
+def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
+    from memento.encoders import Encoder
+    from memento.memory import CaseBank
+
+    if dim is not None:
+        return CaseBank.create(args.bank, dim, index=args.index), None
+    config = _encoder_config(args)
+    encoder = Encoder.from_config(config)
+    return CaseBank.create(args.bank, encoder.dim, index=args.index, encoder=config), encoder
+
+
+def _bank_encoder(bank: Any) -> Any:
+    from memento.encoders import Encoder
+    from memento.errors import DimensionError, EncoderError
+
+    if bank.config.encoder is None:
+        raise EncoderError(f"{bank.path}: this bank records no encoder (created with --dim); "
+                           "it can only be searched with vectors from Python")
+    encoder = Encoder.from_config(bank.config.encoder)
+    if encoder.dim != bank.dim:
+        raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, bank {bank.path} holds dim={bank.dim}")
+    return encoder
+
+
+def _cmd_bank(args: argparse.Namespace) -> int:
+    from memento.memory import CaseBank
+
+    if args.bank_command == "create":
+        bank, _ = _create_bank(args, args.dim)
+        with bank:
+            print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
+        return EXIT_OK
+
+    if args.bank_command == "import":
+        from memento.formats import read_case_file
+
+        cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
+        if Path(args.bank, "cases.sqlite").exists():
+            bank, encoder = CaseBank.open(args.bank), None
+        else:
+            bank, encoder = _create_bank(args)
+            print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
+        with bank:
+            encoder = encoder or _bank_encoder(bank)
+            before = len(bank)
+            vectors = encoder.encode([c.state for c in cases], normalize=True).reshape(len(cases), bank.dim)
+            bank.add(cases, vectors, allow_duplicates=args.allow_duplicates)
+            added = len(bank) - before
+            print(f"imported {added} case(s) from {args.file} into {bank.path} "
+                  f"({len(cases) - added} duplicate(s) skipped; {len(bank)} in the bank)")
+        return EXIT_OK
+
+    with CaseBank.open(args.bank) as bank:
+        if args.bank_command == "export":
+            n = bank.export_jsonl(args.out)
+            print(f"exported {n} case(s) to {args.out}")
+        elif args.bank_command == "search":
+            from memento.errors import DataFormatError
+
+            if args.k < 1:
+                raise DataFormatError(f"-k must be a positive integer, got {args.k}")
+            encoder = _bank_encoder(bank)
+            scores, ids = bank.search(encoder.encode(args.text), args.k, env=args.env, kind=args.kind)
+            cases = bank.get(list(ids))
+            if args.json:
+                print(json.dumps([{"score": float(s), **c.to_json()} for s, c in zip(scores, cases)],
+                                 ensure_ascii=False, indent=2))
+            else:
+                if not cases:
+                    print("no cases found")
+                for rank, (score, case) in enumerate(zip(scores, cases), start=1):
+                    print(f"{rank}. [{score:.4f}] {case.id}  reward={case.reward:g}  kind={case.kind}"
+                          + (f"  env={case.env}" if case.env else ""))
+                    print(textwrap.indent(textwrap.shorten(case.state, 200), "   state:  "))
+                    print(textwrap.indent(textwrap.shorten(case.action, 200), "   action: "))
+        elif args.bank_command == "stats":
+            stats = bank.stats()
+            if args.json:
+                print(json.dumps(stats, indent=2))
+            else:
+                for key, value in stats.items():
+                    print(f"{key:>16}: {value}")
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "bank":
+        from memento.bench.bank import BankBenchConfig, run_bank_bench
+
+        config = BankBenchConfig(sizes=tuple(args.sizes), factories=tuple(args.factories), dim=args.dim,
+                                 queries=args.queries, k=args.k, data=args.data, ef_search=tuple(args.ef_search),
+                                 nprobe=tuple(args.nprobe), seed=args.seed)
+        results = run_bank_bench(config, out=args.json, workdir=args.workdir)
+        from memento.bench.bank import format_table
+
+        print(format_table(results))
+        print(f"results written to {args.json}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from memento import __version__
+
+        print(f"memento {__version__}")
+        return EXIT_OK
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    _configure_logging(args.verbose)
+    try:
+        if args.command == "bank":
+            return _cmd_bank(args)
+        if args.command == "bench":
+            return _cmd_bench(args)
+    except MementoError as error:
+        print(f"memento: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("memento: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    parser.error(f"unknown command {args.command!r}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Typed, frozen run configurations and their JSON round trip.
+
+Every config is a ``@dataclass(frozen=True, kw_only=True)``. Fields are checked in
+``__post_init__`` (a ``ConfigError`` names the field and the value), closed choices
+are ``Literal`` types, and :func:`to_dict` / :func:`from_dict` convert a config to
+and from plain JSON, recursing into nested configs. Unknown keys are rejected so a
+typo in a config file never passes silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from memento.errors import ConfigError
+
+__all__ = [
+    "BankConfig",
+    "EncoderConfig",
+    "IndexConfig",
+    "Pooling",
+    "from_dict",
+    "load_json",
+    "save_json",
+    "to_dict",
+]
+
+T = TypeVar("T")
+
+Pooling = Literal["avg", "cls", "cls_before_pooler"]
+
+
+def _check(condition: bool, cls: type, field: str, value: Any, requirement: str) -> None:
+    if not condition:
+        raise ConfigError(f"{cls.__name__}.{field}={value!r}: {requirement}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderConfig:
+    """How texts become state and case vectors.
+
+    ``model`` is ``None`` for the bundled all-MiniLM-L6-v2 weights, or a local
+    transformers encoder directory (SimCSE checkpoints included).
+    """
+
+    model: str | None = None
+    pooling: Pooling = "avg"
+    max_length: int = 256
+    batch_size: int = 64
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.pooling in get_args(Pooling), type(self), "pooling", self.pooling,
+               f"must be one of {get_args(Pooling)}")
+        _check(self.max_length >= 8, type(self), "max_length", self.max_length, "must be >= 8")
+        _check(self.batch_size >= 1, type(self), "batch_size", self.batch_size, "must be >= 1")
+        _check(self.model is None or bool(str(self.model).strip()), type(self), "model",
+               self.model, "must be None or a non-empty path")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """A faiss index built from a factory string, inner product on unit vectors.
+
+    ``factory`` is any ``faiss.index_factory`` description: ``"Flat"`` (exact),
+    ``"HNSW32,Flat"``, ``"IVF1024,Flat"``, ``"IVF4096,PQ32"``... ``ef_search`` and
+    ``nprobe`` are the search-time knobs of HNSW and IVF indexes.
+    """
+
+    factory: str = "Flat"
+    ef_search: int = 128
+    nprobe: int = 32
+
+    def __post_init__(self) -> None:
+        _check(bool(self.factory.strip()), type(self), "factory", self.factory, "must be non-empty")
+        _check(self.ef_search >= 1, type(self), "ef_search", self.ef_search, "must be >= 1")
+        _check(self.nprobe >= 1, type(self), "nprobe", self.nprobe, "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BankConfig:
+    """What a case bank is made of: embedding dimension, index, and the encoder that fills it."""
+
+    dim: int
+    index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
+    encoder: EncoderConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.dim, int) and self.dim >= 1, type(self), "dim", self.dim,
+               "must be a positive integer")
+
+
+# ---------------------------------------------------------------- JSON round trip
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A config as a plain JSON-ready dict (nested configs become nested dicts)."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"to_dict expects a dataclass instance, got {type(config).__name__}")
+    return dataclasses.asdict(config)
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, where)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0] if errors else f"{where}={value!r}: invalid")
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"{where}={value!r}: must be one of {get_args(tp)}")
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r}: expected an object for {tp.__name__}")
+        return from_dict(tp, value, _where=where)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}={value!r}: expected a list")
+        args = get_args(tp)
+        inner = args[0] if args else Any
+        items = [_convert(inner, item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r}: expected an object")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r}: expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}={value!r}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}={value!r}: expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}={value!r}: expected a string")
+        return value
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, _where: str | None = None) -> T:
+    """Build config ``cls`` from a plain dict, checking every field's type and value."""
+    where = _where or cls.__name__
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {name: _convert(hints[name], value, f"{where}.{name}") for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as error:  # a required field is missing
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def save_json(config: Any, path: str | Path) -> None:
+    """Write ``config`` as indented JSON, atomically (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_json(cls: type[T], path: str | Path) -> T:
+    """Read a config of type ``cls`` written by :func:`save_json`."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+    return from_dict(cls, data)

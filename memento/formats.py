@@ -1,0 +1,262 @@
+"""Readers and writers for the JSONL formats of DESIGN §6.
+
+Every reader validates the whole file before returning anything, and every error
+names the file and the 1-based line (``path:line: reason``), so an import either
+takes the whole file or changes nothing. Writers go through a temporary file and a
+rename, so a crash never leaves half a file behind.
+
+Formats:
+- Case JSONL ``{"id", "state", "action", "reward", "env"?, "kind"?, "meta"?}``;
+- Task JSONL ``{"id", "question", "answers", "family"?, "env"?, "meta"?}``;
+- the Memento reference files: case memory ``{"case", "plan", "case_label"}``,
+  non-parametric memory ``{"question", "plan", "reward"}``, retriever training pairs
+  ``{"query", "case", "case_label", "plan", "truth_label"}`` and tasks
+  ``{"question", "ground_truth": "a<|answer_split|>b", "data_source"}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args
+
+from memento.errors import DataFormatError
+from memento.types import Case, Task
+
+__all__ = [
+    "ANSWER_SPLIT",
+    "CaseFormat",
+    "MementoPair",
+    "iter_jsonl",
+    "read_case_file",
+    "read_cases_jsonl",
+    "read_memento_memory",
+    "read_memento_np_memory",
+    "read_memento_tasks",
+    "read_memento_training_pairs",
+    "read_tasks_jsonl",
+    "write_jsonl",
+]
+
+T = TypeVar("T")
+ANSWER_SPLIT = "<|answer_split|>"
+
+CaseFormat = Literal["case", "memento-memory", "memento-np-memory", "memento-training"]
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; bad JSON names file and line."""
+    path = Path(path)
+    try:
+        handle = path.open("r", encoding="utf-8")
+    except FileNotFoundError:
+        raise DataFormatError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise DataFormatError("is a directory, expected a JSONL file", path=path) from None
+    with handle:
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DataFormatError(f"invalid JSON: {error.msg} (column {error.pos + 1})",
+                                          path=path, line=number) from None
+                if not isinstance(row, dict):
+                    raise DataFormatError(f"expected a JSON object, got {type(row).__name__}",
+                                          path=path, line=number)
+                yield number, row
+        except UnicodeDecodeError as error:
+            raise DataFormatError(f"not UTF-8 text: {error.reason}", path=path) from None
+
+
+def _read(path: str | Path, parse: Callable[[dict[str, Any]], T]) -> list[T]:
+    """Parse every row of a JSONL file; a field error is reported as ``path:line: reason``."""
+    out: list[T] = []
+    for number, row in iter_jsonl(path):
+        try:
+            out.append(parse(row))
+        except DataFormatError as error:
+            raise DataFormatError(error.reason, path=path, line=number) from None
+    return out
+
+
+def _field(row: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True) -> Any:
+    if name not in row or row[name] is None:
+        if required:
+            raise DataFormatError(f"missing field {name!r}")
+        return None
+    value = row[name]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise DataFormatError(f"field {name!r} must be {_kind_name(kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        raise DataFormatError(f"field {name!r} must be {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", int: "a number", float: "a number", bool: "true or false",
+             dict: "an object", list: "a list"}
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _reward(row: dict[str, Any], name: str = "reward") -> float:
+    value = _field(row, name, (int, float))
+    if not math.isfinite(value):
+        raise DataFormatError(f"field {name!r} must be finite, got {value!r}")
+    return float(value)
+
+
+def _plan(row: dict[str, Any]) -> str:
+    """Memento's ``plan``: a JSON string ``{"plan": [{"id", "description"}, ...]}``, kept verbatim."""
+    plan = _field(row, "plan", str)
+    try:
+        parsed = json.loads(plan)
+    except json.JSONDecodeError as error:
+        raise DataFormatError(f"field 'plan' is not a JSON string: {error.msg}") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("plan"), list):
+        raise DataFormatError("field 'plan' must encode an object {\"plan\": [...]}")
+    return plan
+
+
+_CASE_KEYS = {"id", "state", "action", "reward", "env", "kind", "meta"}
+
+
+def _parse_case(row: dict[str, Any]) -> Case:
+    unknown = sorted(set(row) - _CASE_KEYS)
+    if unknown:
+        raise DataFormatError(f"unknown field(s) {unknown} for a Case JSONL row")
+    case_id = _field(row, "id", (str, int), required=False)
+    return Case(id=None if case_id is None else str(case_id), state=_field(row, "state", str),
+                action=_field(row, "action", str), reward=_reward(row),
+                env=_field(row, "env", str, required=False), kind=_field(row, "kind", str, required=False) or "case",
+                meta=_field(row, "meta", dict, required=False) or {})
+
+
+def read_cases_jsonl(path: str | Path) -> list[Case]:
+    """Case JSONL (DESIGN §6)."""
+    return _read(path, _parse_case)
+
+
+def _parse_task(row: dict[str, Any]) -> Task:
+    answers = _field(row, "answers", list)
+    return Task(id=str(_field(row, "id", (str, int))), question=_field(row, "question", str),
+                answers=tuple(answers), family=_field(row, "family", str, required=False),
+                env=_field(row, "env", str, required=False), meta=_field(row, "meta", dict, required=False) or {})
+
+
+def read_tasks_jsonl(path: str | Path) -> list[Task]:
+    """Task JSONL (DESIGN §6)."""
+    return _read(path, _parse_task)
+
+
+_LABELS = {"positive": 1.0, "negative": 0.0}
+
+
+def _label(row: dict[str, Any], name: str) -> float:
+    label = _field(row, name, str)
+    if label not in _LABELS:
+        raise DataFormatError(f"field {name!r} must be 'positive' or 'negative', got {label!r}")
+    return _LABELS[label]
+
+
+def read_memento_memory(path: str | Path) -> list[Case]:
+    """Memento case memory ``{"case", "plan", "case_label"}``: positive -> reward 1, negative -> 0."""
+    def parse(row: dict[str, Any]) -> Case:
+        return Case(state=_field(row, "case", str), action=_plan(row), reward=_label(row, "case_label"),
+                    meta={"source": "memento-memory"})
+    return _read(path, parse)
+
+
+def read_memento_np_memory(path: str | Path) -> list[Case]:
+    """Memento non-parametric memory ``{"question", "plan", "reward": 0|1}``."""
+    def parse(row: dict[str, Any]) -> Case:
+        return Case(state=_field(row, "question", str), action=_plan(row), reward=_reward(row),
+                    meta={"source": "memento-np-memory"})
+    return _read(path, parse)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MementoPair:
+    """One row of Memento's retriever training data: was showing ``case`` for ``query`` followed by success?
+
+    ``case_reward`` is the case's own label (positive/negative example); ``truth_label``
+    is the task-level outcome of the query, shared by every case retrieved for it.
+    """
+
+    query: str
+    case: str
+    plan: str
+    case_reward: float
+    truth_label: bool
+
+    def as_case(self) -> Case:
+        return Case(state=self.case, action=self.plan, reward=self.case_reward,
+                    meta={"source": "memento-training"})
+
+
+def read_memento_training_pairs(path: str | Path) -> list[MementoPair]:
+    """Memento retriever training pairs ``{"query", "case", "case_label", "plan", "truth_label"}``."""
+    def parse(row: dict[str, Any]) -> MementoPair:
+        query = _field(row, "query", str)
+        case = _field(row, "case", str)
+        for name, text in (("query", query), ("case", case)):
+            if not text.strip():
+                raise DataFormatError(f"field {name!r} is empty")
+        return MementoPair(query=query, case=case, plan=_plan(row), case_reward=_label(row, "case_label"),
+                           truth_label=_field(row, "truth_label", bool))
+    return _read(path, parse)
+
+
+def read_memento_tasks(path: str | Path) -> list[Task]:
+    """Memento task files ``{"question", "ground_truth", "data_source"}``; ids are ``source-line``."""
+    out: list[Task] = []
+    for number, row in iter_jsonl(path):
+        try:
+            truth = _field(row, "ground_truth", str)
+            answers = tuple(a.strip() for a in truth.split(ANSWER_SPLIT) if a.strip())
+            source = _field(row, "data_source", str, required=False) or "memento"
+            out.append(Task(id=f"{source}-{number}", question=_field(row, "question", str), answers=answers,
+                            family=source, meta={"data_source": source}))
+        except DataFormatError as error:
+            raise DataFormatError(error.reason, path=path, line=number) from None
+    return out
+
+
+def read_case_file(path: str | Path, format: CaseFormat) -> list[Case]:
+    """Cases from any supported file format (the unique cases, for ``memento-training``)."""
+    if format not in get_args(CaseFormat):
+        raise DataFormatError(f"unknown case format {format!r}; choose from {get_args(CaseFormat)}")
+    if format == "case":
+        return read_cases_jsonl(path)
+    if format == "memento-memory":
+        return read_memento_memory(path)
+    if format == "memento-np-memory":
+        return read_memento_np_memory(path)
+    unique = {(p.case, p.plan, p.case_reward): p.as_case() for p in read_memento_training_pairs(path)}
+    return list(unique.values())
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Write rows as JSONL atomically (temporary file, fsync, rename); returns the row count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    count = 0
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count

@@ -1,0 +1,643 @@
+"""The case bank: cases in one SQLite file (WAL), vectors in a faiss index beside it.
+
+A bank is a directory::
+
+    cases.sqlite   cases (id, state, action, reward, env, kind, meta JSON, created, content hash,
+                   float32 embedding) and a meta table (format, uid, BankConfig JSON)
+    index.faiss    the faiss index over the embeddings (position p = case at position p)
+    index.json     which bank and how many positions the index file covers
+
+SQLite is the source of truth. Writes commit to SQLite first, then reach the in-memory
+index; the index file is written on ``flush()``/``close()``. Opening a bank compares the
+index file with SQLite: missing rows (a crash between the commit and the index write)
+are added from SQLite, and an index from another bank, another factory or with more
+rows than SQLite is rebuilt. Cases are never deleted, so positions are dense.
+
+One process writes a bank at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
+from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
+from memento.memory.index import FaissIndex, exact_topk
+from memento.types import Case
+
+__all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "CaseBank", "Candidates"]
+
+logger = logging.getLogger(__name__)
+
+BANK_FORMAT = "memento-bank"
+BANK_FORMAT_VERSION = 1
+DB_NAME = "cases.sqlite"
+INDEX_NAME = "index.faiss"
+INDEX_META_NAME = "index.json"
+_NORM_TOLERANCE = 1e-3
+_CHUNK = 900  # below SQLite's bound on host parameters
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cases (
+    pos INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    action TEXT NOT NULL,
+    reward REAL NOT NULL,
+    env TEXT,
+    kind TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    created REAL NOT NULL,
+    hash TEXT NOT NULL,
+    embedding BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cases_hash ON cases(hash);
+"""
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A candidate set for one state: ``C`` case ids, their bank positions, similarity scores and vectors."""
+
+    ids: list[str]
+    positions_C: np.ndarray
+    scores_C: np.ndarray
+    embeddings_CD: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(seq), size):
+        yield seq[start:start + size]
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class CaseBank:
+    """Cases, their embeddings and a faiss index; see the module docstring for the layout.
+
+    Use :meth:`create` or :meth:`open`, and ``close()`` (or a ``with`` block) when done.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, config: BankConfig, uid: str,
+                 *, use_gpu: bool, seed: int):
+        self.path = path
+        self._conn = conn
+        self.config = config
+        self.uid = uid
+        self._rng = np.random.default_rng(seed)
+        self._use_gpu = use_gpu
+        self._count = int(conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0])
+        # in-memory mirrors, loaded on first need
+        self._loaded = False
+        self._emb_ND = np.zeros((0, config.dim), dtype=np.float32)
+        self._ids: list[str] = []
+        self._env_codes_N = np.zeros(0, dtype=np.int32)
+        self._kind_codes_N = np.zeros(0, dtype=np.int32)
+        self._env_vocab: dict[str | None, int] = {}
+        self._kind_vocab: dict[str, int] = {}
+        self._index = FaissIndex(config.index, config.dim, use_gpu=use_gpu)
+        self._index_dirty = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ create / open
+
+    @classmethod
+    def create(cls, path: str | Path, dim: int, index: str | IndexConfig = "Flat", *,
+               encoder: EncoderConfig | None = None, exist_ok: bool = False,
+               use_gpu: bool | None = None, seed: int = 0) -> CaseBank:
+        """Create an empty bank directory for ``dim``-dimensional unit vectors.
+
+        ``index`` is a faiss factory string or an :class:`IndexConfig`; ``encoder`` records
+        which encoder fills the bank (the CLI uses it to encode queries).
+        """
+        path = Path(path)
+        index_config = IndexConfig(factory=index) if isinstance(index, str) else index
+        config = BankConfig(dim=dim, index=index_config, encoder=encoder)
+        FaissIndex(config.index, dim)  # fail on a bad factory string before touching the disk
+        if (path / DB_NAME).exists():
+            if exist_ok:
+                return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed)
+            raise BankError(f"{path}: a case bank already exists here")
+        if path.exists() and not path.is_dir():
+            raise BankError(f"{path}: exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / (DB_NAME + ".creating")
+        tmp.unlink(missing_ok=True)
+        conn = sqlite3.connect(tmp)
+        try:
+            conn.executescript(_SCHEMA)
+            uid = uuid.uuid4().hex
+            rows = {"format": BANK_FORMAT, "format_version": str(BANK_FORMAT_VERSION), "uid": uid,
+                    "config": json.dumps(to_dict(config), sort_keys=True), "created": repr(time.time())}
+            with conn:
+                conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.items())
+        finally:
+            conn.close()
+        os.replace(tmp, path / DB_NAME)  # a bank appears whole or not at all
+        logger.info("created case bank %s (dim=%d, index=%s)", path, dim, index_config.factory)
+        return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed)
+
+    @classmethod
+    def open(cls, path: str | Path, *, dim: int | None = None, use_gpu: bool | None = None,
+             seed: int = 0, index: IndexConfig | None = None) -> CaseBank:
+        """Open an existing bank; ``dim``, when given, must match the bank's dimension.
+
+        ``index`` overrides the search knobs (``ef_search``, ``nprobe``) for this session;
+        its factory must be the bank's. ``use_gpu=None`` searches on a GPU when faiss-gpu
+        sees one.
+        """
+        path = Path(path)
+        db = path / DB_NAME
+        if not path.is_dir() or not db.is_file():
+            raise NotABankError(f"{path}: not a case bank (no {DB_NAME} in a directory)")
+        try:
+            conn = sqlite3.connect(db, timeout=30.0, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as error:
+            raise NotABankError(f"{path}: not a case bank ({DB_NAME}: {error})") from None
+        if meta.get("format") != BANK_FORMAT:
+            conn.close()
+            raise NotABankError(f"{path}: not a case bank ({DB_NAME} has format {meta.get('format')!r})")
+        version = int(meta.get("format_version", "0"))
+        if version > BANK_FORMAT_VERSION:
+            conn.close()
+            raise BankError(f"{path}: bank format version {version} is newer than this memento "
+                            f"reads ({BANK_FORMAT_VERSION}); upgrade memento")
+        config = from_dict(BankConfig, json.loads(meta["config"]))
+        if dim is not None and dim != config.dim:
+            conn.close()
+            raise DimensionError(f"{path}: bank holds dim={config.dim} vectors, but dim={dim} was expected "
+                                 "(was it made with another encoder?)")
+        if index is not None:
+            if index.factory != config.index.factory:
+                conn.close()
+                raise BankError(f"{path}: bank index is {config.index.factory!r}, not {index.factory!r}")
+            config = BankConfig(dim=config.dim, index=index, encoder=config.encoder)
+        gpu = use_gpu if use_gpu is not None else True
+        bank = cls(path, conn, config, meta["uid"], use_gpu=gpu, seed=seed)
+        bank._open_index()
+        return bank
+
+    def _open_index(self) -> None:
+        """Load index.faiss if it belongs to this bank; catch up or rebuild from SQLite otherwise."""
+        index_path, meta_path = self.path / INDEX_NAME, self.path / INDEX_META_NAME
+        stored = None
+        if index_path.exists() and meta_path.exists():
+            try:
+                info = json.loads(meta_path.read_text(encoding="utf-8"))
+                if (info.get("uid") == self.uid and info.get("factory") == self.config.index.factory
+                        and info.get("dim") == self.config.dim):
+                    stored = FaissIndex.read(str(index_path))
+                    if stored.ntotal != info.get("ntotal") or stored.d != self.config.dim:
+                        stored = None
+            except (OSError, ValueError, RuntimeError) as error:
+                logger.warning("%s: unreadable index (%s); rebuilding from SQLite", self.path, error)
+                stored = None
+        if stored is not None and stored.ntotal <= self._count:
+            self._index = FaissIndex.from_faiss(stored, self.config.index, use_gpu=self._use_gpu)
+            missing = self._count - stored.ntotal
+            if missing:
+                logger.warning("%s: index is %d case(s) behind SQLite; adding them", self.path, missing)
+                self._index.add(self._read_embeddings(stored.ntotal, self._count))
+                self._index_dirty = True
+            return
+        if self._count:
+            logger.warning("%s: index missing or stale; rebuilding from %d cases", self.path, self._count)
+        self._index = FaissIndex(self.config.index, self.config.dim, use_gpu=self._use_gpu)
+        self._index_dirty = True
+        if self._count:
+            self._ensure_loaded()
+            self._maybe_train_and_fill(0)
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BankError(f"{self.path}: bank is closed")
+
+    def _read_embeddings(self, start: int, stop: int) -> np.ndarray:
+        rows = self._conn.execute("SELECT embedding FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos",
+                                  (start, stop)).fetchall()
+        if not rows:
+            return np.zeros((0, self.config.dim), dtype=np.float32)
+        return np.frombuffer(b"".join(r[0] for r in rows), dtype=np.float32).reshape(len(rows), self.config.dim)
+
+    def _code(self, vocab: dict[Any, int], value: Any) -> int:
+        if value not in vocab:
+            vocab[value] = len(vocab)
+        return vocab[value]
+
+    def _append_mirror(self, ids: list[str], envs: list[str | None], kinds: list[str], emb_ND: np.ndarray) -> None:
+        n_old, n_new = len(self._ids), len(ids)
+        if n_old + n_new > self._emb_ND.shape[0]:
+            capacity = max(1024, 2 * (n_old + n_new))
+            grown = np.zeros((capacity, self.config.dim), dtype=np.float32)
+            grown[:n_old] = self._emb_ND[:n_old]
+            self._emb_ND = grown
+            self._env_codes_N = np.resize(self._env_codes_N, capacity)
+            self._kind_codes_N = np.resize(self._kind_codes_N, capacity)
+        self._emb_ND[n_old:n_old + n_new] = emb_ND
+        self._env_codes_N[n_old:n_old + n_new] = [self._code(self._env_vocab, e) for e in envs]
+        self._kind_codes_N[n_old:n_old + n_new] = [self._code(self._kind_vocab, k) for k in kinds]
+        self._ids.extend(ids)
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        ids: list[str] = []
+        envs: list[str | None] = []
+        kinds: list[str] = []
+        blobs: list[bytes] = []
+        for pos, case_id, env, kind, blob in self._conn.execute(
+                "SELECT pos, id, env, kind, embedding FROM cases ORDER BY pos"):
+            if pos != len(ids):
+                raise BankError(f"{self.path}: case positions are not dense (found {pos} at row {len(ids)})")
+            ids.append(case_id)
+            envs.append(env)
+            kinds.append(kind)
+            blobs.append(blob)
+        emb_ND = (np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), self.config.dim)
+                  if ids else np.zeros((0, self.config.dim), dtype=np.float32))
+        self._ids = []
+        self._append_mirror(ids, envs, kinds, emb_ND)
+        self._loaded = True
+
+    @property
+    def _embeddings_ND(self) -> np.ndarray:
+        self._ensure_loaded()
+        return self._emb_ND[:self._count]
+
+    def _maybe_train_and_fill(self, first_new: int) -> None:
+        """Add positions ``first_new..`` to the index, training it first once there are enough vectors."""
+        if self._index.is_trained:
+            self._index.add(self._embeddings_ND[first_new:])
+            return
+        if self._count >= self._index.min_train:
+            self._index.train(self._embeddings_ND, self._rng)
+            self._index.add(self._embeddings_ND)
+
+    def _validate_embeddings(self, embeddings: Any, n: int) -> np.ndarray:
+        emb = np.asarray(embeddings)
+        if emb.ndim == 1 and n == 1:
+            emb = emb[None, :]
+        if emb.ndim != 2 or emb.shape != (n, self.config.dim):
+            raise DimensionError(f"embeddings have shape {tuple(emb.shape)}, expected ({n}, {self.config.dim}) "
+                                 f"for {n} case(s) in a dim={self.config.dim} bank")
+        if not np.issubdtype(emb.dtype, np.floating):
+            raise DataFormatError(f"embeddings must be floating point, got dtype {emb.dtype}")
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+        if bad.size:
+            raise DataFormatError(f"embedding row {int(bad[0])} contains NaN or inf")
+        norms = np.linalg.norm(emb, axis=1)
+        off = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+        if off.size:
+            raise DataFormatError(f"embedding row {int(off[0])} has norm {norms[off[0]]:.4f}; bank vectors must be "
+                                  "unit-norm (encode with normalize=True)")
+        return emb
+
+    def _validate_query(self, query: Any) -> tuple[np.ndarray, bool]:
+        q = np.asarray(query)
+        single = q.ndim == 1
+        q_BD = q[None, :] if single else q
+        if q_BD.ndim != 2 or q_BD.shape[1] != self.config.dim:
+            raise DimensionError(f"query has shape {tuple(q.shape)}, expected ({self.config.dim},) or "
+                                 f"(B, {self.config.dim}) for this dim={self.config.dim} bank")
+        if not np.issubdtype(q_BD.dtype, np.floating):
+            raise DataFormatError(f"query must be floating point, got dtype {q_BD.dtype}")
+        q_BD = q_BD.astype(np.float32)
+        if not np.isfinite(q_BD).all():
+            raise DataFormatError("query contains NaN or inf")
+        norms_B1 = np.linalg.norm(q_BD, axis=1, keepdims=True)
+        if (norms_B1 == 0).any():
+            raise DataFormatError("query has zero norm")
+        return np.ascontiguousarray(q_BD / norms_B1), single
+
+    def _positions(self, ids: Sequence[str]) -> np.ndarray:
+        ids = list(ids)
+        found: dict[str, int] = {}
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            found.update(self._conn.execute(f"SELECT id, pos FROM cases WHERE id IN ({marks})", list(chunk)))
+        missing = [i for i in ids if i not in found]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise UnknownCaseError(f"{self.path}: unknown case id {missing[0]!r}{more}")
+        return np.array([found[i] for i in ids], dtype=np.int64)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __enter__(self) -> CaseBank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False) -> list[str]:
+        """Store cases and their unit-norm embeddings ``[N, D]`` in one transaction.
+
+        Returns one id per input case. A case whose content (state, action, env, kind) is
+        already stored, or repeats an earlier case of the same call, is skipped and its
+        stored id returned, unless ``allow_duplicates``. Ids left ``None`` are derived from
+        the content hash. Nothing is written if any case or embedding is invalid.
+        """
+        self._check_open()
+        cases = list(cases)
+        for i, case in enumerate(cases):
+            if not isinstance(case, Case):
+                raise DataFormatError(f"item {i} is {type(case).__name__}, expected memento.Case")
+        emb_ND = self._validate_embeddings(embeddings, len(cases))
+        if not cases:
+            return []
+        hashes = [c.content_hash for c in cases]
+        now = time.time()
+        out: list[str] = [""] * len(cases)
+        new_rows: list[tuple[Any, ...]] = []
+        new_index: list[int] = []
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            existing: dict[str, str] = {}
+            if not allow_duplicates:
+                for chunk in _chunks(list(dict.fromkeys(hashes))):
+                    marks = ",".join("?" * len(chunk))
+                    existing.update(conn.execute(
+                        f"SELECT hash, MIN(id) FROM cases WHERE hash IN ({marks}) GROUP BY hash", list(chunk)))
+            given = [c.id for c in cases if c.id is not None]
+            taken: set[str] = set()
+            for chunk in _chunks(list(dict.fromkeys(given))):
+                marks = ",".join("?" * len(chunk))
+                taken.update(r[0] for r in conn.execute(f"SELECT id FROM cases WHERE id IN ({marks})", list(chunk)))
+            pos = self._count
+            for i, (case, digest) in enumerate(zip(cases, hashes)):
+                if not allow_duplicates and digest in existing:
+                    out[i] = existing[digest]
+                    continue
+                case_id = case.id if case.id is not None else (
+                    f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{pos}")
+                if case_id in taken:
+                    raise DataFormatError(f"case {i}: id {case_id!r} is already used by another case")
+                taken.add(case_id)
+                existing[digest] = case_id
+                out[i] = case_id
+                new_rows.append((pos, case_id, case.state, case.action, case.reward, case.env, case.kind,
+                                 json.dumps(case.meta, ensure_ascii=False, sort_keys=True),
+                                 case.created if case.created is not None else now, digest,
+                                 emb_ND[i].tobytes()))
+                new_index.append(i)
+                pos += 1
+            conn.executemany("INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, "
+                             "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        if new_rows:
+            first_new = self._count
+            self._count += len(new_rows)
+            if self._loaded:
+                self._append_mirror([r[1] for r in new_rows], [r[5] for r in new_rows], [r[6] for r in new_rows],
+                                    emb_ND[new_index])
+            if self._index.is_trained:
+                self._index.add(emb_ND[new_index])
+            else:
+                self._maybe_train_and_fill(first_new)
+            self._index_dirty = True
+        skipped = len(cases) - len(new_rows)
+        if skipped:
+            logger.debug("%s: skipped %d duplicate case(s)", self.path, skipped)
+        return out
+
+    @overload
+    def get(self, ids: str) -> Case: ...
+
+    @overload
+    def get(self, ids: Sequence[str]) -> list[Case]: ...
+
+    def get(self, ids: str | Sequence[str]) -> Case | list[Case]:
+        """The stored case(s), in the order asked; an unknown id raises ``UnknownCaseError``."""
+        self._check_open()
+        single = isinstance(ids, str)
+        wanted = [ids] if single else list(ids)  # type: ignore[list-item]
+        rows: dict[str, Case] = {}
+        for chunk in _chunks(list(dict.fromkeys(wanted))):
+            marks = ",".join("?" * len(chunk))
+            for row in self._conn.execute(
+                    f"SELECT id, state, action, reward, env, kind, meta, created FROM cases WHERE id IN ({marks})",
+                    list(chunk)):
+                rows[row[0]] = self._row_to_case(row)
+        missing = [i for i in wanted if i not in rows]
+        if missing:
+            raise UnknownCaseError(f"{self.path}: unknown case id {missing[0]!r}")
+        result = [rows[i] for i in wanted]
+        return result[0] if single else result
+
+    @staticmethod
+    def _row_to_case(row: tuple[Any, ...]) -> Case:
+        case_id, state, action, reward, env, kind, meta, created = row
+        return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind,
+                    meta=json.loads(meta), created=created)
+
+    def embeddings(self, ids: Sequence[str]) -> np.ndarray:
+        """Stored unit vectors ``[N, D]`` of the given case ids."""
+        self._check_open()
+        return self._embeddings_ND[self._positions(ids)].copy()
+
+    def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]:
+        """Case ids at bank positions (the faiss labels)."""
+        self._ensure_loaded()
+        return [self._ids[int(p)] for p in positions]
+
+    def _allowed(self, env: str | None, kind: str | None) -> np.ndarray | None:
+        if env is None and kind is None:
+            return None
+        self._ensure_loaded()
+        mask = np.ones(self._count, dtype=bool)
+        if env is not None:
+            mask &= self._env_codes_N[:self._count] == self._env_vocab.get(env, -1)
+        if kind is not None:
+            mask &= self._kind_codes_N[:self._count] == self._kind_vocab.get(kind, -1)
+        return mask
+
+    def search_positions(self, query: Any, k: int, *, env: str | None = None,
+                         kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match."""
+        self._check_open()
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise DataFormatError(f"k must be a positive integer, got {k!r}")
+        q_BD, _ = self._validate_query(query)
+        k = int(k)
+        allowed = self._allowed(env, kind)
+        if self._count == 0 or (allowed is not None and not allowed.any()):
+            return (np.full((len(q_BD), k), -np.inf, dtype=np.float32), np.full((len(q_BD), k), -1, dtype=np.int64))
+        result = None
+        if self._index.is_trained and self._index.ntotal == self._count:
+            result = self._index.search(q_BD, k, allowed)
+        if result is None:  # untrained index, or a filter this index cannot apply: exact search
+            if allowed is None:
+                result = exact_topk(self._embeddings_ND, q_BD, k)
+            else:
+                positions = np.flatnonzero(allowed)
+                result = exact_topk(self._embeddings_ND[positions], q_BD, k, positions)
+        scores_BK, labels_BK = result
+        scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
+        return scores_BK, labels_BK.astype(np.int64)
+
+    def search(self, query: Any, k: int, *, env: str | None = None,
+               kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest cases to ``query_D`` or ``query_BD`` by cosine (queries are normalised).
+
+        For one query ``[D]``: ``(scores_K, ids_K)``, trimmed to the cases found. For a batch
+        ``[B, D]``: ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a
+        numpy object array of case-id strings. ``env``/``kind`` restrict the search.
+        """
+        scores_BK, labels_BK = self.search_positions(query, k, env=env, kind=kind)
+        self._ensure_loaded()
+        ids_BK = np.empty(labels_BK.shape, dtype=object)
+        for b, row in enumerate(labels_BK):
+            for j, p in enumerate(row):
+                ids_BK[b, j] = self._ids[p] if p >= 0 else None
+        if np.asarray(query).ndim == 1:
+            valid = labels_BK[0] >= 0
+            return scores_BK[0][valid], ids_BK[0][valid]
+        return scores_BK, ids_BK
+
+    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None) -> Candidates:
+        """The top-``c`` cases for one state with their stored vectors (the policy's candidate set)."""
+        scores_BK, labels_BK = self.search_positions(np.asarray(query_D)[None, :] if np.asarray(query_D).ndim == 1
+                                                     else query_D, c, env=env, kind=kind)
+        if labels_BK.shape[0] != 1:
+            raise DimensionError(f"candidates takes one state [D], got shape {np.asarray(query_D).shape}")
+        valid = labels_BK[0] >= 0
+        positions_C = labels_BK[0][valid]
+        return Candidates(ids=self.ids_at(positions_C), positions_C=positions_C, scores_C=scores_BK[0][valid],
+                          embeddings_CD=self._embeddings_ND[positions_C].copy())
+
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None:
+        """Change the HNSW ``ef_search`` / IVF ``nprobe`` used by later searches (not saved)."""
+        current = self.config.index
+        index = IndexConfig(factory=current.factory, ef_search=current.ef_search if ef_search is None else ef_search,
+                            nprobe=current.nprobe if nprobe is None else nprobe)
+        self.config = BankConfig(dim=self.config.dim, index=index, encoder=self.config.encoder)
+        self._index.set_search_params(index)
+
+    def update_reward(self, case_id: str, reward: float) -> None:
+        """Set the reward of a stored case."""
+        self._check_open()
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise DataFormatError(f"reward must be a finite number, got {reward!r}")
+        with self._conn:
+            cursor = self._conn.execute("UPDATE cases SET reward = ? WHERE id = ?", (float(reward), case_id))
+        if cursor.rowcount == 0:
+            raise UnknownCaseError(f"{self.path}: unknown case id {case_id!r}")
+
+    def iter_cases(self, batch_size: int = 1000) -> Iterator[Case]:
+        """All cases in insertion order, read in batches."""
+        self._check_open()
+        start = 0
+        while True:
+            rows = self._conn.execute(
+                "SELECT id, state, action, reward, env, kind, meta, created FROM cases "
+                "WHERE pos >= ? ORDER BY pos LIMIT ?", (start, batch_size)).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield self._row_to_case(row)
+            start += len(rows)
+
+    def import_jsonl(self, path: str | Path, encoder: Any, *, format: str = "case",
+                     allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]:
+        """Read a case file (any :data:`memento.formats.CaseFormat`), encode states, add all in one transaction.
+
+        The whole file is validated before anything is written.
+        """
+        from memento.formats import read_case_file
+
+        cases = read_case_file(path, format)  # type: ignore[arg-type]
+        if encoder.dim != self.dim:
+            raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim} vectors, "
+                                 f"bank {self.path} holds dim={self.dim}")
+        emb_ND = encoder.encode([c.state for c in cases], show_progress_bar=show_progress_bar, normalize=True)
+        return self.add(cases, emb_ND.reshape(len(cases), self.dim), allow_duplicates=allow_duplicates)
+
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write every case as Case JSONL (atomically); returns the number written."""
+        from memento.formats import write_jsonl
+
+        return write_jsonl(path, (case.to_json() for case in self.iter_cases()))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, reward summary, index state and file sizes."""
+        self._check_open()
+        conn = self._conn
+        n, mean_reward, positives = conn.execute(
+            "SELECT COUNT(*), AVG(reward), SUM(reward > 0) FROM cases").fetchone()
+        by_kind = dict(conn.execute("SELECT kind, COUNT(*) FROM cases GROUP BY kind ORDER BY kind").fetchall())
+        by_env = {str(e): c for e, c in conn.execute("SELECT env, COUNT(*) FROM cases GROUP BY env ORDER BY env")}
+        sizes = {p.name: p.stat().st_size for p in sorted(self.path.iterdir()) if p.is_file()}
+        return {"path": str(self.path), "cases": int(n), "dim": self.dim, "index": self.config.index.factory,
+                "index_trained": self._index.is_trained, "index_ntotal": self._index.ntotal,
+                "reward_mean": None if mean_reward is None else float(mean_reward),
+                "reward_positive": int(positives or 0), "by_kind": by_kind, "by_env": by_env,
+                "encoder": None if self.config.encoder is None else to_dict(self.config.encoder),
+                "files": sizes}
+
+    def flush(self) -> None:
+        """Write the faiss index file if it changed (atomically, then its index.json)."""
+        self._check_open()
+        if not self._index_dirty:
+            return
+        index_path, meta_path = self.path / INDEX_NAME, self.path / INDEX_META_NAME
+        if not self._index.is_trained:
+            index_path.unlink(missing_ok=True)
+            meta_path.unlink(missing_ok=True)
+            self._index_dirty = False
+            return
+        tmp = index_path.with_name(INDEX_NAME + ".tmp")
+        self._index.write(str(tmp))
+        os.replace(tmp, index_path)
+        _atomic_write_text(meta_path, json.dumps({"uid": self.uid, "factory": self.config.index.factory,
+                                                  "dim": self.dim, "ntotal": self._index.ntotal}, indent=2) + "\n")
+        self._index_dirty = False
+
+    def close(self) -> None:
+        """Flush the index and close SQLite. Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._conn.close()
+            self._closed = True
+
+    def __repr__(self) -> str:
+        return f"CaseBank({str(self.path)!r}, cases={self._count}, dim={self.dim}, index={self.config.index.factory!r})"

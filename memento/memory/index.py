@@ -1,0 +1,160 @@
+"""The faiss side of a case bank: an index built from a factory string, over unit vectors.
+
+Positions are faiss labels: the case stored at position ``p`` of the SQLite table is
+vector ``p`` of the index (cases are never deleted, so positions are dense). Indexes
+that need training (IVF, PQ, SQ) are trained once the bank holds enough vectors; until
+then searches are exact. On a machine with faiss-gpu and a GPU, the index is mirrored on
+the GPU for search; the CPU copy stays the one that is saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import faiss
+import numpy as np
+
+from memento.config import IndexConfig
+from memento.errors import BankError, ConfigError
+
+__all__ = ["FaissIndex", "gpu_available", "exact_topk"]
+
+logger = logging.getLogger(__name__)
+
+
+def gpu_available() -> bool:
+    """True when this faiss build has GPU support and sees at least one GPU."""
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def exact_topk(vectors_ND: np.ndarray, query_BD: np.ndarray, k: int,
+               positions_N: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-k by brute force: ``(scores_BK, positions_BK)``, -1 padded."""
+    n = vectors_ND.shape[0]
+    b = query_BD.shape[0]
+    scores_BK = np.full((b, k), -np.inf, dtype=np.float32)
+    labels_BK = np.full((b, k), -1, dtype=np.int64)
+    if n == 0:
+        return scores_BK, labels_BK
+    sims_BN = query_BD @ vectors_ND.T
+    kk = min(k, n)
+    top_BK = np.argpartition(-sims_BN, kk - 1, axis=1)[:, :kk] if kk < n else np.tile(np.arange(n), (b, 1))
+    top_scores = np.take_along_axis(sims_BN, top_BK, axis=1)
+    order = np.argsort(-top_scores, axis=1, kind="stable")
+    top_BK = np.take_along_axis(top_BK, order, axis=1)
+    scores_BK[:, :kk] = np.take_along_axis(top_scores, order, axis=1)
+    labels_BK[:, :kk] = top_BK if positions_N is None else positions_N[top_BK]
+    return scores_BK, labels_BK
+
+
+class FaissIndex:
+    """A faiss index over bank positions ``0..ntotal-1`` with inner-product metric."""
+
+    def __init__(self, config: IndexConfig, dim: int, *, use_gpu: bool = False):
+        self.config = config
+        self.dim = dim
+        try:
+            self.index = faiss.index_factory(dim, config.factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as error:
+            first = str(error).strip().splitlines()[-1]
+            raise ConfigError(f"IndexConfig.factory={config.factory!r}: faiss cannot build it ({first})") from None
+        self._apply_search_knobs()
+        self._use_gpu = use_gpu and gpu_available()
+        self._gpu_index: faiss.Index | None = None
+        ivf = faiss.try_extract_index_ivf(self.index)
+        # faiss warns below 39 training points per centroid; below that, searches stay exact
+        self.min_train = 39 * int(ivf.nlist) if ivf is not None else 10_000
+
+    @classmethod
+    def from_faiss(cls, index: faiss.Index, config: IndexConfig, *, use_gpu: bool = False) -> FaissIndex:
+        self = cls(config, index.d, use_gpu=use_gpu)
+        self.index = index
+        self._apply_search_knobs()
+        return self
+
+    def _apply_search_knobs(self) -> None:
+        space = faiss.ParameterSpace()
+        for name, value in (("efSearch", self.config.ef_search), ("nprobe", self.config.nprobe)):
+            try:
+                space.set_index_parameter(self.index, name, value)
+            except RuntimeError:
+                pass  # the index has no such knob
+
+    def set_search_params(self, config: IndexConfig) -> None:
+        """Apply new search-time knobs (``ef_search``, ``nprobe``) of the same factory."""
+        self.config = config
+        self._apply_search_knobs()
+        self._gpu_index = None
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def is_trained(self) -> bool:
+        return bool(self.index.is_trained)
+
+    def train(self, vectors_ND: np.ndarray, rng: np.random.Generator) -> None:
+        """Train on (a sample of) ``vectors_ND``; at most 64 points per IVF centroid are used."""
+        ivf = faiss.try_extract_index_ivf(self.index)
+        cap = 64 * int(ivf.nlist) if ivf is not None else 100_000
+        sample = vectors_ND
+        if len(vectors_ND) > cap:
+            sample = vectors_ND[np.sort(rng.choice(len(vectors_ND), size=cap, replace=False))]
+        logger.info("training faiss index %s on %d vectors", self.config.factory, len(sample))
+        self.index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        self._gpu_index = None
+
+    def add(self, vectors_ND: np.ndarray) -> None:
+        if not self.is_trained:
+            raise BankError(f"faiss index {self.config.factory!r} is not trained yet")
+        vectors_ND = np.ascontiguousarray(vectors_ND, dtype=np.float32)
+        self.index.add(vectors_ND)
+        if self._gpu_index is not None:
+            self._gpu_index.add(vectors_ND)
+
+    def _searcher(self) -> faiss.Index:
+        if not self._use_gpu:
+            return self.index
+        if self._gpu_index is None:
+            try:
+                self._gpu_index = faiss.index_cpu_to_all_gpus(self.index)
+            except RuntimeError as error:  # e.g. HNSW has no GPU version
+                logger.info("faiss index %s stays on the CPU: %s", self.config.factory, error)
+                self._use_gpu = False
+                return self.index
+        return self._gpu_index
+
+    def search(self, query_BD: np.ndarray, k: int,
+               allowed_N: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(scores_BK, positions_BK)`` with -1 padding, or None if this index cannot filter.
+
+        ``allowed_N`` is a boolean mask over positions; only those are returned.
+        """
+        query_BD = np.ascontiguousarray(query_BD, dtype=np.float32)
+        if allowed_N is None:
+            scores, labels = self._searcher().search(query_BD, k)
+            return scores, labels
+        if self._use_gpu:
+            return None  # faiss GPU indexes take no ID selectors
+        bitmap = np.packbits(allowed_N.astype(bool), bitorder="little")
+        selector = faiss.IDSelectorBitmap(len(allowed_N), faiss.swig_ptr(bitmap))
+        inner = faiss.downcast_index(self.index)
+        if isinstance(inner, faiss.IndexHNSW):
+            params: faiss.SearchParameters = faiss.SearchParametersHNSW(sel=selector, efSearch=self.config.ef_search)
+        elif isinstance(inner, faiss.IndexIVF):
+            params = faiss.SearchParametersIVF(sel=selector, nprobe=self.config.nprobe)
+        else:
+            params = faiss.SearchParameters(sel=selector)
+        try:
+            scores, labels = self.index.search(query_BD, k, params=params)
+        except RuntimeError:
+            return None  # wrappers such as IndexPreTransform refuse search parameters
+        del bitmap  # the selector points into it until here
+        return scores, labels
+
+    def write(self, path: str) -> None:
+        faiss.write_index(self.index, path)
+
+    @staticmethod
+    def read(path: str) -> faiss.Index:
+        return faiss.read_index(path)
