@@ -1,0 +1,50 @@
+"""CUDA paths: the encoder on the GPU and faiss-gpu search. Skipped where no GPU is present."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import unit_vectors
+
+pytestmark = pytest.mark.gpu
+
+
+def test_encoder_on_cuda_matches_cpu(encoder):
+    from memento.encoders import Encoder
+
+    gpu = Encoder.from_pretrained(device="cuda", use_cache=False)
+    assert gpu.device == "cuda"
+    texts = ["What is the capital of Peru?", "How many legs does a spider have?", "x" * 2000]
+    cpu_vectors = Encoder.from_pretrained(device="cpu", use_cache=False).encode(texts)
+    np.testing.assert_allclose(gpu.encode(texts), cpu_vectors, atol=2e-4)
+
+
+def test_default_device_is_cuda_when_present():
+    from memento.encoders import resolve_device
+
+    assert resolve_device(None) == "cuda"
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat"])
+def test_faiss_gpu_search_matches_cpu(tmp_path, factory):
+    from memento.memory import CaseBank, gpu_available
+    from memento.types import Case
+
+    if not gpu_available():
+        pytest.skip("faiss has no GPU support here (install the gpu extra: faiss-gpu)")
+    rng = np.random.default_rng(0)
+    x = unit_vectors(rng, 2000, 32)
+    cases = [Case(state=f"s{i}", action="a", reward=0.0) for i in range(len(x))]
+    with CaseBank.create(tmp_path / "gpu", 32, index=factory, use_gpu=True) as gpu_bank, \
+            CaseBank.create(tmp_path / "cpu", 32, index=factory, use_gpu=False) as cpu_bank:
+        gpu_bank.add(cases, x)
+        cpu_bank.add(cases, x)
+        gpu_bank.set_search_params(nprobe=16)
+        cpu_bank.set_search_params(nprobe=16)
+        _, gpu_ids = gpu_bank.search(x[:20], 5)
+        _, cpu_ids = cpu_bank.search(x[:20], 5)
+        assert (gpu_ids[:, 0] == cpu_ids[:, 0]).all()
+        # filtered search falls back to exact search on the GPU path
+        _, ids = gpu_bank.search(x[0], 3, kind="case")
+        assert ids[0] == cpu_ids[0, 0]
