@@ -10,14 +10,32 @@ from tests.conftest import unit_vectors
 pytestmark = pytest.mark.gpu
 
 
-def test_encoder_on_cuda_matches_cpu(encoder):
+def _tiny_bert(path):
+    """A small randomly initialised BERT saved as a transformers directory (no model package needed)."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz?", "the", "capital", "of"]
+    (path / "vocab.txt").parent.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=128)
+    BertModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("pooling", ["avg", "cls", "cls_before_pooler"])
+def test_encoder_on_cuda_matches_cpu(tmp_path, pooling):
     from memento.encoders import Encoder
 
-    gpu = Encoder.from_pretrained(device="cuda", use_cache=False)
+    model_dir = _tiny_bert(tmp_path / "bert")
+    texts = ["what is the capital of peru?", "how many legs does a spider have?", "x" * 500]
+    gpu = Encoder.from_pretrained(model_dir, pooling=pooling, device=None, use_cache=False)
     assert gpu.device == "cuda"
-    texts = ["What is the capital of Peru?", "How many legs does a spider have?", "x" * 2000]
-    cpu_vectors = Encoder.from_pretrained(device="cpu", use_cache=False).encode(texts)
-    np.testing.assert_allclose(gpu.encode(texts), cpu_vectors, atol=2e-4)
+    cpu = Encoder.from_pretrained(model_dir, pooling=pooling, device="cpu", use_cache=False)
+    np.testing.assert_allclose(gpu.encode(texts), cpu.encode(texts), atol=1e-4)
 
 
 def test_default_device_is_cuda_when_present():
