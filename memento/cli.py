@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--bank", required=True, metavar="DIR", help="bank directory (created if missing)")
     from memento.formats import CaseFormat
 
-    imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case", help="input format (default: case)")
+    imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case",
+                     help="input format (default: case)")
     imp.add_argument("--allow-duplicates", action="store_true",
                      help="store cases whose content is already in the bank")
     _add_encoder_options(imp)
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fill banks with random unit vectors and measure CaseBank.add throughput (SQLite + index), "
                     "single-query search latency (p50/p99) and recall@k against exact search, for each index "
                     "factory and size. '{nlist}' in a factory is replaced by a size-dependent IVF list count.")
-    bb.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="bank sizes (default: 10000 100000)")
+    bb.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000],
+                    help="bank sizes (default: 10000 100000)")
     bb.add_argument("--factories", nargs="+", default=["Flat", "HNSW32,Flat", "IVF{nlist},Flat"],
                     help='faiss factory strings (default: Flat "HNSW32,Flat" "IVF{nlist},Flat")')
     bb.add_argument("--dim", type=int, default=384, help="vector dimension (default: 384)")
@@ -150,7 +152,8 @@ def _bank_encoder(bank: Any) -> Any:
                            "it can only be searched with vectors from Python")
     encoder = Encoder.from_config(bank.config.encoder)
     if encoder.dim != bank.dim:
-        raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, bank {bank.path} holds dim={bank.dim}")
+        raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, "
+                             f"bank {bank.path} holds dim={bank.dim}")
     return encoder
 
 

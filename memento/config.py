@@ -40,6 +40,13 @@ def _check(condition: bool, cls: type, field: str, value: Any, requirement: str)
         raise ConfigError(f"{cls.__name__}.{field}={value!r}: {requirement}")
 
 
+def _check_int(obj: Any, field: str, minimum: int) -> None:
+    """``obj.field`` is an int (not a bool) of at least ``minimum``."""
+    value = getattr(obj, field)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, type(obj), field, value,
+           f"must be an integer >= {minimum}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EncoderConfig:
     """How texts become state and case vectors.
@@ -57,8 +64,9 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         _check(self.pooling in get_args(Pooling), type(self), "pooling", self.pooling,
                f"must be one of {get_args(Pooling)}")
-        _check(self.max_length >= 8, type(self), "max_length", self.max_length, "must be >= 8")
-        _check(self.batch_size >= 1, type(self), "batch_size", self.batch_size, "must be >= 1")
+        _check_int(self, "max_length", 8)
+        _check_int(self, "batch_size", 1)
+        _check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
         _check(self.model is None or bool(str(self.model).strip()), type(self), "model",
                self.model, "must be None or a non-empty path")
 
@@ -77,9 +85,10 @@ class IndexConfig:
     nprobe: int = 32
 
     def __post_init__(self) -> None:
-        _check(bool(self.factory.strip()), type(self), "factory", self.factory, "must be non-empty")
-        _check(self.ef_search >= 1, type(self), "ef_search", self.ef_search, "must be >= 1")
-        _check(self.nprobe >= 1, type(self), "nprobe", self.nprobe, "must be >= 1")
+        _check(isinstance(self.factory, str) and bool(self.factory.strip()), type(self), "factory", self.factory,
+               "must be a non-empty faiss factory string")
+        _check_int(self, "ef_search", 1)
+        _check_int(self, "nprobe", 1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,8 +100,7 @@ class BankConfig:
     encoder: EncoderConfig | None = None
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.dim, int) and self.dim >= 1, type(self), "dim", self.dim,
-               "must be a positive integer")
+        _check_int(self, "dim", 1)
 
 
 # ---------------------------------------------------------------- JSON round trip
@@ -192,6 +200,10 @@ def load_json(cls: type[T], path: str | Path) -> T:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a JSON config file") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason})") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
     return from_dict(cls, data)

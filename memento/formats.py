@@ -52,27 +52,28 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for each non-blank line; bad JSON names file and line."""
     path = Path(path)
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = path.open("rb")
     except FileNotFoundError:
         raise DataFormatError("file not found", path=path) from None
     except IsADirectoryError:
         raise DataFormatError("is a directory, expected a JSONL file", path=path) from None
     with handle:
-        try:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataFormatError(f"invalid JSON: {error.msg} (column {error.pos + 1})",
-                                          path=path, line=number) from None
-                if not isinstance(row, dict):
-                    raise DataFormatError(f"expected a JSON object, got {type(row).__name__}",
-                                          path=path, line=number)
-                yield number, row
-        except UnicodeDecodeError as error:
-            raise DataFormatError(f"not UTF-8 text: {error.reason}", path=path) from None
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFormatError(f"not UTF-8 text: {error.reason} at byte {error.start + 1}",
+                                      path=path, line=number) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataFormatError(f"invalid JSON: {error.msg} (column {error.pos + 1})",
+                                      path=path, line=number) from None
+            if not isinstance(row, dict):
+                raise DataFormatError(f"expected a JSON object, got {type(row).__name__}", path=path, line=number)
+            yield number, row
 
 
 def _read(path: str | Path, parse: Callable[[dict[str, Any]], T]) -> list[T]:
@@ -133,10 +134,12 @@ def _parse_case(row: dict[str, Any]) -> Case:
     if unknown:
         raise DataFormatError(f"unknown field(s) {unknown} for a Case JSONL row")
     case_id = _field(row, "id", (str, int), required=False)
+    kind = _field(row, "kind", str, required=False)
+    meta = _field(row, "meta", dict, required=False)
     return Case(id=None if case_id is None else str(case_id), state=_field(row, "state", str),
                 action=_field(row, "action", str), reward=_reward(row),
-                env=_field(row, "env", str, required=False), kind=_field(row, "kind", str, required=False) or "case",
-                meta=_field(row, "meta", dict, required=False) or {})
+                env=_field(row, "env", str, required=False), kind="case" if kind is None else kind,
+                meta={} if meta is None else meta)
 
 
 def read_cases_jsonl(path: str | Path) -> list[Case]:

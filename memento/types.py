@@ -11,7 +11,10 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
 from typing import Any
+
+import numpy as np
 
 from memento.errors import DataFormatError
 
@@ -61,7 +64,7 @@ class Case:
             _require_text(self.id, "id", "Case")
         if self.env is not None:
             _require_text(self.env, "env", "Case")
-        if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)):
+        if isinstance(self.reward, (bool, np.bool_)) or not isinstance(self.reward, numbers.Real):
             raise DataFormatError(f"Case.reward must be a number, got {self.reward!r}")
         if not math.isfinite(self.reward):
             raise DataFormatError(f"Case.reward must be finite, got {self.reward!r}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import sqlite3
 import time
@@ -170,31 +171,33 @@ class CaseBank:
         db = path / DB_NAME
         if not path.is_dir() or not db.is_file():
             raise NotABankError(f"{path}: not a case bank (no {DB_NAME} in a directory)")
+        conn = sqlite3.connect(db, timeout=30.0, check_same_thread=False)
         try:
-            conn = sqlite3.connect(db, timeout=30.0, check_same_thread=False)
+            try:  # read before switching to WAL, so a foreign SQLite file is left as it was
+                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            except sqlite3.DatabaseError as error:
+                raise NotABankError(f"{path}: not a case bank ({DB_NAME}: {error})") from None
+            if meta.get("format") != BANK_FORMAT:
+                raise NotABankError(f"{path}: not a case bank ({DB_NAME} has format {meta.get('format')!r})")
+            version = int(meta.get("format_version", "0"))
+            if version > BANK_FORMAT_VERSION:
+                raise BankError(f"{path}: bank format version {version} is newer than this memento "
+                                f"reads ({BANK_FORMAT_VERSION}); upgrade memento")
+            if "config" not in meta or "uid" not in meta:
+                raise BankError(f"{path}: damaged bank: {DB_NAME} has no config or uid in its meta table")
+            config = from_dict(BankConfig, json.loads(meta["config"]))
+            if dim is not None and dim != config.dim:
+                raise DimensionError(f"{path}: bank holds dim={config.dim} vectors, but dim={dim} was expected "
+                                     "(was it made with another encoder?)")
+            if index is not None:
+                if index.factory != config.index.factory:
+                    raise BankError(f"{path}: bank index is {config.index.factory!r}, not {index.factory!r}")
+                config = BankConfig(dim=config.dim, index=index, encoder=config.encoder)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.DatabaseError as error:
-            raise NotABankError(f"{path}: not a case bank ({DB_NAME}: {error})") from None
-        if meta.get("format") != BANK_FORMAT:
+        except BaseException:
             conn.close()
-            raise NotABankError(f"{path}: not a case bank ({DB_NAME} has format {meta.get('format')!r})")
-        version = int(meta.get("format_version", "0"))
-        if version > BANK_FORMAT_VERSION:
-            conn.close()
-            raise BankError(f"{path}: bank format version {version} is newer than this memento "
-                            f"reads ({BANK_FORMAT_VERSION}); upgrade memento")
-        config = from_dict(BankConfig, json.loads(meta["config"]))
-        if dim is not None and dim != config.dim:
-            conn.close()
-            raise DimensionError(f"{path}: bank holds dim={config.dim} vectors, but dim={dim} was expected "
-                                 "(was it made with another encoder?)")
-        if index is not None:
-            if index.factory != config.index.factory:
-                conn.close()
-                raise BankError(f"{path}: bank index is {config.index.factory!r}, not {index.factory!r}")
-            config = BankConfig(dim=config.dim, index=index, encoder=config.encoder)
+            raise
         gpu = use_gpu if use_gpu is not None else True
         bank = cls(path, conn, config, meta["uid"], use_gpu=gpu, seed=seed)
         bank._open_index()
@@ -375,9 +378,11 @@ class CaseBank:
         for i, case in enumerate(cases):
             if not isinstance(case, Case):
                 raise DataFormatError(f"item {i} is {type(case).__name__}, expected memento.Case")
-        emb_ND = self._validate_embeddings(embeddings, len(cases))
         if not cases:
+            if np.asarray(embeddings).size:
+                raise DimensionError(f"embeddings have shape {np.asarray(embeddings).shape} for 0 cases")
             return []
+        emb_ND = self._validate_embeddings(embeddings, len(cases))
         hashes = [c.content_hash for c in cases]
         now = time.time()
         out: list[str] = [""] * len(cases)
@@ -392,32 +397,43 @@ class CaseBank:
                     marks = ",".join("?" * len(chunk))
                     existing.update(conn.execute(
                         f"SELECT hash, MIN(id) FROM cases WHERE hash IN ({marks}) GROUP BY hash", list(chunk)))
-            given = [c.id for c in cases if c.id is not None]
-            taken: set[str] = set()
-            for chunk in _chunks(list(dict.fromkeys(given))):
-                marks = ",".join("?" * len(chunk))
-                taken.update(r[0] for r in conn.execute(f"SELECT id FROM cases WHERE id IN ({marks})", list(chunk)))
-            pos = self._count
+            planned: list[tuple[int, str]] = []  # (input index, id) of the cases to insert
             for i, (case, digest) in enumerate(zip(cases, hashes)):
                 if not allow_duplicates and digest in existing:
                     out[i] = existing[digest]
+                    if case.id is not None and case.id != existing[digest]:
+                        logger.warning("%s: case %r duplicates stored case %r; kept the stored one",
+                                       self.path, case.id, existing[digest])
                     continue
                 case_id = case.id if case.id is not None else (
-                    f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{pos}")
-                if case_id in taken:
-                    raise DataFormatError(f"case {i}: id {case_id!r} is already used by another case")
-                taken.add(case_id)
+                    f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{self._count + len(planned)}")
                 existing[digest] = case_id
                 out[i] = case_id
+                planned.append((i, case_id))
+            seen: set[str] = set()
+            for i, case_id in planned:
+                if case_id in seen:
+                    raise DataFormatError(f"case {i}: id {case_id!r} is used twice in this call")
+                seen.add(case_id)
+            for chunk in _chunks([case_id for _, case_id in planned]):
+                marks = ",".join("?" * len(chunk))
+                row = conn.execute(f"SELECT id FROM cases WHERE id IN ({marks}) LIMIT 1", list(chunk)).fetchone()
+                if row is not None:
+                    index_of = next(i for i, case_id in planned if case_id == row[0])
+                    raise DataFormatError(f"case {index_of}: id {row[0]!r} is already used by another case")
+            for pos, (i, case_id) in enumerate(planned, start=self._count):
+                case = cases[i]
                 new_rows.append((pos, case_id, case.state, case.action, case.reward, case.env, case.kind,
                                  json.dumps(case.meta, ensure_ascii=False, sort_keys=True),
-                                 case.created if case.created is not None else now, digest,
+                                 case.created if case.created is not None else now, hashes[i],
                                  emb_ND[i].tobytes()))
                 new_index.append(i)
-                pos += 1
             conn.executemany("INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, "
                              "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
             conn.commit()
+        except sqlite3.IntegrityError as error:
+            conn.rollback()
+            raise DataFormatError(f"{self.path}: cases violate the bank's constraints ({error})") from None
         except BaseException:
             conn.rollback()
             raise
@@ -474,6 +490,7 @@ class CaseBank:
 
     def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]:
         """Case ids at bank positions (the faiss labels)."""
+        self._check_open()
         self._ensure_loaded()
         return [self._ids[int(p)] for p in positions]
 
@@ -553,7 +570,7 @@ class CaseBank:
     def update_reward(self, case_id: str, reward: float) -> None:
         """Set the reward of a stored case."""
         self._check_open()
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
             raise DataFormatError(f"reward must be a finite number, got {reward!r}")
         with self._conn:
             cursor = self._conn.execute("UPDATE cases SET reward = ? WHERE id = ?", (float(reward), case_id))
@@ -602,7 +619,7 @@ class CaseBank:
         n, mean_reward, positives = conn.execute(
             "SELECT COUNT(*), AVG(reward), SUM(reward > 0) FROM cases").fetchone()
         by_kind = dict(conn.execute("SELECT kind, COUNT(*) FROM cases GROUP BY kind ORDER BY kind").fetchall())
-        by_env = {str(e): c for e, c in conn.execute("SELECT env, COUNT(*) FROM cases GROUP BY env ORDER BY env")}
+        by_env = dict(conn.execute("SELECT env, COUNT(*) FROM cases GROUP BY env ORDER BY env").fetchall())
         sizes = {p.name: p.stat().st_size for p in sorted(self.path.iterdir()) if p.is_file()}
         return {"path": str(self.path), "cases": int(n), "dim": self.dim, "index": self.config.index.factory,
                 "index_trained": self._index.is_trained, "index_ntotal": self._index.ntotal,

@@ -10,6 +10,7 @@ the GPU for search; the CPU copy stays the one that is saved.
 from __future__ import annotations
 
 import logging
+
 import faiss
 import numpy as np
 
