@@ -126,6 +126,17 @@ def _configure_logging(verbosity: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
+def _load_encoder(config: Any) -> Any:
+    """The encoder, without transformers' per-load progress bar (the CLI shows its own output)."""
+    from transformers.utils import logging as hf_logging
+
+    from memento.encoders import Encoder
+
+    if logging.getLogger().level > logging.INFO:
+        hf_logging.disable_progress_bar()
+    return Encoder.from_config(config)
+
+
 def _encoder_config(args: argparse.Namespace) -> Any:
     from memento.config import EncoderConfig
 
@@ -133,24 +144,22 @@ def _encoder_config(args: argparse.Namespace) -> Any:
 
 
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
-    from memento.encoders import Encoder
     from memento.memory import CaseBank
 
     if dim is not None:
         return CaseBank.create(args.bank, dim, index=args.index), None
     config = _encoder_config(args)
-    encoder = Encoder.from_config(config)
+    encoder = _load_encoder(config)
     return CaseBank.create(args.bank, encoder.dim, index=args.index, encoder=config), encoder
 
 
 def _bank_encoder(bank: Any) -> Any:
-    from memento.encoders import Encoder
     from memento.errors import DimensionError, EncoderError
 
     if bank.config.encoder is None:
         raise EncoderError(f"{bank.path}: this bank records no encoder (created with --dim); "
                            "it can only be searched with vectors from Python")
-    encoder = Encoder.from_config(bank.config.encoder)
+    encoder = _load_encoder(bank.config.encoder)
     if encoder.dim != bank.dim:
         raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, "
                              f"bank {bank.path} holds dim={bank.dim}")

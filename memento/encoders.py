@@ -18,7 +18,6 @@ is therefore encoded once per machine and model.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import sqlite3
@@ -171,8 +170,6 @@ class Encoder:
     @classmethod
     def from_config(cls, config: EncoderConfig, *, device: str | None = None,
                     cache_dir: str | Path | None = None, use_cache: bool = True) -> Encoder:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoModel, AutoTokenizer
 
         if config.model is None:
@@ -306,7 +303,3 @@ class Encoder:
     def __repr__(self) -> str:
         return f"Encoder(model_id={self.model_id!r}, pooling={self.pooling!r}, dim={self.dim}, device={self.device!r})"
 
-
-def encoder_info_json(encoder: Encoder) -> str:
-    """``encoder.json`` contents for an encoder."""
-    return json.dumps(encoder.describe(), indent=2, sort_keys=True)
