@@ -18,7 +18,7 @@ import numpy as np
 
 from memento.errors import DataFormatError
 
-__all__ = ["Case", "Task", "content_hash"]
+__all__ = ["Case", "Selection", "Task", "content_hash"]
 
 
 def content_hash(state: str, action: str, env: str | None, kind: str) -> str:
@@ -125,3 +125,28 @@ class Task:
         if self.meta:
             row["meta"] = self.meta
         return row
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Selection:
+    """K cases chosen from a candidate set of C, with what off-policy evaluation needs.
+
+    - ``ids`` / ``positions_K``: the chosen cases in the order they were drawn;
+    - ``probs_C``: the policy's distribution over all candidates (sums to 1);
+    - ``probs_K``: ``probs_C`` at the chosen cases (each case's first-draw propensity);
+    - ``set_prob``: the Plackett-Luce probability of drawing exactly this ordered set without
+      replacement, ``prod_k p_k / (1 - sum_{j<k} p_j)`` (1.0 for a greedy choice);
+    - ``candidate_ids``: the candidate set the choice was made from;
+    - ``greedy``: True for an arg-max (evaluation) choice, False for a sampled one.
+    """
+
+    ids: list[str]
+    positions_K: np.ndarray
+    probs_K: np.ndarray
+    set_prob: float
+    candidate_ids: list[str]
+    probs_C: np.ndarray
+    greedy: bool
+
+    def __len__(self) -> int:
+        return len(self.ids)
