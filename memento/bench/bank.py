@@ -65,15 +65,25 @@ def ivf_nlist(n: int) -> int:
 
 
 def make_vectors(rng: np.random.Generator, n: int, dim: int, data: str) -> np.ndarray:
-    """``n`` unit vectors: uniform on the sphere, or a mixture of 1,000 clusters (as real embeddings are)."""
+    """``n`` unit vectors, seeded by ``rng``.
+
+    ``uniform``: uniform on the sphere, the worst case for any approximate index (no structure).
+    ``clustered``: like real sentence embeddings, low intrinsic dimension: 1,000 clusters in a
+    32-dimensional latent space, spread within each cluster, mapped into ``dim`` dimensions by a
+    fixed random rotation, plus a little ambient noise. The rotation and centres are drawn from
+    a generator seeded with 0, so base vectors and queries share them.
+    """
     if data == "uniform":
         x = rng.standard_normal((n, dim), dtype=np.float32)
     else:
-        centers = rng.standard_normal((1000, dim), dtype=np.float32)
-        centers /= np.linalg.norm(centers, axis=1, keepdims=True)
-        x = centers[rng.integers(0, len(centers), size=n)] + 0.06 * rng.standard_normal((n, dim), dtype=np.float32)
+        latent = min(32, dim)
+        shared = np.random.default_rng(0)
+        basis, _ = np.linalg.qr(shared.standard_normal((dim, latent)))
+        centers = shared.standard_normal((1000, latent)).astype(np.float32)
+        z = centers[rng.integers(0, len(centers), size=n)] + 0.5 * rng.standard_normal((n, latent), dtype=np.float32)
+        x = z @ basis.T.astype(np.float32) + 0.02 * rng.standard_normal((n, dim), dtype=np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
+    return x.astype(np.float32, copy=False)
 
 
 def _exact_topk(base_ND: np.ndarray, queries_QD: np.ndarray, k: int) -> np.ndarray:
