@@ -131,7 +131,9 @@ class Task:
 class Selection:
     """K cases chosen from a candidate set of C, with what off-policy evaluation needs.
 
-    - ``ids`` / ``positions_K``: the chosen cases in the order they were drawn;
+    - ``ids``: the chosen case ids, in the order they were drawn;
+    - ``positions_K``: their indices into the candidate set (``ids[i] == candidate_ids[positions_K[i]]``);
+      a case's bank position is ``candidates.positions_C[positions_K[i]]``;
     - ``probs_C``: the policy's distribution over all candidates (sums to 1);
     - ``probs_K``: ``probs_C`` at the chosen cases (each case's first-draw propensity);
     - ``set_prob``: the Plackett-Luce probability of drawing exactly this ordered set without

@@ -1,0 +1,35 @@
+"""The uniform policy: every candidate equally likely, ``k`` drawn without replacement.
+
+The floor any learned selector must beat. A uniform policy has no arg-max, so ``greedy=True``
+still samples (the returned ``Selection.greedy`` is False and ``set_prob`` is the exact
+probability of the ordered draw, ``(C - K)! / C!``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memento.memory import Candidates
+from memento.policy import check_candidates, check_k, gumbel_top_k, make_selection
+from memento.types import Selection
+
+__all__ = ["RandomPolicy"]
+
+
+class RandomPolicy:
+    """Uniform over the candidate set (see the module docstring)."""
+
+    def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        check_candidates(state_D, candidates)
+        n = len(candidates)
+        return np.full(n, 1.0 / n, dtype=np.float64)
+
+    def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
+               greedy: bool = False) -> Selection:
+        probs_C = self.probs(state_D, candidates)
+        k = check_k(k, len(candidates))
+        order_K = gumbel_top_k(np.zeros(len(candidates)), k, rng)
+        return make_selection(candidates, probs_C, order_K, greedy=False)
+
+    def __repr__(self) -> str:
+        return "RandomPolicy()"
