@@ -20,10 +20,18 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from memento.errors import ConfigError
 
 __all__ = [
+    "AlphaSchedule",
     "BankConfig",
     "EncoderConfig",
+    "ImportanceWeights",
     "IndexConfig",
+    "LearnerConfig",
     "Pooling",
+    "QNetArch",
+    "QNetConfig",
+    "ReplayConfig",
+    "StorageDtype",
+    "TDLoss",
     "from_dict",
     "load_json",
     "save_json",
@@ -207,3 +215,158 @@ def load_json(cls: type[T], path: str | Path) -> T:
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
     return from_dict(cls, data)
+
+
+# ---------------------------------------------------------------- learning core: Q-network, replay, learner
+# QNetConfig, ReplayConfig and LearnerConfig configure memento.qnet, memento.replay and memento.learner.
+
+QNetArch = Literal["mlp", "mlp_interact", "two_tower"]
+StorageDtype = Literal["float32", "float16", "bfloat16"]
+AlphaSchedule = Literal["fixed", "linear", "target_entropy"]
+TDLoss = Literal["huber", "mse"]
+ImportanceWeights = Literal["none", "inverse_propensity"]
+
+
+def _check_choice(obj: Any, field: str, choices: Any) -> None:
+    value = getattr(obj, field)
+    _check(value in get_args(choices), type(obj), field, value, f"must be one of {get_args(choices)}")
+
+
+def _check_float(obj: Any, field: str, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False) -> None:
+    """``obj.field`` is a finite real number within the bounds; an int is stored as a float."""
+    value = getattr(obj, field)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and value not in (float("inf"), float("-inf"))
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "" if low is None else ("(" if low_open else "[") + repr(low)
+        hi = "" if high is None else repr(high) + (")" if high_open else "]")
+        interval = f"in {lo or '(-inf'}, {hi or 'inf)'}"
+        _check(False, type(obj), field, value, f"must be a finite number {interval}")
+    object.__setattr__(obj, field, float(value))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QNetConfig:
+    """A Q-network scoring (state, case) pairs: ``Q(s, c)`` is a logit (see :mod:`memento.qnet`).
+
+    - ``arch``: ``"mlp"`` (Memento: concat(s, c) -> hidden -> 1), ``"mlp_interact"`` (adds
+      ``s*c`` and ``|s-c|`` to the concat) or ``"two_tower"`` (``f(s) . g(c) + bias``, case
+      side precomputable);
+    - ``dim``: the embedding dimension D of states and cases;
+    - ``hidden``: width of every hidden layer; ``n_layers``: hidden layers (per tower for
+      ``two_tower``);
+    - ``dropout``: after every hidden ReLU, in training mode only;
+    - ``embed_dim``: E, the output width of each tower (``two_tower`` only);
+    - ``seed``: seeds the parameter initialisation when :func:`memento.qnet.build_qnet` gets no generator.
+    """
+
+    arch: QNetArch = "mlp"
+    dim: int
+    hidden: int = 512
+    n_layers: int = 1
+    dropout: float = 0.1
+    embed_dim: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "arch", QNetArch)
+        _check_int(self, "dim", 1)
+        _check_int(self, "hidden", 1)
+        _check_int(self, "n_layers", 1)
+        _check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
+        _check_int(self, "embed_dim", 1)
+        _check_int(self, "seed", 0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """A replay buffer of preallocated tensors (see :mod:`memento.replay`).
+
+    - ``capacity``: transitions held; the oldest is overwritten when full (ring);
+    - ``dim``: D; ``k_max``: most cases chosen per decision (rows with fewer are masked);
+    - ``store_next``: also keep ``next_state`` and up to ``c_max`` next candidates (multi-step
+      soft TD needs them; single-step BCE does not, and then they take no memory);
+    - ``storage_dtype``: how embeddings are stored (``float16``/``bfloat16`` halve the memory;
+      batches are always float32).
+    """
+
+    capacity: int = 100_000
+    dim: int
+    k_max: int = 4
+    store_next: bool = False
+    c_max: int = 32
+    storage_dtype: StorageDtype = "float32"
+
+    def __post_init__(self) -> None:
+        _check_int(self, "capacity", 1)
+        _check_int(self, "dim", 1)
+        _check_int(self, "k_max", 1)
+        _check(isinstance(self.store_next, bool), type(self), "store_next", self.store_next, "must be true or false")
+        _check_int(self, "c_max", 1)
+        _check_choice(self, "storage_dtype", StorageDtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    """The soft-Q learner's hyperparameters (see :mod:`memento.learner`).
+
+    - ``gamma``: 0 is Memento's single-step case (binary rewards, BCE on logits); > 0 is soft TD
+      with the Huber (``td_loss="huber"``, threshold ``huber_delta``) or squared loss;
+    - ``lr``, ``weight_decay``: AdamW; ``max_grad_norm``: gradient-norm clipping (``None``: off);
+    - ``batch_size``: the mini-batch size callers sample from the replay buffer (``update``
+      takes any batch);
+    - ``target_every`` / ``target_beta``: every ``target_every`` updates,
+      ``theta_bar <- beta * theta_bar + (1 - beta) * theta`` (``beta = 0`` copies);
+    - ``alpha`` (the soft-max temperature) and ``alpha_schedule``: ``"fixed"``; ``"linear"`` from
+      ``alpha`` to ``alpha_final`` over ``alpha_decay_steps`` updates; ``"target_entropy"``
+      (discrete-SAC tuning from ``alpha``, learning rate ``alpha_lr``) towards an entropy of
+      ``target_entropy_ratio * log(n)`` over each row's ``n`` candidates;
+    - ``importance_weights``: ``"none"`` or ``"inverse_propensity"`` (weights
+      ``min(1 / propensity, importance_cap)``, self-normalised over the batch);
+    - ``seed``: seeds the learner's generator (dropout masks) when none is passed.
+    """
+
+    gamma: float = 0.0
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 10.0
+    batch_size: int = 256
+    target_every: int = 1
+    target_beta: float = 0.995
+    td_loss: TDLoss = "huber"
+    huber_delta: float = 1.0
+    alpha: float = 1.0
+    alpha_schedule: AlphaSchedule = "fixed"
+    alpha_final: float = 0.1
+    alpha_decay_steps: int = 10_000
+    target_entropy_ratio: float = 0.5
+    alpha_lr: float = 3e-4
+    importance_weights: ImportanceWeights = "none"
+    importance_cap: float = 100.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_float(self, "gamma", low=0.0, high=1.0, high_open=True)
+        _check_float(self, "lr", low=0.0, low_open=True)
+        _check_float(self, "weight_decay", low=0.0)
+        if self.max_grad_norm is not None:
+            _check_float(self, "max_grad_norm", low=0.0, low_open=True)
+        _check_int(self, "batch_size", 1)
+        _check_int(self, "target_every", 1)
+        _check_float(self, "target_beta", low=0.0, high=1.0)
+        _check_choice(self, "td_loss", TDLoss)
+        _check_float(self, "huber_delta", low=0.0, low_open=True)
+        _check_float(self, "alpha", low=0.0, low_open=True)
+        _check_choice(self, "alpha_schedule", AlphaSchedule)
+        _check_float(self, "alpha_final", low=0.0, low_open=True)
+        _check_int(self, "alpha_decay_steps", 1)
+        _check_float(self, "target_entropy_ratio", low=0.0, high=1.0, low_open=True)
+        _check_float(self, "alpha_lr", low=0.0, low_open=True)
+        _check_choice(self, "importance_weights", ImportanceWeights)
+        _check_float(self, "importance_cap", low=1.0)
+        _check_int(self, "seed", 0)

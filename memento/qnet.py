@@ -1,0 +1,199 @@
+"""Q-networks that score one state against many cases in one batched call.
+
+Every network maps ``(state_BD, cases_BCD)`` to ``q_BC``: the logit ``Q(s_b, c_bc)`` of each of
+the ``C`` cases of row ``b``. With binary rewards ``sigmoid(Q)`` reads as ``P(success | s, c)``;
+the retrieval policy is ``softmax(Q / alpha)`` over a row's candidates.
+
+Architectures (``QNetConfig.arch``):
+
+- ``"mlp"`` -- Memento's parametric memory: ``concat(s, c) -> Linear(2D, H) -> ReLU -> Dropout
+  -> Linear(H, 1)`` (``n_layers`` hidden layers). The first layer ``W [s; c] + b`` is stored split
+  as ``state_in`` (``W_s``, ``b``) and ``case_in`` (``W_c``, no bias) and applied as
+  ``W_s s + W_c c + b``: the same function, with the state half computed once per row instead
+  of once per case (initialised as one ``Linear(2D, H)`` would be);
+- ``"mlp_interact"`` -- the same with ``s * c`` and ``|s - c|`` added to the concat (4D input);
+- ``"two_tower"`` -- ``Q(s, c) = f(s) . g(c) + b`` with two small MLP towers ``f``, ``g`` and a
+  learnable scalar ``b``. The case side does not depend on the state, so keys can be
+  precomputed for a whole bank: ``encode_cases(cases_ND) -> keys_NE`` and
+  ``encode_states(state_BD) -> queries_BE``; ``forward`` equals ``queries . keys + bias``.
+
+Parameters are initialised from an explicit ``torch.Generator`` (:meth:`QNetwork.reset_parameters`),
+never from torch's global RNG. Dropout, in training mode, draws its masks from the generator
+passed to ``forward`` (or torch's global RNG when none is passed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memento.config import QNetConfig
+from memento.errors import DimensionError
+
+__all__ = ["MLPQNetwork", "QNetwork", "TwoTowerQNetwork", "build_qnet"]
+
+logger = logging.getLogger(__name__)
+
+
+def _linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
+    """An uninitialised Linear (no draw from the global RNG); :meth:`QNetwork.reset_parameters` fills it."""
+    return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool, generator: torch.Generator | None) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    if generator is None:
+        return F.dropout(x, p, training=True)
+    keep = torch.empty_like(x).uniform_(generator=generator).ge_(p).mul_(1.0 / (1.0 - p))  # 0 or 1/(1-p)
+    return x * keep
+
+
+class QNetwork(nn.Module):
+    """Base class: ``forward(state_BD, cases_BCD) -> q_BC`` logits, input shapes checked."""
+
+    config: QNetConfig
+
+    def __init__(self, config: QNetConfig):
+        super().__init__()
+        self.config = config
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """(Re)initialise every Linear as torch does by default, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
+        drawing from ``generator`` (a CPU generator; ``None``: one seeded with ``config.seed``).
+
+        Values are drawn on the CPU and copied, so a seed gives the same network on every device.
+        """
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.config.seed)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    bound = 1.0 / math.sqrt(getattr(module, "fan_in", module.in_features))
+                    for param in (module.weight, module.bias):
+                        if param is None:
+                            continue
+                        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-bound, bound,
+                                                                                          generator=generator)
+                        param.copy_(values)
+            for name, param in self.named_parameters():
+                if name == "bias":  # the two-tower scalar
+                    param.zero_()
+
+    def _check_inputs(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> None:
+        d = self.config.dim
+        if state_BD.ndim != 2 or cases_BCD.ndim != 3 or state_BD.shape[0] != cases_BCD.shape[0] \
+                or state_BD.shape[1] != d or cases_BCD.shape[2] != d:
+            raise DimensionError(
+                f"{type(self).__name__} (dim={d}) expects state_BD of shape (B, {d}) and cases_BCD of shape "
+                f"(B, C, {d}); got state_BD.shape={tuple(state_BD.shape)}, cases_BCD.shape={tuple(cases_BCD.shape)}")
+
+    def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class MLPQNetwork(QNetwork):
+    """``"mlp"`` and ``"mlp_interact"``: an MLP on the concatenation of state and case (features)."""
+
+    def __init__(self, config: QNetConfig):
+        super().__init__(config)
+        if config.arch not in ("mlp", "mlp_interact"):
+            raise ValueError(f"MLPQNetwork takes arch 'mlp' or 'mlp_interact', not {config.arch!r}")
+        self.interact = config.arch == "mlp_interact"
+        d, h = config.dim, config.hidden
+        self.state_in = _linear(d, h)  # W_s and the first layer's bias
+        self.case_in = _linear((3 if self.interact else 1) * d, h, bias=False)  # W_c: [c | s*c | |s-c|]
+        self.state_in.fan_in = self.case_in.fan_in = (4 if self.interact else 2) * d  # as one Linear(2D or 4D, H)
+        self.hidden_layers = nn.ModuleList([_linear(h, h) for _ in range(config.n_layers - 1)])
+        self.out = _linear(h, 1)
+        self.reset_parameters()
+
+    def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        self._check_inputs(state_BD, cases_BCD)
+        h_BH = self.state_in(state_BD)
+        if self.interact:
+            s_B1D = state_BD.unsqueeze(1)
+            h_BCH = self.case_in(torch.cat([cases_BCD, s_B1D * cases_BCD, (s_B1D - cases_BCD).abs()], dim=-1))
+        else:
+            h_BCH = self.case_in(cases_BCD)
+        h_BCH = _dropout(F.relu(h_BCH + h_BH.unsqueeze(1)), self.config.dropout, self.training, generator)
+        for layer in self.hidden_layers:
+            h_BCH = _dropout(F.relu(layer(h_BCH)), self.config.dropout, self.training, generator)
+        return self.out(h_BCH).squeeze(-1)
+
+
+class _Tower(nn.Module):
+    def __init__(self, config: QNetConfig):
+        super().__init__()
+        widths = [config.dim] + [config.hidden] * config.n_layers
+        self.layers = nn.ModuleList([_linear(a, b) for a, b in zip(widths[:-1], widths[1:])])
+        self.out = _linear(config.hidden, config.embed_dim)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        for layer in self.layers:
+            x = _dropout(F.relu(layer(x)), self.dropout, self.training, generator)
+        return self.out(x)
+
+
+class TwoTowerQNetwork(QNetwork):
+    """``"two_tower"``: ``Q(s, c) = f(s) . g(c) + bias``; ``g(c)`` can be precomputed per case."""
+
+    def __init__(self, config: QNetConfig):
+        super().__init__(config)
+        if config.arch != "two_tower":
+            raise ValueError(f"TwoTowerQNetwork takes arch 'two_tower', not {config.arch!r}")
+        self.state_tower = _Tower(config)
+        self.case_tower = _Tower(config)
+        self.bias = nn.Parameter(torch.zeros(()))
+        self.reset_parameters()
+
+    def _check_last(self, name: str, x: torch.Tensor, ndim: int) -> None:
+        if x.ndim != ndim or x.shape[-1] != self.config.dim:
+            lead = "(B, " if ndim == 2 else "(N, " if name == "cases_ND" else "(B, C, "
+            raise DimensionError(f"TwoTowerQNetwork (dim={self.config.dim}) expects {name} of shape "
+                                 f"{lead}{self.config.dim}); got {name}.shape={tuple(x.shape)}")
+
+    def encode_states(self, state_BD: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Queries ``f(s)``: ``(B, D) -> (B, E)``."""
+        self._check_last("state_BD", state_BD, 2)
+        return self.state_tower(state_BD, generator)
+
+    def encode_cases(self, cases_ND: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Keys ``g(c)``: ``(N, D) -> (N, E)`` (any leading shape works; N is the usual one)."""
+        if cases_ND.ndim < 2 or cases_ND.shape[-1] != self.config.dim:
+            raise DimensionError(f"TwoTowerQNetwork (dim={self.config.dim}) expects cases_ND of shape "
+                                 f"(N, {self.config.dim}); got cases_ND.shape={tuple(cases_ND.shape)}")
+        return self.case_tower(cases_ND, generator)
+
+    def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        self._check_inputs(state_BD, cases_BCD)
+        queries_BE = self.state_tower(state_BD, generator)
+        keys_BCE = self.case_tower(cases_BCD, generator)
+        return torch.einsum("be,bce->bc", queries_BE, keys_BCE) + self.bias
+
+
+def build_qnet(config: QNetConfig, generator: torch.Generator | None = None) -> QNetwork:
+    """The Q-network ``config.arch`` names, initialised from ``generator`` (default: seeded with ``config.seed``)."""
+    match config.arch:
+        case "mlp" | "mlp_interact":
+            net: QNetwork = MLPQNetwork(config)
+        case "two_tower":
+            net = TwoTowerQNetwork(config)
+        case _:  # pragma: no cover - QNetConfig rejects other values
+            raise ValueError(f"unknown Q-network arch {config.arch!r}")
+    if generator is not None:
+        net.reset_parameters(generator)
+    logger.debug("built %s Q-network: %d parameters", config.arch, sum(p.numel() for p in net.parameters()))
+    return net
