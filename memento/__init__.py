@@ -1,11 +1,14 @@
 """memento: learn which past cases a frozen LLM should see.
 
-The core library: typed configs, the text encoder, the case bank. Importing it never
-pulls in Lightning, FastAPI or LLM clients.
+The core library: typed configs, the text encoder, the case bank, Q-networks, the policy
+protocol, the replay buffer, the soft-Q learner and synthetic environments. Importing it
+never pulls in Lightning, FastAPI or LLM clients. Concrete policies live in the sibling
+package ``policies``.
 """
 
-from memento.config import BankConfig, EncoderConfig, IndexConfig
+from memento.config import BankConfig, EncoderConfig, IndexConfig, LearnerConfig, QNetConfig, ReplayConfig
 from memento.encoders import EmbeddingCache, Encoder
+from memento.envs import SyntheticBandit, SyntheticBanditConfig
 from memento.errors import (
     BankError,
     CheckpointError,
@@ -17,8 +20,12 @@ from memento.errors import (
     NotABankError,
     UnknownCaseError,
 )
+from memento.learner import SoftQLearner
 from memento.memory import Candidates, CaseBank
-from memento.types import Case, Task
+from memento.policy import Policy
+from memento.qnet import QNetwork, build_qnet
+from memento.replay import ReplayBatch, ReplayBuffer, Transition
+from memento.types import Case, Selection, Task
 
 __version__ = "0.1.0"
 
@@ -37,9 +44,22 @@ __all__ = [
     "EncoderConfig",
     "EncoderError",
     "IndexConfig",
+    "LearnerConfig",
     "MementoError",
     "NotABankError",
+    "Policy",
+    "QNetConfig",
+    "QNetwork",
+    "ReplayBatch",
+    "ReplayBuffer",
+    "ReplayConfig",
+    "Selection",
+    "SoftQLearner",
+    "SyntheticBandit",
+    "SyntheticBanditConfig",
     "Task",
+    "Transition",
     "UnknownCaseError",
     "__version__",
+    "build_qnet",
 ]
