@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from memento.errors import ConfigError
+from memento.io import atomic_write_text
 
 __all__ = [
     "AlphaSchedule",
@@ -195,10 +195,7 @@ def from_dict(cls: type[T], data: dict[str, Any], *, _where: str | None = None) 
 
 def save_json(config: Any, path: str | Path) -> None:
     """Write ``config`` as indented JSON, atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n")
 
 
 def load_json(cls: type[T], path: str | Path) -> T:

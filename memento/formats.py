@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 from memento.errors import DataFormatError
+from memento.io import atomic_write
 from memento.types import Case, Task
 
 __all__ = [
@@ -248,18 +248,14 @@ def read_case_file(path: str | Path, format: CaseFormat) -> list[Case]:
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     """Write rows as JSONL atomically (temporary file, fsync, rename); returns the row count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     count = 0
-    try:
+
+    def write(tmp: Path) -> None:
+        nonlocal count
         with tmp.open("w", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
                 count += 1
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_write(path, write)
     return count

@@ -53,7 +53,6 @@ import copy
 import json
 import logging
 import math
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -66,6 +65,7 @@ from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, from_dict, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError
+from memento.io import atomic_write
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 
@@ -298,11 +298,11 @@ class SoftQLearner:
         if "alpha_optimizer" in state:
             meta["alpha_optimizer"] = _flatten_optimizer(state["alpha_optimizer"], "alpha_optimizer", tensors)
         tensors = {name: value.detach().to("cpu").contiguous() for name, value in tensors.items()}
-        _write_atomic(directory / TENSORS_NAME, lambda tmp: save_file(tensors, str(tmp), metadata={"uid": uid}))
-        _write_atomic(directory / STATE_NAME, lambda tmp: tmp.write_text(json.dumps(meta, indent=2, sort_keys=True)
+        atomic_write(directory / TENSORS_NAME, lambda tmp: save_file(tensors, str(tmp), metadata={"uid": uid}))
+        atomic_write(directory / STATE_NAME, lambda tmp: tmp.write_text(json.dumps(meta, indent=2, sort_keys=True)
                                                                            + "\n", encoding="utf-8"))
         config = {"learner": state["config"], "qnet": state["qnet_config"]}
-        _write_atomic(directory / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(config, indent=2, sort_keys=True)
+        atomic_write(directory / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(config, indent=2, sort_keys=True)
                                                                             + "\n", encoding="utf-8"))
         logger.info("saved learner (%d updates) to %s", self.updates, directory)
         return directory
@@ -349,14 +349,6 @@ class SoftQLearner:
 
 
 # ---------------------------------------------------------------- persistence helpers
-
-
-def _write_atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _flatten_optimizer(state: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -34,7 +34,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from safetensors.torch import save_file
 
 from memento.config import ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError, MementoError
+from memento.io import atomic_write, atomic_write_text
 
 __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffer", "Transition"]
 
@@ -198,12 +198,6 @@ class ReplayBatch:
         moved = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(
             device, non_blocking=non_blocking) for f in dataclasses.fields(self)}
         return ReplayBatch(**moved)
-
-
-def _atomic_replace(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class ReplayBuffer:
@@ -422,12 +416,9 @@ class ReplayBuffer:
         meta = {"format": REPLAY_FORMAT, "format_version": REPLAY_FORMAT_VERSION, "uid": uid,
                 "config": state["config"], "ptr": state["ptr"], "size": state["size"], "added": state["added"]}
         tensors = {name: x.detach().to("cpu").contiguous() for name, x in state["tensors"].items()}
-        tmp = directory / (TENSORS_NAME + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": REPLAY_FORMAT, "uid": uid})
-        _atomic_replace(tmp, directory / TENSORS_NAME)
-        tmp = directory / (META_NAME + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        _atomic_replace(tmp, directory / META_NAME)
+        atomic_write(directory / TENSORS_NAME,
+                     lambda tmp: save_file(tensors, str(tmp), metadata={"format": REPLAY_FORMAT, "uid": uid}))
+        atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
         logger.info("saved replay buffer (%d of %d rows) to %s", self._size, self.capacity, directory)
         return directory
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from memento.errors import ConfigError
+from memento.io import atomic_write_text
 
 __all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "make_vectors", "run_bank_bench"]
 
@@ -184,11 +185,7 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
 
 
 def _write(path: str | Path, results: dict[str, Any]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(results, indent=2) + "\n")
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ import numpy as np
 
 from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
+from memento.io import atomic_write, atomic_write_text
 from memento.memory.index import FaissIndex, exact_topk
 from memento.types import Case
 
@@ -85,12 +86,6 @@ class Candidates:
 def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for start in range(0, len(seq), size):
         yield seq[start:start + size]
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class CaseBank:
@@ -639,10 +634,8 @@ class CaseBank:
             meta_path.unlink(missing_ok=True)
             self._index_dirty = False
             return
-        tmp = index_path.with_name(INDEX_NAME + ".tmp")
-        self._index.write(str(tmp))
-        os.replace(tmp, index_path)
-        _atomic_write_text(meta_path, json.dumps({"uid": self.uid, "factory": self.config.index.factory,
+        atomic_write(index_path, lambda tmp: self._index.write(str(tmp)))
+        atomic_write_text(meta_path, json.dumps({"uid": self.uid, "factory": self.config.index.factory,
                                                   "dim": self.dim, "ntotal": self._index.ntotal}, indent=2) + "\n")
         self._index_dirty = False
 

@@ -1,0 +1,32 @@
+"""Atomic file writes: a temporary file in the same directory, fsync, then rename.
+
+A reader never sees half a file: after a crash the old file (or none) is there, and the
+temporary file is removed whenever the write fails.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["atomic_write", "atomic_write_text"]
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp_path)`` to produce the file, then move it over ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
