@@ -97,7 +97,11 @@ class Transition:
     def __post_init__(self) -> None:
         state_D = _vector(self.state_D, "state_D", 1)
         cases_KD = _vector(self.cases_KD, "cases_KD", 2)
-        propensity_K = _vector(self.propensity_K, "propensity_K", 1)
+        # a case drawn late at a low temperature can have a propensity below float32's range: keep it positive
+        propensity_K = np.maximum(_vector(self.propensity_K, "propensity_K", 1), np.finfo(np.float32).tiny)
+        if not (np.asarray(self.propensity_K, dtype=np.float64) > 0).all():
+            raise DataFormatError(f"Transition.propensity_K must lie in (0, 1]; got "
+                                  f"{np.asarray(self.propensity_K).tolist()}")
         d, k = state_D.shape[0], cases_KD.shape[0]
         if k < 1 or cases_KD.shape[1] != d:
             raise DimensionError(f"Transition: cases_KD must be (K >= 1, D={d}); got state_D.shape={state_D.shape}, "

@@ -483,6 +483,15 @@ class CaseBank:
         self._check_open()
         return self._embeddings_ND[self._positions(ids)].copy()
 
+    def embeddings_at(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Stored unit vectors ``[N, D]`` at bank positions (the faiss labels)."""
+        self._check_open()
+        positions_N = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if positions_N.size and (positions_N.min() < 0 or positions_N.max() >= self._count):
+            raise UnknownCaseError(f"{self.path}: positions must lie in [0, {self._count}); "
+                                   f"got min={int(positions_N.min())}, max={int(positions_N.max())}")
+        return self._embeddings_ND[positions_N].copy()
+
     def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]:
         """Case ids at bank positions (the faiss labels)."""
         self._check_open()

@@ -990,3 +990,13 @@ def test_hnsw(bank_path: Path, rng) -> None:
     with CaseBank.open(bank_path) as again:
         _, found = again.search(emb[3], 1)
         assert found.tolist() == [ids[3]]
+
+
+def test_embeddings_at_positions(tmp_path, rng):
+    vectors = unit_vectors(rng, 5, DIM)
+    with CaseBank.create(tmp_path / "b", DIM) as bank:
+        bank.add([Case(state=f"s{i}", action="a", reward=0.0) for i in range(5)], vectors)
+        np.testing.assert_array_equal(bank.embeddings_at([3, 0]), vectors[[3, 0]])
+        assert bank.embeddings_at([]).shape == (0, DIM)
+        with pytest.raises(UnknownCaseError, match=r"positions must lie in \[0, 5\)"):
+            bank.embeddings_at([5])

@@ -345,3 +345,12 @@ def test_buffer_on_cuda_samples_on_cuda(tmp_path) -> None:
     cpu = ReplayBuffer.load(tmp_path / "r", device="cpu")
     for name, tensor in buffer.state_dict()["tensors"].items():
         assert torch.equal(tensor.cpu(), cpu.state_dict()["tensors"][name]), name
+
+
+def test_transition_keeps_underflowing_propensities_positive():
+    from memento.replay import Transition
+
+    t = Transition(state_D=np.ones(4), cases_KD=np.ones((2, 4)), reward=1.0, propensity_K=np.array([0.5, 1e-60]))
+    assert t.propensity_K.dtype == np.float32 and (t.propensity_K > 0).all()
+    with pytest.raises(DataFormatError, match="must lie in"):
+        Transition(state_D=np.ones(4), cases_KD=np.ones((2, 4)), reward=1.0, propensity_K=np.array([0.5, 0.0]))
