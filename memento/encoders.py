@@ -259,7 +259,7 @@ class Encoder:
         than 512 texts need the model.
         """
         single = isinstance(texts, str)
-        items = [texts] if single else list(texts)  # type: ignore[list-item]
+        items: list[str] = [texts] if isinstance(texts, str) else list(texts)
         for i, text in enumerate(items):
             if not isinstance(text, str):
                 raise DataFormatError(f"text {i} is {type(text).__name__}, expected a string")

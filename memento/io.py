@@ -13,7 +13,7 @@ from pathlib import Path
 __all__ = ["atomic_write", "atomic_write_text"]
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp_path)`` to produce the file, then move it over ``path`` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
