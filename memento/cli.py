@@ -118,6 +118,59 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--seed", type=int, default=0)
     bb.add_argument("--workdir", default=None, help="where the temporary banks go (default: system temp)")
     bb.add_argument("--json", required=True, metavar="OUT", help="results file")
+
+    from memento.config import QNetArch
+
+    archs = list(get_args(QNetArch))
+    bs = bench_cmds.add_parser(
+        "select", help="end-to-end selection latency (candidates + policy) per bank size, vs a Memento reference",
+        description="Fill banks with random unit vectors and time, one query state at a time, "
+                    "bank.candidates(state, C) + policy.select(state, candidates, K) for the similarity policy and "
+                    "the soft-Q policy with each Q-network architecture (p50/p99 and the split between search and "
+                    "policy), with the recall of the exact top-C. Banks of up to --exact-max cases use Flat (exact), "
+                    "larger ones --factory. The Memento-style reference encodes every (query, case) pair with the "
+                    "real encoder at --reference-size cases (0 skips it).")
+    bs.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],
+                    help="bank sizes (default: 1000 10000 100000 1000000)")
+    bs.add_argument("--k", type=int, default=4, help="cases selected per query (default: 4)")
+    bs.add_argument("--candidates", type=int, default=64, help="candidate set size C (default: 64)")
+    bs.add_argument("--factory", default="HNSW32,Flat",
+                    help='faiss factory for banks above --exact-max (default: "HNSW32,Flat")')
+    bs.add_argument("--exact-max", type=int, default=20_000,
+                    help="largest bank that uses Flat, exact search (default: 20000)")
+    bs.add_argument("--ef-search", type=int, nargs="+", default=[64], help="HNSW efSearch values (default: 64)")
+    bs.add_argument("--archs", nargs="+", choices=archs, default=archs,
+                    help="Q-network architectures for the soft-Q policy (default: all)")
+    bs.add_argument("--data", choices=["clustered", "uniform"], default="clustered",
+                    help="clustered vectors like real embeddings (default), or uniform on the sphere")
+    bs.add_argument("--dim", type=int, default=384, help="vector dimension (default: 384)")
+    bs.add_argument("--queries", type=int, default=200, help="timed single queries per setting (default: 200)")
+    bs.add_argument("--reference-size", type=int, default=1_000,
+                    help="cases scored by the Memento-style reference (default: 1000; 0 skips it)")
+    bs.add_argument("--reference-queries", type=int, default=5, help="queries timed for the reference (default: 5)")
+    bs.add_argument("--torch-threads", type=int, default=1,
+                    help="torch threads while selections are timed (default: 1; 0: torch's default)")
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--workdir", default=None, help="where the temporary banks go (default: system temp)")
+    bs.add_argument("--json", required=True, metavar="OUT", help="results file")
+
+    bt = bench_cmds.add_parser(
+        "train", help="soft-Q learner throughput with cached embeddings, and replay-buffer latency",
+        description="Fill a replay buffer with random decisions and time buffer.sample(B) + learner.update(batch) "
+                    "for each Q-network architecture, in (state, case, reward) samples/s (B x K per update); then "
+                    "time replay add (one transition), add_batch(B) and sample(B). Runs on CUDA when present "
+                    "(--device auto).")
+    bt.add_argument("--archs", nargs="+", choices=archs, default=archs, help="Q-network architectures (default: all)")
+    bt.add_argument("--batch-size", type=int, default=256, help="decisions per update (default: 256)")
+    bt.add_argument("--k", type=int, default=4, help="cases per decision (default: 4)")
+    bt.add_argument("--steps", type=int, default=200, help="timed updates per architecture (default: 200)")
+    bt.add_argument("--dim", type=int, default=384, help="embedding dimension (default: 384)")
+    bt.add_argument("--buffer-size", type=int, default=100_000, help="decisions in the replay buffer (default: 100000)")
+    bt.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where to train (default: auto, CUDA when present)")
+    bt.add_argument("--torch-threads", type=int, default=0, help="torch threads (default: 0, torch's default)")
+    bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--json", required=True, metavar="OUT", help="results file")
     return parser
 
 
@@ -238,6 +291,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from memento.bench.bank import format_table
 
         print(format_table(results))
+        print(f"results written to {args.json}")
+    elif args.bench_command == "select":
+        from memento.bench.select import SelectBenchConfig, run_select_bench
+        from memento.bench.select import format_table as format_select
+
+        select_config = SelectBenchConfig(
+            sizes=tuple(args.sizes), k=args.k, candidates=args.candidates, factory=args.factory,
+            exact_max=args.exact_max, ef_search=tuple(args.ef_search), archs=tuple(args.archs), data=args.data,
+            dim=args.dim, queries=args.queries, reference_size=args.reference_size,
+            reference_queries=args.reference_queries, torch_threads=args.torch_threads, seed=args.seed)
+        print(format_select(run_select_bench(select_config, out=args.json, workdir=args.workdir)))
+        print(f"results written to {args.json}")
+    elif args.bench_command == "train":
+        from memento.bench.train import TrainBenchConfig, run_train_bench
+        from memento.bench.train import format_table as format_train
+
+        train_config = TrainBenchConfig(
+            archs=tuple(args.archs), batch_size=args.batch_size, k=args.k, steps=args.steps, dim=args.dim,
+            buffer_size=args.buffer_size, device=args.device, torch_threads=args.torch_threads, seed=args.seed)
+        print(format_train(run_train_bench(train_config, out=args.json)))
         print(f"results written to {args.json}")
     return EXIT_OK
 

@@ -104,13 +104,13 @@ class CaseBank:
         self._use_gpu = use_gpu
         self._count = int(conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0])
         # in-memory mirrors, loaded on first need
-        self._loaded = False
         self._emb_ND = np.zeros((0, config.dim), dtype=np.float32)
         self._ids: list[str] = []
         self._env_codes_N = np.zeros(0, dtype=np.int32)
         self._kind_codes_N = np.zeros(0, dtype=np.int32)
         self._env_vocab: dict[str | None, int] = {}
         self._kind_vocab: dict[str, int] = {}
+        self._loaded = self._count == 0  # an empty bank's mirror is complete: adds extend it in memory
         self._index = FaissIndex(config.index, config.dim, use_gpu=use_gpu)
         self._index_dirty = False
         self._closed = False

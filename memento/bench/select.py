@@ -1,0 +1,389 @@
+"""``memento bench select``: end-to-end case selection latency per bank size, and a Memento-style reference.
+
+For each bank size N a fresh bank is filled with N random unit vectors (``make_vectors`` of
+``memento bench bank``; clustered by default, since real sentence embeddings have a low
+intrinsic dimension). The index follows one explicit rule: exact ``Flat`` while
+``N <= exact_max``, the approximate ``factory`` above it. Then, one query state at a time
+(the online loop's access pattern, state embedding given), the selection of K cases is timed
+end to end::
+
+    candidates = bank.candidates(state_D, C)                 # faiss top-C + their stored vectors
+    selection = policy.select(state_D, candidates, K, rng=rng)
+
+for ``similarity`` (cosine top-K) and for ``soft_q`` with each Q-network architecture
+(untrained networks from ``build_qnet``: the latency does not depend on the weights), with the
+breakdown into candidate search and policy time. The recall of the exact top-C (numpy brute
+force over the base vectors) is reported for each index setting.
+
+The Memento-style reference scores a query the way the reference implementation's parametric
+memory does: a transformer pass over every (query, case) pair. The query text (repeated N times)
+and the N case texts are encoded with the real encoder (all-MiniLM-L6-v2, no embedding cache,
+no de-duplication: ~2N sequences), the pooled vectors are concatenated and a 2-layer MLP head
+(2D -> 512 -> 2) gives P(helpful); the top-K are chosen. The reference implementation uses
+RoBERTa-base (~5x the compute of MiniLM-L6 per token), so the ratio reported here understates
+the gap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from memento.bench.bank import _exact_topk, _write, make_vectors
+from memento.config import QNetArch
+from memento.errors import ConfigError
+
+__all__ = ["ReferenceScorer", "SelectBenchConfig", "format_table", "reference_texts", "run_select_bench"]
+
+logger = logging.getLogger(__name__)
+
+_ADD_CHUNK = 10_000
+_WARMUP = 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectBenchConfig:
+    """What ``memento bench select`` measures.
+
+    - ``sizes``: bank sizes N; ``dim``: vector dimension; ``data``: ``"clustered"`` or ``"uniform"``;
+    - index rule: ``Flat`` (exact) when ``N <= exact_max``, else ``factory`` searched with each
+      ``ef_search`` (HNSW) value;
+    - ``k``: cases selected; ``candidates``: C, the candidate set the policy scores;
+    - ``archs``: Q-network architectures for the soft-Q policy (``hidden`` units, temperature ``alpha``);
+    - ``queries``: timed single queries per (size, setting, policy), after 5 warm-up queries;
+    - ``torch_threads``: torch intra-op threads while selections are timed (0: torch's default, one
+      per core). One query scores only C candidates: ops too small to gain from threads, and on a
+      2-core machine with any other load, 2 threads make each op wait for a descheduled thread
+      (20-40x slower in our runs). The reference always runs with torch's default;
+    - ``reference_size``: cases scored by the Memento-style reference (0: skip it), timed over
+      ``reference_queries`` queries; the soft-Q latency it is compared with is measured at the same
+      size (added to the sizes if missing).
+    """
+
+    sizes: tuple[int, ...] = (1_000, 10_000, 100_000, 1_000_000)
+    k: int = 4
+    candidates: int = 64
+    factory: str = "HNSW32,Flat"
+    exact_max: int = 20_000
+    ef_search: tuple[int, ...] = (64,)
+    archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
+    hidden: int = 512
+    alpha: float = 1.0
+    dim: int = 384
+    data: Literal["uniform", "clustered"] = "clustered"
+    queries: int = 200
+    reference_size: int = 1_000
+    reference_queries: int = 5
+    torch_threads: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def fail(field: str, requirement: str) -> None:
+            raise ConfigError(f"SelectBenchConfig.{field}={getattr(self, field)!r}: {requirement}")
+
+        if not self.sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.sizes):
+            fail("sizes", "need at least one positive integer size")
+        for name in ("k", "candidates", "dim", "queries", "hidden", "reference_queries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail(name, "must be an integer >= 1")
+        for name in ("exact_max", "reference_size", "torch_threads", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                fail(name, "must be an integer >= 0")
+        if self.candidates < self.k:
+            fail("candidates", f"must be >= k={self.k}")
+        if not isinstance(self.factory, str) or not self.factory.strip():
+            fail("factory", "must be a non-empty faiss factory string")
+        if not self.ef_search or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.ef_search):
+            fail("ef_search", "need at least one integer >= 1")
+        if not self.archs or any(a not in get_args(QNetArch) for a in self.archs) \
+                or len(set(self.archs)) != len(self.archs):
+            fail("archs", f"need distinct values from {get_args(QNetArch)}")
+        if self.data not in ("uniform", "clustered"):
+            fail("data", "must be 'uniform' or 'clustered'")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
+                or not np.isfinite(self.alpha) or self.alpha <= 0:
+            fail("alpha", "must be a finite number > 0")
+
+    def factory_for(self, n: int) -> str:
+        """The index of a bank of ``n`` cases: exact up to ``exact_max``, the approximate factory above."""
+        return "Flat" if n <= self.exact_max else self.factory
+
+    @property
+    def measured_sizes(self) -> tuple[int, ...]:
+        """``sizes``, plus ``reference_size`` when the reference runs and that size is not already there."""
+        if self.reference_size and self.reference_size not in self.sizes:
+            return (*self.sizes, self.reference_size)
+        return self.sizes
+
+
+# ---------------------------------------------------------------- the Memento-style reference
+
+
+def reference_texts(n: int) -> list[str]:
+    """``n`` short, distinct case texts (real words, so tokenisation is realistic)."""
+    return [f"synthetic case {i}: what is the capital of region {i}?" for i in range(n)]
+
+
+class ReferenceScorer:
+    """Memento's parametric-memory retrieval, for timing: a transformer pass over every (query, case) pair.
+
+    For each batch of pairs, the repeated query and the cases are tokenised and encoded (two
+    forward passes), pooled with the encoder's pooling, concatenated, and a head
+    ``Linear(2D, hidden) -> ReLU -> Linear(hidden, 2)`` gives ``P(helpful)``; the top-K pairs win.
+    The head is untrained (random, seeded): only the cost matters here.
+    """
+
+    def __init__(self, encoder: Any, *, hidden: int = 512, batch_size: int = 64, seed: int = 0):
+        import torch
+        from torch import nn
+
+        self.encoder = encoder
+        self.batch_size = batch_size
+        generator = torch.Generator().manual_seed(seed)
+        d = encoder.dim
+        self.head = nn.Sequential(nn.Linear(2 * d, hidden), nn.ReLU(), nn.Linear(hidden, 2)).eval()
+        with torch.no_grad():
+            for p in self.head.parameters():
+                p.copy_(torch.empty(p.shape).uniform_(-0.05, 0.05, generator=generator))
+        self.head.to(encoder.device)
+
+    def _encode(self, texts: list[str]) -> Any:
+        enc = self.encoder
+        batch = enc.tokenizer(texts, padding=True, truncation=True, max_length=enc.config.max_length,
+                              return_tensors="pt").to(enc.device)
+        return enc.pool(enc.model(**batch), batch["attention_mask"])
+
+    def scores(self, query: str, case_texts: list[str]) -> np.ndarray:
+        """``P(helpful | query, case)`` for every case (float64 ``[N]``)."""
+        import torch
+
+        out: list[np.ndarray] = []
+        with torch.inference_mode():
+            for start in range(0, len(case_texts), self.batch_size):
+                chunk = case_texts[start:start + self.batch_size]
+                q_BD = self._encode([query] * len(chunk))
+                c_BD = self._encode(chunk)
+                logits_B2 = self.head(torch.cat([q_BD, c_BD], dim=-1))
+                out.append(torch.softmax(logits_B2, dim=-1)[:, 1].double().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def top_k(self, query: str, case_texts: list[str], k: int) -> np.ndarray:
+        """Indices of the ``k`` highest-scoring cases, best first."""
+        scores_N = self.scores(query, case_texts)
+        return np.argsort(-scores_N, kind="stable")[:k]
+
+
+def _time_reference(config: SelectBenchConfig) -> dict[str, Any]:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from memento.encoders import Encoder
+
+    hf_logging.disable_progress_bar()
+    t0 = time.perf_counter()
+    encoder = Encoder.from_pretrained(use_cache=False, device="cpu")
+    load_s = time.perf_counter() - t0
+    scorer = ReferenceScorer(encoder, hidden=config.hidden, seed=config.seed)
+    n = config.reference_size
+    cases = reference_texts(n)
+    queries = [f"new task {q}: which region has the capital named city {q}?" for q in range(config.reference_queries)]
+    scorer.top_k("warm-up query", cases[:scorer.batch_size], config.k)  # load kernels
+    latencies = []
+    for query in queries:
+        t0 = time.perf_counter()
+        scorer.top_k(query, cases, config.k)
+        latencies.append(time.perf_counter() - t0)
+    encode_ms = []
+    for i in range(max(20, config.reference_queries)):  # what memento adds when the state is text: one pass
+        t0 = time.perf_counter()
+        encoder.encode(f"new task {i}: which region has the capital named city {i}?")
+        encode_ms.append((time.perf_counter() - t0) * 1e3)
+    ms = np.array(latencies) * 1e3
+    return {"n": n, "model": encoder.model_id, "device": encoder.device, "pooling": encoder.pooling,
+            "torch_threads": torch.get_num_threads(), "queries": len(queries), "sequences_per_query": 2 * n,
+            "encoder_load_s": load_s, "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean()), "query_encode_p50_ms": float(np.percentile(encode_ms, 50))}
+
+
+# ---------------------------------------------------------------- selection timing
+
+
+def _make_policies(config: SelectBenchConfig) -> list[tuple[str, str | None, Any]]:
+    """``(policy, arch, Policy)``: similarity, then soft-Q per architecture, all on the CPU."""
+    from memento.config import QNetConfig
+    from memento.qnet import build_qnet
+    from policies import make_policy  # lazily: memento never imports policies at module level
+
+    out: list[tuple[str, str | None, Any]] = [("similarity", None, make_policy("similarity"))]
+    for arch in config.archs:
+        qnet = build_qnet(QNetConfig(arch=arch, dim=config.dim, hidden=config.hidden, seed=config.seed)).eval()
+        out.append(("soft_q", arch, make_policy("soft_q", qnet=qnet, alpha=config.alpha, device="cpu")))
+    return out
+
+
+def _percentiles(ms: np.ndarray) -> dict[str, float]:
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+
+
+def _time_policy(bank: Any, policy: Any, queries_QD: np.ndarray, config: SelectBenchConfig,
+                 rng: np.random.Generator) -> tuple[dict[str, Any], np.ndarray]:
+    c, k = config.candidates, config.k
+    for q in queries_QD[:_WARMUP]:
+        policy.select(q, bank.candidates(q, c), k, rng=rng)
+    cand_s = np.empty(len(queries_QD))
+    pol_s = np.empty(len(queries_QD))
+    found = np.full((len(queries_QD), c), -1, dtype=np.int64)
+    for i, q in enumerate(queries_QD):
+        t0 = time.perf_counter()
+        candidates = bank.candidates(q, c)
+        t1 = time.perf_counter()
+        policy.select(q, candidates, k, rng=rng)
+        t2 = time.perf_counter()
+        cand_s[i], pol_s[i] = t1 - t0, t2 - t1
+        found[i, :len(candidates)] = candidates.positions_C
+    total = _percentiles((cand_s + pol_s) * 1e3)
+    return {**total, "candidates_p50_ms": float(np.percentile(cand_s * 1e3, 50)),
+            "candidates_p99_ms": float(np.percentile(cand_s * 1e3, 99)),
+            "policy_p50_ms": float(np.percentile(pol_s * 1e3, 50)),
+            "policy_p99_ms": float(np.percentile(pol_s * 1e3, 99))}, found
+
+
+def _recall(found_QC: np.ndarray, truth_QC: np.ndarray) -> float:
+    hits = sum(len(set(f[f >= 0].tolist()) & set(t.tolist())) for f, t in zip(found_QC, truth_QC))
+    return hits / truth_QC.size
+
+
+def _environment() -> dict[str, Any]:
+    import faiss
+    import torch
+
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "faiss": faiss.__version__, "numpy": np.__version__, "torch": torch.__version__,
+            "faiss_omp_threads": faiss.omp_get_max_threads(), "torch_default_threads": torch.get_num_threads(),
+            "policy_device": "cpu", "loadavg_start": list(os.getloadavg())}
+
+
+def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
+                  policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
+    from memento.memory import CaseBank
+    from memento.types import Case
+
+    base_ND = make_vectors(rng, n, config.dim, config.data)
+    queries_QD = make_vectors(rng, config.queries, config.dim, config.data)
+    c = min(config.candidates, n)
+    truth_QC = _exact_topk(base_ND, queries_QD, c)
+    factory = config.factory_for(n)
+    path = root / f"bank-{n}"
+    logger.info("bench select: n=%d factory=%s: building", n, factory)
+    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed)
+    try:
+        cases = [Case(state=f"synthetic state {i}", action=f"synthetic action {i}", reward=float(i % 2))
+                 for i in range(n)]
+        t0 = time.perf_counter()
+        for start in range(0, n, _ADD_CHUNK):
+            bank.add(cases[start:start + _ADD_CHUNK], base_ND[start:start + _ADD_CHUNK])
+        build_s = time.perf_counter() - t0
+        del cases
+        t0 = time.perf_counter()
+        bank.candidates(queries_QD[0], c)  # the first call loads the bank's in-memory vectors from SQLite
+        first_query_s = time.perf_counter() - t0
+        row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
+                               "build_s": build_s, "add_per_s": n / build_s, "first_query_s": first_query_s,
+                               "settings": []}
+        knob = "ef_search" if "HNSW" in factory else None
+        for value in (config.ef_search if knob else (None,)):
+            if knob:
+                bank.set_search_params(ef_search=value)
+            setting: dict[str, Any] = {"param": knob, "value": value, "policies": []}
+            recall = None
+            for name, arch, policy in policies:
+                timing, found = _time_policy(bank, policy, queries_QD, config, rng)
+                if recall is None:
+                    recall = _recall(found, truth_QC)
+                setting["policies"].append({"policy": name, "arch": arch, **timing})
+            setting["recall_at_c"] = recall
+            row["settings"].append(setting)
+            logger.info("bench select: n=%d %s", n, setting)
+    finally:
+        bank.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return row
+
+
+def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None,
+                     workdir: str | Path | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and writes to ``out`` as it goes) the results document."""
+    import torch
+
+    from memento.config import IndexConfig
+    from memento.memory.index import FaissIndex
+
+    FaissIndex(IndexConfig(factory=config.factory), config.dim)  # a bad factory fails before any work
+    rng = np.random.default_rng(config.seed)
+    results: dict[str, Any] = {
+        "benchmark": "select", "config": dataclasses.asdict(config), "environment": _environment(),
+        "index_rule": f"Flat (exact) for N <= {config.exact_max:,}, else {config.factory}",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": [], "reference": None}
+    policies = _make_policies(config)
+    root = Path(tempfile.mkdtemp(prefix="memento-bench-", dir=workdir))
+    default_threads = torch.get_num_threads()
+    results["environment"]["select_torch_threads"] = config.torch_threads or default_threads
+    try:
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        for n in config.measured_sizes:
+            results["results"].append(_measure_size(n, config, rng, root, policies))
+            if out is not None:
+                _write(out, results)
+    finally:
+        torch.set_num_threads(default_threads)
+        shutil.rmtree(root, ignore_errors=True)
+    if config.reference_size:
+        logger.info("bench select: reference at n=%d", config.reference_size)
+        reference = _time_reference(config)
+        row = next(r for r in results["results"] if r["n"] == config.reference_size)
+        soft_q = {p["arch"]: p["p50_ms"] for p in row["settings"][0]["policies"] if p["policy"] == "soft_q"}
+        reference["soft_q_p50_ms"] = soft_q
+        reference["ratio"] = {arch: reference["p50_ms"] / ms for arch, ms in soft_q.items()}
+        results["reference"] = reference
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    results["environment"]["loadavg_end"] = list(os.getloadavg())
+    if out is not None:
+        _write(out, results)
+    return results
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """Markdown tables of the results (the form docs/benchmarks.md records): selection, then the reference."""
+    c = results["config"]["candidates"]
+    k = results["config"]["k"]
+    lines = [f"| N | index | param | recall@{c} | policy | select K={k} p50 (ms) | p99 (ms) | "
+             "candidates p50 (ms) | policy p50 (ms) |",
+             "|---:|---|---|---:|---|---:|---:|---:|---:|"]
+    for row in results["results"]:
+        for s in row["settings"]:
+            param = "" if s["param"] is None else f"{s['param']}={s['value']}"
+            for p in s["policies"]:
+                name = p["policy"] if p["arch"] is None else f"{p['policy']} ({p['arch']})"
+                lines.append(f"| {row['n']:,} | {row['factory']} | {param} | {s['recall_at_c']:.3f} | {name} | "
+                             f"{p['p50_ms']:.3f} | {p['p99_ms']:.3f} | {p['candidates_p50_ms']:.3f} | "
+                             f"{p['policy_p50_ms']:.3f} |")
+    ref = results.get("reference")
+    if ref:
+        lines += ["", "| N | reference p50 (ms) | p99 (ms) | soft-Q arch | soft-Q p50 (ms) | ratio |",
+                  "|---:|---:|---:|---|---:|---:|"]
+        for arch, ms in ref["soft_q_p50_ms"].items():
+            lines.append(f"| {ref['n']:,} | {ref['p50_ms']:,.1f} | {ref['p99_ms']:,.1f} | {arch} | {ms:.3f} | "
+                         f"{ref['ratio'][arch]:,.0f}x |")
+    return "\n".join(lines)

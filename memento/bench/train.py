@@ -1,0 +1,289 @@
+"""``memento bench train``: soft-Q learner throughput with cached embeddings, and replay-buffer latency.
+
+Training: a replay buffer is filled with random decisions (unit-norm state and K case vectors,
+binary rewards, propensities), then for each Q-network architecture a fresh
+:class:`~memento.learner.SoftQLearner` (single-step BCE, ``gamma = 0``, target update every
+step) runs ``steps`` iterations of ``buffer.sample(B)`` + ``learner.update(batch)`` after a few
+warm-up steps. Throughput counts (state, case, reward) samples: each decision of a batch
+contributes its K pairs, so one step trains ``B * K`` samples (decisions/s is reported too).
+
+Replay: the p50/p99 latency (microseconds) of ``add`` of one :class:`~memento.replay.Transition`
+(and of building that checked Transition), ``add_batch`` of B decisions and ``sample(B)``.
+
+Everything runs on ``device`` (``auto``: CUDA when present, else CPU), which is recorded. Each
+way of training is one ``Trainer`` value timed by its own function (:func:`_time_training`
+dispatches with ``match``), so another trainer adds a value and a function, and its rows sit
+beside the plain loop's in the same table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from memento.bench.bank import _write
+from memento.config import QNetArch
+from memento.errors import ConfigError
+
+__all__ = ["Trainer", "TrainBenchConfig", "format_table", "run_train_bench"]
+
+logger = logging.getLogger(__name__)
+
+Trainer = Literal["plain"]  # "plain": SoftQLearner.update in a Python loop
+BenchDevice = Literal["auto", "cpu", "cuda"]
+
+_FILL_CHUNK = 10_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainBenchConfig:
+    """What ``memento bench train`` measures.
+
+    - ``archs``: Q-network architectures (``hidden`` units); ``trainers``: ways of training;
+    - ``batch_size``: B decisions per update, each with ``k`` cases (B * K samples);
+    - ``steps``: timed updates after ``warmup_steps`` untimed ones;
+    - ``dim``: embedding dimension; ``buffer_size``: decisions in the (full) replay buffer;
+    - ``replay_reps``: timed repetitions of each replay operation;
+    - ``device``: ``auto`` (CUDA when present), ``cpu`` or ``cuda``;
+    - ``torch_threads``: torch intra-op threads (0: torch's default, one per core).
+    """
+
+    archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
+    trainers: tuple[Trainer, ...] = ("plain",)
+    batch_size: int = 256
+    k: int = 4
+    steps: int = 200
+    warmup_steps: int = 10
+    dim: int = 384
+    hidden: int = 512
+    buffer_size: int = 100_000
+    replay_reps: int = 200
+    device: BenchDevice = "auto"
+    torch_threads: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def fail(field: str, requirement: str) -> None:
+            raise ConfigError(f"TrainBenchConfig.{field}={getattr(self, field)!r}: {requirement}")
+
+        for name in ("batch_size", "k", "steps", "dim", "hidden", "buffer_size", "replay_reps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail(name, "must be an integer >= 1")
+        for name in ("warmup_steps", "torch_threads", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                fail(name, "must be an integer >= 0")
+        if not self.archs or any(a not in get_args(QNetArch) for a in self.archs) \
+                or len(set(self.archs)) != len(self.archs):
+            fail("archs", f"need distinct values from {get_args(QNetArch)}")
+        if not self.trainers or any(t not in get_args(Trainer) for t in self.trainers) \
+                or len(set(self.trainers)) != len(self.trainers):
+            fail("trainers", f"need distinct values from {get_args(Trainer)}")
+        if self.device not in get_args(BenchDevice):
+            fail("device", f"must be one of {get_args(BenchDevice)}")
+
+
+def _resolve_device(config: TrainBenchConfig) -> Any:
+    import torch
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("TrainBenchConfig.device='cuda': no CUDA device is available (use 'auto' or 'cpu')")
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _environment(device: Any) -> dict[str, Any]:
+    import torch
+
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+           "numpy": np.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "device": str(device), "loadavg_start": list(os.getloadavg())}
+    if device.type == "cuda":
+        env["cuda_device"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def _unit(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    return x
+
+
+def _random_batch(rng: np.random.Generator, b: int, config: TrainBenchConfig) -> dict[str, np.ndarray]:
+    return {"state_BD": _unit(rng, (b, config.dim)), "cases_BKD": _unit(rng, (b, config.k, config.dim)),
+            "reward_B": (rng.random(b) < 0.5).astype(np.float32),
+            "propensity_BK": rng.uniform(0.05, 1.0, (b, config.k)).astype(np.float32)}
+
+
+def _filled_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> tuple[Any, float]:
+    """A replay buffer holding ``buffer_size`` random decisions; also the fill time in seconds."""
+    from memento.config import ReplayConfig
+    from memento.replay import ReplayBuffer
+
+    buffer = ReplayBuffer(ReplayConfig(capacity=config.buffer_size, dim=config.dim, k_max=config.k), device=device)
+    fill_s = 0.0
+    for start in range(0, config.buffer_size, _FILL_CHUNK):
+        batch = _random_batch(rng, min(_FILL_CHUNK, config.buffer_size - start), config)
+        t0 = time.perf_counter()
+        buffer.add_batch(**batch)
+        _sync(device)
+        fill_s += time.perf_counter() - t0
+    return buffer, fill_s
+
+
+def _ms(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+
+
+def _time_plain(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device: Any) -> dict[str, Any]:
+    """``buffer.sample`` + ``SoftQLearner.update`` in a plain Python loop."""
+    import torch
+
+    from memento.config import LearnerConfig, QNetConfig
+    from memento.learner import SoftQLearner
+    from memento.qnet import build_qnet
+
+    qnet = build_qnet(QNetConfig(arch=arch, dim=config.dim, hidden=config.hidden, seed=config.seed))
+    learner = SoftQLearner(qnet, LearnerConfig(batch_size=config.batch_size, seed=config.seed), device=device)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    for _ in range(config.warmup_steps):
+        learner.update(buffer.sample(config.batch_size, generator))
+    sample_s: list[float] = []
+    update_s: list[float] = []
+    pairs = 0.0
+    metrics: dict[str, float] = {}
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(config.steps):
+        t0 = time.perf_counter()
+        batch = buffer.sample(config.batch_size, generator)
+        _sync(device)
+        t1 = time.perf_counter()
+        metrics = learner.update(batch)  # returns floats: the step is finished on the device
+        t2 = time.perf_counter()
+        sample_s.append(t1 - t0)
+        update_s.append(t2 - t1)
+        pairs += metrics["pairs"]
+    seconds = time.perf_counter() - start
+    sample, update = _ms(sample_s), _ms(update_s)
+    return {"params": sum(p.numel() for p in learner.qnet.parameters()), "seconds": seconds,
+            "samples": int(pairs), "samples_per_s": pairs / seconds,
+            "decisions_per_s": config.steps * config.batch_size / seconds,
+            "sample_p50_ms": sample["p50_ms"], "update_p50_ms": update["p50_ms"], "update_p99_ms": update["p99_ms"],
+            "final_loss": metrics["loss"]}
+
+
+def _time_training(trainer: Trainer, arch: QNetArch, buffer: Any, config: TrainBenchConfig,
+                   device: Any) -> dict[str, Any]:
+    match trainer:
+        case "plain":
+            timing = _time_plain(arch, buffer, config, device)
+        case _:  # pragma: no cover - TrainBenchConfig rejects other values
+            raise ConfigError(f"unknown trainer {trainer!r}")
+    return {"trainer": trainer, "arch": arch, "device": str(device), "batch_size": config.batch_size, "k": config.k,
+            "steps": config.steps, **timing}
+
+
+def _us(seconds: list[float]) -> dict[str, float]:
+    us = np.array(seconds) * 1e6
+    return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99))}
+
+
+def _time_replay(buffer: Any, config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> dict[str, Any]:
+    """p50/p99 microseconds of Transition(...), add(one), add_batch(B) and sample(B) on the filled buffer."""
+    import torch
+
+    from memento.replay import Transition
+
+    one = _random_batch(rng, 1, config)
+    fields = {"state_D": one["state_BD"][0], "cases_KD": one["cases_BKD"][0], "reward": float(one["reward_B"][0]),
+              "propensity_K": one["propensity_BK"][0]}
+    transition = Transition(**fields)
+    batch = _random_batch(rng, config.batch_size, config)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    operations: dict[str, Any] = {
+        "transition": lambda: Transition(**fields),
+        "add": lambda: buffer.add(transition),
+        f"add_batch({config.batch_size})": lambda: buffer.add_batch(**batch),
+        f"sample({config.batch_size})": lambda: buffer.sample(config.batch_size, generator),
+    }
+    out: dict[str, Any] = {}
+    for name, operation in operations.items():
+        for _ in range(10):  # warm-up
+            operation()
+        _sync(device)
+        seconds = []
+        for _ in range(config.replay_reps):
+            t0 = time.perf_counter()
+            operation()
+            _sync(device)
+            seconds.append(time.perf_counter() - t0)
+        out[name] = _us(seconds)
+    return out
+
+
+def run_train_bench(config: TrainBenchConfig, *, out: str | Path | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and writes to ``out`` as it goes) the results document."""
+    import torch
+
+    device = _resolve_device(config)
+    default_threads = torch.get_num_threads()
+    try:
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        rng = np.random.default_rng(config.seed)
+        results: dict[str, Any] = {"benchmark": "train", "config": dataclasses.asdict(config),
+                                   "environment": _environment(device),
+                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": [], "replay": None}
+        buffer, fill_s = _filled_buffer(config, device, rng)
+        results["buffer"] = {"decisions": len(buffer), "fill_s": fill_s, "fill_per_s": len(buffer) / fill_s}
+        for trainer in config.trainers:
+            for arch in config.archs:
+                logger.info("bench train: %s %s on %s", trainer, arch, device)
+                results["results"].append(_time_training(trainer, arch, buffer, config, device))
+                if out is not None:
+                    _write(out, results)
+        results["replay"] = _time_replay(buffer, config, device, rng)
+    finally:
+        torch.set_num_threads(default_threads)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    results["environment"]["loadavg_end"] = list(os.getloadavg())
+    if out is not None:
+        _write(out, results)
+    return results
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """Markdown tables of the results (the form docs/benchmarks.md records): training, then replay."""
+    lines = ["| trainer | arch | device | params | batch (B x K) | samples/s | decisions/s | sample p50 (ms) | "
+             "update p50 (ms) |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|"]
+    for r in results["results"]:
+        lines.append(f"| {r['trainer']} | {r['arch']} | {r['device']} | {r['params']:,} | {r['batch_size']} x {r['k']} "
+                     f"| {r['samples_per_s']:,.0f} | {r['decisions_per_s']:,.0f} | {r['sample_p50_ms']:.3f} | "
+                     f"{r['update_p50_ms']:.3f} |")
+    replay = results.get("replay")
+    if replay:
+        lines += ["", f"| replay operation ({results['environment']['device']}) | p50 (µs) | p99 (µs) |",
+                  "|---|---:|---:|"]
+        for name, t in replay.items():
+            label = "Transition(...) (checked construction)" if name == "transition" else name
+            lines.append(f"| {label} | {t['p50_us']:,.1f} | {t['p99_us']:,.1f} |")
+    return "\n".join(lines)
