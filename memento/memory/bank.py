@@ -571,6 +571,33 @@ class CaseBank:
         self.config = BankConfig(dim=self.config.dim, index=index, encoder=self.config.encoder)
         self._index.set_search_params(index)
 
+    def truncate(self, n: int) -> int:
+        """Remove every case at position ``>= n`` (the newest ones); returns how many were removed.
+
+        Used to roll a bank back to a checkpoint: cases retained after it are dropped, so a
+        resumed run sees exactly the bank it saved. The index is rebuilt from SQLite.
+        """
+        self._check_open()
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self._count:
+            raise DataFormatError(f"truncate: n must be an integer in [0, {self._count}], got {n!r}")
+        removed = self._count - int(n)
+        if removed == 0:
+            return 0
+        with self._conn:
+            self._conn.execute("DELETE FROM cases WHERE pos >= ?", (int(n),))
+        self._count = int(n)
+        self._loaded = False
+        self._ids, self._env_vocab, self._kind_vocab = [], {}, {}
+        self._emb_ND = np.zeros((0, self.config.dim), dtype=np.float32)
+        self._env_codes_N = np.zeros(0, dtype=np.int32)
+        self._kind_codes_N = np.zeros(0, dtype=np.int32)
+        self._ensure_loaded()
+        self._index = FaissIndex(self.config.index, self.config.dim, use_gpu=self._use_gpu)
+        self._maybe_train_and_fill(0)
+        self._index_dirty = True
+        logger.info("%s: truncated to %d case(s) (%d removed)", self.path, n, removed)
+        return removed
+
     def update_reward(self, case_id: str, reward: float) -> None:
         """Set the reward of a stored case."""
         self._check_open()

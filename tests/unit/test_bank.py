@@ -1000,3 +1000,27 @@ def test_embeddings_at_positions(tmp_path, rng):
         assert bank.embeddings_at([]).shape == (0, DIM)
         with pytest.raises(UnknownCaseError, match=r"positions must lie in \[0, 5\)"):
             bank.embeddings_at([5])
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16,Flat"])
+def test_truncate_rolls_back_newest_cases(tmp_path, rng, factory):
+    vectors = unit_vectors(rng, 12, DIM)
+    path = tmp_path / "b"
+    with CaseBank.create(path, DIM, index=factory) as bank:
+        ids = bank.add([Case(state=f"s{i}", action="a", reward=0.0) for i in range(12)], vectors)
+        assert bank.truncate(12) == 0
+        assert bank.truncate(8) == 4
+        assert len(bank) == 8
+        with pytest.raises(UnknownCaseError):
+            bank.get(ids[9])
+        _, found = bank.search(vectors[10], 3)
+        assert ids[10] not in list(found)
+        # the same content can be added again after the rollback and gets the same id
+        again = bank.add([Case(state="s9", action="a", reward=0.0)], vectors[9:10])
+        assert again == [ids[9]] and len(bank) == 9
+        with pytest.raises(DataFormatError, match="truncate: n must be an integer in"):
+            bank.truncate(10)
+    with CaseBank.open(path) as bank:
+        assert len(bank) == 9 and bank.stats()["index_ntotal"] == 9
+        _, found = bank.search(vectors[3], 1)
+        assert list(found) == [ids[3]]
