@@ -1,5 +1,5 @@
 """Frozen LLM planners behind one protocol (``memento.planners.base.Planner``)."""
 
-from memento.planners.base import CallablePlanner, PlanOutput, Planner, PlannerError
+from memento.planners.base import CallablePlanner, Planner, PlannerError, PlanOutput
 
 __all__ = ["CallablePlanner", "PlanOutput", "Planner", "PlannerError"]
