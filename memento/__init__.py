@@ -21,6 +21,7 @@ from memento.errors import (
     UnknownCaseError,
 )
 from memento.learner import SoftQLearner
+from memento.loop import LoopConfig, OnlineLoop, run_comparison, run_online
 from memento.memory import Candidates, CaseBank
 from memento.policy import Policy
 from memento.qnet import QNetwork, build_qnet
@@ -45,8 +46,10 @@ __all__ = [
     "EncoderError",
     "IndexConfig",
     "LearnerConfig",
+    "LoopConfig",
     "MementoError",
     "NotABankError",
+    "OnlineLoop",
     "Policy",
     "QNetConfig",
     "QNetwork",
@@ -62,4 +65,6 @@ __all__ = [
     "UnknownCaseError",
     "__version__",
     "build_qnet",
+    "run_comparison",
+    "run_online",
 ]

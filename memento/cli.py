@@ -171,7 +171,145 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--torch-threads", type=int, default=0, help="torch threads (default: 0, torch's default)")
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--json", required=True, metavar="OUT", help="results file")
+    _add_online_parser(commands)
     return parser
+
+
+_ONLINE_DESCRIPTION = """\
+Run the online continual-learning loop (Memento's Algorithm 1): for each task, choose K cases
+from the bank with a policy, let the frozen planner answer with them, judge the answer, retain
+(question, answer, reward) in the bank, and learn. Each policy runs on the same task stream (same
+seed, same order) from a copy of the same seed bank, in OUT/<policy>/; then OUT/comparison.json and
+OUT/learning_curves.png are written and a table is printed.
+
+planners:
+  gemma              Gemma 3 270M (the bundled GGUF, converted once to a cached transformers model)
+  hf:PATH            any local transformers causal-LM directory
+  openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI)
+
+Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
+uninterrupted run with the same seed on the CPU)."""
+
+
+def _add_online_parser(commands: Any) -> None:
+    online = commands.add_parser("online", help="run the online learning loop for one or more policies",
+                                 description=_ONLINE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    online.add_argument("--tasks", required=True, metavar="FILE", help="Task JSONL {id, question, answers, ...}")
+    seed = online.add_mutually_exclusive_group()
+    seed.add_argument("--cases", metavar="FILE", default=None, help="seed cases for the bank (JSONL)")
+    seed.add_argument("--bank", metavar="DIR", default=None, help="a seed bank to copy (instead of --cases)")
+    from memento.formats import CaseFormat
+
+    online.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
+                        help="format of --cases (default: case)")
+    online.add_argument("--planner", required=True, metavar="SPEC", help="gemma | hf:PATH | openai:MODEL@URL")
+    online.add_argument("--policy", default="soft_q,similarity", metavar="P[,P...]",
+                        help="comma-separated policies: soft_q, similarity, random, linucb "
+                             "(default: soft_q,similarity)")
+    online.add_argument("--judge", choices=["exact", "f1", "contains", "numeric"], default="exact",
+                        help="how an answer is scored (default: exact)")
+    online.add_argument("--steps", type=int, default=500, help="tasks (LLM calls) per policy (default: 500)")
+    online.add_argument("--k", type=int, default=4, help="cases shown per task (default: 4)")
+    online.add_argument("--candidates", type=int, default=32, help="candidate set size C (default: 32)")
+    online.add_argument("--batch-size", type=int, default=1,
+                        help="tasks selected with the same policy parameters and planned together (default: 1)")
+    online.add_argument("--checkpoint-every", type=int, default=100,
+                        help="steps between checkpoints; 0: only at the end (default: 100)")
+    online.add_argument("--window", type=int, default=50, help="steps per success-rate window (default: 50)")
+    online.add_argument("--late-steps", type=int, default=200,
+                        help="the last steps that make the 'late' success rate (default: 200)")
+    online.add_argument("--alpha", type=float, default=None, help="soft-Q temperature (default: 0.2)")
+    online.add_argument("--warmup", type=int, default=16, help="decisions before the first soft-Q update (default: 16)")
+    online.add_argument("--seed", type=int, default=0)
+    online.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    online.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
+    online.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
+                        help="where the Q-network learns (default: cpu; exact resume holds on the CPU)")
+    online.add_argument("--torch-threads", type=int, default=0,
+                        help="torch.set_num_threads for this process (default: 0, torch's default)")
+    online.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (there is none either when stderr is not a terminal)")
+    group = online.add_argument_group("encoder")
+    group.add_argument("--encoder", metavar="PATH", default=None,
+                       help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default="avg",
+                       help="SimCSE pooling (default: avg)")
+    group.add_argument("--max-length", type=int, default=256, help="token limit per text (default: 256)")
+    group.add_argument("--index", default="Flat", help="faiss factory of the bank made from --cases (default: Flat)")
+
+
+def _cmd_online(args: argparse.Namespace) -> int:
+    from memento.errors import ConfigError, DataFormatError
+    from memento.formats import read_case_file, read_tasks_jsonl
+    from memento.loop import (
+        LoopConfig,
+        build_planner,
+        check_planner_spec,
+        comparison_table,
+        parse_planner_spec,
+        run_comparison,
+    )
+
+    # everything cheap is checked before a model is loaded or a file written
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    known = ("soft_q", "similarity", "random", "linucb")
+    unknown = [p for p in policies if p not in known]
+    if not policies or unknown:
+        raise ConfigError(f"--policy {args.policy!r}: unknown policy {unknown[0] if unknown else ''!r}; "
+                          f"choose from {', '.join(known)}")
+    if len(set(policies)) != len(policies):
+        raise ConfigError(f"--policy {args.policy!r}: a policy is listed twice")
+    spec = parse_planner_spec(args.planner)
+    check_planner_spec(spec)
+    if args.torch_threads < 0:
+        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+    tasks = read_tasks_jsonl(args.tasks)
+    if not tasks:
+        raise DataFormatError("no tasks in the file", path=args.tasks)
+    seed_cases = read_case_file(args.cases, args.cases_format) if args.cases else None
+    if args.bank is not None:
+        from memento.memory import CaseBank
+
+        CaseBank.open(args.bank).close()  # fails early on a path that is not a bank
+    config = LoopConfig(steps=args.steps, k=args.k, candidates=args.candidates, batch_size=args.batch_size,
+                        checkpoint_every=args.checkpoint_every, window=args.window, seed=args.seed,
+                        warmup=args.warmup, index=args.index, policy=policies[0],  # type: ignore[arg-type]
+                        **({} if args.alpha is None else {"alpha": args.alpha}))
+    if args.late_steps < 1:
+        raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
+    out = Path(args.out)
+    if not args.resume:
+        used = [p for p in policies if (out / p).is_dir() and any((out / p).iterdir())]
+        if used:
+            raise ConfigError(f"{out / used[0]}: already holds a run; pass --resume or choose another --out")
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        from memento.judges import make_judge
+    except ImportError as error:
+        raise ConfigError(f"--judge {args.judge}: judges are not available ({error})") from None
+    judge = make_judge(args.judge)
+    encoder = _load_encoder(_encoder_config(args))
+    try:
+        planner = build_planner(spec)
+    except ImportError as error:
+        from memento.planners.base import PlannerError
+
+        raise PlannerError(f"planner {spec}: not available ({error})") from None
+    comparison = run_comparison(policies, config=config, out_dir=out, late_steps=args.late_steps,  # type: ignore[arg-type]
+                                encoder=encoder, planner=planner, judge=judge, tasks=tasks, seed_cases=seed_cases,
+                                bank_dir=args.bank, device=device, resume=args.resume,
+                                progress=not args.no_progress and sys.stderr.isatty())
+    print(comparison_table(comparison))
+    print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
+    return EXIT_OK
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -332,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_bank(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "online":
+            return _cmd_online(args)
     except MementoError as error:
         print(f"memento: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -236,7 +236,7 @@ class OpenAICompatPlanner:
                 if error.retry_after is not None:
                     delay = max(delay, error.retry_after)
                 delay = min(delay, _MAX_BACKOFF_S)
-                logger.warning("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", self.url, error.reason,
+                logger.info("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", self.url, error.reason,
                                f": {error.detail}" if error.detail else "", attempt, total, delay)
                 time.sleep(delay)
         text = raw.decode("utf-8", errors="replace")
