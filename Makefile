@@ -29,11 +29,10 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check memento policies training tests
 
-## the main job; the online loop with the real Gemma planner arrives with the online-loop issue.
-## Until then it builds a case bank from the bundled Memento sample and searches it.
+## the main job: the online loop on the shipped facts suite with the real Gemma 3 270M planner,
+## soft-Q against similarity on the same task stream (see `memento demo --help`).
 demo: $(STAMP)
-	$(BIN)/memento bank import --format memento-memory tests/fixtures/memento/memory.jsonl --bank runs/demo-bank
-	$(BIN)/memento bank search --bank runs/demo-bank "What is the capital of Columbia County?" -k 4
+	$(BIN)/memento demo
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache .mypy_cache

@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--torch-threads", type=int, default=0, help="torch threads (default: 0, torch's default)")
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--json", required=True, metavar="OUT", help="results file")
+    _add_demo_parser(commands)
     _add_online_parser(commands)
     return parser
 
@@ -189,6 +190,45 @@ planners:
 
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
 uninterrupted run with the same seed on the CPU)."""
+
+
+_DEMO_DESCRIPTION = """\
+The main job on its embedded defaults (what `make demo` runs): the online loop on the shipped
+facts suite (data/facts: train split, seed case bank) with the real Gemma 3 270M planner and the
+exact-match judge, soft-Q against similarity on the same task stream. It prints a table (success
+rate early vs late, LLM calls, ms per step) and leaves, under --out, one directory per policy
+(TensorBoard events in tb/, summary.json, steps.jsonl, the trained selector in soft_q/selector/),
+comparison.json and learning_curves.png. Running it again continues or re-reports the same run
+(--fresh starts over). Any option of `memento online` can be changed with `memento online`."""
+
+
+def _add_demo_parser(commands: Any) -> None:
+    demo = commands.add_parser("demo", help="the main job on its defaults: soft-Q vs similarity with Gemma",
+                               description=_DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--steps", type=int, default=300, help="tasks (LLM calls) per policy (default: 300)")
+    demo.add_argument("--out", default="checkpoints/demo", metavar="DIR", help="output (default: checkpoints/demo)")
+    demo.add_argument("--planner", default="gemma", metavar="SPEC", help="planner spec (default: gemma)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--fresh", action="store_true", help="delete --out first and start over")
+
+
+def _cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import shutil
+
+    from memento.envs.tasks import suite_dir
+
+    facts = suite_dir("facts")
+    out = Path(args.out)
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    argv = ["online", "--tasks", str(facts / "train.jsonl"), "--cases", str(facts / "cases.jsonl"),
+            "--planner", args.planner, "--policy", "soft_q,similarity", "--judge", "exact",
+            "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out), "--torch-threads", "1",
+            "--late-steps", str(min(200, max(1, args.steps // 2)))]
+    if out.exists() and any(out.iterdir()):
+        argv.append("--resume")
+        print(f"continuing the demo run in {out} (use --fresh to start over)")
+    return _cmd_online(parser.parse_args(argv))
 
 
 def _add_online_parser(commands: Any) -> None:
@@ -472,6 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_bench(args)
         if args.command == "online":
             return _cmd_online(args)
+        if args.command == "demo":
+            return _cmd_demo(args, parser)
     except MementoError as error:
         print(f"memento: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -180,3 +180,21 @@ def test_unreachable_openai_server(tmp_path, files, capsys):
     assert code == 2
     line = _error_line(capsys)
     assert "127.0.0.1" in line
+
+
+def test_demo_runs_the_shipped_suite_and_continues(tmp_path, capsys):
+    """`memento demo` (what `make demo` runs) on the shipped facts suite, with a tiny planner for speed."""
+    pytest.importorskip("memento.planners.hf")
+    model = _tiny_causal_lm(tmp_path / "tiny-gpt2")
+    out = tmp_path / "demo"
+    argv = ["demo", "--planner", f"hf:{model}", "--steps", "4", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "soft_q" in capsys.readouterr().out
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["order"] == ["soft_q", "similarity"]
+    summary = json.loads((out / "soft_q" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["bank_size_start"] == 156
+    assert (out / "soft_q" / "selector" / "learner.safetensors").is_file()
+    assert main(argv) == 0  # a second run continues (here: re-reports) the same run
+    assert "continuing the demo run" in capsys.readouterr().out
+    assert main([*argv, "--fresh"]) == 0
