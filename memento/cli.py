@@ -171,6 +171,28 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--torch-threads", type=int, default=0, help="torch threads (default: 0, torch's default)")
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--json", required=True, metavar="OUT", help="results file")
+
+    bo = bench_cmds.add_parser(
+        "online", help="the online loop: real planner on a shipped suite, synthetic regret, loop overhead",
+        description="Three parts: (real) the policies on a shipped suite's test split with a real planner "
+                    "(Gemma by default; about 0.8 s per step on 2 cores), success per window and the late gap "
+                    "soft-Q minus similarity; (synthetic) mean per-step regret on the synthetic bandit; "
+                    "(overhead) the loop's ms per step excluding the planner and judge, on a bank of "
+                    "--overhead-bank cases.")
+    bo.add_argument("--steps", type=int, default=600, help="tasks per policy in the real part (default: 600)")
+    bo.add_argument("--policies", default="soft_q,similarity", help="comma-separated (default: soft_q,similarity)")
+    bo.add_argument("--suite", default="facts", help="shipped suite (default: facts)")
+    bo.add_argument("--split", default="test", choices=["train", "test", "all"], help="(default: test)")
+    bo.add_argument("--planner", default="gemma", metavar="SPEC", help="gemma | hf:PATH | openai:MODEL@URL")
+    bo.add_argument("--late-steps", type=int, default=200, help="the 'late' window (default: 200)")
+    bo.add_argument("--synthetic-steps", type=int, default=1500, help="bandit steps per policy (default: 1500)")
+    bo.add_argument("--overhead-bank", type=int, default=100_000, help="bank size for the overhead part")
+    bo.add_argument("--overhead-steps", type=int, default=200, help="steps per policy in the overhead part")
+    bo.add_argument("--parts", default="real,synthetic,overhead", help="comma-separated parts to run")
+    bo.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
+    bo.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: 1)")
+    bo.add_argument("--seed", type=int, default=0)
+    bo.add_argument("--json", required=True, metavar="OUT", help="results file")
     _add_demo_parser(commands)
     _add_online_parser(commands)
     return parser
@@ -489,6 +511,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             archs=tuple(args.archs), batch_size=args.batch_size, k=args.k, steps=args.steps, dim=args.dim,
             buffer_size=args.buffer_size, device=args.device, torch_threads=args.torch_threads, seed=args.seed)
         print(format_train(run_train_bench(train_config, out=args.json)))
+        print(f"results written to {args.json}")
+    elif args.bench_command == "online":
+        from memento.bench.online import OnlineBenchConfig, format_online_table, run_online_bench
+
+        online_config = OnlineBenchConfig(
+            steps=args.steps, policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+            suite=args.suite, split=args.split, planner=args.planner, late_steps=args.late_steps,
+            synthetic_steps=args.synthetic_steps, overhead_bank=args.overhead_bank,
+            overhead_steps=args.overhead_steps, parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
+            seed=args.seed)
+        if args.torch_threads:
+            import torch
+
+            torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
+        print(format_online_table(run_online_bench(online_config, out=args.json, workdir=args.workdir)))
         print(f"results written to {args.json}")
     return EXIT_OK
 
