@@ -82,5 +82,5 @@ def test_import_case_jsonl_with_env_and_filtered_search(tmp_path):
 
 def test_make_demo_target_commands_exist():
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    assert "memento bank import --format memento-memory" in makefile
+    assert "$(BIN)/memento demo" in makefile
     assert shutil.which("make") is not None
