@@ -6,11 +6,15 @@ temporary file is removed whenever the write fails.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["atomic_write", "atomic_write_text"]
+from memento.errors import CheckpointError
+
+__all__ = ["atomic_write", "atomic_write_text", "read_versioned_json"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
@@ -30,3 +34,20 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> dict[str, Any]:
+    """The JSON metadata of a saved artifact, checked for its ``format`` tag and a readable ``format_version``.
+
+    Any problem is a one-line ``CheckpointError`` naming ``path`` (``what`` names the artifact).
+    """
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    if not isinstance(meta, dict) or meta.get("format") != format:
+        raise CheckpointError(f"{path}: not a {what} file")
+    if int(meta.get("format_version", 0)) > version:
+        raise CheckpointError(f"{path}: format version {meta['format_version']} is newer than this "
+                              f"memento reads ({version})")
+    return meta

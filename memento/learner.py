@@ -65,7 +65,7 @@ from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, from_dict, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError
-from memento.io import atomic_write
+from memento.io import atomic_write, atomic_write_text, read_versioned_json
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 
@@ -299,11 +299,9 @@ class SoftQLearner:
             meta["alpha_optimizer"] = _flatten_optimizer(state["alpha_optimizer"], "alpha_optimizer", tensors)
         tensors = {name: value.detach().to("cpu").contiguous() for name, value in tensors.items()}
         atomic_write(directory / TENSORS_NAME, lambda tmp: save_file(tensors, str(tmp), metadata={"uid": uid}))
-        atomic_write(directory / STATE_NAME, lambda tmp: tmp.write_text(json.dumps(meta, indent=2, sort_keys=True)
-                                                                           + "\n", encoding="utf-8"))
+        atomic_write_text(directory / STATE_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
         config = {"learner": state["config"], "qnet": state["qnet_config"]}
-        atomic_write(directory / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(config, indent=2, sort_keys=True)
-                                                                            + "\n", encoding="utf-8"))
+        atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
         logger.info("saved learner (%d updates) to %s", self.updates, directory)
         return directory
 
@@ -314,15 +312,8 @@ class SoftQLearner:
         meta_path, tensors_path = directory / STATE_NAME, directory / TENSORS_NAME
         if not meta_path.is_file() or not tensors_path.is_file():
             raise CheckpointError(f"{directory}: not a saved learner (needs {STATE_NAME} and {TENSORS_NAME})")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
-        if not isinstance(meta, dict) or meta.get("format") != LEARNER_FORMAT:
-            raise CheckpointError(f"{meta_path}: not a learner state file")
-        if int(meta.get("format_version", 0)) > LEARNER_FORMAT_VERSION:
-            raise CheckpointError(f"{meta_path}: format version {meta['format_version']} is newer than this "
-                                  f"memento reads ({LEARNER_FORMAT_VERSION})")
+        meta = read_versioned_json(meta_path, format=LEARNER_FORMAT, version=LEARNER_FORMAT_VERSION,
+                                   what="learner state")
         try:
             with safe_open(str(tensors_path), framework="pt", device="cpu") as handle:
                 header = handle.metadata() or {}

@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 
 from memento.config import ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError, MementoError
-from memento.io import atomic_write, atomic_write_text
+from memento.io import atomic_write, atomic_write_text, read_versioned_json
 
 __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffer", "Transition"]
 
@@ -433,15 +433,8 @@ class ReplayBuffer:
         meta_path, tensors_path = directory / META_NAME, directory / TENSORS_NAME
         if not meta_path.is_file() or not tensors_path.is_file():
             raise CheckpointError(f"{directory}: not a saved replay buffer (needs {META_NAME} and {TENSORS_NAME})")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
-        if not isinstance(meta, dict) or meta.get("format") != REPLAY_FORMAT:
-            raise CheckpointError(f"{meta_path}: not a replay buffer file")
-        if int(meta.get("format_version", 0)) > REPLAY_FORMAT_VERSION:
-            raise CheckpointError(f"{meta_path}: format version {meta['format_version']} is newer than this "
-                                  f"memento reads ({REPLAY_FORMAT_VERSION})")
+        meta = read_versioned_json(meta_path, format=REPLAY_FORMAT, version=REPLAY_FORMAT_VERSION,
+                                   what="replay buffer")
         buffer = cls(from_dict(ReplayConfig, meta["config"]), device=device)
         try:
             with safe_open(str(tensors_path), framework="pt", device=str(buffer.device)) as handle:

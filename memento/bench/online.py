@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from memento.config import _check, _check_int
-from memento.io import atomic_write_text
 
 __all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
 
@@ -131,7 +130,7 @@ def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[st
 def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str | Path | None = None
                      ) -> dict[str, Any]:
     """Run the selected parts; the JSON at ``out`` is rewritten after each part."""
-    from memento.bench.bank import _environment
+    from memento.bench.bank import _environment, _write
     from memento.encoders import Encoder
 
     results: dict[str, Any] = {"benchmark": "online", "config": dataclasses.asdict(config),
@@ -139,9 +138,6 @@ def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-online-"))
     root.mkdir(parents=True, exist_ok=True)
     encoder = Encoder.from_pretrained()
-
-    def save() -> None:
-        atomic_write_text(out, json.dumps(results, indent=2) + "\n")
 
     try:
         for part in config.parts:
@@ -154,12 +150,12 @@ def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str
             else:
                 results["overhead"] = _overhead(config, encoder, root)
             results.setdefault("part_s", {})[part] = time.perf_counter() - t0
-            save()
+            _write(out, results)
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    save()
+    _write(out, results)
     return results
 
 

@@ -64,6 +64,7 @@ from memento.config import (
 )
 from memento.envs.synthetic import SyntheticBandit
 from memento.errors import BankError, ConfigError
+from memento.io import atomic_write_text
 from memento.learner import SoftQLearner
 from memento.memory import CaseBank
 from memento.qnet import QNetwork, build_qnet
@@ -376,7 +377,5 @@ def run_regret(env: SyntheticBandit, config: RegretConfig, *, workdir: str | Pat
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
