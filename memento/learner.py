@@ -50,6 +50,7 @@ bit on the same device.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -69,8 +70,8 @@ from memento.io import atomic_write, atomic_write_text, read_versioned_json
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 
-__all__ = ["LEARNER_FORMAT", "LEARNER_FORMAT_VERSION", "SoftQLearner", "masked_entropy", "polyak_update",
-           "soft_value"]
+__all__ = ["LEARNER_FORMAT", "LEARNER_FORMAT_VERSION", "LossOutput", "SoftQLearner", "masked_entropy", "pair_weights",
+           "polyak_update", "soft_q_loss", "soft_value"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,53 @@ def masked_entropy(q_BC: torch.Tensor, mask_BC: torch.Tensor, alpha: float | tor
     logp_BC = z_BC - z_BC.logsumexp(dim=1, keepdim=True)  # not torch.log_softmax: slow on small CPU inputs
     plogp_BC = torch.where(mask_BC, logp_BC.exp() * logp_BC, torch.zeros_like(logp_BC))
     return -plogp_BC.sum(dim=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossOutput:
+    """What :func:`soft_q_loss` computed: the scalar loss and the tensors the metrics need."""
+
+    loss: torch.Tensor  # scalar, differentiable
+    q_BK: torch.Tensor  # Q(s, c) of the chosen cases (with grad)
+    target_BK: torch.Tensor  # the regression / BCE target of each pair (no grad)
+    weight_BK: torch.Tensor  # the per-pair weights (mask times importance weights)
+    policy_q_BC: torch.Tensor  # the Q-values whose softmax entropy is reported (no grad)
+    policy_mask_BC: torch.Tensor
+
+
+def pair_weights(b: ReplayBatch, config: LearnerConfig) -> torch.Tensor:
+    """Per-pair loss weights: the mask, times capped inverse propensities when enabled."""
+    weight_BK = b.mask_BK.float()
+    if config.importance_weights == "inverse_propensity":
+        weight_BK = weight_BK * b.propensity_BK.reciprocal().clamp(max=config.importance_cap)
+    return weight_BK
+
+
+def soft_q_loss(qnet: nn.Module, target: nn.Module, b: ReplayBatch, config: LearnerConfig, alpha: float, *,
+                generator: torch.Generator | None = None) -> LossOutput:
+    """The soft-Q loss of one batch (see the module docstring): BCE for ``gamma == 0``, soft TD otherwise.
+
+    The one copy of the loss: :meth:`SoftQLearner.update` and the offline Lightning module both call
+    it. ``qnet`` is called as ``qnet(state_BD, cases_BKD, generator=...)``; ``target`` only for
+    ``gamma > 0`` (under ``no_grad``). ``b`` must already be checked and on the networks' device.
+    """
+    q_BK = qnet(b.state_BD, b.cases_BKD, generator=generator)
+    if config.gamma == 0.0:  # P(success | s, c) = sigmoid(Q): every shown case gets the task's reward
+        target_BK = b.reward_B.unsqueeze(1).expand_as(q_BK)
+        loss_BK = F.binary_cross_entropy_with_logits(q_BK, target_BK, reduction="none")
+        policy_q_BC, policy_mask_BC = q_BK.detach(), b.mask_BK  # for the entropy: the chosen set
+    else:  # soft TD towards r + gamma * (1 - done) * V_bar(s')
+        with torch.no_grad():
+            q_next_BC = target(b.next_state_BD, b.next_cands_BCD)
+            y_B = b.reward_B + config.gamma * (1.0 - b.done_B) * soft_value(q_next_BC, b.next_mask_BC, alpha)
+        target_BK = y_B.unsqueeze(1).expand_as(q_BK)
+        loss_BK = (F.huber_loss(q_BK, target_BK, reduction="none", delta=config.huber_delta)
+                   if config.td_loss == "huber" else F.mse_loss(q_BK, target_BK, reduction="none"))
+        policy_q_BC, policy_mask_BC = q_next_BC, b.next_mask_BC  # for the entropy: the next candidates
+    weight_BK = pair_weights(b, config)
+    loss = (loss_BK * weight_BK).sum() / weight_BK.sum().clamp_min(1e-12)
+    return LossOutput(loss=loss, q_BK=q_BK, target_BK=target_BK, weight_BK=weight_BK, policy_q_BC=policy_q_BC,
+                      policy_mask_BC=policy_mask_BC)
 
 
 class SoftQLearner:
@@ -164,21 +212,9 @@ class SoftQLearner:
         cfg, b = self.config, self._checked(batch)
         alpha = self.alpha
         self.qnet.train()
-        q_BK = self.qnet(b.state_BD, b.cases_BKD, generator=self.generator)
-        if cfg.gamma == 0.0:  # P(success | s, c) = sigmoid(Q): every shown case gets the task's reward
-            target_BK = b.reward_B.unsqueeze(1).expand_as(q_BK)
-            loss_BK = F.binary_cross_entropy_with_logits(q_BK, target_BK, reduction="none")
-            policy_q_BC, policy_mask_BC = q_BK.detach(), b.mask_BK  # for the entropy: the chosen set
-        else:  # soft TD towards r + gamma * (1 - done) * V_bar(s')
-            with torch.no_grad():
-                q_next_BC = self.target(b.next_state_BD, b.next_cands_BCD)
-                y_B = b.reward_B + cfg.gamma * (1.0 - b.done_B) * soft_value(q_next_BC, b.next_mask_BC, alpha)
-            target_BK = y_B.unsqueeze(1).expand_as(q_BK)
-            loss_BK = (F.huber_loss(q_BK, target_BK, reduction="none", delta=cfg.huber_delta)
-                       if cfg.td_loss == "huber" else F.mse_loss(q_BK, target_BK, reduction="none"))
-            policy_q_BC, policy_mask_BC = q_next_BC, b.next_mask_BC  # for the entropy: the next candidates
-        weight_BK = self._weights(b)
-        loss = (loss_BK * weight_BK).sum() / weight_BK.sum().clamp_min(1e-12)
+        out = soft_q_loss(self.qnet, self.target, b, cfg, alpha, generator=self.generator)
+        loss, q_BK, target_BK = out.loss, out.q_BK, out.target_BK
+        policy_q_BC, policy_mask_BC = out.policy_q_BC, out.policy_mask_BC
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -213,11 +249,8 @@ class SoftQLearner:
         return b
 
     def _weights(self, b: ReplayBatch) -> torch.Tensor:
-        """Per-pair loss weights: the mask, times capped inverse propensities when enabled."""
-        weight_BK = b.mask_BK.float()
-        if self.config.importance_weights == "inverse_propensity":
-            weight_BK = weight_BK * b.propensity_BK.reciprocal().clamp(max=self.config.importance_cap)
-        return weight_BK
+        """Per-pair loss weights (:func:`pair_weights`)."""
+        return pair_weights(b, self.config)
 
     def _alpha_step(self, q_BC: torch.Tensor, mask_BC: torch.Tensor, alpha: float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
