@@ -19,6 +19,7 @@ from memento.errors import (
     MementoError,
     NotABankError,
     UnknownCaseError,
+    UnknownSelectionError,
 )
 from memento.learner import SoftQLearner
 from memento.loop import LoopConfig, OnlineLoop, run_comparison, run_online
@@ -63,6 +64,7 @@ __all__ = [
     "Task",
     "Transition",
     "UnknownCaseError",
+    "UnknownSelectionError",
     "__version__",
     "build_qnet",
     "run_comparison",

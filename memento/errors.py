@@ -20,6 +20,7 @@ __all__ = [
     "MementoError",
     "NotABankError",
     "UnknownCaseError",
+    "UnknownSelectionError",
 ]
 
 
@@ -73,6 +74,13 @@ class NotABankError(BankError, FileNotFoundError):
 
 class UnknownCaseError(BankError, KeyError):
     """A case id that the bank does not hold."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownSelectionError(MementoError, KeyError):
+    """A selection id that a Selector does not hold: never issued, already given feedback, or expired."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
