@@ -23,21 +23,26 @@ import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, get_args, overload
 
 import numpy as np
 
 from memento.config import EncoderConfig, Pooling
-from memento.errors import DataFormatError, EncoderError
+from memento.errors import CheckpointError, DataFormatError, EncoderError
+from memento.io import read_versioned_json
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_MODEL_ID", "EmbeddingCache", "Encoder", "default_cache_dir", "default_model_path"]
+__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "EmbeddingCache", "Encoder", "default_cache_dir",
+           "default_model_path", "saved_pooling"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+ENCODER_META_NAME = "memento_encoder.json"  # written beside a fine-tuned model (training.simcse); records its pooling
+ENCODER_META_FORMAT = "memento-encoder"
+ENCODER_META_VERSION = 1
 _AUTO_PROGRESS_THRESHOLD = 512  # show a progress bar by default when more texts than this need encoding
 
 
@@ -65,6 +70,22 @@ def resolve_device(device: str | None) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def saved_pooling(path: str | Path) -> Pooling | None:
+    """The pooling recorded in ``path/memento_encoder.json`` (a fine-tuned encoder), or None without that file."""
+    meta_path = Path(path).expanduser() / ENCODER_META_NAME
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = read_versioned_json(meta_path, format=ENCODER_META_FORMAT, version=ENCODER_META_VERSION,
+                                   what="memento encoder description")
+    except CheckpointError as error:
+        raise EncoderError(str(error)) from None
+    pooling = meta.get("pooling")
+    if pooling not in get_args(Pooling):
+        raise EncoderError(f"{meta_path}: pooling={pooling!r} is not one of {get_args(Pooling)}")
+    return pooling
 
 
 def _model_fingerprint(path: Path, model_id: str) -> str:
@@ -155,14 +176,20 @@ class Encoder:
         cls,
         name_or_path: str | Path | None = None,
         *,
-        pooling: Pooling = "avg",
+        pooling: Pooling | None = None,
         max_length: int = 256,
         batch_size: int = 64,
         device: str | None = None,
         cache_dir: str | Path | None = None,
         use_cache: bool = True,
     ) -> Encoder:
-        """Load an encoder from a local directory, or the bundled all-MiniLM-L6-v2 when None."""
+        """Load an encoder from a local directory, or the bundled all-MiniLM-L6-v2 when None.
+
+        ``pooling=None`` takes the pooling a fine-tuned directory records in ``memento_encoder.json``
+        (written by ``memento train-encoder``), else ``"avg"``.
+        """
+        if pooling is None:
+            pooling = (saved_pooling(name_or_path) if name_or_path is not None else None) or "avg"
         config = EncoderConfig(model=None if name_or_path is None else str(name_or_path),
                                pooling=pooling, max_length=max_length, batch_size=batch_size)
         return cls.from_config(config, device=device, cache_dir=cache_dir, use_cache=use_cache)
@@ -187,6 +214,10 @@ class Encoder:
             model = AutoModel.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as error:
             raise EncoderError(f"encoder {model_id!r}: cannot load from {path}: {error}") from None
+        recorded = saved_pooling(path)
+        if recorded is not None and recorded != config.pooling:
+            logger.warning("encoder %s was fine-tuned with pooling=%r but is used with pooling=%r", model_id,
+                           recorded, config.pooling)
         if config.pooling == "cls" and getattr(model, "pooler", None) is None:
             raise EncoderError(f"encoder {model_id!r} has no pooler; use pooling='cls_before_pooler' or 'avg'")
         model.eval().to(device)
