@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
     _add_demo_parser(commands)
     _add_online_parser(commands)
+    _add_serve_parsers(commands)
     return parser
 
 
@@ -374,6 +375,107 @@ def _cmd_online(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_SERVE_DESCRIPTION = """\
+Serve an exported selector (a directory written by `memento export`) over HTTP with FastAPI and
+uvicorn. Needs the 'serve' extra: pip install 'memento[serve]'.
+
+endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKEN'):
+  POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null}
+                      -> {"selection_id", "cases": [{"id", "state", "action", "reward", "prob"}, ...], ...}
+  POST /v1/feedback   {"selection_id": ID, "reward": 0..1}  (answered once committed to disk)
+  POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?} -> {"id"}  (answered once committed)
+  GET  /v1/cases/ID   GET /v1/stats   GET /healthz (no auth)   GET /openapi.json (the spec, no auth)
+Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413.
+
+auth: the bearer token is read from --token-file FILE, else from the environment variable
+MEMENTO_SERVE_TOKEN (at least 16 characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))').
+--no-auth serves without a token and is refused unless --host is a loopback address.
+
+One writer thread records feedback and new cases (and, with --learn, makes the learner's updates);
+the artifact is checkpointed atomically every --save-every-s seconds or --save-every-n writes.
+SIGTERM or Ctrl-C stops accepting connections, finishes the requests in flight, drains the writes,
+saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:PORT ...' is printed."""
+
+_MCP_DESCRIPTION = """\
+Serve an exported selector (a directory written by `memento export`) as MCP tools over stdio, for
+agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install 'memento[mcp]'.
+
+tools:
+  select_cases(task, k=4)              choose k past cases for the task -> {selection_id, cases: [...]}
+  record_outcome(selection_id, reward) the reward in [0, 1] of the task solved with them (committed when answered)
+  add_case(state, action, reward)      store a new case -> {id}
+
+client configuration, e.g.:
+  {"mcpServers": {"memento": {"command": "memento", "args": ["mcp", "/path/to/selector"]}}}
+The server runs until the client closes stdin; then pending writes are drained and the artifact saved."""
+
+
+def _add_serve_parsers(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="serve an exported selector over HTTP (FastAPI + uvicorn)",
+                                description=_SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, loopback)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0 picks a free port)")
+    auth = serve.add_mutually_exclusive_group()
+    auth.add_argument("--token-file", metavar="FILE", default=None,
+                      help="file holding the bearer token (default: the MEMENTO_SERVE_TOKEN environment variable)")
+    auth.add_argument("--no-auth", action="store_true",
+                      help="serve without a token (only allowed when --host is loopback)")
+    serve.add_argument("--learn", action="store_true",
+                       help="keep learning from feedback (soft-Q updates in the writer thread); "
+                            "default: record feedback only")
+    serve.add_argument("--save-every-s", type=float, default=60.0, metavar="S",
+                       help="checkpoint when S seconds passed since the last one and something changed "
+                            "(default: 60; 0: off)")
+    serve.add_argument("--save-every-n", type=int, default=1000, metavar="N",
+                       help="checkpoint after N writes (feedback + cases) (default: 1000; 0: off)")
+    serve.add_argument("--device", default=None, metavar="D",
+                       help="torch device of the Q-network and encoder, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="B",
+                       help="largest request body accepted; larger ones get 413 (default: 1048576)")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default: 0)")
+
+    mcp = commands.add_parser("mcp", help="serve an exported selector as MCP tools over stdio",
+                              description=_MCP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mcp.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export)")
+    mcp.add_argument("--learn", action="store_true", help="keep learning from record_outcome (default: record only)")
+    mcp.add_argument("--save-every-n", type=int, default=100, metavar="N",
+                     help="checkpoint after N writes (default: 100; 0: only at exit)")
+    mcp.add_argument("--device", default=None, metavar="D", help="torch device, e.g. cpu or cuda (default: cpu)")
+    mcp.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default: 0)")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from memento.errors import ConfigError
+    from memento.serve import ServeConfig, check_host, require_extra, resolve_token, serve
+
+    require_extra("serve")  # before anything is loaded: a missing extra is one line
+    check_host(args.host, no_auth=args.no_auth)
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
+    token = resolve_token(token_file=args.token_file, no_auth=args.no_auth)
+    config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
+                         max_body_bytes=args.max_body_bytes)
+
+    def ready(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"memento serve: {args.dir} on http://{shown}:{port} (auth: {'bearer token' if token else 'none'}; "
+              f"learn: {'on' if args.learn else 'off'}); SIGTERM or Ctrl-C saves and stops", flush=True)
+
+    return serve(args.dir, host=args.host, port=args.port, token=token, no_auth=args.no_auth, learn=args.learn,
+                 device=args.device, config=config, seed=args.seed,
+                 log_level="info" if args.verbose else "warning", access_log=args.verbose >= 2, on_ready=ready)
+
+
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from memento.mcp_server import run_mcp
+    from memento.serve import ServeConfig, require_extra
+
+    require_extra("mcp")
+    return run_mcp(args.dir, learn=args.learn, device=args.device, seed=args.seed,
+                   config=ServeConfig(save_every_n=args.save_every_n, save_every_s=0))
+
+
 def _configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -551,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_online(args)
         if args.command == "demo":
             return _cmd_demo(args, parser)
+        if args.command == "serve":
+            return _cmd_serve(args)
+        if args.command == "mcp":
+            return _cmd_mcp(args)
     except MementoError as error:
         print(f"memento: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,487 @@
+"""memento serve / memento mcp without a model: the HTTP layer (validation, auth, 404, 413), the single
+writer, token and host rules, the CLI's one-line errors, and the MCP tools in-process.
+
+A small in-test double implements the Selector contract (select/feedback/add_case/get_case/stats/save);
+the real selector is exercised in tests/integration/test_serve_real.py and test_mcp.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memento.errors import ConfigError, DataFormatError, DimensionError, UnknownCaseError, UnknownSelectionError
+from memento.serve import (
+    TOKEN_ENV,
+    ServeConfig,
+    ServerUnavailableError,
+    Writer,
+    check_host,
+    create_app,
+    is_loopback,
+    resolve_token,
+    token_matches,
+)
+from memento.types import Case
+
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Result:
+    selection_id: str
+    ids: tuple[str, ...]
+    cases: tuple[Case, ...]
+    probs: tuple[float, ...]
+    mode: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"selection_id": self.selection_id, "mode": self.mode, "policy_version": 0, "set_prob": 1.0,
+                "cases": [{"id": i, "state": c.state, "action": c.action, "reward": c.reward, "env": c.env,
+                           "prob": np.float32(p)} for i, c, p in zip(self.ids, self.cases, self.probs)]}
+
+
+class FakeSelector:
+    """The Selector contract in memory (thread-safe), counting saves."""
+
+    dim = 8
+
+    def __init__(self, n: int = 6, *, block: threading.Event | None = None):
+        self.lock = threading.RLock()
+        self.cases = {f"c{i}": Case(id=f"c{i}", state=f"state {i}", action=f"action {i}", reward=float(i % 2))
+                      for i in range(n)}
+        self.pending: set[str] = set()
+        self.feedbacks: list[tuple[str, float]] = []
+        self.saves = 0
+        self.block = block
+
+    def select(self, query: Any, k: int = 4, mode: str = "sample", env: str | None = None) -> _Result:
+        with self.lock:
+            if isinstance(query, np.ndarray):
+                if query.shape != (self.dim,):
+                    raise DimensionError(f"query embedding shape={query.shape}, selector dim={self.dim}")
+            elif not query.strip():
+                raise DataFormatError("query text is empty")
+            ids = tuple(list(self.cases)[:k])
+            sid = uuid.uuid4().hex
+            self.pending.add(sid)
+            return _Result(sid, ids, tuple(self.cases[i] for i in ids), tuple(1.0 / len(ids) for _ in ids), mode)
+
+    def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
+        if self.block is not None:
+            self.block.wait(5)
+        with self.lock:
+            if not 0.0 <= reward <= 1.0:
+                raise DataFormatError(f"reward={reward!r}: must be in [0, 1]")
+            if selection_id not in self.pending:
+                raise UnknownSelectionError(f"unknown selection id {selection_id!r}")
+            self.pending.remove(selection_id)
+            self.feedbacks.append((selection_id, reward))
+            return {"selection_id": selection_id, "reward": reward, "recorded": True, "updates": 0}
+
+    def add_case(self, state: str, action: str, reward: float, env: str | None = None,
+                 meta: dict | None = None) -> str:
+        with self.lock:
+            case_id = f"c{len(self.cases)}"
+            self.cases[case_id] = Case(id=case_id, state=state, action=action, reward=reward, env=env,
+                                       meta=meta or {})
+            return case_id
+
+    def get_case(self, case_id: str) -> Case:
+        with self.lock:
+            if case_id not in self.cases:
+                raise UnknownCaseError(f"unknown case id {case_id!r}")
+            return self.cases[case_id]
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {"cases": len(self.cases), "feedbacks": len(self.feedbacks), "updates": 0,
+                    "pending_selections": len(self.pending), "dim": np.int64(self.dim), "learn": False}
+
+    def save(self, path: Any = None) -> Path:
+        with self.lock:
+            self.saves += 1
+            return Path("/nonexistent/artifact")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def selector() -> FakeSelector:
+    return FakeSelector()
+
+
+@pytest.fixture
+def client(selector: FakeSelector):
+    from fastapi.testclient import TestClient
+
+    app = create_app(selector, token=TOKEN, max_body_bytes=4096)
+    with TestClient(app) as c:
+        yield c
+
+
+def _fields(response: Any) -> list[str]:
+    """The field names a 422 answer points at."""
+    assert response.status_code == 422, response.text
+    return [str(part) for err in response.json()["detail"] for part in err["loc"]]
+
+
+# ---------------------------------------------------------------- auth
+
+
+def test_healthz_and_openapi_need_no_token(client: Any) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/select", "/v1/feedback", "/v1/cases", "/v1/cases/{case_id}", "/v1/stats", "/healthz"):
+        assert path in spec["paths"], path
+    assert any(s.get("scheme") == "bearer" for s in spec["components"]["securitySchemes"].values())
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-0123456789"},
+                                     {"Authorization": f"Basic {TOKEN}"}, {"Authorization": "Bearer"}])
+def test_every_v1_endpoint_refuses_a_missing_or_wrong_token(client: Any, headers: dict[str, str]) -> None:
+    calls = [("post", "/v1/select", {"query": "q"}), ("post", "/v1/feedback", {"selection_id": "x", "reward": 1}),
+             ("post", "/v1/cases", {"state": "s", "action": "a", "reward": 1}), ("get", "/v1/cases/c0", None),
+             ("get", "/v1/stats", None)]
+    for method, path, body in calls:
+        response = client.request(method, path, json=body, headers=headers)
+        assert response.status_code == 401, (path, response.text)
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_no_auth_app_serves_without_a_token(selector: FakeSelector) -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(selector, token=None)) as c:
+        assert c.post("/v1/select", json={"query": "q", "k": 2}).status_code == 200
+
+
+def test_token_matches_is_exact() -> None:
+    assert token_matches(f"Bearer {TOKEN}", TOKEN)
+    assert token_matches(f"bearer {TOKEN}", TOKEN)
+    for header in (None, "", TOKEN, f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", f"Token {TOKEN}"):
+        assert not token_matches(header, TOKEN), header
+
+
+# ---------------------------------------------------------------- select / feedback / cases
+
+
+def test_select_feedback_roundtrip(client: Any, selector: FakeSelector) -> None:
+    answer = client.post("/v1/select", json={"query": "capital of Peru?", "k": 3, "mode": "greedy"}, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [c["id"] for c in body["cases"]] == ["c0", "c1", "c2"] and body["mode"] == "greedy"
+    assert isinstance(body["cases"][0]["prob"], float)  # numpy scalars became JSON numbers
+    by_vector = client.post("/v1/select", json={"embedding": [0.1] * 8, "k": 2}, headers=AUTH)
+    assert by_vector.status_code == 200 and len(by_vector.json()["cases"]) == 2
+    fb = client.post("/v1/feedback", json={"selection_id": body["selection_id"], "reward": 1}, headers=AUTH)
+    assert fb.status_code == 200 and fb.json()["recorded"] is True
+    assert selector.feedbacks == [(body["selection_id"], 1.0)]  # recorded before the answer
+    again = client.post("/v1/feedback", json={"selection_id": body["selection_id"], "reward": 1}, headers=AUTH)
+    assert again.status_code == 404 and "unknown selection" in again.json()["detail"]
+    stats = client.get("/v1/stats", headers=AUTH).json()
+    assert stats["feedbacks"] == 1 and stats["dim"] == 8
+    assert stats["server"]["recorded_feedback"] == 1 and stats["server"]["auth"] is True
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"query": "q", "k": 0}, "k"),
+    ({"query": "q", "k": 65}, "k"),
+    ({"query": "q", "k": "four"}, "k"),
+    ({"query": "q", "mode": "best"}, "mode"),
+    ({"query": ""}, "query"),
+    ({"query": 3}, "query"),
+    ({"query": "q", "qurey": "typo"}, "qurey"),
+    ({"embedding": []}, "embedding"),
+    ({"embedding": ["a"]}, "embedding"),
+    ({"embedding": [0.1] * 5}, "embedding"),  # the selector's DimensionError
+    ({"query": "   "}, "query"),  # the selector's DataFormatError
+    ({"query": "q", "env": ""}, "env"),
+])
+def test_select_validation_names_the_field(client: Any, body: dict[str, Any], field: str) -> None:
+    assert field in _fields(client.post("/v1/select", json=body, headers=AUTH))
+
+
+@pytest.mark.parametrize("body", [{}, {"query": "q", "embedding": [0.1] * 8}])
+def test_select_needs_exactly_one_of_query_or_embedding(client: Any, body: dict[str, Any]) -> None:
+    response = client.post("/v1/select", json=body, headers=AUTH)
+    assert response.status_code == 422
+    assert "exactly one of 'query'" in json.dumps(response.json())
+
+
+def test_non_finite_numbers_are_refused(client: Any) -> None:
+    raw = b'{"embedding": [NaN, 0, 0, 0, 0, 0, 0, 0]}'
+    response = client.post("/v1/select", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert "embedding" in _fields(response)
+    raw = b'{"selection_id": "x", "reward": Infinity}'
+    response = client.post("/v1/feedback", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert "reward" in _fields(response)
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"selection_id": "x", "reward": 1.5}, "reward"),
+    ({"selection_id": "x", "reward": -0.1}, "reward"),
+    ({"selection_id": "", "reward": 1}, "selection_id"),
+    ({"reward": 1}, "selection_id"),
+    ({"selection_id": "x"}, "reward"),
+])
+def test_feedback_validation_names_the_field(client: Any, body: dict[str, Any], field: str) -> None:
+    assert field in _fields(client.post("/v1/feedback", json=body, headers=AUTH))
+
+
+def test_cases_add_get_and_404(client: Any) -> None:
+    added = client.post("/v1/cases", json={"state": "new task", "action": "did it", "reward": 1, "env": "facts",
+                                           "meta": {"source": "test"}}, headers=AUTH)
+    assert added.status_code == 200, added.text
+    case = client.get(f"/v1/cases/{added.json()['id']}", headers=AUTH).json()
+    assert (case["state"], case["action"], case["reward"], case["env"]) == ("new task", "did it", 1.0, "facts")
+    assert case["meta"] == {"source": "test"}
+    missing = client.get("/v1/cases/nope", headers=AUTH)
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"state": "", "action": "a", "reward": 1}, "state"),
+    ({"state": "s", "reward": 1}, "action"),
+    ({"state": "s", "action": "a", "reward": "high"}, "reward"),
+    ({"state": "s", "action": "a", "reward": 1, "meta": [1]}, "meta"),
+    ({"state": "s", "action": "a", "reward": 1, "id": "mine"}, "id"),
+])
+def test_case_validation_names_the_field(client: Any, body: dict[str, Any], field: str) -> None:
+    assert field in _fields(client.post("/v1/cases", json=body, headers=AUTH))
+
+
+def test_oversized_bodies_get_413(client: Any) -> None:
+    big = {"state": "s" * 5000, "action": "a", "reward": 1}
+    assert client.post("/v1/cases", json=big, headers=AUTH).status_code == 413
+
+    def chunks():  # no Content-Length: the limit is counted while reading
+        yield b'{"state": "'
+        for _ in range(10):
+            yield b"s" * 1000
+        yield b'", "action": "a", "reward": 1}'
+
+    response = client.post("/v1/cases", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 413
+    assert client.post("/v1/select", json={"query": "q" * 1000}, headers=AUTH).status_code == 200  # still serving
+
+
+def test_text_longer_than_the_limit_is_422_not_500(selector: FakeSelector) -> None:
+    from fastapi.testclient import TestClient
+
+    app = create_app(selector, token=TOKEN, config=ServeConfig(max_text_chars=10, max_k=2))
+    with TestClient(app) as c:
+        assert "query" in _fields(c.post("/v1/select", json={"query": "q" * 11}, headers=AUTH))
+        assert "k" in _fields(c.post("/v1/select", json={"query": "q", "k": 3}, headers=AUTH))
+
+
+def test_writes_after_shutdown_get_503(selector: FakeSelector) -> None:
+    from fastapi.testclient import TestClient
+
+    writer = Writer(selector).start()
+    with TestClient(create_app(selector, token=TOKEN, writer=writer)) as c:
+        writer.stop()
+        response = c.post("/v1/cases", json={"state": "s", "action": "a", "reward": 1}, headers=AUTH)
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert c.post("/v1/select", json={"query": "q"}, headers=AUTH).status_code == 200
+
+
+# ---------------------------------------------------------------- the writer
+
+
+def test_writer_saves_every_n_writes_and_on_stop(selector: FakeSelector) -> None:
+    writer = Writer(selector, ServeConfig(save_every_n=3, save_every_s=0)).start()
+    for _ in range(7):
+        sid = selector.select("q").selection_id
+        assert writer.submit_feedback(sid, 1.0).result(5)["recorded"]
+    assert selector.saves == 2  # after writes 3 and 6
+    writer.stop(5)
+    assert selector.saves == 3 and not writer.running  # write 7 saved on shutdown
+    with pytest.raises(ServerUnavailableError, match="shutting down"):
+        writer.submit_case("s", "a", 1.0)
+    writer.stop(5)  # idempotent
+    assert selector.saves == 3
+
+
+def test_writer_saves_after_s_seconds(selector: FakeSelector) -> None:
+    now = [0.0]
+    writer = Writer(selector, ServeConfig(save_every_n=0, save_every_s=0.01), clock=lambda: now[0]).start()
+    writer.submit_case("s", "a", 1.0).result(5)
+    assert selector.saves == 0
+    now[0] = 1.0
+    for _ in range(200):
+        if selector.saves:
+            break
+        threading.Event().wait(0.01)
+    assert selector.saves == 1
+    writer.stop(5)
+    assert selector.saves == 1  # nothing new to save
+
+
+def test_writer_drains_the_queue_on_stop_and_reports_errors() -> None:
+    gate = threading.Event()
+    selector = FakeSelector(block=gate)
+    writer = Writer(selector, ServeConfig(queue_size=4, save_every_n=0, save_every_s=0)).start()
+    sids = [selector.select("q").selection_id for _ in range(4)]
+    futures = [writer.submit_feedback(sids[0], 0.5)]
+    for _ in range(500):  # the writer took it and is blocked in feedback()
+        if writer.queued == 0:
+            break
+        threading.Event().wait(0.01)
+    futures += [writer.submit_feedback(sid, 0.5) for sid in sids[1:]]  # three queued
+    futures.append(writer.submit_feedback("unknown", 0.5))  # the fourth fills the queue
+    with pytest.raises(ServerUnavailableError, match="queue is full"):
+        writer.submit_feedback(sids[0], 0.5)
+    stopper = threading.Thread(target=writer.stop)
+    stopper.start()
+    gate.set()
+    stopper.join(5)
+    assert [f.result(0)["selection_id"] for f in futures[:4]] == sids
+    with pytest.raises(UnknownSelectionError):
+        futures[4].result(0)
+    assert len(selector.feedbacks) == 4 and selector.saves == 1 and writer.counts["errors"] == 1
+
+
+# ---------------------------------------------------------------- token and host rules
+
+
+def test_resolve_token_sources(tmp_path: Path) -> None:
+    assert resolve_token(environ={TOKEN_ENV: f" {TOKEN}\n"}) == TOKEN
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    assert resolve_token(token_file=path, environ={TOKEN_ENV: "other-token-0123456789"}) == TOKEN  # the file wins
+    assert resolve_token(no_auth=True, environ={TOKEN_ENV: TOKEN}) is None
+    with pytest.raises(ConfigError, match=TOKEN_ENV):
+        resolve_token(environ={})
+    with pytest.raises(ConfigError, match="at least 16"):
+        resolve_token(environ={TOKEN_ENV: "short"})
+    with pytest.raises(ConfigError, match="cannot read"):
+        resolve_token(token_file=tmp_path / "missing", environ={})
+    with pytest.raises(ConfigError, match="exclude"):
+        resolve_token(token_file=path, no_auth=True, environ={})
+
+
+def test_no_auth_only_on_loopback() -> None:
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+        assert is_loopback(host), host
+        check_host(host, no_auth=True)
+    for host in ("0.0.0.0", "::", "192.168.1.4", "example.com"):
+        assert not is_loopback(host), host
+        check_host(host, no_auth=False)
+        with pytest.raises(ConfigError, match="loopback"):
+            check_host(host, no_auth=True)
+
+
+def test_serve_config_validation() -> None:
+    with pytest.raises(ConfigError, match="max_k"):
+        ServeConfig(max_k=0)
+    with pytest.raises(ConfigError, match="save_every_s"):
+        ServeConfig(save_every_s=-1)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None:
+    from memento.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for flag in (TOKEN_ENV, "--token-file", "--no-auth", "--learn", "--save-every-s", "--save-every-n", "--device",
+                 "--port", "--host", "--max-body-bytes", "memento[serve]"):
+        assert flag in out, flag
+    with pytest.raises(SystemExit):
+        main(["mcp", "--help"])
+    out = capsys.readouterr().out
+    for word in ("select_cases", "record_outcome", "add_case", "memento[mcp]", "--learn"):
+        assert word in out, word
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--host", "0.0.0.0", "--no-auth"], {}, "--no-auth is only allowed on a loopback host"),
+    ([], {}, f"no token: set {TOKEN_ENV}"),
+    (["--no-auth", "--token-file", "x"], {}, "not allowed with argument"),
+    ([], {TOKEN_ENV: "short"}, "at least 16 characters"),
+])
+def test_cli_serve_refuses_bad_auth_settings_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                         env: dict[str, str], message: str) -> None:
+    from memento.cli import main
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        code = main(["serve", str(tmp_path / "artifact"), *argv])
+    except SystemExit as exit_:  # argparse's own usage errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    if "not allowed" not in message:
+        assert err.count("\n") == 1 and err.startswith("memento: error: ")
+
+
+@pytest.mark.parametrize(("command", "module"), [("serve", "fastapi"), ("serve", "uvicorn"), ("mcp", "mcp")])
+def test_cli_missing_extra_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str], command: str, module: str) -> None:
+    from memento.cli import main
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert main([command, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"pip install 'memento[{command}]'" in err, err
+
+
+def test_serve_and_mcp_modules_import_without_the_extras() -> None:
+    code = ("import sys, json, memento, memento.serve, memento.mcp_server\n"
+            "print(json.dumps([m for m in ('fastapi', 'uvicorn', 'mcp', 'starlette') if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == []
+
+
+# ---------------------------------------------------------------- MCP tools in-process
+
+
+def test_mcp_tools_in_process(selector: FakeSelector) -> None:
+    import anyio
+    from mcp import Client
+
+    from memento.mcp_server import build_mcp_server
+
+    writer = Writer(selector).start()
+    server = build_mcp_server(selector, writer)
+
+    async def drive() -> None:
+        async with Client(server) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert names == {"select_cases", "record_outcome", "add_case"}
+            chosen = await client.call_tool("select_cases", {"task": "capital of Peru?", "k": 2})
+            assert not chosen.is_error
+            body = chosen.structured_content
+            assert len(body["cases"]) == 2
+            recorded = await client.call_tool("record_outcome", {"selection_id": body["selection_id"], "reward": 1})
+            assert not recorded.is_error and recorded.structured_content["recorded"] is True
+            again = await client.call_tool("record_outcome", {"selection_id": body["selection_id"], "reward": 1})
+            assert again.is_error and "unknown selection" in again.content[0].text
+            bad = await client.call_tool("select_cases", {"task": "q", "k": 0})
+            assert bad.is_error and "k" in bad.content[0].text
+            added = await client.call_tool("add_case", {"state": "s", "action": "a", "reward": 1.0})
+            assert added.structured_content["id"] in selector.cases
+
+    anyio.run(drive)
+    writer.stop(5)
+    assert selector.feedbacks and selector.saves == 1
