@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_parser(commands)
     _add_online_parser(commands)
     _add_serve_parsers(commands)
+    from training.simcse_cli import add_parser as add_train_encoder_parser  # argparse only: no torch, no Lightning
+
+    add_train_encoder_parser(commands)
     return parser
 
 
@@ -662,6 +665,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_online(args)
         if args.command == "demo":
             return _cmd_demo(args, parser)
+        if args.command == "train-encoder":
+            from training.simcse_cli import run as run_train_encoder
+
+            return run_train_encoder(args)
         if args.command == "serve":
             return _cmd_serve(args)
         if args.command == "mcp":

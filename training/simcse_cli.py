@@ -1,0 +1,171 @@
+"""``memento train-encoder``: SimCSE fine-tuning of the encoder from the command line.
+
+This module only builds the argument parser and imports nothing heavy at module level:
+``memento --help`` builds every subcommand's parser. :func:`run` imports torch, Lightning and
+:mod:`training.simcse` when the command actually runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+__all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
+
+DESCRIPTION = """\
+Fine-tune the text encoder with SimCSE (contrastive learning, InfoNCE over cosine similarities, in-batch
+negatives, temperature 0.05) on the project's own texts, and save it as a transformers directory that
+`--encoder OUT/encoder` and Encoder.from_pretrained("OUT/encoder") load.
+
+modes:
+  unsup  every text twice through the encoder with different dropout masks (the positive pair); texts are
+         case states and actions, task questions, Memento queries/cases/plans: any --data file below
+  sup    rewarded pairs: (state, case with reward >= --positive-threshold) is a positive; the state's
+         reward-0 cases are hard negatives in the denominator. --data must hold pairs:
+           pairs JSONL {"state", "case", "reward"}
+           Memento retriever pairs {"query", "case", "truth_label", ...} (reward = truth_label)
+
+--data formats (detected from the first row's keys; a bad row prints FILE:LINE: reason and exits 2):
+  Case JSONL {"id", "state", "action", "reward", ...}    Task JSONL {"id", "question", "answers", ...}
+  pairs {"state", "case", "reward"}                      Memento training pairs, memory, np-memory, tasks
+  a case bank directory (cases.sqlite)
+
+output (OUT):
+  config.json        the run's SimCSEConfig (reusable with --config)
+  encoder/           model.safetensors, config.json, tokenizer files, memento_encoder.json (pooling, ...)
+  tb/                TensorBoard events: train/loss, train/lr, eval/loss_before, eval/loss_after
+  result.json        steps, seconds per step, loss on a fixed batch before and after training
+
+Runs on a GPU unchanged (--accelerator auto picks it; bf16-mixed precision there by default);
+--devices N --strategy ddp trains on N GPUs (each device contrasts its own batch)."""
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add ``train-encoder`` to an argparse subparsers object; returns the new parser."""
+    p = commands.add_parser("train-encoder", help="fine-tune the encoder with SimCSE (unsupervised or from rewards)",
+                            description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", action="append", metavar="FILE", default=None,
+                   help="input file or bank directory; repeat for several (required unless --config lists them)")
+    p.add_argument("--mode", choices=["unsup", "sup"], default=None, help="SimCSE objective (default: unsup)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created; its encoder/ is replaced)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="a SimCSEConfig JSON (e.g. an earlier OUT/config.json); flags given here override it")
+    model = p.add_argument_group("model")
+    model.add_argument("--model", metavar="PATH", default=None,
+                       help="local transformers encoder directory to start from (default: bundled all-MiniLM-L6-v2)")
+    model.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
+                       help="SimCSE pooling, as the encoder uses it (default: avg, MiniLM's)")
+    model.add_argument("--max-length", type=int, default=None, help="token limit per text in training (default: 64)")
+    model.add_argument("--dropout", type=float, default=None,
+                       help="hidden and attention dropout during training, SimCSE's noise (default: the model's, "
+                            "0.1 for MiniLM)")
+    train = p.add_argument_group("training")
+    train.add_argument("--epochs", type=int, default=None, help="passes over the data (default: 1)")
+    train.add_argument("--max-steps", type=int, default=None,
+                       help="stop after this many optimiser steps, even mid-epoch (default: no limit)")
+    train.add_argument("--batch-size", type=int, default=None,
+                       help="texts (unsup) or anchors (sup) per step and device; the in-batch negatives (default: 64)")
+    train.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: 3e-5)")
+    train.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (default: 0)")
+    train.add_argument("--warmup-ratio", type=float, default=None,
+                       help="share of the steps with a linear warm-up; then linear decay to 0 (default: 0)")
+    train.add_argument("--temperature", type=float, default=None, help="InfoNCE temperature tau (default: 0.05)")
+    train.add_argument("--no-actions", action="store_true", default=None,
+                       help="unsup: train on case states only, not on their actions")
+    train.add_argument("--positive-threshold", type=float, default=None,
+                       help="sup: a pair with reward >= this is a positive, below a negative (default: 0.5)")
+    train.add_argument("--no-hard-negatives", action="store_true", default=None,
+                       help="sup: in-batch negatives only (no reward-0 cases in the denominator)")
+    train.add_argument("--eval-size", type=int, default=None,
+                       help="size of the fixed batch whose loss is reported before and after (default: 64)")
+    train.add_argument("--seed", type=int, default=None, help="data order, hard negatives, dropout masks (default: 0)")
+    hw = p.add_argument_group("hardware (passed to lightning.Trainer)")
+    hw.add_argument("--accelerator", default=None, help="auto | cpu | gpu | cuda | mps (default: auto)")
+    hw.add_argument("--devices", default=None,
+                    help='"auto", a device count ("2", "-1" for all) or a list of indices ("0,1") (default: auto)')
+    hw.add_argument("--strategy", default=None, help='auto | ddp | ... (default: auto)')
+    hw.add_argument("--precision", choices=["auto", "32-true", "bf16-mixed", "16-mixed"], default=None,
+                    help="auto: bf16-mixed on a GPU that supports it, else 32-true (default: auto)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show Lightning's progress bar (default: when stderr is a terminal)")
+    return p
+
+
+_FLAGS = {  # argparse dest -> SimCSEConfig field
+    "mode": "mode", "model": "model", "pooling": "pooling", "max_length": "max_length", "dropout": "dropout",
+    "epochs": "epochs", "max_steps": "max_steps", "batch_size": "batch_size", "lr": "lr",
+    "weight_decay": "weight_decay", "warmup_ratio": "warmup_ratio", "temperature": "temperature",
+    "positive_threshold": "positive_threshold", "eval_size": "eval_size", "seed": "seed",
+    "accelerator": "accelerator", "devices": "devices", "strategy": "strategy", "precision": "precision",
+}
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The ``SimCSEConfig``: ``--config`` (or the defaults), overridden by every flag given."""
+    from memento.config import from_dict, to_dict
+    from memento.errors import ConfigError
+    from training.simcse import SimCSEConfig
+
+    if args.config:
+        import json
+        from pathlib import Path
+
+        try:
+            data = json.loads(Path(args.config).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{args.config}: config file not found") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{args.config}:{error.lineno}: invalid JSON: {error.msg}") from None
+        base = to_dict(from_dict(SimCSEConfig, data))
+    else:
+        base = to_dict(SimCSEConfig())
+    for dest, field in _FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            base[field] = value
+    if args.data:
+        base["data"] = list(args.data)
+    if args.no_actions:
+        base["include_actions"] = False
+    if args.no_hard_negatives:
+        base["hard_negatives"] = False
+    if not base["data"]:
+        raise ConfigError("no input: pass --data FILE (or a --config that lists data)")
+    return from_dict(SimCSEConfig, base)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train and print a summary; a ``MementoError`` propagates to the ``memento`` CLI (one line, exit 2)."""
+    import warnings
+
+    config = config_from_args(args)
+    quiet = getattr(args, "verbose", 0) == 0
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+        logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", message=r".*(LeafSpec|smaller than the logging interval|"
+                                                  r"does not have many workers).*")
+    from training.simcse import train_encoder
+
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    print(f"SimCSE ({config.mode}) on {', '.join(config.data)}: model {config.model or 'all-MiniLM-L6-v2 (bundled)'}, "
+          f"pooling {config.pooling}, batch {config.batch_size}, lr {config.lr:g}", flush=True)
+    result = train_encoder(config, args.out, progress=progress)
+    what = "texts" if config.mode == "unsup" else "(state, positive) examples"
+    print(f"trained on {result.items} {what}: {result.steps} steps in {result.seconds:.1f} s "
+          f"({result.seconds_per_step:.3f} s/step, {result.device}, {result.precision})")
+    if result.loss_before is not None and result.loss_after is not None:
+        print(f"contrastive loss on a fixed batch: {result.loss_before:.4f} -> {result.loss_after:.4f}")
+    if config.mode == "sup":
+        stats = result.data_stats
+        print(f"pairs: {stats.get('rows')} rows, {stats.get('duplicates')} duplicates, {stats.get('states')} states, "
+              f"{stats.get('states_with_positive_and_negative')} with a positive and a hard negative")
+    print(f"encoder saved to {result.encoder_dir} (pooling {config.pooling}); use it with --encoder "
+          f"{result.encoder_dir}")
+    print(f"TensorBoard: tensorboard --logdir {args.out}/tb")
+    return 0
