@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -144,9 +145,11 @@ def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type
         model_config = ConfigDict(extra="forbid")
         state: Text = Field(description="the task")
         action: Text = Field(description="what was done (answer, plan, tip)")
-        reward: Finite = Field(description="its reward")
+        reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="its reward, in [0, 1]")
         env: Env | None = None
         meta: dict[str, Any] | None = None
+        embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
+                                               description="the state's embedding (default: the server encodes it)")
 
     return SelectRequest, FeedbackRequest, CaseRequest
 
@@ -214,8 +217,6 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
 
     @app.post("/v1/select", dependencies=auth, tags=["selector"], summary="choose k cases for a task")
     def select(body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
-        import numpy as np
-
         query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
         try:
             result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
@@ -231,8 +232,9 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
 
     @app.post("/v1/cases", dependencies=auth, tags=["cases"], summary="add a case (answered once committed)")
     async def add_case(body: CaseRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
         case_id = await write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
-                                                      meta=body.meta))
+                                                      meta=body.meta, embedding=embedding))
         return {"id": case_id}
 
     @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"], summary="one case by id")

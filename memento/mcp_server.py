@@ -71,8 +71,8 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
             raise fail(error) from None
 
     def add_case(state: Text, action: Text,
-                 reward: Annotated[float, Field(allow_inf_nan=False)]) -> dict[str, Any]:
-        """Store a new case (the task, what was done, its reward). Returns {"id": the case id}."""
+                 reward: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]) -> dict[str, Any]:
+        """Store a new case (the task, what was done, its reward in [0, 1]). Returns {"id": the case id}."""
         try:
             return {"id": writer.submit_case(state, action, reward).result()}
         except Exception as error:  # noqa: BLE001

@@ -4,7 +4,7 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
 
     POST /v1/select     {query | embedding, k, mode, env}            -> the selection (ids, cases, probs, selection_id)
     POST /v1/feedback   {selection_id, reward}                       -> {selection_id, reward, recorded, updates}
-    POST /v1/cases      {state, action, reward, env?, meta?}         -> {id}
+    POST /v1/cases      {state, action, reward, env?, meta?, embedding?} -> {id}
     GET  /v1/cases/{id}                                              -> the case (404 when unknown)
     GET  /v1/stats                                                   -> selector counts + server counters
     GET  /healthz                                                    -> {"status": "ok"} (no auth)
@@ -163,8 +163,11 @@ class Writer:
         return self._submit("feedback", {"selection_id": selection_id, "reward": reward})
 
     def submit_case(self, state: str, action: str, reward: float, env: str | None = None,
-                    meta: dict[str, Any] | None = None) -> concurrent.futures.Future[Any]:
-        return self._submit("case", {"state": state, "action": action, "reward": reward, "env": env, "meta": meta})
+                    meta: dict[str, Any] | None = None, embedding: Any = None) -> concurrent.futures.Future[Any]:
+        args = {"state": state, "action": action, "reward": reward, "env": env, "meta": meta}
+        if embedding is not None:  # else the selector encodes the state
+            args["embedding"] = embedding
+        return self._submit("case", args)
 
     def _run(self) -> None:
         poll = 0.5

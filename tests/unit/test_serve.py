@@ -90,8 +90,10 @@ class FakeSelector:
             return {"selection_id": selection_id, "reward": reward, "recorded": True, "updates": 0}
 
     def add_case(self, state: str, action: str, reward: float, env: str | None = None,
-                 meta: dict | None = None) -> str:
+                 meta: dict | None = None, *, embedding: np.ndarray | None = None) -> str:
         with self.lock:
+            if embedding is not None and embedding.shape != (self.dim,):
+                raise DimensionError(f"case state vector has shape {embedding.shape}, selector dim={self.dim}")
             case_id = f"c{len(self.cases)}"
             self.cases[case_id] = Case(id=case_id, state=state, action=action, reward=reward, env=env,
                                        meta=meta or {})
@@ -247,6 +249,12 @@ def test_cases_add_get_and_404(client: Any) -> None:
     case = client.get(f"/v1/cases/{added.json()['id']}", headers=AUTH).json()
     assert (case["state"], case["action"], case["reward"], case["env"]) == ("new task", "did it", 1.0, "facts")
     assert case["meta"] == {"source": "test"}
+    with_vector = client.post("/v1/cases", json={"state": "s2", "action": "a", "reward": 0, "embedding": [0.5] * 8},
+                              headers=AUTH)
+    assert with_vector.status_code == 200
+    bad_vector = client.post("/v1/cases", json={"state": "s3", "action": "a", "reward": 0, "embedding": [0.5] * 3},
+                             headers=AUTH)
+    assert "embedding" in _fields(bad_vector)
     missing = client.get("/v1/cases/nope", headers=AUTH)
     assert missing.status_code == 404 and "nope" in missing.json()["detail"]
 
@@ -255,6 +263,7 @@ def test_cases_add_get_and_404(client: Any) -> None:
     ({"state": "", "action": "a", "reward": 1}, "state"),
     ({"state": "s", "reward": 1}, "action"),
     ({"state": "s", "action": "a", "reward": "high"}, "reward"),
+    ({"state": "s", "action": "a", "reward": 2}, "reward"),
     ({"state": "s", "action": "a", "reward": 1, "meta": [1]}, "meta"),
     ({"state": "s", "action": "a", "reward": 1, "id": "mine"}, "id"),
 ])
