@@ -21,12 +21,14 @@ from memento.errors import (
     UnknownCaseError,
     UnknownSelectionError,
 )
+from memento.export import export_selector, load_selector
 from memento.learner import SoftQLearner
 from memento.loop import LoopConfig, OnlineLoop, run_comparison, run_online
 from memento.memory import Candidates, CaseBank
 from memento.policy import Policy
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch, ReplayBuffer, Transition
+from memento.selector import SelectionResult, Selector
 from memento.types import Case, Selection, Task
 
 __version__ = "0.1.0"
@@ -58,6 +60,8 @@ __all__ = [
     "ReplayBuffer",
     "ReplayConfig",
     "Selection",
+    "SelectionResult",
+    "Selector",
     "SoftQLearner",
     "SyntheticBandit",
     "SyntheticBanditConfig",
@@ -67,6 +71,8 @@ __all__ = [
     "UnknownSelectionError",
     "__version__",
     "build_qnet",
+    "export_selector",
+    "load_selector",
     "run_comparison",
     "run_online",
 ]

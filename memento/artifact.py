@@ -1,0 +1,757 @@
+"""The selector artifact on disk (DESIGN §6): layout, configs, manifest, checksums, the feedback log.
+
+An exported selector is a directory::
+
+    manifest.json        written last: format and version, library versions, creation and save times, the
+                         source run, sha256 and size of every other file, row counts and row digests of the
+                         two live SQLite files
+    config.json          SelectorConfig: K, candidate set size C, alpha, warm-up, the Q-network, learner,
+                         replay and index configs, and the source run's full LoopConfig
+    encoder.json         EncoderSpec: how query texts become vectors (model, pooling, dim, normalisation)
+    qnet.safetensors     the Q-network's weights (metadata: its QNetConfig), for consumers that only score
+    learner/             SoftQLearner.save: both networks, optimiser state, alpha, update counter, generator
+    replay/              ReplayBuffer.save: the decisions the learner samples from
+    bank/                the case bank: cases.sqlite (cases + float32 embeddings), index.faiss, index.json
+    feedback.sqlite      the feedback log: one row per Selector.feedback (live, see below)
+    README.md            a model card generated from the source run and the artifact's own counts
+
+**Checksums.** :func:`verify_artifact` compares every file listed in the manifest with its recorded size
+and sha256; a missing, truncated or changed file is a ``CheckpointError`` naming it. Two files are
+*live*: ``bank/cases.sqlite`` (``Selector.add_case`` commits new cases there) and ``feedback.sqlite``
+(``Selector.feedback`` commits there), so both may legitimately grow after the last save. For them the
+manifest also records the row count and a chained sha256 over the rows in order. A live file whose
+hash no longer matches is accepted only if it holds *more* rows than were saved and its first rows
+still have the recorded digest (the saved content is intact; the rest was appended since); the same
+row count with another hash, or fewer rows, is rejected. The faiss index files are derived from
+``cases.sqlite`` and checked byte for byte unless cases were appended since the save (the bank then
+checks the index against SQLite and adds what is missing).
+
+**Saving in place** is crash-safe: the new state files and manifest are written to ``.save.tmp/``, the
+directory is renamed to ``.save.ready/`` (the commit point), and its files are then moved over the old
+ones, manifest last. :func:`recover` (run by the loader) finishes a move that a crash interrupted, or
+drops an incomplete ``.save.tmp/``.
+
+Nothing here is unpickled: JSON, safetensors and SQLite only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from memento.config import (
+    EncoderConfig,
+    IndexConfig,
+    LearnerConfig,
+    Pooling,
+    QNetConfig,
+    ReplayConfig,
+    _check,
+    _check_choice,
+    _check_float,
+    _check_int,
+    from_dict,
+    to_dict,
+)
+from memento.errors import CheckpointError, ConfigError
+from memento.io import atomic_write_text, read_versioned_json
+
+__all__ = [
+    "BANK_DB",
+    "DERIVED_FILES",
+    "ENCODER_FORMAT",
+    "FEEDBACK_NAME",
+    "LIVE_FILES",
+    "MANIFEST_NAME",
+    "REQUIRED_FILES",
+    "SELECTOR_FORMAT",
+    "SELECTOR_FORMAT_VERSION",
+    "EncoderKind",
+    "EncoderSpec",
+    "FeedbackLog",
+    "FeedbackRow",
+    "SelectorConfig",
+    "bank_rows_digest",
+    "feedback_rows_digest",
+    "file_sha256",
+    "library_versions",
+    "read_encoder_spec",
+    "read_manifest",
+    "recover",
+    "verify_artifact",
+    "write_encoder_spec",
+]
+
+logger = logging.getLogger(__name__)
+
+SELECTOR_FORMAT = "memento-selector"
+SELECTOR_FORMAT_VERSION = 1
+ENCODER_FORMAT = "memento-encoder"
+ENCODER_FORMAT_VERSION = 1
+FEEDBACK_FORMAT = "memento-feedback"
+FEEDBACK_FORMAT_VERSION = 1
+QNET_FORMAT = "memento-qnet"
+
+MANIFEST_NAME = "manifest.json"
+CONFIG_NAME = "config.json"
+ENCODER_NAME = "encoder.json"
+QNET_NAME = "qnet.safetensors"
+CARD_NAME = "README.md"
+LEARNER_DIR = "learner"
+REPLAY_DIR = "replay"
+BANK_DIR = "bank"
+FEEDBACK_NAME = "feedback.sqlite"
+BANK_DB = f"{BANK_DIR}/cases.sqlite"
+STAGING_DIR = ".save.tmp"
+READY_DIR = ".save.ready"
+
+REQUIRED_FILES = (CONFIG_NAME, ENCODER_NAME, QNET_NAME, f"{LEARNER_DIR}/learner.safetensors",
+                  f"{LEARNER_DIR}/learner.json", f"{LEARNER_DIR}/config.json", f"{REPLAY_DIR}/replay.safetensors",
+                  f"{REPLAY_DIR}/replay.json", BANK_DB, FEEDBACK_NAME, CARD_NAME)
+"""Files every artifact's manifest must list."""
+LIVE_FILES = (BANK_DB, FEEDBACK_NAME)
+"""SQLite files that grow between saves (new cases, feedback)."""
+DERIVED_FILES = (f"{BANK_DIR}/index.faiss", f"{BANK_DIR}/index.json")
+"""Rebuilt from cases.sqlite by the bank when stale; they change when cases are added."""
+
+_SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
+_GENESIS = hashlib.sha256(b"memento-rows").hexdigest()
+_HASH_CHUNK = 1 << 20
+
+
+# ---------------------------------------------------------------- configs
+
+
+EncoderKind = Literal["transformers", "none"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderSpec:
+    """``encoder.json``: how a query text becomes the state vector the selector was trained on.
+
+    - ``kind``: ``"transformers"`` (a :class:`memento.Encoder`: ``model`` is a local directory, or
+      ``None`` for the bundled all-MiniLM-L6-v2) or ``"none"`` (the run used a custom encoder that
+      cannot be rebuilt from a file: pass vectors, or an encoder object to the loader);
+    - ``model_id``, ``fingerprint``: what :meth:`memento.Encoder.describe` reported at training time;
+    - ``pooling``, ``max_length``, ``normalize``: as in :class:`memento.config.EncoderConfig`;
+    - ``dim``: D, which must equal the bank's, the Q-network's and the replay buffer's;
+    - ``description``: free text (for ``"none"``: the training encoder's ``repr``).
+    """
+
+    kind: EncoderKind = "transformers"
+    model: str | None = None
+    model_id: str | None = None
+    pooling: Pooling = "avg"
+    max_length: int = 256
+    normalize: bool = True
+    dim: int
+    fingerprint: str | None = None
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "kind", EncoderKind)
+        _check_int(self, "dim", 1)
+        _check_int(self, "max_length", 8)
+        _check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
+
+    def encoder_config(self) -> EncoderConfig:
+        """The :class:`EncoderConfig` that loads this encoder (``kind="transformers"`` only)."""
+        return EncoderConfig(model=self.model, pooling=self.pooling, max_length=self.max_length,
+                             normalize=self.normalize)
+
+
+SelectorPolicy = Literal["soft_q"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectorConfig:
+    """``config.json`` of a selector artifact: how the loaded :class:`memento.Selector` chooses and learns.
+
+    - ``policy``: ``"soft_q"`` (``softmax(Q / alpha)`` over the candidates, Gumbel-top-k sampling);
+    - ``k``: the default number of cases; ``candidates``: C, the cosine pre-selection the policy chooses
+      from (a call asking for more than C cases uses C = k);
+    - ``alpha``: the temperature; ``None`` follows the learner's (fixed or scheduled) alpha;
+    - ``warmup``: decisions in the replay buffer before feedback triggers gradient steps;
+      ``updates_per_step``: gradient steps per feedback after that (``learn=True`` only);
+    - ``max_pending``: selections kept for feedback (the oldest are dropped beyond it);
+      ``pending_ttl_s``: seconds a selection accepts feedback (``None``: no limit);
+    - ``qnet``, ``learner``, ``replay``, ``index``: the component configs (``learner.gamma`` must be 0:
+      feedback is single-step);
+    - ``run``: the full ``LoopConfig`` of the run it was trained in (``None`` when unknown).
+    """
+
+    policy: SelectorPolicy = "soft_q"
+    k: int = 4
+    candidates: int = 32
+    alpha: float | None = None
+    warmup: int = 16
+    updates_per_step: int = 1
+    max_pending: int = 100_000
+    pending_ttl_s: float | None = 86_400.0
+    qnet: QNetConfig
+    learner: LearnerConfig
+    replay: ReplayConfig
+    index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
+    run: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        _check_choice(self, "policy", SelectorPolicy)
+        _check_int(self, "k", 1)
+        _check_int(self, "candidates", 1)
+        if self.alpha is not None:
+            _check_float(self, "alpha", low=0.0, low_open=True)
+        _check_int(self, "warmup", 0)
+        _check_int(self, "updates_per_step", 0)
+        _check_int(self, "max_pending", 1)
+        if self.pending_ttl_s is not None:
+            _check_float(self, "pending_ttl_s", low=0.0, low_open=True)
+        for field, kind in (("qnet", QNetConfig), ("learner", LearnerConfig), ("replay", ReplayConfig),
+                            ("index", IndexConfig)):
+            _check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
+                   f"must be a {kind.__name__}")
+        _check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
+               "a selector learns single-step from feedback: learner.gamma must be 0")
+        _check(self.qnet.dim == self.replay.dim, cls, "replay", f"dim={self.replay.dim}",
+               f"must equal qnet.dim={self.qnet.dim}")
+        _check(self.run is None or isinstance(self.run, dict), cls, "run", self.run, "must be an object or null")
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of the libraries an artifact's files depend on (recorded in the manifest)."""
+    from importlib import metadata
+
+    import numpy
+    import torch
+
+    import memento
+
+    versions: dict[str, str | None] = {"memento": memento.__version__, "python": sys.version.split()[0],
+                                       "torch": torch.__version__, "numpy": numpy.__version__,
+                                       "sqlite": sqlite3.sqlite_version}
+    for dist in ("faiss-cpu", "faiss-gpu", "safetensors", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _chain(previous: str, rows: Iterable[tuple[Any, ...]]) -> str:
+    """Extend a chained digest: ``h = sha256(h || sha256(row))`` per row; a row's last column is raw bytes."""
+    h = bytes.fromhex(previous)
+    for row in rows:
+        head, blob = row[:-1], row[-1]
+        body = json.dumps(list(head), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        row_digest = hashlib.sha256(body + b"\x00" + (blob or b"")).digest()
+        h = hashlib.sha256(h + row_digest).digest()
+    return h.hex()
+
+
+def bank_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0, previous: str | None = None) -> str:
+    """Chained sha256 of the bank's cases at positions ``start <= pos < stop`` (content and embedding)."""
+    conn = db if isinstance(db, sqlite3.Connection) else _connect(db)
+    try:
+        rows = conn.execute("SELECT pos, id, state, action, reward, env, kind, meta, created, hash, embedding "
+                            "FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos", (start, stop))
+        return _chain(previous or _GENESIS, rows)
+    finally:
+        if not isinstance(db, sqlite3.Connection):
+            conn.close()
+
+
+def feedback_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0,
+                         previous: str | None = None) -> str:
+    """Chained sha256 of feedback rows ``start < seq <= stop`` (seq counts from 1)."""
+    conn = db if isinstance(db, sqlite3.Connection) else _connect(db)
+    try:
+        rows = conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? AND seq <= ? ORDER BY seq",
+                            (start, stop))
+        return _chain(previous or _GENESIS, rows)
+    finally:
+        if not isinstance(db, sqlite3.Connection):
+            conn.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        return sqlite3.connect(path, timeout=30.0, check_same_thread=False)
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: cannot open ({error})") from None
+
+
+def _count_rows(path: Path, table: str) -> int:
+    conn = _connect(path)
+    try:
+        return int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: unreadable SQLite file ({error})") from None
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- encoder.json
+
+
+def write_encoder_spec(path: Path, spec: EncoderSpec) -> None:
+    payload = {"format": ENCODER_FORMAT, "format_version": ENCODER_FORMAT_VERSION, **to_dict(spec)}
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def read_encoder_spec(path: Path) -> EncoderSpec:
+    meta = read_versioned_json(path, format=ENCODER_FORMAT, version=ENCODER_FORMAT_VERSION, what="encoder spec")
+    body = {k: v for k, v in meta.items() if k not in ("format", "format_version")}
+    try:
+        return from_dict(EncoderSpec, body)
+    except ConfigError as error:
+        raise CheckpointError(f"{path}: {error}") from None
+
+
+# ---------------------------------------------------------------- the feedback log
+
+_FEEDBACK_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS feedback (
+    seq INTEGER PRIMARY KEY,
+    selection_id TEXT NOT NULL UNIQUE,
+    reward REAL NOT NULL,
+    time REAL NOT NULL,
+    mode TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    env TEXT,
+    ids TEXT NOT NULL,
+    probs TEXT NOT NULL,
+    set_prob REAL NOT NULL,
+    learned INTEGER NOT NULL,
+    state BLOB
+);
+"""
+_FEEDBACK_COLUMNS = "seq, selection_id, reward, time, mode, policy_version, env, ids, probs, set_prob, learned, state"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FeedbackRow:
+    """One recorded feedback: the selection it rewards (state vector, chosen ids, propensities) and the reward.
+
+    ``learned`` says whether the selector that recorded it was learning (``learn=True``): replaying the
+    row after a restart then repeats the gradient steps it triggered.
+    """
+
+    seq: int
+    selection_id: str
+    reward: float
+    time: float
+    mode: str
+    policy_version: int
+    env: str | None
+    ids: list[str]
+    probs: list[float]
+    set_prob: float
+    learned: bool
+    state: bytes | None
+
+
+class FeedbackLog:
+    """``feedback.sqlite`` (WAL): each :meth:`append` is committed before it returns."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path = path
+        self._conn = conn
+        self._count = int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
+
+    @classmethod
+    def create(cls, path: str | Path) -> FeedbackLog:
+        path = Path(path)
+        if path.exists():
+            raise CheckpointError(f"{path}: a feedback log already exists here")
+        tmp = path.with_name(path.name + ".creating")
+        tmp.unlink(missing_ok=True)
+        conn = sqlite3.connect(tmp)
+        try:
+            conn.executescript(_FEEDBACK_SCHEMA)
+            with conn:
+                conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                 [("format", FEEDBACK_FORMAT), ("format_version", str(FEEDBACK_FORMAT_VERSION))])
+        finally:
+            conn.close()
+        os.replace(tmp, path)
+        return cls.open(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> FeedbackLog:
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing feedback log")
+        conn = _connect(path)
+        try:
+            try:
+                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            except sqlite3.DatabaseError as error:
+                raise CheckpointError(f"{path}: not a feedback log ({error})") from None
+            if meta.get("format") != FEEDBACK_FORMAT:
+                raise CheckpointError(f"{path}: not a feedback log (format {meta.get('format')!r})")
+            if int(meta.get("format_version", "0")) > FEEDBACK_FORMAT_VERSION:
+                raise CheckpointError(f"{path}: feedback log format {meta['format_version']} is newer than this "
+                                      f"memento reads ({FEEDBACK_FORMAT_VERSION})")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            return cls(path, conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._conn
+
+    def append(self, *, selection_id: str, reward: float, mode: str, policy_version: int, env: str | None,
+               ids: list[str], probs: list[float], set_prob: float, learned: bool, state: bytes | None) -> int:
+        """Commit one feedback row; returns its ``seq`` (1, 2, ...)."""
+        seq = self._count + 1
+        try:
+            with self._conn:
+                self._conn.execute(
+                    f"INSERT INTO feedback ({_FEEDBACK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (seq, selection_id, float(reward), time.time(), mode, int(policy_version), env,
+                     json.dumps(ids), json.dumps(probs), float(set_prob), int(learned), state))
+        except sqlite3.IntegrityError as error:
+            raise CheckpointError(f"{self.path}: cannot record feedback for {selection_id!r} ({error})") from None
+        self._count = seq
+        return seq
+
+    def rows(self, after: int = 0) -> Iterator[FeedbackRow]:
+        """Rows with ``seq > after``, in order."""
+        for row in self._conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? ORDER BY seq",
+                                      (after,)).fetchall():
+            seq, sid, reward, when, mode, version, env, ids, probs, set_prob, learned, state = row
+            yield FeedbackRow(seq=seq, selection_id=sid, reward=reward, time=when, mode=mode, policy_version=version,
+                              env=env, ids=json.loads(ids), probs=json.loads(probs), set_prob=set_prob,
+                              learned=bool(learned), state=state)
+
+    def checkpoint(self) -> None:
+        """Move the WAL into the main file (so its bytes are what a checksum sees)."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def checkpoint_sqlite(path: Path) -> None:
+    """``PRAGMA wal_checkpoint(TRUNCATE)`` on a SQLite file another connection of this process writes."""
+    conn = _connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a selector artifact (not a directory)")
+    if not path.is_file():
+        raise CheckpointError(f"{root}: not a selector artifact (no {MANIFEST_NAME})")
+    manifest = read_versioned_json(path, format=SELECTOR_FORMAT, version=SELECTOR_FORMAT_VERSION,
+                                   what="selector manifest")
+    files, live = manifest.get("files"), manifest.get("live")
+    if not isinstance(files, dict) or not isinstance(live, dict):
+        raise CheckpointError(f"{path}: damaged manifest (no files or live sections)")
+    missing = [name for name in REQUIRED_FILES if name not in files]
+    if missing:
+        raise CheckpointError(f"{path}: the manifest does not list {missing[0]} (every artifact has "
+                              f"{', '.join(REQUIRED_FILES)})")
+    for name in LIVE_FILES:
+        entry = live.get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("rows"), int) or not isinstance(
+                entry.get("digest"), str):
+            raise CheckpointError(f"{path}: damaged manifest (live entry for {name}: {entry!r})")
+    return manifest
+
+
+def listed_files(root: Path) -> dict[str, Path]:
+    """Every file of an artifact that a manifest lists: all regular files except the manifest itself,
+    SQLite sidecars, and dot-named files or directories (staging, temporaries)."""
+    found: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or name.endswith(_SQLITE_SIDECARS) or name.endswith(".creating"):
+                continue
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if rel != MANIFEST_NAME:
+                found[rel] = path
+    return found
+
+
+def hash_files(files: dict[str, Path], cache: dict[str, tuple[int, int, str]] | None = None
+               ) -> dict[str, dict[str, Any]]:
+    """``{rel: {"sha256", "bytes"}}``; ``cache`` (rel -> (size, mtime_ns, sha256)) skips unchanged files."""
+    out: dict[str, dict[str, Any]] = {}
+    for rel, path in sorted(files.items()):
+        stat = path.stat()
+        hit = None if cache is None else cache.get(rel)
+        if hit is not None and hit[0] == stat.st_size and hit[1] == stat.st_mtime_ns:
+            sha = hit[2]
+        else:
+            sha = file_sha256(path)
+        if cache is not None:  # a staged file keeps its size and mtime when it is moved into place
+            cache[rel] = (stat.st_size, stat.st_mtime_ns, sha)
+        out[rel] = {"sha256": sha, "bytes": stat.st_size}
+    return out
+
+
+def _wal_has_frames(db: Path) -> bool:
+    wal = db.with_name(db.name + "-wal")
+    return wal.is_file() and wal.stat().st_size > 0
+
+
+def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] | None = None) -> dict[str, Any]:
+    """Check an artifact against its manifest (see the module docstring); returns a report.
+
+    The report: ``manifest``, ``files`` (how many were checked), ``rows`` (current rows of each live
+    file), ``appended`` (rows added since the save, per live file). Any problem raises a one-line
+    ``CheckpointError`` naming the file.
+    """
+    root = Path(root)
+    if (root / READY_DIR).is_dir():
+        raise CheckpointError(f"{root}: a save was interrupted after it completed ({READY_DIR}/ is still there); "
+                              "loading the artifact finishes it")
+    manifest = read_manifest(root)
+    files: dict[str, Any] = manifest["files"]
+    rows: dict[str, int] = {}
+    appended: dict[str, int] = {}
+    # live files first: whether cases were appended decides how the derived index files are checked
+    for rel in LIVE_FILES:
+        path = root / rel
+        entry, saved = files[rel], manifest["live"][rel]
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST_NAME})")
+        table = "cases" if rel == BANK_DB else "feedback"
+        intact = _matches(path, entry, rel, cache)
+        if intact and not _wal_has_frames(path):
+            rows[rel], appended[rel] = saved["rows"], 0
+            continue
+        n = _count_rows(path, table)
+        if n < saved["rows"]:
+            raise CheckpointError(f"{path}: holds {n} {table} row(s), {MANIFEST_NAME} records {saved['rows']} "
+                                  "(truncated or rolled back)")
+        if n == saved["rows"] and not intact:
+            raise CheckpointError(f"{path}: changed after it was saved (size or sha256 differs from {MANIFEST_NAME}, "
+                                  "and no rows were appended)")
+        if n > saved["rows"]:
+            digest = (bank_rows_digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
+            if digest != saved["digest"]:
+                raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
+                                      f"(row digest differs from {MANIFEST_NAME})")
+        rows[rel], appended[rel] = n, n - saved["rows"]
+    cases_appended = appended[BANK_DB] > 0
+    checked = len(LIVE_FILES)
+    for rel, entry in sorted(files.items()):
+        if rel in LIVE_FILES:
+            continue
+        path = root / rel
+        derived_may_differ = rel in DERIVED_FILES and cases_appended
+        if not path.is_file():
+            if derived_may_differ:
+                continue
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST_NAME})")
+        if not _matches(path, entry, rel, cache):
+            if derived_may_differ:
+                continue
+            size = path.stat().st_size
+            if isinstance(entry, dict) and size != entry.get("bytes"):
+                raise CheckpointError(f"{path}: {size} bytes, {MANIFEST_NAME} records {entry.get('bytes')} "
+                                      "(truncated or changed)")
+            raise CheckpointError(f"{path}: sha256 differs from {MANIFEST_NAME} (the file was changed after it "
+                                  "was saved)")
+        checked += 1
+    return {"manifest": manifest, "files": checked, "rows": rows, "appended": appended}
+
+
+def _matches(path: Path, entry: Any, rel: str, cache: dict[str, tuple[int, int, str]] | None) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+        raise CheckpointError(f"{path}: damaged manifest entry {entry!r}")
+    stat = path.stat()
+    if stat.st_size != entry.get("bytes"):
+        return False
+    sha = file_sha256(path)
+    if cache is not None:
+        cache[rel] = (stat.st_size, stat.st_mtime_ns, sha)
+    return sha == entry["sha256"]
+
+
+# ---------------------------------------------------------------- crash-safe in-place saves
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not supported on this platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (before a rename makes them the committed state)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with open(Path(dirpath) / name, "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def commit_staged(root: Path) -> None:
+    """Rename ``.save.tmp`` to ``.save.ready`` (the commit point), then move its files into place."""
+    stage, ready = root / STAGING_DIR, root / READY_DIR
+    fsync_tree(stage)
+    if ready.exists():
+        shutil.rmtree(ready)
+    os.replace(stage, ready)
+    _fsync_dir(root)
+    _apply_ready(root)
+
+
+def _apply_ready(root: Path) -> None:
+    ready = root / READY_DIR
+    moves = sorted((p for p in ready.rglob("*") if p.is_file()), key=lambda p: p.name == MANIFEST_NAME)
+    for src in moves:  # the manifest last: until it moves, the old manifest describes the old files
+        dst = root / src.relative_to(ready)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+    _fsync_dir(root)
+    shutil.rmtree(ready, ignore_errors=True)
+
+
+def recover(root: Path) -> None:
+    """Finish an in-place save that a crash interrupted after its commit point; drop an incomplete one."""
+    if (root / READY_DIR).is_dir():
+        logger.warning("%s: finishing a save that was interrupted", root)
+        _apply_ready(root)
+    if (root / STAGING_DIR).exists():
+        logger.warning("%s: dropping an incomplete save", root)
+        shutil.rmtree(root / STAGING_DIR, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the model card
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if not isinstance(x, (int, float)) else f"{100.0 * x:.1f}%"
+
+
+def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spec: EncoderSpec, *,
+               cases: int, feedbacks: int, updates: int, alpha: float) -> str:
+    """``README.md`` of an artifact: what it is, what it was trained on (figures from the run), how to load it."""
+    source = manifest.get("source") or {}
+    summary = source.get("summary") or {}
+    q = config.qnet
+    encoder = (f"`{spec.model_id or spec.model or 'sentence-transformers/all-MiniLM-L6-v2'}` "
+               f"(pooling {spec.pooling}, max_length {spec.max_length}, dim {spec.dim}, "
+               f"{'unit-normalised' if spec.normalize else 'raw'})" if spec.kind == "transformers"
+               else f"none stored (trained with {spec.description or 'a custom encoder'}; pass {spec.dim}-d vectors)")
+    lines = [
+        f"# memento selector: {root.name}",
+        "",
+        "A trained case selector (Memento's parametric case-based reasoning): for a task, it picks which past "
+        "cases a frozen LLM planner should see. It scores the top-C cosine candidates from its case bank with a "
+        "Q-network that estimates P(success | task, case) and samples K of them from softmax(Q / alpha).",
+        "",
+        "## What it holds",
+        "",
+        f"- policy: `{config.policy}`, K = {config.k} cases by default, C = {config.candidates} candidates, "
+        f"alpha = {alpha:g}" + (" (the learner's)" if config.alpha is None else ""),
+        f"- Q-network: `{q.arch}`, dim {q.dim}, hidden {q.hidden} x {q.n_layers} layer(s)"
+        + (f", tower width {q.embed_dim}" if q.arch == "two_tower" else "") + f"; {updates} learner update(s)",
+        f"- encoder: {encoder}",
+        f"- case bank: {cases} case(s), faiss index `{config.index.factory}`",
+        f"- replay buffer: capacity {config.replay.capacity}; feedback recorded: {feedbacks}",
+        f"- format `{SELECTOR_FORMAT}` version {SELECTOR_FORMAT_VERSION}, memento "
+        f"{(manifest.get('versions') or {}).get('memento', '?')}; created {manifest.get('created', '?')}, "
+        f"saved {manifest.get('saved', '?')} (save {manifest.get('saves', 1)})",
+        "",
+        "## Training",
+        "",
+    ]
+    if source:
+        lines += [
+            f"- source: `{source.get('path')}` ({source.get('kind')}), policy `{source.get('policy')}`",
+            f"- planner: {source.get('planner', 'n/a')}; judge: {source.get('judge', 'n/a')}; "
+            f"tasks: {source.get('n_tasks', 'n/a')}",
+            f"- steps (LLM calls): {source.get('step', 'n/a')} of {source.get('steps', 'n/a')} planned; "
+            f"bank {summary.get('bank_size_start', 'n/a')} -> {source.get('bank_cases', 'n/a')} case(s)",
+        ]
+        if summary:
+            lines.append(f"- success rate: {_pct(summary.get('success_rate'))} overall, "
+                         f"{_pct(summary.get('moving_success_rate'))} over the last {summary.get('window')} steps")
+            windows = summary.get("success_by_window") or []
+            if windows:
+                lines += ["", "| steps | success rate |", "|---|---|"]
+                lines += [f"| {w['start']}-{w['end']} | {_pct(w['rate'])} |" for w in windows]
+        comparison = source.get("comparison")
+        if comparison:
+            lines += ["", "Compared on the same task stream (same seed, same order):", "",
+                      "| policy | early | late | overall |", "|---|---|---|---|"]
+            for name in comparison.get("order", []):
+                r = comparison["policies"][name]
+                lines.append(f"| {name} | {_pct(r.get('success_early'))} | {_pct(r.get('success_late'))} | "
+                             f"{_pct(r.get('success_rate'))} |")
+            lines.append(f"\n(early: the first {comparison.get('window')} steps; late: the last "
+                         f"{comparison.get('late_steps')} steps)")
+    else:
+        lines.append("- no source run recorded")
+    lines += [
+        "",
+        "## How to use it",
+        "",
+        "```python",
+        "import memento",
+        "",
+        f'selector = memento.load_selector("{root.name}")            # checks checksums and dimensions first',
+        'result = selector.select("What is the capital of Peru?", k=4)  # ids, cases, probabilities, selection id',
+        "selector.feedback(result.selection_id, reward=1.0)        # learn=True keeps training; save() persists",
+        "```",
+        "",
+        f"Over HTTP: `memento serve {root.name}`; as MCP tools: `memento mcp {root.name}`. "
+        f"Check the files: `memento verify {root.name}`.",
+        "",
+        "## Files",
+        "",
+        "`manifest.json` (versions, sha256 of every file), `config.json` (selector, Q-network, learner, replay and "
+        "index configs, the training run's config), `encoder.json`, `qnet.safetensors`, `learner/`, `replay/`, "
+        "`bank/` (cases.sqlite + index.faiss), `feedback.sqlite` (feedback log), this card. Nothing is pickled.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,403 @@
+"""Export a trained selector as a self-describing directory, verify one, load one.
+
+- :func:`export_selector` turns a soft-Q run of the online loop (``memento online`` / ``memento demo``)
+  into an artifact (layout and checksum rules in :mod:`memento.artifact`). The source may be a run
+  directory (``checkpoints/demo/soft_q``), a comparison directory holding a ``soft_q`` run
+  (``checkpoints/demo``), one of a run's checkpoint directories, or another artifact (copied, with a
+  fresh manifest). From a run, the newest complete checkpoint gives the learner, the replay buffer and
+  the number of cases: the bank is copied as it was at that checkpoint.
+- :func:`verify` checks an artifact's files against its manifest and that its parts agree on the
+  embedding dimension, without loading any tensor.
+- :func:`load_selector` returns a :class:`~memento.selector.Selector` after the same checks.
+
+Loading and selecting import neither Lightning nor an LLM client (nor FastAPI or MCP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from memento.artifact import (
+    BANK_DB,
+    BANK_DIR,
+    CARD_NAME,
+    CONFIG_NAME,
+    ENCODER_NAME,
+    FEEDBACK_NAME,
+    LEARNER_DIR,
+    MANIFEST_NAME,
+    QNET_NAME,
+    REPLAY_DIR,
+    SELECTOR_FORMAT,
+    SELECTOR_FORMAT_VERSION,
+    EncoderSpec,
+    FeedbackLog,
+    SelectorConfig,
+    bank_rows_digest,
+    feedback_rows_digest,
+    fsync_tree,
+    hash_files,
+    library_versions,
+    listed_files,
+    model_card,
+    read_encoder_spec,
+    verify_artifact,
+    write_encoder_spec,
+)
+from memento.config import from_dict, load_json, save_json, to_dict
+from memento.errors import CheckpointError, ConfigError, DimensionError
+from memento.io import atomic_write_text, read_versioned_json
+
+if TYPE_CHECKING:
+    from memento.loop import LoopConfig
+    from memento.selector import Selector
+
+__all__ = ["export_selector", "load_selector", "verify"]
+
+logger = logging.getLogger(__name__)
+
+_SUMMARY_KEYS = ("steps", "success_rate", "moving_success_rate", "window", "success_by_window", "llm_calls",
+                 "bank_size_start", "bank_size_end", "retained", "updates", "final_alpha", "cumulative_reward")
+
+
+def load_selector(path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
+                  seed: int = 0, verify: bool = True, encoder: Any = None) -> Selector:
+    """Load a selector artifact.
+
+    - ``device``: where the Q-network, learner and replay buffer live (default: the CPU); the text
+      encoder uses it too when given (default: CUDA when present);
+    - ``learn``: keep training from :meth:`~memento.selector.Selector.feedback` (save with ``save()``);
+    - ``seed``: seeds the sampling generator (same seed, same calls: same selections);
+    - ``verify``: check every file's sha256 against the manifest first (dimensions and format versions
+      are always checked); a tampered, truncated or missing file raises ``CheckpointError`` naming it;
+    - ``encoder``: an object with ``encode(texts)`` and ``dim`` to encode query texts instead of the one
+      ``encoder.json`` names (needed when the run used a custom encoder).
+    """
+    from memento.selector import Selector
+
+    return Selector.load(path, device, learn=learn, seed=seed, verify=verify, encoder=encoder)
+
+
+def verify(path: str | Path) -> dict[str, Any]:
+    """Check an artifact without loading tensors: checksums, format versions, configs and dimensions.
+
+    Returns ``{"path", "files", "cases", "feedbacks", "cases_since_save", "feedbacks_since_save", "dim",
+    "manifest"}``; raises ``CheckpointError`` (a damaged file) or ``DimensionError``.
+    """
+    path = Path(path)
+    report = verify_artifact(path)
+    manifest = report["manifest"]
+    try:
+        config = load_json(SelectorConfig, path / CONFIG_NAME)
+    except ConfigError as error:
+        raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
+    spec = read_encoder_spec(path / ENCODER_NAME)
+    learner_meta = read_versioned_json(path / LEARNER_DIR / "learner.json", format="memento-learner", version=1,
+                                       what="learner state")
+    replay_meta = read_versioned_json(path / REPLAY_DIR / "replay.json", format="memento-replay", version=1,
+                                      what="replay buffer")
+    dims = {ENCODER_NAME: spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
+            f"{LEARNER_DIR}/ (Q-network)": _dict_dim(learner_meta.get("qnet_config"), path / LEARNER_DIR),
+            f"{REPLAY_DIR}/": _dict_dim(replay_meta.get("config"), path / REPLAY_DIR),
+            f"{BANK_DIR}/": _bank_dim(path / BANK_DB), MANIFEST_NAME: manifest.get("dim")}
+    if len(set(dims.values())) > 1:
+        listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
+        raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
+    rows, appended = report["rows"], report["appended"]
+    return {"path": str(path), "files": report["files"], "cases": rows[BANK_DB], "feedbacks": rows[FEEDBACK_NAME],
+            "cases_since_save": appended[BANK_DB], "feedbacks_since_save": appended[FEEDBACK_NAME],
+            "dim": spec.dim, "manifest": manifest}
+
+
+def _dict_dim(config: Any, where: Path) -> int:
+    if not isinstance(config, dict) or not isinstance(config.get("dim"), int):
+        raise CheckpointError(f"{where}: no dimension in its config ({config!r})")
+    return int(config["dim"])
+
+
+def _bank_dim(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        return int(json.loads(meta["config"])["dim"])
+    except (sqlite3.Error, KeyError, ValueError, TypeError) as error:
+        raise CheckpointError(f"{db}: not a case bank ({error})") from None
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- export
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    kind: Literal["run", "checkpoint"]
+    path: Path
+    run_dir: Path
+    learner_dir: Path
+    replay_dir: Path | None
+    bank_dir: Path
+    bank_cases: int | None
+    bank_uid: str | None
+    step: int | None
+    loop: LoopConfig
+    summary: dict[str, Any] | None
+    comparison: dict[str, Any] | None
+    run_info: dict[str, Any] | None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({error})") from None
+
+
+def _checkpoint_step(ckpt: Path) -> int | None:
+    state = ckpt / "state.json"
+    if not state.is_file():
+        return None
+    try:
+        return int(_read_json(state)["step"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        logger.warning("%s: unreadable checkpoint state; ignoring it", ckpt)
+        return None
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    best: tuple[int, Path] | None = None
+    for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"):
+        step = _checkpoint_step(run_dir / name)
+        if step is not None and (best is None or step > best[0]):
+            best = (step, run_dir / name)
+    return None if best is None else best[1]
+
+
+def _resolve_source(source: Path) -> _Source:
+    from memento.loop import LoopConfig
+
+    if not source.exists():
+        raise CheckpointError(f"{source}: not found")
+    if not source.is_dir():
+        raise CheckpointError(f"{source}: not a directory (expected a run, a comparison or a checkpoint directory)")
+    if (source / "state.json").is_file():
+        kind: Literal["run", "checkpoint"] = "checkpoint"
+        run_dir, ckpt = source.parent, source
+    elif (source / "config.json").is_file() and (source / "bank").is_dir():
+        kind, run_dir = "run", source
+        ckpt = _latest_checkpoint(run_dir)
+    elif (source / "comparison.json").is_file() or (source / "soft_q").is_dir():
+        if (source / "soft_q" / "config.json").is_file():
+            return _resolve_source(source / "soft_q")
+        policies = sorted(p.name for p in source.iterdir() if (p / "config.json").is_file())
+        raise CheckpointError(f"{source}: a comparison without a soft_q run (runs: {', '.join(policies) or 'none'}); "
+                              "only soft_q trains a selector")
+    else:
+        raise CheckpointError(f"{source}: not a run directory (config.json + bank/), a comparison directory "
+                              "(comparison.json + soft_q/) or a checkpoint (state.json)")
+    config_path = (ckpt if ckpt is not None else run_dir) / "config.json"
+    try:
+        loop = from_dict(LoopConfig, _read_json(config_path))
+    except ConfigError as error:
+        raise CheckpointError(f"{config_path}: not an online-loop config ({error})") from None
+    if loop.policy != "soft_q":
+        raise ConfigError(f"{run_dir}: a {loop.policy!r} run; only soft_q runs train a selector (a Q-network)")
+    summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else None
+    run_info = _read_json(run_dir / "run.json") if (run_dir / "run.json").is_file() else None
+    comparison = None
+    if (run_dir.parent / "comparison.json").is_file():
+        comparison = _read_json(run_dir.parent / "comparison.json")
+        if not isinstance(comparison, dict) or run_dir.name not in (comparison.get("policies") or {}):
+            comparison = None
+    final = run_dir / "selector"
+    step = None if ckpt is None else _checkpoint_step(ckpt)
+    use_final = kind == "run" and (final / "learner.json").is_file() and (
+        ckpt is None or (summary is not None and int(summary.get("steps", 0)) > int(step or 0)))
+    if use_final:  # no checkpoint, or the run went on past its last one: the final learner, the whole bank
+        return _Source(kind=kind, path=source, run_dir=run_dir, learner_dir=final, replay_dir=None,
+                       bank_dir=run_dir / "bank", bank_cases=None, bank_uid=None,
+                       step=None if summary is None else int(summary["steps"]), loop=loop, summary=summary,
+                       comparison=comparison, run_info=run_info)
+    if ckpt is None:
+        raise CheckpointError(f"{run_dir}: no trained selector yet (no complete checkpoint and no selector/)")
+    state = _read_json(ckpt / "state.json")
+    if not isinstance(state, dict) or state.get("format") != "memento-online-checkpoint":
+        raise CheckpointError(f"{ckpt / 'state.json'}: not an online-loop checkpoint")
+    if not (ckpt / "learner").is_dir():
+        raise CheckpointError(f"{ckpt}: no learner/ in this checkpoint")
+    return _Source(kind=kind, path=source, run_dir=run_dir, learner_dir=ckpt / "learner",
+                   replay_dir=ckpt / "replay" if (ckpt / "replay").is_dir() else None, bank_dir=run_dir / "bank",
+                   bank_cases=int(state["bank_size"]), bank_uid=str(state.get("bank_uid")), step=int(state["step"]),
+                   loop=loop, summary=summary, comparison=comparison, run_info=run_info)
+
+
+def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
+    """Copy the run's bank (as it was at the checkpoint) to ``dst``; returns (BankConfig, cases)."""
+    from memento.memory import CaseBank
+    from memento.selector import _sqlite_copy
+
+    db = src.bank_dir / "cases.sqlite"
+    if not db.is_file():
+        raise CheckpointError(f"{src.bank_dir}: the run's case bank is missing (no cases.sqlite)")
+    dst.mkdir(parents=True)
+    _sqlite_copy(db, dst / "cases.sqlite")
+    for name in ("index.faiss", "index.json"):
+        if (src.bank_dir / name).is_file():
+            shutil.copy2(src.bank_dir / name, dst / name)
+    truncated = False
+    with CaseBank.open(dst, use_gpu=False) as bank:
+        if bank.dim != dim:
+            raise DimensionError(f"{src.bank_dir}: the bank holds dim={bank.dim} vectors, the Q-network of "
+                                 f"{src.learner_dir} takes dim={dim}")
+        if src.bank_uid is not None and bank.uid != src.bank_uid:
+            raise CheckpointError(f"{src.path}: the checkpoint was saved for bank uid {src.bank_uid}, "
+                                  f"{src.bank_dir} has uid {bank.uid}")
+        if src.bank_cases is not None:
+            if len(bank) < src.bank_cases:
+                raise CheckpointError(f"{src.path}: the checkpoint counts {src.bank_cases} cases, {src.bank_dir} "
+                                      f"holds {len(bank)}")
+            truncated = bank.truncate(src.bank_cases) > 0  # cases retained after the checkpoint
+        config, cases = bank.config, len(bank)
+    if truncated:  # drop the freed pages, so the removed cases do not linger in the file
+        conn = sqlite3.connect(dst / "cases.sqlite")
+        try:
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    return config, cases
+
+
+def _encoder_spec(encoder_config: Any, run_info: dict[str, Any] | None, dim: int) -> EncoderSpec:
+    from memento.encoders import DEFAULT_MODEL_ID
+
+    described = None if run_info is None else run_info.get("encoder")
+    info = described if isinstance(described, dict) else {}
+    if encoder_config is not None:
+        return EncoderSpec(kind="transformers", model=encoder_config.model, pooling=encoder_config.pooling,
+                           max_length=encoder_config.max_length, normalize=encoder_config.normalize, dim=dim,
+                           model_id=info.get("model_id"), fingerprint=info.get("fingerprint"))
+    if info.get("model_id") and info.get("pooling"):  # a memento.Encoder that the bank did not record
+        model_id = str(info["model_id"])
+        return EncoderSpec(kind="transformers", model=None if model_id == DEFAULT_MODEL_ID else model_id,
+                           model_id=model_id, pooling=info["pooling"], max_length=int(info.get("max_length", 256)),
+                           normalize=bool(info.get("normalize", True)), dim=dim, fingerprint=info.get("fingerprint"))
+    return EncoderSpec(kind="none", dim=dim, description=None if described is None else str(described))
+
+
+def _source_info(src: _Source, cases: int, updates: int) -> dict[str, Any]:
+    info = src.run_info or {}
+    summary = None if src.summary is None else {k: src.summary[k] for k in _SUMMARY_KEYS if k in src.summary}
+    comparison = None
+    if src.comparison is not None:
+        comparison = {key: src.comparison.get(key) for key in ("order", "window", "late_steps", "steps", "seed")}
+        comparison["policies"] = {
+            name: {k: r.get(k) for k in ("success_rate", "success_early", "success_late", "llm_calls")}
+            for name, r in (src.comparison.get("policies") or {}).items()}
+    return {"kind": src.kind, "path": str(src.path.resolve()), "run_dir": str(src.run_dir.resolve()),
+            "policy": src.loop.policy, "step": src.step, "steps": src.loop.steps, "seed": src.loop.seed,
+            "bank_cases": cases, "learner_updates": updates, "planner": info.get("planner"),
+            "judge": info.get("judge"), "n_tasks": info.get("n_tasks"),
+            "tasks_fingerprint": info.get("tasks_fingerprint"), "encoder": info.get("encoder"),
+            "summary": summary, "comparison": comparison}
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            raise CheckpointError(f"{out}: already exists and is not empty (overwrite=True / --force replaces it)")
+        if not (out / MANIFEST_NAME).is_file():
+            raise CheckpointError(f"{out}: exists and is not a selector artifact; refusing to replace it")
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """Write a selector artifact to ``out_dir`` from a soft-Q run, a comparison, a checkpoint or an artifact.
+
+    The directory is assembled beside ``out_dir`` and renamed into place when complete. An existing
+    non-empty ``out_dir`` is refused unless ``overwrite`` (and then only if it is an artifact).
+    """
+    from memento.learner import SoftQLearner
+    from memento.replay import ReplayBuffer
+
+    source, out = Path(source), Path(out_dir)
+    _prepare_out(out, overwrite)
+    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    if source.is_dir() and (source / MANIFEST_NAME).is_file():  # an artifact: a verified copy
+        if out.exists() and out.resolve() == source.resolve():
+            raise CheckpointError(f"{out}: is the source artifact itself")
+        with load_selector(source) as selector:
+            selector.save(tmp)
+        _swap_in(tmp, out)
+        logger.info("exported a copy of selector %s to %s", source, out)
+        return out
+
+    src = _resolve_source(source)
+    learner = SoftQLearner.load(src.learner_dir, device="cpu")
+    dim = learner.qnet.config.dim
+    if src.replay_dir is not None:
+        buffer = ReplayBuffer.load(src.replay_dir, device="cpu")
+    else:
+        from memento.config import ReplayConfig
+
+        buffer = ReplayBuffer(ReplayConfig(capacity=src.loop.replay_capacity, dim=dim, k_max=src.loop.k), device="cpu")
+    if buffer.config.dim != dim:
+        raise DimensionError(f"{src.replay_dir}: the replay buffer holds dim={buffer.config.dim}, the Q-network "
+                             f"of {src.learner_dir} takes dim={dim}")
+    tmp.mkdir(parents=True)
+    try:
+        bank_config, cases = _copy_bank(src, tmp / BANK_DIR, dim)
+        spec = _encoder_spec(bank_config.encoder, src.run_info, dim)
+        config = SelectorConfig(k=src.loop.k, candidates=src.loop.candidates, alpha=None, warmup=src.loop.warmup,
+                                updates_per_step=src.loop.updates_per_step, qnet=learner.qnet.config,
+                                learner=learner.config, replay=buffer.config, index=bank_config.index,
+                                run=to_dict(src.loop))
+        from memento.selector import write_qnet
+
+        save_json(config, tmp / CONFIG_NAME)
+        write_encoder_spec(tmp / ENCODER_NAME, spec)
+        write_qnet(tmp / QNET_NAME, learner)
+        learner.save(tmp / LEARNER_DIR)
+        buffer.save(tmp / REPLAY_DIR)
+        FeedbackLog.create(tmp / FEEDBACK_NAME).close()
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        manifest: dict[str, Any] = {
+            "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
+            "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
+            "source": _source_info(src, cases, learner.updates), "dim": dim, "learner_updates": learner.updates,
+            "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
+                     FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
+        }
+        atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
+                                                      updates=learner.updates, alpha=learner.alpha))
+        manifest["files"] = hash_files(listed_files(tmp))
+        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        fsync_tree(tmp)
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("exported selector %s -> %s (%d cases, dim %d, %d updates)", src.path, out, cases, dim,
+                learner.updates)
+    return out

@@ -1,0 +1,714 @@
+"""A loaded selector artifact: choose cases for a task, take feedback, keep learning, save again.
+
+Load one with :func:`memento.load_selector` (it verifies checksums, the format version and that the
+encoder, bank, Q-network and replay buffer agree on the dimension before anything is used)::
+
+    selector = memento.load_selector("checkpoints/selector", learn=True)
+    result = selector.select("What is the capital of Peru?", k=4)      # SelectionResult
+    selector.feedback(result.selection_id, reward=1.0)                 # recorded, then learned from
+    selector.add_case("What is the capital of Peru?", "Lima", reward=1.0)
+    selector.save()                                                    # atomically, in place
+
+**Selecting.** A text query is encoded with the artifact's encoder (loaded on first use; see
+``encoder.json``), a vector query is used as given (normalised). The bank returns the top-C cosine
+candidates (C = ``config.candidates``, at least k), optionally restricted to one ``env``, and the soft-Q
+policy picks k of them: ``mode="sample"`` draws without replacement from ``softmax(Q / alpha)``
+(Gumbel-top-k, with the exact Plackett-Luce probability of the ordered set), ``mode="greedy"`` takes the
+top k by Q (probabilities 1.0). Draws come from one ``numpy.random.Generator`` seeded with ``seed``: two
+selectors loaded with the same seed make the same choices for the same calls.
+
+**Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept in memory: at most
+``config.max_pending`` of them, each for ``config.pending_ttl_s`` seconds; an unknown, answered or expired
+id raises :class:`~memento.errors.UnknownSelectionError`), commits one row to ``feedback.sqlite`` and only
+then returns. The decision (state vector, chosen case vectors, propensities, reward) enters the replay
+buffer; with ``learn=True`` the soft-Q learner then takes ``config.updates_per_step`` gradient steps once
+``config.warmup`` decisions are in the buffer (the same learner and rule as the online loop), and the
+next selection uses the new weights. ``add_case`` commits the case to the bank's SQLite before it returns.
+
+**Restarts.** ``save()`` writes the Q-network, learner and replay state and a fresh manifest. Feedback
+recorded after the last save is replayed on load, in order, into the replay buffer, repeating the
+gradient steps it triggered, so a selector that crashed after acknowledging feedback comes back with the
+same counts (and, on the CPU, the same weights) as if it had saved just before the crash. Pending
+selections are not persisted: feedback for a selection made before a restart is refused.
+
+**Threads.** Every public method holds one re-entrant lock, so a selector can be shared by threads;
+calls run one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import numbers
+import os
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+
+from memento.artifact import (
+    BANK_DB,
+    BANK_DIR,
+    CARD_NAME,
+    CONFIG_NAME,
+    ENCODER_NAME,
+    FEEDBACK_NAME,
+    LEARNER_DIR,
+    MANIFEST_NAME,
+    QNET_FORMAT,
+    QNET_NAME,
+    REPLAY_DIR,
+    SELECTOR_FORMAT,
+    SELECTOR_FORMAT_VERSION,
+    STAGING_DIR,
+    EncoderSpec,
+    FeedbackLog,
+    FeedbackRow,
+    SelectorConfig,
+    bank_rows_digest,
+    checkpoint_sqlite,
+    commit_staged,
+    feedback_rows_digest,
+    fsync_tree,
+    hash_files,
+    library_versions,
+    listed_files,
+    model_card,
+    read_encoder_spec,
+    read_manifest,
+    recover,
+    verify_artifact,
+    write_encoder_spec,
+)
+from memento.config import load_json, save_json, to_dict
+from memento.errors import (
+    CheckpointError,
+    ConfigError,
+    DataFormatError,
+    DimensionError,
+    EncoderError,
+    MementoError,
+    UnknownSelectionError,
+)
+from memento.io import atomic_write, atomic_write_text
+from memento.memory import CaseBank
+from memento.types import Case
+
+if TYPE_CHECKING:
+    from memento.learner import SoftQLearner
+    from memento.replay import ReplayBuffer
+
+__all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "write_qnet"]
+
+logger = logging.getLogger(__name__)
+
+SelectionMode = Literal["sample", "greedy"]
+_MODES = ("sample", "greedy")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectionResult:
+    """What :meth:`Selector.select` chose.
+
+    - ``selection_id``: a uuid4 hex string; pass it to :meth:`Selector.feedback` with the reward;
+    - ``ids`` / ``cases``: the chosen cases in draw order (k of them, or fewer if fewer match);
+    - ``probs``: each case's first-draw probability under the policy (1.0 for greedy);
+    - ``set_prob``: the Plackett-Luce probability of drawing exactly this ordered set (1.0 for greedy);
+    - ``mode``: ``"sample"`` or ``"greedy"``; ``policy_version``: learner updates made before this choice.
+    """
+
+    selection_id: str
+    ids: tuple[str, ...]
+    cases: tuple[Case, ...]
+    probs: tuple[float, ...]
+    set_prob: float
+    mode: SelectionMode
+    policy_version: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``selection_id``, ``mode``, ``policy_version``, ``set_prob`` and
+        ``cases: [{id, state, action, reward, env, prob}]``."""
+        return {"selection_id": self.selection_id, "mode": self.mode, "policy_version": self.policy_version,
+                "set_prob": self.set_prob,
+                "cases": [{"id": case.id, "state": case.state, "action": case.action, "reward": case.reward,
+                           "env": case.env, "prob": prob} for case, prob in zip(self.cases, self.probs)]}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A selection waiting for its reward (in memory only)."""
+
+    state_D: np.ndarray
+    ids: list[str]
+    cases_KD: np.ndarray
+    probs: list[float]
+    set_prob: float
+    mode: str
+    policy_version: int
+    env: str | None
+    born: float
+
+
+def _reward(reward: Any) -> float:
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise DataFormatError(f"reward must be a finite number in [0, 1], got {reward!r}")
+    if not 0.0 <= float(reward) <= 1.0:
+        raise DataFormatError(f"reward must lie in [0, 1] (the soft-Q learner estimates P(success)), got {reward!r}")
+    return float(reward)
+
+
+class Selector:
+    """A selector artifact, loaded (see the module docstring). Build it with :meth:`load` or
+    :func:`memento.load_selector`; ``close()`` it (or use ``with``) when done."""
+
+    def __init__(self, *, path: Path, config: SelectorConfig, encoder_spec: EncoderSpec, manifest: dict[str, Any],
+                 bank: CaseBank, feedback_log: FeedbackLog, learner: SoftQLearner, buffer: ReplayBuffer,
+                 device: torch.device, learn: bool, seed: int, encoder: Any = None,
+                 encoder_device: str | None = None, hash_cache: dict[str, tuple[int, int, str]] | None = None):
+        from policies.soft_q import SoftQPolicy
+
+        self.path = path
+        self.config = config
+        self.encoder_spec = encoder_spec
+        self.device = device
+        self.learn = learn
+        self.seed = seed
+        self._manifest = manifest
+        self._bank = bank
+        self._feedback = feedback_log
+        self._learner = learner
+        self._buffer = buffer
+        self._encoder = encoder
+        self._encoder_device = encoder_device
+        self._hash_cache = hash_cache if hash_cache is not None else {}
+        self._policy = SoftQPolicy(learner.qnet, alpha=self.alpha)
+        self._rng = np.random.default_rng(seed)
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._lock = threading.RLock()
+        self._closed = False
+        self._expired = 0
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
+             seed: int = 0, verify: bool = True, encoder: Any = None) -> Selector:
+        """Load an artifact directory (see :func:`memento.load_selector`)."""
+        from memento.learner import SoftQLearner
+        from memento.replay import ReplayBuffer
+
+        path = Path(path)
+        if not isinstance(learn, bool):
+            raise ConfigError(f"load_selector: learn={learn!r}: must be true or false")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"load_selector: seed={seed!r}: must be an integer >= 0")
+        if encoder is not None and (not callable(getattr(encoder, "encode", None))
+                                    or not isinstance(getattr(encoder, "dim", None), int)):
+            raise ConfigError(f"load_selector: encoder={encoder!r} needs encode(texts) and an integer dim")
+        if path.is_dir() and (path / MANIFEST_NAME).exists():
+            recover(path)
+        cache: dict[str, tuple[int, int, str]] = {}
+        manifest = verify_artifact(path, cache=cache)["manifest"] if verify else read_manifest(path)
+        try:
+            config = load_json(SelectorConfig, path / CONFIG_NAME)
+        except ConfigError as error:
+            raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
+        spec = read_encoder_spec(path / ENCODER_NAME)
+        where = torch.device(device) if device is not None else torch.device("cpu")
+        learner = SoftQLearner.load(path / LEARNER_DIR, device=where)
+        buffer = ReplayBuffer.load(path / REPLAY_DIR, device=where)
+        qnet_config = to_dict(learner.qnet.config)
+        if qnet_config != to_dict(config.qnet):
+            raise CheckpointError(f"{path / LEARNER_DIR}: Q-network {qnet_config} differs from {CONFIG_NAME}'s "
+                                  f"{to_dict(config.qnet)}")
+        _check_qnet_file(path / QNET_NAME, learner)
+        dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
+                f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim}
+        if encoder is not None:
+            dims["the encoder passed in"] = int(encoder.dim)
+        _check_dims(path, dims)
+        if manifest.get("dim") != spec.dim:
+            raise DimensionError(f"{path / MANIFEST_NAME}: dim={manifest.get('dim')!r}, {ENCODER_NAME} "
+                                 f"dim={spec.dim}")
+        bank = CaseBank.open(path / BANK_DIR, use_gpu=False)
+        feedback_log: FeedbackLog | None = None
+        try:
+            dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank.dim
+            _check_dims(path, dims)
+            feedback_log = FeedbackLog.open(path / FEEDBACK_NAME)
+            selector = cls(path=path, config=config, encoder_spec=spec, manifest=manifest, bank=bank,
+                           feedback_log=feedback_log, learner=learner, buffer=buffer, device=where, learn=learn,
+                           seed=int(seed), encoder=encoder,
+                           encoder_device=None if device is None else str(device), hash_cache=cache)
+            selector._replay_unsaved_feedback()
+        except BaseException:
+            bank.close()
+            if feedback_log is not None:
+                feedback_log.close()
+            raise
+        logger.info("loaded selector %s: %d cases, %d feedback(s), %d learner update(s), learn=%s", path,
+                    len(bank), len(feedback_log), learner.updates, learn)
+        return selector
+
+    def _saved_rows(self, rel: str) -> int:
+        return int(self._manifest["live"][rel]["rows"])
+
+    def _replay_unsaved_feedback(self) -> None:
+        """Feed the rows recorded after the last save into the replay buffer (and learner) again, in order."""
+        saved = self._saved_rows(FEEDBACK_NAME)
+        replayed = 0
+        for row in self._feedback.rows(after=saved):
+            self._learn_from_row(row)
+            replayed += 1
+        if replayed:
+            logger.info("%s: replayed %d feedback(s) recorded after the last save (%d learner updates now)",
+                        self.path, replayed, self._learner.updates)
+
+    def _learn_from_row(self, row: FeedbackRow) -> None:
+        if not row.ids:
+            return
+        if row.state is None:
+            raise CheckpointError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq} has no state vector")
+        state_D = np.frombuffer(row.state, dtype=np.float32).copy()
+        if state_D.shape != (self.dim,):
+            raise DimensionError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq} has a state of shape "
+                                 f"{state_D.shape}, the selector has dim={self.dim}")
+        try:
+            cases_KD = self._bank.embeddings(row.ids)
+        except MementoError as error:
+            raise CheckpointError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq}: {error}") from None
+        self._learn(state_D, cases_KD, row.probs, row.reward, row.seq, row.policy_version, row.learned)
+
+    def _learn(self, state_D: np.ndarray, cases_KD: np.ndarray, probs: list[float], reward: float, seq: int,
+               version: int, learned: bool) -> None:
+        """One decision into the replay buffer (split into rows of at most k_max cases), then the updates."""
+        from memento.replay import Transition
+
+        k_max = self._buffer.config.k_max
+        tiny = np.finfo(np.float32).tiny
+        probs_K = np.maximum(np.asarray(probs, dtype=np.float64), tiny)
+        for start in range(0, len(cases_KD), k_max):
+            self._buffer.add(Transition(state_D=state_D, cases_KD=cases_KD[start:start + k_max], reward=reward,
+                                        propensity_K=probs_K[start:start + k_max], step=seq, policy_version=version))
+        if learned and self._buffer.added >= max(1, self.config.warmup):
+            for _ in range(self.config.updates_per_step):
+                self._learner.update(self._buffer.sample(self._learner.config.batch_size, self._learner.generator))
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dim(self) -> int:
+        return self.encoder_spec.dim
+
+    @property
+    def alpha(self) -> float:
+        """The temperature the policy uses now."""
+        return self.config.alpha if self.config.alpha is not None else self._learner.alpha
+
+    @property
+    def bank(self) -> CaseBank:
+        """The case bank (read it; write through :meth:`add_case`)."""
+        return self._bank
+
+    @property
+    def learner(self) -> SoftQLearner:
+        return self._learner
+
+    @property
+    def replay(self) -> ReplayBuffer:
+        return self._buffer
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest of the last save (or of the loaded artifact)."""
+        return self._manifest
+
+    @property
+    def policy_version(self) -> int:
+        """Learner updates done so far."""
+        return self._learner.updates
+
+    def __enter__(self) -> Selector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Selector({str(self.path)!r}, cases={len(self._bank)}, dim={self.dim}, "
+                f"updates={self._learner.updates}, learn={self.learn})")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MementoError(f"{self.path}: selector is closed")
+
+    # ------------------------------------------------------------------ encoding
+
+    def encoder(self) -> Any:
+        """The text encoder (loaded on first use from ``encoder.json``)."""
+        with self._lock:
+            if self._encoder is None:
+                spec = self.encoder_spec
+                if spec.kind == "none":
+                    raise EncoderError(f"{self.path}: this selector stores no text encoder ({ENCODER_NAME}: kind "
+                                       f"'none', trained with {spec.description or 'a custom encoder'}); pass a "
+                                       f"{spec.dim}-d vector, or load_selector(..., encoder=...)")
+                from memento.encoders import Encoder
+
+                encoder = Encoder.from_config(spec.encoder_config(), device=self._encoder_device)
+                if encoder.dim != spec.dim:
+                    raise DimensionError(f"{self.path / ENCODER_NAME}: dim={spec.dim}, but encoder "
+                                         f"{encoder.model_id} gives dim={encoder.dim}")
+                if spec.fingerprint and spec.fingerprint != encoder.describe().get("fingerprint"):
+                    logger.info("%s: encoder %s has another fingerprint than at training time (other files or "
+                                "install)", self.path, encoder.model_id)
+                self._encoder = encoder
+            return self._encoder
+
+    def _state(self, query: Any, what: str = "query") -> np.ndarray:
+        """A query text or vector as a unit float32 vector ``[D]``."""
+        if isinstance(query, str):
+            if not query.strip():
+                raise DataFormatError(f"{what} text is empty")
+            vec = np.asarray(self.encoder().encode([query]), dtype=np.float32).reshape(-1)
+        elif isinstance(query, (np.ndarray, list, tuple, torch.Tensor)):
+            if isinstance(query, torch.Tensor):
+                query = query.detach().cpu().numpy()
+            vec = np.asarray(query)
+            if vec.dtype == object or not np.issubdtype(vec.dtype, np.number) or np.issubdtype(vec.dtype,
+                                                                                                np.complexfloating):
+                raise DataFormatError(f"{what} vector must hold real numbers, got dtype {vec.dtype}")
+            vec = vec.astype(np.float32)
+        else:
+            raise DataFormatError(f"{what} must be a text or a vector, got {type(query).__name__}")
+        if vec.shape != (self.dim,):
+            raise DimensionError(f"{what} vector has shape {vec.shape}, this selector expects ({self.dim},)")
+        if not np.isfinite(vec).all():
+            raise DataFormatError(f"{what} vector contains NaN or inf")
+        norm = float(np.linalg.norm(vec))
+        if norm == 0.0:
+            raise DataFormatError(f"{what} vector has zero norm")
+        return np.ascontiguousarray(vec / norm, dtype=np.float32)
+
+    # ------------------------------------------------------------------ select / feedback
+
+    def select(self, query: str | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
+               env: str | None = None) -> SelectionResult:
+        """Choose ``k`` cases for a task text or state vector (see the module docstring)."""
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+            raise DataFormatError(f"k must be a positive integer, got {k!r}")
+        if mode not in _MODES:
+            raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
+        if env is not None and (not isinstance(env, str) or not env.strip()):
+            raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
+        k = int(k)
+        with self._lock:
+            self._check_open()
+            state_D = self._state(query)
+            candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
+            version = self._learner.updates
+            if len(candidates) == 0:
+                ids: list[str] = []
+                probs: list[float] = []
+                set_prob = 1.0
+                cases_KD = np.zeros((0, self.dim), dtype=np.float32)
+            else:
+                self._policy.alpha = self.alpha
+                selection = self._policy.select(state_D, candidates, k, rng=self._rng, greedy=mode == "greedy")
+                ids = list(selection.ids)
+                probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
+                set_prob = float(selection.set_prob)
+                cases_KD = candidates.embeddings_CD[selection.positions_K]
+            cases = tuple(self._bank.get(ids)) if ids else ()
+            selection_id = uuid.uuid4().hex
+            self._purge_expired()
+            self._pending[selection_id] = _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
+                                                   set_prob=set_prob, mode=mode, policy_version=version, env=env,
+                                                   born=time.monotonic())
+            while len(self._pending) > self.config.max_pending:
+                self._pending.popitem(last=False)
+                self._expired += 1
+            return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
+                                   set_prob=set_prob, mode=mode, policy_version=version)
+
+    def _purge_expired(self) -> None:
+        ttl = self.config.pending_ttl_s
+        if ttl is None:
+            return
+        now = time.monotonic()
+        while self._pending:
+            first = next(iter(self._pending.values()))
+            if now - first.born <= ttl:
+                break
+            self._pending.popitem(last=False)
+            self._expired += 1
+
+    def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
+        """Record the reward of a selection (committed before this returns) and learn from it when ``learn``.
+
+        Returns ``{"selection_id", "reward", "recorded": True, "updates"}`` (``updates``: learner updates
+        done so far). Raises ``UnknownSelectionError`` for an unknown, already answered or expired id and
+        ``DataFormatError`` for a reward outside [0, 1].
+        """
+        reward = _reward(reward)
+        if not isinstance(selection_id, str) or not selection_id:
+            raise UnknownSelectionError(f"unknown selection id {selection_id!r}")
+        with self._lock:
+            self._check_open()
+            self._purge_expired()
+            pending = self._pending.pop(selection_id, None)
+            if pending is None:
+                raise UnknownSelectionError(f"unknown selection id {selection_id!r}: never issued by this selector "
+                                            "(since it was loaded), already answered, or expired")
+            try:
+                seq = self._feedback.append(selection_id=selection_id, reward=reward, mode=pending.mode,
+                                            policy_version=pending.policy_version, env=pending.env, ids=pending.ids,
+                                            probs=pending.probs, set_prob=pending.set_prob, learned=self.learn,
+                                            state=pending.state_D.tobytes())
+            except BaseException:
+                self._pending[selection_id] = pending  # not recorded: the caller may retry
+                raise
+            if pending.ids:
+                self._learn(pending.state_D, pending.cases_KD, pending.probs, reward, seq, pending.policy_version,
+                            self.learn)
+            return {"selection_id": selection_id, "reward": reward, "recorded": True,
+                    "updates": int(self._learner.updates)}
+
+    # ------------------------------------------------------------------ cases
+
+    def add_case(self, state: str, action: str, reward: float, env: str | None = None,
+                 meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None) -> str:
+        """Add a case to the bank (committed before this returns); returns its id.
+
+        ``state`` is encoded with the artifact's encoder unless ``embedding`` (``[D]``) is given. A case
+        whose (state, action, env) is already stored is not added again: the stored id is returned.
+        """
+        reward = _reward(reward)
+        case = Case(state=state, action=action, reward=reward, env=env, meta={} if meta is None else meta)
+        with self._lock:
+            self._check_open()
+            state_D = self._state(state if embedding is None else embedding, "case state")
+            return self._bank.add([case], state_D[None, :])[0]
+
+    def get_case(self, case_id: str) -> Case:
+        """The stored case; an unknown id raises ``UnknownCaseError``."""
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        with self._lock:
+            self._check_open()
+            return self._bank.get(case_id)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and settings: cases, feedbacks, updates, pending selections, dim, learn, and more."""
+        with self._lock:
+            self._check_open()
+            self._purge_expired()
+            spec = self.encoder_spec
+            return {
+                "path": str(self.path), "cases": len(self._bank), "feedbacks": len(self._feedback),
+                "updates": int(self._learner.updates), "pending": len(self._pending),
+                "expired": self._expired, "dim": self.dim, "learn": self.learn,
+                "k": self.config.k, "candidates": self.config.candidates, "alpha": self.alpha,
+                "replay": len(self._buffer), "replay_added": self._buffer.added,
+                "cases_since_save": len(self._bank) - self._saved_rows(BANK_DB),
+                "feedbacks_since_save": len(self._feedback) - self._saved_rows(FEEDBACK_NAME),
+                "saves": int(self._manifest.get("saves", 1)), "saved": self._manifest.get("saved"),
+                "device": str(self.device), "index": self.config.index.factory, "qnet": self.config.qnet.arch,
+                "encoder": None if spec.kind == "none" else (spec.model_id or spec.model),
+                "format_version": SELECTOR_FORMAT_VERSION,
+            }
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the artifact: Q-network, learner and replay state, model card and a fresh manifest.
+
+        ``None`` (or the artifact's own path) saves in place, crash-safely (see :mod:`memento.artifact`);
+        another path writes a complete copy there (it must not exist, or be an empty directory) and this
+        selector keeps working on its own directory. Returns the path written.
+        """
+        with self._lock:
+            self._check_open()
+            if path is None or (Path(path).exists() and Path(path).resolve() == self.path.resolve()):
+                self._save_in_place()
+                return self.path
+            return self._save_copy(Path(path))
+
+    def _write_state(self, directory: Path) -> None:
+        """config.json, encoder.json, qnet.safetensors, learner/ and replay/ into ``directory``."""
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        save_json(self.config, directory / CONFIG_NAME)
+        write_encoder_spec(directory / ENCODER_NAME, self.encoder_spec)
+        write_qnet(directory / QNET_NAME, self._learner, save_file)
+        self._learner.save(directory / LEARNER_DIR)
+        self._buffer.save(directory / REPLAY_DIR)
+
+    def _live_entries(self, bank_db: sqlite3.Connection | Path, feedback_db: sqlite3.Connection | Path
+                      ) -> dict[str, dict[str, Any]]:
+        """Row counts and digests of the live files, extending the last save's digests over new rows."""
+        previous = self._manifest["live"]
+        n_cases, n_feedback = len(self._bank), len(self._feedback)
+        old_cases, old_feedback = previous[BANK_DB], previous[FEEDBACK_NAME]
+        return {
+            BANK_DB: {"rows": n_cases, "digest": bank_rows_digest(bank_db, n_cases, start=old_cases["rows"],
+                                                                  previous=old_cases["digest"])},
+            FEEDBACK_NAME: {"rows": n_feedback,
+                            "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],
+                                                           previous=old_feedback["digest"])},
+        }
+
+    def _new_manifest(self, files: dict[str, dict[str, Any]], live: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        manifest = {key: value for key, value in self._manifest.items() if key not in ("files", "live")}
+        manifest.update({"format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION,
+                         "versions": library_versions(), "saved": _now_iso(), "saved_unix": time.time(),
+                         "saves": int(self._manifest.get("saves", 1)) + 1, "dim": self.dim,
+                         "learner_updates": int(self._learner.updates), "files": files, "live": live})
+        return manifest
+
+    def _card(self, root: Path, manifest: dict[str, Any]) -> str:
+        return model_card(root, manifest, self.config, self.encoder_spec, cases=len(self._bank),
+                          feedbacks=len(self._feedback), updates=int(self._learner.updates), alpha=self.alpha)
+
+    def _save_in_place(self) -> None:
+        root = self.path
+        stage = root / STAGING_DIR
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.mkdir()
+        self._write_state(stage)
+        self._bank.flush()
+        checkpoint_sqlite(root / BANK_DB)
+        self._feedback.checkpoint()
+        live = self._live_entries(root / BANK_DB, self._feedback.connection)
+        draft = self._new_manifest({}, live)
+        atomic_write_text(stage / CARD_NAME, self._card(root, draft))
+        files = listed_files(root)
+        files.update(listed_files(stage))
+        manifest = self._new_manifest(hash_files(files, self._hash_cache), live)
+        atomic_write_text(stage / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        commit_staged(root)
+        self._manifest = manifest
+        logger.info("saved selector %s (%d cases, %d feedbacks, %d updates)", root, live[BANK_DB]["rows"],
+                    live[FEEDBACK_NAME]["rows"], self._learner.updates)
+
+    def _save_copy(self, target: Path) -> Path:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
+                                  "artifact there (save() without a path saves in place)")
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        try:
+            self._write_state(tmp)
+            self._bank.flush()
+            (tmp / BANK_DIR).mkdir()
+            _sqlite_copy(self.path / BANK_DB, tmp / BANK_DB)
+            for name in ("index.faiss", "index.json"):
+                if (self.path / BANK_DIR / name).is_file():
+                    shutil.copy2(self.path / BANK_DIR / name, tmp / BANK_DIR / name)
+            _sqlite_copy(self.path / FEEDBACK_NAME, tmp / FEEDBACK_NAME)
+            live = self._live_entries(tmp / BANK_DB, tmp / FEEDBACK_NAME)
+            draft = self._new_manifest({}, live)
+            atomic_write_text(tmp / CARD_NAME, self._card(target, draft))
+            manifest = self._new_manifest(hash_files(listed_files(tmp)), live)
+            atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            fsync_tree(tmp)
+            if target.exists():
+                target.rmdir()
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        logger.info("saved a copy of selector %s to %s", self.path, target)
+        return target
+
+    def close(self) -> None:
+        """Flush the bank's index and close the files. Does not save (call :meth:`save`). Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending.clear()
+            try:
+                self._bank.close()
+            finally:
+                self._feedback.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _check_dims(path: Path, dims: dict[str, int]) -> None:
+    if len(set(dims.values())) > 1:
+        listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
+        raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
+
+
+def write_qnet(path: Path, learner: SoftQLearner, save_file: Any = None) -> None:
+    """``qnet.safetensors``: the online Q-network's tensors, with its QNetConfig in the metadata."""
+    if save_file is None:
+        from safetensors.torch import save_file
+    tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
+    metadata = {"format": QNET_FORMAT, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
+    """qnet.safetensors must hold the learner's Q-network (same config, same tensors)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            header = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as error:  # safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    if header.get("format") != QNET_FORMAT:
+        raise CheckpointError(f"{path}: not a memento Q-network file")
+    try:
+        config = json.loads(header.get("qnet_config", ""))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+    if config != to_dict(learner.qnet.config):
+        raise CheckpointError(f"{path}: Q-network {config} differs from the learner's {to_dict(learner.qnet.config)}")
+    state = learner.qnet.state_dict()
+    if set(tensors) != set(state):
+        raise CheckpointError(f"{path}: tensors {sorted(tensors)} differ from the Q-network's {sorted(state)}")
+    for name, value in state.items():
+        if tuple(tensors[name].shape) != tuple(value.shape):
+            raise DimensionError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, the learner's "
+                                 f"{tuple(value.shape)}")
+        if not torch.equal(tensors[name], value.detach().to("cpu")):
+            raise CheckpointError(f"{path}: {name} differs from the learner's Q-network ({LEARNER_DIR}/)")
+
+
+def _sqlite_copy(src: Path, dst: Path) -> None:
+    """A consistent copy of a SQLite file (the backup API; WAL content included)."""
+    source = sqlite3.connect(src, timeout=30.0)
+    target = sqlite3.connect(dst)
+    try:
+        source.backup(target)
+        target.execute("PRAGMA journal_mode=WAL")
+    finally:
+        target.close()
+        source.close()
+
