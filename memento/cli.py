@@ -195,10 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
     _add_demo_parser(commands)
     _add_online_parser(commands)
+    _add_export_parsers(commands)
     _add_serve_parsers(commands)
     from training.simcse_cli import add_parser as add_train_encoder_parser  # argparse only: no torch, no Lightning
 
     add_train_encoder_parser(commands)
+    from training.cli import add_train_parser  # argparse only: Lightning is imported when a run starts
+
+    add_train_parser(commands)
     return parser
 
 
@@ -375,6 +379,75 @@ def _cmd_online(args: argparse.Namespace) -> int:
                                 progress=not args.no_progress and sys.stderr.isatty())
     print(comparison_table(comparison))
     print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
+    return EXIT_OK
+
+
+_EXPORT_DESCRIPTION = """\
+Export the selector a soft-Q run trained as a self-describing directory that any Python process can
+load (memento.load_selector), `memento serve` serves over HTTP and `memento mcp` as MCP tools.
+
+SRC is a run directory (e.g. checkpoints/demo/soft_q), a comparison directory holding a soft_q run
+(e.g. checkpoints/demo, what `make demo` writes), one checkpoint directory of a run, or an exported
+selector (copied with a fresh manifest). From a run, its newest complete checkpoint gives the
+Q-network, learner and replay state, and the case bank is copied as it was at that checkpoint.
+
+OUT gets: manifest.json (format version, library versions, sha256 of every file, the source run),
+config.json (selector, Q-network, learner, replay and index configs; the run's full config),
+encoder.json, qnet.safetensors, learner/, replay/, bank/ (cases.sqlite + index.faiss),
+feedback.sqlite (empty) and a README.md model card with the run's success rates.
+OUT is assembled beside itself and renamed into place when complete."""
+
+_VERIFY_DESCRIPTION = """\
+Check an exported selector without loading it: every file against the sha256 and size in its
+manifest, the format versions, and that the encoder, bank, Q-network and replay buffer agree on the
+embedding dimension. Cases and feedback appended since the last save are accepted when the saved
+rows are intact. Prints a summary (or JSON); a damaged artifact prints one line naming the file and
+exits 2."""
+
+
+def _add_export_parsers(commands: Any) -> None:
+    export = commands.add_parser("export", help="export a trained soft-Q selector as a directory (see serve, mcp)",
+                                 description=_EXPORT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("source", metavar="SRC", help="run, comparison or checkpoint directory (or a selector)")
+    export.add_argument("out", metavar="OUT", help="the selector directory to write")
+    export.add_argument("--force", action="store_true",
+                        help="replace OUT if it is already an exported selector (anything else is never replaced)")
+    verify = commands.add_parser("verify", help="check an exported selector's checksums and dimensions",
+                                 description=_VERIFY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verify.add_argument("dir", metavar="DIR", help="the exported selector directory")
+    verify.add_argument("--json", action="store_true", help="print the report (with the manifest) as JSON")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from memento.export import export_selector, verify
+
+    out = export_selector(args.source, args.out, overwrite=args.force)
+    report = verify(out)
+    manifest = report["manifest"]
+    source = manifest.get("source") or {}
+    summary = source.get("summary") or {}
+    trained = (f"trained {source.get('step')} step(s), success rate {summary['success_rate']:.3f}"
+               if summary.get("success_rate") is not None else "")
+    print(f"exported {args.source} -> {out}: {report['cases']} case(s), dim {report['dim']}, "
+          f"{manifest.get('learner_updates')} learner update(s)" + (f"; {trained}" if trained else ""))
+    print(f"load it:   python -c \"import memento; print(memento.load_selector({str(out)!r}).select('...', k=4))\"")
+    print(f"serve it:  memento serve {out}    (or: memento mcp {out})")
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from memento.export import verify
+
+    report = verify(args.dir)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return EXIT_OK
+    manifest = report["manifest"]
+    print(f"{args.dir}: ok ({report['files']} files match the manifest; format {manifest['format']} "
+          f"v{manifest['format_version']}, dim {report['dim']})")
+    print(f"  {report['cases']} case(s), {report['feedbacks']} feedback(s); since the last save "
+          f"({manifest.get('saved')}): +{report['cases_since_save']} case(s), "
+          f"+{report['feedbacks_since_save']} feedback(s)")
     return EXIT_OK
 
 
@@ -665,10 +738,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_online(args)
         if args.command == "demo":
             return _cmd_demo(args, parser)
+        if args.command == "train":
+            from training.cli import run_train
+
+            return run_train(args)
         if args.command == "train-encoder":
             from training.simcse_cli import run as run_train_encoder
 
             return run_train_encoder(args)
+        if args.command == "export":
+            return _cmd_export(args)
+        if args.command == "verify":
+            return _cmd_verify(args)
         if args.command == "serve":
             return _cmd_serve(args)
         if args.command == "mcp":
