@@ -1,0 +1,341 @@
+"""``memento train``: offline Q-network training with Lightning (the parser and the handler).
+
+``memento.cli`` calls :func:`add_train_parser` while it builds its parser and :func:`run_train`
+for the command; this module imports only the standard library and ``memento``/``training.config``
+at module level (Lightning is imported when a run starts).
+
+The run configuration is built in three layers: the defaults of :class:`~training.config.TrainConfig`,
+then ``--config FILE`` (a TrainConfig JSON, ``qnet.dim`` may be left out), then each flag given on
+the command line. ``--resume`` takes the run's own ``config.json`` as the base instead and allows
+only trainer flags (more epochs, other devices...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+from memento.errors import ConfigError
+
+__all__ = ["add_train_parser", "build_train_config", "run_train"]
+
+_DESCRIPTION = """\
+Train a case selector's Q-network offline from logged (state, case, reward) data, with a
+PyTorch Lightning Trainer (CPU, one GPU, or many GPUs and nodes with --strategy ddp).
+Texts are encoded once with the cached encoder; train/validation is split by state.
+
+data (exactly one source):
+  --from-log RUN_DIR|steps.jsonl      an online-loop transition log (case texts from RUN_DIR/bank
+                                      or --bank DIR)
+  --from-memento PAIRS --memory MEM   Memento retriever pairs {"query","case","plan","truth_label"}
+                                      with the case memory {"case","plan","case_label"} they use
+  --cases CASES --rewards REWARDS     a Case JSONL bank plus a rewards JSONL file, one line per
+                                      observation: {"state","case_id","reward","propensity"?}
+
+The run directory --out gets config.json (the full TrainConfig), data.json (label statistics),
+tb/ (TensorBoard: train/val loss, AUC, calibration error, hit@K per state), checkpoints/
+(last.ckpt, best-*.ckpt) and selector/: the best checkpoint as SoftQLearner.save writes it,
+which the online loop and the export step load. Mixed-label statistics are printed with a
+warning when few states have both rewarded and unrewarded cases."""
+
+
+def add_train_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``train`` subcommand to ``commands`` (an ``add_subparsers()`` result)."""
+    from memento.config import AlphaSchedule, ImportanceWeights, QNetArch, TDLoss
+    from training.config import Accelerator, Precision
+
+    p = commands.add_parser("train", help="train a Q-network offline from logs or labelled pairs (Lightning)",
+                            description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="a TrainConfig JSON file (qnet.dim may be left out); flags override it")
+    p.add_argument("--out", required=True, metavar="DIR", help="run directory (created)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from checkpoints/last.ckpt (its config.json is the base; only "
+                        "trainer flags may change)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the Q-network initialisation, the dropout masks, the batch order and the split "
+                        "(default: 0)")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch.set_num_threads for this process (default: 0, torch's default)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    data = p.add_argument_group("data")
+    data.add_argument("--from-log", metavar="PATH", default=None,
+                      help="online-loop run directory or its steps.jsonl transition log")
+    data.add_argument("--bank", metavar="DIR", default=None,
+                      help="the case bank the log's case ids refer to (default: bank/ beside steps.jsonl)")
+    data.add_argument("--from-memento", metavar="FILE", default=None,
+                      help="Memento retriever training pairs (training_data.jsonl); label: truth_label")
+    data.add_argument("--memory", metavar="FILE", default=None,
+                      help="the Memento case memory the pairs refer to (memory.jsonl); needed with --from-memento")
+    data.add_argument("--cases", metavar="FILE", default=None, help="Case JSONL bank (every case with an id)")
+    data.add_argument("--rewards", metavar="FILE", default=None,
+                      help='rewards JSONL {"state", "case_id", "reward", "propensity"?}; needed with --cases')
+    data.add_argument("--val-fraction", type=float, default=None,
+                      help="share of the states held out for validation (default: 0.2)")
+    data.add_argument("--label-threshold", type=float, default=None,
+                      help="reward from which a (state, case) pair counts as rewarded (default: 0.5)")
+    data.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default: 0)")
+    data.add_argument("--encoder", metavar="PATH", default=None,
+                      help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    data.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
+                      help="encoder pooling (default: avg)")
+    data.add_argument("--max-length", type=int, default=None, help="encoder token limit per text (default: 256)")
+
+    net = p.add_argument_group("Q-network")
+    net.add_argument("--arch", choices=list(get_args(QNetArch)), default=None, help="architecture (default: mlp)")
+    net.add_argument("--hidden", type=int, default=None, help="hidden width (default: 512)")
+    net.add_argument("--n-layers", type=int, default=None, help="hidden layers (default: 1)")
+    net.add_argument("--dropout", type=float, default=None, help="dropout (default: 0.1)")
+    net.add_argument("--embed-dim", type=int, default=None, help="two_tower output width (default: 128)")
+
+    learn = p.add_argument_group("learner (the online learner's settings)")
+    learn.add_argument("--batch-size", type=int, default=None, help="decisions per batch (default: 256)")
+    learn.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: 0.001)")
+    learn.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (default: 0.01)")
+    learn.add_argument("--max-grad-norm", type=float, default=None, help="gradient-norm clip (default: 10)")
+    learn.add_argument("--gamma", type=float, default=None,
+                       help="0: single-step BCE (default); > 0: soft TD (logs with next states only)")
+    learn.add_argument("--td-loss", choices=list(get_args(TDLoss)), default=None, help="soft-TD loss (default: huber)")
+    learn.add_argument("--alpha", type=float, default=None, help="soft-max temperature (default: 1.0)")
+    learn.add_argument("--alpha-schedule", choices=list(get_args(AlphaSchedule)), default=None,
+                       help="temperature schedule (default: fixed)")
+    learn.add_argument("--target-every", type=int, default=None, help="updates between Polyak steps (default: 1)")
+    learn.add_argument("--target-beta", type=float, default=None, help="Polyak beta (default: 0.995)")
+    learn.add_argument("--importance-weights", choices=list(get_args(ImportanceWeights)), default=None,
+                       help="weight pairs by capped inverse logged propensity (default: none)")
+
+    tr = p.add_argument_group("trainer (Lightning)")
+    tr.add_argument("--max-epochs", type=int, default=None, help="epochs at most (default: 20)")
+    tr.add_argument("--max-steps", type=int, default=None, help="optimiser steps at most (default: -1, no limit)")
+    tr.add_argument("--patience", type=int, default=None,
+                    help="early stopping: validation epochs without improvement (default: 5; 0: off)")
+    tr.add_argument("--accelerator", choices=list(get_args(Accelerator)), default=None,
+                    help="Lightning accelerator (default: auto: a GPU when present)")
+    tr.add_argument("--devices", default=None, help="auto, a count, -1 (all) or a list like 0,1 (default: auto)")
+    tr.add_argument("--num-nodes", type=int, default=None, help="machines for multi-node DDP (default: 1)")
+    tr.add_argument("--strategy", default=None, help="auto, ddp, ddp_spawn, fsdp, ... (default: auto)")
+    tr.add_argument("--precision", choices=list(get_args(Precision)), default=None,
+                    help="default auto: bf16-mixed on a CUDA GPU, 32-true on the CPU")
+    tr.add_argument("--log-every-n-steps", type=int, default=None, help="TensorBoard step scalars (default: 10)")
+    tr.add_argument("--hit-k", type=int, nargs="+", default=None, help="K of the hit@K metrics (default: 1 4)")
+    return p
+
+
+_SOURCE_FLAGS = {"from_log": ("log", "log"), "from_memento": ("memento", "memento_pairs"),
+                 "cases": ("cases", "cases")}
+_SOURCE_FIELDS = ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards")
+_FLAG_FIELDS = {  # argparse dest -> (section, field)
+    "bank": ("data", "bank"), "memory": ("data", "memento_memory"), "rewards": ("data", "rewards"),
+    "val_fraction": ("data", "val_fraction"), "label_threshold": ("data", "label_threshold"),
+    "num_workers": ("data", "num_workers"),
+    "arch": ("qnet", "arch"), "hidden": ("qnet", "hidden"), "n_layers": ("qnet", "n_layers"),
+    "dropout": ("qnet", "dropout"), "embed_dim": ("qnet", "embed_dim"),
+    "batch_size": ("learner", "batch_size"), "lr": ("learner", "lr"), "weight_decay": ("learner", "weight_decay"),
+    "max_grad_norm": ("learner", "max_grad_norm"), "gamma": ("learner", "gamma"), "td_loss": ("learner", "td_loss"),
+    "alpha": ("learner", "alpha"), "alpha_schedule": ("learner", "alpha_schedule"),
+    "target_every": ("learner", "target_every"), "target_beta": ("learner", "target_beta"),
+    "importance_weights": ("learner", "importance_weights"),
+    "max_epochs": ("trainer", "max_epochs"), "max_steps": ("trainer", "max_steps"),
+    "patience": ("trainer", "patience"), "accelerator": ("trainer", "accelerator"),
+    "devices": ("trainer", "devices"), "num_nodes": ("trainer", "num_nodes"), "strategy": ("trainer", "strategy"),
+    "precision": ("trainer", "precision"), "log_every_n_steps": ("trainer", "log_every_n_steps"),
+    "hit_k": ("trainer", "hit_k"),
+}
+_ENCODER_FLAGS = {"encoder": "model", "pooling": "pooling", "max_length": "max_length"}
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (IsADirectoryError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: not a JSON config file ({error})") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object (a TrainConfig)")
+    return data
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    section = raw.setdefault(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"TrainConfig.{name}={section!r}: expected an object")
+    return section
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The flags given on the command line, as ``{section: {field: value}}`` (``data.encoder`` nested)."""
+    out: dict[str, dict[str, Any]] = {"data": {}, "qnet": {}, "learner": {}, "trainer": {}}
+    sources = [flag for flag in _SOURCE_FLAGS if getattr(args, flag) is not None]
+    if len(sources) > 1:
+        names = " and ".join("--" + s.replace("_", "-") for s in sources)
+        raise ConfigError(f"{names}: give one data source")
+    if sources:
+        source, field = _SOURCE_FLAGS[sources[0]]
+        out["data"].update({name: None for name in _SOURCE_FIELDS})
+        out["data"].update({"source": source, field: getattr(args, sources[0])})
+    for dest, (section, field) in _FLAG_FIELDS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            out[section][field] = value
+    if args.no_progress:
+        out["trainer"]["progress_bar"] = False
+    if args.seed is not None:
+        out["qnet"]["seed"] = out["learner"]["seed"] = out["data"]["split_seed"] = args.seed
+    encoder = {field: getattr(args, dest) for dest, field in _ENCODER_FLAGS.items() if getattr(args, dest) is not None}
+    if encoder:
+        out["data"]["encoder"] = encoder
+    return {section: fields for section, fields in out.items() if fields}
+
+
+def _merge(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    raw = copy.deepcopy(raw)
+    for section, fields in overrides.items():
+        target = _section(raw, section)
+        for field, value in fields.items():
+            if field == "encoder":
+                enc = target.setdefault("encoder", {})
+                if not isinstance(enc, dict):
+                    raise ConfigError(f"TrainConfig.data.encoder={enc!r}: expected an object")
+                enc.update(value)
+            elif value is None:
+                target.pop(field, None)
+            else:
+                target[field] = value
+    return raw
+
+
+def _check_pairs(raw: dict[str, Any]) -> None:
+    data = raw.get("data", {})
+    source = data.get("source")
+    if source is None:
+        raise ConfigError("no training data: give --from-log PATH, --from-memento PAIRS --memory MEMORY, or "
+                          "--cases CASES --rewards REWARDS (or a --config file with a data section)")
+    if source == "memento" and not data.get("memento_memory"):
+        raise ConfigError("--from-memento needs --memory FILE (the case memory the pairs refer to)")
+    if source == "cases" and not data.get("rewards"):
+        raise ConfigError("--cases needs --rewards FILE (JSONL {\"state\", \"case_id\", \"reward\"})")
+    for flag, field, needs in (("--memory", "memento_memory", "memento"), ("--rewards", "rewards", "cases"),
+                               ("--bank", "bank", "log")):
+        if data.get(field) is not None and source != needs:
+            raise ConfigError(f"{flag} goes with --{'from-' if needs != 'cases' else ''}{needs} "
+                              f"(this run's data source is {source!r})")
+
+
+def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> Any:
+    """The :class:`~training.config.TrainConfig` of the command line (``dim``: the encoder's, when loaded)."""
+    from memento.config import to_dict
+    from training.config import RESUMABLE_CHANGES, train_config_from_dict
+
+    overrides = _overrides(args)
+    out = Path(args.out)
+    if args.resume:
+        if args.config is not None:
+            raise ConfigError("--resume continues with the run's own config.json; do not pass --config")
+        base = _read_json_object(out / "config.json")
+        before = train_config_from_dict(base)
+        after = train_config_from_dict(_merge(base, overrides))
+        changed = [section for section in ("data", "qnet", "learner")
+                   if to_dict(getattr(before, section)) != to_dict(getattr(after, section))]
+        if changed:
+            raise ConfigError(f"--resume: the {', '.join(changed)} settings differ from {out / 'config.json'}; a "
+                              f"resumed run may change only trainer settings ({', '.join(RESUMABLE_CHANGES)})")
+    else:
+        base = _read_json_object(Path(args.config)) if args.config is not None else {}
+    raw = _merge(base, overrides)
+    _check_pairs(raw)
+    provisional = dim if dim is not None else raw.get("qnet", {}).get("dim", 1)
+    return train_config_from_dict(raw, dim=provisional)
+
+
+def _quiet_lightning(verbose: bool) -> None:
+    if not verbose:  # Lightning's rank-zero info lines (GPU available: ..., tips) are noise at the CLI
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+        logging.getLogger("lightning.fabric.utilities.rank_zero").setLevel(logging.WARNING)
+
+
+def _print_stats(stats: dict[str, Any]) -> None:
+    from training.data import label_warning
+
+    a = stats["all"]
+    print(f"data ({stats['source']}): {a['rows']} decisions, {a['pairs']} (state, case) pairs, {a['states']} states; "
+          f"train {stats['train']['states']} states / validation {stats['val']['states']} states")
+    print(f"labels: {a['mixed']} states with mixed labels, {a['all_rewarded']} all rewarded, "
+          f"{a['all_unrewarded']} all unrewarded")
+    notes = stats.get("notes", {})
+    if notes.get("cases_not_in_memory"):
+        print(f"note: {notes['cases_not_in_memory']} cases of the pairs are not in the memory file "
+              "(encoded from the pairs' text)")
+    if notes.get("records_without_selection"):
+        print(f"note: {notes['records_without_selection']} log records chose no case and were skipped")
+    warning = label_warning(a)
+    if warning:
+        print(f"memento: warning: {warning}", file=sys.stderr)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """The ``memento train`` command; returns the exit status (errors are raised as ``MementoError``)."""
+    config = build_train_config(args)  # every cheap check before the encoder is loaded
+    out = Path(args.out)
+    if not args.resume and (out / "config.json").exists():
+        raise ConfigError(f"{out}: already holds a training run; pass --resume or choose another --out")
+    if args.torch_threads < 0:
+        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+    from training.data import check_inputs
+
+    check_inputs(config.data)
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
+    _quiet_lightning(getattr(args, "verbose", 0) > 0)
+    encoder = _load_encoder(config.data.encoder)
+    config = build_train_config(args, dim=encoder.dim)
+    from training.data import QDataModule
+
+    dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, seed=config.learner.seed,
+                     gamma=config.learner.gamma)
+    dm.prepare_data()
+    dm.setup("fit")
+    _print_stats(dm.stats())
+    from training.run import train_q
+
+    summary = train_q(config, out, encoder=encoder, data=dm.data, resume=args.resume)
+    m = summary["metrics"]
+
+    def fmt(name: str) -> str:
+        return f"{m[name]:.3f}" if name in m else "n/a"
+
+    print(f"trained {summary['global_step']} steps, {summary['epochs']} epochs on {summary['device']} "
+          f"({summary['precision']}) in {summary['fit_s']:.1f} s")
+    line = f"best checkpoint {summary['best_checkpoint']}: val loss {fmt('val/loss')}, held-out AUC {fmt('val/auc')}"
+    if "val/ece" in m:
+        line += f", calibration error {fmt('val/ece')}"
+    print(line)
+    hits = [k for k in config.trainer.hit_k if f"val/hit@{k}" in m]
+    if hits:
+        print(f"ranking on {int(m['val/ranking_states'])} held-out states with mixed labels: " + ", ".join(
+            f"hit@{k} {m[f'val/hit@{k}']:.3f} (random {m[f'val/hit@{k}_random']:.3f})" for k in hits))
+    else:
+        print("ranking: no held-out state has mixed labels, so hit@K is not measured")
+    print(f"run in {out}: config.json, tb/ (tensorboard --logdir {out / 'tb'}), checkpoints/, "
+          f"selector/ (SoftQLearner.load)")
+    return 0
+
+
+def _load_encoder(config: Any) -> Any:
+    from memento.encoders import Encoder
+
+    if logging.getLogger().level > logging.INFO:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return Encoder.from_config(config)

@@ -1,0 +1,150 @@
+"""One offline training run: a :class:`~training.config.TrainConfig` in, a run directory out.
+
+Run directory (``out_dir``)::
+
+    config.json      the TrainConfig (training.config.load_train_config reads it back)
+    data.json        what the data held: rows, pairs, states, states with mixed labels, per split
+    tb/              TensorBoard event files (Lightning's TensorBoardLogger; hparams.yaml beside them)
+    checkpoints/     Lightning checkpoints: last.ckpt (for --resume) and best-*.ckpt (lowest val/loss)
+    selector/        the best checkpoint as SoftQLearner.save writes it (learner.safetensors,
+                     learner.json, config.json): SoftQLearner.load(out_dir / "selector") reads it
+    summary.json     the best checkpoint's validation metrics, steps, epochs, device, precision, time
+
+:func:`train_q` runs it: ``lightning.Trainer(accelerator, devices, num_nodes, strategy, precision,
+max_epochs, max_steps)`` with ``EarlyStopping`` and ``ModelCheckpoint`` on ``val/loss``; then the
+best checkpoint is validated once more (its metrics go into ``summary.json``) and written as the
+selector directory. ``resume=True`` continues from ``checkpoints/last.ckpt``. Lightning checkpoints
+are loaded with ``weights_only=True`` (the module's hyperparameters are plain JSON values).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memento.errors import CheckpointError, ConfigError
+from memento.io import atomic_write_text
+from training.config import TrainConfig, save_train_config
+
+__all__ = ["resolve_precision", "train_q"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+
+
+def _uses_cuda(accelerator: str) -> bool:
+    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """``"auto"``: ``"bf16-mixed"`` on a CUDA GPU with bfloat16 support, else ``"32-true"``; others unchanged."""
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if _uses_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, value in metrics.items():
+        value = float(value.item() if isinstance(value, torch.Tensor) else value)
+        if math.isfinite(value):
+            out[name] = value
+    return out
+
+
+def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, data: Any = None,
+            resume: bool = False, callbacks: list[Any] | None = None) -> dict[str, Any]:
+    """Train a Q-network offline as ``config`` says; returns the summary (also ``out_dir/summary.json``).
+
+    ``encoder``: the text encoder (default: ``config.data.encoder`` is loaded); ``data``: a ready
+    :class:`~training.data.TrainingData` (skips the files); ``resume``: continue from
+    ``out_dir/checkpoints/last.ckpt``; ``callbacks``: extra Lightning callbacks.
+    """
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from training.data import QDataModule
+    from training.q_module import QModule
+
+    out = Path(out_dir)
+    last = out / CHECKPOINT_DIR / LAST_CHECKPOINT
+    if resume and not last.is_file():
+        raise CheckpointError(f"{last}: no Lightning checkpoint to resume from")
+    out.mkdir(parents=True, exist_ok=True)
+    save_train_config(config, out / "config.json")
+
+    tc = config.trainer
+    dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, data=data,
+                     seed=config.learner.seed, gamma=config.learner.gamma)
+    dm.prepare_data()
+    dm.setup("fit")
+    stats = dm.stats()
+    _write_json(out / "data.json", stats)
+    if stats["dim"] != config.qnet.dim:
+        raise ConfigError(f"TrainConfig.qnet.dim={config.qnet.dim}: the data's vectors have dim={stats['dim']}")
+
+    module = QModule.from_config(config)
+    precision = resolve_precision(tc.precision, tc.accelerator)
+    checkpoint = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="best-{epoch:03d}-{step}", monitor="val/loss",
+                                 mode="min", save_top_k=tc.save_top_k, save_last=True, auto_insert_metric_name=False)
+    all_callbacks: list[Any] = [checkpoint, *(callbacks or [])]
+    if tc.patience > 0:
+        all_callbacks.append(EarlyStopping(monitor="val/loss", mode="min", patience=tc.patience,
+                                           min_delta=tc.min_delta))
+    steps_per_epoch = max(1, -(-len(dm.train_rows) // config.learner.batch_size))  # type: ignore[arg-type]
+    trainer = L.Trainer(
+        accelerator=tc.accelerator, devices=tc.devices, num_nodes=tc.num_nodes, strategy=tc.strategy,
+        precision=precision, max_epochs=tc.max_epochs, max_steps=tc.max_steps, callbacks=all_callbacks,
+        logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
+        default_root_dir=str(out), enable_progress_bar=tc.progress_bar, enable_model_summary=False,
+        log_every_n_steps=min(tc.log_every_n_steps, steps_per_epoch), num_sanity_val_steps=0)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        for message in (r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",
+                        r".*module\(s\) in eval mode.*",  # the target network, on purpose
+                        r".*overridden `transfer_batch_to_device`.*",  # ours moves ReplayBatch / RankingBatch
+                        r".*LeafSpec.*"):  # Lightning's own use of a deprecated torch API
+            warnings.filterwarnings("ignore", message=message)
+        trainer.fit(module, datamodule=dm, ckpt_path=str(last) if resume else None, weights_only=True)
+        fit_s = time.perf_counter() - started
+        best = checkpoint.best_model_path or str(last)
+        if trainer.global_step == 0:
+            raise ConfigError("training made no optimiser step (max_steps/max_epochs already reached on resume?)")
+        results = trainer.validate(module, datamodule=dm, ckpt_path=best, weights_only=True, verbose=False)
+    best_metrics = _floats(results[0] if results else {})
+    selector = None
+    if trainer.is_global_zero:
+        best_state = torch.load(best, map_location="cpu", weights_only=True)
+        module.load_state_dict(best_state["state_dict"])
+        learner = module.to_learner()
+        learner.updates = int(best_state.get("global_step", trainer.global_step))
+        selector = learner.save(out / "selector")
+    summary = {
+        "best_checkpoint": str(Path(best).relative_to(out)) if Path(best).is_relative_to(out) else best,
+        "best_val_loss": best_metrics.get("val/loss"), "metrics": best_metrics,
+        "epochs": int(trainer.current_epoch), "global_step": int(trainer.global_step),
+        "stopped_early": bool(any(isinstance(c, EarlyStopping) and c.stopped_epoch > 0 for c in trainer.callbacks)),
+        "precision": precision, "accelerator": type(trainer.accelerator).__name__,
+        "device": str(module.device), "devices": trainer.num_devices, "num_nodes": trainer.num_nodes,
+        "fit_s": fit_s, "resumed": resume, "data": stats,
+        "selector": None if selector is None else "selector", "tensorboard": "tb",
+    }
+    if trainer.is_global_zero:
+        _write_json(out / "summary.json", summary)
+    logger.info("trained %d steps (%d epochs) in %.1f s; best val/loss %s", summary["global_step"],
+                summary["epochs"], fit_s, summary["best_val_loss"])
+    return summary
