@@ -66,7 +66,7 @@ from memento.encoders import (
     ENCODER_META_VERSION,
     Encoder,
 )
-from memento.errors import CheckpointError, DataFormatError
+from memento.errors import CheckpointError, DataFormatError, DimensionError
 from memento.formats import (
     iter_jsonl,
     read_cases_jsonl,
@@ -394,8 +394,6 @@ def info_nce(anchor_BD: torch.Tensor, candidates_CD: torch.Tensor, temperature: 
     """
     if anchor_BD.ndim != 2 or candidates_CD.ndim != 2 or candidates_CD.shape[0] < anchor_BD.shape[0] \
             or candidates_CD.shape[1] != anchor_BD.shape[1]:
-        from memento.errors import DimensionError
-
         raise DimensionError(f"info_nce: anchor_BD.shape={tuple(anchor_BD.shape)}, "
                              f"candidates_CD.shape={tuple(candidates_CD.shape)} (need C >= B, same D)")
     a_BD = F.normalize(anchor_BD.float(), dim=-1)
@@ -410,12 +408,14 @@ def info_nce(anchor_BD: torch.Tensor, candidates_CD: torch.Tensor, temperature: 
 # ---------------------------------------------------------------- batches
 
 
-def _tokens(tokenizer: Any, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
     batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     return {k: v for k, v in batch.items()}
 
 
-class _TextDataset(Dataset):
+class ListDataset(Dataset):
+    """A list as a map-style dataset."""
+
     def __init__(self, items: Sequence[Any]):
         self.items = list(items)
 
@@ -433,7 +433,7 @@ class UnsupCollate:
         self.tokenizer, self.max_length = tokenizer, max_length
 
     def __call__(self, texts: list[str]) -> dict[str, Any]:
-        return {"tokens": _tokens(self.tokenizer, texts, self.max_length)}
+        return {"tokens": tokenize(self.tokenizer, texts, self.max_length)}
 
 
 class SupCollate:
@@ -454,12 +454,12 @@ class SupCollate:
         valid_BC = torch.tensor([[c == i or columns[c] not in self._positive_sets[e.state] for c in range(len(columns))]
                                  for i, e in enumerate(examples)], dtype=torch.bool)
         out: dict[str, Any] = {
-            "anchor": _tokens(self.tokenizer, [d.states[e.state] for e in examples], self.max_length),
-            "positive": _tokens(self.tokenizer, [d.cases[e.positive] for e in examples], self.max_length),
+            "anchor": tokenize(self.tokenizer, [d.states[e.state] for e in examples], self.max_length),
+            "positive": tokenize(self.tokenizer, [d.cases[e.positive] for e in examples], self.max_length),
             "valid_BC": valid_BC,
         }
         if negs:
-            out["negative"] = _tokens(self.tokenizer, [d.cases[c] for c in negs], self.max_length)
+            out["negative"] = tokenize(self.tokenizer, [d.cases[c] for c in negs], self.max_length)
         return out
 
 
@@ -514,7 +514,7 @@ class SimCSEDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         items = self.items
         gen = torch.Generator().manual_seed(self.config.seed)
-        return DataLoader(_TextDataset(items), batch_size=self.config.batch_size, shuffle=True, generator=gen,
+        return DataLoader(ListDataset(items), batch_size=self.config.batch_size, shuffle=True, generator=gen,
                           drop_last=len(items) > self.config.batch_size, collate_fn=self.collate())
 
     def eval_batch(self) -> dict[str, Any]:
@@ -525,11 +525,11 @@ class SimCSEDataModule(L.LightningDataModule):
 # ---------------------------------------------------------------- the module
 
 
-def resolve_precision(config: SimCSEConfig) -> str:
-    """``config.precision``, with ``"auto"`` = ``bf16-mixed`` on a bf16-capable CUDA GPU, else ``32-true``."""
-    if config.precision != "auto":
-        return config.precision
-    gpu = config.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """``precision``, with ``"auto"`` = ``bf16-mixed`` on a bf16-capable CUDA GPU, else ``32-true``."""
+    if precision != "auto":
+        return precision
+    gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
     return "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
 
 
@@ -559,6 +559,8 @@ class SimCSEModule(L.LightningModule):
         self.model.train()  # Encoder loads it in eval mode; Lightning keeps submodules' modes as they are
         self.eval_inputs: dict[str, Any] | None = None
         self.eval_losses: dict[str, float] = {}
+        self.step_seconds: list[float] = []  # wall time of each training batch (forward, backward, optimiser step)
+        self._step_start = 0.0
 
     def embed(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
         """Pooled, unnormalised vectors ``[B, D]`` (differentiable): the model's forward + ``Encoder.pool``."""
@@ -571,7 +573,7 @@ class SimCSEModule(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens = {k: v.to(self.device) for k, v in _tokens(self.tokenizer, texts, self.config.max_length).items()}
+            tokens = {k: v.to(self.device) for k, v in tokenize(self.tokenizer, texts, self.config.max_length).items()}
             out_ND = self.embed(tokens).float()
         finally:
             self.model.train(was_training)
@@ -629,6 +631,14 @@ class SimCSEModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self.model.train()  # dropout on: SimCSE's augmentation
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.step_seconds.append(time.perf_counter() - self._step_start)
 
     def on_fit_end(self) -> None:
         self._log_eval("loss_after")
@@ -735,17 +745,21 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
     None) is trained in place. The caller's torch RNG state is left as it was.
     """
     out = Path(out)
+    if config.mode == "unsup" and texts is None:  # read and check the data before loading the model
+        texts = load_texts(config.data, include_actions=config.include_actions)
+    if config.mode == "sup" and pairs is None:
+        pairs = load_pairs(config.data, positive_threshold=config.positive_threshold)
     module = SimCSEModule(config, encoder)
     data = SimCSEDataModule(config, module.tokenizer, texts=texts, pairs=pairs)
-    data.setup("fit")  # read and validate before writing anything
+    data.setup("fit")  # checks sizes before anything is written
     module.eval_inputs = data.eval_batch()
     out.mkdir(parents=True, exist_ok=True)
     save_json(config, out / CONFIG_NAME)
-    precision = resolve_precision(config)
+    precision = resolve_precision(config.precision, config.accelerator)
     from lightning.pytorch.loggers import TensorBoardLogger
 
     trainer = L.Trainer(
-        accelerator=config.accelerator, devices=_devices(config.devices), strategy=config.strategy,
+        accelerator=config.accelerator, devices=parse_devices(config.devices), strategy=config.strategy,
         precision=precision, max_epochs=config.epochs, max_steps=config.max_steps or -1,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
@@ -759,14 +773,15 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
     seconds = time.perf_counter() - start
     steps = int(trainer.global_step)
     device = str(module.device)
+    per_step = sum(module.step_seconds) / len(module.step_seconds) if module.step_seconds else float("nan")
     if not trainer.is_global_zero:
         return SimCSEResult(out=str(out), encoder_dir=str(out / ENCODER_DIR), mode=config.mode, items=len(data.items),
-                            steps=steps, seconds=seconds, seconds_per_step=seconds / max(1, steps),
+                            steps=steps, seconds=seconds, seconds_per_step=per_step,
                             loss_before=None, loss_after=None, device=device, precision=precision,
                             reload_max_abs_diff=None, data_stats={})
     data_stats = {"texts": len(data.items)} if config.mode == "unsup" else \
         {"examples": len(data.items), **data.pairs.stats()}  # type: ignore[union-attr]
-    figures = {"steps": steps, "seconds_per_step": seconds / max(1, steps),
+    figures = {"steps": steps, "seconds_per_step": per_step,
                "loss_before": module.eval_losses.get("loss_before"),
                "loss_after": module.eval_losses.get("loss_after"), "data": data_stats}
     module.model.eval()
@@ -780,7 +795,7 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
         probe = [pair_data.states[e.state] for e in examples] + [pair_data.cases[e.positive] for e in examples]
     diff = _check_reload(module, encoder_dir, list(dict.fromkeys(probe)), config)
     result = SimCSEResult(out=str(out), encoder_dir=str(encoder_dir), mode=config.mode, items=len(data.items),
-                          steps=steps, seconds=seconds, seconds_per_step=seconds / max(1, steps),
+                          steps=steps, seconds=seconds, seconds_per_step=per_step,
                           loss_before=figures["loss_before"], loss_after=figures["loss_after"], device=device,
                           precision=precision, reload_max_abs_diff=diff, data_stats=data_stats)
     atomic_write_text(out / RESULT_NAME, json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True) + "\n")
@@ -789,7 +804,7 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
     return result
 
 
-def _devices(devices: str) -> Any:
+def parse_devices(devices: str) -> Any:
     """``"auto"``, ``"-1"``, an integer count or a comma list of indices, as Lightning takes them."""
     text = devices.strip()
     if text == "auto":
