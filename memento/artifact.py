@@ -740,7 +740,9 @@ def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spe
         "import memento",
         "",
         f'selector = memento.load_selector("{root.name}")            # checks checksums and dimensions first',
-        'result = selector.select("What is the capital of Peru?", k=4)  # ids, cases, probabilities, selection id',
+        ('result = selector.select("What is the capital of Peru?", k=4)  # ids, cases, probabilities, selection id'
+         if spec.kind == "transformers" else
+         f"result = selector.select(state_vector, k=4)  # a unit {spec.dim}-d vector; ids, cases, probabilities"),
         "selector.feedback(result.selection_id, reward=1.0)        # learn=True keeps training; save() persists",
         "```",
         "",

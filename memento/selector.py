@@ -400,7 +400,9 @@ class Selector:
         norm = float(np.linalg.norm(vec))
         if norm == 0.0:
             raise DataFormatError(f"{what} vector has zero norm")
-        return np.ascontiguousarray(vec / norm, dtype=np.float32)
+        if abs(norm - 1.0) > 1e-4:  # as the online loop does: a unit vector is used exactly as given
+            vec = vec / norm
+        return np.ascontiguousarray(vec, dtype=np.float32)
 
     # ------------------------------------------------------------------ select / feedback
 
