@@ -1,0 +1,136 @@
+"""Exported selectors in fresh processes: no Lightning, no LLM client, no web stack; the real text encoder.
+
+- a subprocess that refuses to import Lightning, ``training``, LLM clients (``openai``, ``anthropic``,
+  ``memento.planners``), FastAPI, uvicorn and MCP loads an artifact, selects, records feedback, learns and
+  saves again;
+- a soft-Q run with the real all-MiniLM-L6-v2 encoder is exported and, in such a subprocess,
+  ``memento.load_selector(OUT).select("What is the capital of Peru?", k=4)`` returns 4 cases with
+  probabilities, the same as the run's own policy would choose for that text (the issue's check, on a
+  small run instead of ``make demo``'s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from memento.export import export_selector, load_selector, verify
+from memento.loop import LoopConfig, run_online
+from tests.loop_env import ExactJudge, HashingEncoder, make_env
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKED = ("lightning", "pytorch_lightning", "lightning_fabric", "training", "openai", "anthropic", "fastapi",
+           "uvicorn", "starlette", "mcp", "memento.planners", "memento.serve", "memento._serve_http",
+           "memento.mcp_server")
+
+_DRIVER = """
+import importlib.abc, json, sys
+BLOCKED = {blocked!r}
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError("blocked in this test: " + name)
+        return None
+
+sys.meta_path.insert(0, Block())
+import numpy as np
+import memento
+
+args = json.loads(sys.argv[1])
+selector = memento.load_selector(args["path"], learn=args["learn"], seed=0)
+query = args["query"] if isinstance(args["query"], str) else np.asarray(args["query"], dtype=np.float32)
+result = selector.select(query, k=4)
+out = {{"ids": list(result.ids), "probs": list(result.probs), "set_prob": result.set_prob}}
+if args["learn"]:
+    out["feedback"] = selector.feedback(result.selection_id, 1.0)
+    selector.save()
+out["stats"] = selector.stats()
+selector.close()
+tops = {{m.split(".")[0] for m in sys.modules}}
+out["imported"] = sorted(tops | {{m for m in sys.modules if m.startswith("memento.")}})
+print(json.dumps(out))
+"""
+
+
+def _run_blocked(path: Path, query: str | list[float], *, learn: bool) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _DRIVER.format(blocked=BLOCKED),
+                           json.dumps({"path": str(path), "query": query, "learn": learn})],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not [m for m in result["imported"] if m in BLOCKED], result["imported"]
+    return result
+
+
+@pytest.fixture(scope="module")
+def hashing_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env = make_env()
+    out = tmp_path_factory.mktemp("hashing")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_online(LoopConfig(steps=30, checkpoint_every=0, tensorboard=False, warmup=4), encoder=HashingEncoder(),
+                   planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases,
+                   out_dir=out / "run")
+    finally:
+        torch.set_num_threads(threads)
+    return export_selector(out / "run", out / "selector")
+
+
+@pytest.mark.slow
+def test_load_select_learn_save_without_lightning_or_llm_clients(hashing_artifact: Path) -> None:
+    query = HashingEncoder().encode("In geography class, what is the capital city of Peru?")
+    with load_selector(hashing_artifact, seed=0) as selector:
+        expected = selector.select(query, k=4)
+        updates = selector.stats()["updates"]
+    result = _run_blocked(hashing_artifact, query.tolist(), learn=True)
+    assert result["ids"] == list(expected.ids)
+    np.testing.assert_allclose(result["probs"], expected.probs, rtol=1e-9)
+    assert result["feedback"]["recorded"] is True and result["feedback"]["updates"] == updates + 1
+    assert "transformers" not in result["imported"]  # a vector query loads no text model
+    report = verify(hashing_artifact)
+    assert report["feedbacks"] == 1 and report["feedbacks_since_save"] == 0
+
+
+@pytest.mark.slow
+def test_real_encoder_text_query_in_a_fresh_process(encoder, tmp_path: Path) -> None:
+    from memento.learner import SoftQLearner
+    from memento.memory import CaseBank
+    from policies import SoftQPolicy
+
+    env = make_env()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_online(LoopConfig(steps=24, checkpoint_every=0, tensorboard=False, warmup=4), encoder=encoder,
+                   planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases,
+                   out_dir=tmp_path / "run")
+    finally:
+        torch.set_num_threads(threads)
+    out = export_selector(tmp_path / "run", tmp_path / "selector")
+    spec = json.loads((out / "encoder.json").read_text())
+    assert spec["kind"] == "transformers" and spec["dim"] == 384 and spec["pooling"] == "avg"
+    assert spec["model_id"] == "sentence-transformers/all-MiniLM-L6-v2" and spec["model"] is None
+
+    question = "What is the capital of Peru?"
+    result = _run_blocked(out, question, learn=False)
+    assert len(result["ids"]) == 4 and len(set(result["ids"])) == 4
+    assert all(0.0 < p <= 1.0 for p in result["probs"]) and 0.0 < result["set_prob"] <= 1.0
+    assert "transformers" in result["imported"]
+
+    learner = SoftQLearner.load(tmp_path / "run" / "selector", device="cpu")
+    policy = SoftQPolicy(learner.qnet, alpha=learner.alpha)
+    with CaseBank.open(tmp_path / "run" / "bank") as bank:
+        state = encoder.encode(question)
+        expected = policy.select(state, bank.candidates(state, 32), 4, rng=np.random.default_rng(0))
+    assert result["ids"] == list(expected.ids)
+    np.testing.assert_allclose(result["probs"], expected.probs_K, rtol=1e-5)
