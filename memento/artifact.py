@@ -178,8 +178,9 @@ class SelectorConfig:
     """``config.json`` of a selector artifact: how the loaded :class:`memento.Selector` chooses and learns.
 
     - ``policy``: ``"soft_q"`` (``softmax(Q / alpha)`` over the candidates, Gumbel-top-k sampling);
-    - ``k``: the default number of cases; ``candidates``: C, the cosine pre-selection the policy chooses
-      from (a call asking for more than C cases uses C = k);
+    - ``k``: the number of cases the selector was trained to choose (the replay buffer's ``k_max``; a
+      selection of more cases enters the buffer as several rows); ``candidates``: C, the cosine
+      pre-selection the policy chooses from (a call asking for more than C cases uses C = k);
     - ``alpha``: the temperature; ``None`` follows the learner's (fixed or scheduled) alpha;
     - ``warmup``: decisions in the replay buffer before feedback triggers gradient steps;
       ``updates_per_step``: gradient steps per feedback after that (``learn=True`` only);
@@ -705,7 +706,10 @@ def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spe
         "## Training",
         "",
     ]
-    if source:
+    if source.get("kind") == "bank":
+        lines.append(f"- not trained by a run: a fresh Q-network over the case bank `{source.get('path')}`; "
+                     "load it with `learn=True` to train it from feedback")
+    elif source:
         lines += [
             f"- source: `{source.get('path')}` ({source.get('kind')}), policy `{source.get('policy')}`",
             f"- planner: {source.get('planner', 'n/a')}; judge: {source.get('judge', 'n/a')}; "

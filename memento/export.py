@@ -6,6 +6,8 @@
   (``checkpoints/demo``), one of a run's checkpoint directories, or another artifact (copied, with a
   fresh manifest). From a run, the newest complete checkpoint gives the learner, the replay buffer and
   the number of cases: the bank is copied as it was at that checkpoint.
+- :func:`create_selector` makes an artifact from any case bank with a fresh, untrained Q-network (it
+  then learns from feedback with ``learn=True``).
 - :func:`verify` checks an artifact's files against its manifest and that its parts agree on the
   embedding dimension, without loading any tensor.
 - :func:`load_selector` returns a :class:`~memento.selector.Selector` after the same checks.
@@ -54,7 +56,7 @@ from memento.artifact import (
     verify_artifact,
     write_encoder_spec,
 )
-from memento.config import from_dict, load_json, save_json, to_dict
+from memento.config import LearnerConfig, QNetConfig, ReplayConfig, from_dict, load_json, save_json, to_dict
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.io import atomic_write_text, read_versioned_json
 
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
     from memento.loop import LoopConfig
     from memento.selector import Selector
 
-__all__ = ["export_selector", "load_selector", "verify"]
+__all__ = ["create_selector", "export_selector", "load_selector", "verify"]
 
 logger = logging.getLogger(__name__)
 
@@ -358,8 +360,6 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
     if src.replay_dir is not None:
         buffer = ReplayBuffer.load(src.replay_dir, device="cpu")
     else:
-        from memento.config import ReplayConfig
-
         buffer = ReplayBuffer(ReplayConfig(capacity=src.loop.replay_capacity, dim=dim, k_max=src.loop.k), device="cpu")
     if buffer.config.dim != dim:
         raise DimensionError(f"{src.replay_dir}: the replay buffer holds dim={buffer.config.dim}, the Q-network "
@@ -372,32 +372,107 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
                                 updates_per_step=src.loop.updates_per_step, qnet=learner.qnet.config,
                                 learner=learner.config, replay=buffer.config, index=bank_config.index,
                                 run=to_dict(src.loop))
-        from memento.selector import write_qnet
-
-        save_json(config, tmp / CONFIG_NAME)
-        write_encoder_spec(tmp / ENCODER_NAME, spec)
-        write_qnet(tmp / QNET_NAME, learner)
-        learner.save(tmp / LEARNER_DIR)
-        buffer.save(tmp / REPLAY_DIR)
-        FeedbackLog.create(tmp / FEEDBACK_NAME).close()
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        manifest: dict[str, Any] = {
-            "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
-            "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
-            "source": _source_info(src, cases, learner.updates), "dim": dim, "learner_updates": learner.updates,
-            "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
-                     FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
-        }
-        atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
-                                                      updates=learner.updates, alpha=learner.alpha))
-        manifest["files"] = hash_files(listed_files(tmp))
-        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        fsync_tree(tmp)
-        _swap_in(tmp, out)
+        _write_artifact(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
+                        source=_source_info(src, cases, learner.updates))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("exported selector %s -> %s (%d cases, dim %d, %d updates)", src.path, out, cases, dim,
                 learner.updates)
+    return out
+
+
+def _write_artifact(tmp: Path, out: Path, *, learner: Any, buffer: Any, config: SelectorConfig, spec: EncoderSpec,
+                    cases: int, source: dict[str, Any]) -> None:
+    """Everything but the bank into ``tmp`` (which holds ``bank/`` already), the manifest last; then swap in."""
+    from memento.selector import write_qnet
+
+    dim = spec.dim
+    save_json(config, tmp / CONFIG_NAME)
+    write_encoder_spec(tmp / ENCODER_NAME, spec)
+    write_qnet(tmp / QNET_NAME, learner)
+    learner.save(tmp / LEARNER_DIR)
+    buffer.save(tmp / REPLAY_DIR)
+    FeedbackLog.create(tmp / FEEDBACK_NAME).close()
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    manifest: dict[str, Any] = {
+        "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
+        "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
+        "source": source, "dim": dim, "learner_updates": learner.updates,
+        "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
+                 FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
+    }
+    atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
+                                                  updates=learner.updates, alpha=learner.alpha))
+    manifest["files"] = hash_files(listed_files(tmp))
+    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    fsync_tree(tmp)
+    _swap_in(tmp, out)
+
+
+def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = None, qnet: QNetConfig | None = None,
+                    learner: LearnerConfig | None = None, k: int = 4, candidates: int = 32,
+                    replay_capacity: int = 10_000, warmup: int = 16, updates_per_step: int = 1,
+                    overwrite: bool = False) -> Path:
+    """A selector artifact over an existing case bank, with a fresh (untrained) Q-network.
+
+    For a bank built without a run (imported cases, Memento memories): load it with ``learn=True`` and it
+    trains from feedback. ``bank`` is a case bank directory (copied; its index factory is kept).
+    ``encoder``: an :class:`EncoderSpec`, a :class:`memento.Encoder` (its description is recorded), or
+    ``None`` for the encoder the bank records (if none, the artifact takes vectors only). ``qnet`` and
+    ``learner`` default to the online loop's soft-Q settings (``dim`` comes from the bank).
+    """
+    from memento.learner import SoftQLearner
+    from memento.memory import CaseBank
+    from memento.qnet import build_qnet
+    from memento.replay import ReplayBuffer
+    from memento.selector import _sqlite_copy
+
+    bank_dir, out = Path(bank), Path(out_dir)
+    db = bank_dir / "cases.sqlite"
+    if not db.is_file():
+        raise CheckpointError(f"{bank_dir}: not a case bank (no cases.sqlite)")
+    _prepare_out(out, overwrite)
+    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / BANK_DIR).mkdir(parents=True)
+    try:
+        _sqlite_copy(db, tmp / BANK_DB)
+        for name in ("index.faiss", "index.json"):
+            if (bank_dir / name).is_file():
+                shutil.copy2(bank_dir / name, tmp / BANK_DIR / name)
+        with CaseBank.open(tmp / BANK_DIR, use_gpu=False) as copy:
+            dim, cases, bank_config = copy.dim, len(copy), copy.config
+        if isinstance(encoder, EncoderSpec):
+            spec = encoder
+        elif encoder is not None and callable(getattr(encoder, "describe", None)):
+            spec = _encoder_spec(getattr(encoder, "config", None), {"encoder": encoder.describe()}, dim)
+        elif encoder is not None:
+            raise ConfigError(f"create_selector: encoder={encoder!r}: expected an EncoderSpec, a memento.Encoder "
+                              "or None")
+        else:
+            spec = _encoder_spec(bank_config.encoder, None, dim)
+        if spec.dim != dim:
+            raise DimensionError(f"create_selector: the encoder gives dim={spec.dim}, bank {bank_dir} holds dim={dim}")
+        qnet_config = qnet if qnet is not None else QNetConfig(dim=dim, hidden=128, dropout=0.0, embed_dim=64)
+        if qnet_config.dim != dim:
+            raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {bank_dir} holds dim={dim}")
+        learner_config = learner if learner is not None else LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0,
+                                                                            batch_size=64, alpha=0.2)
+        trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
+                               learner_config, device="cpu")
+        buffer = ReplayBuffer(ReplayConfig(capacity=replay_capacity, dim=dim, k_max=k), device="cpu")
+        config = SelectorConfig(k=k, candidates=candidates, warmup=warmup, updates_per_step=updates_per_step,
+                                qnet=qnet_config, learner=learner_config, replay=buffer.config,
+                                index=bank_config.index)
+        source = {"kind": "bank", "path": str(bank_dir.resolve()), "bank_cases": cases, "learner_updates": 0,
+                  "policy": "soft_q", "summary": None, "comparison": None}
+        _write_artifact(tmp, out, learner=trainer, buffer=buffer, config=config, spec=spec, cases=cases,
+                        source=source)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("created selector %s over bank %s (%d cases, dim %d, untrained)", out, bank_dir, cases, dim)
     return out

@@ -571,3 +571,27 @@ def test_public_api() -> None:
     for name in ("Selector", "SelectionResult", "load_selector", "export_selector", "UnknownSelectionError"):
         assert name in memento.__all__
     assert memento.Selector is Selector and memento.load_selector is load_selector
+
+
+def test_create_selector_over_a_bank_learns_from_feedback(tmp_path: Path) -> None:
+    env = make_env()
+    encoder = HashingEncoder()
+    with CaseBank.create(tmp_path / "bank", encoder.dim, index="HNSW32,Flat") as bank:
+        bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
+    out = memento.export.create_selector(tmp_path / "bank", tmp_path / "selector", k=2, warmup=1)
+    report = verify(out)
+    assert report["cases"] == len(env.seed_cases) and report["manifest"]["source"]["kind"] == "bank"
+    assert "not trained by a run" in (out / "README.md").read_text()
+    config = load_json(SelectorConfig, out / "config.json")
+    assert (config.k, config.index.factory, config.run) == (2, "HNSW32,Flat", None)
+    with load_selector(out, learn=True, encoder=encoder) as selector:
+        result = selector.select(env.tasks[0].question, k=3)  # more than the buffer's k_max=2: split in rows
+        assert len(result) == 3 and result.policy_version == 0
+        assert selector.feedback(result.selection_id, 1.0)["updates"] == 1
+        assert selector.stats()["replay_added"] == 2
+        selector.save()
+    with pytest.raises(DimensionError):
+        memento.export.create_selector(tmp_path / "bank", tmp_path / "other", qnet=QNetConfig(dim=8))
+    with pytest.raises(CheckpointError, match="not a case bank"):
+        memento.export.create_selector(tmp_path, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
