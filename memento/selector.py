@@ -253,6 +253,8 @@ class Selector:
                            seed=int(seed), encoder=encoder,
                            encoder_device=None if device is None else str(device), hash_cache=cache)
             selector._replay_unsaved_feedback()
+            if len(bank):  # read the bank's vectors now, not in the first select (about 2 s at 100k cases)
+                bank.embeddings_at([0])
         except BaseException:
             bank.close()
             if feedback_log is not None:
