@@ -134,3 +134,24 @@ def test_real_encoder_text_query_in_a_fresh_process(encoder, tmp_path: Path) -> 
         expected = policy.select(state, bank.candidates(state, 32), 4, rng=np.random.default_rng(0))
     assert result["ids"] == list(expected.ids)
     np.testing.assert_allclose(result["probs"], expected.probs_K, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_selector_learns_on_cuda_and_reloads_on_the_cpu(hashing_artifact: Path, tmp_path: Path) -> None:
+    import shutil
+
+    artifact = Path(shutil.copytree(hashing_artifact, tmp_path / "selector"))
+    queries = HashingEncoder().encode([task.question for task in make_env().tasks[:8]])
+    with load_selector(artifact, device="cuda", learn=True) as selector:
+        assert next(selector.learner.qnet.parameters()).is_cuda
+        for q in queries:
+            result = selector.select(q, k=4)
+            assert len(result) == 4
+            selector.feedback(result.selection_id, 1.0)
+        updates = selector.stats()["updates"]
+        weights = {k: v.detach().cpu() for k, v in selector.learner.qnet.state_dict().items()}
+        selector.save()
+    with load_selector(artifact, device="cpu") as selector:
+        assert selector.stats()["updates"] == updates and selector.stats()["feedbacks_since_save"] == 0
+        for name, value in selector.learner.qnet.state_dict().items():
+            assert torch.equal(value, weights[name]), name
