@@ -20,10 +20,12 @@ selectors loaded with the same seed make the same choices for the same calls.
 **Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept in memory: at most
 ``config.max_pending`` of them, each for ``config.pending_ttl_s`` seconds; an unknown, answered or expired
 id raises :class:`~memento.errors.UnknownSelectionError`), commits one row to ``feedback.sqlite`` and only
-then returns. The decision (state vector, chosen case vectors, propensities, reward) enters the replay
-buffer; with ``learn=True`` the soft-Q learner then takes ``config.updates_per_step`` gradient steps once
-``config.warmup`` decisions are in the buffer (the same learner and rule as the online loop), and the
-next selection uses the new weights. ``add_case`` commits the case to the bank's SQLite before it returns.
+then returns (SQLite WAL with ``synchronous=NORMAL``, like the bank: a killed process loses nothing
+acknowledged; an operating-system crash or power cut may lose the last commits). The decision (state
+vector, chosen case vectors, propensities, reward) enters the replay buffer; with ``learn=True`` the
+soft-Q learner then takes ``config.updates_per_step`` gradient steps once ``config.warmup`` decisions are
+in the buffer (the same learner and rule as the online loop), and the next selection uses the new weights.
+``add_case`` commits the case to the bank's SQLite before it returns.
 
 **Restarts.** ``save()`` writes the Q-network, learner and replay state and a fresh manifest. Feedback
 recorded after the last save is replayed on load, in order, into the replay buffer, repeating the

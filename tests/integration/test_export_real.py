@@ -155,3 +155,53 @@ def test_a_selector_learns_on_cuda_and_reloads_on_the_cpu(hashing_artifact: Path
         assert selector.stats()["updates"] == updates and selector.stats()["feedbacks_since_save"] == 0
         for name, value in selector.learner.qnet.state_dict().items():
             assert torch.equal(value, weights[name]), name
+
+
+_KILL_DRIVER = """
+import json, sys
+import numpy as np
+import memento
+from tests.loop_env import HashingEncoder, make_env
+
+selector = memento.load_selector(sys.argv[1], learn=True)
+queries = HashingEncoder().encode([task.question for task in make_env().tasks])
+print("ready", selector.stats()["updates"], flush=True)
+for i in range(100000):
+    result = selector.select(queries[i % len(queries)], k=4)
+    answer = selector.feedback(result.selection_id, float(i % 2))
+    if i % 7 == 0:
+        selector.add_case(f"case added at {i}", "x", 1.0, embedding=queries[i % len(queries)])
+    print("ack", i + 1, answer["updates"], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_loses_no_acknowledged_feedback(hashing_artifact: Path, tmp_path: Path) -> None:
+    import shutil
+    import signal
+
+    artifact = Path(shutil.copytree(hashing_artifact, tmp_path / "selector"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_DRIVER, str(artifact)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env)
+    assert proc.stdout is not None
+    acked, updates = 0, 0
+    try:
+        for line in proc.stdout:
+            if line.startswith("ack"):
+                _, acked_text, updates_text = line.split()
+                acked, updates = int(acked_text), int(updates_text)
+                if acked >= 60:
+                    break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert acked >= 60
+    report = verify(artifact)  # appended rows only: the saved content is intact
+    assert report["feedbacks"] >= acked and report["feedbacks_since_save"] == report["feedbacks"]
+    with load_selector(artifact, learn=True) as selector:
+        stats = selector.stats()
+        assert stats["feedbacks"] >= acked and stats["updates"] >= updates
+        assert stats["cases_since_save"] >= (acked - 1) // 7 + 1
+        selector.save()
+    assert verify(artifact)["feedbacks_since_save"] == 0
