@@ -287,6 +287,11 @@ def run_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not args.resume and (out / "config.json").exists():
         raise ConfigError(f"{out}: already holds a training run; pass --resume or choose another --out")
+    last = out / "checkpoints" / "last.ckpt"
+    if args.resume and not last.is_file():
+        from memento.errors import CheckpointError
+
+        raise CheckpointError(f"{last}: no Lightning checkpoint to resume from")
     if args.torch_threads < 0:
         raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
     from training.data import check_inputs
