@@ -87,7 +87,10 @@ def hashing_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_load_select_learn_save_without_lightning_or_llm_clients(hashing_artifact: Path) -> None:
+def test_load_select_learn_save_without_lightning_or_llm_clients(hashing_artifact: Path, tmp_path: Path) -> None:
+    import shutil
+
+    hashing_artifact = Path(shutil.copytree(hashing_artifact, tmp_path / "selector"))  # this test writes to it
     query = HashingEncoder().encode("In geography class, what is the capital city of Peru?")
     with load_selector(hashing_artifact, seed=0) as selector:
         expected = selector.select(query, k=4)
