@@ -9,7 +9,8 @@ Tools:
 
 Writes go through the same single :class:`~memento.serve.Writer` as the HTTP service: a tool
 answers after the selector committed the write, checkpoints are periodic, and the queue is drained
-and saved when the client closes the connection. The SDK is imported only when a server is built.
+and saved when the client closes the connection (or sends SIGTERM/SIGINT). The SDK is imported only
+when a server is built.
 
 No ``from __future__ import annotations``: the tools' annotations carry per-server limits and the
 SDK reads them as objects.
@@ -17,7 +18,9 @@ SDK reads them as objects.
 
 import contextlib
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -93,10 +96,27 @@ def run_mcp(path: str | Path, *, learn: bool = False, device: str | None = None,
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the protocol: nothing else may write there
         selector = load_selector(path, device=device, learn=learn, seed=seed)
     writer = Writer(selector, config).start()
+    stopping = threading.Event()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # SDK clients close stdin, wait 2 s, then SIGTERM the server: while it is already draining and
+        # saving, let it finish (every acknowledged write is committed anyway); before that, stop cleanly
+        if not stopping.is_set():
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         server = build_mcp_server(selector, writer, config=config)
         server.run("stdio")
+    except KeyboardInterrupt:
+        logger.info("interrupted: saving and stopping")
     finally:
-        writer.stop()
-        selector.close()
+        stopping.set()
+        try:
+            writer.stop()
+            selector.close()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     return 0

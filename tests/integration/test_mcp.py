@@ -1,0 +1,72 @@
+"""``memento mcp DIR`` for real: the official SDK's stdio client drives the three tools of a real exported
+selector in a subprocess; what they write is in the artifact afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memento import load_selector
+from tests.integration.serve_helpers import QUESTION, make_real_artifact
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def artifact(encoder: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_real_artifact(tmp_path_factory.mktemp("mcp"), encoder, steps=12)
+
+
+def test_mcp_tools_over_stdio(artifact: Path, tmp_path: Path) -> None:
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    with load_selector(artifact) as selector:
+        before = selector.stats()
+    env = {key: os.environ[key] for key in ("HOME", "MEMENTO_CACHE_DIR") if key in os.environ}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    params = StdioServerParameters(command=sys.executable, args=["-m", "memento.cli", "mcp", str(artifact)],
+                                   env=env, cwd=str(ROOT))
+    seen: dict[str, Any] = {}
+
+    async def drive() -> None:
+        with open(tmp_path / "mcp.log", "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+                assert set(tools) == {"select_cases", "record_outcome", "add_case"}
+                assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k"}
+
+                chosen = await session.call_tool("select_cases", {"task": QUESTION, "k": 4})
+                assert not chosen.is_error, chosen.content
+                body = chosen.structured_content or json.loads(chosen.content[0].text)
+                assert len(body["cases"]) == 4 and all(0.0 < c["prob"] <= 1.0 for c in body["cases"])
+
+                recorded = await session.call_tool("record_outcome", {"selection_id": body["selection_id"],
+                                                                      "reward": 1.0})
+                assert not recorded.is_error and recorded.structured_content["recorded"] is True
+                again = await session.call_tool("record_outcome", {"selection_id": body["selection_id"],
+                                                                   "reward": 1.0})
+                assert again.is_error and "unknown selection id" in again.content[0].text
+                bad = await session.call_tool("record_outcome", {"selection_id": "x", "reward": 2.0})
+                assert bad.is_error and "reward" in bad.content[0].text
+
+                added = await session.call_tool("add_case", {"state": "What is the capital of Bolivia?",
+                                                             "action": "Sucre", "reward": 1.0})
+                assert not added.is_error, added.content
+                seen["case_id"] = added.structured_content["id"]
+
+    anyio.run(drive)
+    with load_selector(artifact) as selector:  # the server drained and saved when the client closed stdin
+        after = selector.stats()
+        assert selector.get_case(seen["case_id"]).action == "Sucre"
+    assert after["feedbacks"] == before["feedbacks"] + 1 and after["cases"] == before["cases"] + 1
+    assert after["feedbacks_since_save"] == 0 and after["cases_since_save"] == 0
