@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to train (default: auto, CUDA when present)")
     bt.add_argument("--torch-threads", type=int, default=0, help="torch threads (default: 0, torch's default)")
     bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--lightning", action="store_true",
+                    help="also time the Lightning trainer of `memento train` beside the plain loop, per architecture")
     bt.add_argument("--json", required=True, metavar="OUT", help="results file")
 
     bo = bench_cmds.add_parser(
@@ -697,7 +699,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         train_config = TrainBenchConfig(
             archs=tuple(args.archs), batch_size=args.batch_size, k=args.k, steps=args.steps, dim=args.dim,
             buffer_size=args.buffer_size, device=args.device, torch_threads=args.torch_threads, seed=args.seed)
-        print(format_train(run_train_bench(train_config, out=args.json)))
+        if args.lightning:
+            from training.bench import run_train_bench_lightning
+
+            print(format_train(run_train_bench_lightning(train_config, out=args.json)))
+        else:
+            print(format_train(run_train_bench(train_config, out=args.json)))
         print(f"results written to {args.json}")
     elif args.bench_command == "online":
         from memento.bench.online import OnlineBenchConfig, format_online_table, run_online_bench
