@@ -1,6 +1,19 @@
-"""Offline training with PyTorch Lightning (offline-training issue).
+"""Offline training with PyTorch Lightning (see docs/training.md).
 
-Planned: a LightningModule and DataModule for offline Q training from logged transitions
-and Memento training pairs, and SimCSE contrastive fine-tuning of the encoder. Nothing
-here yet; ``memento`` never imports this package at module level.
+Q-network training from logs (``memento train``):
+
+- :mod:`training.config` -- ``TrainConfig`` (data, Q-network, learner, trainer sub-configs), saved as
+  ``config.json`` in every run;
+- :mod:`training.data` -- readers of transition logs, Memento training pairs and Case JSONL + rewards
+  files, encoded once, split by state; ``QDataModule`` serves ``memento.replay.ReplayBatch`` batches;
+- :mod:`training.q_module` -- ``QModule``, the ``LightningModule`` around ``memento.learner.soft_q_loss``;
+- :mod:`training.metrics` -- AUC, expected calibration error, per-state hit@K;
+- :mod:`training.run` -- ``train_q``: one run (Trainer, early stopping, checkpoints, TensorBoard, the
+  selector directory); :mod:`training.cli` -- the ``memento train`` command;
+- :mod:`training.bench` -- ``memento bench train --lightning``.
+
+Encoder fine-tuning (``memento train-encoder``): :mod:`training.simcse`, :mod:`training.simcse_cli`.
+
+``memento`` never imports this package at module level, and nothing here imports Lightning at package
+import: the CLI modules are argparse-only.
 """
