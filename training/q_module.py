@@ -24,7 +24,7 @@ Logged to TensorBoard (``self.log``): ``train/loss`` (per step and per epoch), `
 ``train/ece`` (per epoch, from the training pairs seen), ``val/loss``, ``val/auc``, ``val/ece``
 (expected calibration error of ``sigmoid(Q)``; single-step only), and per held-out state with mixed
 labels ``val/hit@K`` with its random-order baseline ``val/hit@K_random`` and ``val/ranking_states``;
-``train/alpha`` when the temperature moves, ``train/entropy`` of ``softmax(Q / alpha)``. Under DDP
+``train/alpha`` when the temperature moves, ``train/entropy`` (per epoch) of ``softmax(Q / alpha)``. Under DDP
 the epoch metrics are computed on each process's shard and averaged.
 """
 
@@ -159,7 +159,7 @@ class QModule(L.LightningModule):
             alpha_loss = -(self.log_alpha * ((target_B - entropy_B) * rows_B).sum() / n_rows)
             total = loss + alpha_loss
         self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, prog_bar=True, batch_size=b)
-        self.log("train/entropy", (entropy_B * rows_B).sum() / n_rows, on_step=False, on_epoch=True, batch_size=b)
+        self._entropy.append(((entropy_B * rows_B).sum() / n_rows).detach())  # logged per epoch: one log per step
         if cfg.alpha_schedule != "fixed":
             self.log("train/alpha", alpha, on_step=True, on_epoch=False, batch_size=b)
         self._collect("train", out.q_BK, batch)
@@ -192,6 +192,7 @@ class QModule(L.LightningModule):
             self._pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
                 **getattr(self, "_pairs", {}), "train": []}
             self._n_pairs = {**getattr(self, "_n_pairs", {}), "train": 0}
+            self._entropy: list[torch.Tensor] = []
         if split in (None, "val"):
             self._pairs = {**self._pairs, "val": []}
             self._n_pairs = {**self._n_pairs, "val": 0}
@@ -220,6 +221,8 @@ class QModule(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         metrics = self._epoch_metrics("train")
+        if self._entropy:
+            metrics["train/entropy"] = float(torch.stack(self._entropy).float().mean())
         if metrics:
             self.log_dict(metrics, sync_dist=True)
         self._reset_metrics("train")
