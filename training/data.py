@@ -316,6 +316,11 @@ def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, 
     """``(steps.jsonl, bank directory)`` for a run directory or a ``steps.jsonl`` path."""
     path = Path(log)
     steps = path / "steps.jsonl" if path.is_dir() else path
+    if path.is_dir() and not steps.is_file():
+        runs = sorted(p.parent.name for p in path.glob("*/steps.jsonl"))
+        if runs:
+            raise DataFormatError(f"a comparison directory with one run per policy; pass one of them: "
+                                  f"{', '.join(str(path / r) for r in runs)}", path=path)
     if not steps.is_file():
         raise DataFormatError("transition log not found (expected a run directory holding steps.jsonl, or the "
                               "steps.jsonl file)", path=steps)

@@ -214,6 +214,8 @@ def test_transition_log_errors_and_next_states(log_run, tmp_path):
                             bank=log_run / "bank")
     with pytest.raises(DataFormatError, match="transition log not found"):
         load_transition_log(tmp_path / "nowhere", HashingEncoder())
+    with pytest.raises(DataFormatError, match=r"a comparison directory .*pass one of them: .*log"):
+        load_transition_log(log_run.parent, HashingEncoder())
     first, second = json.loads(lines[0]), json.loads(lines[1])
     first.update(done=False, next_state=second["state"], next_candidate_ids=second["candidate_ids"][:5])
     data = load_transition_log(_write(tmp_path / "steps.jsonl", [json.dumps(first), lines[1]]), HashingEncoder(),
