@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
-from memento.serve import ServeConfig, ServerUnavailableError, Writer, _json_safe, token_matches
+from memento.serve import ServeConfig, ServerUnavailableError, Writer, _json_safe, thread_limiter, token_matches
 
 logger = logging.getLogger("memento.serve")
 
@@ -158,6 +158,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     from memento import __version__
 
     SelectRequest, FeedbackRequest, CaseRequest = _models(config)
+    limit_threads = thread_limiter(config.threads)
     started = time.time()
     owned = writer is None
     state: dict[str, Any] = {"writer": writer}
@@ -218,6 +219,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     @app.post("/v1/select", dependencies=auth, tags=["selector"], summary="choose k cases for a task")
     def select(body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
+        limit_threads()
         try:
             result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
         except Exception as error:  # noqa: BLE001

@@ -195,6 +195,35 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: 1)")
     bo.add_argument("--seed", type=int, default=0)
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
+
+    bsv = bench_cmds.add_parser(
+        "serve", help="memento serve over HTTP at a large bank: select p50/p99 at 1 and 16 clients, feedback/s",
+        description="Build (or reuse, --artifact) an exported selector over a bank of --size random unit vectors "
+                    "(the real encoder's dim; a short real soft-Q run, then memento export), start a real "
+                    "`memento serve` on 127.0.0.1 and time from client threads, over HTTP: POST /v1/select by "
+                    "embedding and by text (encoded by the server's real encoder) with each --clients count, "
+                    "and POST /v1/feedback throughput, recording only and (unless --no-learn) with --learn. "
+                    "Needs the 'serve' extra.")
+    bsv.add_argument("--size", type=int, default=100_000, help="cases in the bank (default: 100000)")
+    bsv.add_argument("--factory", default="HNSW32,Flat", help='faiss index of the bank (default: "HNSW32,Flat")')
+    bsv.add_argument("--data", choices=["clustered", "uniform"], default="clustered",
+                     help="clustered vectors like real embeddings (default), or uniform on the sphere")
+    bsv.add_argument("--k", type=int, default=4, help="cases per select (default: 4)")
+    bsv.add_argument("--clients", type=int, nargs="+", default=[1, 16],
+                     help="concurrent client threads (default: 1 16)")
+    bsv.add_argument("--selects", type=int, default=1000, help="timed selects by embedding per client count "
+                                                               "(default: 1000)")
+    bsv.add_argument("--text-selects", type=int, default=200,
+                     help="timed selects by text per client count (default: 200; 0 skips)")
+    bsv.add_argument("--feedbacks", type=int, default=1000, help="timed feedbacks per client count (default: 1000)")
+    bsv.add_argument("--no-learn", action="store_true", help="skip the run with a learning server (--learn)")
+    bsv.add_argument("--threads", type=int, default=1, help="the server's --threads (default: 1)")
+    bsv.add_argument("--warmup", type=int, default=20, help="untimed requests before each phase (default: 20)")
+    bsv.add_argument("--seed", type=int, default=0)
+    bsv.add_argument("--artifact", metavar="DIR", default=None,
+                     help="reuse the selector here, or build it here and keep it (default: a temporary one)")
+    bsv.add_argument("--workdir", default=None, help="where temporary files go (default: system temp)")
+    bsv.add_argument("--json", required=True, metavar="OUT", help="results file")
     _add_demo_parser(commands)
     _add_online_parser(commands)
     _add_export_parsers(commands)
@@ -512,9 +541,10 @@ def _add_serve_parsers(commands: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="B",
                        help="largest request body accepted; larger ones get 413 (default: 1048576)")
     serve.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default: 0)")
-    serve.add_argument("--torch-threads", type=int, default=0,
-                       help="torch.set_num_threads for the server (default: 0, torch's default; 1 is often faster: "
-                            "each request thread scores only a few dozen candidates)")
+    serve.add_argument("--threads", type=int, default=1, metavar="N",
+                       help="torch threads (torch.set_num_threads) and faiss OpenMP threads per request thread "
+                            "(default: 1: a request scores a few dozen candidates, and idle threads of concurrent "
+                            "requests spin against each other; 0: the libraries' defaults)")
 
     mcp = commands.add_parser("mcp", help="serve an exported selector as MCP tools over stdio",
                               description=_MCP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -535,14 +565,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
     token = resolve_token(token_file=args.token_file, no_auth=args.no_auth)
-    if args.torch_threads < 0:
-        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
-    if args.torch_threads:
+    if args.threads < 0:
+        raise ConfigError(f"--threads={args.threads}: must be >= 0")
+    if args.threads:
         import torch
 
-        torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
+        torch.set_num_threads(args.threads)  # process-wide, on purpose: the library never does this
     config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
-                         max_body_bytes=args.max_body_bytes)
+                         max_body_bytes=args.max_body_bytes, threads=args.threads)
 
     def ready(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -720,6 +750,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
             torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
         print(format_online_table(run_online_bench(online_config, out=args.json, workdir=args.workdir)))
+        print(f"results written to {args.json}")
+    elif args.bench_command == "serve":
+        from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_bench
+
+        serve_config = ServeBenchConfig(
+            size=args.size, data=args.data, factory=args.factory, k=args.k, clients=tuple(args.clients),
+            selects=args.selects, text_selects=args.text_selects, feedbacks=args.feedbacks, learn=not args.no_learn,
+            server_threads=args.threads, warmup=args.warmup, seed=args.seed)
+        print(format_serve_table(run_serve_bench(serve_config, out=args.json, artifact=args.artifact,
+                                                 workdir=args.workdir)))
         print(f"results written to {args.json}")
     return EXIT_OK
 

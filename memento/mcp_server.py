@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any
 
-from memento.serve import ServeConfig, Writer, _json_safe, require_extra
+from memento.serve import ServeConfig, Writer, _json_safe, require_extra, thread_limiter
 
 __all__ = ["build_mcp_server", "run_mcp"]
 
@@ -55,10 +55,12 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         return ToolError(str(error))
 
     Text = Annotated[str, Field(min_length=1, max_length=config.max_text_chars)]
+    limit_threads = thread_limiter(config.threads)  # tools run in the SDK's worker threads
 
     def select_cases(task: Text, k: Annotated[int, Field(ge=1, le=config.max_k)] = 4) -> dict[str, Any]:
         """Choose k past cases to show the LLM for this task. Returns selection_id (pass it to
         record_outcome), and cases: [{id, state, action, reward, env, prob}] in the order chosen."""
+        limit_threads()
         try:
             return _json_safe(selector.select(task, k=k, mode="sample").to_dict())
         except Exception as error:  # noqa: BLE001 - every selector error is the caller's to read

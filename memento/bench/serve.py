@@ -8,7 +8,8 @@ runs in a subprocess (uvicorn on 127.0.0.1, bearer token) and client threads in 
 keep-alive ``http.client`` connection per thread) measure, end to end over HTTP:
 
 - ``POST /v1/select`` latency p50/p99 with 1 and 16 concurrent clients, by embedding (the JSON body
-  carries a 384-float state) and by text (the server encodes the query with the real encoder);
+  carries a 384-float state) and by text (the server encodes the query with the real encoder; the texts
+  are new to its persistent embedding cache, so each one is encoded);
 - ``POST /v1/feedback`` throughput (acknowledged feedbacks/s, each committed by the single writer
   before its answer) with 1 and 16 clients, on the selection ids of the select phases; the server's
   recorded count is checked against the acknowledgements;
@@ -275,8 +276,8 @@ class ServeBenchConfig:
     - ``feedbacks``: timed feedbacks per concurrency level (needs that many selection ids from the
       select phases; more selects are made if needed, untimed);
     - ``learn``: also time feedback on a server started with ``--learn``;
-    - ``server_torch_threads``: ``--torch-threads`` of the server (1: small ops gain nothing from
-      threads, and the server runs one select per request thread);
+    - ``server_threads``: ``--threads`` of the server (torch threads, and faiss OpenMP threads per
+      request thread; 1: one request's search and scoring are too small to share out);
     - ``warmup``: untimed requests before each timed phase.
     """
 
@@ -289,12 +290,12 @@ class ServeBenchConfig:
     text_selects: int = 200
     feedbacks: int = 1000
     learn: bool = True
-    server_torch_threads: int = 1
+    server_threads: int = 1
     warmup: int = 20
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("size", "k", "selects", "feedbacks", "server_torch_threads"):
+        for name in ("size", "k", "selects", "feedbacks", "server_threads"):
             _check_int(self, name, 1)
         for name in ("text_selects", "warmup", "seed"):
             _check_int(self, name, 0)
@@ -307,9 +308,45 @@ class ServeBenchConfig:
 
 def build_random_artifact(out: str | Path, *, size: int, factory: str = "HNSW32,Flat",
                           data: str = "clustered", seed: int = 0, workdir: str | Path | None = None) -> Path:
-    """An exported selector over a bank of ``size`` random unit vectors (the real encoder's dim, recorded
-    in the bank so text queries are encoded for real) and a freshly initialised Q-network."""
-    raise NotImplementedError  # wired to memento.export once it lands
+    """An exported selector over a bank of ``size`` random unit vectors and a barely trained Q-network.
+
+    The bank records the real encoder (all-MiniLM-L6-v2, dim 384), so text queries are encoded for
+    real; its cases are ``make_vectors`` rows with short synthetic texts (encoding 100k texts would
+    take minutes and change nothing the service measures). A real soft-Q run of the online loop
+    then starts from that bank (16 tasks of the shipped facts suite, a planner that answers at once)
+    and :func:`memento.export_selector` exports it, as a user would.
+    """
+    from memento.bench.bank import make_vectors
+    from memento.config import EncoderConfig
+    from memento.encoders import Encoder
+    from memento.envs.tasks import load_suite
+    from memento.export import export_selector
+    from memento.judges import make_judge
+    from memento.loop import LoopConfig, OnlineLoop
+    from memento.memory import CaseBank
+    from memento.planners.base import CallablePlanner
+    from memento.types import Case
+
+    root = Path(tempfile.mkdtemp(prefix="memento-serve-artifact-", dir=workdir))
+    try:
+        encoder = Encoder.from_pretrained(device="cpu")
+        rng = np.random.default_rng(seed)
+        t0 = time.perf_counter()
+        with CaseBank.create(root / "seed-bank", encoder.dim, index=factory, encoder=EncoderConfig(),
+                             seed=seed) as bank:
+            for start in range(0, size, _ADD_CHUNK):
+                stop = min(size, start + _ADD_CHUNK)
+                cases = [Case(state=f"synthetic case {i}: what is the capital of region {i}?",
+                              action=f"answer {i}", reward=float(i % 2)) for i in range(start, stop)]
+                bank.add(cases, make_vectors(rng, stop - start, encoder.dim, data))
+        logger.info("bench serve: built a %d-case bank in %.1f s", size, time.perf_counter() - t0)
+        planner = CallablePlanner(lambda task, cases: task.answers[0], name="instant")
+        config = LoopConfig(steps=16, warmup=4, seed=seed, checkpoint_every=0, tensorboard=False)
+        OnlineLoop(config, encoder=encoder, planner=planner, judge=make_judge("exact"),
+                   tasks=load_suite("facts", "test"), out_dir=root / "run", bank_dir=root / "seed-bank").run()
+        return export_selector(root / "run", out)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- timing
@@ -328,8 +365,10 @@ def _summary(run: dict[str, Any], *, ok: int = 200) -> dict[str, Any]:
     return out
 
 
-def _texts(n: int, offset: int) -> list[str]:
-    return [f"new task {offset + i}: which region has the capital named city {offset + i}?" for i in range(n)]
+def _texts(n: int, nonce: str) -> list[str]:
+    """``n`` distinct task texts, new to the encoder's persistent embedding cache (``nonce`` differs per run),
+    so every select by text runs the encoder."""
+    return [f"new task {i} ({nonce}): which region has the capital named city {i}?" for i in range(n)]
 
 
 def _select_phase(server: ServerProcess, clients: int, bodies: list[dict[str, Any]], warmup: int,
@@ -376,7 +415,7 @@ def _ensure_ids(server: ServerProcess, ids: list[str], need: int, queries_QD: np
 
 def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray, *, learn: bool, token: str,
                log_path: Path, rng: np.random.Generator) -> dict[str, Any]:
-    args = ["--torch-threads", str(config.server_torch_threads), "--save-every-s", "0", "--save-every-n", "0"]
+    args = ["--threads", str(config.server_threads), "--save-every-s", "0", "--save-every-n", "0"]
     if learn:
         args.append("--learn")
     server = ServerProcess(artifact, token=token, args=args, log_path=log_path)
@@ -393,7 +432,8 @@ def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray,
                 logger.info("bench serve: select by embedding, %d client(s): %s", clients,
                             out["select_embedding"][str(clients)])
                 if config.text_selects:
-                    bodies = [{"query": t, "k": config.k} for t in _texts(config.text_selects, clients * 10_000)]
+                    texts = _texts(config.text_selects, f"{secrets.token_hex(4)}-{clients}")
+                    bodies = [{"query": t, "k": config.k} for t in texts]
                     out["select_text"][str(clients)] = _select_phase(server, clients, bodies, config.warmup, ids)
                     logger.info("bench serve: select by text, %d client(s): %s", clients,
                                 out["select_text"][str(clients)])

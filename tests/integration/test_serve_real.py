@@ -46,7 +46,7 @@ def artifact(exported: Path, tmp_path: Path) -> Path:
 
 
 def _server(artifact: Path, tmp_path: Path, *args: str, name: str = "serve") -> ServerProcess:
-    return ServerProcess(artifact, token=TOKEN, args=["--torch-threads", "1", *args],
+    return ServerProcess(artifact, token=TOKEN, args=[*args],
                          log_path=tmp_path / f"{name}.log")
 
 

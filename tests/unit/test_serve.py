@@ -410,7 +410,7 @@ def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None
         main(["serve", "--help"])
     out = capsys.readouterr().out
     for flag in (TOKEN_ENV, "--token-file", "--no-auth", "--learn", "--save-every-s", "--save-every-n", "--device",
-                 "--port", "--host", "--max-body-bytes", "memento[serve]"):
+                 "--port", "--host", "--max-body-bytes", "--threads", "memento[serve]"):
         assert flag in out, flag
     with pytest.raises(SystemExit):
         main(["mcp", "--help"])
