@@ -478,8 +478,11 @@ class SimCSEDataModule(L.LightningDataModule):
         self.texts = None if texts is None else list(texts)
         self.pairs = pairs
         self.examples: list[SupExample] | None = None
+        self._ready = False
 
     def setup(self, stage: str | None = None) -> None:
+        if self._ready:  # train_encoder calls it before the Trainer does
+            return
         cfg = self.config
         if cfg.mode == "unsup":
             if self.texts is None:
@@ -500,6 +503,7 @@ class SimCSEDataModule(L.LightningDataModule):
             if cfg.hard_negatives and no_neg:
                 logger.warning("%d of %d states with a positive case have no reward-0 case: their anchors train "
                                "with in-batch negatives only", no_neg, stats["states_with_positive"])
+        self._ready = True
 
     @property
     def items(self) -> list[Any]:
@@ -518,8 +522,16 @@ class SimCSEDataModule(L.LightningDataModule):
                           drop_last=len(items) > self.config.batch_size, collate_fn=self.collate())
 
     def eval_batch(self) -> dict[str, Any]:
-        """The first ``eval_size`` items (texts or examples), collated: a fixed batch."""
-        return self.collate()(self.items[:self.config.eval_size])
+        """A fixed batch of ``eval_size`` items: the first texts (unsup), or examples taken one state at a
+        time, round robin (sup: examples of one state mask each other out of the denominator)."""
+        if self.config.mode == "unsup":
+            return self.collate()(self.items[:self.config.eval_size])
+        by_state: dict[int, list[SupExample]] = {}
+        for example in self.items:
+            by_state.setdefault(example.state, []).append(example)
+        queues = list(by_state.values())
+        chosen = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+        return self.collate()(chosen[:self.config.eval_size])
 
 
 # ---------------------------------------------------------------- the module

@@ -305,3 +305,30 @@ def test_encoder_takes_pooling_from_saved_directory(tmp_path: Path, caplog: pyte
         {"format": "memento-encoder", "format_version": 1, "pooling": "max"}))
     with pytest.raises(EncoderError, match="pooling='max' is not one of"):
         Encoder.from_pretrained(model_dir, device="cpu", use_cache=False)
+
+
+def test_sup_eval_batch_spreads_over_states() -> None:
+    """The fixed sup batch takes one example per state in turn (examples of one state would mask each other)."""
+    from training.simcse import SimCSEDataModule
+
+    class Recorder(_StubTokenizer):
+        calls: list[list[str]] = []
+
+        def __call__(self, texts, **kwargs):
+            self.calls.append(list(texts))
+            return super().__call__(texts, **kwargs)
+
+    data = load_pairs([SIMCSE / "pairs.jsonl"])
+    tokenizer = Recorder()
+    module = SimCSEDataModule(SimCSEConfig(mode="sup", eval_size=24), tokenizer, pairs=data)
+    module.setup("fit")
+    module.setup("fit")  # idempotent: the Trainer calls it again
+    assert len(module.items) == 48
+    batch = module.eval_batch()
+    anchors, positives = tokenizer.calls[0], tokenizer.calls[1]
+    assert len(set(anchors)) == 24  # every state once
+    valid = batch["valid_BC"]
+    assert valid.shape == (24, 48) and valid.diagonal().all()
+    for i, anchor in enumerate(anchors):  # masked positive columns are exactly the anchor state's known positives
+        known = {data.cases[c] for c in data.positives[data.states.index(anchor)]}
+        assert [not v for v in valid[i, :24].tolist()] == [j != i and positives[j] in known for j in range(24)]
