@@ -283,9 +283,12 @@ def _print_stats(stats: dict[str, Any]) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """The ``memento train`` command; returns the exit status (errors are raised as ``MementoError``)."""
+    from training.run import launched_rank_zero
+
     config = build_train_config(args)  # every cheap check before the encoder is loaded
     out = Path(args.out)
-    if not args.resume and (out / "config.json").exists():
+    rank_zero = launched_rank_zero()  # DDP re-runs this command in one process per further device
+    if rank_zero and not args.resume and (out / "config.json").exists():
         raise ConfigError(f"{out}: already holds a training run; pass --resume or choose another --out")
     last = out / "checkpoints" / "last.ckpt"
     if args.resume and not last.is_file():
@@ -310,10 +313,13 @@ def run_train(args: argparse.Namespace) -> int:
                      gamma=config.learner.gamma)
     dm.prepare_data()
     dm.setup("fit")
-    _print_stats(dm.stats())
+    if rank_zero:
+        _print_stats(dm.stats())
     from training.run import train_q
 
     summary = train_q(config, out, encoder=encoder, data=dm.data, resume=args.resume)
+    if not rank_zero:
+        return 0
     m = summary["metrics"]
 
     def fmt(name: str) -> str:

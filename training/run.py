@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -33,12 +34,18 @@ from memento.errors import CheckpointError, ConfigError
 from memento.io import atomic_write_text
 from training.config import TrainConfig, save_train_config
 
-__all__ = ["resolve_precision", "train_q"]
+__all__ = ["launched_rank_zero", "resolve_precision", "train_q"]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
+
+
+def launched_rank_zero() -> bool:
+    """False in the processes a distributed launcher started for ranks other than 0 (Lightning's DDP
+    re-runs the command with ``LOCAL_RANK`` set; SLURM and torchrun set ``RANK`` / ``NODE_RANK``)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
 
 
 def _uses_cuda(accelerator: str) -> bool:
@@ -85,7 +92,8 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     if resume and not last.is_file():
         raise CheckpointError(f"{last}: no Lightning checkpoint to resume from")
     out.mkdir(parents=True, exist_ok=True)
-    save_train_config(config, out / "config.json")
+    if launched_rank_zero():
+        save_train_config(config, out / "config.json")
 
     tc = config.trainer
     dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, data=data,
@@ -93,7 +101,8 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     dm.prepare_data()
     dm.setup("fit")
     stats = dm.stats()
-    _write_json(out / "data.json", stats)
+    if launched_rank_zero():
+        _write_json(out / "data.json", stats)
     if stats["dim"] != config.qnet.dim:
         raise ConfigError(f"TrainConfig.qnet.dim={config.qnet.dim}: the data's vectors have dim={stats['dim']}")
 
@@ -117,7 +126,12 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
         for message in (r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",
                         r".*module\(s\) in eval mode.*",  # the target network, on purpose
                         r".*overridden `transfer_batch_to_device`.*",  # ours moves ReplayBatch / RankingBatch
-                        r".*LeafSpec.*"):  # Lightning's own use of a deprecated torch API
+                        r".*LeafSpec.*",  # Lightning's own use of a deprecated torch API
+                        r".*smaller than the logging interval.*",  # short epochs (per process under DDP)
+                        # DDP: train/loss per epoch is each process's mean (no collective per step), and the final
+                        # validate() may repeat a few held-out rows to give every process the same count
+                        r".*recommended to use `self.log\('train/loss'.*sync_dist=True.*",
+                        r".*Using `DistributedSampler` with the dataloaders. During `trainer.validate\(\)`.*"):
             warnings.filterwarnings("ignore", message=message)
         trainer.fit(module, datamodule=dm, ckpt_path=str(last) if resume else None, weights_only=True)
         fit_s = time.perf_counter() - started

@@ -128,3 +128,24 @@ def test_trained_qnet_beats_similarity_on_fresh_tasks(encoder, tmp_path, capsys)
     assert np.mean(similarity) == 0.5 and not any(similarity[i] for i in trap)  # similarity fails every trap task
     assert all(soft_q[i] == 1.0 for i in trap)  # the trained Q-network finds the bare cases for them
     assert np.mean(soft_q) >= 0.75 > np.mean(similarity)
+
+
+def test_ddp_on_two_cpu_processes(tmp_path):
+    """`--strategy ddp --devices 2` on the CPU (gloo): Lightning re-runs the command for rank 1, which must not
+    refuse the run directory rank 0 has just written, and only rank 0 reports."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "memento.cli", "train", "--from-memento", str(FIXTURES / "training_data.jsonl"),
+               "--memory", str(FIXTURES / "memory.jsonl"), "--out", str(out), "--max-epochs", "2", "--batch-size",
+               "64", "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", "--no-progress"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("trained ") == 1 and "2 epochs" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["devices"] == 2 and summary["global_step"] == 2 * 3  # 320 rows / 2 processes / 64 per batch
+    assert SoftQLearner.load(out / "selector").updates > 0
