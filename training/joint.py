@@ -241,7 +241,8 @@ def train_joint(config: JointConfig, out: str | Path, *, pairs: PairData | None 
 
     trainer = L.Trainer(
         accelerator=config.accelerator, devices=parse_devices(config.devices), strategy=config.strategy,
-        precision=precision, max_epochs=config.epochs, max_steps=config.max_steps or -1,
+        precision=precision,  # type: ignore[arg-type]  # one of Lightning's precision strings
+        max_epochs=config.epochs, max_steps=config.max_steps or -1,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
         gradient_clip_val=config.learner.max_grad_norm, log_every_n_steps=config.log_every_n_steps,

@@ -49,7 +49,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -509,7 +509,7 @@ class SimCSEDataModule(L.LightningDataModule):
     def items(self) -> list[Any]:
         return list(self.texts if self.config.mode == "unsup" else self.examples)  # type: ignore[arg-type]
 
-    def collate(self) -> UnsupCollate | SupCollate:
+    def collate(self) -> Callable[[list[Any]], dict[str, Any]]:
         if self.config.mode == "unsup":
             return UnsupCollate(self.tokenizer, self.config.max_length)
         assert self.pairs is not None
@@ -657,7 +657,8 @@ class SimCSEModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         cfg = self.config
-        decay, no_decay = [], []
+        decay: list[nn.Parameter] = []
+        no_decay: list[nn.Parameter] = []
         for name, param in self.model.named_parameters():
             (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -772,7 +773,8 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
 
     trainer = L.Trainer(
         accelerator=config.accelerator, devices=parse_devices(config.devices), strategy=config.strategy,
-        precision=precision, max_epochs=config.epochs, max_steps=config.max_steps or -1,
+        precision=precision,  # type: ignore[arg-type]  # one of Lightning's precision strings
+        max_epochs=config.epochs, max_steps=config.max_steps or -1,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
         log_every_n_steps=config.log_every_n_steps, num_sanity_val_steps=0, limit_val_batches=0,
@@ -793,7 +795,7 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
                             reload_max_abs_diff=None, data_stats={})
     data_stats = {"texts": len(data.items)} if config.mode == "unsup" else \
         {"examples": len(data.items), **data.pairs.stats()}  # type: ignore[union-attr]
-    figures = {"steps": steps, "seconds_per_step": per_step,
+    figures: dict[str, Any] = {"steps": steps, "seconds_per_step": per_step,
                "loss_before": module.eval_losses.get("loss_before"),
                "loss_after": module.eval_losses.get("loss_after"), "data": data_stats}
     module.model.eval()
@@ -804,6 +806,7 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
         probe = [str(t) for t in data.items[:8]]
     else:
         examples, pair_data = data.items[:4], data.pairs
+        assert pair_data is not None  # setup read them
         probe = [pair_data.states[e.state] for e in examples] + [pair_data.cases[e.positive] for e in examples]
     diff = _check_reload(module, encoder_dir, list(dict.fromkeys(probe)), config)
     result = SimCSEResult(out=str(out), encoder_dir=str(encoder_dir), mode=config.mode, items=len(data.items),
