@@ -31,8 +31,8 @@ def _add_encoder_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("encoder (used when the bank is created)")
     group.add_argument("--encoder", metavar="PATH", default=None,
                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
-    group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default="avg",
-                       help="SimCSE pooling (default: avg)")
+    group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
+                       help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
     group.add_argument("--max-length", type=int, default=256, help="token limit per text (default: 256)")
     group.add_argument("--index", default="Flat",
                        help='faiss index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat" (default: Flat)')
@@ -333,8 +333,8 @@ def _add_online_parser(commands: Any) -> None:
     group = online.add_argument_group("encoder")
     group.add_argument("--encoder", metavar="PATH", default=None,
                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
-    group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default="avg",
-                       help="SimCSE pooling (default: avg)")
+    group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
+                       help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
     group.add_argument("--max-length", type=int, default=256, help="token limit per text (default: 256)")
     group.add_argument("--index", default="Flat", help="faiss factory of the bank made from --cases (default: Flat)")
 
@@ -612,7 +612,10 @@ def _load_encoder(config: Any) -> Any:
 def _encoder_config(args: argparse.Namespace) -> Any:
     from memento.config import EncoderConfig
 
-    return EncoderConfig(model=args.encoder, pooling=args.pooling, max_length=args.max_length)
+    from memento.encoders import saved_pooling
+
+    pooling = args.pooling or (saved_pooling(args.encoder) if args.encoder else None) or "avg"
+    return EncoderConfig(model=args.encoder, pooling=pooling, max_length=args.max_length)
 
 
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
