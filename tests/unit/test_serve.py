@@ -455,6 +455,7 @@ def test_cli_missing_extra_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     assert err.count("\n") == 1 and f"pip install 'memento[{command}]'" in err, err
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: 1.5-3 s
 def test_serve_and_mcp_modules_import_without_the_extras() -> None:
     code = ("import sys, json, memento, memento.serve, memento.mcp_server\n"
             "print(json.dumps([m for m in ('fastapi', 'uvicorn', 'mcp', 'starlette') if m in sys.modules]))")
@@ -494,3 +495,25 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
     anyio.run(drive)
     writer.stop(5)
     assert selector.feedbacks and selector.saves == 1
+
+
+# ---------------------------------------------------------------- bench serve (the run itself: tests/integration)
+
+
+def test_bench_serve_config_and_table() -> None:
+    from memento.bench.serve import ServeBenchConfig, format_serve_table
+
+    with pytest.raises(ConfigError, match="clients"):
+        ServeBenchConfig(clients=())
+    with pytest.raises(ConfigError, match="k"):
+        ServeBenchConfig(size=3, k=4)
+    with pytest.raises(ConfigError, match="data"):
+        ServeBenchConfig(data="gaussian")  # type: ignore[arg-type]
+    phase = {"requests": 10, "ok": 10, "errors": 0, "wall_s": 1.0, "per_s": 10.0, "p50_ms": 1.0, "p99_ms": 2.0}
+    run = {"learn": False, "select_embedding": {"1": phase}, "select_text": {"16": phase}, "feedback": {"1": phase},
+           "start_s": 3.0, "shutdown_s": 1.0, "acknowledged_feedback": 10, "recorded_feedback": 10}
+    table = format_serve_table({"config": dataclasses.asdict(ServeBenchConfig()), "record": run,
+                                "learn": {**run, "learn": True}})
+    for row in ("| select by embedding | 1 | 1.00 | 2.00 | 10 | 0 |", "| select by text | 16 |",
+                "| feedback (record) | 1 |", "| feedback (learn) | 1 |", "| --learn | 3.0 | 1.0 | 10 | 10 |"):
+        assert row in table, row

@@ -1,0 +1,38 @@
+"""``memento bench serve`` end to end on a small bank: the artifact is built from a real short run and exported,
+a real server answers, and the JSON and the table hold every phase (the 100k-case figures are in
+docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memento.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_serve_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--size", "300", "--factory", "Flat", "--clients", "1", "4", "--selects", "40",
+            "--text-selects", "4", "--feedbacks", "40", "--warmup", "2", "--no-learn", "--artifact",
+            str(tmp_path / "selector"), "--json", str(out)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    assert results["benchmark"] == "serve" and results["artifact"]["reused"] is False
+    assert {"fastapi", "uvicorn", "torch", "loadavg_start", "loadavg_end"} <= set(results["environment"])
+    record = results["record"]
+    for kind, n in (("select_embedding", 40), ("select_text", 4)):
+        for clients in ("1", "4"):
+            phase = record[kind][clients]
+            assert phase["ok"] == n and phase["errors"] == 0 and 0 < phase["p50_ms"] <= phase["p99_ms"]
+    assert all(record["feedback"][c]["ok"] == 40 for c in ("1", "4"))
+    assert record["acknowledged_feedback"] == record["recorded_feedback"] == 80
+    assert record["exit_status"] == 0 and record["selector_stats"]["cases"] >= 300
+    assert "learn" not in results
+    for row in ("| select by embedding | 4 |", "| select by text | 1 |", "| feedback (record) | 4 |"):
+        assert row in table
+    assert (tmp_path / "selector" / "manifest.json").is_file()  # kept for reuse
