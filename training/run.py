@@ -25,6 +25,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def _write_json(path: Path, payload: Any) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+def _floats(metrics: Mapping[str, Any]) -> dict[str, float]:
     out = {}
     for name, value in metrics.items():
         value = float(value.item() if isinstance(value, torch.Tensor) else value)
@@ -117,7 +118,8 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     steps_per_epoch = max(1, -(-len(dm.train_rows) // config.learner.batch_size))  # type: ignore[arg-type]
     trainer = L.Trainer(
         accelerator=tc.accelerator, devices=tc.devices, num_nodes=tc.num_nodes, strategy=tc.strategy,
-        precision=precision, max_epochs=tc.max_epochs, max_steps=tc.max_steps, callbacks=all_callbacks,
+        precision=precision,  # type: ignore[arg-type]  # a Precision value Lightning accepts
+        max_epochs=tc.max_epochs, max_steps=tc.max_steps, callbacks=all_callbacks,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         default_root_dir=str(out), enable_progress_bar=tc.progress_bar, enable_model_summary=False,
         log_every_n_steps=min(tc.log_every_n_steps, steps_per_epoch), num_sanity_val_steps=0)
@@ -151,7 +153,7 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
         "best_checkpoint": str(Path(best).relative_to(out)) if Path(best).is_relative_to(out) else best,
         "best_val_loss": best_metrics.get("val/loss"), "metrics": best_metrics,
         "epochs": int(trainer.current_epoch), "global_step": int(trainer.global_step),
-        "stopped_early": bool(any(isinstance(c, EarlyStopping) and c.stopped_epoch > 0 for c in trainer.callbacks)),
+        "stopped_early": bool(any(isinstance(c, EarlyStopping) and c.stopped_epoch > 0 for c in all_callbacks)),
         "precision": precision, "accelerator": type(trainer.accelerator).__name__,
         "device": str(module.device), "devices": trainer.num_devices, "num_nodes": trainer.num_nodes,
         "fit_s": fit_s, "resumed": resume, "data": stats,
