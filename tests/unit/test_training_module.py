@@ -66,7 +66,16 @@ def test_twenty_step_fit_on_cpu(tmp_path):
     assert 0.0 <= metrics["val/auc"] <= 1.0 and metrics["val/ranking_states"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["global_step"] == 20
     assert json.loads((tmp_path / "config.json").read_text())["qnet"]["dim"] == 8
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for path in events:
+        accumulator = EventAccumulator(str(path))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    assert {"train/loss_step", "train/loss_epoch", "train/auc", "train/ece", "val/loss", "val/auc", "val/ece",
+            "val/hit@1", "val/hit@4_random", "val/ranking_states"} <= tags
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file() and (tmp_path / summary["best_checkpoint"]).is_file()
     # the selector directory is SoftQLearner.save output holding the best checkpoint's networks
     learner = SoftQLearner.load(tmp_path / "selector")
