@@ -445,7 +445,7 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
         sock = _bind(host, port)
         bound_port = sock.getsockname()[1]
         uv_config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
-                                   timeout_graceful_shutdown=int(math.ceil(config.graceful_timeout_s)) or None,
+                                   timeout_graceful_shutdown=math.ceil(config.graceful_timeout_s),
                                    server_header=False)
         server = uvicorn.Server(uv_config)
         server.capture_signals = lambda: _quiet_signals(server)  # type: ignore[method-assign]
