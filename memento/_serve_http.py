@@ -217,7 +217,8 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         return {"status": "ok", "version": __version__}
 
     @app.post("/v1/select", dependencies=auth, tags=["selector"], summary="choose k cases for a task")
-    def select(body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    def select(request_body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body  # a model class made per app: mypy cannot see its fields
         query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
         limit_threads()
         try:
@@ -228,12 +229,14 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
 
     @app.post("/v1/feedback", dependencies=auth, tags=["selector"],
               summary="record the reward of a selection (answered once committed)")
-    async def feedback(body: FeedbackRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def feedback(request_body: FeedbackRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body
         result = await write(lambda w: w.submit_feedback(body.selection_id, body.reward), field="reward")
         return _json_safe(result)
 
     @app.post("/v1/cases", dependencies=auth, tags=["cases"], summary="add a case (answered once committed)")
-    async def add_case(body: CaseRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def add_case(request_body: CaseRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
         case_id = await write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
                                                       meta=body.meta, embedding=embedding))

@@ -40,7 +40,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -295,17 +295,17 @@ def check_host(host: str, *, no_auth: bool) -> None:
 
 
 def resolve_token(*, token_file: str | Path | None = None, no_auth: bool = False,
-                  environ: dict[str, str] | None = None) -> str | None:
+                  environ: Mapping[str, str] | None = None) -> str | None:
     """The bearer token: from ``token_file`` when given, else ``$MEMENTO_SERVE_TOKEN``; ``None`` with ``no_auth``.
 
     The token must be at least 16 characters (surrounding whitespace, e.g. the file's newline, is
     stripped). Without a token and without ``no_auth`` this raises a ConfigError saying how to give one.
     """
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     if no_auth:
         if token_file is not None:
             raise ConfigError("--no-auth and --token-file exclude each other")
-        if environ.get(TOKEN_ENV):
+        if env.get(TOKEN_ENV):
             logger.warning("--no-auth: ignoring $%s", TOKEN_ENV)
         return None
     if token_file is not None:
@@ -318,8 +318,8 @@ def resolve_token(*, token_file: str | Path | None = None, no_auth: bool = False
         with contextlib.suppress(OSError):
             if path.stat().st_mode & 0o077:
                 logger.warning("%s is readable by other users (chmod 600 it)", path)
-    elif environ.get(TOKEN_ENV) is not None:
-        token, where = environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
+    elif env.get(TOKEN_ENV) is not None:
+        token, where = env[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
     else:
         raise ConfigError(f"no token: set {TOKEN_ENV} or pass --token-file FILE "
                           "(or --no-auth, allowed on a loopback host only)")
