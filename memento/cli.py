@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args
 
-from memento.errors import MementoError
+from memento.errors import ConfigError, MementoError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -321,6 +321,9 @@ def _add_online_parser(commands: Any) -> None:
                         help="the last steps that make the 'late' success rate (default: 200)")
     online.add_argument("--alpha", type=float, default=None, help="soft-Q temperature (default: 0.2)")
     online.add_argument("--warmup", type=int, default=16, help="decisions before the first soft-Q update (default: 16)")
+    online.add_argument("--init-qnet", metavar="DIR", default=None,
+                        help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
+                             "selector/ subdirectory) instead of a fresh one")
     online.add_argument("--seed", type=int, default=0)
     online.add_argument("--out", required=True, metavar="DIR", help="output directory")
     online.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
@@ -375,6 +378,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
     config = LoopConfig(steps=args.steps, k=args.k, candidates=args.candidates, batch_size=args.batch_size,
                         checkpoint_every=args.checkpoint_every, window=args.window, seed=args.seed,
                         warmup=args.warmup, index=args.index, policy=policies[0],  # type: ignore[arg-type]
+                        init_qnet=args.init_qnet,
                         **({} if args.alpha is None else {"alpha": args.alpha}))
     if args.late_steps < 1:
         raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
@@ -426,7 +430,12 @@ OUT gets: manifest.json (format version, library versions, sha256 of every file,
 config.json (selector, Q-network, learner, replay and index configs; the run's full config),
 encoder.json, qnet.safetensors, learner/, replay/, bank/ (cases.sqlite + index.faiss),
 feedback.sqlite (empty) and a README.md model card with the run's success rates.
-OUT is assembled beside itself and renamed into place when complete."""
+OUT is assembled beside itself and renamed into place when complete.
+
+With --bank BANK, SRC is instead a selector trained offline (a `memento train` run directory or its
+selector/ subdirectory): OUT pairs its Q-network and learner settings with a copy of the case bank
+BANK (a bank directory, e.g. RUN/bank of the online run whose log it was trained on); the replay
+buffer starts empty."""
 
 _VERIFY_DESCRIPTION = """\
 Check an exported selector without loading it: every file against the sha256 and size in its
@@ -443,6 +452,11 @@ def _add_export_parsers(commands: Any) -> None:
     export.add_argument("out", metavar="OUT", help="the selector directory to write")
     export.add_argument("--force", action="store_true",
                         help="replace OUT if it is already an exported selector (anything else is never replaced)")
+    export.add_argument("--bank", metavar="BANK", default=None,
+                        help="SRC is an offline-trained selector (memento train); serve it over this case bank")
+    export.add_argument("--k", type=int, default=4, help="with --bank: cases shown per task (default: 4)")
+    export.add_argument("--candidates", type=int, default=32,
+                        help="with --bank: the cosine pre-selection the policy chooses from (default: 32)")
     verify = commands.add_parser("verify", help="check an exported selector's checksums and dimensions",
                                  description=_VERIFY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     verify.add_argument("dir", metavar="DIR", help="the exported selector directory")
@@ -450,9 +464,17 @@ def _add_export_parsers(commands: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from memento.export import export_selector, verify
+    from memento.export import create_selector, export_selector, verify
 
-    out = export_selector(args.source, args.out, overwrite=args.force)
+    src = Path(args.source)
+    if args.bank is not None:
+        out = create_selector(args.bank, args.out, trained=src, k=args.k, candidates=args.candidates,
+                              overwrite=args.force)
+    elif (src / "selector" / "learner.json").is_file() and not (src / "bank").is_dir():
+        raise ConfigError(f"{src}: an offline-trained selector (memento train) has no case bank of its own; "
+                          "pass --bank BANK_DIR")
+    else:
+        out = export_selector(args.source, args.out, overwrite=args.force)
     report = verify(out)
     manifest = report["manifest"]
     source = manifest.get("source") or {}
@@ -611,7 +633,6 @@ def _load_encoder(config: Any) -> Any:
 
 def _encoder_config(args: argparse.Namespace) -> Any:
     from memento.config import EncoderConfig
-
     from memento.encoders import saved_pooling
 
     pooling = args.pooling or (saved_pooling(args.encoder) if args.encoder else None) or "avg"

@@ -414,7 +414,7 @@ def _write_artifact(tmp: Path, out: Path, *, learner: Any, buffer: Any, config: 
 def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = None, qnet: QNetConfig | None = None,
                     learner: LearnerConfig | None = None, k: int = 4, candidates: int = 32,
                     replay_capacity: int = 10_000, warmup: int = 16, updates_per_step: int = 1,
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, trained: str | Path | None = None) -> Path:
     """A selector artifact over an existing case bank, with a fresh (untrained) Q-network.
 
     For a bank built without a run (imported cases, Memento memories): load it with ``learn=True`` and it
@@ -422,6 +422,9 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     ``encoder``: an :class:`EncoderSpec`, a :class:`memento.Encoder` (its description is recorded), or
     ``None`` for the encoder the bank records (if none, the artifact takes vectors only). ``qnet`` and
     ``learner`` default to the online loop's soft-Q settings (``dim`` comes from the bank).
+    ``trained``: a trained selector directory (``SoftQLearner.save``; a ``memento train`` run directory or
+    its ``selector/``) whose Q-network and learner settings replace the fresh ones (``qnet``/``learner``
+    must then be None): an offline-trained selector over a bank.
     """
     from memento.learner import SoftQLearner
     from memento.memory import CaseBank
@@ -456,23 +459,41 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
             spec = _encoder_spec(bank_config.encoder, None, dim)
         if spec.dim != dim:
             raise DimensionError(f"create_selector: the encoder gives dim={spec.dim}, bank {bank_dir} holds dim={dim}")
-        qnet_config = qnet if qnet is not None else QNetConfig(dim=dim, hidden=128, dropout=0.0, embed_dim=64)
-        if qnet_config.dim != dim:
-            raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {bank_dir} holds dim={dim}")
-        learner_config = learner if learner is not None else LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0,
-                                                                            batch_size=64, alpha=0.2)
-        trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
-                               learner_config, device="cpu")
+        if trained is not None:
+            if qnet is not None or learner is not None:
+                raise ConfigError("create_selector: pass either trained= or qnet=/learner=, not both")
+            from memento.loop import load_trained_qnet
+
+            trained_dir = Path(trained)
+            if not (trained_dir / "learner.json").is_file() and (trained_dir / "selector").is_dir():
+                trained_dir = trained_dir / "selector"
+            load_trained_qnet(trained_dir, dim)  # the checks: a selector directory, the bank's dim
+            trainer = SoftQLearner.load(trained_dir, device="cpu")
+            if trainer.config.gamma != 0.0:
+                raise ConfigError(f"{trained_dir}: trained with gamma={trainer.config.gamma}; a selector learns "
+                                  "single-step (gamma=0) from feedback")
+            qnet_config, learner_config = trainer.qnet.config, trainer.config
+        else:
+            qnet_config = qnet if qnet is not None else QNetConfig(dim=dim, hidden=128, dropout=0.0, embed_dim=64)
+            if qnet_config.dim != dim:
+                raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {bank_dir} holds dim={dim}")
+            learner_config = learner if learner is not None else LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0,
+                                                                                batch_size=64, alpha=0.2)
+            trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
+                                   learner_config, device="cpu")
         buffer = ReplayBuffer(ReplayConfig(capacity=replay_capacity, dim=dim, k_max=k), device="cpu")
         config = SelectorConfig(k=k, candidates=candidates, warmup=warmup, updates_per_step=updates_per_step,
                                 qnet=qnet_config, learner=learner_config, replay=buffer.config,
                                 index=bank_config.index)
-        source = {"kind": "bank", "path": str(bank_dir.resolve()), "bank_cases": cases, "learner_updates": 0,
-                  "policy": "soft_q", "summary": None, "comparison": None}
+        source = {"kind": "bank", "path": str(bank_dir.resolve()), "bank_cases": cases,
+                  "learner_updates": trainer.updates, "policy": "soft_q", "summary": None, "comparison": None}
+        if trained is not None:
+            source.update(kind="trained", trained=str(Path(trained).resolve()))
         _write_artifact(tmp, out, learner=trainer, buffer=buffer, config=config, spec=spec, cases=cases,
                         source=source)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    logger.info("created selector %s over bank %s (%d cases, dim %d, untrained)", out, bank_dir, cases, dim)
+    logger.info("created selector %s over bank %s (%d cases, dim %d, %s)", out, bank_dir, cases, dim,
+                "untrained" if trained is None else f"Q-network from {trained}")
     return out

@@ -172,7 +172,10 @@ class LoopConfig:
     ``learner.batch_size`` is the replay mini-batch, not ``batch_size``); ``alpha``: when given, the
     temperature of ``softmax(Q / alpha)``, overriding ``learner.alpha`` (the stored ``learner`` then
     carries it); ``replay_capacity``: decisions the buffer keeps; ``warmup``: decisions logged before the
-    first update; ``updates_per_step``: gradient steps per task after warm-up.
+    first update; ``updates_per_step``: gradient steps per task after warm-up; ``init_qnet``: a trained
+    selector directory (what ``SoftQLearner.save`` writes, e.g. ``memento train``'s ``OUT/selector``, or
+    that run directory itself) whose Q-network, architecture included, the run starts from instead of a
+    fresh one (the optimiser starts fresh with ``learner``; the ``qnet_*`` fields are then unused).
 
     Similarity: ``positive_only`` (default True) keeps only successful cases (reward > 0), like
     Memento's non-parametric client; it falls back to all candidates when none is positive.
@@ -204,6 +207,7 @@ class LoopConfig:
     replay_capacity: int = 10_000
     warmup: int = 16
     updates_per_step: int = 1
+    init_qnet: str | None = None
     # similarity
     positive_only: bool = True
     # LinUCB
@@ -241,6 +245,8 @@ class LoopConfig:
         _check_int(self, "replay_capacity", 1)
         _check_int(self, "warmup", 0)
         _check_int(self, "updates_per_step", 0)
+        _check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
+               "init_qnet", self.init_qnet, "must be a selector directory path or null")
         _check_float(self, "linucb_exploration", low=0.0)
         _check_float(self, "linucb_ridge", low=0.0, low_open=True)
 
@@ -350,6 +356,27 @@ def tasks_fingerprint(tasks: Sequence[Task]) -> str:
         digest.update(json.dumps([task.id, task.question, list(task.answers)], ensure_ascii=False).encode("utf-8"))
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+def load_trained_qnet(path: str | Path, dim: int) -> Any:
+    """The Q-network of a trained selector directory (``SoftQLearner.save``) or of a run holding ``selector/``.
+
+    Raises :class:`~memento.errors.DimensionError` when it scores ``dim'``-dimensional vectors and the run's
+    encoder gives ``dim``, and :class:`~memento.errors.CheckpointError` when ``path`` holds no selector.
+    """
+    from memento.learner import SoftQLearner
+
+    path = Path(path)
+    if not (path / "learner.json").is_file() and (path / "selector" / "learner.json").is_file():
+        path = path / "selector"
+    if not (path / "learner.json").is_file():
+        raise CheckpointError(f"{path}: not a trained selector directory (no learner.json; expected what "
+                              "SoftQLearner.save or `memento train` writes)")
+    qnet = SoftQLearner.load(path, device="cpu").qnet
+    if qnet.config.dim != dim:
+        raise DimensionError(f"{path}: the Q-network takes dim={qnet.config.dim}, the encoder gives dim={dim}")
+    logger.info("starting from the trained Q-network in %s (arch=%s)", path, qnet.config.arch)
+    return qnet
 
 
 def _torch_seed(seq: np.random.SeedSequence) -> int:
@@ -588,7 +615,11 @@ class OnlineLoop:
                 from memento.replay import ReplayBuffer
 
                 qnet_seed, learner_seed = _torch_seed(seeds[2]), _torch_seed(seeds[3])
-                qnet = build_qnet(cfg.qnet_config(self.dim, seed=qnet_seed), torch.Generator().manual_seed(qnet_seed))
+                if cfg.init_qnet is not None:
+                    qnet = load_trained_qnet(cfg.init_qnet, self.dim)
+                else:
+                    qnet = build_qnet(cfg.qnet_config(self.dim, seed=qnet_seed),
+                                      torch.Generator().manual_seed(qnet_seed))
                 self.learner = SoftQLearner(qnet, dataclasses.replace(cfg.learner, seed=learner_seed),
                                             device=self.device,
                                             generator=torch.Generator(device=self.device).manual_seed(learner_seed))

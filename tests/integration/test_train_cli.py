@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from memento.cli import main
+from memento.export import load_selector
 from memento.learner import SoftQLearner
 from memento.loop import LoopConfig, run_online
 from memento.memory import CaseBank
@@ -128,6 +129,26 @@ def test_trained_qnet_beats_similarity_on_fresh_tasks(encoder, tmp_path, capsys)
     assert np.mean(similarity) == 0.5 and not any(similarity[i] for i in trap)  # similarity fails every trap task
     assert all(soft_q[i] == 1.0 for i in trap)  # the trained Q-network finds the bare cases for them
     assert np.mean(soft_q) >= 0.75 > np.mean(similarity)
+
+    # the offline-trained selector is usable downstream: exported over a bank, and as the loop's start
+    exported = tmp_path / "exported"
+    assert main(["export", str(out), str(exported), "--bank", str(tmp_path / "eval-bank")]) == 0
+    with load_selector(exported, encoder=encoder) as selector:
+        with CaseBank.open(tmp_path / "eval-bank") as bank:
+            for task in fresh:
+                state = encoder.encode(task.question)
+                expected = SoftQPolicy(learner.qnet, alpha=0.2).select(
+                    state, bank.candidates(state, 32), 4, rng=np.random.default_rng(0), greedy=True)
+                assert selector.select(state, k=4, mode="greedy").ids == tuple(expected.ids)
+    assert main(["export", str(out), str(tmp_path / "no-bank")]) == 2
+    assert "pass --bank" in capsys.readouterr().err
+    run_online(LoopConfig(steps=1, policy="soft_q", init_qnet=str(out), checkpoint_every=0, tensorboard=False),
+               encoder=encoder, planner=env.planner(), judge=ExactJudge(), tasks=fresh, seed_cases=env.seed_cases,
+               out_dir=tmp_path / "warm")  # one step < warm-up: no update, the run's Q-network is the trained one
+    trained_state = learner.qnet.state_dict()
+    warm_state = SoftQLearner.load(tmp_path / "warm" / "selector").qnet.state_dict()
+    assert trained_state.keys() == warm_state.keys()
+    assert all(torch.equal(warm_state[k].cpu(), v.cpu()) for k, v in trained_state.items())
 
 
 def test_ddp_on_two_cpu_processes(tmp_path):
