@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsv = bench_cmds.add_parser(
         "serve", help="memento serve over HTTP at a large bank: select p50/p99 at 1 and 16 clients, feedback/s",
         description="Build (or reuse, --artifact) an exported selector over a bank of --size random unit vectors "
-                    "(the real encoder's dim; a short real soft-Q run, then memento export), start a real "
+                    "(the real encoder's dim, recorded in the bank; a fresh Q-network), start a real "
                     "`memento serve` on 127.0.0.1 and time from client threads, over HTTP: POST /v1/select by "
                     "embedding and by text (encoded by the server's real encoder) with each --clients count, "
                     "and POST /v1/feedback throughput, recording only and (unless --no-learn) with --learn. "

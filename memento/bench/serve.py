@@ -1,11 +1,12 @@
 """``memento bench serve``: the HTTP service at a large bank: select latency and feedback throughput.
 
-An exported selector with a bank of ``size`` cases is built once (random unit vectors, not encoded
+A selector artifact with a bank of ``size`` cases is built once (random unit vectors, not encoded
 texts: ``make_vectors`` of ``memento bench bank``, clustered by default; the bank records the real
-encoder, all-MiniLM-L6-v2, and the index is ``factory``; the Q-network is freshly initialised, since
-latency does not depend on the weights), or reused from ``--artifact``. Then a real ``memento serve``
-runs in a subprocess (uvicorn on 127.0.0.1, bearer token) and client threads in this process (one
-keep-alive ``http.client`` connection per thread) measure, end to end over HTTP:
+encoder, all-MiniLM-L6-v2, and the index is ``factory``; ``memento.export.create_selector`` adds a freshly
+initialised Q-network, since latency does not depend on the weights), or reused from ``--artifact``.
+Then a real ``memento serve`` runs in a subprocess (uvicorn on 127.0.0.1, bearer token) and client
+threads in this process (one keep-alive ``http.client`` connection per thread) measure, end to end
+over HTTP:
 
 - ``POST /v1/select`` latency p50/p99 with 1 and 16 concurrent clients, by embedding (the JSON body
   carries a 384-float state) and by text (the server encodes the query with the real encoder; the texts
@@ -308,43 +309,32 @@ class ServeBenchConfig:
 
 def build_random_artifact(out: str | Path, *, size: int, factory: str = "HNSW32,Flat",
                           data: str = "clustered", seed: int = 0, workdir: str | Path | None = None) -> Path:
-    """An exported selector over a bank of ``size`` random unit vectors and a barely trained Q-network.
+    """An exported selector over a bank of ``size`` random unit vectors, with a fresh Q-network.
 
     The bank records the real encoder (all-MiniLM-L6-v2, dim 384), so text queries are encoded for
     real; its cases are ``make_vectors`` rows with short synthetic texts (encoding 100k texts would
-    take minutes and change nothing the service measures). A real soft-Q run of the online loop
-    then starts from that bank (16 tasks of the shipped facts suite, a planner that answers at once)
-    and :func:`memento.export_selector` exports it, as a user would.
+    take minutes and change nothing the service measures). :func:`memento.export.create_selector`
+    makes the artifact (the latency does not depend on the Q-network's weights).
     """
     from memento.bench.bank import make_vectors
     from memento.config import EncoderConfig
-    from memento.encoders import Encoder
-    from memento.envs.tasks import load_suite
-    from memento.export import export_selector
-    from memento.judges import make_judge
-    from memento.loop import LoopConfig, OnlineLoop
+    from memento.export import create_selector
     from memento.memory import CaseBank
-    from memento.planners.base import CallablePlanner
     from memento.types import Case
 
+    dim = 384  # all-MiniLM-L6-v2
     root = Path(tempfile.mkdtemp(prefix="memento-serve-artifact-", dir=workdir))
     try:
-        encoder = Encoder.from_pretrained(device="cpu")
         rng = np.random.default_rng(seed)
         t0 = time.perf_counter()
-        with CaseBank.create(root / "seed-bank", encoder.dim, index=factory, encoder=EncoderConfig(),
-                             seed=seed) as bank:
+        with CaseBank.create(root / "bank", dim, index=factory, encoder=EncoderConfig(), seed=seed) as bank:
             for start in range(0, size, _ADD_CHUNK):
                 stop = min(size, start + _ADD_CHUNK)
                 cases = [Case(state=f"synthetic case {i}: what is the capital of region {i}?",
                               action=f"answer {i}", reward=float(i % 2)) for i in range(start, stop)]
-                bank.add(cases, make_vectors(rng, stop - start, encoder.dim, data))
+                bank.add(cases, make_vectors(rng, stop - start, dim, data))
         logger.info("bench serve: built a %d-case bank in %.1f s", size, time.perf_counter() - t0)
-        planner = CallablePlanner(lambda task, cases: task.answers[0], name="instant")
-        config = LoopConfig(steps=16, warmup=4, seed=seed, checkpoint_every=0, tensorboard=False)
-        OnlineLoop(config, encoder=encoder, planner=planner, judge=make_judge("exact"),
-                   tasks=load_suite("facts", "test"), out_dir=root / "run", bank_dir=root / "seed-bank").run()
-        return export_selector(root / "run", out)
+        return create_selector(root / "bank", out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

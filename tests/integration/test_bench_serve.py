@@ -1,4 +1,4 @@
-"""``memento bench serve`` end to end on a small bank: the artifact is built from a real short run and exported,
+"""``memento bench serve`` end to end on a small bank: the artifact is built (create_selector over a random bank),
 a real server answers, and the JSON and the table hold every phase (the 100k-case figures are in
 docs/benchmarks.md)."""
 
