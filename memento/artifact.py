@@ -64,7 +64,7 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError
-from memento.io import atomic_write_text, read_versioned_json
+from memento.io import atomic_write_text, fsync_dir, read_versioned_json
 
 __all__ = [
     "BANK_DB",
@@ -612,26 +612,13 @@ def _matches(path: Path, entry: Any, rel: str, cache: dict[str, tuple[int, int, 
 # ---------------------------------------------------------------- crash-safe in-place saves
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - not supported on this platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(root: Path) -> None:
     """fsync every file and directory under ``root`` (before a rename makes them the committed state)."""
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
             with open(Path(dirpath) / name, "rb") as handle:
                 os.fsync(handle.fileno())
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 def commit_staged(root: Path) -> None:
@@ -641,7 +628,7 @@ def commit_staged(root: Path) -> None:
     if ready.exists():
         shutil.rmtree(ready)
     os.replace(stage, ready)
-    _fsync_dir(root)
+    fsync_dir(root)
     _apply_ready(root)
 
 
@@ -652,7 +639,7 @@ def _apply_ready(root: Path) -> None:
         dst = root / src.relative_to(ready)
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, dst)
-    _fsync_dir(root)
+    fsync_dir(root)
     shutil.rmtree(ready, ignore_errors=True)
 
 

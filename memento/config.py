@@ -20,6 +20,7 @@ from memento.errors import ConfigError
 from memento.io import atomic_write_text
 
 __all__ = [
+    "read_config_json",
     "AlphaSchedule",
     "BankConfig",
     "EncoderConfig",
@@ -198,11 +199,11 @@ def save_json(config: Any, path: str | Path) -> None:
     atomic_write_text(path, json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n")
 
 
-def load_json(cls: type[T], path: str | Path) -> T:
-    """Read a config of type ``cls`` written by :func:`save_json`."""
+def read_config_json(path: str | Path) -> Any:
+    """The parsed JSON of a config file; a missing, unreadable or malformed file is a one-line ConfigError."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except IsADirectoryError:
@@ -211,7 +212,11 @@ def load_json(cls: type[T], path: str | Path) -> T:
         raise ConfigError(f"{path}: not UTF-8 text ({error.reason})") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
-    return from_dict(cls, data)
+
+
+def load_json(cls: type[T], path: str | Path) -> T:
+    """Read a config of type ``cls`` written by :func:`save_json`."""
+    return from_dict(cls, read_config_json(path))
 
 
 # ---------------------------------------------------------------- learning core: Q-network, replay, learner

@@ -14,7 +14,7 @@ from typing import Any
 
 from memento.errors import CheckpointError
 
-__all__ = ["atomic_write", "atomic_write_text", "read_versioned_json"]
+__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_versioned_json"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
@@ -29,6 +29,20 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a directory's entries (renames, new files) to disk; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not supported on this platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

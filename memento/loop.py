@@ -103,7 +103,7 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
-from memento.io import atomic_write, atomic_write_text
+from memento.io import atomic_write, atomic_write_text, fsync_dir
 from memento.memory import Candidates, CaseBank
 from memento.plots import moving_average
 from memento.types import Case, Task
@@ -389,19 +389,6 @@ def _entropy(p_C: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum()) if p.size else 0.0
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - not supported on this platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: Path, payload: Any) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
@@ -675,13 +662,13 @@ class OnlineLoop:
                  "ms_totals": dict(self.ms_totals), "policy_rng": self.policy_rng.bit_generator.state,
                  "tasks_fingerprint": self.fingerprint, "n_tasks": len(self.tasks), "time": time.time()}
         _write_json(tmp / "state.json", state)  # last: its presence marks the checkpoint complete
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if old.exists():
             shutil.rmtree(old)
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(self.out_dir)
+        fsync_dir(self.out_dir)
         shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint at step %d (%d cases in the bank) in %s", self.step, len(bank), final)
 

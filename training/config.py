@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +30,7 @@ from memento.config import (
     _check_float,
     _check_int,
     from_dict,
+    read_config_json,
     save_json,
 )
 from memento.errors import ConfigError
@@ -212,16 +212,7 @@ def train_config_from_dict(data: dict[str, Any], *, dim: int | None = None) -> T
 def load_train_config(path: str | Path, *, dim: int | None = None) -> TrainConfig:
     """Read a :class:`TrainConfig` JSON file (``qnet.dim`` may be left out when ``dim`` is given)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a JSON config file") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason})") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+    data = read_config_json(path)
     try:
         return train_config_from_dict(data, dim=dim)
     except ConfigError as error:
