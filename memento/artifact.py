@@ -182,6 +182,8 @@ class SelectorConfig:
       selection of more cases enters the buffer as several rows); ``candidates``: C, the cosine
       pre-selection the policy chooses from (a call asking for more than C cases uses C = k);
     - ``alpha``: the temperature; ``None`` follows the learner's (fixed or scheduled) alpha;
+    - ``positive_only``: choose among the candidates with stored reward > 0 only (all of them when none
+      is), as a run with ``LoopConfig.soft_q_positive_only`` did;
     - ``warmup``: decisions in the replay buffer before feedback triggers gradient steps;
       ``updates_per_step``: gradient steps per feedback after that (``learn=True`` only);
     - ``max_pending``: selections kept for feedback (the oldest are dropped beyond it);
@@ -195,6 +197,7 @@ class SelectorConfig:
     k: int = 4
     candidates: int = 32
     alpha: float | None = None
+    positive_only: bool = False
     warmup: int = 16
     updates_per_step: int = 1
     max_pending: int = 100_000
@@ -212,6 +215,7 @@ class SelectorConfig:
         _check_int(self, "candidates", 1)
         if self.alpha is not None:
             _check_float(self, "alpha", low=0.0, low_open=True)
+        _check(isinstance(self.positive_only, bool), cls, "positive_only", self.positive_only, "must be true or false")
         _check_int(self, "warmup", 0)
         _check_int(self, "updates_per_step", 0)
         _check_int(self, "max_pending", 1)

@@ -321,6 +321,9 @@ def _add_online_parser(commands: Any) -> None:
                         help="the last steps that make the 'late' success rate (default: 200)")
     online.add_argument("--alpha", type=float, default=None, help="soft-Q temperature (default: 0.2)")
     online.add_argument("--warmup", type=int, default=16, help="decisions before the first soft-Q update (default: 16)")
+    online.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
+                        help="the candidates soft_q chooses from: all C, or only those with stored reward > 0 "
+                             "(the pool of similarity's positive-only retrieval; all when none is) (default: all)")
     online.add_argument("--init-qnet", metavar="DIR", default=None,
                         help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
                              "selector/ subdirectory) instead of a fresh one")
@@ -378,7 +381,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
     config = LoopConfig(steps=args.steps, k=args.k, candidates=args.candidates, batch_size=args.batch_size,
                         checkpoint_every=args.checkpoint_every, window=args.window, seed=args.seed,
                         warmup=args.warmup, index=args.index, policy=policies[0],  # type: ignore[arg-type]
-                        init_qnet=args.init_qnet,
+                        init_qnet=args.init_qnet, soft_q_positive_only=args.soft_q_candidates == "positive",
                         **({} if args.alpha is None else {"alpha": args.alpha}))
     if args.late_steps < 1:
         raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")

@@ -368,7 +368,8 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
     try:
         bank_config, cases = _copy_bank(src, tmp / BANK_DIR, dim)
         spec = _encoder_spec(bank_config.encoder, src.run_info, dim)
-        config = SelectorConfig(k=src.loop.k, candidates=src.loop.candidates, alpha=None, warmup=src.loop.warmup,
+        config = SelectorConfig(k=src.loop.k, candidates=src.loop.candidates, alpha=None,
+                                positive_only=src.loop.soft_q_positive_only, warmup=src.loop.warmup,
                                 updates_per_step=src.loop.updates_per_step, qnet=learner.qnet.config,
                                 learner=learner.config, replay=buffer.config, index=bank_config.index,
                                 run=to_dict(src.loop))
@@ -414,7 +415,7 @@ def _write_artifact(tmp: Path, out: Path, *, learner: Any, buffer: Any, config: 
 def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = None, qnet: QNetConfig | None = None,
                     learner: LearnerConfig | None = None, k: int = 4, candidates: int = 32,
                     replay_capacity: int = 10_000, warmup: int = 16, updates_per_step: int = 1,
-                    overwrite: bool = False, trained: str | Path | None = None) -> Path:
+                    overwrite: bool = False, trained: str | Path | None = None, positive_only: bool = False) -> Path:
     """A selector artifact over an existing case bank, with a fresh (untrained) Q-network.
 
     For a bank built without a run (imported cases, Memento memories): load it with ``learn=True`` and it
@@ -424,7 +425,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     ``learner`` default to the online loop's soft-Q settings (``dim`` comes from the bank).
     ``trained``: a trained selector directory (``SoftQLearner.save``; a ``memento train`` run directory or
     its ``selector/``) whose Q-network and learner settings replace the fresh ones (``qnet``/``learner``
-    must then be None): an offline-trained selector over a bank.
+    must then be None): an offline-trained selector over a bank. ``positive_only``: choose among the
+    candidates with stored reward > 0 only (:class:`~memento.artifact.SelectorConfig`).
     """
     from memento.learner import SoftQLearner
     from memento.memory import CaseBank
@@ -482,7 +484,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
             trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
                                    learner_config, device="cpu")
         buffer = ReplayBuffer(ReplayConfig(capacity=replay_capacity, dim=dim, k_max=k), device="cpu")
-        config = SelectorConfig(k=k, candidates=candidates, warmup=warmup, updates_per_step=updates_per_step,
+        config = SelectorConfig(k=k, candidates=candidates, positive_only=positive_only, warmup=warmup,
+                                updates_per_step=updates_per_step,
                                 qnet=qnet_config, learner=learner_config, replay=buffer.config,
                                 index=bank_config.index)
         source = {"kind": "bank", "path": str(bank_dir.resolve()), "bank_cases": cases,

@@ -175,7 +175,11 @@ class LoopConfig:
     first update; ``updates_per_step``: gradient steps per task after warm-up; ``init_qnet``: a trained
     selector directory (what ``SoftQLearner.save`` writes, e.g. ``memento train``'s ``OUT/selector``, or
     that run directory itself) whose Q-network, architecture included, the run starts from instead of a
-    fresh one (the optimiser starts fresh with ``learner``; the ``qnet_*`` fields are then unused).
+    fresh one (the optimiser starts fresh with ``learner``; the ``qnet_*`` fields are then unused);
+    ``soft_q_positive_only``: soft-Q chooses among the candidates with stored reward > 0 only (all of them
+    when none is), the pool Memento's non-parametric retrieval uses: the Q-network then learns which
+    successful cases help, instead of also having to tell successes from failures it sees only through
+    the embedding of their questions.
 
     Similarity: ``positive_only`` (default True) keeps only successful cases (reward > 0), like
     Memento's non-parametric client; it falls back to all candidates when none is positive.
@@ -208,6 +212,7 @@ class LoopConfig:
     warmup: int = 16
     updates_per_step: int = 1
     init_qnet: str | None = None
+    soft_q_positive_only: bool = False
     # similarity
     positive_only: bool = True
     # LinUCB
@@ -223,7 +228,7 @@ class LoopConfig:
         _check_choice(self, "policy", LoopPolicyKind)
         _check_int(self, "batch_size", 1)
         _check_int(self, "seed", 0)
-        for field in ("shuffle", "retain", "tensorboard", "positive_only"):
+        for field in ("shuffle", "retain", "tensorboard", "positive_only", "soft_q_positive_only"):
             _check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
         _check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
                "must be a non-empty faiss factory string")
@@ -871,7 +876,10 @@ class OnlineLoop:
         cands: list[Candidates] = []
         t0 = clock()
         for b in range(n):
-            cands.append(bank.candidates(state_BD[b], cfg.candidates))
+            candidates = bank.candidates(state_BD[b], cfg.candidates)
+            if self.soft_q is not None and cfg.soft_q_positive_only and len(candidates):
+                candidates = candidates.positive(np.array([c.reward for c in bank.get(candidates.ids)]))
+            cands.append(candidates)
         ms["candidates"] = clock() - t0
 
         t0 = clock()

@@ -82,6 +82,21 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def subset(self, keep_C: np.ndarray) -> Candidates:
+        """The candidates where the boolean ``keep_C`` (shape ``(C,)``) is true, in the same order."""
+        keep_C = np.asarray(keep_C, dtype=bool)
+        if keep_C.shape != (len(self.ids),):
+            raise DimensionError(f"Candidates.subset: keep_C.shape={keep_C.shape} for {len(self.ids)} candidates")
+        index = np.flatnonzero(keep_C)
+        return Candidates(ids=[self.ids[i] for i in index], positions_C=self.positions_C[index],
+                          scores_C=self.scores_C[index], embeddings_CD=self.embeddings_CD[index])
+
+    def positive(self, rewards_C: np.ndarray) -> Candidates:
+        """Only the candidates whose stored reward is > 0; all of them when none is (Memento's positive-only
+        retrieval, as :class:`policies.similarity.SimilarityPolicy` with ``positive_only=True`` applies it)."""
+        keep_C = np.asarray(rewards_C, dtype=np.float64) > 0
+        return self if keep_C.all() or not keep_C.any() else self.subset(keep_C)
+
 
 def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for start in range(0, len(seq), size):

@@ -1024,3 +1024,21 @@ def test_truncate_rolls_back_newest_cases(tmp_path, rng, factory):
         assert len(bank) == 9 and bank.stats()["index_ntotal"] == 9
         _, found = bank.search(vectors[3], 1)
         assert list(found) == [ids[3]]
+
+
+def test_candidates_subset_and_positive():
+    import numpy as np
+
+    from memento.errors import DimensionError
+    from memento.memory import Candidates
+
+    cands = Candidates(ids=["a", "b", "c"], positions_C=np.array([5, 1, 7]), scores_C=np.array([0.9, 0.8, 0.1]),
+                       embeddings_CD=np.eye(3, dtype=np.float32))
+    sub = cands.subset(np.array([True, False, True]))
+    assert sub.ids == ["a", "c"] and sub.positions_C.tolist() == [5, 7] and sub.scores_C.tolist() == [0.9, 0.1]
+    assert sub.embeddings_CD.tolist() == [[1, 0, 0], [0, 0, 1]]
+    assert cands.positive(np.array([0.0, 1.0, 0.5])).ids == ["b", "c"]
+    assert cands.positive(np.zeros(3)) is cands  # none rewarded: all of them
+    assert cands.positive(np.ones(3)) is cands
+    with pytest.raises(DimensionError, match=r"keep_C.shape=\(2,\) for 3 candidates"):
+        cands.subset(np.array([True, False]))

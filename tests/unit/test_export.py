@@ -595,3 +595,19 @@ def test_create_selector_over_a_bank_learns_from_feedback(tmp_path: Path) -> Non
     with pytest.raises(CheckpointError, match="not a case bank"):
         memento.export.create_selector(tmp_path, tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_positive_only_selector_shows_only_rewarded_cases(tmp_path: Path) -> None:
+    env = make_env()
+    encoder = HashingEncoder()
+    cases = [dataclasses.replace(c, reward=float(i % 2)) for i, c in enumerate(env.seed_cases)]
+    with CaseBank.create(tmp_path / "bank", encoder.dim) as bank:
+        bank.add(cases, encoder.encode([c.state for c in cases]))
+        rewarded = {c.id for c in bank.iter_cases() if c.reward > 0}
+    out = memento.export.create_selector(tmp_path / "bank", tmp_path / "selector", positive_only=True)
+    assert load_json(SelectorConfig, out / "config.json").positive_only
+    with load_selector(out, encoder=encoder) as selector:
+        for task in env.tasks[:10]:
+            for mode in ("sample", "greedy"):
+                result = selector.select(task.question, k=4, mode=mode)
+                assert len(result) == 4 and set(result.ids) <= rewarded

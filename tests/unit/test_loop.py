@@ -375,3 +375,19 @@ def test_bad_arguments(tmp_path):
         OnlineLoop(dataclasses.asdict(LoopConfig()), tasks=env.tasks, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no plan"):
         OnlineLoop(LoopConfig(), tasks=env.tasks, **{**kwargs, "planner": object()})
+
+
+def test_soft_q_positive_only_chooses_among_rewarded_cases(tmp_path):
+    env = make_env()
+    config = LoopConfig(steps=40, policy="soft_q", tensorboard=False, warmup=4, soft_q_positive_only=True)
+    run_online(config, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(), tasks=env.tasks,
+               seed_cases=env.seed_cases, out_dir=tmp_path / "run")
+    with CaseBank.open(tmp_path / "run" / "bank") as bank:
+        reward = {c.id: c.reward for c in bank.iter_cases()}  # type: ignore[attr-defined]
+    records = _records(tmp_path / "run" / "steps.jsonl")
+    failures_stored = [r["retained_id"] for r in records if r["retained_id"] and r["reward"] == 0]
+    assert failures_stored  # the bank does hold unrewarded cases ...
+    for r in records:  # ... but no step chose among them while a rewarded candidate existed
+        rewards = [reward[i] for i in r["candidate_ids"]]
+        assert all(x > 0 for x in rewards) or not any(x > 0 for x in rewards)
+        assert set(r["chosen_ids"]) <= set(r["candidate_ids"])
