@@ -24,6 +24,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        if tmp.stat().st_mode & 0o777 == 0o600:  # safetensors creates its files 0600: make them shareable like
+            os.chmod(tmp, 0o644)                   # any other file here (artifacts are handed to other users)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -27,3 +27,13 @@ def test_failed_write_keeps_old_file_and_cleans_up(tmp_path):
         atomic_write(path, broken)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_atomic_write_leaves_safetensors_files_readable_by_others(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from memento.io import atomic_write
+
+    atomic_write(tmp_path / "x.safetensors", lambda tmp: save_file({"x": torch.zeros(2)}, str(tmp)))
+    assert (tmp_path / "x.safetensors").stat().st_mode & 0o044 == 0o044
