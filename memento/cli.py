@@ -194,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     bo.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: 1)")
     bo.add_argument("--seed", type=int, default=0)
+    bo.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
+                    help="real part: soft_q chooses among all candidates or only rewarded ones (default: all)")
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
 
     bsv = bench_cmds.add_parser(
@@ -771,7 +773,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             suite=args.suite, split=args.split, planner=args.planner, late_steps=args.late_steps,
             synthetic_steps=args.synthetic_steps, overhead_bank=args.overhead_bank,
             overhead_steps=args.overhead_steps, parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
-            seed=args.seed)
+            seed=args.seed, soft_q_candidates=args.soft_q_candidates)
         if args.torch_threads:
             import torch
 

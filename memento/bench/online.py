@@ -45,6 +45,7 @@ class OnlineBenchConfig:
     overhead_steps: int = 200
     parts: tuple[str, ...] = ("real", "synthetic", "overhead")
     seed: int = 0
+    soft_q_candidates: str = "all"
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "synthetic_steps", "overhead_bank", "overhead_steps"):
@@ -54,6 +55,8 @@ class OnlineBenchConfig:
                self.policies, f"must be a non-empty subset of {known}")
         _check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
                "must be a subset of ('real', 'synthetic', 'overhead')")
+        _check(self.soft_q_candidates in ("all", "positive"), type(self), "soft_q_candidates",
+               self.soft_q_candidates, "must be 'all' or 'positive'")
 
 
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
@@ -62,7 +65,8 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
     from memento.loop import LoopConfig, build_planner, parse_planner_spec, run_comparison
 
     planner = build_planner(parse_planner_spec(config.planner))
-    loop_config = LoopConfig(steps=config.steps, seed=config.seed, checkpoint_every=0, tensorboard=False)
+    loop_config = LoopConfig(steps=config.steps, seed=config.seed, checkpoint_every=0, tensorboard=False,
+                             soft_q_positive_only=config.soft_q_candidates == "positive")
     comparison = run_comparison(list(config.policies), config=loop_config, out_dir=workdir / "real",  # type: ignore[arg-type]
                                 late_steps=config.late_steps, encoder=encoder, planner=planner,
                                 judge=make_judge("exact"), tasks=load_suite(config.suite, config.split),
