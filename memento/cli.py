@@ -258,7 +258,9 @@ uninterrupted run with the same seed on the CPU)."""
 _DEMO_DESCRIPTION = """\
 The main job on its embedded defaults (what `make demo` runs): the online loop on the shipped
 facts suite (data/facts: train split, seed case bank) with the real Gemma 3 270M planner and the
-exact-match judge, soft-Q against similarity on the same task stream. It prints a table (success
+exact-match judge, soft-Q against similarity on the same task stream (both choose among the cases
+with reward > 0: soft-Q with --soft-q-candidates positive, similarity positive-only as in Memento's
+non-parametric client). It prints a table (success
 rate early vs late, LLM calls, ms per step) and leaves, under --out, one directory per policy
 (TensorBoard events in tb/, summary.json, steps.jsonl, the trained selector in soft_q/selector/),
 comparison.json and learning_curves.png. Running it again continues or re-reports the same run
@@ -286,6 +288,7 @@ def _cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         shutil.rmtree(out)
     argv = ["online", "--tasks", str(facts / "train.jsonl"), "--cases", str(facts / "cases.jsonl"),
             "--planner", args.planner, "--policy", "soft_q,similarity", "--judge", "exact",
+            "--soft-q-candidates", "positive",
             "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out), "--torch-threads", "1",
             "--late-steps", str(min(200, max(1, args.steps // 2)))]
     if out.exists() and any(out.iterdir()):
