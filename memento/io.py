@@ -14,7 +14,7 @@ from typing import Any
 
 from memento.errors import CheckpointError
 
-__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_versioned_json"]
+__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
@@ -50,6 +50,19 @@ def fsync_dir(path: str | Path) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_safetensors(path: Path, *, device: str = "cpu") -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors of a safetensors file (on ``device``) and its string metadata; damage is a CheckpointError."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device=device) as handle:
+            header = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as error:  # safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    return tensors, header
 
 
 def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> dict[str, Any]:

@@ -60,13 +60,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, from_dict, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError
-from memento.io import atomic_write, atomic_write_text, read_versioned_json
+from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 
@@ -347,12 +346,7 @@ class SoftQLearner:
             raise CheckpointError(f"{directory}: not a saved learner (needs {STATE_NAME} and {TENSORS_NAME})")
         meta = read_versioned_json(meta_path, format=LEARNER_FORMAT, version=LEARNER_FORMAT_VERSION,
                                    what="learner state")
-        try:
-            with safe_open(str(tensors_path), framework="pt", device="cpu") as handle:
-                header = handle.metadata() or {}
-                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        except Exception as error:  # safetensors raises its own error types for damaged files
-            raise CheckpointError(f"{tensors_path}: unreadable ({error})") from None
+        tensors, header = read_safetensors(tensors_path)
         if header.get("uid") != meta.get("uid"):
             raise CheckpointError(f"{directory}: {STATE_NAME} and {TENSORS_NAME} come from different saves "
                                   f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")

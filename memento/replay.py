@@ -40,12 +40,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from memento.config import ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError, MementoError
-from memento.io import atomic_write, atomic_write_text, read_versioned_json
+from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
 
 __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffer", "Transition"]
 
@@ -436,12 +435,7 @@ class ReplayBuffer:
         meta = read_versioned_json(meta_path, format=REPLAY_FORMAT, version=REPLAY_FORMAT_VERSION,
                                    what="replay buffer")
         buffer = cls(from_dict(ReplayConfig, meta["config"]), device=device)
-        try:
-            with safe_open(str(tensors_path), framework="pt", device=str(buffer.device)) as handle:
-                header = handle.metadata() or {}
-                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        except Exception as error:  # safetensors raises its own error types for damaged files
-            raise CheckpointError(f"{tensors_path}: unreadable ({error})") from None
+        tensors, header = read_safetensors(tensors_path, device=str(buffer.device))
         if header.get("uid") != meta.get("uid"):
             raise CheckpointError(f"{directory}: {META_NAME} and {TENSORS_NAME} come from different saves "
                                   f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")

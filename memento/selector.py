@@ -101,7 +101,7 @@ from memento.errors import (
     MementoError,
     UnknownSelectionError,
 )
-from memento.io import atomic_write, atomic_write_text
+from memento.io import atomic_write, atomic_write_text, read_safetensors
 from memento.memory import CaseBank
 from memento.types import Case
 
@@ -682,14 +682,7 @@ def write_qnet(path: Path, learner: SoftQLearner, save_file: Any = None) -> None
 
 def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
     """qnet.safetensors must hold the learner's Q-network (same config, same tensors)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            header = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    except Exception as error:  # safetensors raises its own error types for damaged files
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    tensors, header = read_safetensors(path)
     if header.get("format") != QNET_FORMAT:
         raise CheckpointError(f"{path}: not a memento Q-network file")
     try:
