@@ -77,6 +77,7 @@ from memento.formats import (
     read_tasks_jsonl,
 )
 from memento.io import atomic_write_text
+from training.run import resolve_precision
 
 __all__ = [
     "DataFormatName",
@@ -535,14 +536,6 @@ class SimCSEDataModule(L.LightningDataModule):
 
 
 # ---------------------------------------------------------------- the module
-
-
-def resolve_precision(precision: str, accelerator: str) -> str:
-    """``precision``, with ``"auto"`` = ``bf16-mixed`` on a bf16-capable CUDA GPU, else ``32-true``."""
-    if precision != "auto":
-        return precision
-    gpu = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
 
 
 class SimCSEModule(L.LightningModule):
