@@ -878,7 +878,7 @@ class OnlineLoop:
         for b in range(n):
             candidates = bank.candidates(state_BD[b], cfg.candidates)
             if self.soft_q is not None and cfg.soft_q_positive_only and len(candidates):
-                candidates = candidates.positive(np.array([c.reward for c in bank.get(candidates.ids)]))
+                candidates = candidates.positive(bank.rewards(candidates.ids))
             cands.append(candidates)
         ms["candidates"] = clock() - t0
 

@@ -425,7 +425,7 @@ class Selector:
             state_D = self._state(query)
             candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
             if self.config.positive_only and len(candidates):
-                candidates = candidates.positive(np.array([c.reward for c in self._bank.get(candidates.ids)]))
+                candidates = candidates.positive(self._bank.rewards(candidates.ids))
             version = self._learner.updates
             if len(candidates) == 0:
                 ids: list[str] = []

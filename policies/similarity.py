@@ -104,10 +104,10 @@ def with_rewards(candidates: Candidates, rewards_C: Any) -> RewardedCandidates:
 
 
 def bank_rewards(bank: Any) -> RewardFn:
-    """A ``reward_of`` callable reading stored rewards from a case bank (``bank.get(ids)``)."""
+    """A ``reward_of`` callable reading stored rewards from a case bank (``bank.rewards(ids)``)."""
 
     def reward_of(ids: Sequence[str]) -> np.ndarray:
-        return np.array([case.reward for case in bank.get(list(ids))], dtype=np.float64)
+        return bank.rewards(ids)
 
     return reward_of
 

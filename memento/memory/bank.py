@@ -487,6 +487,10 @@ class CaseBank:
         result = [rows[i] for i in wanted]
         return result[0] if single else result
 
+    def rewards(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored rewards ``[N]`` (float64) of the given case ids, in the order asked."""
+        return np.array([case.reward for case in self.get(list(ids))], dtype=np.float64)
+
     @staticmethod
     def _row_to_case(row: tuple[Any, ...]) -> Case:
         case_id, state, action, reward, env, kind, meta, created = row

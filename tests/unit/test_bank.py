@@ -1042,3 +1042,11 @@ def test_candidates_subset_and_positive():
     assert cands.positive(np.ones(3)) is cands
     with pytest.raises(DimensionError, match=r"keep_C.shape=\(2,\) for 3 candidates"):
         cands.subset(np.array([True, False]))
+
+
+def test_rewards_in_the_order_asked(filled) -> None:
+    bank, ids, _ = filled
+    rewards = bank.rewards([ids[3], ids[0], ids[3]])
+    assert rewards.dtype == np.float64 and rewards.tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(UnknownCaseError):
+        bank.rewards(["nope"])
