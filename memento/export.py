@@ -464,15 +464,11 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         if trained is not None:
             if qnet is not None or learner is not None:
                 raise ConfigError("create_selector: pass either trained= or qnet=/learner=, not both")
-            from memento.loop import load_trained_qnet
+            from memento.loop import load_trained_learner
 
-            trained_dir = Path(trained)
-            if not (trained_dir / "learner.json").is_file() and (trained_dir / "selector").is_dir():
-                trained_dir = trained_dir / "selector"
-            load_trained_qnet(trained_dir, dim)  # the checks: a selector directory, the bank's dim
-            trainer = SoftQLearner.load(trained_dir, device="cpu")
+            trainer = load_trained_learner(trained, dim)
             if trainer.config.gamma != 0.0:
-                raise ConfigError(f"{trained_dir}: trained with gamma={trainer.config.gamma}; a selector learns "
+                raise ConfigError(f"{trained}: trained with gamma={trainer.config.gamma}; a selector learns "
                                   "single-step (gamma=0) from feedback")
             qnet_config, learner_config = trainer.qnet.config, trainer.config
         else:

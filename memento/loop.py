@@ -363,11 +363,13 @@ def tasks_fingerprint(tasks: Sequence[Task]) -> str:
     return digest.hexdigest()
 
 
-def load_trained_qnet(path: str | Path, dim: int) -> Any:
-    """The Q-network of a trained selector directory (``SoftQLearner.save``) or of a run holding ``selector/``.
+def load_trained_learner(path: str | Path, dim: int) -> Any:
+    """The :class:`~memento.learner.SoftQLearner` of a trained selector directory (``SoftQLearner.save``), or of
+    a run holding one in ``selector/`` (``memento train``), on the CPU.
 
-    Raises :class:`~memento.errors.DimensionError` when it scores ``dim'``-dimensional vectors and the run's
-    encoder gives ``dim``, and :class:`~memento.errors.CheckpointError` when ``path`` holds no selector.
+    Raises :class:`~memento.errors.DimensionError` when its Q-network scores ``dim'``-dimensional vectors and
+    the caller's encoder or bank gives ``dim``, and :class:`~memento.errors.CheckpointError` when ``path``
+    holds no selector.
     """
     from memento.learner import SoftQLearner
 
@@ -377,11 +379,12 @@ def load_trained_qnet(path: str | Path, dim: int) -> Any:
     if not (path / "learner.json").is_file():
         raise CheckpointError(f"{path}: not a trained selector directory (no learner.json; expected what "
                               "SoftQLearner.save or `memento train` writes)")
-    qnet = SoftQLearner.load(path, device="cpu").qnet
-    if qnet.config.dim != dim:
-        raise DimensionError(f"{path}: the Q-network takes dim={qnet.config.dim}, the encoder gives dim={dim}")
-    logger.info("starting from the trained Q-network in %s (arch=%s)", path, qnet.config.arch)
-    return qnet
+    learner = SoftQLearner.load(path, device="cpu")
+    if learner.qnet.config.dim != dim:
+        raise DimensionError(f"{path}: the Q-network takes dim={learner.qnet.config.dim}, the encoder gives "
+                             f"dim={dim}")
+    logger.info("trained Q-network from %s (arch=%s)", path, learner.qnet.config.arch)
+    return learner
 
 
 def _torch_seed(seq: np.random.SeedSequence) -> int:
@@ -608,7 +611,7 @@ class OnlineLoop:
 
                 qnet_seed, learner_seed = _torch_seed(seeds[2]), _torch_seed(seeds[3])
                 if cfg.init_qnet is not None:
-                    qnet = load_trained_qnet(cfg.init_qnet, self.dim)
+                    qnet = load_trained_learner(cfg.init_qnet, self.dim).qnet
                 else:
                     qnet = build_qnet(cfg.qnet_config(self.dim, seed=qnet_seed),
                                       torch.Generator().manual_seed(qnet_seed))
