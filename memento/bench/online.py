@@ -21,15 +21,18 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import _check, _check_int
+from memento.config import _check, _check_choice, _check_int
 
 __all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
 
 logger = logging.getLogger(__name__)
+
+
+SoftQCandidates = Literal["all", "positive"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,7 +48,7 @@ class OnlineBenchConfig:
     overhead_steps: int = 200
     parts: tuple[str, ...] = ("real", "synthetic", "overhead")
     seed: int = 0
-    soft_q_candidates: str = "all"
+    soft_q_candidates: SoftQCandidates = "all"
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "synthetic_steps", "overhead_bank", "overhead_steps"):
@@ -55,8 +58,7 @@ class OnlineBenchConfig:
                self.policies, f"must be a non-empty subset of {known}")
         _check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
                "must be a subset of ('real', 'synthetic', 'overhead')")
-        _check(self.soft_q_candidates in ("all", "positive"), type(self), "soft_q_candidates",
-               self.soft_q_candidates, "must be 'all' or 'positive'")
+        _check_choice(self, "soft_q_candidates", SoftQCandidates)
 
 
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
