@@ -56,10 +56,10 @@ from memento.config import (
     Pooling,
     QNetConfig,
     ReplayConfig,
-    _check,
-    _check_choice,
-    _check_float,
-    _check_int,
+    check,
+    check_choice,
+    check_float,
+    check_int,
     from_dict,
     to_dict,
 )
@@ -159,10 +159,10 @@ class EncoderSpec:
     description: str | None = None
 
     def __post_init__(self) -> None:
-        _check_choice(self, "kind", EncoderKind)
-        _check_int(self, "dim", 1)
-        _check_int(self, "max_length", 8)
-        _check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
+        check_choice(self, "kind", EncoderKind)
+        check_int(self, "dim", 1)
+        check_int(self, "max_length", 8)
+        check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
 
     def encoder_config(self) -> EncoderConfig:
         """The :class:`EncoderConfig` that loads this encoder (``kind="transformers"`` only)."""
@@ -210,26 +210,26 @@ class SelectorConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check_choice(self, "policy", SelectorPolicy)
-        _check_int(self, "k", 1)
-        _check_int(self, "candidates", 1)
+        check_choice(self, "policy", SelectorPolicy)
+        check_int(self, "k", 1)
+        check_int(self, "candidates", 1)
         if self.alpha is not None:
-            _check_float(self, "alpha", low=0.0, low_open=True)
-        _check(isinstance(self.positive_only, bool), cls, "positive_only", self.positive_only, "must be true or false")
-        _check_int(self, "warmup", 0)
-        _check_int(self, "updates_per_step", 0)
-        _check_int(self, "max_pending", 1)
+            check_float(self, "alpha", low=0.0, low_open=True)
+        check(isinstance(self.positive_only, bool), cls, "positive_only", self.positive_only, "must be true or false")
+        check_int(self, "warmup", 0)
+        check_int(self, "updates_per_step", 0)
+        check_int(self, "max_pending", 1)
         if self.pending_ttl_s is not None:
-            _check_float(self, "pending_ttl_s", low=0.0, low_open=True)
+            check_float(self, "pending_ttl_s", low=0.0, low_open=True)
         for field, kind in (("qnet", QNetConfig), ("learner", LearnerConfig), ("replay", ReplayConfig),
                             ("index", IndexConfig)):
-            _check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
+            check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
                    f"must be a {kind.__name__}")
-        _check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
+        check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
                "a selector learns single-step from feedback: learner.gamma must be 0")
-        _check(self.qnet.dim == self.replay.dim, cls, "replay", f"dim={self.replay.dim}",
+        check(self.qnet.dim == self.replay.dim, cls, "replay", f"dim={self.replay.dim}",
                f"must equal qnet.dim={self.qnet.dim}")
-        _check(self.run is None or isinstance(self.run, dict), cls, "run", self.run, "must be an object or null")
+        check(self.run is None or isinstance(self.run, dict), cls, "run", self.run, "must be an object or null")
 
 
 # ---------------------------------------------------------------- small helpers

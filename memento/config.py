@@ -33,6 +33,10 @@ __all__ = [
     "ReplayConfig",
     "StorageDtype",
     "TDLoss",
+    "check",
+    "check_choice",
+    "check_float",
+    "check_int",
     "from_dict",
     "load_json",
     "save_json",
@@ -44,15 +48,16 @@ T = TypeVar("T")
 Pooling = Literal["avg", "cls", "cls_before_pooler"]
 
 
-def _check(condition: bool, cls: type, field: str, value: Any, requirement: str) -> None:
+def check(condition: bool, cls: type, field: str, value: Any, requirement: str) -> None:
+    """Raise ``ConfigError("Cls.field=value: requirement")`` unless ``condition`` holds (for ``__post_init__``)."""
     if not condition:
         raise ConfigError(f"{cls.__name__}.{field}={value!r}: {requirement}")
 
 
-def _check_int(obj: Any, field: str, minimum: int) -> None:
+def check_int(obj: Any, field: str, minimum: int) -> None:
     """``obj.field`` is an int (not a bool) of at least ``minimum``."""
     value = getattr(obj, field)
-    _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, type(obj), field, value,
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, type(obj), field, value,
            f"must be an integer >= {minimum}")
 
 
@@ -71,12 +76,12 @@ class EncoderConfig:
     normalize: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.pooling in get_args(Pooling), type(self), "pooling", self.pooling,
+        check(self.pooling in get_args(Pooling), type(self), "pooling", self.pooling,
                f"must be one of {get_args(Pooling)}")
-        _check_int(self, "max_length", 8)
-        _check_int(self, "batch_size", 1)
-        _check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
-        _check(self.model is None or bool(str(self.model).strip()), type(self), "model",
+        check_int(self, "max_length", 8)
+        check_int(self, "batch_size", 1)
+        check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
+        check(self.model is None or bool(str(self.model).strip()), type(self), "model",
                self.model, "must be None or a non-empty path")
 
 
@@ -94,10 +99,10 @@ class IndexConfig:
     nprobe: int = 32
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.factory, str) and bool(self.factory.strip()), type(self), "factory", self.factory,
+        check(isinstance(self.factory, str) and bool(self.factory.strip()), type(self), "factory", self.factory,
                "must be a non-empty faiss factory string")
-        _check_int(self, "ef_search", 1)
-        _check_int(self, "nprobe", 1)
+        check_int(self, "ef_search", 1)
+        check_int(self, "nprobe", 1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,7 +114,7 @@ class BankConfig:
     encoder: EncoderConfig | None = None
 
     def __post_init__(self) -> None:
-        _check_int(self, "dim", 1)
+        check_int(self, "dim", 1)
 
 
 # ---------------------------------------------------------------- JSON round trip
@@ -229,12 +234,13 @@ TDLoss = Literal["huber", "mse"]
 ImportanceWeights = Literal["none", "inverse_propensity"]
 
 
-def _check_choice(obj: Any, field: str, choices: Any) -> None:
+def check_choice(obj: Any, field: str, choices: Any) -> None:
+    """``obj.field`` is one of the values of the ``Literal`` type ``choices``."""
     value = getattr(obj, field)
-    _check(value in get_args(choices), type(obj), field, value, f"must be one of {get_args(choices)}")
+    check(value in get_args(choices), type(obj), field, value, f"must be one of {get_args(choices)}")
 
 
-def _check_float(obj: Any, field: str, *, low: float | None = None, high: float | None = None,
+def check_float(obj: Any, field: str, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = False) -> None:
     """``obj.field`` is a finite real number within the bounds; an int is stored as a float."""
     value = getattr(obj, field)
@@ -248,7 +254,7 @@ def _check_float(obj: Any, field: str, *, low: float | None = None, high: float 
         lo = "" if low is None else ("(" if low_open else "[") + repr(low)
         hi = "" if high is None else repr(high) + (")" if high_open else "]")
         interval = f"in {lo or '(-inf'}, {hi or 'inf)'}"
-        _check(False, type(obj), field, value, f"must be a finite number {interval}")
+        check(False, type(obj), field, value, f"must be a finite number {interval}")
     object.__setattr__(obj, field, float(value))
 
 
@@ -276,13 +282,13 @@ class QNetConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_choice(self, "arch", QNetArch)
-        _check_int(self, "dim", 1)
-        _check_int(self, "hidden", 1)
-        _check_int(self, "n_layers", 1)
-        _check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        _check_int(self, "embed_dim", 1)
-        _check_int(self, "seed", 0)
+        check_choice(self, "arch", QNetArch)
+        check_int(self, "dim", 1)
+        check_int(self, "hidden", 1)
+        check_int(self, "n_layers", 1)
+        check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
+        check_int(self, "embed_dim", 1)
+        check_int(self, "seed", 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -305,12 +311,12 @@ class ReplayConfig:
     storage_dtype: StorageDtype = "float32"
 
     def __post_init__(self) -> None:
-        _check_int(self, "capacity", 1)
-        _check_int(self, "dim", 1)
-        _check_int(self, "k_max", 1)
-        _check(isinstance(self.store_next, bool), type(self), "store_next", self.store_next, "must be true or false")
-        _check_int(self, "c_max", 1)
-        _check_choice(self, "storage_dtype", StorageDtype)
+        check_int(self, "capacity", 1)
+        check_int(self, "dim", 1)
+        check_int(self, "k_max", 1)
+        check(isinstance(self.store_next, bool), type(self), "store_next", self.store_next, "must be true or false")
+        check_int(self, "c_max", 1)
+        check_choice(self, "storage_dtype", StorageDtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -353,22 +359,22 @@ class LearnerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_float(self, "gamma", low=0.0, high=1.0, high_open=True)
-        _check_float(self, "lr", low=0.0, low_open=True)
-        _check_float(self, "weight_decay", low=0.0)
+        check_float(self, "gamma", low=0.0, high=1.0, high_open=True)
+        check_float(self, "lr", low=0.0, low_open=True)
+        check_float(self, "weight_decay", low=0.0)
         if self.max_grad_norm is not None:
-            _check_float(self, "max_grad_norm", low=0.0, low_open=True)
-        _check_int(self, "batch_size", 1)
-        _check_int(self, "target_every", 1)
-        _check_float(self, "target_beta", low=0.0, high=1.0)
-        _check_choice(self, "td_loss", TDLoss)
-        _check_float(self, "huber_delta", low=0.0, low_open=True)
-        _check_float(self, "alpha", low=0.0, low_open=True)
-        _check_choice(self, "alpha_schedule", AlphaSchedule)
-        _check_float(self, "alpha_final", low=0.0, low_open=True)
-        _check_int(self, "alpha_decay_steps", 1)
-        _check_float(self, "target_entropy_ratio", low=0.0, high=1.0, low_open=True)
-        _check_float(self, "alpha_lr", low=0.0, low_open=True)
-        _check_choice(self, "importance_weights", ImportanceWeights)
-        _check_float(self, "importance_cap", low=1.0)
-        _check_int(self, "seed", 0)
+            check_float(self, "max_grad_norm", low=0.0, low_open=True)
+        check_int(self, "batch_size", 1)
+        check_int(self, "target_every", 1)
+        check_float(self, "target_beta", low=0.0, high=1.0)
+        check_choice(self, "td_loss", TDLoss)
+        check_float(self, "huber_delta", low=0.0, low_open=True)
+        check_float(self, "alpha", low=0.0, low_open=True)
+        check_choice(self, "alpha_schedule", AlphaSchedule)
+        check_float(self, "alpha_final", low=0.0, low_open=True)
+        check_int(self, "alpha_decay_steps", 1)
+        check_float(self, "target_entropy_ratio", low=0.0, high=1.0, low_open=True)
+        check_float(self, "alpha_lr", low=0.0, low_open=True)
+        check_choice(self, "importance_weights", ImportanceWeights)
+        check_float(self, "importance_cap", low=1.0)
+        check_int(self, "seed", 0)

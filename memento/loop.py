@@ -95,10 +95,10 @@ from memento.config import (
     QNetArch,
     QNetConfig,
     ReplayConfig,
-    _check,
-    _check_choice,
-    _check_float,
-    _check_int,
+    check,
+    check_choice,
+    check_float,
+    check_int,
     from_dict,
     to_dict,
 )
@@ -221,39 +221,39 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check_int(self, "steps", 1)
-        _check_int(self, "k", 1)
-        _check_int(self, "candidates", 1)
-        _check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
-        _check_choice(self, "policy", LoopPolicyKind)
-        _check_int(self, "batch_size", 1)
-        _check_int(self, "seed", 0)
+        check_int(self, "steps", 1)
+        check_int(self, "k", 1)
+        check_int(self, "candidates", 1)
+        check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
+        check_choice(self, "policy", LoopPolicyKind)
+        check_int(self, "batch_size", 1)
+        check_int(self, "seed", 0)
         for field in ("shuffle", "retain", "tensorboard", "positive_only", "soft_q_positive_only"):
-            _check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
-        _check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
+            check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
+        check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
                "must be a non-empty faiss factory string")
-        _check_float(self, "success_threshold")
-        _check_int(self, "window", 1)
-        _check_int(self, "checkpoint_every", 0)
-        _check_choice(self, "qnet_arch", QNetArch)
-        _check_int(self, "hidden", 1)
-        _check_int(self, "n_layers", 1)
-        _check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        _check_int(self, "embed_dim", 1)
-        _check(isinstance(self.learner, LearnerConfig), cls, "learner", self.learner, "must be a LearnerConfig")
-        _check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
+        check_float(self, "success_threshold")
+        check_int(self, "window", 1)
+        check_int(self, "checkpoint_every", 0)
+        check_choice(self, "qnet_arch", QNetArch)
+        check_int(self, "hidden", 1)
+        check_int(self, "n_layers", 1)
+        check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
+        check_int(self, "embed_dim", 1)
+        check(isinstance(self.learner, LearnerConfig), cls, "learner", self.learner, "must be a LearnerConfig")
+        check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
                "the online loop is single-step: learner.gamma must be 0")
         if self.alpha is not None:
-            _check_float(self, "alpha", low=0.0, low_open=True)
+            check_float(self, "alpha", low=0.0, low_open=True)
             if self.learner.alpha != self.alpha:
                 object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
-        _check_int(self, "replay_capacity", 1)
-        _check_int(self, "warmup", 0)
-        _check_int(self, "updates_per_step", 0)
-        _check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
+        check_int(self, "replay_capacity", 1)
+        check_int(self, "warmup", 0)
+        check_int(self, "updates_per_step", 0)
+        check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
                "init_qnet", self.init_qnet, "must be a selector directory path or null")
-        _check_float(self, "linucb_exploration", low=0.0)
-        _check_float(self, "linucb_ridge", low=0.0, low_open=True)
+        check_float(self, "linucb_exploration", low=0.0)
+        check_float(self, "linucb_ridge", low=0.0, low_open=True)
 
     def qnet_config(self, dim: int, seed: int = 0) -> QNetConfig:
         """The soft-Q Q-network over ``dim``-dimensional vectors."""

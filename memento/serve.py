@@ -99,14 +99,14 @@ class ServeConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        from memento.config import _check_float, _check_int
+        from memento.config import check_float, check_int
 
         for name in ("max_body_bytes", "max_k", "max_text_chars", "max_embedding_dim", "queue_size"):
-            _check_int(self, name, 1)
-        _check_int(self, "save_every_n", 0)
-        _check_int(self, "threads", 0)
-        _check_float(self, "save_every_s", low=0.0)
-        _check_float(self, "graceful_timeout_s", low=0.0)
+            check_int(self, name, 1)
+        check_int(self, "save_every_n", 0)
+        check_int(self, "threads", 0)
+        check_float(self, "save_every_s", low=0.0)
+        check_float(self, "graceful_timeout_s", low=0.0)
 
 
 def thread_limiter(threads: int) -> Callable[[], None]:

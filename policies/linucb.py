@@ -42,7 +42,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from memento.config import _check, _check_int
+from memento.config import check, check_int
 from memento.errors import DataFormatError, DimensionError
 from memento.memory import Candidates
 from memento.policy import check_candidates, check_k, make_selection, softmax, top_k
@@ -56,7 +56,7 @@ LinUCBMode = Literal["shared", "disjoint"]
 
 def _positive_float(obj: object, field: str) -> None:
     value = getattr(obj, field)
-    _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
+    check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
            type(obj), field, value, "must be a finite number > 0")
 
 
@@ -78,17 +78,17 @@ class LinUCBConfig:
     temperature: float = 0.1
 
     def __post_init__(self) -> None:
-        _check_int(self, "dim", 1)
-        _check(self.features in get_args(LinUCBFeatures), type(self), "features", self.features,
+        check_int(self, "dim", 1)
+        check(self.features in get_args(LinUCBFeatures), type(self), "features", self.features,
                f"must be one of {get_args(LinUCBFeatures)}")
-        _check(self.mode in get_args(LinUCBMode), type(self), "mode", self.mode,
+        check(self.mode in get_args(LinUCBMode), type(self), "mode", self.mode,
                f"must be one of {get_args(LinUCBMode)}")
-        _check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
+        check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
                "'state' features are the same for every case, so they need mode='disjoint'")
         e = self.exploration
-        _check(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e >= 0,
+        check(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e >= 0,
                type(self), "exploration", e, "must be a finite number >= 0")
-        _check(isinstance(self.intercept, bool), type(self), "intercept", self.intercept, "must be true or false")
+        check(isinstance(self.intercept, bool), type(self), "intercept", self.intercept, "must be true or false")
         _positive_float(self, "ridge")
         _positive_float(self, "temperature")
 

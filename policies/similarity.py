@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.config import _check
+from memento.config import check
 from memento.errors import DataFormatError, DimensionError
 from memento.memory import Candidates
 from memento.policy import (
@@ -76,12 +76,12 @@ class SimilarityConfig:
 
     def __post_init__(self) -> None:
         for field in ("sample", "positive_only"):
-            _check(isinstance(getattr(self, field), bool), type(self), field, getattr(self, field),
+            check(isinstance(getattr(self, field), bool), type(self), field, getattr(self, field),
                    "must be true or false")
         t = self.temperature
-        _check(isinstance(t, (int, float)) and not isinstance(t, bool) and np.isfinite(t) and t > 0,
+        check(isinstance(t, (int, float)) and not isinstance(t, bool) and np.isfinite(t) and t > 0,
                type(self), "temperature", t, "must be a finite number > 0")
-        _check(self.if_no_positive in get_args(IfNoPositive), type(self), "if_no_positive", self.if_no_positive,
+        check(self.if_no_positive in get_args(IfNoPositive), type(self), "if_no_positive", self.if_no_positive,
                f"must be one of {get_args(IfNoPositive)}")
 
 

@@ -25,10 +25,10 @@ from memento.config import (
     EncoderConfig,
     LearnerConfig,
     QNetConfig,
-    _check,
-    _check_choice,
-    _check_float,
-    _check_int,
+    check,
+    check_choice,
+    check_float,
+    check_int,
     from_dict,
     read_config_json,
     save_json,
@@ -78,25 +78,25 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check_choice(self, "source", DataSource)
+        check_choice(self, "source", DataSource)
         for field in ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards"):
             value = getattr(self, field)
-            _check(value is None or (isinstance(value, str) and bool(value.strip())), cls, field, value,
+            check(value is None or (isinstance(value, str) and bool(value.strip())), cls, field, value,
                    "must be None or a non-empty path")
         needs = {"log": ("log",), "memento": ("memento_pairs", "memento_memory"), "cases": ("cases", "rewards")}
         for field in needs[self.source]:
-            _check(getattr(self, field) is not None, cls, field, None, f"is required for source={self.source!r}")
+            check(getattr(self, field) is not None, cls, field, None, f"is required for source={self.source!r}")
         for source, fields in needs.items():
             if source != self.source:
                 for field in fields:
-                    _check(getattr(self, field) is None, cls, field, getattr(self, field),
+                    check(getattr(self, field) is None, cls, field, getattr(self, field),
                            f"belongs to source={source!r}, not source={self.source!r}")
-        _check(self.bank is None or self.source == "log", cls, "bank", self.bank, "is only used with source='log'")
-        _check(isinstance(self.encoder, EncoderConfig), cls, "encoder", self.encoder, "must be an EncoderConfig")
-        _check_float(self, "val_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
-        _check_int(self, "split_seed", 0)
-        _check_float(self, "label_threshold")
-        _check_int(self, "num_workers", 0)
+        check(self.bank is None or self.source == "log", cls, "bank", self.bank, "is only used with source='log'")
+        check(isinstance(self.encoder, EncoderConfig), cls, "encoder", self.encoder, "must be an EncoderConfig")
+        check_float(self, "val_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
+        check_int(self, "split_seed", 0)
+        check_float(self, "label_threshold")
+        check_int(self, "num_workers", 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,33 +135,33 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check_choice(self, "accelerator", Accelerator)
+        check_choice(self, "accelerator", Accelerator)
         devices = self.devices
         if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
             object.__setattr__(self, "devices", int(devices))
             devices = self.devices
         ok = (isinstance(devices, int) and not isinstance(devices, bool) and (devices >= 1 or devices == -1)) or (
             isinstance(devices, str) and (devices == "auto" or all(p.strip().isdigit() for p in devices.split(","))))
-        _check(ok, cls, "devices", devices, "must be 'auto', a count >= 1, -1 (all) or a list like '0,1'")
-        _check_int(self, "num_nodes", 1)
-        _check(isinstance(self.strategy, str) and bool(self.strategy.strip()), cls, "strategy", self.strategy,
+        check(ok, cls, "devices", devices, "must be 'auto', a count >= 1, -1 (all) or a list like '0,1'")
+        check_int(self, "num_nodes", 1)
+        check(isinstance(self.strategy, str) and bool(self.strategy.strip()), cls, "strategy", self.strategy,
                "must be a Lightning strategy name such as 'auto' or 'ddp'")
-        _check_choice(self, "precision", Precision)
-        _check_int(self, "max_epochs", 1)
-        _check(isinstance(self.max_steps, int) and not isinstance(self.max_steps, bool)
+        check_choice(self, "precision", Precision)
+        check_int(self, "max_epochs", 1)
+        check(isinstance(self.max_steps, int) and not isinstance(self.max_steps, bool)
                and (self.max_steps == -1 or self.max_steps >= 1), cls, "max_steps", self.max_steps,
                "must be -1 (no limit) or an integer >= 1")
-        _check_int(self, "patience", 0)
-        _check_float(self, "min_delta", low=0.0)
-        _check_int(self, "save_top_k", 1)
-        _check_int(self, "log_every_n_steps", 1)
+        check_int(self, "patience", 0)
+        check_float(self, "min_delta", low=0.0)
+        check_int(self, "save_top_k", 1)
+        check_int(self, "log_every_n_steps", 1)
         hit_k = tuple(self.hit_k) if isinstance(self.hit_k, (list, tuple)) else self.hit_k
-        _check(isinstance(hit_k, tuple) and len(hit_k) >= 1 and len(set(hit_k)) == len(hit_k)
+        check(isinstance(hit_k, tuple) and len(hit_k) >= 1 and len(set(hit_k)) == len(hit_k)
                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in hit_k),
                cls, "hit_k", self.hit_k, "must be distinct integers >= 1")
         object.__setattr__(self, "hit_k", tuple(sorted(hit_k)))
-        _check_int(self, "ece_bins", 1)
-        _check(isinstance(self.progress_bar, bool), cls, "progress_bar", self.progress_bar, "must be true or false")
+        check_int(self, "ece_bins", 1)
+        check(isinstance(self.progress_bar, bool), cls, "progress_bar", self.progress_bar, "must be true or false")
 
 
 RESUMABLE_CHANGES = tuple(f.name for f in dataclasses.fields(TrainerConfig))
@@ -185,9 +185,9 @@ class TrainConfig:
         cls = type(self)
         for field, kind in (("data", DataConfig), ("qnet", QNetConfig), ("learner", LearnerConfig),
                             ("trainer", TrainerConfig)):
-            _check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
+            check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
                    f"must be a {kind.__name__}")
-        _check(self.learner.gamma == 0.0 or self.data.source == "log", cls, "learner",
+        check(self.learner.gamma == 0.0 or self.data.source == "log", cls, "learner",
                f"gamma={self.learner.gamma}", "gamma > 0 (soft TD) needs next states: only transition logs "
                "(source='log') carry them")
 

@@ -37,10 +37,10 @@ from memento.config import (
     Pooling,
     QNetArch,
     QNetConfig,
-    _check,
-    _check_choice,
-    _check_float,
-    _check_int,
+    check,
+    check_choice,
+    check_float,
+    check_int,
     save_json,
     to_dict,
 )
@@ -103,26 +103,26 @@ class JointConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check(isinstance(self.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in self.data),
+        check(isinstance(self.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in self.data),
                cls, "data", self.data, "must be a list of paths")
         object.__setattr__(self, "data", tuple(self.data))
-        _check_choice(self, "pooling", Pooling)
-        _check_int(self, "max_length", 8)
-        _check_choice(self, "qnet_arch", QNetArch)
-        _check_int(self, "hidden", 1)
-        _check_int(self, "n_layers", 1)
-        _check_float(self, "qnet_dropout", low=0.0, high=1.0, high_open=True)
-        _check(isinstance(self.learner, LearnerConfig) and self.learner.gamma == 0.0, cls, "learner",
+        check_choice(self, "pooling", Pooling)
+        check_int(self, "max_length", 8)
+        check_choice(self, "qnet_arch", QNetArch)
+        check_int(self, "hidden", 1)
+        check_int(self, "n_layers", 1)
+        check_float(self, "qnet_dropout", low=0.0, high=1.0, high_open=True)
+        check(isinstance(self.learner, LearnerConfig) and self.learner.gamma == 0.0, cls, "learner",
                self.learner, "must be a LearnerConfig with gamma=0 (pairs have no next state)")
-        _check_float(self, "encoder_lr", low=0.0)
-        _check_int(self, "batch_size", 1)
-        _check_int(self, "epochs", 1)
+        check_float(self, "encoder_lr", low=0.0)
+        check_int(self, "batch_size", 1)
+        check_int(self, "epochs", 1)
         if self.max_steps is not None:
-            _check_int(self, "max_steps", 1)
-        _check_float(self, "positive_threshold", low=0.0, low_open=True)
-        _check_int(self, "seed", 0)
-        _check_choice(self, "precision", Precision)
-        _check_int(self, "log_every_n_steps", 1)
+            check_int(self, "max_steps", 1)
+        check_float(self, "positive_threshold", low=0.0, low_open=True)
+        check_int(self, "seed", 0)
+        check_choice(self, "precision", Precision)
+        check_int(self, "log_every_n_steps", 1)
 
 
 def pair_rows(data: PairData) -> list[tuple[int, int, float]]:

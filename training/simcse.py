@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from memento.config import Pooling, _check, _check_choice, _check_float, _check_int, save_json, to_dict
+from memento.config import Pooling, check, check_choice, check_float, check_int, save_json, to_dict
 from memento.encoders import (
     ENCODER_META_FORMAT,
     ENCODER_META_NAME,
@@ -159,36 +159,36 @@ class SimCSEConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check_choice(self, "mode", Mode)
-        _check(isinstance(self.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in self.data),
+        check_choice(self, "mode", Mode)
+        check(isinstance(self.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in self.data),
                cls, "data", self.data, "must be a list of paths")
         object.__setattr__(self, "data", tuple(self.data))
-        _check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), cls, "model",
+        check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), cls, "model",
                self.model, "must be None or a non-empty path")
-        _check_choice(self, "pooling", Pooling)
-        _check_int(self, "max_length", 8)
-        _check_float(self, "temperature", low=0.0, low_open=True)
-        _check_float(self, "lr", low=0.0, low_open=True)
-        _check_float(self, "weight_decay", low=0.0)
-        _check_float(self, "warmup_ratio", low=0.0, high=1.0, high_open=True)
-        _check_int(self, "batch_size", 2)
-        _check_int(self, "epochs", 1)
+        check_choice(self, "pooling", Pooling)
+        check_int(self, "max_length", 8)
+        check_float(self, "temperature", low=0.0, low_open=True)
+        check_float(self, "lr", low=0.0, low_open=True)
+        check_float(self, "weight_decay", low=0.0)
+        check_float(self, "warmup_ratio", low=0.0, high=1.0, high_open=True)
+        check_int(self, "batch_size", 2)
+        check_int(self, "epochs", 1)
         if self.max_steps is not None:
-            _check_int(self, "max_steps", 1)
+            check_int(self, "max_steps", 1)
         if self.dropout is not None:
-            _check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        _check(isinstance(self.include_actions, bool), cls, "include_actions", self.include_actions,
+            check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
+        check(isinstance(self.include_actions, bool), cls, "include_actions", self.include_actions,
                "must be true or false")
-        _check_float(self, "positive_threshold", low=0.0, low_open=True)
-        _check(isinstance(self.hard_negatives, bool), cls, "hard_negatives", self.hard_negatives,
+        check_float(self, "positive_threshold", low=0.0, low_open=True)
+        check(isinstance(self.hard_negatives, bool), cls, "hard_negatives", self.hard_negatives,
                "must be true or false")
-        _check_int(self, "eval_size", 2)
-        _check_int(self, "seed", 0)
+        check_int(self, "eval_size", 2)
+        check_int(self, "seed", 0)
         for name in ("accelerator", "devices", "strategy"):
             value = getattr(self, name)
-            _check(isinstance(value, str) and bool(value.strip()), cls, name, value, "must be a non-empty string")
-        _check_choice(self, "precision", Precision)
-        _check_int(self, "log_every_n_steps", 1)
+            check(isinstance(value, str) and bool(value.strip()), cls, name, value, "must be a non-empty string")
+        check_choice(self, "precision", Precision)
+        check_int(self, "log_every_n_steps", 1)
 
 
 # ---------------------------------------------------------------- data: formats and readers

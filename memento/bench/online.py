@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import _check, _check_choice, _check_int
+from memento.config import check, check_choice, check_int
 
 __all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
 
@@ -52,13 +52,13 @@ class OnlineBenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "synthetic_steps", "overhead_bank", "overhead_steps"):
-            _check_int(self, name, 1)
+            check_int(self, name, 1)
         known = ("soft_q", "similarity", "random", "linucb")
-        _check(bool(self.policies) and all(p in known for p in self.policies), type(self), "policies",
+        check(bool(self.policies) and all(p in known for p in self.policies), type(self), "policies",
                self.policies, f"must be a non-empty subset of {known}")
-        _check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
+        check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
                "must be a subset of ('real', 'synthetic', 'overhead')")
-        _check_choice(self, "soft_q_candidates", SoftQCandidates)
+        check_choice(self, "soft_q_candidates", SoftQCandidates)
 
 
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:

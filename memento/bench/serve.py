@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import _check, _check_int
+from memento.config import check, check_int
 
 __all__ = ["HttpClient", "ServeBenchConfig", "ServerProcess", "build_random_artifact", "format_serve_table",
            "run_clients", "run_serve_bench"]
@@ -297,14 +297,14 @@ class ServeBenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("size", "k", "selects", "feedbacks", "server_threads"):
-            _check_int(self, name, 1)
+            check_int(self, name, 1)
         for name in ("text_selects", "warmup", "seed"):
-            _check_int(self, name, 0)
-        _check(bool(self.clients) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+            check_int(self, name, 0)
+        check(bool(self.clients) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
                                           for c in self.clients), type(self), "clients", self.clients,
                "need integers >= 1")
-        _check(self.data in ("uniform", "clustered"), type(self), "data", self.data, "must be uniform or clustered")
-        _check(self.k <= self.size, type(self), "k", self.k, f"must be <= size={self.size}")
+        check(self.data in ("uniform", "clustered"), type(self), "data", self.data, "must be uniform or clustered")
+        check(self.k <= self.size, type(self), "k", self.k, f"must be <= size={self.size}")
 
 
 def build_random_artifact(out: str | Path, *, size: int, factory: str = "HNSW32,Flat",

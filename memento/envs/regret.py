@@ -56,10 +56,10 @@ from memento.config import (
     QNetArch,
     QNetConfig,
     ReplayConfig,
-    _check,
-    _check_choice,
-    _check_float,
-    _check_int,
+    check,
+    check_choice,
+    check_float,
+    check_int,
     to_dict,
 )
 from memento.envs.synthetic import SyntheticBandit
@@ -145,34 +145,34 @@ class RegretConfig:
     linucb_ridge: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_int(self, "steps", 1)
-        _check_int(self, "k", 1)
-        _check_int(self, "candidates", 1)
-        _check(self.k <= self.candidates, type(self), "k", self.k, f"must be <= candidates={self.candidates}")
-        _check_choice(self, "policy", RegretPolicyKind)
-        _check_int(self, "seed", 0)
-        _check_choice(self, "qnet_arch", QNetArch)
-        _check_int(self, "hidden", 1)
-        _check_int(self, "n_layers", 1)
-        _check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        _check_int(self, "embed_dim", 1)
-        _check_int(self, "warmup_steps", 0)
-        _check_int(self, "updates_per_step", 0)
-        _check_int(self, "batch_size", 1)
-        _check_int(self, "replay_capacity", 1)
-        _check_float(self, "lr", low=0.0, low_open=True)
-        _check_float(self, "weight_decay", low=0.0)
+        check_int(self, "steps", 1)
+        check_int(self, "k", 1)
+        check_int(self, "candidates", 1)
+        check(self.k <= self.candidates, type(self), "k", self.k, f"must be <= candidates={self.candidates}")
+        check_choice(self, "policy", RegretPolicyKind)
+        check_int(self, "seed", 0)
+        check_choice(self, "qnet_arch", QNetArch)
+        check_int(self, "hidden", 1)
+        check_int(self, "n_layers", 1)
+        check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
+        check_int(self, "embed_dim", 1)
+        check_int(self, "warmup_steps", 0)
+        check_int(self, "updates_per_step", 0)
+        check_int(self, "batch_size", 1)
+        check_int(self, "replay_capacity", 1)
+        check_float(self, "lr", low=0.0, low_open=True)
+        check_float(self, "weight_decay", low=0.0)
         if self.max_grad_norm is not None:
-            _check_float(self, "max_grad_norm", low=0.0, low_open=True)
-        _check_float(self, "alpha", low=0.0, low_open=True)
-        _check_choice(self, "alpha_schedule", AlphaSchedule)
-        _check_float(self, "alpha_final", low=0.0, low_open=True)
-        _check_int(self, "alpha_decay_steps", 1)
-        _check_float(self, "target_entropy_ratio", low=0.0, high=1.0, low_open=True)
-        _check_choice(self, "importance_weights", ImportanceWeights)
-        _check_float(self, "importance_cap", low=1.0)
-        _check_float(self, "linucb_exploration", low=0.0)
-        _check_float(self, "linucb_ridge", low=0.0, low_open=True)
+            check_float(self, "max_grad_norm", low=0.0, low_open=True)
+        check_float(self, "alpha", low=0.0, low_open=True)
+        check_choice(self, "alpha_schedule", AlphaSchedule)
+        check_float(self, "alpha_final", low=0.0, low_open=True)
+        check_int(self, "alpha_decay_steps", 1)
+        check_float(self, "target_entropy_ratio", low=0.0, high=1.0, low_open=True)
+        check_choice(self, "importance_weights", ImportanceWeights)
+        check_float(self, "importance_cap", low=1.0)
+        check_float(self, "linucb_exploration", low=0.0)
+        check_float(self, "linucb_ridge", low=0.0, low_open=True)
 
     def qnet_config(self, dim: int, seed: int = 0) -> QNetConfig:
         """The Q-network of a soft-Q run over ``dim``-dimensional vectors."""

@@ -51,7 +51,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.config import _check, _check_int
+from memento.config import check, check_int
 from memento.errors import DataFormatError, DimensionError
 from memento.types import Case, Task
 
@@ -74,7 +74,7 @@ def _real(obj: Any, field: str, minimum: float | None = None, maximum: float | N
         ok = value < maximum if open_max else value <= maximum
     bounds = "" if minimum is None and maximum is None else (
         f" in [{minimum}, {maximum}{')' if open_max else ']'}" if maximum is not None else f" >= {minimum}")
-    _check(ok, type(obj), field, value, f"must be a finite number{bounds}")
+    check(ok, type(obj), field, value, f"must be a finite number{bounds}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,17 +95,17 @@ class SyntheticBanditConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_int(self, "n_task_types", 1)
-        _check_int(self, "n_cases", 1)
-        _check_int(self, "dim", 2)
-        _check_int(self, "seed", 0)
+        check_int(self, "n_task_types", 1)
+        check_int(self, "n_cases", 1)
+        check_int(self, "dim", 2)
+        check_int(self, "seed", 0)
         _real(self, "noise", 0.0)
         _real(self, "distractor_fraction", 0.0, 1.0, open_max=True)
         _real(self, "distractor_offset", 0.0)
         _real(self, "distractor_noise", 0.0)
         for field in ("match_weight", "quality_weight", "bias"):
             _real(self, field)
-        _check(self.aggregate in get_args(Aggregate), type(self), "aggregate", self.aggregate,
+        check(self.aggregate in get_args(Aggregate), type(self), "aggregate", self.aggregate,
                f"must be one of {get_args(Aggregate)}")
 
 

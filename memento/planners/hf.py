@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from memento.config import _check, _check_int
+from memento.config import check, check_int
 from memento.planners.base import PlannerError, PlanOutput
 from memento.planners.prompts import PromptConfig, render_prompt
 from memento.types import Case, Task
@@ -68,20 +68,20 @@ class HFPlannerConfig:
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
 
     def __post_init__(self) -> None:
-        _check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), type(self),
+        check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), type(self),
                "model", self.model, "must be None or a non-empty path")
-        _check(self.device is None or (isinstance(self.device, str) and bool(self.device.strip())), type(self),
+        check(self.device is None or (isinstance(self.device, str) and bool(self.device.strip())), type(self),
                "device", self.device, "must be None or a device name such as 'cpu' or 'cuda:0'")
-        _check(self.dtype is None or self.dtype in get_args(TorchDtype), type(self), "dtype", self.dtype,
+        check(self.dtype is None or self.dtype in get_args(TorchDtype), type(self), "dtype", self.dtype,
                f"must be None or one of {get_args(TorchDtype)}")
-        _check_int(self, "max_new_tokens", 1)
-        _check_int(self, "batch_size", 1)
+        check_int(self, "max_new_tokens", 1)
+        check_int(self, "batch_size", 1)
         if self.stop is not None:
-            _check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
+            check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
                    and all(isinstance(s, str) and s for s in self.stop), type(self), "stop", self.stop,
                    "must be None or a list of non-empty strings")
             object.__setattr__(self, "stop", tuple(self.stop))
-        _check(isinstance(self.prompt, PromptConfig), type(self), "prompt", self.prompt, "must be a PromptConfig")
+        check(isinstance(self.prompt, PromptConfig), type(self), "prompt", self.prompt, "must be a PromptConfig")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

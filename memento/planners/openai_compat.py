@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, get_args
 
-from memento.config import _check, _check_int
+from memento.config import check, check_int
 from memento.planners.base import PlannerError, PlanOutput
 from memento.planners.prompts import PromptConfig, render_messages, render_prompt
 from memento.types import Case, Task
@@ -76,26 +76,26 @@ class OpenAICompatConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        _check(isinstance(self.model, str) and bool(self.model.strip()), cls, "model", self.model,
+        check(isinstance(self.model, str) and bool(self.model.strip()), cls, "model", self.model,
                "must be a non-empty model name")
-        _check(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")), cls,
+        check(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")), cls,
                "base_url", self.base_url, "must be an http:// or https:// URL (e.g. http://127.0.0.1:8000/v1)")
-        _check(self.api_key_env is None or (isinstance(self.api_key_env, str) and bool(self.api_key_env.strip())),
+        check(self.api_key_env is None or (isinstance(self.api_key_env, str) and bool(self.api_key_env.strip())),
                cls, "api_key_env", self.api_key_env, "must be None or an environment variable name")
-        _check(self.mode in get_args(ApiMode), cls, "mode", self.mode, f"must be one of {get_args(ApiMode)}")
-        _check(_finite(self.timeout_s, 0.0, low_open=True), cls, "timeout_s", self.timeout_s,
+        check(self.mode in get_args(ApiMode), cls, "mode", self.mode, f"must be one of {get_args(ApiMode)}")
+        check(_finite(self.timeout_s, 0.0, low_open=True), cls, "timeout_s", self.timeout_s,
                "must be a number > 0")
-        _check_int(self, "max_retries", 0)
-        _check(_finite(self.backoff_s, 0.0), cls, "backoff_s", self.backoff_s, "must be a number >= 0")
-        _check_int(self, "max_tokens", 1)
-        _check(_finite(self.temperature, 0.0), cls, "temperature", self.temperature, "must be a number >= 0")
+        check_int(self, "max_retries", 0)
+        check(_finite(self.backoff_s, 0.0), cls, "backoff_s", self.backoff_s, "must be a number >= 0")
+        check_int(self, "max_tokens", 1)
+        check(_finite(self.temperature, 0.0), cls, "temperature", self.temperature, "must be a number >= 0")
         if self.stop is not None:
-            _check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
+            check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
                    and all(isinstance(s, str) and s for s in self.stop), cls, "stop", self.stop,
                    "must be None or a list of non-empty strings")
             object.__setattr__(self, "stop", tuple(self.stop))
-        _check_int(self, "concurrency", 1)
-        _check(isinstance(self.prompt, PromptConfig), cls, "prompt", self.prompt, "must be a PromptConfig")
+        check_int(self, "concurrency", 1)
+        check(isinstance(self.prompt, PromptConfig), cls, "prompt", self.prompt, "must be a PromptConfig")
         for field in ("timeout_s", "backoff_s", "temperature"):
             object.__setattr__(self, field, float(getattr(self, field)))
 

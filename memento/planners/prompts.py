@@ -31,7 +31,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
-from memento.config import _check, _check_int
+from memento.config import check, check_int
 from memento.types import Case, Task
 
 __all__ = [
@@ -85,13 +85,13 @@ class PromptConfig:
     positive_min_reward: float = 0.5
 
     def __post_init__(self) -> None:
-        _check(self.style in get_args(PromptStyle), type(self), "style", self.style,
+        check(self.style in get_args(PromptStyle), type(self), "style", self.style,
                f"must be one of {get_args(PromptStyle)}")
-        _check(self.instruction is None or isinstance(self.instruction, str), type(self), "instruction",
+        check(self.instruction is None or isinstance(self.instruction, str), type(self), "instruction",
                self.instruction, "must be a string or None")
-        _check_int(self, "max_case_chars", 16)
+        check_int(self, "max_case_chars", 16)
         value = self.positive_min_reward
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+        check(isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
                and abs(value) != float("inf"), type(self), "positive_min_reward", value, "must be a finite number")
         object.__setattr__(self, "positive_min_reward", float(value))
 
