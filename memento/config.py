@@ -265,7 +265,8 @@ class QNetConfig:
     - ``arch``: ``"mlp"`` (Memento: concat(s, c) -> hidden -> 1), ``"mlp_interact"`` (adds
       ``s*c`` and ``|s-c|`` to the concat) or ``"two_tower"`` (``f(s) . g(c) + bias``, case
       side precomputable);
-    - ``dim``: the embedding dimension D of states and cases;
+    - ``dim``: the embedding dimension D of states and cases; ``None`` in a run config whose encoder
+      gives it (:meth:`for_dim` fills it in before a network is built);
     - ``hidden``: width of every hidden layer; ``n_layers``: hidden layers (per tower for
       ``two_tower``);
     - ``dropout``: after every hidden ReLU, in training mode only;
@@ -274,7 +275,7 @@ class QNetConfig:
     """
 
     arch: QNetArch = "mlp"
-    dim: int
+    dim: int | None = None
     hidden: int = 512
     n_layers: int = 1
     dropout: float = 0.1
@@ -283,12 +284,19 @@ class QNetConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "arch", QNetArch)
-        check_int(self, "dim", 1)
+        if self.dim is not None:
+            check_int(self, "dim", 1)
         check_int(self, "hidden", 1)
         check_int(self, "n_layers", 1)
         check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
         check_int(self, "embed_dim", 1)
         check_int(self, "seed", 0)
+
+    def for_dim(self, dim: int, *, seed: int | None = None) -> QNetConfig:
+        """This architecture over ``dim``-dimensional vectors (and, when given, another init ``seed``)."""
+        if self.dim is not None and self.dim != dim:
+            raise ConfigError(f"QNetConfig.dim={self.dim}: the encoder gives dim={dim}")
+        return dataclasses.replace(self, dim=dim, seed=self.seed if seed is None else seed)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

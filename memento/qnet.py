@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memento.config import QNetConfig
-from memento.errors import DimensionError
+from memento.errors import ConfigError, DimensionError
 
 __all__ = ["MLPQNetwork", "QNetwork", "TwoTowerQNetwork", "build_qnet"]
 
@@ -186,6 +186,8 @@ class TwoTowerQNetwork(QNetwork):
 
 def build_qnet(config: QNetConfig, generator: torch.Generator | None = None) -> QNetwork:
     """The Q-network ``config.arch`` names, initialised from ``generator`` (default: seeded with ``config.seed``)."""
+    if config.dim is None:
+        raise ConfigError("QNetConfig.dim=None: give the embedding dimension (QNetConfig.for_dim) before building")
     match config.arch:
         case "mlp" | "mlp_interact":
             net: QNetwork = MLPQNetwork(config)
