@@ -3,10 +3,27 @@
 The core library: typed configs, the text encoder, the case bank, Q-networks, the policy
 protocol, the replay buffer, the soft-Q learner and synthetic environments. Importing it
 never pulls in Lightning, FastAPI or LLM clients. Concrete policies live in the sibling
-package ``policies``.
+package ``policies`` (which depends on this one, never the other way round): runs that choose a
+policy take the factory ``policies.make_policy`` as an argument. The soft-Q agent
+(:class:`SoftQAgent`) lives here, because a served :class:`Selector` is one.
 """
 
-from memento.config import BankConfig, EncoderConfig, IndexConfig, LearnerConfig, QNetConfig, ReplayConfig
+from memento._version import __version__
+from memento.agent import SoftQAgent
+from memento.compare import run_comparison
+from memento.config import (
+    BankConfig,
+    EncoderConfig,
+    IndexConfig,
+    LearnerConfig,
+    LinUCBConfig,
+    PolicyConfig,
+    QNetConfig,
+    RandomConfig,
+    ReplayConfig,
+    SimilarityConfig,
+    SoftQConfig,
+)
 from memento.encoders import EmbeddingCache, Encoder
 from memento.envs import SyntheticBandit, SyntheticBanditConfig
 from memento.errors import (
@@ -23,15 +40,14 @@ from memento.errors import (
 )
 from memento.export import export_selector, load_selector
 from memento.learner import SoftQLearner
-from memento.loop import LoopConfig, OnlineLoop, run_comparison, run_online
+from memento.loop import LoopConfig, OnlineLoop, run_online
 from memento.memory import Candidates, CaseBank
-from memento.policy import Policy
+from memento.policy import Observation, Policy, PolicyContext
+from memento.rundir import RunDir
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch, ReplayBuffer, Transition
 from memento.selector import SelectionResult, Selector
 from memento.types import Case, Selection, Task
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BankConfig",
@@ -49,19 +65,28 @@ __all__ = [
     "EncoderError",
     "IndexConfig",
     "LearnerConfig",
+    "LinUCBConfig",
     "LoopConfig",
     "MementoError",
     "NotABankError",
+    "Observation",
     "OnlineLoop",
     "Policy",
+    "PolicyConfig",
+    "PolicyContext",
     "QNetConfig",
     "QNetwork",
     "ReplayBatch",
     "ReplayBuffer",
+    "RandomConfig",
     "ReplayConfig",
+    "RunDir",
     "Selection",
     "SelectionResult",
     "Selector",
+    "SimilarityConfig",
+    "SoftQAgent",
+    "SoftQConfig",
     "SoftQLearner",
     "SyntheticBandit",
     "SyntheticBanditConfig",

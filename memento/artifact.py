@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from memento.agent import LEARNER_DIR, REPLAY_DIR
 from memento.config import (
     EncoderConfig,
     IndexConfig,
@@ -107,8 +108,7 @@ CONFIG_NAME = "config.json"
 ENCODER_NAME = "encoder.json"
 QNET_NAME = "qnet.safetensors"
 CARD_NAME = "README.md"
-LEARNER_DIR = "learner"
-REPLAY_DIR = "replay"
+# LEARNER_DIR, REPLAY_DIR: the soft-Q agent's own layout (memento.agent), the same in a checkpoint and here
 BANK_DIR = "bank"
 FEEDBACK_NAME = "feedback.sqlite"
 BANK_DB = f"{BANK_DIR}/cases.sqlite"
@@ -242,9 +242,9 @@ def library_versions() -> dict[str, str | None]:
     import numpy
     import torch
 
-    import memento
+    from memento._version import __version__
 
-    versions: dict[str, str | None] = {"memento": memento.__version__, "python": sys.version.split()[0],
+    versions: dict[str, str | None] = {"memento": __version__, "python": sys.version.split()[0],
                                        "torch": torch.__version__, "numpy": numpy.__version__,
                                        "sqlite": sqlite3.sqlite_version}
     for dist in ("faiss-cpu", "faiss-gpu", "safetensors", "transformers"):

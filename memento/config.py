@@ -20,23 +20,34 @@ from memento.errors import ConfigError
 from memento.io import atomic_write_text
 
 __all__ = [
+    "POLICY_CONFIGS",
     "read_config_json",
     "AlphaSchedule",
     "BankConfig",
     "EncoderConfig",
     "ImportanceWeights",
+    "IfNoPositive",
     "IndexConfig",
     "LearnerConfig",
+    "LinUCBConfig",
+    "LinUCBFeatures",
+    "LinUCBMode",
+    "PolicyConfig",
+    "PolicyKind",
     "Pooling",
     "QNetArch",
     "QNetConfig",
+    "RandomConfig",
     "ReplayConfig",
+    "SimilarityConfig",
+    "SoftQConfig",
     "StorageDtype",
     "TDLoss",
     "check",
     "check_choice",
     "check_float",
     "check_int",
+    "check_policy",
     "from_dict",
     "load_json",
     "save_json",
@@ -127,6 +138,16 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def _kind_of(tp: Any) -> str | None:
+    """The default of a dataclass's ``kind`` field (the tag of a tagged union), if it has one."""
+    if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return None
+    for field in dataclasses.fields(tp):
+        if field.name == "kind" and isinstance(field.default, str):
+            return field.default
+    return None
+
+
 def _convert(tp: Any, value: Any, where: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
@@ -135,6 +156,11 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         options = get_args(tp)
         if value is None and type(None) in options:
             return None
+        kinds = {_kind_of(option): option for option in options if _kind_of(option) is not None}
+        if kinds and isinstance(value, dict):  # a tagged union (policy configs): "kind" picks the class
+            if value.get("kind") not in kinds:
+                raise ConfigError(f"{where}.kind={value.get('kind')!r}: must be one of {tuple(kinds)}")
+            return _convert(kinds[value["kind"]], value, where)
         errors = []
         for option in options:
             if option is type(None):
@@ -386,3 +412,164 @@ class LearnerConfig:
         check_choice(self, "importance_weights", ImportanceWeights)
         check_float(self, "importance_cap", low=1.0)
         check_int(self, "seed", 0)
+
+
+# ---------------------------------------------------------------- selection policies
+# One config per policy of ``policies/`` (``kind`` names it); ``PolicyConfig`` is their union, and
+# ``policies.make_policy(config, context)`` is the one factory. Run configs (the online loop, the regret
+# run) nest one of them; a JSON ``{"kind": ...}`` object converts back to the right class.
+
+PolicyKind = Literal["random", "similarity", "soft_q", "linucb"]
+IfNoPositive = Literal["all", "error"]
+LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
+LinUCBMode = Literal["shared", "disjoint"]
+
+
+def _check_bool(obj: Any, *fields: str) -> None:
+    for field in fields:
+        check(isinstance(getattr(obj, field), bool), type(obj), field, getattr(obj, field), "must be true or false")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RandomConfig:
+    """The uniform policy (no options)."""
+
+    kind: Literal["random"] = "random"
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["random"])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimilarityConfig:
+    """Options of ``policies.similarity.SimilarityPolicy`` (the non-parametric CBR baseline).
+
+    - ``sample``: False = always top-K by cosine; True = a non-greedy ``select`` samples.
+    - ``temperature``: of ``softmax(cos / temperature)`` (cosines lie in [-1, 1], so small values).
+    - ``positive_only``: keep only candidates with reward > 0 (Memento's non-parametric client).
+    - ``if_no_positive``: what ``positive_only`` does when no candidate has reward > 0 (``"all"``: fall
+      back to every candidate; ``"error"``: raise).
+    """
+
+    kind: Literal["similarity"] = "similarity"
+    sample: bool = False
+    temperature: float = 0.05
+    positive_only: bool = False
+    if_no_positive: IfNoPositive = "all"
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["similarity"])
+        _check_bool(self, "sample", "positive_only")
+        check_float(self, "temperature", low=0.0, low_open=True)
+        check_choice(self, "if_no_positive", IfNoPositive)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinUCBConfig:
+    """Options of ``policies.linucb.LinUCBPolicy``.
+
+    ``dim`` is the state/case vector dimension D (``None`` in a run config: the encoder gives it);
+    ``features`` the (state, case) features; ``mode`` one shared ridge regression or one per case;
+    ``exploration`` the width of the confidence bonus (Li et al.'s alpha; 0 = greedy ridge regression);
+    ``ridge`` the prior precision; ``temperature`` only shapes the reported ``probs_C``; ``intercept``
+    appends a constant 1.
+    """
+
+    kind: Literal["linucb"] = "linucb"
+    dim: int | None = None
+    features: LinUCBFeatures = "product_concat"
+    mode: LinUCBMode = "shared"
+    intercept: bool = True
+    exploration: float = 1.0
+    ridge: float = 1.0
+    temperature: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["linucb"])
+        if self.dim is not None:
+            check_int(self, "dim", 1)
+        check_choice(self, "features", LinUCBFeatures)
+        check_choice(self, "mode", LinUCBMode)
+        check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
+              "'state' features are the same for every case, so they need mode='disjoint'")
+        check_float(self, "exploration", low=0.0)
+        _check_bool(self, "intercept")
+        check_float(self, "ridge", low=0.0, low_open=True)
+        check_float(self, "temperature", low=0.0, low_open=True)
+
+    @property
+    def feature_dim(self) -> int:
+        """F, the length of ``phi(s, c)``."""
+        if self.dim is None:
+            raise ConfigError("LinUCBConfig.dim=None: the feature dimension needs dim")
+        base = 2 * self.dim if self.features in ("product_concat", "concat") else self.dim
+        return base + int(self.intercept)
+
+
+def _online_learner() -> LearnerConfig:
+    return LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0, batch_size=64, alpha=0.2)
+
+
+def _online_qnet() -> QNetConfig:
+    return QNetConfig(hidden=128, dropout=0.0, embed_dim=64)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SoftQConfig:
+    """The soft-Q agent (:class:`memento.agent.SoftQAgent`): a Q-network, its learner and its replay buffer.
+
+    - ``qnet``: the Q-network (``dim`` comes from the encoder; the init seed from the run's seed);
+    - ``learner``: the soft-Q learner (``learner.batch_size`` is the replay mini-batch); single-step runs
+      need ``gamma = 0``;
+    - ``alpha``: when given, the temperature of ``softmax(Q / alpha)``, overriding ``learner.alpha`` (the
+      stored ``learner`` then carries it);
+    - ``replay_capacity``: decisions the buffer keeps; ``warmup``: decisions logged before the first
+      update; ``updates_per_step``: gradient steps per decision after warm-up;
+    - ``positive_only``: choose among the candidates with stored reward > 0 only (all of them when none
+      is), the pool Memento's non-parametric retrieval uses;
+    - ``init_qnet``: a trained selector directory (what ``SoftQLearner.save`` writes, e.g. ``memento
+      train``'s ``OUT/selector``, or that run directory itself) whose Q-network, architecture included, the
+      run starts from instead of a fresh one (the optimiser starts fresh with ``learner``; ``qnet`` is then
+      unused).
+    """
+
+    kind: Literal["soft_q"] = "soft_q"
+    qnet: QNetConfig = dataclasses.field(default_factory=_online_qnet)
+    learner: LearnerConfig = dataclasses.field(default_factory=_online_learner)
+    alpha: float | None = None
+    replay_capacity: int = 10_000
+    warmup: int = 16
+    updates_per_step: int = 1
+    positive_only: bool = False
+    init_qnet: str | None = None
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check_choice(self, "kind", Literal["soft_q"])
+        check(isinstance(self.qnet, QNetConfig), cls, "qnet", self.qnet, "must be a QNetConfig")
+        check(isinstance(self.learner, LearnerConfig), cls, "learner", self.learner, "must be a LearnerConfig")
+        if self.alpha is not None:
+            check_float(self, "alpha", low=0.0, low_open=True)
+            if self.learner.alpha != self.alpha:
+                object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
+        check_int(self, "replay_capacity", 1)
+        check_int(self, "warmup", 0)
+        check_int(self, "updates_per_step", 0)
+        _check_bool(self, "positive_only")
+        check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
+              "init_qnet", self.init_qnet, "must be a selector directory path or null")
+
+
+PolicyConfig = RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig
+"""One selection policy's configuration; ``config.kind`` names the policy."""
+
+POLICY_CONFIGS: dict[str, type] = {"random": RandomConfig, "similarity": SimilarityConfig, "soft_q": SoftQConfig,
+                                   "linucb": LinUCBConfig}
+"""The config class of each policy kind (the names of :data:`PolicyKind`)."""
+
+
+def check_policy(obj: Any, field: str = "policy") -> None:
+    """``obj.field`` is one of the :data:`PolicyConfig` classes."""
+    value = getattr(obj, field)
+    check(isinstance(value, tuple(POLICY_CONFIGS.values())), type(obj), field, value,
+          f"must be a policy config ({', '.join(c.__name__ for c in POLICY_CONFIGS.values())})")

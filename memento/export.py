@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from memento.agent import load_trained_learner
 from memento.artifact import (
     BANK_DB,
     BANK_DIR,
@@ -56,12 +57,22 @@ from memento.artifact import (
     verify_artifact,
     write_encoder_spec,
 )
-from memento.config import LearnerConfig, QNetConfig, ReplayConfig, from_dict, load_json, save_json, to_dict
+from memento.config import (
+    LearnerConfig,
+    QNetConfig,
+    ReplayConfig,
+    SoftQConfig,
+    from_dict,
+    load_json,
+    save_json,
+    to_dict,
+)
 from memento.errors import CheckpointError, ConfigError, DimensionError
-from memento.io import atomic_write_text, read_versioned_json
+from memento.io import atomic_write_text, read_versioned_json, sqlite_copy
+from memento.loop import LoopConfig
+from memento.rundir import RunDir, read_json
 
 if TYPE_CHECKING:
-    from memento.loop import LoopConfig
     from memento.selector import Selector
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
@@ -158,87 +169,56 @@ class _Source:
     run_info: dict[str, Any] | None
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
-
-
-def _checkpoint_step(ckpt: Path) -> int | None:
-    state = ckpt / "state.json"
-    if not state.is_file():
-        return None
-    try:
-        return int(_read_json(state)["step"])
-    except (CheckpointError, KeyError, TypeError, ValueError):
-        logger.warning("%s: unreadable checkpoint state; ignoring it", ckpt)
-        return None
-
-
-def _latest_checkpoint(run_dir: Path) -> Path | None:
-    best: tuple[int, Path] | None = None
-    for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"):
-        step = _checkpoint_step(run_dir / name)
-        if step is not None and (best is None or step > best[0]):
-            best = (step, run_dir / name)
-    return None if best is None else best[1]
-
-
 def _resolve_source(source: Path) -> _Source:
-    from memento.loop import LoopConfig
-
     if not source.exists():
         raise CheckpointError(f"{source}: not found")
     if not source.is_dir():
         raise CheckpointError(f"{source}: not a directory (expected a run, a comparison or a checkpoint directory)")
-    if (source / "state.json").is_file():
+    if (source / RunDir.STATE).is_file():
         kind: Literal["run", "checkpoint"] = "checkpoint"
-        run_dir, ckpt = source.parent, source
-    elif (source / "config.json").is_file() and (source / "bank").is_dir():
-        kind, run_dir = "run", source
-        ckpt = _latest_checkpoint(run_dir)
+        run, ckpt = RunDir(source.parent), source
+    elif RunDir(source).is_run():
+        kind, run = "run", RunDir(source)
+        ckpt = run.latest_checkpoint()
     elif (source / "comparison.json").is_file() or (source / "soft_q").is_dir():
-        if (source / "soft_q" / "config.json").is_file():
+        if RunDir(source / "soft_q").config_path.is_file():
             return _resolve_source(source / "soft_q")
-        policies = sorted(p.name for p in source.iterdir() if (p / "config.json").is_file())
+        policies = sorted(p.name for p in source.iterdir() if RunDir(p).config_path.is_file())
         raise CheckpointError(f"{source}: a comparison without a soft_q run (runs: {', '.join(policies) or 'none'}); "
                               "only soft_q trains a selector")
     else:
         raise CheckpointError(f"{source}: not a run directory (config.json + bank/), a comparison directory "
                               "(comparison.json + soft_q/) or a checkpoint (state.json)")
-    config_path = (ckpt if ckpt is not None else run_dir) / "config.json"
+    state = None if ckpt is None else RunDir.read_state(ckpt)  # refuses other formats in one line
+    config_path = (ckpt if ckpt is not None else run.path) / RunDir.CONFIG
     try:
-        loop = from_dict(LoopConfig, _read_json(config_path))
+        loop = from_dict(LoopConfig, read_json(config_path))
     except ConfigError as error:
-        raise CheckpointError(f"{config_path}: not an online-loop config ({error})") from None
-    if loop.policy != "soft_q":
-        raise ConfigError(f"{run_dir}: a {loop.policy!r} run; only soft_q runs train a selector (a Q-network)")
-    summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else None
-    run_info = _read_json(run_dir / "run.json") if (run_dir / "run.json").is_file() else None
+        raise CheckpointError(f"{config_path}: not this memento's online-loop config ({error}); a run written "
+                              "before the nested LoopConfig (checkpoint format 1) cannot be exported") from None
+    if not isinstance(loop.policy, SoftQConfig):
+        raise ConfigError(f"{run.path}: a {loop.policy_kind!r} run; only soft_q runs train a selector (a Q-network)")
+    summary, run_info = run.read_summary(), run.read_run_info()
     comparison = None
-    if (run_dir.parent / "comparison.json").is_file():
-        comparison = _read_json(run_dir.parent / "comparison.json")
-        if not isinstance(comparison, dict) or run_dir.name not in (comparison.get("policies") or {}):
+    if (run.path.parent / "comparison.json").is_file():
+        comparison = read_json(run.path.parent / "comparison.json")
+        if not isinstance(comparison, dict) or run.path.name not in (comparison.get("policies") or {}):
             comparison = None
-    final = run_dir / "selector"
-    step = None if ckpt is None else _checkpoint_step(ckpt)
+    final = run.selector
+    step = None if ckpt is None else RunDir.checkpoint_step(ckpt)
     use_final = kind == "run" and (final / "learner.json").is_file() and (
         ckpt is None or (summary is not None and int(summary.get("steps", 0)) > int(step or 0)))
     if use_final:  # no checkpoint, or the run went on past its last one: the final learner, the whole bank
-        return _Source(kind=kind, path=source, run_dir=run_dir, learner_dir=final, replay_dir=None,
-                       bank_dir=run_dir / "bank", bank_cases=None, bank_uid=None,
+        return _Source(kind=kind, path=source, run_dir=run.path, learner_dir=final, replay_dir=None,
+                       bank_dir=run.bank, bank_cases=None, bank_uid=None,
                        step=None if summary is None else int(summary["steps"]), loop=loop, summary=summary,
                        comparison=comparison, run_info=run_info)
-    if ckpt is None:
-        raise CheckpointError(f"{run_dir}: no trained selector yet (no complete checkpoint and no selector/)")
-    state = _read_json(ckpt / "state.json")
-    if not isinstance(state, dict) or state.get("format") != "memento-online-checkpoint":
-        raise CheckpointError(f"{ckpt / 'state.json'}: not an online-loop checkpoint")
-    if not (ckpt / "learner").is_dir():
-        raise CheckpointError(f"{ckpt}: no learner/ in this checkpoint")
-    return _Source(kind=kind, path=source, run_dir=run_dir, learner_dir=ckpt / "learner",
-                   replay_dir=ckpt / "replay" if (ckpt / "replay").is_dir() else None, bank_dir=run_dir / "bank",
+    if ckpt is None or state is None:
+        raise CheckpointError(f"{run.path}: no trained selector yet (no complete checkpoint and no selector/)")
+    if not (ckpt / LEARNER_DIR).is_dir():
+        raise CheckpointError(f"{ckpt}: no {LEARNER_DIR}/ in this checkpoint")
+    return _Source(kind=kind, path=source, run_dir=run.path, learner_dir=ckpt / LEARNER_DIR,
+                   replay_dir=ckpt / REPLAY_DIR if (ckpt / REPLAY_DIR).is_dir() else None, bank_dir=run.bank,
                    bank_cases=int(state["bank_size"]), bank_uid=str(state.get("bank_uid")), step=int(state["step"]),
                    loop=loop, summary=summary, comparison=comparison, run_info=run_info)
 
@@ -246,13 +226,12 @@ def _resolve_source(source: Path) -> _Source:
 def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
     """Copy the run's bank (as it was at the checkpoint) to ``dst``; returns (BankConfig, cases)."""
     from memento.memory import CaseBank
-    from memento.selector import _sqlite_copy
 
     db = src.bank_dir / "cases.sqlite"
     if not db.is_file():
         raise CheckpointError(f"{src.bank_dir}: the run's case bank is missing (no cases.sqlite)")
     dst.mkdir(parents=True)
-    _sqlite_copy(db, dst / "cases.sqlite")
+    sqlite_copy(db, dst / "cases.sqlite")
     for name in ("index.faiss", "index.json"):
         if (src.bank_dir / name).is_file():
             shutil.copy2(src.bank_dir / name, dst / name)
@@ -307,7 +286,7 @@ def _source_info(src: _Source, cases: int, updates: int) -> dict[str, Any]:
             name: {k: r.get(k) for k in ("success_rate", "success_early", "success_late", "llm_calls")}
             for name, r in (src.comparison.get("policies") or {}).items()}
     return {"kind": src.kind, "path": str(src.path.resolve()), "run_dir": str(src.run_dir.resolve()),
-            "policy": src.loop.policy, "step": src.step, "steps": src.loop.steps, "seed": src.loop.seed,
+            "policy": src.loop.policy_kind, "step": src.step, "steps": src.loop.steps, "seed": src.loop.seed,
             "bank_cases": cases, "learner_updates": updates, "planner": info.get("planner"),
             "judge": info.get("judge"), "n_tasks": info.get("n_tasks"),
             "tasks_fingerprint": info.get("tasks_fingerprint"), "encoder": info.get("encoder"),
@@ -355,12 +334,14 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
         return out
 
     src = _resolve_source(source)
+    soft_q = src.loop.policy
+    assert isinstance(soft_q, SoftQConfig)  # _resolve_source refuses other policies
     learner = SoftQLearner.load(src.learner_dir, device="cpu")
     dim = learner.qnet.config.dim
     if src.replay_dir is not None:
         buffer = ReplayBuffer.load(src.replay_dir, device="cpu")
     else:
-        buffer = ReplayBuffer(ReplayConfig(capacity=src.loop.replay_capacity, dim=dim, k_max=src.loop.k), device="cpu")
+        buffer = ReplayBuffer(ReplayConfig(capacity=soft_q.replay_capacity, dim=dim, k_max=src.loop.k), device="cpu")
     if buffer.config.dim != dim:
         raise DimensionError(f"{src.replay_dir}: the replay buffer holds dim={buffer.config.dim}, the Q-network "
                              f"of {src.learner_dir} takes dim={dim}")
@@ -369,8 +350,8 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
         bank_config, cases = _copy_bank(src, tmp / BANK_DIR, dim)
         spec = _encoder_spec(bank_config.encoder, src.run_info, dim)
         config = SelectorConfig(k=src.loop.k, candidates=src.loop.candidates, alpha=None,
-                                positive_only=src.loop.soft_q_positive_only, warmup=src.loop.warmup,
-                                updates_per_step=src.loop.updates_per_step, qnet=learner.qnet.config,
+                                positive_only=soft_q.positive_only, warmup=soft_q.warmup,
+                                updates_per_step=soft_q.updates_per_step, qnet=learner.qnet.config,
                                 learner=learner.config, replay=buffer.config, index=bank_config.index,
                                 run=to_dict(src.loop))
         _write_artifact(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
@@ -432,7 +413,6 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     from memento.memory import CaseBank
     from memento.qnet import build_qnet
     from memento.replay import ReplayBuffer
-    from memento.selector import _sqlite_copy
 
     bank_dir, out = Path(bank), Path(out_dir)
     db = bank_dir / "cases.sqlite"
@@ -444,7 +424,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         shutil.rmtree(tmp)
     (tmp / BANK_DIR).mkdir(parents=True)
     try:
-        _sqlite_copy(db, tmp / BANK_DB)
+        sqlite_copy(db, tmp / BANK_DB)
         for name in ("index.faiss", "index.json"):
             if (bank_dir / name).is_file():
                 shutil.copy2(bank_dir / name, tmp / BANK_DIR / name)
@@ -464,8 +444,6 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         if trained is not None:
             if qnet is not None or learner is not None:
                 raise ConfigError("create_selector: pass either trained= or qnet=/learner=, not both")
-            from memento.loop import load_trained_learner
-
             trainer = load_trained_learner(trained, dim)
             if trainer.config.gamma != 0.0:
                 raise ConfigError(f"{trained}: trained with gamma={trainer.config.gamma}; a selector learns "

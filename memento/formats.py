@@ -11,7 +11,9 @@ Formats:
 - the Memento reference files: case memory ``{"case", "plan", "case_label"}``,
   non-parametric memory ``{"question", "plan", "reward"}``, retriever training pairs
   ``{"query", "case", "case_label", "plan", "truth_label"}`` and tasks
-  ``{"question", "ground_truth": "a<|answer_split|>b", "data_source"}``.
+  ``{"question", "ground_truth": "a<|answer_split|>b", "data_source"}``;
+- the online loop's transition log ``steps.jsonl``: one :class:`StepRecord` a line
+  (:func:`read_steps_jsonl`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "ANSWER_SPLIT",
     "CaseFormat",
     "MementoPair",
+    "StepRecord",
     "iter_jsonl",
     "read_case_file",
     "read_cases_jsonl",
@@ -38,6 +41,7 @@ __all__ = [
     "read_memento_np_memory",
     "read_memento_tasks",
     "read_memento_training_pairs",
+    "read_steps_jsonl",
     "read_tasks_jsonl",
     "write_jsonl",
 ]
@@ -259,3 +263,68 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
 
     atomic_write(path, write)
     return count
+
+
+# ---------------------------------------------------------------- the online loop's transition log
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One step of the online loop, one line of ``steps.jsonl`` (the transition log of DESIGN §6).
+
+    ``step``, ``task_id``, ``family``, ``state`` (the question); ``candidate_ids`` (the set the policy chose
+    from), ``chosen_ids`` (in draw order), ``propensities`` (each chosen case's first-draw probability),
+    ``set_propensity`` (Plackett-Luce probability of the ordered set; 1.0 for a deterministic choice;
+    ``None`` when nothing could be chosen), ``greedy``; ``output``, ``reward``, ``success``, ``reason``;
+    ``done`` (true for a single-step task); ``retained_id`` and ``duplicate`` (the case the step added
+    to the bank, or found there already); ``policy``, ``policy_version`` (updates made before the choice),
+    ``bank_size`` (the bank the choice was made from), ``entropy`` (of the policy over the candidates),
+    ``alpha`` (the soft-max temperature, ``None`` for a policy without one), ``loss`` (mean learner loss
+    of the step's update round, ``None`` when none ran); ``time`` (Unix seconds) and ``ms`` per component.
+    """
+
+    step: int
+    task_id: str
+    family: str | None
+    state: str
+    candidate_ids: list[str]
+    chosen_ids: list[str]
+    propensities: list[float]
+    set_propensity: float | None
+    greedy: bool | None
+    output: str
+    reward: float
+    success: bool
+    reason: str
+    done: bool
+    retained_id: str | None
+    duplicate: bool
+    policy: str
+    policy_version: int
+    bank_size: int
+    entropy: float
+    alpha: float | None
+    loss: float | None
+    time: float
+    ms: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict, keys in field order."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> StepRecord:
+        """A record from a parsed line; a missing or mistyped field raises ``DataFormatError``."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in row]
+        if missing:
+            raise DataFormatError(f"step record lacks {missing}")
+        for name, kind in (("step", int), ("reward", (int, float)), ("success", bool), ("state", str),
+                           ("chosen_ids", list), ("candidate_ids", list)):
+            _field(row, name, kind)
+        return cls(**{name: row[name] for name in names})
+
+
+def read_steps_jsonl(path: str | Path) -> list[StepRecord]:
+    """Every record of a ``steps.jsonl`` transition log (errors name the file and line)."""
+    return _read(path, StepRecord.from_json)

@@ -14,7 +14,7 @@ from typing import Any
 
 from memento.errors import CheckpointError
 
-__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json"]
+__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json", "sqlite_copy"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
@@ -80,3 +80,17 @@ def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> 
         raise CheckpointError(f"{path}: format version {meta['format_version']} is newer than this "
                               f"memento reads ({version})")
     return meta
+
+
+def sqlite_copy(src: Path, dst: Path) -> None:
+    """A consistent copy of a SQLite file (the backup API; WAL content included), in WAL mode."""
+    import sqlite3
+
+    source = sqlite3.connect(src, timeout=30.0)
+    target = sqlite3.connect(dst)
+    try:
+        source.backup(target)
+        target.execute("PRAGMA journal_mode=WAL")
+    finally:
+        target.close()
+        source.close()

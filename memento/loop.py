@@ -8,13 +8,15 @@ One **step** is one task (one LLM call)::
          -> planner.plan(task, bank.get(selection.ids))   frozen LLM output text
          -> judge(task, output.text)                      reward (+ reason)
          -> bank.add(Case(task.question, output, reward)) Retain: M_{t+1} = M_t ∪ {(s_t, a_t, r_t)}
-         -> replay.add(Transition(...))                   (soft_q) state, chosen case vectors, propensities
-         -> learner.update(replay.sample(...))            (soft_q, after warm-up; the target update is inside)
+         -> policy.observe([Observation(...)])            learn: soft_q's replay + updates after warm-up,
+                                                          LinUCB's ridge regression
          -> TensorBoard scalars, steps.jsonl record, checkpoint every N steps
 
-``linucb`` updates its ridge regression with the set's reward instead of the learner (its
-``update_selection``); ``random`` and ``similarity`` do not learn (similarity sees the growing bank,
-and with ``positive_only=True`` only its successful cases: Memento's non-parametric client).
+The policy is whatever ``make_policy(config.policy, context)`` builds (the composition root passes
+``policies.make_policy``); the loop calls only its ``select`` and ``observe``. ``soft_q`` records each
+decision in its replay buffer and takes its gradient steps after warm-up; ``linucb`` updates its ridge
+regression with the set's reward; ``random`` and ``similarity`` do not learn (similarity sees the growing
+bank, and with ``positive_only=True`` only its successful cases: Memento's non-parametric client).
 
 **Batches** (``LoopConfig.batch_size = B``, default 1). B consecutive tasks of the stream make one
 policy update round: all B are encoded, get candidates and are selected with the *same* policy
@@ -34,38 +36,21 @@ same continuation.
 draws (a ``numpy.random.Generator``), the Q-network initialisation and the learner's generator
 (dropout masks and replay mini-batches). Seeded runs are reproducible on one device.
 
-**Run directory** (``out_dir``)::
+**Run directory** (``out_dir``): laid out by :class:`memento.rundir.RunDir` (config, run info, bank,
+``steps.jsonl``, TensorBoard, checkpoint, summary, ``selector/``). A ``steps.jsonl`` line is a
+:class:`memento.formats.StepRecord`: the transition log of DESIGN §6.
 
-    config.json      the LoopConfig (memento.config.load_json(LoopConfig, ...) reads it back)
-    run.json         what else the run used: encoder, planner, judge, task count and fingerprint, device
-    bank/            the case bank (SQLite commits every step)
-    steps.jsonl      one record per step: the transition log of DESIGN §6 (see below)
-    tb/              TensorBoard event files
-    checkpoint/      the last complete checkpoint (see below)
-    summary.json     written at the end
-    selector/        (soft_q) the trained Q-network, via SoftQLearner.save
-
-A ``steps.jsonl`` record holds ``step``, ``task_id``, ``family``, ``state`` (the question),
-``candidate_ids``, ``chosen_ids``, ``propensities`` (each chosen case's first-draw probability),
-``set_propensity`` (Plackett-Luce probability of the ordered set; 1.0 for a deterministic choice),
-``greedy``, ``output``, ``reward``, ``success``, ``reason``, ``done`` (always true: single-step),
-``retained_id``, ``duplicate``, ``policy``, ``policy_version`` (learner updates / LinUCB updates made
-before the choice), ``bank_size`` (the bank the choice was made from), ``entropy`` (of the policy over
-the candidates), ``alpha`` (soft_q), ``time`` (Unix seconds) and ``ms`` per component.
-
-**Checkpoints** are written into ``out_dir/checkpoint.tmp`` and then renamed over
-``out_dir/checkpoint`` (the previous one is moved to ``checkpoint.old`` for the instant of the swap;
-``state.json`` is written last, so a directory with it is complete and resume takes the newest complete
-one). A checkpoint holds ``state.json`` (step, counters, millisecond totals, the bank's length and uid,
-the policy RNG's ``bit_generator.state``, the task-stream fingerprint), ``config.json``, ``steps.jsonl``
-(a copy of the log so far), and per policy ``learner/`` + ``replay/`` (soft_q) or ``linucb.safetensors`` +
-``linucb.json`` (the LinUCB observations, replayed in order on resume). The bank stays in
-``out_dir/bank``; ``bank.flush()`` precedes the checkpoint and ``resume`` rolls it back with
-``bank.truncate(saved_len)``. A resumed run ends in the same state as an uninterrupted run with the
-same seed (bank contents, Q-network weights, per-step rewards), exactly on the CPU, provided the
-planner and the judge are deterministic. A finished run can be extended (resume with a larger
-``steps``); it continues the same task stream, and equals a longer run outright when the old
-``steps`` was a multiple of ``batch_size`` (otherwise its last round was shorter).
+**Checkpoints** are written into ``checkpoint.tmp`` and swapped in for ``checkpoint`` (``RunDir``); one
+holds ``state.json`` (step, counters, millisecond totals, the bank's length and uid, the policy RNG's
+``bit_generator.state``, the task-stream fingerprint; written last), ``config.json``, ``steps.jsonl`` (a
+copy of the log so far) and the policy's own state (``policy.checkpoint``: ``learner/`` + ``replay/`` for
+soft_q, ``linucb.safetensors`` + ``linucb.json`` for LinUCB). The bank stays in ``out_dir/bank``;
+``bank.flush()`` precedes the checkpoint and ``resume`` rolls it back with ``bank.truncate(saved_len)``. A
+resumed run ends in the same state as an uninterrupted run with the same seed (bank contents, Q-network
+weights, per-step rewards), exactly on the CPU, provided the planner and the judge are deterministic. A
+finished run can be extended (resume with a larger ``steps``); it continues the same task stream, and
+equals a longer run outright when the old ``steps`` was a multiple of ``batch_size`` (otherwise its last
+round was shorter).
 
 **Threads.** The library never calls ``torch.set_num_threads`` (global state); the ``memento online``
 command has ``--torch-threads`` for that.
@@ -85,76 +70,79 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
 from memento.config import (
-    LearnerConfig,
-    QNetArch,
-    QNetConfig,
-    ReplayConfig,
+    LinUCBConfig,
+    PolicyConfig,
+    PolicyKind,
+    RandomConfig,
+    SimilarityConfig,
+    SoftQConfig,
     check,
-    check_choice,
     check_float,
     check_int,
+    check_policy,
     from_dict,
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
-from memento.io import atomic_write, atomic_write_text, fsync_dir
+from memento.formats import StepRecord, read_steps_jsonl
+from memento.io import atomic_write
 from memento.memory import Candidates, CaseBank
+from memento.planners.base import Planner, PlannerError, PlanOutput
 from memento.plots import moving_average
-from memento.types import Case, Task
-
-if TYPE_CHECKING:
-    from memento.learner import SoftQLearner
-    from memento.planners.base import Planner, PlanOutput
-    from memento.replay import ReplayBuffer
+from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
+from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, read_json, write_json
+from memento.types import Case, Selection, Task
 
 __all__ = [
     "COMPONENTS",
     "LoopConfig",
-    "LoopPolicyKind",
     "OnlineLoop",
-    "PlannerSpec",
-    "build_planner",
-    "comparison_table",
-    "parse_planner_spec",
-    "run_comparison",
+    "loop_policy",
     "run_online",
+    "success_by_window",
     "task_order",
     "tasks_fingerprint",
 ]
 
 logger = logging.getLogger(__name__)
 
-LoopPolicyKind = Literal["random", "similarity", "soft_q", "linucb"]
-"""The policies the loop runs (the names of ``policies.PolicyKind``)."""
-
 COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "retain", "learn", "log", "checkpoint")
 """Where a step's time goes; ``summary.json`` reports the mean milliseconds per step of each."""
 
-CHECKPOINT_FORMAT = "memento-online-checkpoint"
-CHECKPOINT_FORMAT_VERSION = 1
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "tensorboard")
 """LoopConfig fields a resumed run may change; any other difference is refused."""
 
 
-def _default_learner() -> LearnerConfig:
-    return LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0, batch_size=64, alpha=0.2)
+def loop_policy(kind: PolicyKind) -> PolicyConfig:
+    """The online loop's default config of each policy (similarity: successful cases only, as Memento's
+    non-parametric client retrieves them; soft_q: :class:`~memento.config.SoftQConfig`'s defaults)."""
+    match kind:
+        case "random":
+            return RandomConfig()
+        case "similarity":
+            return SimilarityConfig(positive_only=True)
+        case "soft_q":
+            return SoftQConfig()
+        case "linucb":
+            return LinUCBConfig()
+    raise ConfigError(f"policy kind {kind!r}: must be one of random, similarity, soft_q, linucb")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """One online run (see the module docstring for the step and batch semantics).
 
-    Experiment:
-
     - ``steps``: tasks (= LLM calls) to run; ``k``: cases shown per task; ``candidates``: C, the size
       of the cosine pre-selection the policy chooses from (``k <= C``);
-    - ``policy``: ``"soft_q"``, ``"similarity"``, ``"random"`` or ``"linucb"``;
+    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`: ``SoftQConfig`` (default),
+      ``SimilarityConfig``, ``RandomConfig`` or ``LinUCBConfig``; :func:`loop_policy` gives the loop's
+      default of each kind). A ``SoftQConfig`` must have ``learner.gamma = 0``: the loop is single-step;
     - ``batch_size``: B tasks selected with the same policy parameters and planned together with
       ``plan_many``, then all retained and learned from (default 1: Algorithm 1 as written);
     - ``seed``: every random stream of the run; ``shuffle``: the task stream is a fresh permutation per
@@ -165,32 +153,12 @@ class LoopConfig:
       ``window``: steps per moving-average window and per ``success_by_window`` entry;
     - ``checkpoint_every``: steps between checkpoints (0: only at the end); ``tensorboard``: write
       event files under ``out_dir/tb``.
-
-    Soft-Q: the Q-network ``qnet_arch``, ``hidden``, ``n_layers``, ``dropout``, ``embed_dim``
-    (:class:`~memento.config.QNetConfig`; ``dim`` comes from the encoder); ``learner``
-    (:class:`~memento.config.LearnerConfig`; ``gamma`` must be 0: the loop is single-step, and
-    ``learner.batch_size`` is the replay mini-batch, not ``batch_size``); ``alpha``: when given, the
-    temperature of ``softmax(Q / alpha)``, overriding ``learner.alpha`` (the stored ``learner`` then
-    carries it); ``replay_capacity``: decisions the buffer keeps; ``warmup``: decisions logged before the
-    first update; ``updates_per_step``: gradient steps per task after warm-up; ``init_qnet``: a trained
-    selector directory (what ``SoftQLearner.save`` writes, e.g. ``memento train``'s ``OUT/selector``, or
-    that run directory itself) whose Q-network, architecture included, the run starts from instead of a
-    fresh one (the optimiser starts fresh with ``learner``; the ``qnet_*`` fields are then unused);
-    ``soft_q_positive_only``: soft-Q chooses among the candidates with stored reward > 0 only (all of them
-    when none is), the pool Memento's non-parametric retrieval uses: the Q-network then learns which
-    successful cases help, instead of also having to tell successes from failures it sees only through
-    the embedding of their questions.
-
-    Similarity: ``positive_only`` (default True) keeps only successful cases (reward > 0), like
-    Memento's non-parametric client; it falls back to all candidates when none is positive.
-
-    LinUCB: ``linucb_exploration``, ``linucb_ridge`` (shared model, ``product_concat`` features).
     """
 
     steps: int = 500
     k: int = 4
     candidates: int = 32
-    policy: LoopPolicyKind = "soft_q"
+    policy: PolicyConfig = dataclasses.field(default_factory=SoftQConfig)
     batch_size: int = 1
     seed: int = 0
     shuffle: bool = True
@@ -200,24 +168,6 @@ class LoopConfig:
     window: int = 50
     checkpoint_every: int = 100
     tensorboard: bool = True
-    # soft-Q
-    qnet_arch: QNetArch = "mlp"
-    hidden: int = 128
-    n_layers: int = 1
-    dropout: float = 0.0
-    embed_dim: int = 64
-    learner: LearnerConfig = dataclasses.field(default_factory=_default_learner)
-    alpha: float | None = None
-    replay_capacity: int = 10_000
-    warmup: int = 16
-    updates_per_step: int = 1
-    init_qnet: str | None = None
-    soft_q_positive_only: bool = False
-    # similarity
-    positive_only: bool = True
-    # LinUCB
-    linucb_exploration: float = 1.0
-    linucb_ridge: float = 1.0
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -225,119 +175,24 @@ class LoopConfig:
         check_int(self, "k", 1)
         check_int(self, "candidates", 1)
         check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
-        check_choice(self, "policy", LoopPolicyKind)
+        check_policy(self)
+        if isinstance(self.policy, SoftQConfig):
+            check(self.policy.learner.gamma == 0.0, cls, "policy", f"learner.gamma={self.policy.learner.gamma}",
+                  "the online loop is single-step: learner.gamma must be 0")
         check_int(self, "batch_size", 1)
         check_int(self, "seed", 0)
-        for field in ("shuffle", "retain", "tensorboard", "positive_only", "soft_q_positive_only"):
+        for field in ("shuffle", "retain", "tensorboard"):
             check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
         check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
-               "must be a non-empty faiss factory string")
+              "must be a non-empty faiss factory string")
         check_float(self, "success_threshold")
         check_int(self, "window", 1)
         check_int(self, "checkpoint_every", 0)
-        check_choice(self, "qnet_arch", QNetArch)
-        check_int(self, "hidden", 1)
-        check_int(self, "n_layers", 1)
-        check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        check_int(self, "embed_dim", 1)
-        check(isinstance(self.learner, LearnerConfig), cls, "learner", self.learner, "must be a LearnerConfig")
-        check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
-               "the online loop is single-step: learner.gamma must be 0")
-        if self.alpha is not None:
-            check_float(self, "alpha", low=0.0, low_open=True)
-            if self.learner.alpha != self.alpha:
-                object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
-        check_int(self, "replay_capacity", 1)
-        check_int(self, "warmup", 0)
-        check_int(self, "updates_per_step", 0)
-        check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
-               "init_qnet", self.init_qnet, "must be a selector directory path or null")
-        check_float(self, "linucb_exploration", low=0.0)
-        check_float(self, "linucb_ridge", low=0.0, low_open=True)
 
-    def qnet_config(self, dim: int, seed: int = 0) -> QNetConfig:
-        """The soft-Q Q-network over ``dim``-dimensional vectors."""
-        return QNetConfig(arch=self.qnet_arch, dim=dim, hidden=self.hidden, n_layers=self.n_layers,
-                          dropout=self.dropout, embed_dim=self.embed_dim, seed=seed)
-
-
-# ---------------------------------------------------------------- planner specs (CLI)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PlannerSpec:
-    """A parsed ``--planner`` value: ``gemma``, ``hf:PATH`` or ``openai:MODEL@URL``."""
-
-    kind: Literal["gemma", "hf", "openai"]
-    path: str | None = None
-    model: str | None = None
-    base_url: str | None = None
-
-    def __str__(self) -> str:
-        match self.kind:
-            case "gemma":
-                return "gemma"
-            case "hf":
-                return f"hf:{self.path}"
-            case _:
-                return f"openai:{self.model}@{self.base_url}"
-
-
-_SPEC_HELP = "expected gemma, hf:PATH or openai:MODEL@URL"
-
-
-def parse_planner_spec(spec: str) -> PlannerSpec:
-    """Parse ``gemma`` | ``hf:PATH`` | ``openai:MODEL@URL``; a bad spec raises ``ConfigError`` (one line)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"planner spec {spec!r}: empty; {_SPEC_HELP}")
-    spec = spec.strip()
-    if spec == "gemma":
-        return PlannerSpec(kind="gemma")
-    kind, sep, rest = spec.partition(":")
-    if not sep:
-        raise ConfigError(f"planner spec {spec!r}: unknown planner; {_SPEC_HELP}")
-    if kind == "hf":
-        if not rest.strip():
-            raise ConfigError(f"planner spec {spec!r}: hf: needs a model directory (hf:PATH)")
-        return PlannerSpec(kind="hf", path=rest)
-    if kind == "openai":
-        model, at, url = rest.rpartition("@")
-        if not at or not model.strip() or not url.strip():
-            raise ConfigError(f"planner spec {spec!r}: openai: needs a model and a server URL (openai:MODEL@URL)")
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"planner spec {spec!r}: the server URL {url!r} must start with http:// or https://")
-        return PlannerSpec(kind="openai", model=model, base_url=url)
-    raise ConfigError(f"planner spec {spec!r}: unknown planner {kind!r}; {_SPEC_HELP}")
-
-
-def check_planner_spec(spec: PlannerSpec) -> None:
-    """Cheap checks before anything is loaded: an ``hf:`` model directory must exist."""
-    from memento.planners.base import PlannerError
-
-    if spec.kind == "hf":
-        path = Path(str(spec.path)).expanduser()
-        if not path.is_dir():
-            raise PlannerError(f"hf:{spec.path}: model directory not found (models are never downloaded; "
-                               "pass a local transformers causal-LM directory)")
-
-
-def build_planner(spec: PlannerSpec, **kwargs: Any) -> Planner:
-    """The planner a spec names (its module is imported only here); ``kwargs`` go to its constructor."""
-    check_planner_spec(spec)
-    match spec.kind:
-        case "gemma":
-            from memento.planners.hf import HFPlanner
-
-            return HFPlanner.default(**kwargs)
-        case "hf":
-            from memento.planners.hf import HFPlanner
-
-            return HFPlanner(str(Path(str(spec.path)).expanduser()), **kwargs)
-        case "openai":
-            from memento.planners.openai_compat import OpenAICompatPlanner
-
-            return OpenAICompatPlanner(str(spec.model), str(spec.base_url), **kwargs)
-    raise ConfigError(f"planner spec {spec}: unknown kind")  # pragma: no cover
+    @property
+    def policy_kind(self) -> str:
+        """The policy's name (``config.policy.kind``)."""
+        return str(self.policy.kind)
 
 
 # ---------------------------------------------------------------- helpers
@@ -363,31 +218,8 @@ def tasks_fingerprint(tasks: Sequence[Task]) -> str:
     return digest.hexdigest()
 
 
-def load_trained_learner(path: str | Path, dim: int) -> Any:
-    """The :class:`~memento.learner.SoftQLearner` of a trained selector directory (``SoftQLearner.save``), or of
-    a run holding one in ``selector/`` (``memento train``), on the CPU.
-
-    Raises :class:`~memento.errors.DimensionError` when its Q-network scores ``dim'``-dimensional vectors and
-    the caller's encoder or bank gives ``dim``, and :class:`~memento.errors.CheckpointError` when ``path``
-    holds no selector.
-    """
-    from memento.learner import SoftQLearner
-
-    path = Path(path)
-    if not (path / "learner.json").is_file() and (path / "selector" / "learner.json").is_file():
-        path = path / "selector"
-    if not (path / "learner.json").is_file():
-        raise CheckpointError(f"{path}: not a trained selector directory (no learner.json; expected what "
-                              "SoftQLearner.save or `memento train` writes)")
-    learner = SoftQLearner.load(path, device="cpu")
-    if learner.qnet.config.dim != dim:
-        raise DimensionError(f"{path}: the Q-network takes dim={learner.qnet.config.dim}, the encoder gives "
-                             f"dim={dim}")
-    logger.info("trained Q-network from %s (arch=%s)", path, learner.qnet.config.arch)
-    return learner
-
-
-def _torch_seed(seq: np.random.SeedSequence) -> int:
+def torch_seed(seq: np.random.SeedSequence) -> int:
+    """A non-negative int64 torch seed drawn from a ``SeedSequence``."""
     return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
@@ -395,17 +227,6 @@ def _entropy(p_C: np.ndarray) -> float:
     p = np.asarray(p_C, dtype=np.float64)
     p = p[p > 0]
     return float(-(p * np.log(p)).sum()) if p.size else 0.0
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
 
 
 def _judge_reward(result: Any, judge: Any) -> tuple[float, str]:
@@ -424,55 +245,13 @@ def success_by_window(success_T: Sequence[float] | np.ndarray, window: int) -> l
             for start in range(0, x.size, window)]
 
 
-class _LinUCBLog:
-    """The observations a LinUCB policy was updated with, so a resumed run can replay them in order."""
-
-    def __init__(self, dim: int):
-        self.dim = dim
-        self.states: list[np.ndarray] = []
-        self.cases: list[np.ndarray] = []
-        self.rewards: list[float] = []
-        self.ids: list[str] = []
-
-    def append(self, state_D: np.ndarray, case_D: np.ndarray, reward: float, case_id: str) -> None:
-        self.states.append(np.asarray(state_D, dtype=np.float32))
-        self.cases.append(np.asarray(case_D, dtype=np.float32))
-        self.rewards.append(float(reward))
-        self.ids.append(case_id)
-
-    def save(self, directory: Path) -> None:
-        from safetensors.numpy import save_file
-
-        n = len(self.ids)
-        arrays = {"state_ND": np.stack(self.states) if n else np.zeros((0, self.dim), np.float32),
-                  "case_ND": np.stack(self.cases) if n else np.zeros((0, self.dim), np.float32),
-                  "reward_N": np.asarray(self.rewards, dtype=np.float64)}
-        atomic_write(directory / "linucb.safetensors", lambda tmp: save_file(arrays, str(tmp)))
-        _write_json(directory / "linucb.json", {"n": n, "ids": self.ids})
-
-    def load(self, directory: Path) -> None:
-        from safetensors.numpy import load_file
-
-        meta = _read_json(directory / "linucb.json")
-        try:
-            arrays = load_file(str(directory / "linucb.safetensors"))
-        except Exception as error:  # safetensors raises its own error types
-            raise CheckpointError(f"{directory / 'linucb.safetensors'}: unreadable ({error})") from None
-        n = int(meta["n"])
-        if arrays["state_ND"].shape != (n, self.dim) or len(meta["ids"]) != n:
-            raise CheckpointError(f"{directory}: LinUCB log holds {arrays['state_ND'].shape} states for {n} ids")
-        self.states = list(arrays["state_ND"])
-        self.cases = list(arrays["case_ND"])
-        self.rewards = [float(r) for r in arrays["reward_N"]]
-        self.ids = list(meta["ids"])
-
-
 # ---------------------------------------------------------------- the loop
 
 
 class OnlineLoop:
     """Memento's Algorithm 1 over a task stream (see the module docstring).
 
+    - ``make_policy``: ``(policy config, PolicyContext) -> Policy``, e.g. ``policies.make_policy``;
     - ``encoder``: ``encode(texts) -> [N, D]`` unit vectors and ``dim`` (a :class:`memento.Encoder`);
     - ``planner``: a :class:`memento.planners.Planner` (``plan`` / ``plan_many``);
     - ``judge``: ``judge(task, output_text) -> object with .reward (float) and .reason (str)``;
@@ -480,17 +259,20 @@ class OnlineLoop:
     - ``out_dir``: the run directory;
     - the starting bank: ``bank_dir`` (an existing bank, copied into ``out_dir/bank``; the original is
       not changed), or ``seed_cases`` (encoded and added to a new bank), or neither (an empty bank);
-    - ``device``: where the Q-network, learner and replay buffer live (soft_q);
+    - ``device``: where the policy's Q-network, learner and replay buffer live (soft_q);
     - ``resume``: continue from ``out_dir``'s checkpoint (a run without one starts afresh, clearing the
       run files); without it, an ``out_dir`` that already holds a run is refused.
     """
 
-    def __init__(self, config: LoopConfig, *, encoder: Any, planner: Planner,
+    def __init__(self, config: LoopConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Planner,
                  judge: Callable[[Task, str], Any], tasks: Sequence[Task], out_dir: str | Path,
                  bank_dir: str | Path | None = None, seed_cases: Sequence[Case] | None = None,
                  device: str | torch.device = "cpu", resume: bool = False, progress: bool = False):
         if not isinstance(config, LoopConfig):
             raise ConfigError(f"OnlineLoop: config={type(config).__name__}: must be a LoopConfig")
+        if not callable(make_policy):
+            raise ConfigError(f"OnlineLoop: make_policy={make_policy!r} is not callable (config, context) -> Policy "
+                              "(pass policies.make_policy)")
         tasks = list(tasks)
         if not tasks:
             raise DataFormatError("OnlineLoop: the task list is empty")
@@ -508,36 +290,19 @@ class OnlineLoop:
         if not callable(getattr(encoder, "encode", None)) or not isinstance(dim, int):
             raise ConfigError(f"OnlineLoop: encoder {encoder!r} needs encode(texts) and an integer dim")
         self.config = config
+        self.make_policy = make_policy
         self.encoder = encoder
         self.planner = planner
         self.judge = judge
         self.tasks = tasks
-        self.out_dir = Path(out_dir)
+        self.run_dir = RunDir(out_dir)
+        self.out_dir = self.run_dir.path
         self.bank_dir = None if bank_dir is None else Path(bank_dir)
         self.seed_cases = None if seed_cases is None else list(seed_cases)
         self.device = torch.device(device)
         self.resume = resume
         self.progress = progress
         self.dim = dim
-
-    # ------------------------------------------------------------------ paths
-
-    @property
-    def bank_path(self) -> Path:
-        return self.out_dir / "bank"
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return self.out_dir / "checkpoint"
-
-    @property
-    def steps_path(self) -> Path:
-        return self.out_dir / "steps.jsonl"
-
-    def _run_files(self) -> list[Path]:
-        names = ("bank", "steps.jsonl", "tb", "checkpoint", "checkpoint.tmp", "checkpoint.old", "summary.json",
-                 "selector", "config.json", "run.json")
-        return [self.out_dir / name for name in names if (self.out_dir / name).exists()]
 
     # ------------------------------------------------------------------ setup
 
@@ -562,12 +327,13 @@ class OnlineLoop:
 
     def _make_bank(self) -> CaseBank:
         """A fresh ``out_dir/bank``: a copy of ``bank_dir``, the encoded seed cases, or empty."""
+        target = self.run_dir.bank
         if self.bank_dir is not None:
             with CaseBank.open(self.bank_dir) as seed:
                 if seed.dim != self.dim:
                     raise DimensionError(f"{self.bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder "
                                          f"gives dim={self.dim}")
-                bank = CaseBank.create(self.bank_path, self.dim, index=seed.config.index,
+                bank = CaseBank.create(target, self.dim, index=seed.config.index,
                                        encoder=seed.config.encoder or self._encoder_config(), use_gpu=False)
                 try:
                     cases = list(seed.iter_cases())
@@ -577,7 +343,7 @@ class OnlineLoop:
                     bank.close()
                     raise
             return bank
-        bank = CaseBank.create(self.bank_path, self.dim, index=self.config.index, encoder=self._encoder_config(),
+        bank = CaseBank.create(target, self.dim, index=self.config.index, encoder=self._encoder_config(),
                                use_gpu=False)
         try:
             if self.seed_cases:
@@ -588,107 +354,40 @@ class OnlineLoop:
             raise
         return bank
 
-    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank) -> None:
-        from policies import LinUCBConfig, LinUCBPolicy, RandomPolicy, SimilarityConfig, SimilarityPolicy, SoftQPolicy
-        from policies.similarity import bank_rewards
-
-        cfg = self.config
-        self.learner: SoftQLearner | None = None
-        self.buffer: ReplayBuffer | None = None
-        self.soft_q: Any = None
-        self.linucb: Any = None
-        self.linucb_log: _LinUCBLog | None = None
-        match cfg.policy:
-            case "random":
-                self.policy: Any = RandomPolicy()
-            case "similarity":
-                self.policy = SimilarityPolicy(SimilarityConfig(positive_only=cfg.positive_only),
-                                               reward_of=bank_rewards(bank))
-            case "soft_q":
-                from memento.learner import SoftQLearner
-                from memento.qnet import build_qnet
-                from memento.replay import ReplayBuffer
-
-                qnet_seed, learner_seed = _torch_seed(seeds[2]), _torch_seed(seeds[3])
-                if cfg.init_qnet is not None:
-                    qnet = load_trained_learner(cfg.init_qnet, self.dim).qnet
-                else:
-                    qnet = build_qnet(cfg.qnet_config(self.dim, seed=qnet_seed),
-                                      torch.Generator().manual_seed(qnet_seed))
-                self.learner = SoftQLearner(qnet, dataclasses.replace(cfg.learner, seed=learner_seed),
-                                            device=self.device,
-                                            generator=torch.Generator(device=self.device).manual_seed(learner_seed))
-                self.buffer = ReplayBuffer(ReplayConfig(capacity=cfg.replay_capacity, dim=self.dim, k_max=cfg.k),
-                                           device=self.device)
-                self.policy = self.soft_q = SoftQPolicy(self.learner.qnet, alpha=self.learner.alpha)
-            case "linucb":
-                self.policy = self.linucb = LinUCBPolicy(LinUCBConfig(dim=self.dim, exploration=cfg.linucb_exploration,
-                                                                      ridge=cfg.linucb_ridge))
-                self.linucb_log = _LinUCBLog(self.dim)
-            case _:  # pragma: no cover - LoopConfig rejects other values
-                raise ConfigError(f"LoopConfig.policy={cfg.policy!r}")
+    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank) -> Policy:
+        context = PolicyContext(dim=self.dim, k_max=self.config.k, device=self.device,
+                                qnet_seed=torch_seed(seeds[2]), learner_seed=torch_seed(seeds[3]),
+                                reward_of=bank.rewards)
+        return self.make_policy(self.config.policy, context)
 
     # ------------------------------------------------------------------ checkpoints
-
-    def _find_checkpoint(self) -> Path | None:
-        best: tuple[int, Path] | None = None
-        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"):
-            path = self.out_dir / name
-            state = path / "state.json"
-            if not state.is_file():
-                continue
-            try:
-                step = int(_read_json(state)["step"])
-            except (CheckpointError, KeyError, TypeError, ValueError):
-                logger.warning("%s: unreadable checkpoint state; ignoring it", path)
-                continue
-            if best is None or step > best[0]:
-                best = (step, path)
-        return None if best is None else best[1]
 
     def _checkpoint(self, bank: CaseBank, steps_handle: Any) -> None:
         """Write a complete checkpoint into checkpoint.tmp, then swap it in for checkpoint."""
         cfg = self.config
-        tmp = self.out_dir / "checkpoint.tmp"
-        final, old = self.checkpoint_path, self.out_dir / "checkpoint.old"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        tmp = self.run_dir.begin_checkpoint()
         bank.flush()
         steps_handle.flush()
         os.fsync(steps_handle.fileno())
-        atomic_write(tmp / "steps.jsonl", lambda dst: shutil.copyfile(self.steps_path, dst))
-        if self.learner is not None and self.buffer is not None:
-            self.learner.save(tmp / "learner")
-            self.buffer.save(tmp / "replay")
-        if self.linucb_log is not None:
-            self.linucb_log.save(tmp)
-        _write_json(tmp / "config.json", to_dict(cfg))
+        atomic_write(tmp / RunDir.STEPS, lambda dst: shutil.copyfile(self.run_dir.steps, dst))
+        self.policy.checkpoint(tmp)
+        write_json(tmp / RunDir.CONFIG, to_dict(cfg))
         state = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION, "step": self.step,
-                 "policy": cfg.policy, "bank_size": len(bank), "bank_uid": bank.uid,
+                 "policy": cfg.policy_kind, "bank_size": len(bank), "bank_uid": bank.uid,
                  "bank_size_start": self.bank_size_start, "counters": dict(self.counters),
                  "ms_totals": dict(self.ms_totals), "policy_rng": self.policy_rng.bit_generator.state,
                  "tasks_fingerprint": self.fingerprint, "n_tasks": len(self.tasks), "time": time.time()}
-        _write_json(tmp / "state.json", state)  # last: its presence marks the checkpoint complete
-        fsync_dir(tmp)
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        fsync_dir(self.out_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        write_json(tmp / RunDir.STATE, state)  # last: its presence marks the checkpoint complete
+        final = self.run_dir.commit_checkpoint(tmp)
         logger.info("checkpoint at step %d (%d cases in the bank) in %s", self.step, len(bank), final)
 
     def _restore(self, ckpt: Path, bank: CaseBank) -> None:
         cfg = self.config
-        state = _read_json(ckpt / "state.json")
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{ckpt}: not an online-loop checkpoint")
-        if int(state.get("format_version", 0)) > CHECKPOINT_FORMAT_VERSION:
-            raise CheckpointError(f"{ckpt}: checkpoint format {state['format_version']} is newer than this memento "
-                                  f"reads ({CHECKPOINT_FORMAT_VERSION})")
-        saved = from_dict(LoopConfig, _read_json(ckpt / "config.json"))
+        state = RunDir.read_state(ckpt)
+        try:
+            saved = from_dict(LoopConfig, read_json(ckpt / RunDir.CONFIG))
+        except ConfigError as error:
+            raise CheckpointError(f"{ckpt / RunDir.CONFIG}: not this memento's LoopConfig ({error})") from None
         ours, theirs = to_dict(cfg), to_dict(saved)
         changed = sorted(f for f in ours if ours[f] != theirs[f] and f not in RESUMABLE_CHANGES)
         if changed:
@@ -714,37 +413,16 @@ class OnlineLoop:
         self.counters.update({k: int(v) if isinstance(v, int) else v for k, v in state["counters"].items()})
         self.ms_totals.update({k: float(v) for k, v in state["ms_totals"].items()})
         self.policy_rng.bit_generator.state = state["policy_rng"]
-        if self.learner is not None:
-            from memento.learner import SoftQLearner
-            from memento.replay import ReplayBuffer
-
-            self.learner = SoftQLearner.load(ckpt / "learner", device=self.device)
-            self.buffer = ReplayBuffer.load(ckpt / "replay", device=self.device)
-            self.soft_q.qnet = self.learner.qnet
-            self.soft_q.alpha = self.learner.alpha
-        if self.linucb_log is not None:
-            self.linucb_log.load(ckpt)
-            for s, c, r, case_id in zip(self.linucb_log.states, self.linucb_log.cases, self.linucb_log.rewards,
-                                        self.linucb_log.ids):
-                self.linucb.update(s, c, r, case_id=case_id)
+        self.policy.restore(ckpt)
         # the per-step log: exactly the checkpoint's copy
-        atomic_write(self.steps_path, lambda dst: shutil.copyfile(ckpt / "steps.jsonl", dst))
-        self.rewards.clear()
-        self.successes.clear()
-        with self.steps_path.open(encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                self.rewards.append(float(record["reward"]))
-                self.successes.append(bool(record["success"]))
+        atomic_write(self.run_dir.steps, lambda dst: shutil.copyfile(ckpt / RunDir.STEPS, dst))
+        records = read_steps_jsonl(self.run_dir.steps)
+        self.rewards = [float(record.reward) for record in records]
+        self.successes = [bool(record.success) for record in records]
         if len(self.rewards) != step:
             raise CheckpointError(f"{ckpt}: steps.jsonl holds {len(self.rewards)} records for step {step}")
-        if ckpt != self.checkpoint_path:  # a swap was interrupted: make it the checkpoint
-            if self.checkpoint_path.exists():
-                shutil.rmtree(self.checkpoint_path)
-            os.replace(ckpt, self.checkpoint_path)
-        for stale in ("checkpoint.tmp", "checkpoint.old"):
-            shutil.rmtree(self.out_dir / stale, ignore_errors=True)
-        logger.info("resumed %s at step %d of %d (%d cases in the bank)", cfg.policy, step, cfg.steps, len(bank))
+        self.run_dir.adopt_checkpoint(ckpt)
+        logger.info("resumed %s at step %d of %d (%d cases in the bank)", cfg.policy_kind, step, cfg.steps, len(bank))
 
     # ------------------------------------------------------------------ the run
 
@@ -754,14 +432,13 @@ class OnlineLoop:
         started = time.perf_counter()
         self.fingerprint = tasks_fingerprint(self.tasks)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self._find_checkpoint() if self.resume else None
+        ckpt = self.run_dir.latest_checkpoint() if self.resume else None
         if ckpt is None:
-            existing = self._run_files()
+            existing = self.run_dir.files()
             if existing and not self.resume:
                 raise ConfigError(f"{self.out_dir}: already holds a run ({', '.join(p.name for p in existing)}); "
                                   "resume it or choose another output directory")
-            for path in existing:  # resume without a checkpoint: start afresh
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            self.run_dir.clear()  # resume without a checkpoint: start afresh
 
         seeds = np.random.SeedSequence(cfg.seed).spawn(4)
         order_T = task_order(len(self.tasks), cfg.steps, seeds[0], shuffle=cfg.shuffle)
@@ -776,13 +453,13 @@ class OnlineLoop:
         if ckpt is None:
             bank = self._make_bank()
         else:
-            bank = CaseBank.open(self.bank_path, dim=self.dim, use_gpu=False)
+            bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=False)
         try:
-            self._build_policy(seeds, bank)
+            self.policy = self._build_policy(seeds, bank)
             if ckpt is None:
                 self.bank_size_start = len(bank)
-                _write_json(self.out_dir / "config.json", to_dict(cfg))
-                self.steps_path.write_bytes(b"")
+                write_json(self.run_dir.config_path, to_dict(cfg))
+                self.run_dir.steps.write_bytes(b"")
             else:
                 self._restore(ckpt, bank)
             self._write_run_info()
@@ -792,14 +469,14 @@ class OnlineLoop:
 
     def _write_run_info(self) -> None:
         describe = getattr(self.encoder, "describe", None)
-        info = {"policy": self.config.policy, "device": str(self.device),
+        info = {"policy": self.config.policy_kind, "device": str(self.device),
                 "encoder": describe() if callable(describe) else repr(self.encoder),
                 "planner": repr(self.planner), "judge": repr(self.judge), "n_tasks": len(self.tasks),
                 "tasks_fingerprint": self.fingerprint,
                 "seed_bank": None if self.bank_dir is None else str(self.bank_dir),
                 "seed_cases": None if self.seed_cases is None else len(self.seed_cases),
                 "torch": torch.__version__, "numpy": np.__version__}
-        _write_json(self.out_dir / "run.json", info)
+        write_json(self.run_dir.run_info_path, info)
 
     def _loop(self, bank: CaseBank, order_T: np.ndarray, started: float, resumed_from: int | None) -> dict[str, Any]:
         cfg = self.config
@@ -807,16 +484,17 @@ class OnlineLoop:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(str(self.out_dir / "tb"), purge_step=self.step if resumed_from is not None else None)
+            writer = SummaryWriter(str(self.run_dir.tensorboard),
+                                   purge_step=self.step if resumed_from is not None else None)
             if resumed_from is None:
                 writer.add_text("config", "```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```", 0)
         from tqdm.auto import tqdm
 
         recent: deque[bool] = deque(self.successes[-cfg.window:], maxlen=cfg.window)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"online {cfg.policy}", unit="task",
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"online {cfg.policy_kind}", unit="task",
                    disable=not self.progress, dynamic_ncols=True)
         try:
-            with self.steps_path.open("a", encoding="utf-8") as steps_handle:
+            with self.run_dir.steps.open("a", encoding="utf-8") as steps_handle:
                 while self.step < cfg.steps:
                     # a batch never crosses a multiple of batch_size, so a resumed run batches the same way
                     start = self.step
@@ -824,13 +502,12 @@ class OnlineLoop:
                     records = self._batch(bank, [self.tasks[i] for i in order_T[start:stop]], start)
                     t0 = time.perf_counter()
                     for record in records:
-                        steps_handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                        recent.append(record["success"])
+                        steps_handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+                        recent.append(record.success)
                         if writer is not None:
                             self._log_scalars(writer, record, float(np.mean(recent)))
                     steps_handle.flush()
-                    log_ms = (time.perf_counter() - t0) * 1000.0
-                    self.ms_totals["log"] += log_ms
+                    self.ms_totals["log"] += (time.perf_counter() - t0) * 1000.0
                     self.step = stop
                     bar.update(len(records))
                     bar.set_postfix(success=f"{np.mean(recent):.2f}", bank=len(bank))
@@ -843,31 +520,31 @@ class OnlineLoop:
             bar.close()
             if writer is not None:
                 writer.close()
-        summary = self._summary(bank, time.perf_counter() - started, resumed_from)
-        if self.learner is not None:
-            self.learner.save(self.out_dir / "selector")
-        _write_json(self.out_dir / "summary.json", summary)
-        logger.info("online %s: %d steps, success %.3f, bank %d -> %d", cfg.policy, summary["steps"],
+        has_model = self.policy.save_model(self.run_dir.selector)
+        summary = self._summary(bank, time.perf_counter() - started, resumed_from, has_model)
+        write_json(self.run_dir.summary_path, summary)
+        logger.info("online %s: %d steps, success %.3f, bank %d -> %d", cfg.policy_kind, summary["steps"],
                     summary["success_rate"], summary["bank_size_start"], summary["bank_size_end"])
         return summary
 
-    def _log_scalars(self, writer: Any, record: dict[str, Any], moving: float) -> None:
-        step = record["step"]
-        writer.add_scalar("reward", record["reward"], step)
+    def _log_scalars(self, writer: Any, record: StepRecord, moving: float) -> None:
+        step = record.step
+        writer.add_scalar("reward", record.reward, step)
         writer.add_scalar("success_rate", moving, step)
-        writer.add_scalar("bank_size", record["bank_size"], step)
-        writer.add_scalar("policy/entropy", record["entropy"], step)
-        if record.get("alpha") is not None:
-            writer.add_scalar("policy/alpha", record["alpha"], step)
-        if record.get("loss") is not None:
-            writer.add_scalar("learner/loss", record["loss"], step)
-        for name, value in record["ms"].items():
+        writer.add_scalar("bank_size", record.bank_size, step)
+        writer.add_scalar("policy/entropy", record.entropy, step)
+        if record.alpha is not None:
+            writer.add_scalar("policy/alpha", record.alpha, step)
+        if record.loss is not None:
+            writer.add_scalar("learner/loss", record.loss, step)
+        for name, value in record.ms.items():
             writer.add_scalar(f"ms/{name}", value, step)
 
-    def _batch(self, bank: CaseBank, tasks: list[Task], first_step: int) -> list[dict[str, Any]]:
-        """One policy-update round over ``tasks`` (B >= 1); returns one record per task."""
-        cfg = self.config
-        n = len(tasks)
+    # ------------------------------------------------------------------ one round
+
+    def _batch(self, bank: CaseBank, tasks: list[Task], first_step: int) -> list[StepRecord]:
+        """One policy-update round over ``tasks`` (B >= 1): encode -> candidates -> select -> plan -> judge ->
+        retain -> observe; returns one record per task."""
         ms: dict[str, float] = {}
         clock = time.perf_counter
 
@@ -875,123 +552,53 @@ class OnlineLoop:
         state_BD = self._encode([task.question for task in tasks])
         ms["encode"] = clock() - t0
 
-        bank_size = len(bank)
-        cands: list[Candidates] = []
         t0 = clock()
-        for b in range(n):
-            candidates = bank.candidates(state_BD[b], cfg.candidates)
-            if self.soft_q is not None and cfg.soft_q_positive_only and len(candidates):
-                candidates = candidates.positive(bank.rewards(candidates.ids))
-            cands.append(candidates)
+        bank_size = len(bank)
+        cands = [bank.candidates(state_BD[b], self.config.candidates) for b in range(len(tasks))]
         ms["candidates"] = clock() - t0
 
         t0 = clock()
-        version = self.learner.updates if self.learner is not None else (
-            self.linucb.n_updates if self.linucb is not None else 0)
-        alpha = None
-        if self.soft_q is not None and self.learner is not None:
-            alpha = self.soft_q.alpha = self.learner.alpha
-        selections = [self.policy.select(state_BD[b], cands[b], cfg.k, rng=self.policy_rng) if len(cands[b]) else None
-                      for b in range(n)]
+        version, alpha = self.policy.version, self.policy.alpha
+        selections = self._select(state_BD, cands)
         ms["select"] = clock() - t0
 
         t0 = clock()
-        shown = [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections]
-        raw = [self.planner.plan(tasks[0], shown[0])] if n == 1 else list(self.planner.plan_many(tasks, shown))
-        outputs = self._outputs(raw, n)
-        self.counters["llm_calls"] += n
+        outputs = self._plan(tasks, [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections])
         ms["plan"] = clock() - t0
 
         t0 = clock()
-        judged = [_judge_reward(self.judge(task, out.text), self.judge) for task, out in zip(tasks, outputs)]
-        if self.learner is not None:
-            for task, (reward, _) in zip(tasks, judged):
-                if not 0.0 <= reward <= 1.0:
-                    raise DataFormatError(f"judge {self.judge!r} gave reward {reward} for task {task.id!r}; the "
-                                          "soft-Q learner (single-step, cross-entropy) needs rewards in [0, 1]")
+        judged = self._judge(tasks, outputs)
         ms["judge"] = clock() - t0
 
         t0 = clock()
-        retained_ids: list[str | None] = [None] * n
-        duplicate = [False] * n
-        if cfg.retain:
-            new_cases, rows = [], []
-            for b, (task, out, (reward, _)) in enumerate(zip(tasks, outputs, judged)):
-                if not out.text.strip():
-                    self.counters["not_retained"] += 1
-                    continue
-                new_cases.append(Case(state=task.question, action=out.text, reward=reward, env=task.env,
-                                      meta={"task_id": task.id, "step": first_step + b, "policy": cfg.policy}))
-                rows.append(b)
-            if new_cases:
-                before = len(bank)
-                ids = bank.add(new_cases, state_BD[rows])
-                fresh = set(bank.ids_at(range(before, len(bank))))
-                for b, case_id in zip(rows, ids):
-                    retained_ids[b] = case_id
-                    duplicate[b] = case_id not in fresh
-                    fresh.discard(case_id)  # a repeat within the batch is a duplicate too
-                self.counters["retained"] += len(bank) - before
-                self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
+        retained = self._retain(bank, tasks, outputs, judged, state_BD, first_step)
         ms["retain"] = clock() - t0
 
         t0 = clock()
-        losses: list[float] = []
-        if self.learner is not None and self.buffer is not None:
-            from memento.replay import Transition
-
-            tiny = np.finfo(np.float32).tiny
-            for b, sel in enumerate(selections):
-                if sel is None:
-                    continue
-                self.buffer.add(Transition(state_D=state_BD[b], cases_KD=cands[b].embeddings_CD[sel.positions_K],
-                                           reward=judged[b][0], propensity_K=np.maximum(sel.probs_K, tiny),
-                                           step=first_step + b, policy_version=version))
-            if self.buffer.added >= max(1, cfg.warmup):
-                for _ in range(cfg.updates_per_step * n):
-                    metrics = self.learner.update(self.buffer.sample(self.learner.config.batch_size,
-                                                                     self.learner.generator))
-                    losses.append(metrics["loss"])
-        elif self.linucb is not None and self.linucb_log is not None:
-            for b, sel in enumerate(selections):
-                if sel is None:
-                    continue
-                self.linucb.update_selection(state_BD[b], cands[b], sel, judged[b][0])
-                for p in sel.positions_K:
-                    self.linucb_log.append(state_BD[b], cands[b].embeddings_CD[int(p)], judged[b][0],
-                                           cands[b].ids[int(p)])
+        observations = [Observation(state_D=state_BD[b], candidates=cands[b], selection=sel, reward=judged[b][0],
+                                    step=first_step + b, policy_version=version)
+                        for b, sel in enumerate(selections) if sel is not None]
+        loss = self.policy.observe(observations).get("loss")
         ms["learn"] = clock() - t0
 
         for name, seconds in ms.items():
             self.ms_totals[name] += seconds * 1000.0
-        per_task_ms = {name: round(seconds * 1000.0 / n, 4) for name, seconds in ms.items()}
-        loss = float(np.mean(losses)) if losses else None
-        now = time.time()
-        records = []
-        for b, (task, out, (reward, reason), sel) in enumerate(zip(tasks, outputs, judged, selections)):
-            self.counters["prompt_tokens"] += int(getattr(out, "prompt_tokens", 0) or 0)
-            self.counters["output_tokens"] += int(getattr(out, "output_tokens", 0) or 0)
-            success = reward >= cfg.success_threshold
-            self.rewards.append(reward)
-            self.successes.append(success)
-            records.append({
-                "step": first_step + b, "task_id": task.id, "family": task.family, "state": task.question,
-                "candidate_ids": list(cands[b].ids), "chosen_ids": [] if sel is None else list(sel.ids),
-                "propensities": [] if sel is None else [float(p) for p in sel.probs_K],
-                "set_propensity": None if sel is None else float(sel.set_prob),
-                "greedy": None if sel is None else bool(sel.greedy),
-                "output": out.text, "reward": reward, "success": bool(success), "reason": reason, "done": True,
-                "retained_id": retained_ids[b], "duplicate": duplicate[b], "policy": cfg.policy,
-                "policy_version": version, "bank_size": bank_size,
-                "entropy": 0.0 if sel is None else _entropy(sel.probs_C), "alpha": alpha, "loss": loss,
-                "time": now, "ms": per_task_ms})
-        return records
+        per_task_ms = {name: round(seconds * 1000.0 / len(tasks), 4) for name, seconds in ms.items()}
+        return [self._record(b, task, out, judged[b], sel, retained[b], first_step=first_step, version=version,
+                             bank_size=bank_size, alpha=alpha, loss=loss, ms=per_task_ms)
+                for b, (task, out, sel) in enumerate(zip(tasks, outputs, selections))]
 
-    def _outputs(self, raw: list[Any], n: int) -> list[PlanOutput]:
-        from memento.planners.base import PlannerError, PlanOutput
+    def _select(self, state_BD: np.ndarray, cands: list[Candidates]) -> list[Selection | None]:
+        """Every task of the round chooses with the same parameters, in stream order, from one RNG."""
+        return [self.policy.select(state_BD[b], candidates, self.config.k, rng=self.policy_rng)
+                if len(candidates) else None for b, candidates in enumerate(cands)]
 
-        if len(raw) != n:
-            raise PlannerError(f"planner {self.planner!r} returned {len(raw)} outputs for {n} tasks")
+    def _plan(self, tasks: list[Task], shown: list[list[Case]]) -> list[PlanOutput]:
+        raw = [self.planner.plan(tasks[0], shown[0])] if len(tasks) == 1 else list(self.planner.plan_many(tasks,
+                                                                                                          shown))
+        self.counters["llm_calls"] += len(tasks)
+        if len(raw) != len(tasks):
+            raise PlannerError(f"planner {self.planner!r} returned {len(raw)} outputs for {len(tasks)} tasks")
         outputs = []
         for out in raw:
             if isinstance(out, str):
@@ -1001,19 +608,73 @@ class OnlineLoop:
             outputs.append(out)
         return outputs
 
+    def _judge(self, tasks: list[Task], outputs: list[PlanOutput]) -> list[tuple[float, str]]:
+        judged = [_judge_reward(self.judge(task, out.text), self.judge) for task, out in zip(tasks, outputs)]
+        bounds = self.policy.reward_range
+        if bounds is not None:
+            for task, (reward, _) in zip(tasks, judged):
+                if not bounds[0] <= reward <= bounds[1]:
+                    raise DataFormatError(f"judge {self.judge!r} gave reward {reward} for task {task.id!r}; the "
+                                          f"{self.config.policy_kind} policy learns from rewards in "
+                                          f"[{bounds[0]}, {bounds[1]}] (single-step, cross-entropy)")
+        return judged
+
+    def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
+                state_BD: np.ndarray, first_step: int) -> list[tuple[str | None, bool]]:
+        """Retain: add each (question, output, reward) to the bank; ``(case id, duplicate)`` per task."""
+        retained: list[tuple[str | None, bool]] = [(None, False)] * len(tasks)
+        if not self.config.retain:
+            return retained
+        new_cases, rows = [], []
+        for b, (task, out, (reward, _)) in enumerate(zip(tasks, outputs, judged)):
+            if not out.text.strip():
+                self.counters["not_retained"] += 1
+                continue
+            new_cases.append(Case(state=task.question, action=out.text, reward=reward, env=task.env,
+                                  meta={"task_id": task.id, "step": first_step + b, "policy": self.config.policy_kind}))
+            rows.append(b)
+        if new_cases:
+            before = len(bank)
+            ids = bank.add(new_cases, state_BD[rows])
+            fresh = set(bank.ids_at(range(before, len(bank))))
+            for b, case_id in zip(rows, ids):
+                retained[b] = (case_id, case_id not in fresh)
+                fresh.discard(case_id)  # a repeat within the batch is a duplicate too
+            self.counters["retained"] += len(bank) - before
+            self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
+        return retained
+
+    def _record(self, b: int, task: Task, out: PlanOutput, judged: tuple[float, str], sel: Selection | None,
+                retained: tuple[str | None, bool], *, first_step: int, version: int, bank_size: int,
+                alpha: float | None, loss: float | None, ms: dict[str, float]) -> StepRecord:
+        reward, reason = judged
+        self.counters["prompt_tokens"] += int(getattr(out, "prompt_tokens", 0) or 0)
+        self.counters["output_tokens"] += int(getattr(out, "output_tokens", 0) or 0)
+        success = reward >= self.config.success_threshold
+        self.rewards.append(reward)
+        self.successes.append(success)
+        return StepRecord(
+            step=first_step + b, task_id=task.id, family=task.family, state=task.question,
+            candidate_ids=[] if sel is None else list(sel.candidate_ids),
+            chosen_ids=[] if sel is None else list(sel.ids),
+            propensities=[] if sel is None else [float(p) for p in sel.probs_K],
+            set_propensity=None if sel is None else float(sel.set_prob),
+            greedy=None if sel is None else bool(sel.greedy),
+            output=out.text, reward=reward, success=bool(success), reason=reason, done=True, retained_id=retained[0],
+            duplicate=retained[1], policy=self.config.policy_kind, policy_version=version, bank_size=bank_size,
+            entropy=0.0 if sel is None else _entropy(sel.probs_C), alpha=alpha, loss=loss, time=time.time(), ms=ms)
+
     # ------------------------------------------------------------------ summary
 
-    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None) -> dict[str, Any]:
+    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
         cfg = self.config
         steps = len(self.rewards)
         success_T = np.asarray(self.successes, dtype=np.float64)
         ms = {name: self.ms_totals[name] / max(1, steps) for name in COMPONENTS}
         ms["total"] = sum(ms.values())
         ms["overhead"] = ms["total"] - ms["plan"] - ms["judge"]
-        updates = self.learner.updates if self.learner is not None else (
-            self.linucb.n_updates if self.linucb is not None else 0)
         return {
-            "policy": cfg.policy, "steps": steps, "llm_calls": int(self.counters["llm_calls"]),
+            "policy": cfg.policy_kind, "steps": steps, "llm_calls": int(self.counters["llm_calls"]),
             "success_rate": float(success_T.mean()) if steps else 0.0,
             "success_by_window": success_by_window(success_T, cfg.window),
             "moving_success_rate": float(moving_average(success_T, cfg.window)[-1]) if steps else 0.0,
@@ -1023,85 +684,13 @@ class OnlineLoop:
             "not_retained": int(self.counters["not_retained"]),
             "prompt_tokens": int(self.counters["prompt_tokens"]),
             "output_tokens": int(self.counters["output_tokens"]),
-            "ms_per_step": ms, "updates": int(updates),
-            "final_alpha": self.learner.alpha if self.learner is not None else None,
+            "ms_per_step": ms, "updates": int(self.policy.version), "final_alpha": self.policy.alpha,
             "seed": cfg.seed, "batch_size": cfg.batch_size, "k": cfg.k, "candidates": cfg.candidates,
             "resumed_from": resumed_from, "wall_s": wall_s,
-            "selector": "selector" if self.learner is not None else None,
+            "selector": RunDir.SELECTOR if has_model else None,
         }
 
 
 def run_online(config: LoopConfig, **kwargs: Any) -> dict[str, Any]:
     """``OnlineLoop(config, **kwargs).run()``: run one policy over the stream; returns the summary."""
     return OnlineLoop(config, **kwargs).run()
-
-
-# ---------------------------------------------------------------- several policies on one stream
-
-
-def run_comparison(policies: Sequence[LoopPolicyKind], *, config: LoopConfig, out_dir: str | Path,
-                   late_steps: int = 200, **kwargs: Any) -> dict[str, Any]:
-    """Run each policy on the same task stream (same seed, same task order) in ``out_dir/<policy>/``.
-
-    Each policy starts from its own copy of the same starting bank (``bank_dir`` or ``seed_cases`` in
-    ``kwargs``, as for :class:`OnlineLoop`). Writes ``out_dir/comparison.json`` (per policy: overall
-    success, early success over the first ``config.window`` steps, late success over the last
-    ``late_steps`` steps, LLM calls, milliseconds per step by component) and
-    ``out_dir/learning_curves.png`` (the moving success rate per policy against the step).
-    """
-    from typing import get_args
-
-    policies = list(policies)
-    if not policies:
-        raise ConfigError("run_comparison: no policies given")
-    for policy in policies:
-        if policy not in get_args(LoopPolicyKind):
-            raise ConfigError(f"run_comparison: unknown policy {policy!r}; choose from {get_args(LoopPolicyKind)}")
-    if len(set(policies)) != len(policies):
-        raise ConfigError(f"run_comparison: policies repeat: {policies}")
-    if isinstance(late_steps, bool) or not isinstance(late_steps, int) or late_steps < 1:
-        raise ConfigError(f"run_comparison: late_steps={late_steps!r}: must be an integer >= 1")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    curves: dict[str, list[bool]] = {}
-    results: dict[str, Any] = {}
-    for policy in policies:
-        loop = OnlineLoop(dataclasses.replace(config, policy=policy), out_dir=out_dir / policy, **kwargs)
-        summary = loop.run()
-        success_T = np.asarray(loop.successes, dtype=np.float64)
-        curves[policy] = list(loop.successes)
-        late = min(late_steps, success_T.size)
-        results[policy] = {
-            "success_rate": summary["success_rate"],
-            "success_early": float(success_T[:config.window].mean()), "early_steps": [0, min(config.window,
-                                                                                               success_T.size)],
-            "success_late": float(success_T[success_T.size - late:].mean()),
-            "late_steps": [int(success_T.size - late), int(success_T.size)],
-            "llm_calls": summary["llm_calls"], "cumulative_reward": summary["cumulative_reward"],
-            "bank_size_start": summary["bank_size_start"], "bank_size_end": summary["bank_size_end"],
-            "ms_per_step": summary["ms_per_step"], "updates": summary["updates"], "dir": policy,
-        }
-    from memento.plots import plot_learning_curves
-
-    plot_learning_curves(curves, out_dir / "learning_curves.png", window=config.window,
-                         title=f"moving success rate ({config.window} steps), seed {config.seed}")
-    comparison = {"steps": config.steps, "seed": config.seed, "window": config.window, "late_steps": late_steps,
-                  "policies": results, "order": policies, "learning_curves": "learning_curves.png"}
-    _write_json(out_dir / "comparison.json", comparison)
-    return comparison
-
-
-def comparison_table(comparison: dict[str, Any]) -> str:
-    """A plain-text table of a comparison: success early vs late, LLM calls, milliseconds per step."""
-    head = ("policy", "early", "late", "overall", "LLM calls", "ms/step", "overhead ms")
-    rows = [head]
-    for policy in comparison["order"]:
-        r = comparison["policies"][policy]
-        rows.append((policy, f"{r['success_early']:.3f}", f"{r['success_late']:.3f}", f"{r['success_rate']:.3f}",
-                     str(r["llm_calls"]), f"{r['ms_per_step']['total']:.1f}", f"{r['ms_per_step']['overhead']:.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    early = f"first {comparison['window']}"
-    return "\n".join(lines) + f"\n(early: {early} steps; late: last {comparison['late_steps']} steps)"

@@ -20,23 +20,54 @@ Conventions shared by every policy in ``policies/``:
   then holds ``min(k, C)`` cases. An empty candidate set raises ``DataFormatError``.
 - Randomness comes only from the ``rng`` passed in (a ``numpy.random.Generator``): the same seed
   gives the same selections.
+
+Learning goes through the same object (the way Stable-Baselines3 writes its collect loop once and
+lets each algorithm plug in): the online loop, the regret run and the served selector call only
+
+- ``observe(observations, *, learn=True) -> metrics``: one update round of :class:`Observation`
+  records (state, the candidate set, the selection made from it, the reward; a round holds the B
+  decisions made with the same parameters). A learning policy records them (soft-Q: its replay
+  buffer; LinUCB: its ridge regression) and, with ``learn``, takes its update steps; it returns
+  scalars such as ``{"loss": ...}`` (``{}`` when nothing was learned);
+- ``version`` (updates made so far, logged with each decision), ``alpha`` (the soft-max temperature,
+  ``None`` for policies without one), ``reward_range`` (rewards the policy can learn from, ``None``:
+  any finite number);
+- ``checkpoint(directory)`` / ``restore(directory)``: the learning state, for resumable runs;
+  ``save_model(directory) -> bool``: the trained model in the format ``memento train`` writes
+  (``False`` when the policy has none).
+
+:class:`StaticPolicy` gives the non-learning policies (random, similarity) those members.
+Policies are built by ``policies.make_policy(config, context)`` from a
+:data:`~memento.config.PolicyConfig` and a :class:`PolicyContext`; the core never imports
+``policies``: the composition root (the CLI, the benchmarks) passes the factory in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import numbers
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
+from memento.config import PolicyConfig
 from memento.errors import DataFormatError, DimensionError
 from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = [
+    "Observation",
     "Policy",
+    "PolicyContext",
+    "PolicyFactory",
+    "RewardFn",
+    "StaticPolicy",
+    "boltzmann_select",
     "check_candidates",
     "check_k",
     "gumbel_top_k",
@@ -44,6 +75,7 @@ __all__ = [
     "make_selection",
     "plackett_luce_logprob",
     "plackett_luce_prob",
+    "q_values",
     "softmax",
     "top_k",
 ]
@@ -51,6 +83,55 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SUM_TOLERANCE = 1e-6
+
+
+RewardFn = Callable[[Sequence[str]], Any]
+"""``reward_of(case_ids) -> rewards``: the stored rewards of cases (e.g. ``CaseBank.rewards``)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Observation:
+    """One decision and its outcome, as a policy learns from it.
+
+    ``candidates`` must hold every chosen case (it may be the set the policy chose from, or a
+    superset; the chosen cases are found by id); ``step`` is the decision's place in its stream
+    (the loop's step, the feedback's sequence number); ``policy_version`` is ``policy.version``
+    when the choice was made.
+    """
+
+    state_D: np.ndarray
+    candidates: Candidates
+    selection: Selection
+    reward: float
+    step: int
+    policy_version: int
+
+    def chosen_rows(self) -> np.ndarray:
+        """Indices into ``candidates`` of the chosen cases, in draw order."""
+        return self.candidates.rows_of(self.selection.ids)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyContext:
+    """What a run gives the policy factory besides the policy's own config.
+
+    ``dim``: the state/case vector dimension; ``k_max``: the most cases one decision shows (the
+    replay buffer's row width); ``device``: where a Q-network, learner and replay buffer live;
+    ``qnet_seed`` / ``learner_seed``: torch seeds of the Q-network initialisation and of the learner's
+    generator (derived from the run's seed); ``reward_of``: the stored rewards of the bank's cases
+    (for positive-only choices).
+    """
+
+    dim: int
+    k_max: int = 4
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    qnet_seed: int = 0
+    learner_seed: int = 0
+    reward_of: RewardFn | None = None
+
+
+PolicyFactory = Callable[[PolicyConfig, PolicyContext], "Policy"]
+"""``make_policy(config, context) -> Policy`` (``policies.make_policy``), passed in by the composition root."""
 
 
 @runtime_checkable
@@ -65,6 +146,65 @@ class Policy(Protocol):
                greedy: bool = False) -> Selection:
         """Choose ``min(k, C)`` distinct candidates; ``greedy=True`` asks for the arg-max choice."""
         ...
+
+    def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
+        """Record one round of decisions and (with ``learn``) learn from them; returns scalars."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Updates made so far (logged with each decision as its policy version)."""
+        ...
+
+    @property
+    def alpha(self) -> float | None:
+        """The soft-max temperature the next choice uses (``None``: the policy has none)."""
+        ...
+
+    @property
+    def reward_range(self) -> tuple[float, float] | None:
+        """The rewards this policy can learn from (``None``: any finite number)."""
+        ...
+
+    def checkpoint(self, directory: Path) -> None:
+        """Write the learning state into ``directory`` (which exists)."""
+        ...
+
+    def restore(self, directory: Path) -> None:
+        """Read back what :meth:`checkpoint` wrote (into a freshly built policy of the same config)."""
+        ...
+
+    def save_model(self, directory: Path) -> bool:
+        """Write the trained model (``False``, writing nothing, when the policy has none)."""
+        ...
+
+
+class StaticPolicy:
+    """The learning members of :class:`Policy` for a policy that does not learn (random, similarity)."""
+
+    def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
+        return {}
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @property
+    def alpha(self) -> float | None:
+        return None
+
+    @property
+    def reward_range(self) -> tuple[float, float] | None:
+        return None
+
+    def checkpoint(self, directory: Path) -> None:
+        return None
+
+    def restore(self, directory: Path) -> None:
+        return None
+
+    def save_model(self, directory: Path) -> bool:
+        return False
 
 
 # ---------------------------------------------------------------- input checks
@@ -259,3 +399,48 @@ def make_selection(candidates: Candidates, probs_C: np.ndarray, order_K: np.ndar
     candidate_ids = list(candidates.ids)
     return Selection(ids=[candidate_ids[i] for i in order], positions_K=order, probs_K=p[order].copy(),
                      set_prob=float(set_prob), candidate_ids=candidate_ids, probs_C=p, greedy=bool(greedy))
+
+
+# ---------------------------------------------------------------- soft-max over Q-values
+
+
+def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
+             device: torch.device | None = None) -> np.ndarray:
+    """``Q(s, c)`` of every candidate as float64 ``q_C``, under ``torch.inference_mode`` in eval mode.
+
+    The network runs on ``device`` or, when ``None``, on the device of its first floating-point
+    parameter or buffer (read at every call, so a moved network is followed; CPU for a parameterless
+    one); its training flag is restored afterwards.
+    """
+    state = check_candidates(state_D, candidates)
+    where, dtype = device or torch.device("cpu"), torch.float32
+    for tensor in (*qnet.parameters(), *qnet.buffers()):
+        if tensor.is_floating_point():
+            where, dtype = (device or tensor.device), tensor.dtype
+            break
+    was_training = qnet.training
+    try:
+        qnet.eval()
+        with torch.inference_mode():
+            state_BD = torch.as_tensor(state, dtype=dtype, device=where).unsqueeze(0)
+            cases_BCD = torch.as_tensor(np.asarray(candidates.embeddings_CD), dtype=dtype, device=where).unsqueeze(0)
+            q_BC = qnet(state_BD, cases_BCD)
+            if not isinstance(q_BC, torch.Tensor) or tuple(q_BC.shape) != (1, len(candidates)):
+                shape = tuple(q_BC.shape) if isinstance(q_BC, torch.Tensor) else type(q_BC).__name__
+                raise DimensionError(f"qnet returned {shape}, expected q_BC of shape (1, {len(candidates)}) "
+                                     f"for state_BD {tuple(state_BD.shape)} and cases_BCD {tuple(cases_BCD.shape)}")
+            q_C = q_BC[0].to("cpu").double().numpy().copy()
+    finally:
+        qnet.train(was_training)
+    return q_C
+
+
+def boltzmann_select(q_C: np.ndarray, candidates: Candidates, k: int, alpha: float, *, rng: np.random.Generator,
+                     greedy: bool = False) -> Selection:
+    """``k`` candidates from ``softmax(q_C / alpha)``: Gumbel-top-k draws with the exact Plackett-Luce
+    propensity (in log space), or the top ``k`` by Q with ``set_prob = 1.0`` when ``greedy``."""
+    k = check_k(k, len(candidates))
+    logp_C = log_softmax(q_C, alpha)
+    probs_C = softmax(q_C, alpha)
+    order_K = top_k(q_C, k) if greedy else gumbel_top_k(logp_C, k, rng)
+    return make_selection(candidates, probs_C, order_K, greedy=greedy, logits_C=logp_C)

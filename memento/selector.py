@@ -17,6 +17,9 @@ policy picks k of them: ``mode="sample"`` draws without replacement from ``softm
 top k by Q (probabilities 1.0). Draws come from one ``numpy.random.Generator`` seeded with ``seed``: two
 selectors loaded with the same seed make the same choices for the same calls.
 
+**Choosing and learning** is the soft-Q agent's (:class:`memento.agent.SoftQAgent`, the same one the online
+loop runs): the selector calls only its ``select`` and ``observe``.
+
 **Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept in memory: at most
 ``config.max_pending`` of them, each for ``config.pending_ttl_s`` seconds; an unknown, answered or expired
 id raises :class:`~memento.errors.UnknownSelectionError`), commits one row to ``feedback.sqlite`` and only
@@ -52,11 +55,12 @@ import time
 import uuid
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from memento.agent import SoftQAgent
 from memento.artifact import (
     BANK_DB,
     BANK_DIR,
@@ -91,7 +95,7 @@ from memento.artifact import (
     verify_artifact,
     write_encoder_spec,
 )
-from memento.config import load_json, save_json, to_dict
+from memento.config import SoftQConfig, load_json, save_json, to_dict
 from memento.errors import (
     CheckpointError,
     ConfigError,
@@ -101,13 +105,12 @@ from memento.errors import (
     MementoError,
     UnknownSelectionError,
 )
-from memento.io import atomic_write, atomic_write_text, read_safetensors
-from memento.memory import CaseBank
-from memento.types import Case
-
-if TYPE_CHECKING:
-    from memento.learner import SoftQLearner
-    from memento.replay import ReplayBuffer
+from memento.io import atomic_write, atomic_write_text, read_safetensors, sqlite_copy
+from memento.learner import SoftQLearner
+from memento.memory import Candidates, CaseBank
+from memento.policy import Observation
+from memento.replay import ReplayBuffer
+from memento.types import Case, Selection
 
 __all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "write_qnet"]
 
@@ -179,8 +182,6 @@ class Selector:
                  bank: CaseBank, feedback_log: FeedbackLog, learner: SoftQLearner, buffer: ReplayBuffer,
                  device: torch.device, learn: bool, seed: int, encoder: Any = None,
                  encoder_device: str | None = None, hash_cache: dict[str, tuple[int, int, str]] | None = None):
-        from policies.soft_q import SoftQPolicy
-
         self.path = path
         self.config = config
         self.encoder_spec = encoder_spec
@@ -190,12 +191,11 @@ class Selector:
         self._manifest = manifest
         self._bank = bank
         self._feedback = feedback_log
-        self._learner = learner
-        self._buffer = buffer
+        self._agent = SoftQAgent(agent_config(config), learner=learner, buffer=buffer, reward_of=bank.rewards,
+                                 fixed_alpha=config.alpha)
         self._encoder = encoder
         self._encoder_device = encoder_device
         self._hash_cache = hash_cache if hash_cache is not None else {}
-        self._policy = SoftQPolicy(learner.qnet, alpha=self.alpha)
         self._rng = np.random.default_rng(seed)
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._lock = threading.RLock()
@@ -208,9 +208,6 @@ class Selector:
     def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
              seed: int = 0, verify: bool = True, encoder: Any = None) -> Selector:
         """Load an artifact directory (see :func:`memento.load_selector`)."""
-        from memento.learner import SoftQLearner
-        from memento.replay import ReplayBuffer
-
         path = Path(path)
         if not isinstance(learn, bool):
             raise ConfigError(f"load_selector: learn={learn!r}: must be true or false")
@@ -293,22 +290,21 @@ class Selector:
             cases_KD = self._bank.embeddings(row.ids)
         except MementoError as error:
             raise CheckpointError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq}: {error}") from None
-        self._learn(state_D, cases_KD, row.probs, row.reward, row.seq, row.policy_version, row.learned)
+        self._learn(state_D, list(row.ids), cases_KD, row.probs, row.set_prob, row.reward, row.seq,
+                    row.policy_version, row.learned)
 
-    def _learn(self, state_D: np.ndarray, cases_KD: np.ndarray, probs: list[float], reward: float, seq: int,
-               version: int, learned: bool) -> None:
-        """One decision into the replay buffer (split into rows of at most k_max cases), then the updates."""
-        from memento.replay import Transition
-
-        k_max = self._buffer.config.k_max
-        tiny = np.finfo(np.float32).tiny
-        probs_K = np.maximum(np.asarray(probs, dtype=np.float64), tiny)
-        for start in range(0, len(cases_KD), k_max):
-            self._buffer.add(Transition(state_D=state_D, cases_KD=cases_KD[start:start + k_max], reward=reward,
-                                        propensity_K=probs_K[start:start + k_max], step=seq, policy_version=version))
-        if learned and self._buffer.added >= max(1, self.config.warmup):
-            for _ in range(self.config.updates_per_step):
-                self._learner.update(self._buffer.sample(self._learner.config.batch_size, self._learner.generator))
+    def _learn(self, state_D: np.ndarray, ids: list[str], cases_KD: np.ndarray, probs: list[float], set_prob: float,
+               reward: float, seq: int, version: int, learned: bool) -> None:
+        """One decision, as logged (propensities 1.0 for a greedy choice), to the agent: into its replay buffer
+        (as several rows when it holds more than ``k_max`` cases), then its gradient steps when ``learned``."""
+        k = len(ids)
+        probs_K = np.asarray(probs, dtype=np.float64)
+        candidates = Candidates(ids=list(ids), positions_C=np.arange(k), scores_C=np.zeros(k),
+                                embeddings_CD=np.asarray(cases_KD))
+        selection = Selection(ids=list(ids), positions_K=np.arange(k), probs_K=probs_K, set_prob=float(set_prob),
+                              candidate_ids=list(ids), probs_C=probs_K, greedy=False)
+        self._agent.observe([Observation(state_D=state_D, candidates=candidates, selection=selection, reward=reward,
+                                         step=seq, policy_version=version)], learn=learned)
 
     # ------------------------------------------------------------------ properties
 
@@ -319,7 +315,20 @@ class Selector:
     @property
     def alpha(self) -> float:
         """The temperature the policy uses now."""
-        return self.config.alpha if self.config.alpha is not None else self._learner.alpha
+        return self._agent.alpha
+
+    @property
+    def _learner(self) -> SoftQLearner:
+        return self._agent.learner
+
+    @property
+    def _buffer(self) -> ReplayBuffer:
+        return self._agent.buffer
+
+    @property
+    def agent(self) -> SoftQAgent:
+        """The soft-Q agent that chooses and learns."""
+        return self._agent
 
     @property
     def bank(self) -> CaseBank:
@@ -424,21 +433,18 @@ class Selector:
             self._check_open()
             state_D = self._state(query)
             candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
-            if self.config.positive_only and len(candidates):
-                candidates = candidates.positive(self._bank.rewards(candidates.ids))
-            version = self._learner.updates
+            version = self._agent.version
             if len(candidates) == 0:
                 ids: list[str] = []
                 probs: list[float] = []
                 set_prob = 1.0
                 cases_KD = np.zeros((0, self.dim), dtype=np.float32)
             else:
-                self._policy.alpha = self.alpha
-                selection = self._policy.select(state_D, candidates, k, rng=self._rng, greedy=mode == "greedy")
+                selection = self._agent.select(state_D, candidates, k, rng=self._rng, greedy=mode == "greedy")
                 ids = list(selection.ids)
                 probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
                 set_prob = float(selection.set_prob)
-                cases_KD = candidates.embeddings_CD[selection.positions_K]
+                cases_KD = candidates.embeddings_CD[candidates.rows_of(ids)]
             cases = tuple(self._bank.get(ids)) if ids else ()
             selection_id = uuid.uuid4().hex
             self._purge_expired()
@@ -489,8 +495,8 @@ class Selector:
                 self._pending[selection_id] = pending  # not recorded: the caller may retry
                 raise
             if pending.ids:
-                self._learn(pending.state_D, pending.cases_KD, pending.probs, reward, seq, pending.policy_version,
-                            self.learn)
+                self._learn(pending.state_D, pending.ids, pending.cases_KD, pending.probs, pending.set_prob, reward,
+                            seq, pending.policy_version, self.learn)
             return {"selection_id": selection_id, "reward": reward, "recorded": True,
                     "updates": int(self._learner.updates)}
 
@@ -625,11 +631,11 @@ class Selector:
             self._write_state(tmp)
             self._bank.flush()
             (tmp / BANK_DIR).mkdir()
-            _sqlite_copy(self.path / BANK_DB, tmp / BANK_DB)
+            sqlite_copy(self.path / BANK_DB, tmp / BANK_DB)
             for name in ("index.faiss", "index.json"):
                 if (self.path / BANK_DIR / name).is_file():
                     shutil.copy2(self.path / BANK_DIR / name, tmp / BANK_DIR / name)
-            _sqlite_copy(self.path / FEEDBACK_NAME, tmp / FEEDBACK_NAME)
+            sqlite_copy(self.path / FEEDBACK_NAME, tmp / FEEDBACK_NAME)
             live = self._live_entries(tmp / BANK_DB, tmp / FEEDBACK_NAME)
             draft = self._new_manifest({}, live)
             atomic_write_text(tmp / CARD_NAME, self._card(target, draft))
@@ -702,14 +708,8 @@ def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
             raise CheckpointError(f"{path}: {name} differs from the learner's Q-network ({LEARNER_DIR}/)")
 
 
-def _sqlite_copy(src: Path, dst: Path) -> None:
-    """A consistent copy of a SQLite file (the backup API; WAL content included)."""
-    source = sqlite3.connect(src, timeout=30.0)
-    target = sqlite3.connect(dst)
-    try:
-        source.backup(target)
-        target.execute("PRAGMA journal_mode=WAL")
-    finally:
-        target.close()
-        source.close()
-
+def agent_config(config: SelectorConfig) -> SoftQConfig:
+    """The soft-Q agent a selector config describes (its Q-network, learner, replay size and learning rule)."""
+    return SoftQConfig(qnet=config.qnet, learner=config.learner, replay_capacity=config.replay.capacity,
+                       warmup=config.warmup, updates_per_step=config.updates_per_step,
+                       positive_only=config.positive_only)

@@ -3,81 +3,83 @@
 - ``random``: uniform over the candidates (the floor);
 - ``similarity``: cosine top-K, the non-parametric CBR baseline (optionally softmax sampling,
   optionally successful cases only);
-- ``soft_q``: ``softmax(Q(s, c) / alpha)`` over a Q-network, parametric CBR (DESIGN §2);
-- ``linucb``: a LinUCB contextual bandit on (state, case) features.
+- ``soft_q``: ``softmax(Q(s, c) / alpha)`` over a Q-network, parametric CBR (DESIGN §2):
+  :class:`SoftQAgent` owns its Q-network, learner and replay buffer and learns in ``observe``;
+  :class:`SoftQPolicy` chooses with a given, fixed network;
+- ``linucb``: a LinUCB contextual bandit on (state, case) features, learning in ``observe``.
 
-Later: ``cfgm``, ``lifemem``, ``plugmem``. :func:`make_policy` builds one by name with an
-explicit ``match`` (no string-to-import registry).
+Later: ``cfgm``, ``lifemem``, ``plugmem``. :func:`make_policy` is the one factory: it builds a
+policy from its config (:data:`memento.config.PolicyConfig`, one class per kind) with an explicit
+``match`` (no string-to-import registry). The configs live in :mod:`memento.config`, so run configs
+of the core can nest them; this package depends on the core, never the other way round.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, get_args
 
+from memento.config import (
+    POLICY_CONFIGS,
+    LinUCBConfig,
+    PolicyConfig,
+    PolicyKind,
+    RandomConfig,
+    SimilarityConfig,
+    SoftQConfig,
+)
 from memento.errors import ConfigError
-from memento.policy import Policy
-from policies.linucb import LinUCBConfig, LinUCBPolicy
+from memento.policy import Policy, PolicyContext
+from policies.linucb import LinUCBPolicy
 from policies.random import RandomPolicy
-from policies.similarity import RewardedCandidates, SimilarityConfig, SimilarityPolicy, bank_rewards, with_rewards
-from policies.soft_q import SoftQPolicy
+from policies.similarity import RewardedCandidates, SimilarityPolicy, bank_rewards, with_rewards
+from policies.soft_q import SoftQAgent, SoftQPolicy
 
 __all__ = [
+    "POLICY_CONFIGS",
     "LinUCBConfig",
     "LinUCBPolicy",
+    "PolicyConfig",
+    "PolicyContext",
     "PolicyKind",
+    "RandomConfig",
     "RandomPolicy",
     "RewardedCandidates",
     "SimilarityConfig",
     "SimilarityPolicy",
+    "SoftQAgent",
+    "SoftQConfig",
     "SoftQPolicy",
     "bank_rewards",
     "make_policy",
     "with_rewards",
 ]
 
-PolicyKind = Literal["random", "similarity", "soft_q", "linucb"]
 
+def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
+    """The policy ``config`` describes, for a run described by ``context`` (the one policy factory).
 
-def _split(kind: str, kwargs: dict[str, Any], config_cls: type, extra: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-    fields = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(kwargs) - fields - set(extra))
-    if unknown:
-        raise ConfigError(f"make_policy({kind!r}): unknown argument(s) {unknown}; "
-                          f"known: {sorted(fields | set(extra))}")
-    try:
-        config = config_cls(**{k: v for k, v in kwargs.items() if k in fields})
-    except TypeError as error:  # a required field is missing
-        raise ConfigError(f"make_policy({kind!r}): {error}") from None
-    return config, {k: v for k, v in kwargs.items() if k in extra}
+    - :class:`RandomConfig` -> :class:`RandomPolicy`;
+    - :class:`SimilarityConfig` -> :class:`SimilarityPolicy` (``context.reward_of`` gives the stored
+      rewards ``positive_only`` needs);
+    - :class:`SoftQConfig` -> :class:`SoftQAgent` (Q-network, learner and replay buffer on
+      ``context.device``, seeded with ``context.qnet_seed`` / ``context.learner_seed``);
+    - :class:`LinUCBConfig` -> :class:`LinUCBPolicy` (``dim`` from ``context.dim`` when not set).
 
-
-def make_policy(kind: PolicyKind, **kwargs: Any) -> Policy:
-    """Build a policy by name.
-
-    - ``"random"``: no arguments;
-    - ``"similarity"``: :class:`SimilarityConfig` fields and ``reward_of``;
-    - ``"soft_q"``: ``qnet`` (required), ``alpha``, ``device``;
-    - ``"linucb"``: :class:`LinUCBConfig` fields (``dim`` required).
-
-    An unknown kind or argument raises ``ConfigError``.
+    Anything else raises ``ConfigError``.
     """
-    match kind:
-        case "random":
-            if kwargs:
-                raise ConfigError(f"make_policy('random'): takes no arguments, got {sorted(kwargs)}")
+    if not isinstance(context, PolicyContext):
+        raise ConfigError(f"make_policy: context={type(context).__name__}: must be a memento.policy.PolicyContext")
+    match config:
+        case RandomConfig():
             return RandomPolicy()
-        case "similarity":
-            config, extra = _split(kind, kwargs, SimilarityConfig, ("reward_of",))
-            return SimilarityPolicy(config, **extra)
-        case "soft_q":
-            unknown = sorted(set(kwargs) - {"qnet", "alpha", "device"})
-            if unknown or "qnet" not in kwargs:
-                raise ConfigError(f"make_policy('soft_q'): needs qnet= and accepts alpha=, device=; "
-                                  f"got {sorted(kwargs)}")
-            return SoftQPolicy(**kwargs)
-        case "linucb":
-            config, _ = _split(kind, kwargs, LinUCBConfig, ())
+        case SimilarityConfig():
+            return SimilarityPolicy(config, reward_of=context.reward_of)
+        case SoftQConfig():
+            return SoftQAgent.create(config, context)
+        case LinUCBConfig():
+            if config.dim is None:
+                config = dataclasses.replace(config, dim=context.dim)
             return LinUCBPolicy(config)
         case _:
-            raise ConfigError(f"make_policy: kind={kind!r}: must be one of {get_args(PolicyKind)}")
+            raise ConfigError(f"make_policy: config={config!r}: must be one of "
+                              f"{', '.join(c.__name__ for c in POLICY_CONFIGS.values())}")

@@ -30,74 +30,32 @@ its bonus, so rewards far above ``exploration`` make the policy stop exploring.
 
 Credit for a K-case selection: :meth:`LinUCBPolicy.update_selection` gives the set's reward
 to every chosen case (the same task-level credit Memento's data carries); call
-:meth:`LinUCBPolicy.update` per case when finer credit is known.
+:meth:`LinUCBPolicy.update` per case when finer credit is known. ``observe`` (the
+:class:`~memento.policy.Policy` protocol) does ``update_selection`` for each decision of a round
+and logs every (state, case, reward, case id) it was updated with: ``checkpoint`` writes that log
+(``linucb.safetensors`` + ``linucb.json``) and ``restore`` replays it in order, so a resumed run ends
+with the same matrices as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 import numbers
-from typing import Literal, get_args
+from collections.abc import Sequence
+from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
-from memento.config import check, check_int
-from memento.errors import DataFormatError, DimensionError
+from memento.config import LinUCBConfig, LinUCBFeatures, LinUCBMode
+from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
+from memento.io import atomic_write, atomic_write_text, read_safetensors
 from memento.memory import Candidates
-from memento.policy import check_candidates, check_k, make_selection, softmax, top_k
+from memento.policy import Observation, check_candidates, check_k, make_selection, softmax, top_k
 from memento.types import Selection
 
 __all__ = ["LinUCBConfig", "LinUCBFeatures", "LinUCBMode", "LinUCBPolicy", "linucb_features"]
-
-LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
-LinUCBMode = Literal["shared", "disjoint"]
-
-
-def _positive_float(obj: object, field: str) -> None:
-    value = getattr(obj, field)
-    check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
-           type(obj), field, value, "must be a finite number > 0")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LinUCBConfig:
-    """Options of :class:`LinUCBPolicy` (see the module docstring).
-
-    ``dim`` is the state/case vector dimension D; ``exploration`` the width of the confidence
-    bonus (Li et al.'s alpha; 0 = greedy ridge regression); ``ridge`` the prior precision;
-    ``temperature`` only shapes the reported ``probs_C``; ``intercept`` appends a constant 1.
-    """
-
-    dim: int
-    features: LinUCBFeatures = "product_concat"
-    mode: LinUCBMode = "shared"
-    intercept: bool = True
-    exploration: float = 1.0
-    ridge: float = 1.0
-    temperature: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_int(self, "dim", 1)
-        check(self.features in get_args(LinUCBFeatures), type(self), "features", self.features,
-               f"must be one of {get_args(LinUCBFeatures)}")
-        check(self.mode in get_args(LinUCBMode), type(self), "mode", self.mode,
-               f"must be one of {get_args(LinUCBMode)}")
-        check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
-               "'state' features are the same for every case, so they need mode='disjoint'")
-        e = self.exploration
-        check(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e >= 0,
-               type(self), "exploration", e, "must be a finite number >= 0")
-        check(isinstance(self.intercept, bool), type(self), "intercept", self.intercept, "must be true or false")
-        _positive_float(self, "ridge")
-        _positive_float(self, "temperature")
-
-    @property
-    def feature_dim(self) -> int:
-        """F, the length of ``phi(s, c)``."""
-        base = 2 * self.dim if self.features in ("product_concat", "concat") else self.dim
-        return base + int(self.intercept)
-
 
 def linucb_features(state_D: np.ndarray, cases_CD: np.ndarray, features: LinUCBFeatures, *,
                     intercept: bool = True) -> np.ndarray:
@@ -147,10 +105,18 @@ class _Ridge:
 class LinUCBPolicy:
     """Upper-confidence-bound selection with online ridge regression (see the module docstring)."""
 
+    kind = "linucb"
+
     def __init__(self, config: LinUCBConfig):
         if not isinstance(config, LinUCBConfig):
             raise DataFormatError(f"LinUCBPolicy needs a LinUCBConfig, got {type(config).__name__}")
+        if config.dim is None:
+            raise ConfigError("LinUCBConfig.dim=None: LinUCBPolicy needs the vector dimension")
         self.config = config
+        self._log_states: list[np.ndarray] = []
+        self._log_cases: list[np.ndarray] = []
+        self._log_rewards: list[float] = []
+        self._log_ids: list[str] = []
         self._shared = _Ridge(config.feature_dim, config.ridge) if config.mode == "shared" else None
         self._per_case: dict[str, _Ridge] = {}
         self.n_updates = 0
@@ -226,6 +192,66 @@ class LinUCBPolicy:
                                   f"({len(selection.candidate_ids)} vs {len(candidates)} candidate ids differ)")
         for p in selection.positions_K:
             self.update(state_D, candidates.embeddings_CD[int(p)], reward, case_id=candidates.ids[int(p)])
+
+    # ------------------------------------------------------------------ the Policy protocol
+
+    @property
+    def version(self) -> int:
+        return int(self.n_updates)
+
+    @property
+    def alpha(self) -> float | None:
+        return None
+
+    @property
+    def reward_range(self) -> tuple[float, float] | None:
+        return None
+
+    def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
+        """``update_selection`` for each decision (always: a ridge update is the only way LinUCB records)."""
+        for obs in observations:
+            self.update_selection(obs.state_D, obs.candidates, obs.selection, obs.reward)
+            for p in obs.selection.positions_K:
+                self._log_states.append(np.asarray(obs.state_D, dtype=np.float32))
+                self._log_cases.append(np.asarray(obs.candidates.embeddings_CD[int(p)], dtype=np.float32))
+                self._log_rewards.append(float(obs.reward))
+                self._log_ids.append(obs.candidates.ids[int(p)])
+        return {}
+
+    def checkpoint(self, directory: Path) -> None:
+        from safetensors.numpy import save_file
+
+        directory, dim, n = Path(directory), int(self.config.dim or 0), len(self._log_ids)
+        arrays = {"state_ND": np.stack(self._log_states) if n else np.zeros((0, dim), np.float32),
+                  "case_ND": np.stack(self._log_cases) if n else np.zeros((0, dim), np.float32),
+                  "reward_N": np.asarray(self._log_rewards, dtype=np.float64)}
+        atomic_write(directory / "linucb.safetensors", lambda tmp: save_file(arrays, str(tmp)))
+        atomic_write_text(directory / "linucb.json",
+                          json.dumps({"n": n, "ids": self._log_ids}, indent=2, sort_keys=True, ensure_ascii=False)
+                          + "\n")
+
+    def restore(self, directory: Path) -> None:
+        directory = Path(directory)
+        try:
+            meta = json.loads((directory / "linucb.json").read_text(encoding="utf-8"))
+            n, ids = int(meta["n"]), list(meta["ids"])
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{directory / 'linucb.json'}: unreadable ({error})") from None
+        tensors, _ = read_safetensors(directory / "linucb.safetensors")
+        try:
+            states, cases, rewards = (tensors[name].numpy() for name in ("state_ND", "case_ND", "reward_N"))
+        except KeyError as error:
+            raise CheckpointError(f"{directory / 'linucb.safetensors'}: no tensor {error}") from None
+        dim = int(self.config.dim or 0)
+        if states.shape != (n, dim) or cases.shape != (n, dim) or rewards.shape != (n,) or len(ids) != n:
+            raise CheckpointError(f"{directory}: LinUCB log holds {states.shape} states for {n} ids")
+        for s_D, c_D, r, case_id in zip(states, cases, rewards, ids):
+            self.update(s_D, c_D, float(r), case_id=case_id)
+        self._log_states, self._log_cases = list(states), list(cases)
+        self._log_rewards, self._log_ids = [float(r) for r in rewards], ids
+
+    def save_model(self, directory: Path) -> bool:
+        return False
 
     def __repr__(self) -> str:
         return f"LinUCBPolicy({self.config!r}, n_updates={self.n_updates})"

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from memento.memory import Candidates
-from memento.policy import check_candidates, check_k, gumbel_top_k, make_selection
+from memento.policy import StaticPolicy, check_candidates, check_k, gumbel_top_k, make_selection
 from memento.types import Selection
 
 __all__ = ["RandomPolicy"]
 
 
-class RandomPolicy:
+class RandomPolicy(StaticPolicy):
     """Uniform over the candidate set (see the module docstring)."""
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:

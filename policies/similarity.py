@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from memento.config import check
+from memento.config import IfNoPositive, SimilarityConfig
 from memento.errors import DataFormatError, DimensionError
 from memento.memory import Candidates
 from memento.policy import (
+    RewardFn,
+    StaticPolicy,
     check_candidates,
     check_k,
     gumbel_top_k,
@@ -55,34 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IfNoPositive = Literal["all", "error"]
-RewardFn = Callable[[Sequence[str]], Any]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SimilarityConfig:
-    """Options of :class:`SimilarityPolicy` (see the module docstring).
-
-    - ``sample``: False = always top-K by cosine; True = a non-greedy ``select`` samples.
-    - ``temperature``: of ``softmax(cos / temperature)`` (cosines lie in [-1, 1], so small values).
-    - ``positive_only``: keep only candidates with reward > 0.
-    - ``if_no_positive``: what ``positive_only`` does when no candidate has reward > 0.
-    """
-
-    sample: bool = False
-    temperature: float = 0.05
-    positive_only: bool = False
-    if_no_positive: IfNoPositive = "all"
-
-    def __post_init__(self) -> None:
-        for field in ("sample", "positive_only"):
-            check(isinstance(getattr(self, field), bool), type(self), field, getattr(self, field),
-                   "must be true or false")
-        t = self.temperature
-        check(isinstance(t, (int, float)) and not isinstance(t, bool) and np.isfinite(t) and t > 0,
-               type(self), "temperature", t, "must be a finite number > 0")
-        check(self.if_no_positive in get_args(IfNoPositive), type(self), "if_no_positive", self.if_no_positive,
-               f"must be one of {get_args(IfNoPositive)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +97,7 @@ def cosine_scores(state_D: np.ndarray, cases_CD: np.ndarray) -> np.ndarray:
     return (cases @ state) / (np.maximum(case_norms_C, np.finfo(np.float64).tiny) * norm)
 
 
-class SimilarityPolicy:
+class SimilarityPolicy(StaticPolicy):
     """Cosine top-K (optionally softmax sampling, optionally successful cases only)."""
 
     def __init__(self, config: SimilarityConfig | None = None, *, reward_of: RewardFn | None = None):

@@ -13,6 +13,10 @@ parameter or buffer, read at every call so a moved network is followed; CPU for 
 parameterless one) unless ``device`` pins one. While scoring, the network is put in
 ``eval()`` mode and its previous mode is restored afterwards. No learning happens here: that
 is the learner's job.
+
+:class:`~memento.agent.SoftQAgent` (re-exported here) is the learning soft-Q policy: it owns its
+Q-network, learner and replay buffer and chooses with the same rule; ``policies.make_policy`` builds
+it from a :class:`~memento.config.SoftQConfig`.
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ import numbers
 import numpy as np
 import torch
 
-from memento.errors import ConfigError, DimensionError
+from memento.agent import SoftQAgent
+from memento.errors import ConfigError
 from memento.memory import Candidates
-from memento.policy import check_candidates, check_k, gumbel_top_k, log_softmax, make_selection, softmax, top_k
+from memento.policy import StaticPolicy, boltzmann_select, q_values, softmax
 from memento.types import Selection
 
-__all__ = ["SoftQPolicy"]
+__all__ = ["SoftQAgent", "SoftQPolicy"]
 
 
-class SoftQPolicy:
-    """Boltzmann policy over a Q-network's scores (see the module docstring)."""
+class SoftQPolicy(StaticPolicy):
+    """Boltzmann policy over a given Q-network's scores (see the module docstring); it does not learn."""
 
     def __init__(self, qnet: torch.nn.Module, *, alpha: float = 1.0, device: str | torch.device | None = None):
         if not isinstance(qnet, torch.nn.Module):
@@ -55,33 +60,9 @@ class SoftQPolicy:
             raise ConfigError(f"SoftQPolicy.alpha={value!r}: must be a finite number > 0")
         self._alpha = float(value)
 
-    def _placement(self) -> tuple[torch.device, torch.dtype]:
-        for tensor in (*self.qnet.parameters(), *self.qnet.buffers()):
-            if tensor.is_floating_point():
-                return (self.device or tensor.device), tensor.dtype
-        return (self.device or torch.device("cpu")), torch.float32
-
     def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``Q(s, c)`` for every candidate, as float64 ``q_C``."""
-        state = check_candidates(state_D, candidates)
-        device, dtype = self._placement()
-        was_training = self.qnet.training
-        try:
-            self.qnet.eval()
-            with torch.inference_mode():
-                state_BD = torch.as_tensor(state, dtype=dtype, device=device).unsqueeze(0)
-                cases_BCD = torch.as_tensor(np.asarray(candidates.embeddings_CD), dtype=dtype,
-                                            device=device).unsqueeze(0)
-                q_BC = self.qnet(state_BD, cases_BCD)
-                if not isinstance(q_BC, torch.Tensor) or tuple(q_BC.shape) != (1, len(candidates)):
-                    shape = tuple(q_BC.shape) if isinstance(q_BC, torch.Tensor) else type(q_BC).__name__
-                    raise DimensionError(f"qnet returned {shape}, expected q_BC of shape (1, {len(candidates)}) "
-                                         f"for state_BD {tuple(state_BD.shape)} and cases_BCD "
-                                         f"{tuple(cases_BCD.shape)}")
-                q_C = q_BC[0].to("cpu").double().numpy().copy()
-        finally:
-            self.qnet.train(was_training)
-        return q_C
+        return q_values(self.qnet, state_D, candidates, self.device)
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``softmax(Q(s, c) / alpha)`` over the candidates."""
@@ -89,12 +70,8 @@ class SoftQPolicy:
 
     def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
                greedy: bool = False) -> Selection:
-        q_C = self.q_values(state_D, candidates)
-        k = check_k(k, len(candidates))
-        logp_C = log_softmax(q_C, self.alpha)
-        probs_C = softmax(q_C, self.alpha)
-        order_K = top_k(q_C, k) if greedy else gumbel_top_k(logp_C, k, rng)
-        return make_selection(candidates, probs_C, order_K, greedy=greedy, logits_C=logp_C)
+        return boltzmann_select(self.q_values(state_D, candidates), candidates, k, self.alpha, rng=rng,
+                                greedy=greedy)
 
     def __repr__(self) -> str:
         return f"SoftQPolicy(qnet={type(self.qnet).__name__}, alpha={self.alpha!r}, device={self.device})"

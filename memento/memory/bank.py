@@ -91,6 +91,15 @@ class Candidates:
         return Candidates(ids=[self.ids[i] for i in index], positions_C=self.positions_C[index],
                           scores_C=self.scores_C[index], embeddings_CD=self.embeddings_CD[index])
 
+    def rows_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Indices into this set of the cases ``ids`` (in that order); an id not in the set raises
+        ``DataFormatError``."""
+        row_of = {case_id: i for i, case_id in enumerate(self.ids)}
+        missing = [case_id for case_id in ids if case_id not in row_of]
+        if missing:
+            raise DataFormatError(f"case id(s) {missing[:3]} are not among the {len(self.ids)} candidate(s)")
+        return np.asarray([row_of[case_id] for case_id in ids], dtype=np.int64)
+
     def positive(self, rewards_C: np.ndarray) -> Candidates:
         """Only the candidates whose stored reward is > 0; all of them when none is (Memento's positive-only
         retrieval, as :class:`policies.similarity.SimilarityPolicy` with ``positive_only=True`` applies it)."""

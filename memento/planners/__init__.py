@@ -4,7 +4,8 @@
   Gemma 3 270M base model (converted once from its GGUF package into the cache directory);
 - :class:`OpenAICompatPlanner`: any OpenAI-compatible server (vLLM, Ollama, llama.cpp, OpenAI);
 - :class:`CallablePlanner`: any function or agent;
-- :class:`PromptConfig` and :func:`render_prompt`: the prompt templates they share.
+- :class:`PromptConfig` and :func:`render_prompt`: the prompt templates they share;
+- :class:`PlannerSpec`, :func:`parse_planner_spec`, :func:`build_planner`: the CLI's ``--planner`` values.
 
 Importing this package loads neither torch nor transformers; ``HFPlanner`` does when built.
 """
@@ -13,6 +14,7 @@ from memento.planners.base import CallablePlanner, Planner, PlannerError, PlanOu
 from memento.planners.hf import HFPlanner, HFPlannerConfig, default_planner_path
 from memento.planners.openai_compat import OpenAICompatConfig, OpenAICompatPlanner
 from memento.planners.prompts import PromptConfig, render_messages, render_prompt
+from memento.planners.spec import PlannerSpec, build_planner, check_planner_spec, parse_planner_spec
 
 __all__ = [
     "CallablePlanner",
@@ -23,8 +25,12 @@ __all__ = [
     "PlanOutput",
     "Planner",
     "PlannerError",
+    "PlannerSpec",
     "PromptConfig",
+    "build_planner",
+    "check_planner_spec",
     "default_planner_path",
+    "parse_planner_spec",
     "render_messages",
     "render_prompt",
 ]

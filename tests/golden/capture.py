@@ -1,8 +1,9 @@
 """Capture seeded outputs of the online loop, the regret run and a served selector.
 
 ``python -m tests.golden.capture OUT.json`` writes what ``tests/unit/test_golden.py`` compares against
-``tests/golden/golden.json``: made once from commit 86025c1 (before the structural step of issue 10), so a
-refactor that changes any seeded number, choice or file shows up as a diff.
+``tests/golden/golden.json``: made once from commit 86025c1 (before the structural step of issue 10, with that commit's flat
+``LoopConfig``/``RegretConfig`` fields; this script now spells the same settings in the nested configs),
+so a refactor that changes any seeded number, choice or file shows up as a diff.
 """
 
 from __future__ import annotations
@@ -43,24 +44,26 @@ def _tensor_digest(directory: Path) -> str:
 
 
 def online_runs(root: Path) -> dict[str, Any]:
-    from memento.config import LearnerConfig
+    from memento.config import LearnerConfig, LinUCBConfig, RandomConfig, SimilarityConfig, SoftQConfig
     from memento.loop import LoopConfig, run_online
+    from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
     env = make_env()
     variants: dict[str, LoopConfig] = {
-        "soft_q": LoopConfig(steps=30, warmup=4, window=10, checkpoint_every=10, tensorboard=False),
-        "soft_q_positive_b2": LoopConfig(steps=30, warmup=4, window=10, checkpoint_every=0, tensorboard=False,
-                                         soft_q_positive_only=True, batch_size=2, seed=3,
-                                         learner=LearnerConfig(gamma=0.0, lr=1e-2, batch_size=16, alpha=0.5)),
-        "similarity": LoopConfig(steps=30, policy="similarity", window=10, tensorboard=False),
-        "random": LoopConfig(steps=30, policy="random", window=10, tensorboard=False, seed=1),
-        "linucb": LoopConfig(steps=30, policy="linucb", window=10, tensorboard=False, checkpoint_every=10),
+        "soft_q": LoopConfig(steps=30, policy=SoftQConfig(warmup=4), window=10, checkpoint_every=10,
+                             tensorboard=False),
+        "soft_q_positive_b2": LoopConfig(steps=30, window=10, checkpoint_every=0, tensorboard=False, batch_size=2,
+                                         seed=3, policy=SoftQConfig(warmup=4, positive_only=True, learner=LearnerConfig(
+                                             gamma=0.0, lr=1e-2, batch_size=16, alpha=0.5))),
+        "similarity": LoopConfig(steps=30, policy=SimilarityConfig(positive_only=True), window=10, tensorboard=False),
+        "random": LoopConfig(steps=30, policy=RandomConfig(), window=10, tensorboard=False, seed=1),
+        "linucb": LoopConfig(steps=30, policy=LinUCBConfig(), window=10, tensorboard=False, checkpoint_every=10),
     }
     out: dict[str, Any] = {}
     for name, config in variants.items():
         run = root / name
-        summary = run_online(config, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
+        summary = run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
                              tasks=env.tasks, seed_cases=env.seed_cases, out_dir=run)
         out[name] = {
             "steps": _steps(run / "steps.jsonl"),
@@ -72,13 +75,20 @@ def online_runs(root: Path) -> dict[str, Any]:
 
 
 def regret_runs(root: Path) -> dict[str, Any]:
-    from memento.envs.regret import RegretConfig, run_regret
+    import dataclasses
+
+    from memento.envs.regret import RegretConfig, regret_policy, run_regret
     from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
+    from policies import make_policy
 
     out: dict[str, Any] = {}
     for policy in ("soft_q", "linucb", "similarity", "random"):
         env = SyntheticBandit(SyntheticBanditConfig(seed=0))
-        result = run_regret(env, RegretConfig(steps=120, policy=policy, warmup_steps=10), workdir=root / policy)
+        config = regret_policy(policy)
+        if policy == "soft_q":
+            config = dataclasses.replace(config, warmup=10)
+        result = run_regret(env, RegretConfig(steps=120, policy=config), make_policy=make_policy,
+                            workdir=root / policy)
         out[policy] = {"regret_T": [round(float(x), 12) for x in result.regret_T],
                        "reward_T": [float(x) for x in result.reward_T], "updates": result.updates,
                        "final_alpha": result.final_alpha}
@@ -86,13 +96,16 @@ def regret_runs(root: Path) -> dict[str, Any]:
 
 
 def selector_run(root: Path) -> dict[str, Any]:
+    from memento.config import SoftQConfig
     from memento.export import export_selector, load_selector
     from memento.loop import LoopConfig, run_online
+    from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
     env = make_env()
     run = root / "sel-run"
-    run_online(LoopConfig(steps=20, warmup=4, window=10, tensorboard=False), encoder=HashingEncoder(),
+    run_online(LoopConfig(steps=20, policy=SoftQConfig(warmup=4), window=10, tensorboard=False),
+               make_policy=make_policy, encoder=HashingEncoder(),
                planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases, out_dir=run)
     art = export_selector(run, root / "artifact")
     encoder = HashingEncoder()

@@ -1,0 +1,177 @@
+"""The soft-Q agent: Memento's parametric case-based reasoning as one object that chooses and learns.
+
+:class:`SoftQAgent` owns a Q-network, its :class:`~memento.learner.SoftQLearner` (optimiser, target
+network, alpha schedule) and a :class:`~memento.replay.ReplayBuffer`, and implements the
+:class:`~memento.policy.Policy` protocol:
+
+- ``select``: optionally keep only the candidates with stored reward > 0 (``positive_only``; all of
+  them when none is), then draw ``k`` of them from ``softmax(Q(s, c) / alpha)`` (Gumbel-top-k with the
+  exact Plackett-Luce propensity; ``greedy`` takes the top ``k`` by Q);
+- ``observe(round)``: each decision enters the replay buffer as a
+  :class:`~memento.replay.Transition` (state, the chosen cases' vectors in draw order, reward, each
+  case's first-draw propensity, clipped to the smallest float32 above 0); a decision of more than
+  ``k_max`` cases takes several rows. Then, with ``learn`` and once ``warmup`` decisions are logged
+  (at least one), ``updates_per_step`` gradient steps per decision of the round, each on a uniform
+  mini-batch of ``learner.batch_size`` rows (the target-network update is inside the learner). So B
+  decisions made with the same parameters are all recorded before the round's ``B *
+  updates_per_step`` steps, and the number of steps per decision does not depend on B.
+
+``alpha`` follows the learner (fixed, scheduled or tuned) unless ``fixed_alpha`` pins it (a served
+selector whose config names one). The agent lives in the core because the served
+:class:`~memento.selector.Selector` is one; ``policies.soft_q`` re-exports it and
+``policies.make_policy`` builds it from a :class:`~memento.config.SoftQConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from memento.config import ReplayConfig, SoftQConfig
+from memento.errors import CheckpointError, ConfigError, DimensionError
+from memento.learner import SoftQLearner
+from memento.memory import Candidates
+from memento.policy import Observation, PolicyContext, RewardFn, boltzmann_select, q_values, softmax
+from memento.qnet import build_qnet
+from memento.replay import ReplayBuffer, Transition
+from memento.types import Selection
+
+__all__ = ["LEARNER_DIR", "REPLAY_DIR", "SoftQAgent", "load_trained_learner"]
+
+logger = logging.getLogger(__name__)
+
+LEARNER_DIR = "learner"
+REPLAY_DIR = "replay"
+"""Where :meth:`SoftQAgent.checkpoint` puts the learner and the replay buffer (a checkpoint, an artifact)."""
+
+_TINY = np.finfo(np.float32).tiny
+
+
+def load_trained_learner(path: str | Path, dim: int) -> SoftQLearner:
+    """The :class:`~memento.learner.SoftQLearner` of a trained selector directory (``SoftQLearner.save``), or of
+    a run holding one in ``selector/`` (``memento train``), on the CPU.
+
+    Raises :class:`~memento.errors.DimensionError` when its Q-network scores ``dim'``-dimensional vectors and
+    the caller's encoder or bank gives ``dim``, and :class:`~memento.errors.CheckpointError` when ``path``
+    holds no selector.
+    """
+    path = Path(path)
+    if not (path / "learner.json").is_file() and (path / "selector" / "learner.json").is_file():
+        path = path / "selector"
+    if not (path / "learner.json").is_file():
+        raise CheckpointError(f"{path}: not a trained selector directory (no learner.json; expected what "
+                              "SoftQLearner.save or `memento train` writes)")
+    learner = SoftQLearner.load(path, device="cpu")
+    if learner.qnet.config.dim != dim:
+        raise DimensionError(f"{path}: the Q-network takes dim={learner.qnet.config.dim}, the encoder gives "
+                             f"dim={dim}")
+    logger.info("trained Q-network from %s (arch=%s)", path, learner.qnet.config.arch)
+    return learner
+
+
+class SoftQAgent:
+    """The learning soft-Q policy (see the module docstring). Build it with :meth:`create`."""
+
+    kind = "soft_q"
+
+    def __init__(self, config: SoftQConfig, *, learner: SoftQLearner, buffer: ReplayBuffer,
+                 reward_of: RewardFn | None = None, fixed_alpha: float | None = None):
+        if not isinstance(config, SoftQConfig):
+            raise ConfigError(f"SoftQAgent: config={type(config).__name__}: must be a SoftQConfig")
+        if config.positive_only and reward_of is None:
+            raise ConfigError("SoftQConfig.positive_only=True needs the bank's rewards (PolicyContext.reward_of)")
+        self.config = config
+        self.learner = learner
+        self.buffer = buffer
+        self.reward_of = reward_of
+        self.fixed_alpha = fixed_alpha
+
+    @classmethod
+    def create(cls, config: SoftQConfig, context: PolicyContext, *, fixed_alpha: float | None = None) -> SoftQAgent:
+        """A fresh agent (or one whose Q-network comes from ``config.init_qnet``) on ``context.device``."""
+        device = torch.device(context.device)
+        if config.init_qnet is not None:
+            qnet = load_trained_learner(config.init_qnet, context.dim).qnet
+        else:
+            qnet = build_qnet(config.qnet.for_dim(context.dim, seed=context.qnet_seed),
+                              torch.Generator().manual_seed(context.qnet_seed))
+        learner = SoftQLearner(qnet, dataclasses.replace(config.learner, seed=context.learner_seed), device=device,
+                               generator=torch.Generator(device=device).manual_seed(context.learner_seed))
+        buffer = ReplayBuffer(ReplayConfig(capacity=config.replay_capacity, dim=context.dim, k_max=context.k_max),
+                              device=device)
+        return cls(config, learner=learner, buffer=buffer, reward_of=context.reward_of, fixed_alpha=fixed_alpha)
+
+    # ------------------------------------------------------------------ the Policy protocol
+
+    @property
+    def qnet(self) -> torch.nn.Module:
+        return self.learner.qnet
+
+    @property
+    def version(self) -> int:
+        return int(self.learner.updates)
+
+    @property
+    def alpha(self) -> float:
+        return self.fixed_alpha if self.fixed_alpha is not None else self.learner.alpha
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        return (0.0, 1.0)  # Q(s, c) estimates P(success): binary cross-entropy needs rewards in [0, 1]
+
+    def _pool(self, candidates: Candidates) -> Candidates:
+        if self.config.positive_only and len(candidates) and self.reward_of is not None:
+            return candidates.positive(np.asarray(self.reward_of(list(candidates.ids)), dtype=np.float64))
+        return candidates
+
+    def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        """``Q(s, c)`` for every candidate (float64 ``q_C``)."""
+        return q_values(self.learner.qnet, state_D, candidates)
+
+    def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        """``softmax(Q / alpha)`` over the candidates (before any positive-only restriction)."""
+        return softmax(self.q_values(state_D, candidates), self.alpha)
+
+    def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
+               greedy: bool = False) -> Selection:
+        pool = self._pool(candidates)
+        return boltzmann_select(self.q_values(state_D, pool), pool, k, self.alpha, rng=rng, greedy=greedy)
+
+    def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
+        k_max = self.buffer.config.k_max
+        for obs in observations:
+            cases_KD = np.asarray(obs.candidates.embeddings_CD)[obs.chosen_rows()]
+            probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
+            for start in range(0, len(cases_KD), k_max):
+                self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[start:start + k_max],
+                                           reward=obs.reward, propensity_K=probs_K[start:start + k_max],
+                                           step=obs.step, policy_version=obs.policy_version))
+        losses: list[float] = []
+        if learn and observations and self.buffer.added >= max(1, self.config.warmup):
+            for _ in range(self.config.updates_per_step * len(observations)):
+                metrics = self.learner.update(self.buffer.sample(self.learner.config.batch_size,
+                                                                 self.learner.generator))
+                losses.append(metrics["loss"])
+        return {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
+
+    def checkpoint(self, directory: Path) -> None:
+        self.learner.save(Path(directory) / LEARNER_DIR)
+        self.buffer.save(Path(directory) / REPLAY_DIR)
+
+    def restore(self, directory: Path) -> None:
+        device = self.learner.device
+        self.learner = SoftQLearner.load(Path(directory) / LEARNER_DIR, device=device)
+        self.buffer = ReplayBuffer.load(Path(directory) / REPLAY_DIR, device=device)
+
+    def save_model(self, directory: Path) -> bool:
+        self.learner.save(Path(directory))
+        return True
+
+    def __repr__(self) -> str:
+        return (f"SoftQAgent(arch={self.learner.qnet.config.arch}, alpha={self.alpha!r}, updates={self.version}, "
+                f"replay={len(self.buffer)})")

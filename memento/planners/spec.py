@@ -1,0 +1,91 @@
+"""Planner specs: the ``--planner`` values of the CLI (``gemma``, ``hf:PATH``, ``openai:MODEL@URL``).
+
+:func:`parse_planner_spec` turns a string into a :class:`PlannerSpec` (a bad one is a one-line
+``ConfigError``), :func:`check_planner_spec` makes the cheap checks before anything loads, and
+:func:`build_planner` builds the planner (its module, and its heavy imports, only then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from memento.errors import ConfigError
+from memento.planners.base import Planner, PlannerError
+
+__all__ = ["PlannerSpec", "build_planner", "check_planner_spec", "parse_planner_spec"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannerSpec:
+    """A parsed ``--planner`` value: ``gemma``, ``hf:PATH`` or ``openai:MODEL@URL``."""
+
+    kind: Literal["gemma", "hf", "openai"]
+    path: str | None = None
+    model: str | None = None
+    base_url: str | None = None
+
+    def __str__(self) -> str:
+        match self.kind:
+            case "gemma":
+                return "gemma"
+            case "hf":
+                return f"hf:{self.path}"
+            case _:
+                return f"openai:{self.model}@{self.base_url}"
+
+
+_SPEC_HELP = "expected gemma, hf:PATH or openai:MODEL@URL"
+
+
+def parse_planner_spec(spec: str) -> PlannerSpec:
+    """Parse ``gemma`` | ``hf:PATH`` | ``openai:MODEL@URL``; a bad spec raises ``ConfigError`` (one line)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"planner spec {spec!r}: empty; {_SPEC_HELP}")
+    spec = spec.strip()
+    if spec == "gemma":
+        return PlannerSpec(kind="gemma")
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        raise ConfigError(f"planner spec {spec!r}: unknown planner; {_SPEC_HELP}")
+    if kind == "hf":
+        if not rest.strip():
+            raise ConfigError(f"planner spec {spec!r}: hf: needs a model directory (hf:PATH)")
+        return PlannerSpec(kind="hf", path=rest)
+    if kind == "openai":
+        model, at, url = rest.rpartition("@")
+        if not at or not model.strip() or not url.strip():
+            raise ConfigError(f"planner spec {spec!r}: openai: needs a model and a server URL (openai:MODEL@URL)")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"planner spec {spec!r}: the server URL {url!r} must start with http:// or https://")
+        return PlannerSpec(kind="openai", model=model, base_url=url)
+    raise ConfigError(f"planner spec {spec!r}: unknown planner {kind!r}; {_SPEC_HELP}")
+
+
+def check_planner_spec(spec: PlannerSpec) -> None:
+    """Cheap checks before anything is loaded: an ``hf:`` model directory must exist."""
+    if spec.kind == "hf":
+        path = Path(str(spec.path)).expanduser()
+        if not path.is_dir():
+            raise PlannerError(f"hf:{spec.path}: model directory not found (models are never downloaded; "
+                               "pass a local transformers causal-LM directory)")
+
+
+def build_planner(spec: PlannerSpec, **kwargs: Any) -> Planner:
+    """The planner a spec names (its module is imported only here); ``kwargs`` go to its constructor."""
+    check_planner_spec(spec)
+    match spec.kind:
+        case "gemma":
+            from memento.planners.hf import HFPlanner
+
+            return HFPlanner.default(**kwargs)
+        case "hf":
+            from memento.planners.hf import HFPlanner
+
+            return HFPlanner(str(Path(str(spec.path)).expanduser()), **kwargs)
+        case "openai":
+            from memento.planners.openai_compat import OpenAICompatPlanner
+
+            return OpenAICompatPlanner(str(spec.model), str(spec.base_url), **kwargs)
+    raise ConfigError(f"planner spec {spec}: unknown kind")  # pragma: no cover
