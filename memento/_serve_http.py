@@ -1,8 +1,10 @@
 """The FastAPI layer of ``memento serve`` (imported only through ``memento.serve.create_app``).
 
 This module imports FastAPI at module level; ``memento.serve`` imports it lazily, so the core
-package never needs the ``serve`` extra. No ``from __future__ import annotations`` here: the request
-models are built per app (their limits come from the ServeConfig) and FastAPI reads the endpoint
+package never needs the ``serve`` extra. What it shares with ``memento.serve`` (the config, the
+writer, the request helpers) comes from ``memento._serve_common``, never from ``memento.serve``,
+which imports this module. No ``from __future__ import annotations`` here: the request models are
+built per app (their limits come from the ServeConfig) and FastAPI reads the endpoint
 annotations as objects.
 """
 
@@ -19,8 +21,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memento._serve_common import ServeConfig, ServerUnavailableError, Writer, json_safe, thread_limiter, token_matches
 from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
-from memento.serve import ServeConfig, ServerUnavailableError, Writer, _json_safe, thread_limiter, token_matches
 
 logger = logging.getLogger("memento.serve")
 
@@ -155,7 +157,7 @@ def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type
 
 
 def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: Writer | None) -> FastAPI:
-    from memento import __version__
+    from memento._version import __version__
 
     SelectRequest, FeedbackRequest, CaseRequest = _models(config)
     limit_threads = thread_limiter(config.threads)
@@ -225,14 +227,14 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
             result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
         except Exception as error:  # noqa: BLE001
             raise _problem_from(error, field="embedding" if body.query is None else "query") from None
-        return _json_safe(result.to_dict())
+        return json_safe(result.to_dict())
 
     @app.post("/v1/feedback", dependencies=auth, tags=["selector"],
               summary="record the reward of a selection (answered once committed)")
     async def feedback(request_body: FeedbackRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body
         result = await write(lambda w: w.submit_feedback(body.selection_id, body.reward), field="reward")
-        return _json_safe(result)
+        return json_safe(result)
 
     @app.post("/v1/cases", dependencies=auth, tags=["cases"], summary="add a case (answered once committed)")
     async def add_case(request_body: CaseRequest) -> dict[str, Any]:  # type: ignore[valid-type]
@@ -248,13 +250,13 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
             case = selector.get_case(case_id)
         except (UnknownCaseError, KeyError) as error:
             raise _problem_from(error) from None
-        return _json_safe(case.to_json())
+        return json_safe(case.to_json())
 
     @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
     def stats() -> dict[str, Any]:
         w = state["writer"]
         server = {"uptime_s": time.time() - started, "auth": token is not None,
                   "max_body_bytes": config.max_body_bytes, **(w.stats() if w is not None else {})}
-        return _json_safe({**selector.stats(), "server": server})
+        return json_safe({**selector.stats(), "server": server})
 
     return app

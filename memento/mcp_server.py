@@ -44,7 +44,7 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
     from mcp.server.mcpserver.exceptions import ToolError
     from pydantic import Field
 
-    from memento import __version__
+    from memento._version import __version__
 
     config = config or ServeConfig()
     server = MCPServer(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")

@@ -6,17 +6,18 @@
 - :func:`load_tasks` reads one task file, in Task JSONL or in Memento's DeepResearcher format
   ``{"question", "ground_truth": "a<|answer_split|>b", "data_source"}``.
 
-The shipped suites live in ``data/`` at the repository root, next to the package, not inside
-it: they are found at ``Path(memento.__file__).resolve().parents[1] / "data"`` (a source
-checkout or an editable install). Elsewhere, pass the suite directory itself.
+The shipped suites live in ``data/`` at the repository root; setuptools installs that directory
+as the package ``memento_suites`` (``[tool.setuptools.package-dir]`` in ``pyproject.toml``), and
+:func:`data_dir` finds it with :mod:`importlib.resources`: the repository's ``data/`` in a source
+checkout or an editable install, the installed copy from a wheel. Any other suite: pass its directory.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 from typing import Literal, get_args
 
-import memento
 from memento.errors import ConfigError, DataFormatError
 from memento.formats import read_cases_jsonl, read_memento_tasks, read_tasks_jsonl
 from memento.types import Case, Task
@@ -27,14 +28,22 @@ Split = Literal["train", "test", "all"]
 TaskFormat = Literal["task", "memento"]
 
 
+_SUITES_PACKAGE = "memento_suites"
+
+
 def data_dir() -> Path:
-    """The repository's ``data/`` directory (shipped suites); ``DataFormatError`` when it is missing."""
-    path = Path(memento.__file__).resolve().parents[1] / "data"
-    if not path.is_dir():
-        raise DataFormatError("the shipped suites are not here: data/ sits at the repository root, next to the "
-                              "memento package, and is not part of an installed wheel; use a source checkout or "
-                              "pass a suite directory", path=path)
-    return path
+    """The shipped suites' directory (the repository's ``data/``, installed as the package ``memento_suites``);
+    ``DataFormatError`` when it is not installed or not a directory on the file system."""
+    try:
+        root = importlib.resources.files(_SUITES_PACKAGE)
+    except ModuleNotFoundError:
+        raise DataFormatError(f"the shipped suites are not installed: the package {_SUITES_PACKAGE!r} (the "
+                              "repository's data/ directory) is missing; reinstall memento or pass a suite "
+                              "directory") from None
+    if not isinstance(root, Path) or not root.is_dir():
+        raise DataFormatError(f"the shipped suites (package {_SUITES_PACKAGE!r}) are not a directory on the file "
+                              "system (a zipped install?); pass a suite directory", path=str(root))
+    return root.resolve()
 
 
 def suite_names() -> list[str]:

@@ -1,0 +1,266 @@
+"""What ``memento serve`` (:mod:`memento.serve`), its FastAPI layer (:mod:`memento._serve_http`) and the MCP
+tools share: the service config, the single writer thread, the request-time helpers.
+
+This module sits below all of them (``serve -> _serve_common``, ``_serve_http -> _serve_common``; only
+``serve`` imports ``_serve_http``, lazily), imports nothing optional, and is private: use the names
+through :mod:`memento.serve`, which re-exports them. Its records go to the ``memento.serve`` logger, as
+they did before this module was split off.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hmac
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from memento.errors import MementoError
+
+__all__ = ["ServeConfig", "ServerUnavailableError", "Writer", "json_safe", "thread_limiter", "token_matches"]
+
+logger = logging.getLogger("memento.serve")
+
+
+class ServerUnavailableError(MementoError):
+    """The writer cannot take a write now: its queue is full or it is shutting down (HTTP 503)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """How the service runs (the token is a secret and is passed separately, never stored here).
+
+    - ``max_body_bytes``: larger request bodies are refused with 413 before they are parsed;
+    - ``max_k``: the largest ``k`` a select may ask for; ``max_text_chars``: the longest query, state or
+      action text; ``max_embedding_dim``: the longest embedding accepted (the selector checks the exact dim);
+    - ``queue_size``: writes waiting for the writer before new ones get 503;
+    - ``save_every_s`` / ``save_every_n``: checkpoint when this many seconds passed, or this many writes
+      arrived, since the last save (0 disables that trigger); always once more on shutdown;
+    - ``graceful_timeout_s``: how long shutdown waits for in-flight requests before cancelling them;
+    - ``threads``: OpenMP threads faiss may use in each request thread and in the writer (0: faiss's
+      default, one per core). One request searches for one query: nothing to share out, and on a small
+      machine the idle OpenMP threads of every request thread spin against each other (a 100-case
+      select measured 14 ms instead of 1 ms on 2 busy cores). torch's thread count is process-wide and
+      left to the caller (the CLI sets it from ``--threads``).
+    """
+
+    max_body_bytes: int = 1 << 20
+    max_k: int = 64
+    max_text_chars: int = 32_768
+    max_embedding_dim: int = 8192
+    queue_size: int = 10_000
+    save_every_s: float = 60.0
+    save_every_n: int = 1000
+    graceful_timeout_s: float = 30.0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        from memento.config import check_float, check_int
+
+        for name in ("max_body_bytes", "max_k", "max_text_chars", "max_embedding_dim", "queue_size"):
+            check_int(self, name, 1)
+        check_int(self, "save_every_n", 0)
+        check_int(self, "threads", 0)
+        check_float(self, "save_every_s", low=0.0)
+        check_float(self, "graceful_timeout_s", low=0.0)
+
+
+def thread_limiter(threads: int) -> Callable[[], None]:
+    """A function to call at the start of work in any thread: the first call in each thread sets faiss's
+    OpenMP thread count there to ``threads`` (OpenMP settings are per calling thread; 0 does nothing)."""
+    local = threading.local()
+
+    def limit() -> None:
+        if threads and not getattr(local, "done", False):
+            local.done = True
+            try:
+                import faiss
+            except ImportError:  # pragma: no cover - faiss is a core dependency
+                return
+            faiss.omp_set_num_threads(threads)
+
+    return limit
+
+
+# ---------------------------------------------------------------- the single writer
+
+
+@dataclasses.dataclass
+class _Job:
+    kind: Literal["feedback", "case"]
+    args: dict[str, Any]
+    future: concurrent.futures.Future[Any]
+
+
+class Writer:
+    """The one thread that writes to the selector: feedback, new cases, and checkpoints.
+
+    ``submit_*`` enqueue a write and return a ``concurrent.futures.Future`` that resolves after the
+    selector recorded it (or holds the selector's error). ``stop()`` refuses new writes, drains the
+    queue, saves once more, and joins the thread; it is idempotent.
+    """
+
+    def __init__(self, selector: Any, config: ServeConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.selector = selector
+        self.config = config or ServeConfig()
+        self._clock = clock
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=self.config.queue_size)
+        self._accepting = True
+        self._submit_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memento-writer", daemon=True)
+        self._unsaved = 0
+        self._last_save = clock()
+        self.counts = {"feedback": 0, "cases": 0, "errors": 0, "saves": 0, "save_errors": 0}
+        self.last_save_error: str | None = None
+        self.last_save_time: float | None = None
+
+    def start(self) -> Writer:
+        self._thread.start()
+        return self
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _submit(self, kind: Literal["feedback", "case"], args: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._submit_lock:  # no write slips in after stop() closed the door
+            if not self._accepting or not self._thread.is_alive():
+                raise ServerUnavailableError("the server is shutting down; the write was not recorded")
+            try:
+                self._queue.put_nowait(_Job(kind, args, future))
+            except queue.Full:
+                raise ServerUnavailableError(f"the write queue is full ({self.config.queue_size} writes waiting); "
+                                             "retry later") from None
+        return future
+
+    def submit_feedback(self, selection_id: str, reward: float) -> concurrent.futures.Future[Any]:
+        return self._submit("feedback", {"selection_id": selection_id, "reward": reward})
+
+    def submit_case(self, state: str, action: str, reward: float, env: str | None = None,
+                    meta: dict[str, Any] | None = None, embedding: Any = None) -> concurrent.futures.Future[Any]:
+        args = {"state": state, "action": action, "reward": reward, "env": env, "meta": meta}
+        if embedding is not None:  # else the selector encodes the state
+            args["embedding"] = embedding
+        return self._submit("case", args)
+
+    def _run(self) -> None:
+        thread_limiter(self.config.threads)()
+        poll = 0.5
+        if self.config.save_every_s:
+            poll = min(poll, self.config.save_every_s)
+        while True:
+            try:
+                job = self._queue.get(timeout=poll)
+            except queue.Empty:
+                self._maybe_save()
+                continue
+            if job is None:  # stop(): everything queued before the sentinel is done
+                break
+            self._do(job)
+            self._maybe_save()
+        self._save("shutdown")
+        self._stopped.set()
+
+    def _do(self, job: _Job) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return
+        try:
+            if job.kind == "feedback":
+                result = self.selector.feedback(job.args["selection_id"], job.args["reward"])
+                self.counts["feedback"] += 1
+            else:
+                result = self.selector.add_case(**job.args)
+                self.counts["cases"] += 1
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting request, never lost
+            self.counts["errors"] += 1
+            job.future.set_exception(error)
+            return
+        self._unsaved += 1
+        job.future.set_result(result)
+
+    def _maybe_save(self) -> None:
+        if not self._unsaved:
+            return
+        c = self.config
+        due_n = c.save_every_n and self._unsaved >= c.save_every_n
+        due_s = c.save_every_s and self._clock() - self._last_save >= c.save_every_s
+        if due_n or due_s:
+            self._save("periodic")
+
+    def _save(self, why: str) -> None:
+        if not self._unsaved:  # nothing written since the last checkpoint (a large bank is not rewritten for nothing)
+            return
+        t0 = time.perf_counter()
+        try:
+            path = self.selector.save()
+        except Exception as error:  # a failed checkpoint must not stop the writes; the facts are in SQLite
+            self.counts["save_errors"] += 1
+            self.last_save_error = f"{type(error).__name__}: {error}"
+            logger.exception("checkpoint (%s) failed", why)
+            return
+        self.counts["saves"] += 1
+        self._unsaved = 0
+        self._last_save = self._clock()
+        self.last_save_time = time.time()
+        self.last_save_error = None
+        logger.info("checkpoint (%s) saved to %s in %.2f s", why, path, time.perf_counter() - t0)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new writes, finish the queued ones, save, and join the thread."""
+        with self._submit_lock:
+            first = self._accepting
+            self._accepting = False
+        if first and self._thread.is_alive():
+            self._queue.put(None)  # blocks only while the queue is full, i.e. until the writer makes room
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        return {"queued": self.queued, "recorded_feedback": self.counts["feedback"],
+                "recorded_cases": self.counts["cases"], "write_errors": self.counts["errors"],
+                "saves": self.counts["saves"], "save_errors": self.counts["save_errors"],
+                "unsaved_writes": self._unsaved, "last_save_time": self.last_save_time,
+                "last_save_error": self.last_save_error, "accepting": self._accepting and self.running}
+
+
+# ---------------------------------------------------------------- request helpers
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """Constant-time check of an ``Authorization: Bearer ...`` header against the token."""
+    if not header:
+        return False
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8"))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy scalars/arrays, tuples and paths turned into plain JSON types (NaN -> None)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "tolist"):  # numpy scalar or array
+        return json_safe(value.tolist())
+    return str(value)
