@@ -43,9 +43,9 @@ from memento.learner import SoftQLearner
 from memento.loop import LoopConfig, OnlineLoop, run_online
 from memento.memory import Candidates, CaseBank
 from memento.policy import Observation, Policy, PolicyContext
-from memento.rundir import RunDir
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch, ReplayBuffer, Transition
+from memento.rundir import RunDir
 from memento.selector import SelectionResult, Selector
 from memento.types import Case, Selection, Task
 
@@ -76,9 +76,9 @@ __all__ = [
     "PolicyContext",
     "QNetConfig",
     "QNetwork",
+    "RandomConfig",
     "ReplayBatch",
     "ReplayBuffer",
-    "RandomConfig",
     "ReplayConfig",
     "RunDir",
     "Selection",

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args
 
+from memento.config import EncoderConfig, IndexConfig, PolicyKind, SoftQConfig, field_default
 from memento.errors import ConfigError, MementoError
+from memento.loop import LoopConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -33,9 +35,9 @@ def _add_encoder_options(parser: argparse.ArgumentParser) -> None:
                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
     group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
                        help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
-    group.add_argument("--max-length", type=int, default=256, help="token limit per text (default: 256)")
-    group.add_argument("--index", default="Flat",
-                       help='faiss index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat" (default: Flat)')
+    _option(group, "--max-length", EncoderConfig, "max_length", "token limit per text", type=int)
+    _option(group, "--index", IndexConfig, "factory", 'faiss index factory string, e.g. "Flat", "HNSW32,Flat", '
+            '"IVF1024,Flat"', dest="index")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -297,6 +299,33 @@ def _cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return _cmd_online(parser.parse_args(argv))
 
 
+def _option(parser: Any, flag: str, cls: type, field: str, help: str, **kwargs: Any) -> None:
+    """``--flag`` for ``cls.field``: no argparse default (an unset flag keeps the dataclass's), and the help
+    shows the dataclass's default, so every default is written once, in the config."""
+    default = field_default(cls, field)
+    shown = kwargs.pop("shown", default)
+    parser.add_argument(flag, default=None, dest=kwargs.pop("dest", field), help=f"{help} (default: {shown})",
+                        **kwargs)
+
+
+_LOOP_FLAGS = ("steps", "k", "candidates", "batch_size", "checkpoint_every", "window", "seed", "index")
+_SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet")
+
+
+def _loop_config(args: argparse.Namespace, **fixed: Any) -> LoopConfig:
+    """The LoopConfig the flags describe (unset flags keep LoopConfig's defaults)."""
+    given = {name: getattr(args, name) for name in _LOOP_FLAGS if getattr(args, name, None) is not None}
+    return LoopConfig(**{**given, **fixed})
+
+
+def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
+    """The SoftQConfig the soft-Q flags describe (unset flags keep SoftQConfig's defaults)."""
+    given: dict[str, Any] = {name: getattr(args, name) for name in _SOFT_Q_FLAGS if getattr(args, name) is not None}
+    if args.soft_q_candidates is not None:
+        given["positive_only"] = args.soft_q_candidates == "positive"
+    return SoftQConfig(**given)
+
+
 def _add_online_parser(commands: Any) -> None:
     online = commands.add_parser("online", help="run the online learning loop for one or more policies",
                                  description=_ONLINE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,29 +339,31 @@ def _add_online_parser(commands: Any) -> None:
                         help="format of --cases (default: case)")
     online.add_argument("--planner", required=True, metavar="SPEC", help="gemma | hf:PATH | openai:MODEL@URL")
     online.add_argument("--policy", default="soft_q,similarity", metavar="P[,P...]",
-                        help="comma-separated policies: soft_q, similarity, random, linucb "
+                        help=f"comma-separated policies: {', '.join(get_args(PolicyKind))} "
                              "(default: soft_q,similarity)")
     online.add_argument("--judge", choices=["exact", "f1", "contains", "numeric"], default="exact",
                         help="how an answer is scored (default: exact)")
-    online.add_argument("--steps", type=int, default=500, help="tasks (LLM calls) per policy (default: 500)")
-    online.add_argument("--k", type=int, default=4, help="cases shown per task (default: 4)")
-    online.add_argument("--candidates", type=int, default=32, help="candidate set size C (default: 32)")
-    online.add_argument("--batch-size", type=int, default=1,
-                        help="tasks selected with the same policy parameters and planned together (default: 1)")
-    online.add_argument("--checkpoint-every", type=int, default=100,
-                        help="steps between checkpoints; 0: only at the end (default: 100)")
-    online.add_argument("--window", type=int, default=50, help="steps per success-rate window (default: 50)")
+    _option(online, "--steps", LoopConfig, "steps", "tasks (LLM calls) per policy", type=int)
+    _option(online, "--k", LoopConfig, "k", "cases shown per task", type=int)
+    _option(online, "--candidates", LoopConfig, "candidates", "candidate set size C", type=int)
+    _option(online, "--batch-size", LoopConfig, "batch_size",
+            "tasks selected with the same policy parameters and planned together", type=int)
+    _option(online, "--checkpoint-every", LoopConfig, "checkpoint_every",
+            "steps between checkpoints; 0: only at the end", type=int)
+    _option(online, "--window", LoopConfig, "window", "steps per success-rate window", type=int)
     online.add_argument("--late-steps", type=int, default=200,
                         help="the last steps that make the 'late' success rate (default: 200)")
-    online.add_argument("--alpha", type=float, default=None, help="soft-Q temperature (default: 0.2)")
-    online.add_argument("--warmup", type=int, default=16, help="decisions before the first soft-Q update (default: 16)")
-    online.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
-                        help="the candidates soft_q chooses from: all C, or only those with stored reward > 0 "
-                             "(the pool of similarity's positive-only retrieval; all when none is) (default: all)")
+    _option(online, "--alpha", SoftQConfig, "alpha", "soft-Q temperature", type=float,
+            shown=field_default(SoftQConfig, "learner").alpha)
+    _option(online, "--warmup", SoftQConfig, "warmup", "decisions before the first soft-Q update", type=int)
+    _option(online, "--soft-q-candidates", SoftQConfig, "positive_only",
+            "the candidates soft_q chooses from: all C, or only those with stored reward > 0 (the pool of "
+            "similarity's positive-only retrieval; all when none is)", choices=["all", "positive"],
+            dest="soft_q_candidates", shown="positive" if field_default(SoftQConfig, "positive_only") else "all")
     online.add_argument("--init-qnet", metavar="DIR", default=None,
                         help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
                              "selector/ subdirectory) instead of a fresh one")
-    online.add_argument("--seed", type=int, default=0)
+    _option(online, "--seed", LoopConfig, "seed", "seed of every random stream of the run", type=int)
     online.add_argument("--out", required=True, metavar="DIR", help="output directory")
     online.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
     online.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
@@ -346,25 +377,21 @@ def _add_online_parser(commands: Any) -> None:
                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
     group.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
                        help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
-    group.add_argument("--max-length", type=int, default=256, help="token limit per text (default: 256)")
-    group.add_argument("--index", default="Flat", help="faiss factory of the bank made from --cases (default: Flat)")
+    _option(group, "--max-length", EncoderConfig, "max_length", "token limit per text", type=int)
+    _option(group, "--index", LoopConfig, "index", "faiss factory of the bank made from --cases")
 
 
 def _cmd_online(args: argparse.Namespace) -> int:
-    from memento.errors import ConfigError, DataFormatError
+    from memento.compare import comparison_table, run_comparison
+    from memento.errors import DataFormatError
     from memento.formats import read_case_file, read_tasks_jsonl
-    from memento.loop import (
-        LoopConfig,
-        build_planner,
-        check_planner_spec,
-        comparison_table,
-        parse_planner_spec,
-        run_comparison,
-    )
+    from memento.loop import loop_policy
+    from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
+    from policies import make_policy  # the composition root wires the concrete policies into the loop
 
     # everything cheap is checked before a model is loaded or a file written
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    known = ("soft_q", "similarity", "random", "linucb")
+    known = get_args(PolicyKind)
     unknown = [p for p in policies if p not in known]
     if not policies or unknown:
         raise ConfigError(f"--policy {args.policy!r}: unknown policy {unknown[0] if unknown else ''!r}; "
@@ -383,11 +410,9 @@ def _cmd_online(args: argparse.Namespace) -> int:
         from memento.memory import CaseBank
 
         CaseBank.open(args.bank).close()  # fails early on a path that is not a bank
-    config = LoopConfig(steps=args.steps, k=args.k, candidates=args.candidates, batch_size=args.batch_size,
-                        checkpoint_every=args.checkpoint_every, window=args.window, seed=args.seed,
-                        warmup=args.warmup, index=args.index, policy=policies[0],  # type: ignore[arg-type]
-                        init_qnet=args.init_qnet, soft_q_positive_only=args.soft_q_candidates == "positive",
-                        **({} if args.alpha is None else {"alpha": args.alpha}))
+    soft_q = _soft_q_config(args)
+    configs = [soft_q if kind == "soft_q" else loop_policy(kind) for kind in policies]  # type: ignore[arg-type]
+    config = _loop_config(args, policy=configs[0])
     if args.late_steps < 1:
         raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
     out = Path(args.out)
@@ -416,8 +441,9 @@ def _cmd_online(args: argparse.Namespace) -> int:
         from memento.planners.base import PlannerError
 
         raise PlannerError(f"planner {spec}: not available ({error})") from None
-    comparison = run_comparison(policies, config=config, out_dir=out, late_steps=args.late_steps,  # type: ignore[arg-type]
-                                encoder=encoder, planner=planner, judge=judge, tasks=tasks, seed_cases=seed_cases,
+    comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+                                make_policy=make_policy, encoder=encoder, planner=planner, judge=judge, tasks=tasks,
+                                seed_cases=seed_cases,
                                 bank_dir=args.bank, device=device, resume=args.resume,
                                 progress=not args.no_progress and sys.stderr.isatty())
     print(comparison_table(comparison))
@@ -640,21 +666,23 @@ def _load_encoder(config: Any) -> Any:
 
 
 def _encoder_config(args: argparse.Namespace) -> Any:
-    from memento.config import EncoderConfig
     from memento.encoders import saved_pooling
 
-    pooling = args.pooling or (saved_pooling(args.encoder) if args.encoder else None) or "avg"
-    return EncoderConfig(model=args.encoder, pooling=pooling, max_length=args.max_length)
+    pooling = args.pooling or (saved_pooling(args.encoder) if args.encoder else None) or field_default(
+        EncoderConfig, "pooling")
+    given = {} if args.max_length is None else {"max_length": args.max_length}
+    return EncoderConfig(model=args.encoder, pooling=pooling, **given)
 
 
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
     from memento.memory import CaseBank
 
     if dim is not None:
-        return CaseBank.create(args.bank, dim, index=args.index), None
+        return CaseBank.create(args.bank, dim, index=args.index or field_default(IndexConfig, "factory")), None
     config = _encoder_config(args)
     encoder = _load_encoder(config)
-    return CaseBank.create(args.bank, encoder.dim, index=args.index, encoder=config), encoder
+    return CaseBank.create(args.bank, encoder.dim, index=args.index or field_default(IndexConfig, "factory"),
+                           encoder=config), encoder
 
 
 def _bank_encoder(bank: Any) -> Any:

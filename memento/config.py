@@ -48,6 +48,7 @@ __all__ = [
     "check_float",
     "check_int",
     "check_policy",
+    "field_default",
     "from_dict",
     "load_json",
     "save_json",
@@ -223,6 +224,19 @@ def from_dict(cls: type[T], data: dict[str, Any], *, _where: str | None = None) 
         return cls(**kwargs)
     except TypeError as error:  # a required field is missing
         raise ConfigError(f"{where}: {error}") from None
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of dataclass ``cls``'s field ``name`` (its ``default_factory()`` when it has one), so a
+    command-line option can show and fall back to it without writing it a second time."""
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if field.name == name:
+            if field.default is not dataclasses.MISSING:
+                return field.default
+            if field.default_factory is not dataclasses.MISSING:
+                return field.default_factory()
+            raise ConfigError(f"{cls.__name__}.{name} has no default")
+    raise ConfigError(f"{cls.__name__} has no field {name!r}")
 
 
 def save_json(config: Any, path: str | Path) -> None:

@@ -616,7 +616,7 @@ class OnlineLoop:
                 if not bounds[0] <= reward <= bounds[1]:
                     raise DataFormatError(f"judge {self.judge!r} gave reward {reward} for task {task.id!r}; the "
                                           f"{self.config.policy_kind} policy learns from rewards in "
-                                          f"[{bounds[0]}, {bounds[1]}] (single-step, cross-entropy)")
+                                          f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
         return judged
 
     def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],

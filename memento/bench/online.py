@@ -21,11 +21,16 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.config import check, check_choice, check_int
+from memento.compare import run_comparison
+from memento.config import PolicyConfig, PolicyKind, SoftQConfig, check, check_choice, check_int
+from memento.envs.regret import RegretConfig, regret_policy, run_regret
+from memento.loop import LoopConfig, OnlineLoop, loop_policy
+from memento.planners.spec import build_planner, parse_planner_spec
+from policies import make_policy
 
 __all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
 
@@ -38,7 +43,7 @@ SoftQCandidates = Literal["all", "positive"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OnlineBenchConfig:
     steps: int = 600
-    policies: tuple[str, ...] = ("soft_q", "similarity")
+    policies: tuple[PolicyKind, ...] = ("soft_q", "similarity")
     suite: str = "facts"
     split: str = "test"
     planner: str = "gemma"
@@ -53,7 +58,7 @@ class OnlineBenchConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "synthetic_steps", "overhead_bank", "overhead_steps"):
             check_int(self, name, 1)
-        known = ("soft_q", "similarity", "random", "linucb")
+        known = get_args(PolicyKind)
         check(bool(self.policies) and all(p in known for p in self.policies), type(self), "policies",
                self.policies, f"must be a non-empty subset of {known}")
         check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
@@ -61,16 +66,19 @@ class OnlineBenchConfig:
         check_choice(self, "soft_q_candidates", SoftQCandidates)
 
 
+def _loop_policies(config: OnlineBenchConfig) -> list[PolicyConfig]:
+    soft_q = SoftQConfig(positive_only=config.soft_q_candidates == "positive")
+    return [soft_q if kind == "soft_q" else loop_policy(kind) for kind in config.policies]
+
+
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
     from memento.envs.tasks import load_suite, seed_cases
     from memento.judges import make_judge
-    from memento.loop import LoopConfig, build_planner, parse_planner_spec, run_comparison
 
     planner = build_planner(parse_planner_spec(config.planner))
-    loop_config = LoopConfig(steps=config.steps, seed=config.seed, checkpoint_every=0, tensorboard=False,
-                             soft_q_positive_only=config.soft_q_candidates == "positive")
-    comparison = run_comparison(list(config.policies), config=loop_config, out_dir=workdir / "real",  # type: ignore[arg-type]
-                                late_steps=config.late_steps, encoder=encoder, planner=planner,
+    loop_config = LoopConfig(steps=config.steps, seed=config.seed, checkpoint_every=0, tensorboard=False)
+    comparison = run_comparison(_loop_policies(config), config=loop_config, out_dir=workdir / "real",
+                                make_policy=make_policy, late_steps=config.late_steps, encoder=encoder, planner=planner,
                                 judge=make_judge("exact"), tasks=load_suite(config.suite, config.split),
                                 seed_cases=seed_cases(config.suite))
     windows = {}
@@ -87,14 +95,13 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
 
 
 def _synthetic(config: OnlineBenchConfig, workdir: Path) -> dict[str, Any]:
-    from memento.envs.regret import RegretConfig, run_regret
     from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
 
     out = {}
     for policy in config.policies:
         result = run_regret(SyntheticBandit(SyntheticBanditConfig(seed=config.seed)),
-                            RegretConfig(steps=config.synthetic_steps, policy=policy, seed=config.seed),  # type: ignore[arg-type]
-                            workdir=workdir / "synthetic" / policy)
+                            RegretConfig(steps=config.synthetic_steps, policy=regret_policy(policy), seed=config.seed),
+                            make_policy=make_policy, workdir=workdir / "synthetic" / policy)
         out[policy] = result.summary()
     return out
 
@@ -103,7 +110,6 @@ def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[st
     from memento.bench.bank import make_vectors
     from memento.envs.tasks import load_suite
     from memento.judges import make_judge
-    from memento.loop import LoopConfig, OnlineLoop
     from memento.memory import CaseBank
     from memento.planners.base import CallablePlanner
     from memento.types import Case
@@ -123,9 +129,10 @@ def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[st
                               name="instant")
     out = {"bank_cases": n, "bank_index": "HNSW32,Flat", "bank_build_s": build_s, "policies": {}}
     for policy in config.policies:
-        loop_config = LoopConfig(steps=config.overhead_steps, seed=config.seed, policy=policy,  # type: ignore[arg-type]
+        loop_config = LoopConfig(steps=config.overhead_steps, seed=config.seed, policy=loop_policy(policy),
                                  checkpoint_every=0, tensorboard=False)
-        loop = OnlineLoop(loop_config, encoder=encoder, planner=planner, judge=make_judge("exact"),
+        loop = OnlineLoop(loop_config, make_policy=make_policy, encoder=encoder, planner=planner,
+                          judge=make_judge("exact"),
                           tasks=load_suite(config.suite, config.split), out_dir=workdir / "overhead" / policy,
                           bank_dir=bank_dir)
         summary = loop.run()

@@ -41,6 +41,7 @@ import numpy as np
 from memento.bench.bank import _exact_topk, _write, make_vectors
 from memento.config import QNetArch
 from memento.errors import ConfigError
+from policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 
 __all__ = ["ReferenceScorer", "SelectBenchConfig", "format_table", "reference_texts", "run_select_bench"]
 
@@ -223,12 +224,11 @@ def _make_policies(config: SelectBenchConfig) -> list[tuple[str, str | None, Any
     """``(policy, arch, Policy)``: similarity, then soft-Q per architecture, all on the CPU."""
     from memento.config import QNetConfig
     from memento.qnet import build_qnet
-    from policies import make_policy  # lazily: memento never imports policies at module level
 
-    out: list[tuple[str, str | None, Any]] = [("similarity", None, make_policy("similarity"))]
+    out: list[tuple[str, str | None, Any]] = [("similarity", None, SimilarityPolicy())]
     for arch in config.archs:
         qnet = build_qnet(QNetConfig(arch=arch, dim=config.dim, hidden=config.hidden, seed=config.seed)).eval()
-        out.append(("soft_q", arch, make_policy("soft_q", qnet=qnet, alpha=config.alpha, device="cpu")))
+        out.append(("soft_q", arch, SoftQPolicy(qnet, alpha=config.alpha, device="cpu")))
     return out
 
 

@@ -1,9 +1,9 @@
 """Capture seeded outputs of the online loop, the regret run and a served selector.
 
 ``python -m tests.golden.capture OUT.json`` writes what ``tests/unit/test_golden.py`` compares against
-``tests/golden/golden.json``: made once from commit 86025c1 (before the structural step of issue 10, with that commit's flat
-``LoopConfig``/``RegretConfig`` fields; this script now spells the same settings in the nested configs),
-so a refactor that changes any seeded number, choice or file shows up as a diff.
+``tests/golden/golden.json``: made once from commit 86025c1 (before the structural step of issue 10, with that
+commit's flat ``LoopConfig``/``RegretConfig`` fields; this script now spells the same settings in the nested
+configs), so a refactor that changes any seeded number, choice or file shows up as a diff.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def online_runs(root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, config in variants.items():
         run = root / name
-        summary = run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
-                             tasks=env.tasks, seed_cases=env.seed_cases, out_dir=run)
+        summary = run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(),
+                             judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases, out_dir=run)
         out[name] = {
             "steps": _steps(run / "steps.jsonl"),
             "summary": {k: summary[k] for k in ("success_rate", "updates", "final_alpha", "bank_size_end",

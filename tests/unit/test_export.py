@@ -33,7 +33,8 @@ from memento.artifact import (
     listed_files,
 )
 from memento.cli import main
-from memento.config import LearnerConfig, QNetConfig, ReplayConfig, load_json, save_json, to_dict
+from memento.compare import run_comparison
+from memento.config import LearnerConfig, QNetConfig, ReplayConfig, SoftQConfig, load_json, save_json, to_dict
 from memento.errors import (
     CheckpointError,
     ConfigError,
@@ -46,11 +47,12 @@ from memento.errors import (
 )
 from memento.export import export_selector, load_selector, verify
 from memento.learner import SoftQLearner
-from memento.loop import LoopConfig, run_comparison
+from memento.loop import LoopConfig
 from memento.memory import CaseBank
 from memento.qnet import build_qnet
 from memento.replay import ReplayBuffer
 from memento.selector import Selector, write_qnet
+from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 STEPS = 40
@@ -71,8 +73,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     env = make_env()
     out = tmp_path_factory.mktemp("runs") / "demo"
-    config = LoopConfig(steps=STEPS, checkpoint_every=20, tensorboard=False, warmup=4, window=10)
-    run_comparison(["soft_q", "similarity"], config=config, out_dir=out, late_steps=10, encoder=HashingEncoder(),
+    config = LoopConfig(steps=STEPS, checkpoint_every=20, tensorboard=False, policy=SoftQConfig(warmup=4), window=10)
+    run_comparison(["soft_q", "similarity"], config=config, out_dir=out, late_steps=10, make_policy=make_policy,
+                   encoder=HashingEncoder(),
                    planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases)
     torch.set_num_threads(threads)
     return out
@@ -125,7 +128,7 @@ def test_export_writes_every_part_with_checksums(exported: Path, runs: Path) -> 
     assert manifest["live"][FEEDBACK_NAME]["rows"] == 0
     config = load_json(SelectorConfig, exported / "config.json")
     assert (config.k, config.candidates, config.qnet.dim, config.index.factory) == (4, 32, 64, "Flat")
-    assert config.run is not None and config.run["steps"] == STEPS and config.run["policy"] == "soft_q"
+    assert config.run is not None and config.run["steps"] == STEPS and config.run["policy"]["kind"] == "soft_q"
     encoder = json.loads((exported / "encoder.json").read_text())
     assert encoder["kind"] == "none" and encoder["dim"] == 64 and "HashingEncoder" in encoder["description"]
     card = (exported / "README.md").read_text()

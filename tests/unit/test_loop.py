@@ -24,23 +24,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memento.config import LearnerConfig, from_dict, load_json, save_json, to_dict
-from memento.errors import CheckpointError, ConfigError, DataFormatError
-from memento.loop import (
-    COMPONENTS,
-    LoopConfig,
-    OnlineLoop,
-    PlannerSpec,
-    comparison_table,
-    parse_planner_spec,
-    run_comparison,
-    run_online,
-    success_by_window,
-    task_order,
+from memento.compare import comparison_table, run_comparison
+from memento.config import (
+    POLICY_CONFIGS,
+    LearnerConfig,
+    LinUCBConfig,
+    QNetConfig,
+    SimilarityConfig,
+    SoftQConfig,
+    from_dict,
+    load_json,
+    save_json,
+    to_dict,
 )
+from memento.errors import CheckpointError, ConfigError, DataFormatError
+from memento.loop import COMPONENTS, LoopConfig, OnlineLoop, loop_policy, run_online, success_by_window, task_order
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
+from memento.planners.spec import PlannerSpec, parse_planner_spec
 from memento.plots import moving_average, plot_learning_curves
+from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, Judged, make_env
 
 STEPS, LATE = 300, 100
@@ -63,7 +66,8 @@ def comparison(encoder, tmp_path_factory) -> tuple[dict, Path]:
     env = make_env()
     out = tmp_path_factory.mktemp("comparison")
     config = LoopConfig(steps=STEPS, seed=0, checkpoint_every=100)
-    result = run_comparison(["similarity", "soft_q"], config=config, out_dir=out, late_steps=LATE, encoder=encoder,
+    result = run_comparison(["similarity", "soft_q"], config=config, out_dir=out, late_steps=LATE,
+                            make_policy=make_policy, encoder=encoder,
                             planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases)
     return result, out
 
@@ -147,7 +151,7 @@ def test_summary_fields_are_consistent(comparison, policy):
     state = json.loads((run / "checkpoint" / "state.json").read_text())
     assert state["step"] == STEPS and state["bank_size"] == summary["bank_size_end"]
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert from_dict(LoopConfig, json.loads((run / "config.json").read_text())).policy == policy
+    assert from_dict(LoopConfig, json.loads((run / "config.json").read_text())).policy == loop_policy(policy)
     if policy == "soft_q":
         assert summary["updates"] == STEPS - 16 + 1  # one update per step once 16 decisions are logged
         assert r["policy_version"] == summary["updates"] - 1 and r["set_propensity"] < 1
@@ -164,31 +168,45 @@ def test_summary_fields_are_consistent(comparison, policy):
 
 @pytest.mark.parametrize(("field", "value"), [
     ("steps", 0), ("k", 0), ("candidates", 0), ("policy", "greedy"), ("batch_size", 0), ("seed", -1),
-    ("window", 0), ("checkpoint_every", -1), ("alpha", 0.0), ("warmup", -1), ("updates_per_step", -1),
-    ("replay_capacity", 0), ("qnet_arch", "transformer"), ("dropout", 1.0), ("positive_only", "yes"),
-    ("retain", 1), ("index", ""), ("success_threshold", float("nan")), ("linucb_ridge", 0.0),
+    ("window", 0), ("checkpoint_every", -1), ("retain", 1), ("index", ""), ("success_threshold", float("nan")),
 ])
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ConfigError, match=f"LoopConfig.{field}="):
         LoopConfig(**{field: value})
 
 
+@pytest.mark.parametrize(("cls", "field", "value"), [
+    (SoftQConfig, "alpha", 0.0), (SoftQConfig, "warmup", -1), (SoftQConfig, "updates_per_step", -1),
+    (SoftQConfig, "replay_capacity", 0), (QNetConfig, "arch", "transformer"), (QNetConfig, "dropout", 1.0),
+    (SimilarityConfig, "positive_only", "yes"), (LinUCBConfig, "ridge", 0.0),
+])
+def test_policy_configs_reject_bad_values(cls, field, value):
+    with pytest.raises(ConfigError, match=f"{cls.__name__}.{field}="):
+        cls(**{field: value})
+
+
 def test_config_cross_field_checks():
     with pytest.raises(ConfigError, match="k=5: must be <= candidates=4"):
         LoopConfig(k=5, candidates=4)
     with pytest.raises(ConfigError, match="learner.gamma must be 0"):
-        LoopConfig(learner=LearnerConfig(gamma=0.9))
+        LoopConfig(policy=SoftQConfig(learner=LearnerConfig(gamma=0.9)))
     with pytest.raises(ConfigError, match="unknown field"):
         from_dict(LoopConfig, {"stepz": 3})
+    with pytest.raises(ConfigError, match="kind='greedy'"):
+        from_dict(LoopConfig, {"policy": {"kind": "greedy"}})
 
 
 def test_config_round_trip_and_alpha_override(tmp_path):
-    config = LoopConfig(steps=7, alpha=0.05, policy="linucb")
-    assert config.learner.alpha == 0.05
+    for kind in POLICY_CONFIGS:
+        config = LoopConfig(steps=7, policy=loop_policy(kind))  # type: ignore[arg-type]
+        save_json(config, tmp_path / "c.json")
+        assert load_json(LoopConfig, tmp_path / "c.json") == config
+    config = LoopConfig(steps=7, policy=SoftQConfig(alpha=0.05))
+    assert config.policy.learner.alpha == 0.05  # type: ignore[union-attr]
     save_json(config, tmp_path / "c.json")
     again = load_json(LoopConfig, tmp_path / "c.json")
-    assert again == config and to_dict(again)["learner"]["alpha"] == 0.05
-    assert LoopConfig().learner.alpha == 0.2 and LoopConfig().alpha is None
+    assert again == config and to_dict(again)["policy"]["learner"]["alpha"] == 0.05
+    assert LoopConfig().policy.learner.alpha == 0.2 and LoopConfig().policy.alpha is None  # type: ignore[union-attr]
 
 
 def test_planner_specs():
@@ -223,11 +241,22 @@ def test_success_windows_and_moving_average(tmp_path):
 # ---------------------------------------------------------------- runs on the hashing encoder
 
 
-def _run(out: Path, *, planner=None, judge=None, resume=False, **overrides) -> dict:
+_SOFT_Q_FIELDS = {f.name for f in dataclasses.fields(SoftQConfig)} - {"kind"}
+
+
+def _config(policy: str = "soft_q", **overrides) -> LoopConfig:
+    """A LoopConfig of ``policy`` (its loop default), with soft-Q fields in ``overrides`` going to its SoftQConfig."""
+    soft_q = {k: overrides.pop(k) for k in list(overrides) if k in _SOFT_Q_FIELDS}
+    policy_config = SoftQConfig(**soft_q) if policy == "soft_q" else loop_policy(policy)  # type: ignore[arg-type]
+    return LoopConfig(policy=policy_config, **overrides)
+
+
+def _run(out: Path, *, planner=None, judge=None, resume=False, policy="soft_q", **overrides) -> dict:
     env = make_env()
-    config = LoopConfig(**{"steps": 40, "checkpoint_every": 10, "tensorboard": False, **overrides})
-    return run_online(config, encoder=HashingEncoder(), planner=planner or env.planner(), judge=judge or ExactJudge(),
-                      tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out, resume=resume)
+    config = _config(policy, **{"steps": 40, "checkpoint_every": 10, "tensorboard": False, **overrides})
+    return run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=planner or env.planner(),
+                      judge=judge or ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out,
+                      resume=resume)
 
 
 def _state(out: Path) -> dict:
@@ -296,7 +325,8 @@ def test_resume_refuses_another_config_or_task_list(tmp_path):
         _run(tmp_path / "run", steps=20, k=3, resume=True)
     env = make_env()
     with pytest.raises(CheckpointError, match="another task list"):
-        run_online(LoopConfig(steps=20, tensorboard=False), encoder=HashingEncoder(), planner=env.planner(),
+        run_online(LoopConfig(steps=20, tensorboard=False), make_policy=make_policy, encoder=HashingEncoder(),
+                   planner=env.planner(),
                    judge=ExactJudge(), tasks=env.tasks[:-1], seed_cases=env.seed_cases, out_dir=tmp_path / "run",
                    resume=True)
     with pytest.raises(ConfigError, match="already holds a run"):
@@ -336,9 +366,9 @@ def test_batches_use_plan_many_and_one_policy_version(tmp_path):
 
 def test_starts_from_an_empty_bank(tmp_path):
     env = make_env()
-    config = LoopConfig(steps=12, policy="soft_q", tensorboard=False, warmup=1)
-    summary = run_online(config, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
-                         tasks=env.tasks, out_dir=tmp_path / "run")
+    config = _config("soft_q", steps=12, tensorboard=False, warmup=1)
+    summary = run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(),
+                         judge=ExactJudge(), tasks=env.tasks, out_dir=tmp_path / "run")
     records = _records(tmp_path / "run" / "steps.jsonl")
     assert records[0]["chosen_ids"] == [] and records[0]["bank_size"] == 0
     assert summary["bank_size_start"] == 0 and summary["bank_size_end"] == summary["retained"] > 0
@@ -350,7 +380,8 @@ def test_seed_bank_is_copied_not_changed(tmp_path):
     with CaseBank.create(tmp_path / "seed", encoder.dim) as seed:
         seed.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
     before = _bank_rows(tmp_path / "seed")
-    summary = run_online(LoopConfig(steps=10, tensorboard=False), encoder=encoder, planner=env.planner(),
+    summary = run_online(LoopConfig(steps=10, tensorboard=False), make_policy=make_policy, encoder=encoder,
+                         planner=env.planner(),
                          judge=ExactJudge(), tasks=env.tasks, bank_dir=tmp_path / "seed", out_dir=tmp_path / "run")
     assert _bank_rows(tmp_path / "seed") == before
     assert _bank_rows(tmp_path / "run" / "bank")[:len(before)] == before
@@ -366,7 +397,8 @@ def test_judge_rewards_outside_0_1_are_refused_for_soft_q(tmp_path):
 
 def test_bad_arguments(tmp_path):
     env = make_env()
-    kwargs = dict(encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(), out_dir=tmp_path)
+    kwargs = dict(make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
+                  out_dir=tmp_path)
     with pytest.raises(DataFormatError, match="empty"):
         OnlineLoop(LoopConfig(), tasks=[], **kwargs)
     with pytest.raises(ConfigError, match="not both"):
@@ -375,13 +407,15 @@ def test_bad_arguments(tmp_path):
         OnlineLoop(dataclasses.asdict(LoopConfig()), tasks=env.tasks, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no plan"):
         OnlineLoop(LoopConfig(), tasks=env.tasks, **{**kwargs, "planner": object()})
+    with pytest.raises(ConfigError, match="make_policy"):
+        OnlineLoop(LoopConfig(), tasks=env.tasks, **{**kwargs, "make_policy": None})
 
 
 def test_soft_q_positive_only_chooses_among_rewarded_cases(tmp_path):
     env = make_env()
-    config = LoopConfig(steps=40, policy="soft_q", tensorboard=False, warmup=4, soft_q_positive_only=True)
-    run_online(config, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(), tasks=env.tasks,
-               seed_cases=env.seed_cases, out_dir=tmp_path / "run")
+    config = _config("soft_q", steps=40, tensorboard=False, warmup=4, positive_only=True)
+    run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
+               tasks=env.tasks, seed_cases=env.seed_cases, out_dir=tmp_path / "run")
     with CaseBank.open(tmp_path / "run" / "bank") as bank:
         reward = {c.id: c.reward for c in bank.iter_cases()}  # type: ignore[attr-defined]
     records = _records(tmp_path / "run" / "steps.jsonl")

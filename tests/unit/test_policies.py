@@ -10,14 +10,17 @@ import torch
 
 from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.memory import Candidates, CaseBank
-from memento.policy import Policy, plackett_luce_prob, softmax
+from memento.policy import Observation, Policy, PolicyContext, plackett_luce_prob, softmax
 from memento.types import Case, Selection
 from policies import (
     LinUCBConfig,
     LinUCBPolicy,
+    RandomConfig,
     RandomPolicy,
     SimilarityConfig,
     SimilarityPolicy,
+    SoftQAgent,
+    SoftQConfig,
     SoftQPolicy,
     bank_rewards,
     make_policy,
@@ -440,25 +443,66 @@ def test_linucb_validation() -> None:
 
 
 def test_make_policy_builds_each_kind() -> None:
-    assert isinstance(make_policy("random"), RandomPolicy)
-    sim = make_policy("similarity", temperature=0.2, positive_only=True, reward_of=lambda ids: np.ones(len(ids)))
+    context = PolicyContext(dim=4, k_max=2, reward_of=lambda ids: np.ones(len(ids)))
+    assert isinstance(make_policy(RandomConfig(), context), RandomPolicy)
+    sim = make_policy(SimilarityConfig(temperature=0.2, positive_only=True), context)
     assert isinstance(sim, SimilarityPolicy) and sim.config.temperature == 0.2 and sim.reward_of is not None
-    soft_q = make_policy("soft_q", qnet=FixedQ(np.zeros(3)), alpha=0.3, device="cpu")
-    assert isinstance(soft_q, SoftQPolicy) and soft_q.alpha == 0.3
-    linucb = make_policy("linucb", dim=4, exploration=0.1)
+    soft_q = make_policy(SoftQConfig(alpha=0.3, warmup=2), context)
+    assert isinstance(soft_q, SoftQAgent) and soft_q.alpha == 0.3 and soft_q.learner.qnet.config.dim == 4
+    assert soft_q.buffer.config.k_max == 2 and soft_q.version == 0 and soft_q.reward_range == (0.0, 1.0)
+    linucb = make_policy(LinUCBConfig(exploration=0.1), context)
     assert isinstance(linucb, LinUCBPolicy) and linucb.config == LinUCBConfig(dim=4, exploration=0.1)
+    for policy in (sim, soft_q, linucb):
+        assert isinstance(policy, Policy)
 
 
 def test_make_policy_rejects_bad_arguments() -> None:
-    with pytest.raises(ConfigError, match="kind='greedy'"):
-        make_policy("greedy")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="unknown argument"):
-        make_policy("similarity", temprature=0.1)
-    with pytest.raises(ConfigError, match="takes no arguments"):
-        make_policy("random", seed=1)
-    with pytest.raises(ConfigError, match="qnet"):
-        make_policy("soft_q", alpha=1.0)
-    with pytest.raises(ConfigError, match="dim"):
-        make_policy("linucb")
+    context = PolicyContext(dim=4)
+    with pytest.raises(ConfigError, match="must be one of"):
+        make_policy("greedy", context)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="PolicyContext"):
+        make_policy(RandomConfig(), {"dim": 4})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="reward_of"):
+        make_policy(SoftQConfig(positive_only=True), context)
     with pytest.raises(ConfigError, match="temperature"):
-        make_policy("linucb", dim=4, temperature=-1.0)
+        LinUCBConfig(dim=4, temperature=-1.0)
+    with pytest.raises(ConfigError, match="dim=None"):
+        LinUCBPolicy(LinUCBConfig())
+
+
+def test_soft_q_agent_records_then_learns_after_warmup() -> None:
+    """observe: every decision of a round enters the replay buffer first, then updates_per_step steps per
+    decision once `warmup` decisions are logged; propensities are those logged; a K > k_max choice is split."""
+    context = PolicyContext(dim=DIM, k_max=2, qnet_seed=1, learner_seed=2)
+    agent = make_policy(SoftQConfig(warmup=3, updates_per_step=2), context)
+    cands = make_candidates(6)
+    rng = np.random.default_rng(0)
+
+    def observation(step: int, k: int = 2) -> Observation:
+        sel = agent.select(make_state(step), cands, k, rng=rng)
+        return Observation(state_D=make_state(step), candidates=cands, selection=sel, reward=float(step % 2),
+                           step=step, policy_version=agent.version)
+
+    assert agent.observe([observation(0), observation(1)]) == {}  # 2 < warmup: recorded, not learned
+    assert agent.buffer.added == 2 and agent.version == 0
+    metrics = agent.observe([observation(2)])
+    assert agent.version == 2 and metrics["updates"] == 2 and np.isfinite(metrics["loss"])
+    agent.observe([observation(3), observation(4)], learn=False)
+    assert agent.version == 2 and agent.buffer.added == 5
+    agent.observe([observation(5, k=3)])  # 3 cases, k_max 2: two rows
+    assert agent.buffer.added == 7 and agent.version == 4
+
+
+def test_linucb_checkpoint_replays_its_log(tmp_path) -> None:
+    context = PolicyContext(dim=DIM)
+    a, b = make_policy(LinUCBConfig(), context), make_policy(LinUCBConfig(), context)
+    cands, rng = make_candidates(6), np.random.default_rng(0)
+    for step in range(5):
+        sel = a.select(make_state(step), cands, 2, rng=rng)
+        a.observe([Observation(state_D=make_state(step), candidates=cands, selection=sel, reward=float(step % 2),
+                               step=step, policy_version=a.version)])
+    a.checkpoint(tmp_path)
+    b.restore(tmp_path)
+    assert b.version == a.version == 10
+    np.testing.assert_array_equal(b.ucb(make_state(9), cands), a.ucb(make_state(9), cands))
+    assert not a.save_model(tmp_path / "model") and not (tmp_path / "model").exists()

@@ -1,0 +1,116 @@
+"""The import graph runs one way: the core (``memento``) < ``policies`` < ``training`` < the composition root.
+
+The composition root (the ``memento`` command and the benchmarks that run concrete policies) is the only
+place where concrete policies and trainers are wired into the loop, the regret run and the selector; the
+core defines protocols and configs and takes the factory (``make_policy``) as an argument. Checked on the
+source with ``ast`` (every import, at module level or inside a function), plus: the module-level import
+graph has no circle, and importing the core modules loads neither ``policies`` nor ``training``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("memento", "policies", "training")
+COMPOSITION_ROOT = {"memento.cli", "memento.bench.online", "memento.bench.select", "memento.bench.serve"}
+"""Modules allowed to import every layer (the CLI and the benchmarks that run concrete policies)."""
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _layer(module: str) -> int:
+    if module in COMPOSITION_ROOT:
+        return 3
+    return {"memento": 0, "policies": 1, "training": 2}[module.split(".")[0]]
+
+
+def _resolve(module: str, name: str, known: dict[str, Path]) -> str | None:
+    """The project module an import names (the longest known prefix), or None for a third-party one."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in known:
+            return candidate
+    return None
+
+
+def _imports(path: Path, *, module_level_only: bool) -> list[tuple[int, str, list[str]]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    out = []
+    for node in nodes:
+        if module_level_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module, [alias.name for alias in node.names]))
+    return out
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
+    known = _modules()
+    offences = []
+    for module, path in known.items():
+        for line, name, names in _imports(path, module_level_only=False):
+            targets = [_resolve(module, name, known)]
+            targets += [_resolve(module, f"{name}.{n}", known) for n in names]  # from memento import bench
+            for target in {t for t in targets if t is not None}:
+                if _layer(target) > _layer(module):
+                    offences.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}")
+    assert not offences, "\n".join(offences)
+
+
+def test_the_module_level_import_graph_has_no_circle() -> None:
+    known = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        edges = set()
+        for _, name, names in _imports(path, module_level_only=True):
+            for target in [_resolve(module, name, known)] + [_resolve(module, f"{name}.{n}", known) for n in names]:
+                if target is not None and target != module and not module.startswith(target + "."):
+                    edges.add(target)  # a package's own __init__ is imported first by any submodule anyway
+        graph[module] = edges
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module)
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_importing_the_core_loads_neither_policies_nor_training() -> None:
+    code = ("import json, sys\n"
+            "import memento, memento.loop, memento.selector, memento.envs.regret, memento.export, memento.serve\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'policies', 'training'})))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
