@@ -181,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from memento.config import from_dict
     from memento.loop import LoopConfig, run_online
+    from policies import make_policy
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -190,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     env = make_env()
     config = from_dict(LoopConfig, json.loads(args.config))
-    run_online(config, encoder=HashingEncoder(), planner=env.planner(args.delay), judge=ExactJudge(),
-               tasks=env.tasks, seed_cases=env.seed_cases, out_dir=Path(args.out), resume=args.resume)
+    run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(args.delay),
+               judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases, out_dir=Path(args.out),
+               resume=args.resume)
     return 0
 
 

@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from memento.config import SoftQConfig
 from memento.export import export_selector
 from memento.loop import LoopConfig, run_online
+from policies import make_policy
 from tests.loop_env import ExactJudge, make_env
 
 QUESTION = "What is the capital of Peru?"
@@ -25,7 +27,8 @@ def make_real_artifact(out: Path, encoder: Any, *, steps: int = 24) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_online(LoopConfig(steps=steps, checkpoint_every=0, tensorboard=False, warmup=4), encoder=encoder,
+        run_online(LoopConfig(steps=steps, checkpoint_every=0, tensorboard=False, policy=SoftQConfig(warmup=4)),
+                   make_policy=make_policy, encoder=encoder,
                    planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases,
                    out_dir=out / "run")
     finally:

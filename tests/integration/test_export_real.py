@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 import torch
 
+from memento.config import SoftQConfig
 from memento.export import export_selector, load_selector, verify
 from memento.loop import LoopConfig, run_online
+from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +80,8 @@ def hashing_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_online(LoopConfig(steps=30, checkpoint_every=0, tensorboard=False, warmup=4), encoder=HashingEncoder(),
+        run_online(LoopConfig(steps=30, checkpoint_every=0, tensorboard=False, policy=SoftQConfig(warmup=4)),
+                   make_policy=make_policy, encoder=HashingEncoder(),
                    planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases,
                    out_dir=out / "run")
     finally:
@@ -114,7 +117,8 @@ def test_real_encoder_text_query_in_a_fresh_process(encoder, tmp_path: Path) -> 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_online(LoopConfig(steps=24, checkpoint_every=0, tensorboard=False, warmup=4), encoder=encoder,
+        run_online(LoopConfig(steps=24, checkpoint_every=0, tensorboard=False, policy=SoftQConfig(warmup=4)),
+                   make_policy=make_policy, encoder=encoder,
                    planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases,
                    out_dir=tmp_path / "run")
     finally:

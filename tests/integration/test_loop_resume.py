@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 from memento.memory import CaseBank
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = {"steps": 100, "checkpoint_every": 20, "policy": "soft_q", "seed": 7, "dropout": 0.1, "warmup": 8,
-          "tensorboard": True}
+CONFIG = {"steps": 100, "checkpoint_every": 20, "seed": 7, "tensorboard": True,
+          "policy": {"kind": "soft_q", "warmup": 8, "qnet": {"hidden": 128, "embed_dim": 64, "dropout": 0.1}}}
 
 
 def _driver(out: Path, *extra: str) -> list[str]:

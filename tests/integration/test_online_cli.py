@@ -195,7 +195,7 @@ def test_demo_runs_the_shipped_suite_and_continues(tmp_path, capsys):
     summary = json.loads((out / "soft_q" / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["bank_size_start"] == 156
     assert (out / "soft_q" / "selector" / "learner.safetensors").is_file()
-    assert json.loads((out / "soft_q" / "config.json").read_text())["soft_q_positive_only"] is True
+    assert json.loads((out / "soft_q" / "config.json").read_text())["policy"]["positive_only"] is True
     assert main(argv) == 0  # a second run continues (here: re-reports) the same run
     assert "continuing the demo run" in capsys.readouterr().out
     assert main([*argv, "--fresh"]) == 0

@@ -7,6 +7,7 @@ and a hidden case quality no vector encodes, so only a policy that learns from r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import get_args
@@ -15,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from memento.config import from_dict
+from memento.config import PolicyKind, QNetConfig, SoftQConfig, from_dict
 from memento.envs import RegretConfig, RegretResult, SyntheticBandit, SyntheticBanditConfig, run_regret
-from memento.envs.regret import RegretPolicyKind
+from memento.envs.regret import regret_policy
 from memento.errors import BankError, ConfigError
 from memento.memory import CaseBank
-from policies import PolicyKind
+from policies import make_policy
 
 # The default world: 8 task types, 400 cases (30 % tight look-alike distractors), dim 32, mean aggregate.
 ENV = dict(n_task_types=8, n_cases=400, dim=32, distractor_fraction=0.3)
@@ -37,10 +38,23 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+def config_of(policy: str, seed: int = 0, *, steps: int = STEPS, warmup: int | None = None,
+              dropout: float | None = None) -> RegretConfig:
+    """The regret run's default config of ``policy``, with a soft-Q warm-up or Q-network dropout changed."""
+    policy_config = regret_policy(policy)  # type: ignore[arg-type]
+    if isinstance(policy_config, SoftQConfig):
+        if warmup is not None:
+            policy_config = dataclasses.replace(policy_config, warmup=warmup)
+        if dropout is not None:
+            policy_config = dataclasses.replace(policy_config, qnet=dataclasses.replace(policy_config.qnet,
+                                                                                          dropout=dropout))
+    return RegretConfig(policy=policy_config, steps=steps, seed=seed)
+
+
 def run(seed: int, policy: str, tmp_path, **overrides) -> RegretResult:
     env = SyntheticBandit(SyntheticBanditConfig(seed=seed, **ENV))
-    config = RegretConfig(policy=policy, steps=overrides.pop("steps", STEPS), seed=seed, **overrides)  # type: ignore
-    return run_regret(env, config, workdir=tmp_path / f"{policy}-{seed}-{len(list(tmp_path.iterdir()))}")
+    return run_regret(env, config_of(policy, seed, **overrides), make_policy=make_policy,
+                      workdir=tmp_path / f"{policy}-{seed}-{len(list(tmp_path.iterdir()))}")
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -69,12 +83,12 @@ def test_soft_q_regret_flattens_while_baselines_stay_linear(seed: int, tmp_path)
     # every policy chose among the same candidates: the candidate ceiling is the same, and low
     ceilings = {p: float(r.ceiling_regret_T.mean()) for p, r in results.items()}
     assert len(set(ceilings.values())) == 1 and ceilings["soft_q"] < 0.05, ceilings
-    assert results["soft_q"].updates == STEPS - RegretConfig().warmup_steps + 1
+    assert results["soft_q"].updates == STEPS - RegretConfig().policy.warmup + 1  # type: ignore[union-attr]
     assert results["random"].final_alpha is None and results["soft_q"].final_alpha == pytest.approx(0.2)
 
 
 def test_a_seeded_run_is_reproducible(tmp_path) -> None:
-    kwargs = dict(steps=150, warmup_steps=20, dropout=0.1)  # dropout draws from the learner's generator
+    kwargs = dict(steps=150, warmup=20, dropout=0.1)  # dropout draws from the learner's generator
     a, b = run(5, "soft_q", tmp_path, **kwargs), run(5, "soft_q", tmp_path, **kwargs)
     np.testing.assert_array_equal(a.regret_T, b.regret_T)
     np.testing.assert_array_equal(a.reward_T, b.reward_T)
@@ -84,7 +98,8 @@ def test_a_seeded_run_is_reproducible(tmp_path) -> None:
     for name in state_a:
         assert torch.equal(state_a[name], state_b[name]), name
     env = SyntheticBandit(SyntheticBanditConfig(seed=5, **ENV))  # another seed of the run, same world
-    c = run_regret(env, RegretConfig(policy="soft_q", seed=6, **kwargs), workdir=tmp_path / "other-seed")
+    c = run_regret(env, config_of("soft_q", 6, **kwargs), make_policy=make_policy,  # type: ignore[arg-type]
+                   workdir=tmp_path / "other-seed")
     assert not np.array_equal(a.regret_T, c.regret_T)
     assert c.qnet is not None and not torch.equal(a.qnet.state_dict()["out.weight"], c.qnet.state_dict()["out.weight"])
 
@@ -104,22 +119,23 @@ def test_runs_write_their_config_and_result(tmp_path) -> None:
     with CaseBank.open(workdir / "bank") as bank:
         assert len(bank) == 400
     with pytest.raises(BankError, match="fresh workdir"):  # the bank is not silently reused
-        run_regret(SyntheticBandit(SyntheticBanditConfig(seed=1, **ENV)), RegretConfig(policy="random", steps=5),
-                   workdir=workdir)
+        run_regret(SyntheticBandit(SyntheticBanditConfig(seed=1, **ENV)), config_of("random", steps=5),
+                   make_policy=make_policy, workdir=workdir)
 
 
 def test_config_validation() -> None:
-    assert get_args(RegretPolicyKind) == get_args(PolicyKind)
+    for kind in get_args(PolicyKind):
+        assert regret_policy(kind).kind == kind
     for kwargs in ({"steps": 0}, {"k": 0}, {"k": 5, "candidates": 4}, {"policy": "oracle"}, {"seed": -1},
-                   {"qnet_arch": "cnn"}, {"dropout": 1.0}, {"warmup_steps": -1}, {"batch_size": 0}, {"lr": 0.0},
-                   {"alpha": 0.0}, {"alpha_schedule": "cosine"}, {"importance_weights": "clipped"},
-                   {"linucb_exploration": -1.0}, {"steps": 1.5}, {"k": True}):
+                   {"steps": 1.5}, {"k": True}):
         with pytest.raises(ConfigError):
             RegretConfig(**kwargs)  # type: ignore[arg-type]
-    config = RegretConfig(policy="soft_q", qnet_arch="two_tower", alpha=0.3, batch_size=32)
-    assert config.qnet_config(16, seed=2).arch == "two_tower" and config.qnet_config(16).dim == 16
-    learner = config.learner_config(seed=4)
-    assert learner.gamma == 0.0 and learner.alpha == 0.3 and learner.batch_size == 32 and learner.seed == 4
+    soft_q = regret_policy("soft_q")
+    assert isinstance(soft_q, SoftQConfig) and soft_q.warmup == 50 and soft_q.replay_capacity == 100_000
+    assert soft_q.learner.alpha_final == 0.05 and soft_q.learner.alpha_decay_steps == 1000
+    config = RegretConfig(policy=SoftQConfig(qnet=QNetConfig(arch="two_tower"), alpha=0.3))
+    assert config.policy.qnet.for_dim(16, seed=2).arch == "two_tower"  # type: ignore[union-attr]
+    assert config.policy.learner.alpha == 0.3  # type: ignore[union-attr]
     with pytest.raises(ConfigError):
         RegretResult(config=config, regret_T=np.zeros(3), ceiling_regret_T=np.zeros(3), success_prob_T=np.zeros(3),
                      reward_T=np.zeros(3), final_alpha=None, updates=0, qnet=None, wall_s=0.0).first_last(4)

@@ -13,6 +13,7 @@ from memento.config import QNetConfig
 from memento.encoders import Encoder
 from memento.learner import SoftQLearner
 from memento.qnet import build_qnet
+from training.config import LightningConfig
 from training.joint import JointConfig, train_joint
 from training.simcse import load_pairs
 
@@ -30,8 +31,8 @@ def test_one_step_updates_encoder_and_q_head(tmp_path: Path, monkeypatch: pytest
         return real_loss(qnet, target, batch, config, alpha, **kwargs)
 
     monkeypatch.setattr(training.joint, "soft_q_loss", spy)
-    config = JointConfig(data=(str(PAIRS),), max_length=32, batch_size=8, max_steps=1, hidden=32, encoder_lr=1e-4,
-                         accelerator="cpu", devices="1")
+    config = JointConfig(data=(str(PAIRS),), max_length=32, batch_size=8, max_steps=1, qnet=QNetConfig(hidden=32),
+                         encoder_lr=1e-4, lightning=LightningConfig(accelerator="cpu", devices="1"))
     encoder = Encoder.from_pretrained(max_length=32, device="cpu", use_cache=False)
     before_encoder = {k: v.detach().clone() for k, v in encoder.model.state_dict().items()}
     initial_head = build_qnet(QNetConfig(dim=384, hidden=32, seed=0), generator=torch.Generator().manual_seed(0))

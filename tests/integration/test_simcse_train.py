@@ -14,6 +14,7 @@ from memento.config import EncoderConfig, load_json
 from memento.encoders import ENCODER_META_NAME, Encoder
 from memento.formats import read_cases_jsonl
 from memento.memory.bank import CaseBank
+from training.config import LightningConfig
 from training.simcse import SimCSEConfig, SimCSEModule, SimCSEResult, load_texts, tokenize, train_encoder
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ PROBE = ["What is the capital of Peru?", "What is the currency code of Peru?", "
 
 def _small(**overrides) -> SimCSEConfig:
     base = {"data": UNSUP_DATA, "max_length": 32, "batch_size": 16, "max_steps": 6, "epochs": 50, "lr": 2e-4,
-            "eval_size": 32, "accelerator": "cpu", "devices": "1"}
+            "eval_size": 32, "lightning": LightningConfig(accelerator="cpu", devices="1")}
     return SimCSEConfig(**{**base, **overrides})
 
 

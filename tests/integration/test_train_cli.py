@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from memento.cli import main
+from memento.config import RandomConfig, SoftQConfig
 from memento.export import load_selector
 from memento.learner import SoftQLearner
 from memento.loop import LoopConfig, run_online
 from memento.memory import CaseBank
-from policies import SimilarityConfig, SimilarityPolicy, SoftQPolicy, bank_rewards
+from policies import SimilarityConfig, SimilarityPolicy, SoftQPolicy, bank_rewards, make_policy
 from tests.loop_env import ExactJudge, make_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "memento"
@@ -108,7 +109,8 @@ def test_trained_qnet_beats_similarity_on_fresh_tasks(encoder, tmp_path, capsys)
     seen = [t for tasks in families.values() for t in tasks[:4]]
     fresh = [t for tasks in families.values() for t in tasks[4:]]
     log = tmp_path / "log"
-    run_online(LoopConfig(steps=1500, policy="random", seed=0, checkpoint_every=0, tensorboard=False),
+    run_online(LoopConfig(steps=1500, policy=RandomConfig(), seed=0, checkpoint_every=0, tensorboard=False),
+               make_policy=make_policy,
                encoder=encoder, planner=env.planner(), judge=ExactJudge(), tasks=seen, seed_cases=env.seed_cases,
                out_dir=log)
     out = tmp_path / "train"
@@ -142,7 +144,8 @@ def test_trained_qnet_beats_similarity_on_fresh_tasks(encoder, tmp_path, capsys)
                 assert selector.select(state, k=4, mode="greedy").ids == tuple(expected.ids)
     assert main(["export", str(out), str(tmp_path / "no-bank")]) == 2
     assert "pass --bank" in capsys.readouterr().err
-    run_online(LoopConfig(steps=1, policy="soft_q", init_qnet=str(out), checkpoint_every=0, tensorboard=False),
+    run_online(LoopConfig(steps=1, policy=SoftQConfig(init_qnet=str(out)), checkpoint_every=0, tensorboard=False),
+               make_policy=make_policy,
                encoder=encoder, planner=env.planner(), judge=ExactJudge(), tasks=fresh, seed_cases=env.seed_cases,
                out_dir=tmp_path / "warm")  # one step < warm-up: no update, the run's Q-network is the trained one
     trained_state = learner.qnet.state_dict()

@@ -29,7 +29,7 @@ def test_fit_on_cuda_in_bf16(tmp_path):
     assert 0.0 <= summary["metrics"]["val/auc"] <= 1.0
     learner = SoftQLearner.load(tmp_path / "selector", device="cpu")  # the selector is saved in float32 on the CPU
     assert all(p.dtype == torch.float32 for p in learner.qnet.parameters())
-    assert json.loads((tmp_path / "config.json").read_text())["trainer"]["precision"] == "auto"
+    assert json.loads((tmp_path / "config.json").read_text())["trainer"]["lightning"]["precision"] == "auto"
 
 
 def test_cuda_resume_continues(tmp_path):

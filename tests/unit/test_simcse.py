@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from memento.config import load_json, save_json
+from memento.config import LearnerConfig, QNetConfig, load_json, save_json
 from memento.errors import ConfigError, DataFormatError, DimensionError, EncoderError
+from training.config import JointConfig, LightningConfig, joint_config_from_dict, simcse_config_from_dict
+from training.run import resolve_precision
 from training.simcse import (
     PairData,
     SimCSEConfig,
@@ -21,8 +23,6 @@ from training.simcse import (
     info_nce,
     load_pairs,
     load_texts,
-    parse_devices,
-    resolve_precision,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -35,7 +35,7 @@ MEMENTO = FIXTURES / "memento"
 
 def test_config_json_round_trip(tmp_path: Path) -> None:
     config = SimCSEConfig(mode="sup", data=["a.jsonl", "b.jsonl"], pooling="cls_before_pooler", max_steps=7,
-                          dropout=0.2, lr=1e-5, devices="0,1")
+                          dropout=0.2, lr=1e-5, lightning=LightningConfig(devices="0,1"))
     save_json(config, tmp_path / "config.json")
     loaded = load_json(SimCSEConfig, tmp_path / "config.json")
     assert loaded == config
@@ -45,10 +45,12 @@ def test_config_json_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field, value", [("mode", "joint"), ("temperature", 0.0), ("batch_size", 1),
                                           ("pooling", "max"), ("max_steps", 0), ("dropout", 1.0), ("data", [""]),
-                                          ("precision", "fp8"), ("lr", -1.0), ("model", " ")])
+                                          ("lr", -1.0), ("model", " ")])
 def test_config_rejects(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"SimCSEConfig.{field}="):
         SimCSEConfig(**{field: value})
+    with pytest.raises(ConfigError, match="LightningConfig.precision='fp8'"):
+        SimCSEConfig(lightning=LightningConfig(precision="fp8"))
 
 
 def test_precision_and_devices() -> None:
@@ -56,8 +58,31 @@ def test_precision_and_devices() -> None:
     expected = "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
     assert resolve_precision("auto", "auto") == expected
     assert resolve_precision("auto", "cpu") == "32-true"
-    assert (parse_devices("auto"), parse_devices("2"), parse_devices("-1"), parse_devices("0,1")) == \
-        ("auto", 2, -1, "0,1")
+    assert tuple(LightningConfig(devices=d).devices for d in ("auto", "2", "-1", "0,1")) == ("auto", 2, -1, "0,1")
+
+
+def test_joint_config_nests_the_q_head_and_reads_the_old_flat_form() -> None:
+    config = JointConfig()
+    assert (config.qnet.arch, config.qnet.hidden, config.qnet.n_layers, config.qnet.dropout) == ("mlp", 256, 1, 0.1)
+    assert config.qnet.dim is None and config.qnet.for_dim(384, seed=3) == QNetConfig(hidden=256, dim=384, seed=3)
+    flat = {"data": ["p.jsonl"], "qnet_arch": "two_tower", "n_layers": 2, "qnet_dropout": 0.2, "seed": 4,
+            "accelerator": "cpu", "devices": "1"}
+    assert joint_config_from_dict(flat) == JointConfig(
+        data=("p.jsonl",), qnet=QNetConfig(arch="two_tower", hidden=256, n_layers=2, dropout=0.2), seed=4,
+        lightning=LightningConfig(accelerator="cpu", devices=1))
+    with pytest.raises(ConfigError, match="JointConfig: give the Q head either as qnet or in the old flat form"):
+        joint_config_from_dict({"hidden": 32, "qnet": {"hidden": 64}})
+    with pytest.raises(ConfigError, match="JointConfig.learner=.*gamma=0"):
+        JointConfig(learner=LearnerConfig(gamma=0.5))
+
+
+def test_config_written_before_the_nesting_still_loads() -> None:
+    """A SimCSE config.json with the Lightning fields flat (as runs wrote them before) reads as the nested form."""
+    flat = {"mode": "sup", "data": ["a.jsonl"], "accelerator": "cpu", "devices": "1", "strategy": "auto",
+            "precision": "32-true", "log_every_n_steps": 5}
+    assert simcse_config_from_dict(flat) == SimCSEConfig(
+        mode="sup", data=("a.jsonl",),
+        lightning=LightningConfig(accelerator="cpu", devices=1, precision="32-true", log_every_n_steps=5))
 
 
 # ---------------------------------------------------------------- the loss, by hand
@@ -238,8 +263,8 @@ def test_cli_flags_build_the_config(tmp_path: Path) -> None:
                   "--accelerator", "cpu", "--devices", "1", "--no-hard-negatives", "--no-actions"])
     config = config_from_args(args)
     assert (config.data, config.mode, config.pooling, config.max_steps, config.batch_size, config.lr, config.seed,
-            config.accelerator, config.devices, config.hard_negatives, config.include_actions) == \
-        (("a.jsonl", "b.jsonl"), "sup", "cls", 5, 8, 1e-4, 2, "cpu", "1", False, False)
+            config.lightning.accelerator, config.lightning.devices, config.hard_negatives, config.include_actions) == \
+        (("a.jsonl", "b.jsonl"), "sup", "cls", 5, 8, 1e-4, 2, "cpu", 1, False, False)
     save_json(config, tmp_path / "config.json")  # --config FILE, then flags override it
     again = config_from_args(_args(["train-encoder", "--config", str(tmp_path / "config.json"), "--out", "o",
                                     "--seed", "9"]))

@@ -15,8 +15,9 @@ import pytest
 
 import training.data  # noqa: F401  (imports Lightning once, at collection, not inside the first test)
 from memento.cli import build_parser, main
-from memento.config import to_dict
+from memento.config import QNetConfig, to_dict
 from training.cli import build_train_config
+from training.config import TrainerConfig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "memento"
 MEMENTO = ["--from-memento", str(FIXTURES / "training_data.jsonl"), "--memory", str(FIXTURES / "memory.jsonl")]
@@ -35,6 +36,9 @@ def test_every_flag_has_help():
     for phrase in ("--from-log", "--from-memento", "--memory", "--cases", "--rewards", "--resume", "--precision",
                    "--strategy", "--devices", "selector/", "config.json"):
         assert phrase in text
+    flat = " ".join(text.split())  # the defaults shown are the config classes' own
+    assert f"epochs at most (default: {TrainerConfig().max_epochs})" in flat
+    assert f"hidden width (default: {QNetConfig().hidden})" in flat
 
 
 def test_flags_override_the_config_file(tmp_path):
@@ -51,9 +55,11 @@ def test_flags_override_the_config_file(tmp_path):
     assert (config.qnet.arch, config.qnet.hidden, config.qnet.dim) == ("two_tower", 32, 384)
     assert config.learner.lr == 0.01 and config.trainer.max_epochs == 3 and config.trainer.patience == 2
     assert config.qnet.seed == config.learner.seed == config.data.split_seed == 5
-    assert config.trainer.devices == 2 and config.trainer.hit_k == (2, 8) and config.trainer.progress_bar is False
+    assert config.trainer.lightning.devices == 2 and config.trainer.hit_k == (2, 8)
+    assert config.trainer.progress_bar is False
     defaults = build_train_config(_args(*MEMENTO, "--out", "o"), dim=16)
-    assert to_dict(defaults.learner) == to_dict(type(defaults.learner)()) and defaults.trainer.precision == "auto"
+    assert to_dict(defaults.learner) == to_dict(type(defaults.learner)())
+    assert defaults.trainer.lightning.precision == "auto"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -67,7 +73,7 @@ def test_flags_override_the_config_file(tmp_path):
     ([*MEMENTO, "--val-fraction", "1.5"], "DataConfig.val_fraction=1.5"),
     ([*MEMENTO, "--hidden", "0"], "QNetConfig.hidden=0"),
     ([*MEMENTO, "--gamma", "0.5"], "gamma > 0 .* needs next states"),
-    ([*MEMENTO, "--devices", "x"], "TrainerConfig.devices='x'"),
+    ([*MEMENTO, "--devices", "x"], "LightningConfig.devices='x'"),
     ([*MEMENTO, "--resume"], "config.json: config file not found"),
     ([*MEMENTO, "--torch-threads", "-1"], "--torch-threads=-1"),
 ])
@@ -97,3 +103,19 @@ def test_a_used_run_directory_needs_resume_and_resume_keeps_the_model(tmp_path, 
     assert resumed.trainer.max_epochs == 40 and resumed.qnet == config.qnet
     assert main(["train", "--resume", "--out", str(out)]) == 2  # no last.ckpt yet
     assert "last.ckpt: no Lightning checkpoint to resume from" in capsys.readouterr().err
+
+
+def test_resume_reads_a_config_written_before_the_lightning_fields_were_nested(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    config = build_train_config(_args(*MEMENTO, "--out", str(out), "--accelerator", "cpu"), dim=384)
+    flat = to_dict(config)
+    flat["trainer"].update(flat["trainer"].pop("lightning"))  # the old shape: accelerator, devices... in trainer
+    (out / "config.json").write_text(json.dumps(flat))
+    resumed = build_train_config(_args("--resume", "--out", str(out), "--max-epochs", "40", "--devices", "2"), dim=384)
+    assert resumed.trainer.max_epochs == 40 and resumed.trainer.lightning.devices == 2
+    assert resumed.trainer.lightning.accelerator == "cpu" and resumed.qnet == config.qnet
+    (tmp_path / "old.json").write_text(json.dumps(flat))  # an old file as --config, flags override it
+    again = build_train_config(_args("--config", str(tmp_path / "old.json"), "--out", "o", "--strategy", "ddp"),
+                               dim=384)
+    assert (again.trainer.lightning.strategy, again.trainer.lightning.accelerator) == ("ddp", "cpu")

@@ -19,8 +19,10 @@ from memento.replay import ReplayBatch
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 from training.config import (
     DataConfig,
+    LightningConfig,
     TrainConfig,
     TrainerConfig,
+    help_default,
     load_train_config,
     save_train_config,
     train_config_from_dict,
@@ -65,13 +67,14 @@ def synthetic_data(n_states: int = 30, n_cases: int = 40, dim: int = 8, rows: in
 # ---------------------------------------------------------------- config
 
 
-def _config(**trainer) -> TrainConfig:
+def _config(lightning: LightningConfig | None = None, **trainer) -> TrainConfig:
     return TrainConfig(data=DataConfig(source="memento", memento_pairs=str(PAIRS), memento_memory=str(MEMORY)),
-                       qnet=QNetConfig(dim=384), learner=LearnerConfig(batch_size=64), trainer=TrainerConfig(**trainer))
+                       qnet=QNetConfig(dim=384), learner=LearnerConfig(batch_size=64),
+                       trainer=TrainerConfig(lightning=lightning or LightningConfig(), **trainer))
 
 
 def test_config_round_trip(tmp_path):
-    config = _config(devices="0,1", hit_k=(4, 1), precision="bf16-mixed")
+    config = _config(LightningConfig(devices="0,1", precision="bf16-mixed"), hit_k=(4, 1))
     config = TrainConfig(data=DataConfig(source="log", log="run", encoder=EncoderConfig(pooling="cls")),
                          qnet=config.qnet, learner=config.learner, trainer=config.trainer)
     assert config.trainer.hit_k == (1, 4)
@@ -79,7 +82,31 @@ def test_config_round_trip(tmp_path):
     assert load_train_config(tmp_path / "config.json") == config
     raw = json.loads((tmp_path / "config.json").read_text())
     assert set(raw) == {"data", "qnet", "learner", "trainer"} and raw["trainer"]["hit_k"] == [1, 4]
-    assert TrainerConfig(devices="2").devices == 2 and TrainerConfig(devices=-1).devices == -1
+    assert raw["trainer"]["lightning"] == {"accelerator": "auto", "devices": "0,1", "num_nodes": 1, "strategy": "auto",
+                                           "precision": "bf16-mixed", "log_every_n_steps": 10}
+    assert LightningConfig(devices="2").devices == 2 and LightningConfig(devices=-1).devices == -1
+
+
+def test_config_written_before_the_nesting_still_loads(tmp_path):
+    """A config.json with the trainer's Lightning fields flat (as runs wrote them before) reads as the nested form."""
+    config = _config(LightningConfig(accelerator="cpu", devices=2, precision="32-true", log_every_n_steps=3),
+                     max_epochs=7)
+    raw = to_dict(config)
+    raw["trainer"].update(raw["trainer"].pop("lightning"))
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert load_train_config(tmp_path / "config.json") == config
+    raw["trainer"]["lightning"] = {"devices": 1}
+    with pytest.raises(ConfigError, match="'devices' is given twice, flat and as lightning.devices"):
+        train_config_from_dict(raw)
+
+
+def test_help_defaults_come_from_the_config_classes():
+    assert help_default(TrainerConfig, "max_epochs") == str(TrainerConfig().max_epochs)
+    assert help_default(TrainerConfig, "lightning.precision") == LightningConfig().precision
+    assert help_default(TrainerConfig, "hit_k") == " ".join(map(str, TrainerConfig().hit_k))
+    assert help_default(LearnerConfig, "lr") == format(LearnerConfig().lr, "g")
+    with pytest.raises(KeyError, match="has no default"):
+        help_default(TrainConfig, "qnet")
 
 
 def test_config_dim_comes_from_the_encoder(tmp_path):
@@ -106,12 +133,14 @@ def test_config_dim_comes_from_the_encoder(tmp_path):
     (lambda: DataConfig(source="cases", cases="c", rewards="r", bank="b"), "bank='b': is only used with"),
     (lambda: DataConfig(source="log", log="x", val_fraction=1.0), "val_fraction=1.0"),
     (lambda: DataConfig(source="sql", log="x"), "DataConfig.source='sql'"),
-    (lambda: TrainerConfig(devices=0), "TrainerConfig.devices=0"),
-    (lambda: TrainerConfig(devices="gpu0"), "TrainerConfig.devices='gpu0'"),
+    (lambda: LightningConfig(devices=0), "LightningConfig.devices=0"),
+    (lambda: LightningConfig(devices="gpu0"), "LightningConfig.devices='gpu0'"),
     (lambda: TrainerConfig(max_steps=0), "TrainerConfig.max_steps=0"),
-    (lambda: TrainerConfig(precision="fp8"), "TrainerConfig.precision='fp8'"),
+    (lambda: LightningConfig(precision="fp8"), "LightningConfig.precision='fp8'"),
     (lambda: TrainerConfig(hit_k=(1, 1)), "TrainerConfig.hit_k"),
-    (lambda: TrainerConfig(strategy=" "), "TrainerConfig.strategy"),
+    (lambda: LightningConfig(strategy=" "), "LightningConfig.strategy"),
+    (lambda: LightningConfig(accelerator="tpu"), "LightningConfig.accelerator='tpu'"),
+    (lambda: TrainerConfig(lightning={"devices": 1}), "TrainerConfig.lightning=.*must be a LightningConfig"),
     (lambda: TrainConfig(data=DataConfig(source="memento", memento_pairs="p", memento_memory="m"),
                          qnet=QNetConfig(dim=4), learner=LearnerConfig(gamma=0.9)), "gamma > 0 .* needs next states"),
 ])

@@ -24,10 +24,10 @@ from memento.learner import SoftQLearner
 from memento.qnet import build_qnet
 from memento.replay import ReplayBatch
 from tests.unit.test_training_data import synthetic_data
-from training.config import DataConfig, TrainConfig, TrainerConfig
+from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
 from training.data import TrainingData
 from training.q_module import QModule
-from training.run import resolve_precision, train_q
+from training.run import resolve_precision, train_q, trainer_kwargs
 
 
 @pytest.fixture(autouse=True)
@@ -39,10 +39,14 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def _config(data: TrainingData, **trainer) -> TrainConfig:
+    """A small run; ``trainer`` holds TrainerConfig fields and LightningConfig ones (those go to its ``lightning``)."""
     fields = {"max_epochs": 3, "progress_bar": False, "patience": 0, **trainer}
+    names = {f.name for f in dataclasses.fields(LightningConfig)}
+    lightning = LightningConfig(**{k: v for k, v in fields.items() if k in names})
+    trainer = TrainerConfig(lightning=lightning, **{k: v for k, v in fields.items() if k not in names})
     return TrainConfig(data=DataConfig(source="cases", cases="unused", rewards="unused"),
                        qnet=QNetConfig(dim=data.dim, hidden=32, dropout=0.1),
-                       learner=LearnerConfig(batch_size=16, lr=3e-3), trainer=TrainerConfig(**fields))
+                       learner=LearnerConfig(batch_size=16, lr=3e-3), trainer=trainer)
 
 
 class LossRecorder(L.Callback):
@@ -180,6 +184,13 @@ def test_precision_auto_is_32_on_the_cpu():
     assert resolve_precision("16-mixed", "cpu") == "16-mixed"
     if not torch.cuda.is_available():
         assert resolve_precision("auto", "auto") == "32-true"
+
+
+def test_trainer_kwargs_are_the_lightning_config_with_precision_resolved():
+    kwargs = trainer_kwargs(LightningConfig(accelerator="cpu", devices="2", strategy="ddp", log_every_n_steps=3))
+    assert kwargs == {"accelerator": "cpu", "devices": 2, "num_nodes": 1, "strategy": "ddp", "precision": "32-true",
+                      "log_every_n_steps": 3}
+    assert trainer_kwargs(LightningConfig(precision="bf16-mixed"))["precision"] == "bf16-mixed"
 
 
 def test_hyperparameters_are_saved_as_plain_json():
