@@ -41,7 +41,7 @@ from memento.qnet import build_qnet
 from memento.replay import ReplayBuffer, Transition
 from memento.types import Selection
 
-__all__ = ["LEARNER_DIR", "REPLAY_DIR", "SoftQAgent", "load_trained_learner"]
+__all__ = ["LEARNER_DIR", "REPLAY_DIR", "SoftQAgent", "load_trained_learner", "save_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,12 @@ def load_trained_learner(path: str | Path, dim: int) -> SoftQLearner:
                              f"dim={dim}")
     logger.info("trained Q-network from %s (arch=%s)", path, learner.qnet.config.arch)
     return learner
+
+
+def save_state(directory: str | Path, learner: SoftQLearner, buffer: ReplayBuffer) -> None:
+    """A soft-Q agent's learning state: ``learner/`` and ``replay/`` in ``directory`` (a checkpoint, an artifact)."""
+    learner.save(Path(directory) / LEARNER_DIR)
+    buffer.save(Path(directory) / REPLAY_DIR)
 
 
 class SoftQAgent:
@@ -160,8 +166,7 @@ class SoftQAgent:
         return {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
 
     def checkpoint(self, directory: Path) -> None:
-        self.learner.save(Path(directory) / LEARNER_DIR)
-        self.buffer.save(Path(directory) / REPLAY_DIR)
+        save_state(directory, self.learner, self.buffer)
 
     def restore(self, directory: Path) -> None:
         device = self.learner.device

@@ -23,9 +23,8 @@ import logging
 import os
 import shutil
 import sqlite3
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -33,29 +32,16 @@ from memento.agent import load_trained_learner
 from memento.artifact import (
     BANK_DB,
     BANK_DIR,
-    CARD_NAME,
     CONFIG_NAME,
     ENCODER_NAME,
     FEEDBACK_NAME,
     LEARNER_DIR,
     MANIFEST_NAME,
-    QNET_NAME,
     REPLAY_DIR,
-    SELECTOR_FORMAT,
-    SELECTOR_FORMAT_VERSION,
     EncoderSpec,
-    FeedbackLog,
     SelectorConfig,
-    bank_rows_digest,
-    feedback_rows_digest,
-    fsync_tree,
-    hash_files,
-    library_versions,
-    listed_files,
-    model_card,
     read_encoder_spec,
     verify_artifact,
-    write_encoder_spec,
 )
 from memento.config import (
     LearnerConfig,
@@ -64,16 +50,13 @@ from memento.config import (
     SoftQConfig,
     from_dict,
     load_json,
-    save_json,
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DimensionError
-from memento.io import atomic_write_text, read_versioned_json, sqlite_copy
+from memento.io import read_versioned_json, sqlite_copy
 from memento.loop import LoopConfig
 from memento.rundir import RunDir, read_json
-
-if TYPE_CHECKING:
-    from memento.selector import Selector
+from memento.selector import Selector, swap_in, write_artifact
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
 
@@ -96,8 +79,6 @@ def load_selector(path: str | Path, device: str | torch.device | None = None, *,
     - ``encoder``: an object with ``encode(texts)`` and ``dim`` to encode query texts instead of the one
       ``encoder.json`` names (needed when the run used a custom encoder).
     """
-    from memento.selector import Selector
-
     return Selector.load(path, device, learn=learn, seed=seed, verify=verify, encoder=encoder)
 
 
@@ -301,15 +282,6 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
             raise CheckpointError(f"{out}: exists and is not a selector artifact; refusing to replace it")
 
 
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Write a selector artifact to ``out_dir`` from a soft-Q run, a comparison, a checkpoint or an artifact.
 
@@ -329,7 +301,7 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
             raise CheckpointError(f"{out}: is the source artifact itself")
         with load_selector(source) as selector:
             selector.save(tmp)
-        _swap_in(tmp, out)
+        swap_in(tmp, out)
         logger.info("exported a copy of selector %s to %s", source, out)
         return out
 
@@ -354,7 +326,7 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
                                 updates_per_step=soft_q.updates_per_step, qnet=learner.qnet.config,
                                 learner=learner.config, replay=buffer.config, index=bank_config.index,
                                 run=to_dict(src.loop))
-        _write_artifact(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
+        write_artifact(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
                         source=_source_info(src, cases, learner.updates))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -362,35 +334,6 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
     logger.info("exported selector %s -> %s (%d cases, dim %d, %d updates)", src.path, out, cases, dim,
                 learner.updates)
     return out
-
-
-def _write_artifact(tmp: Path, out: Path, *, learner: Any, buffer: Any, config: SelectorConfig, spec: EncoderSpec,
-                    cases: int, source: dict[str, Any]) -> None:
-    """Everything but the bank into ``tmp`` (which holds ``bank/`` already), the manifest last; then swap in."""
-    from memento.selector import write_qnet
-
-    dim = spec.dim
-    save_json(config, tmp / CONFIG_NAME)
-    write_encoder_spec(tmp / ENCODER_NAME, spec)
-    write_qnet(tmp / QNET_NAME, learner)
-    learner.save(tmp / LEARNER_DIR)
-    buffer.save(tmp / REPLAY_DIR)
-    FeedbackLog.create(tmp / FEEDBACK_NAME).close()
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    manifest: dict[str, Any] = {
-        "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
-        "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
-        "source": source, "dim": dim, "learner_updates": learner.updates,
-        "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
-                 FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
-    }
-    atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
-                                                  updates=learner.updates, alpha=learner.alpha))
-    manifest["files"] = hash_files(listed_files(tmp))
-    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    fsync_tree(tmp)
-    _swap_in(tmp, out)
 
 
 def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = None, qnet: QNetConfig | None = None,
@@ -466,7 +409,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
                   "learner_updates": trainer.updates, "policy": "soft_q", "summary": None, "comparison": None}
         if trained is not None:
             source.update(kind="trained", trained=str(Path(trained).resolve()))
-        _write_artifact(tmp, out, learner=trainer, buffer=buffer, config=config, spec=spec, cases=cases,
+        write_artifact(tmp, out, learner=trainer, buffer=buffer, config=config, spec=spec, cases=cases,
                         source=source)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

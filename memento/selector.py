@@ -60,7 +60,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from memento.agent import SoftQAgent
+from memento.agent import SoftQAgent, save_state
 from memento.artifact import (
     BANK_DB,
     BANK_DIR,
@@ -112,7 +112,8 @@ from memento.policy import Observation
 from memento.replay import ReplayBuffer
 from memento.types import Case, Selection
 
-__all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "write_qnet"]
+__all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "agent_config", "swap_in",
+           "write_artifact", "write_qnet"]
 
 logger = logging.getLogger(__name__)
 
@@ -562,14 +563,7 @@ class Selector:
 
     def _write_state(self, directory: Path) -> None:
         """config.json, encoder.json, qnet.safetensors, learner/ and replay/ into ``directory``."""
-        from safetensors.torch import save_file
-
-        directory.mkdir(parents=True, exist_ok=True)
-        save_json(self.config, directory / CONFIG_NAME)
-        write_encoder_spec(directory / ENCODER_NAME, self.encoder_spec)
-        write_qnet(directory / QNET_NAME, self._learner, save_file)
-        self._learner.save(directory / LEARNER_DIR)
-        self._buffer.save(directory / REPLAY_DIR)
+        _write_parts(directory, self.config, self.encoder_spec, self._learner, self._buffer)
 
     def _live_entries(self, bank_db: sqlite3.Connection | Path, feedback_db: sqlite3.Connection | Path
                       ) -> dict[str, dict[str, Any]]:
@@ -677,10 +671,10 @@ def _check_dims(path: Path, dims: dict[str, int]) -> None:
         raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
 
 
-def write_qnet(path: Path, learner: SoftQLearner, save_file: Any = None) -> None:
+def write_qnet(path: Path, learner: SoftQLearner) -> None:
     """``qnet.safetensors``: the online Q-network's tensors, with its QNetConfig in the metadata."""
-    if save_file is None:
-        from safetensors.torch import save_file
+    from safetensors.torch import save_file
+
     tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
     metadata = {"format": QNET_FORMAT, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
@@ -706,6 +700,53 @@ def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
                                  f"{tuple(value.shape)}")
         if not torch.equal(tensors[name], value.detach().to("cpu")):
             raise CheckpointError(f"{path}: {name} differs from the learner's Q-network ({LEARNER_DIR}/)")
+
+
+def _write_parts(directory: Path, config: SelectorConfig, spec: EncoderSpec, learner: SoftQLearner,
+                 buffer: ReplayBuffer) -> None:
+    """The parts of an artifact besides the bank, the feedback log, the card and the manifest: config.json,
+    encoder.json, qnet.safetensors and the agent's learner/ and replay/ (its checkpoint layout)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    save_json(config, directory / CONFIG_NAME)
+    write_encoder_spec(directory / ENCODER_NAME, spec)
+    write_qnet(directory / QNET_NAME, learner)
+    save_state(directory, learner, buffer)
+
+
+def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: ReplayBuffer, config: SelectorConfig,
+                   spec: EncoderSpec, cases: int, source: dict[str, Any]) -> None:
+    """A new artifact: everything but the bank into ``tmp`` (which holds ``bank/`` with ``cases`` rows already),
+    an empty feedback log, the model card and the manifest last; then ``tmp`` is swapped in for ``out``.
+
+    The one writer of a new artifact (``memento.export`` resolves where its parts come from); a loaded
+    :class:`Selector` saves itself with :meth:`Selector.save`, through the same parts writer.
+    """
+    _write_parts(tmp, config, spec, learner, buffer)
+    FeedbackLog.create(tmp / FEEDBACK_NAME).close()
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    manifest: dict[str, Any] = {
+        "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
+        "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
+        "source": source, "dim": spec.dim, "learner_updates": learner.updates,
+        "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
+                 FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
+    }
+    atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
+                                                  updates=learner.updates, alpha=learner.alpha))
+    manifest["files"] = hash_files(listed_files(tmp))
+    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    fsync_tree(tmp)
+    swap_in(tmp, out)
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def agent_config(config: SelectorConfig) -> SoftQConfig:
