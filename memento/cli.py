@@ -15,9 +15,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args
 
-from memento.config import EncoderConfig, IndexConfig, PolicyKind, SoftQConfig, field_default
-from memento.errors import ConfigError, MementoError
-from memento.loop import LoopConfig
+from memento._version import __version__
+from memento.bench.bank import BankBenchConfig, format_table, run_bank_bench
+from memento.bench.online import OnlineBenchConfig, format_online_table, run_online_bench
+from memento.bench.select import SelectBenchConfig, run_select_bench
+from memento.bench.select import format_table as format_select
+from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_bench
+from memento.bench.train import TrainBenchConfig, run_train_bench
+from memento.bench.train import format_table as format_train
+from memento.compare import comparison_table, run_comparison
+from memento.config import EncoderConfig, IndexConfig, PolicyKind, QNetArch, SoftQConfig, field_default
+from memento.encoders import Encoder, saved_pooling
+from memento.envs.tasks import suite_dir
+from memento.errors import ConfigError, DataFormatError, DimensionError, EncoderError, MementoError
+from memento.export import create_selector, export_selector, verify
+from memento.formats import CaseFormat, read_case_file, read_tasks_jsonl
+from memento.loop import LoopConfig, loop_policy
+from memento.mcp_server import run_mcp
+from memento.memory import CaseBank
+from memento.planners.base import PlannerError
+from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
+from memento.serve import ServeConfig, check_host, require_extra, resolve_token, serve
+from policies import make_policy
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -71,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "formats:\n" + _CASE_FORMAT_HELP)
     imp.add_argument("file", metavar="FILE", help="JSONL file to import")
     imp.add_argument("--bank", required=True, metavar="DIR", help="bank directory (created if missing)")
-    from memento.formats import CaseFormat
 
     imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case",
                      help="input format (default: case)")
@@ -120,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--seed", type=int, default=0)
     bb.add_argument("--workdir", default=None, help="where the temporary banks go (default: system temp)")
     bb.add_argument("--json", required=True, metavar="OUT", help="results file")
-
-    from memento.config import QNetArch
 
     archs = list(get_args(QNetArch))
     bs = bench_cmds.add_parser(
@@ -282,8 +298,6 @@ def _add_demo_parser(commands: Any) -> None:
 def _cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import shutil
 
-    from memento.envs.tasks import suite_dir
-
     facts = suite_dir("facts")
     out = Path(args.out)
     if args.fresh and out.exists():
@@ -333,7 +347,6 @@ def _add_online_parser(commands: Any) -> None:
     seed = online.add_mutually_exclusive_group()
     seed.add_argument("--cases", metavar="FILE", default=None, help="seed cases for the bank (JSONL)")
     seed.add_argument("--bank", metavar="DIR", default=None, help="a seed bank to copy (instead of --cases)")
-    from memento.formats import CaseFormat
 
     online.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
                         help="format of --cases (default: case)")
@@ -382,13 +395,6 @@ def _add_online_parser(commands: Any) -> None:
 
 
 def _cmd_online(args: argparse.Namespace) -> int:
-    from memento.compare import comparison_table, run_comparison
-    from memento.errors import DataFormatError
-    from memento.formats import read_case_file, read_tasks_jsonl
-    from memento.loop import loop_policy
-    from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
-    from policies import make_policy  # the composition root wires the concrete policies into the loop
-
     # everything cheap is checked before a model is loaded or a file written
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     known = get_args(PolicyKind)
@@ -407,8 +413,6 @@ def _cmd_online(args: argparse.Namespace) -> int:
         raise DataFormatError("no tasks in the file", path=args.tasks)
     seed_cases = read_case_file(args.cases, args.cases_format) if args.cases else None
     if args.bank is not None:
-        from memento.memory import CaseBank
-
         CaseBank.open(args.bank).close()  # fails early on a path that is not a bank
     soft_q = _soft_q_config(args)
     configs = [soft_q if kind == "soft_q" else loop_policy(kind) for kind in policies]  # type: ignore[arg-type]
@@ -438,8 +442,6 @@ def _cmd_online(args: argparse.Namespace) -> int:
     try:
         planner = build_planner(spec)
     except ImportError as error:
-        from memento.planners.base import PlannerError
-
         raise PlannerError(f"planner {spec}: not available ({error})") from None
     comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
                                 make_policy=make_policy, encoder=encoder, planner=planner, judge=judge, tasks=tasks,
@@ -498,8 +500,6 @@ def _add_export_parsers(commands: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from memento.export import create_selector, export_selector, verify
-
     src = Path(args.source)
     if args.bank is not None:
         out = create_selector(args.bank, args.out, trained=src, k=args.k, candidates=args.candidates,
@@ -523,8 +523,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from memento.export import verify
-
     report = verify(args.dir)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -613,9 +611,6 @@ def _add_serve_parsers(commands: Any) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from memento.errors import ConfigError
-    from memento.serve import ServeConfig, check_host, require_extra, resolve_token, serve
-
     require_extra("serve")  # before anything is loaded: a missing extra is one line
     check_host(args.host, no_auth=args.no_auth)
     if not 0 <= args.port <= 65535:
@@ -641,9 +636,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
-    from memento.mcp_server import run_mcp
-    from memento.serve import ServeConfig, require_extra
-
     require_extra("mcp")
     return run_mcp(args.dir, learn=args.learn, device=args.device, seed=args.seed,
                    config=ServeConfig(save_every_n=args.save_every_n, save_every_s=0))
@@ -658,16 +650,12 @@ def _load_encoder(config: Any) -> Any:
     """The encoder, without transformers' per-load progress bar (the CLI shows its own output)."""
     from transformers.utils import logging as hf_logging
 
-    from memento.encoders import Encoder
-
     if logging.getLogger().level > logging.INFO:
         hf_logging.disable_progress_bar()
     return Encoder.from_config(config)
 
 
 def _encoder_config(args: argparse.Namespace) -> Any:
-    from memento.encoders import saved_pooling
-
     pooling = args.pooling or (saved_pooling(args.encoder) if args.encoder else None) or field_default(
         EncoderConfig, "pooling")
     given = {} if args.max_length is None else {"max_length": args.max_length}
@@ -675,8 +663,6 @@ def _encoder_config(args: argparse.Namespace) -> Any:
 
 
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
-    from memento.memory import CaseBank
-
     if dim is not None:
         return CaseBank.create(args.bank, dim, index=args.index or field_default(IndexConfig, "factory")), None
     config = _encoder_config(args)
@@ -686,8 +672,6 @@ def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
 
 
 def _bank_encoder(bank: Any) -> Any:
-    from memento.errors import DimensionError, EncoderError
-
     if bank.config.encoder is None:
         raise EncoderError(f"{bank.path}: this bank records no encoder (created with --dim); "
                            "it can only be searched with vectors from Python")
@@ -699,8 +683,6 @@ def _bank_encoder(bank: Any) -> Any:
 
 
 def _cmd_bank(args: argparse.Namespace) -> int:
-    from memento.memory import CaseBank
-
     if args.bank_command == "create":
         bank, _ = _create_bank(args, args.dim)
         with bank:
@@ -708,8 +690,6 @@ def _cmd_bank(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     if args.bank_command == "import":
-        from memento.formats import read_case_file
-
         cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
         if Path(args.bank, "cases.sqlite").exists():
             bank, encoder = CaseBank.open(args.bank), None
@@ -731,8 +711,6 @@ def _cmd_bank(args: argparse.Namespace) -> int:
             n = bank.export_jsonl(args.out)
             print(f"exported {n} case(s) to {args.out}")
         elif args.bank_command == "search":
-            from memento.errors import DataFormatError
-
             if args.k < 1:
                 raise DataFormatError(f"-k must be a positive integer, got {args.k}")
             encoder = _bank_encoder(bank)
@@ -761,20 +739,14 @@ def _cmd_bank(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "bank":
-        from memento.bench.bank import BankBenchConfig, run_bank_bench
-
         config = BankBenchConfig(sizes=tuple(args.sizes), factories=tuple(args.factories), dim=args.dim,
                                  queries=args.queries, k=args.k, data=args.data, ef_search=tuple(args.ef_search),
                                  nprobe=tuple(args.nprobe), seed=args.seed)
         results = run_bank_bench(config, out=args.json, workdir=args.workdir)
-        from memento.bench.bank import format_table
 
         print(format_table(results))
         print(f"results written to {args.json}")
     elif args.bench_command == "select":
-        from memento.bench.select import SelectBenchConfig, run_select_bench
-        from memento.bench.select import format_table as format_select
-
         select_config = SelectBenchConfig(
             sizes=tuple(args.sizes), k=args.k, candidates=args.candidates, factory=args.factory,
             exact_max=args.exact_max, ef_search=tuple(args.ef_search), archs=tuple(args.archs), data=args.data,
@@ -783,9 +755,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(format_select(run_select_bench(select_config, out=args.json, workdir=args.workdir)))
         print(f"results written to {args.json}")
     elif args.bench_command == "train":
-        from memento.bench.train import TrainBenchConfig, run_train_bench
-        from memento.bench.train import format_table as format_train
-
         train_config = TrainBenchConfig(
             archs=tuple(args.archs), batch_size=args.batch_size, k=args.k, steps=args.steps, dim=args.dim,
             buffer_size=args.buffer_size, device=args.device, torch_threads=args.torch_threads, seed=args.seed)
@@ -797,8 +766,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(format_train(run_train_bench(train_config, out=args.json)))
         print(f"results written to {args.json}")
     elif args.bench_command == "online":
-        from memento.bench.online import OnlineBenchConfig, format_online_table, run_online_bench
-
         online_config = OnlineBenchConfig(
             steps=args.steps, policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
             suite=args.suite, split=args.split, planner=args.planner, late_steps=args.late_steps,
@@ -812,8 +779,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(format_online_table(run_online_bench(online_config, out=args.json, workdir=args.workdir)))
         print(f"results written to {args.json}")
     elif args.bench_command == "serve":
-        from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_bench
-
         serve_config = ServeBenchConfig(
             size=args.size, data=args.data, factory=args.factory, k=args.k, clients=tuple(args.clients),
             selects=args.selects, text_selects=args.text_selects, feedbacks=args.feedbacks, learn=not args.no_learn,
@@ -828,8 +793,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
-        from memento import __version__
-
         print(f"memento {__version__}")
         return EXIT_OK
     if args.command is None:

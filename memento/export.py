@@ -52,9 +52,14 @@ from memento.config import (
     load_json,
     to_dict,
 )
+from memento.encoders import DEFAULT_MODEL_ID
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.io import read_versioned_json, sqlite_copy
+from memento.learner import SoftQLearner
 from memento.loop import LoopConfig
+from memento.memory import CaseBank
+from memento.qnet import build_qnet
+from memento.replay import ReplayBuffer
 from memento.rundir import RunDir, read_json
 from memento.selector import Selector, swap_in, write_artifact
 
@@ -206,7 +211,6 @@ def _resolve_source(source: Path) -> _Source:
 
 def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
     """Copy the run's bank (as it was at the checkpoint) to ``dst``; returns (BankConfig, cases)."""
-    from memento.memory import CaseBank
 
     db = src.bank_dir / "cases.sqlite"
     if not db.is_file():
@@ -241,8 +245,6 @@ def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
 
 
 def _encoder_spec(encoder_config: Any, run_info: dict[str, Any] | None, dim: int) -> EncoderSpec:
-    from memento.encoders import DEFAULT_MODEL_ID
-
     described = None if run_info is None else run_info.get("encoder")
     info = described if isinstance(described, dict) else {}
     if encoder_config is not None:
@@ -288,8 +290,6 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
     The directory is assembled beside ``out_dir`` and renamed into place when complete. An existing
     non-empty ``out_dir`` is refused unless ``overwrite`` (and then only if it is an artifact).
     """
-    from memento.learner import SoftQLearner
-    from memento.replay import ReplayBuffer
 
     source, out = Path(source), Path(out_dir)
     _prepare_out(out, overwrite)
@@ -352,10 +352,6 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     must then be None): an offline-trained selector over a bank. ``positive_only``: choose among the
     candidates with stored reward > 0 only (:class:`~memento.artifact.SelectorConfig`).
     """
-    from memento.learner import SoftQLearner
-    from memento.memory import CaseBank
-    from memento.qnet import build_qnet
-    from memento.replay import ReplayBuffer
 
     bank_dir, out = Path(bank), Path(out_dir)
     db = bank_dir / "cases.sqlite"

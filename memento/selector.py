@@ -2,7 +2,6 @@
 
 Load one with :func:`memento.load_selector` (it verifies checksums, the format version and that the
 encoder, bank, Q-network and replay buffer agree on the dimension before anything is used)::
-
     selector = memento.load_selector("checkpoints/selector", learn=True)
     result = selector.select("What is the capital of Peru?", k=4)      # SelectionResult
     selector.feedback(result.selection_id, reward=1.0)                 # recorded, then learned from
@@ -96,6 +95,7 @@ from memento.artifact import (
     write_encoder_spec,
 )
 from memento.config import SoftQConfig, load_json, save_json, to_dict
+from memento.encoders import Encoder
 from memento.errors import (
     CheckpointError,
     ConfigError,
@@ -379,7 +379,6 @@ class Selector:
                     raise EncoderError(f"{self.path}: this selector stores no text encoder ({ENCODER_NAME}: kind "
                                        f"'none', trained with {spec.description or 'a custom encoder'}); pass a "
                                        f"{spec.dim}-d vector, or load_selector(..., encoder=...)")
-                from memento.encoders import Encoder
 
                 encoder = Encoder.from_config(spec.encoder_config(), device=self._encoder_device)
                 if encoder.dim != spec.dim:

@@ -25,6 +25,8 @@ import numpy as np
 
 from memento.errors import ConfigError
 from memento.io import atomic_write_text
+from memento.memory import CaseBank
+from memento.types import Case
 
 __all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "make_vectors", "run_bank_bench"]
 
@@ -127,8 +129,6 @@ def _environment() -> dict[str, Any]:
 def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
                    workdir: str | Path | None = None) -> dict[str, Any]:
     """Run the benchmark; returns (and writes to ``out`` as it goes) the results document."""
-    from memento.memory import CaseBank
-    from memento.types import Case
 
     rng = np.random.default_rng(config.seed)
     results: dict[str, Any] = {"benchmark": "bank", "config": dataclasses.asdict(config),

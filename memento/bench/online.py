@@ -25,11 +25,19 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from memento.bench.bank import _environment, _write, make_vectors
 from memento.compare import run_comparison
 from memento.config import PolicyConfig, PolicyKind, SoftQConfig, check, check_choice, check_int
+from memento.encoders import Encoder
 from memento.envs.regret import RegretConfig, regret_policy, run_regret
+from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
+from memento.envs.tasks import load_suite, seed_cases
+from memento.judges import make_judge
 from memento.loop import LoopConfig, OnlineLoop, loop_policy
+from memento.memory import CaseBank
+from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
+from memento.types import Case
 from policies import make_policy
 
 __all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
@@ -72,9 +80,6 @@ def _loop_policies(config: OnlineBenchConfig) -> list[PolicyConfig]:
 
 
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
-    from memento.envs.tasks import load_suite, seed_cases
-    from memento.judges import make_judge
-
     planner = build_planner(parse_planner_spec(config.planner))
     loop_config = LoopConfig(steps=config.steps, seed=config.seed, checkpoint_every=0, tensorboard=False)
     comparison = run_comparison(_loop_policies(config), config=loop_config, out_dir=workdir / "real",
@@ -95,8 +100,6 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
 
 
 def _synthetic(config: OnlineBenchConfig, workdir: Path) -> dict[str, Any]:
-    from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
-
     out = {}
     for policy in config.policies:
         result = run_regret(SyntheticBandit(SyntheticBanditConfig(seed=config.seed)),
@@ -107,13 +110,6 @@ def _synthetic(config: OnlineBenchConfig, workdir: Path) -> dict[str, Any]:
 
 
 def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
-    from memento.bench.bank import make_vectors
-    from memento.envs.tasks import load_suite
-    from memento.judges import make_judge
-    from memento.memory import CaseBank
-    from memento.planners.base import CallablePlanner
-    from memento.types import Case
-
     rng = np.random.default_rng(config.seed)
     n = config.overhead_bank
     bank_dir = workdir / "overhead-seed-bank"
@@ -143,8 +139,6 @@ def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[st
 def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str | Path | None = None
                      ) -> dict[str, Any]:
     """Run the selected parts; the JSON at ``out`` is rewritten after each part."""
-    from memento.bench.bank import _environment, _write
-    from memento.encoders import Encoder
 
     results: dict[str, Any] = {"benchmark": "online", "config": dataclasses.asdict(config),
                                "environment": _environment(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}

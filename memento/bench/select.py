@@ -6,7 +6,6 @@ intrinsic dimension). The index follows one explicit rule: exact ``Flat`` while
 ``N <= exact_max``, the approximate ``factory`` above it. Then, one query state at a time
 (the online loop's access pattern, state embedding given), the selection of K cases is timed
 end to end::
-
     candidates = bank.candidates(state_D, C)                 # faiss top-C + their stored vectors
     selection = policy.select(state_D, candidates, K, rng=rng)
 
@@ -39,8 +38,13 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.bank import _exact_topk, _write, make_vectors
-from memento.config import QNetArch
+from memento.config import IndexConfig, QNetArch, QNetConfig
+from memento.encoders import Encoder
 from memento.errors import ConfigError
+from memento.memory import CaseBank
+from memento.memory.index import FaissIndex
+from memento.qnet import build_qnet
+from memento.types import Case
 from policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 
 __all__ = ["ReferenceScorer", "SelectBenchConfig", "format_table", "reference_texts", "run_select_bench"]
@@ -189,8 +193,6 @@ def _time_reference(config: SelectBenchConfig) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from memento.encoders import Encoder
-
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
     encoder = Encoder.from_pretrained(use_cache=False, device="cpu")
@@ -222,8 +224,6 @@ def _time_reference(config: SelectBenchConfig) -> dict[str, Any]:
 
 def _make_policies(config: SelectBenchConfig) -> list[tuple[str, str | None, Any]]:
     """``(policy, arch, Policy)``: similarity, then soft-Q per architecture, all on the CPU."""
-    from memento.config import QNetConfig
-    from memento.qnet import build_qnet
 
     out: list[tuple[str, str | None, Any]] = [("similarity", None, SimilarityPolicy())]
     for arch in config.archs:
@@ -276,9 +276,6 @@ def _environment() -> dict[str, Any]:
 
 def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
                   policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
-    from memento.memory import CaseBank
-    from memento.types import Case
-
     base_ND = make_vectors(rng, n, config.dim, config.data)
     queries_QD = make_vectors(rng, config.queries, config.dim, config.data)
     c = min(config.candidates, n)
@@ -325,9 +322,6 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
                      workdir: str | Path | None = None) -> dict[str, Any]:
     """Run the benchmark; returns (and writes to ``out`` as it goes) the results document."""
     import torch
-
-    from memento.config import IndexConfig
-    from memento.memory.index import FaissIndex
 
     FaissIndex(IndexConfig(factory=config.factory), config.dim)  # a bad factory fails before any work
     rng = np.random.default_rng(config.seed)

@@ -46,7 +46,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import check, check_int
+from memento.bench.bank import _write, make_vectors
+from memento.bench.select import _environment as base
+from memento.config import EncoderConfig, check, check_int
+from memento.export import create_selector
+from memento.memory import CaseBank
+from memento.serve import TOKEN_ENV, require_extra
+from memento.types import Case
 
 __all__ = ["HttpClient", "ServeBenchConfig", "ServerProcess", "build_random_artifact", "format_serve_table",
            "run_clients", "run_serve_bench"]
@@ -90,8 +96,6 @@ class ServerProcess:
             return ""
 
     def start(self, timeout: float = 180.0) -> ServerProcess:
-        from memento.serve import TOKEN_ENV
-
         env = {**os.environ, **(self.env or {})}
         env.pop(TOKEN_ENV, None)
         auth = ["--no-auth"]
@@ -316,11 +320,6 @@ def build_random_artifact(out: str | Path, *, size: int, factory: str = "HNSW32,
     take minutes and change nothing the service measures). :func:`memento.export.create_selector`
     makes the artifact (the latency does not depend on the Q-network's weights).
     """
-    from memento.bench.bank import make_vectors
-    from memento.config import EncoderConfig
-    from memento.export import create_selector
-    from memento.memory import CaseBank
-    from memento.types import Case
 
     dim = 384  # all-MiniLM-L6-v2
     root = Path(tempfile.mkdtemp(prefix="memento-serve-artifact-", dir=workdir))
@@ -452,8 +451,6 @@ def _environment() -> dict[str, Any]:
     import fastapi
     import uvicorn
 
-    from memento.bench.select import _environment as base
-
     return {**base(), "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
             "server": "memento serve subprocess (uvicorn, 1 worker) on 127.0.0.1; clients: threads in the bench "
                       "process, one keep-alive http.client connection each"}
@@ -466,8 +463,6 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
     ``artifact``: an exported selector to reuse, or where to build one (kept); ``None`` builds one in a
     temporary directory that is removed afterwards.
     """
-    from memento.bench.bank import _write, make_vectors
-    from memento.serve import require_extra
 
     require_extra("serve")
     rng = np.random.default_rng(config.seed)

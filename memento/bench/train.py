@@ -29,8 +29,11 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.bank import _write
-from memento.config import QNetArch
+from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig
 from memento.errors import ConfigError
+from memento.learner import SoftQLearner
+from memento.qnet import build_qnet
+from memento.replay import ReplayBuffer, Transition
 
 __all__ = ["Trainer", "TrainBenchConfig", "format_table", "run_train_bench"]
 
@@ -133,8 +136,6 @@ def _random_batch(rng: np.random.Generator, b: int, config: TrainBenchConfig) ->
 
 def _filled_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> tuple[Any, float]:
     """A replay buffer holding ``buffer_size`` random decisions; also the fill time in seconds."""
-    from memento.config import ReplayConfig
-    from memento.replay import ReplayBuffer
 
     buffer = ReplayBuffer(ReplayConfig(capacity=config.buffer_size, dim=config.dim, k_max=config.k), device=device)
     fill_s = 0.0
@@ -155,10 +156,6 @@ def _ms(seconds: list[float]) -> dict[str, float]:
 def _time_plain(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device: Any) -> dict[str, Any]:
     """``buffer.sample`` + ``SoftQLearner.update`` in a plain Python loop."""
     import torch
-
-    from memento.config import LearnerConfig, QNetConfig
-    from memento.learner import SoftQLearner
-    from memento.qnet import build_qnet
 
     qnet = build_qnet(QNetConfig(arch=arch, dim=config.dim, hidden=config.hidden, seed=config.seed))
     learner = SoftQLearner(qnet, LearnerConfig(batch_size=config.batch_size, seed=config.seed), device=device)
@@ -209,8 +206,6 @@ def _us(seconds: list[float]) -> dict[str, float]:
 def _time_replay(buffer: Any, config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> dict[str, Any]:
     """p50/p99 microseconds of Transition(...), add(one), add_batch(B) and sample(B) on the filled buffer."""
     import torch
-
-    from memento.replay import Transition
 
     one = _random_batch(rng, 1, config)
     fields = {"state_D": one["state_BD"][0], "cases_KD": one["cases_BKD"][0], "reward": float(one["reward_B"][0]),

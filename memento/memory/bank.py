@@ -1,7 +1,6 @@
 """The case bank: cases in one SQLite file (WAL), vectors in a faiss index beside it.
 
 A bank is a directory::
-
     cases.sqlite   cases (id, state, action, reward, env, kind, meta JSON, created, content hash,
                    float32 embedding) and a meta table (format, uid, BankConfig JSON)
     index.faiss    the faiss index over the embeddings (position p = case at position p)
@@ -35,6 +34,7 @@ import numpy as np
 
 from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
+from memento.formats import read_case_file, write_jsonl
 from memento.io import atomic_write, atomic_write_text
 from memento.memory.index import FaissIndex, exact_topk
 from memento.types import Case
@@ -656,7 +656,6 @@ class CaseBank:
 
         The whole file is validated before anything is written.
         """
-        from memento.formats import read_case_file
 
         cases = read_case_file(path, format)  # type: ignore[arg-type]
         if encoder.dim != self.dim:
@@ -667,7 +666,6 @@ class CaseBank:
 
     def export_jsonl(self, path: str | Path) -> int:
         """Write every case as Case JSONL (atomically); returns the number written."""
-        from memento.formats import write_jsonl
 
         return write_jsonl(path, (case.to_json() for case in self.iter_cases()))
 

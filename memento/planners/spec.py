@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from memento.errors import ConfigError
 from memento.planners.base import Planner, PlannerError
+from memento.planners.hf import HFPlanner
+from memento.planners.openai_compat import OpenAICompatPlanner
 
 __all__ = ["PlannerSpec", "build_planner", "check_planner_spec", "parse_planner_spec"]
 
@@ -77,15 +79,9 @@ def build_planner(spec: PlannerSpec, **kwargs: Any) -> Planner:
     check_planner_spec(spec)
     match spec.kind:
         case "gemma":
-            from memento.planners.hf import HFPlanner
-
             return HFPlanner.default(**kwargs)
         case "hf":
-            from memento.planners.hf import HFPlanner
-
             return HFPlanner(str(Path(str(spec.path)).expanduser()), **kwargs)
         case "openai":
-            from memento.planners.openai_compat import OpenAICompatPlanner
-
             return OpenAICompatPlanner(str(spec.model), str(spec.base_url), **kwargs)
     raise ConfigError(f"planner spec {spec}: unknown kind")  # pragma: no cover
