@@ -70,7 +70,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -131,7 +131,7 @@ def loop_policy(kind: PolicyKind) -> PolicyConfig:
             return SoftQConfig()
         case "linucb":
             return LinUCBConfig()
-    raise ConfigError(f"policy kind {kind!r}: must be one of random, similarity, soft_q, linucb")
+    raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -45,9 +45,22 @@ warning when few states have both rewarded and unrewarded cases."""
 
 
 def add_train_parser(commands: Any) -> argparse.ArgumentParser:
-    """Add the ``train`` subcommand to ``commands`` (an ``add_subparsers()`` result)."""
-    from memento.config import AlphaSchedule, ImportanceWeights, QNetArch, TDLoss
-    from training.config import Accelerator, Precision
+    """Add the ``train`` subcommand to ``commands`` (an ``add_subparsers()`` result).
+
+    The default each help line shows is read from the config classes (:func:`~training.config.help_default`).
+    """
+    from memento.config import (
+        AlphaSchedule,
+        EncoderConfig,
+        ImportanceWeights,
+        LearnerConfig,
+        Pooling,
+        QNetArch,
+        QNetConfig,
+        TDLoss,
+    )
+    from training.config import Accelerator, DataConfig, LightningConfig, Precision, TrainerConfig
+    from training.config import help_default as default
 
     p = commands.add_parser("train", help="train a Q-network offline from logs or labelled pairs (Lightning)",
                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,9 +72,9 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
                         "trainer flags may change)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the Q-network initialisation, the dropout masks, the batch order and the split "
-                        "(default: 0)")
+                        f"(default: {default(LearnerConfig, 'seed')})")
     p.add_argument("--torch-threads", type=int, default=0,
-                   help="torch.set_num_threads for this process (default: 0, torch's default)")
+                   help="torch.set_num_threads for this process (default: %(default)s, torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     data = p.add_argument_group("data")
@@ -77,63 +90,93 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     data.add_argument("--rewards", metavar="FILE", default=None,
                       help='rewards JSONL {"state", "case_id", "reward", "propensity"?}; needed with --cases')
     data.add_argument("--val-fraction", type=float, default=None,
-                      help="share of the states held out for validation (default: 0.2)")
+                      help="share of the states held out for validation "
+                           f"(default: {default(DataConfig, 'val_fraction')})")
     data.add_argument("--label-threshold", type=float, default=None,
-                      help="reward from which a (state, case) pair counts as rewarded (default: 0.5)")
-    data.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default: 0)")
+                      help="reward from which a (state, case) pair counts as rewarded "
+                           f"(default: {default(DataConfig, 'label_threshold')})")
+    data.add_argument("--num-workers", type=int, default=None,
+                      help=f"DataLoader workers (default: {default(DataConfig, 'num_workers')})")
     data.add_argument("--encoder", metavar="PATH", default=None,
                       help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
-    data.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
-                      help="encoder pooling (default: avg)")
-    data.add_argument("--max-length", type=int, default=None, help="encoder token limit per text (default: 256)")
+    data.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
+                      help=f"encoder pooling (default: {default(EncoderConfig, 'pooling')})")
+    data.add_argument("--max-length", type=int, default=None,
+                      help=f"encoder token limit per text (default: {default(EncoderConfig, 'max_length')})")
 
     net = p.add_argument_group("Q-network")
-    net.add_argument("--arch", choices=list(get_args(QNetArch)), default=None, help="architecture (default: mlp)")
-    net.add_argument("--hidden", type=int, default=None, help="hidden width (default: 512)")
-    net.add_argument("--n-layers", type=int, default=None, help="hidden layers (default: 1)")
-    net.add_argument("--dropout", type=float, default=None, help="dropout (default: 0.1)")
-    net.add_argument("--embed-dim", type=int, default=None, help="two_tower output width (default: 128)")
+    net.add_argument("--arch", choices=list(get_args(QNetArch)), default=None,
+                     help=f"architecture (default: {default(QNetConfig, 'arch')})")
+    net.add_argument("--hidden", type=int, default=None,
+                     help=f"hidden width (default: {default(QNetConfig, 'hidden')})")
+    net.add_argument("--n-layers", type=int, default=None,
+                     help=f"hidden layers (default: {default(QNetConfig, 'n_layers')})")
+    net.add_argument("--dropout", type=float, default=None, help=f"dropout (default: {default(QNetConfig, 'dropout')})")
+    net.add_argument("--embed-dim", type=int, default=None,
+                     help=f"two_tower output width (default: {default(QNetConfig, 'embed_dim')})")
 
     learn = p.add_argument_group("learner (the online learner's settings)")
-    learn.add_argument("--batch-size", type=int, default=None, help="decisions per batch (default: 256)")
-    learn.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: 0.001)")
-    learn.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (default: 0.01)")
-    learn.add_argument("--max-grad-norm", type=float, default=None, help="gradient-norm clip (default: 10)")
+    learn.add_argument("--batch-size", type=int, default=None,
+                       help=f"decisions per batch (default: {default(LearnerConfig, 'batch_size')})")
+    learn.add_argument("--lr", type=float, default=None,
+                       help=f"AdamW learning rate (default: {default(LearnerConfig, 'lr')})")
+    learn.add_argument("--weight-decay", type=float, default=None,
+                       help=f"AdamW weight decay (default: {default(LearnerConfig, 'weight_decay')})")
+    learn.add_argument("--max-grad-norm", type=float, default=None,
+                       help=f"gradient-norm clip (default: {default(LearnerConfig, 'max_grad_norm')})")
     learn.add_argument("--gamma", type=float, default=None,
-                       help="0: single-step BCE (default); > 0: soft TD (logs with next states only)")
-    learn.add_argument("--td-loss", choices=list(get_args(TDLoss)), default=None, help="soft-TD loss (default: huber)")
-    learn.add_argument("--alpha", type=float, default=None, help="soft-max temperature (default: 1.0)")
+                       help="0: single-step BCE; > 0: soft TD (logs with next states only) "
+                            f"(default: {default(LearnerConfig, 'gamma')})")
+    learn.add_argument("--td-loss", choices=list(get_args(TDLoss)), default=None,
+                       help=f"soft-TD loss (default: {default(LearnerConfig, 'td_loss')})")
+    learn.add_argument("--alpha", type=float, default=None,
+                       help=f"soft-max temperature (default: {default(LearnerConfig, 'alpha')})")
     learn.add_argument("--alpha-schedule", choices=list(get_args(AlphaSchedule)), default=None,
-                       help="temperature schedule (default: fixed)")
-    learn.add_argument("--target-every", type=int, default=None, help="updates between Polyak steps (default: 1)")
-    learn.add_argument("--target-beta", type=float, default=None, help="Polyak beta (default: 0.995)")
+                       help=f"temperature schedule (default: {default(LearnerConfig, 'alpha_schedule')})")
+    learn.add_argument("--target-every", type=int, default=None,
+                       help=f"updates between Polyak steps (default: {default(LearnerConfig, 'target_every')})")
+    learn.add_argument("--target-beta", type=float, default=None,
+                       help=f"Polyak beta (default: {default(LearnerConfig, 'target_beta')})")
     learn.add_argument("--importance-weights", choices=list(get_args(ImportanceWeights)), default=None,
-                       help="weight pairs by capped inverse logged propensity (default: none)")
+                       help="weight pairs by capped inverse logged propensity "
+                            f"(default: {default(LearnerConfig, 'importance_weights')})")
 
     tr = p.add_argument_group("trainer (Lightning)")
-    tr.add_argument("--max-epochs", type=int, default=None, help="epochs at most (default: 20)")
-    tr.add_argument("--max-steps", type=int, default=None, help="optimiser steps at most (default: -1, no limit)")
+    tr.add_argument("--max-epochs", type=int, default=None,
+                    help=f"epochs at most (default: {default(TrainerConfig, 'max_epochs')})")
+    tr.add_argument("--max-steps", type=int, default=None,
+                    help=f"optimiser steps at most (default: {default(TrainerConfig, 'max_steps')}, no limit)")
     tr.add_argument("--patience", type=int, default=None,
-                    help="early stopping: validation epochs without improvement (default: 5; 0: off)")
+                    help="early stopping: validation epochs without improvement "
+                         f"(default: {default(TrainerConfig, 'patience')}; 0: off)")
     tr.add_argument("--accelerator", choices=list(get_args(Accelerator)), default=None,
-                    help="Lightning accelerator (default: auto: a GPU when present)")
-    tr.add_argument("--devices", default=None, help="auto, a count, -1 (all) or a list like 0,1 (default: auto)")
-    tr.add_argument("--num-nodes", type=int, default=None, help="machines for multi-node DDP (default: 1)")
-    tr.add_argument("--strategy", default=None, help="auto, ddp, ddp_spawn, fsdp, ... (default: auto)")
+                    help=f"Lightning accelerator (default: {default(LightningConfig, 'accelerator')}: "
+                         "a GPU when present)")
+    tr.add_argument("--devices", default=None,
+                    help=f"auto, a count, -1 (all) or a list like 0,1 (default: {default(LightningConfig, 'devices')})")
+    tr.add_argument("--num-nodes", type=int, default=None,
+                    help=f"machines for multi-node DDP (default: {default(LightningConfig, 'num_nodes')})")
+    tr.add_argument("--strategy", default=None,
+                    help=f"auto, ddp, ddp_spawn, fsdp, ... (default: {default(LightningConfig, 'strategy')})")
     tr.add_argument("--precision", choices=list(get_args(Precision)), default=None,
-                    help="default auto: bf16-mixed on a CUDA GPU, 32-true on the CPU")
-    tr.add_argument("--log-every-n-steps", type=int, default=None, help="TensorBoard step scalars (default: 10)")
-    tr.add_argument("--hit-k", type=int, nargs="+", default=None, help="K of the hit@K metrics (default: 1 4)")
+                    help="auto: bf16-mixed on a CUDA GPU, 32-true on the CPU "
+                         f"(default: {default(LightningConfig, 'precision')})")
+    tr.add_argument("--log-every-n-steps", type=int, default=None,
+                    help=f"TensorBoard step scalars (default: {default(LightningConfig, 'log_every_n_steps')})")
+    tr.add_argument("--hit-k", type=int, nargs="+", default=None,
+                    help=f"K of the hit@K metrics (default: {default(TrainerConfig, 'hit_k')})")
     return p
 
 
 _SOURCE_FLAGS = {"from_log": ("log", "log"), "from_memento": ("memento", "memento_pairs"),
                  "cases": ("cases", "cases")}
 _SOURCE_FIELDS = ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards")
-_FLAG_FIELDS = {  # argparse dest -> (section, field)
+_FLAG_FIELDS = {  # argparse dest -> its field's path in the TrainConfig JSON
     "bank": ("data", "bank"), "memory": ("data", "memento_memory"), "rewards": ("data", "rewards"),
     "val_fraction": ("data", "val_fraction"), "label_threshold": ("data", "label_threshold"),
     "num_workers": ("data", "num_workers"),
+    "encoder": ("data", "encoder", "model"), "pooling": ("data", "encoder", "pooling"),
+    "max_length": ("data", "encoder", "max_length"),
     "arch": ("qnet", "arch"), "hidden": ("qnet", "hidden"), "n_layers": ("qnet", "n_layers"),
     "dropout": ("qnet", "dropout"), "embed_dim": ("qnet", "embed_dim"),
     "batch_size": ("learner", "batch_size"), "lr": ("learner", "lr"), "weight_decay": ("learner", "weight_decay"),
@@ -142,12 +185,10 @@ _FLAG_FIELDS = {  # argparse dest -> (section, field)
     "target_every": ("learner", "target_every"), "target_beta": ("learner", "target_beta"),
     "importance_weights": ("learner", "importance_weights"),
     "max_epochs": ("trainer", "max_epochs"), "max_steps": ("trainer", "max_steps"),
-    "patience": ("trainer", "patience"), "accelerator": ("trainer", "accelerator"),
-    "devices": ("trainer", "devices"), "num_nodes": ("trainer", "num_nodes"), "strategy": ("trainer", "strategy"),
-    "precision": ("trainer", "precision"), "log_every_n_steps": ("trainer", "log_every_n_steps"),
-    "hit_k": ("trainer", "hit_k"),
+    "patience": ("trainer", "patience"), "hit_k": ("trainer", "hit_k"),
+    **{name: ("trainer", "lightning", name)
+       for name in ("accelerator", "devices", "num_nodes", "strategy", "precision", "log_every_n_steps")},
 }
-_ENCODER_FLAGS = {"encoder": "model", "pooling": "pooling", "max_length": "max_length"}
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
@@ -164,52 +205,55 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     return data
 
 
-def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
-    section = raw.setdefault(name, {})
-    if not isinstance(section, dict):
-        raise ConfigError(f"TrainConfig.{name}={section!r}: expected an object")
-    return section
+def _nested(path: Path) -> dict[str, Any]:
+    """The TrainConfig JSON object in ``path``, its trainer's Lightning fields nested (older files have them flat)."""
+    from training.config import nest_flat_lightning
+
+    raw = _read_json_object(path)
+    trainer = raw.get("trainer")
+    if isinstance(trainer, dict):
+        try:
+            raw["trainer"] = nest_flat_lightning(trainer, where="TrainConfig.trainer")
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from None
+    return raw
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The flags given on the command line, as ``{section: {field: value}}`` (``data.encoder`` nested)."""
-    out: dict[str, dict[str, Any]] = {"data": {}, "qnet": {}, "learner": {}, "trainer": {}}
+def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
+    """The flags given on the command line, as ``{path in the TrainConfig JSON: value}`` (``None``: remove)."""
+    out: dict[tuple[str, ...], Any] = {}
     sources = [flag for flag in _SOURCE_FLAGS if getattr(args, flag) is not None]
     if len(sources) > 1:
         names = " and ".join("--" + s.replace("_", "-") for s in sources)
         raise ConfigError(f"{names}: give one data source")
     if sources:
         source, field = _SOURCE_FLAGS[sources[0]]
-        out["data"].update({name: None for name in _SOURCE_FIELDS})
-        out["data"].update({"source": source, field: getattr(args, sources[0])})
-    for dest, (section, field) in _FLAG_FIELDS.items():
+        out.update({("data", name): None for name in _SOURCE_FIELDS})
+        out.update({("data", "source"): source, ("data", field): getattr(args, sources[0])})
+    for dest, path in _FLAG_FIELDS.items():
         value = getattr(args, dest)
         if value is not None:
-            out[section][field] = value
+            out[path] = value
     if args.no_progress:
-        out["trainer"]["progress_bar"] = False
+        out["trainer", "progress_bar"] = False
     if args.seed is not None:
-        out["qnet"]["seed"] = out["learner"]["seed"] = out["data"]["split_seed"] = args.seed
-    encoder = {field: getattr(args, dest) for dest, field in _ENCODER_FLAGS.items() if getattr(args, dest) is not None}
-    if encoder:
-        out["data"]["encoder"] = encoder
-    return {section: fields for section, fields in out.items() if fields}
+        for path in (("qnet", "seed"), ("learner", "seed"), ("data", "split_seed")):
+            out[path] = args.seed
+    return out
 
 
-def _merge(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _merge(raw: dict[str, Any], overrides: dict[tuple[str, ...], Any]) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
-    for section, fields in overrides.items():
-        target = _section(raw, section)
-        for field, value in fields.items():
-            if field == "encoder":
-                enc = target.setdefault("encoder", {})
-                if not isinstance(enc, dict):
-                    raise ConfigError(f"TrainConfig.data.encoder={enc!r}: expected an object")
-                enc.update(value)
-            elif value is None:
-                target.pop(field, None)
-            else:
-                target[field] = value
+    for path, value in overrides.items():
+        target = raw
+        for depth, name in enumerate(path[:-1]):
+            target = target.setdefault(name, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"TrainConfig.{'.'.join(path[:depth + 1])}={target!r}: expected an object")
+        if value is None:
+            target.pop(path[-1], None)
+        else:
+            target[path[-1]] = value
     return raw
 
 
@@ -240,7 +284,7 @@ def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> A
     if args.resume:
         if args.config is not None:
             raise ConfigError("--resume continues with the run's own config.json; do not pass --config")
-        base = _read_json_object(out / "config.json")
+        base = _nested(out / "config.json")
         before = train_config_from_dict(base)
         after = train_config_from_dict(_merge(base, overrides))
         changed = [section for section in ("data", "qnet", "learner")
@@ -249,7 +293,7 @@ def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> A
             raise ConfigError(f"--resume: the {', '.join(changed)} settings differ from {out / 'config.json'}; a "
                               f"resumed run may change only trainer settings ({', '.join(RESUMABLE_CHANGES)})")
     else:
-        base = _read_json_object(Path(args.config)) if args.config is not None else {}
+        base = _nested(Path(args.config)) if args.config is not None else {}
     raw = _merge(base, overrides)
     _check_pairs(raw)
     provisional = dim if dim is not None else raw.get("qnet", {}).get("dim", 1)

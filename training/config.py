@@ -1,47 +1,121 @@
-"""The typed run configuration of ``memento train`` (offline Q-network training with Lightning).
+"""The typed run configurations of offline training, and the Lightning part they share.
 
-One frozen :class:`TrainConfig` per run, composed of sub-configs:
+- :class:`LightningConfig` -- the devices and numerics of a ``lightning.Trainer`` (accelerator,
+  devices, nodes, strategy, precision, logging interval), nested as ``lightning`` in every config
+  below; :func:`training.run.trainer_kwargs` turns it into the ``Trainer``'s keyword arguments;
+- :class:`TrainConfig` -- one ``memento train`` run (offline Q-network training), composed of
+  sub-configs:
 
-- ``data``: :class:`DataConfig` -- where the (state, case, reward) data comes from, how texts are
-  encoded (:class:`~memento.config.EncoderConfig`) and how train/validation is split;
-- ``qnet``: :class:`~memento.config.QNetConfig` -- the Q-network (its ``dim`` is the encoder's);
-- ``learner``: :class:`~memento.config.LearnerConfig` -- the loss and the optimiser (the same
-  settings the online learner takes; ``batch_size`` is the training mini-batch);
-- ``trainer``: :class:`TrainerConfig` -- the Lightning ``Trainer``: devices, precision, epochs,
-  early stopping, checkpointing, metrics.
+  - ``data``: :class:`DataConfig` -- where the (state, case, reward) data comes from, how texts are
+    encoded (:class:`~memento.config.EncoderConfig`) and how train/validation is split;
+  - ``qnet``: :class:`~memento.config.QNetConfig` -- the Q-network (its ``dim`` is the encoder's);
+  - ``learner``: :class:`~memento.config.LearnerConfig` -- the loss and the optimiser (the same
+    settings the online learner takes; ``batch_size`` is the training mini-batch);
+  - ``trainer``: :class:`TrainerConfig` -- the Lightning ``Trainer`` (its ``lightning`` part), epochs,
+    early stopping, checkpointing, metrics;
 
-It is saved as ``config.json`` in the run directory (:func:`save_train_config`) and read back with
-:func:`load_train_config`; a config file may leave out ``qnet.dim``, which then comes from the encoder.
+- :class:`SimCSEConfig` -- one ``memento train-encoder`` run (:mod:`training.simcse`);
+- :class:`JointConfig` -- joint encoder + Q-head training (:mod:`training.joint`; ``qnet`` and
+  ``learner`` are the same sub-configs as in :class:`TrainConfig`).
+
+Each is saved as ``config.json`` in its run directory. A ``TrainConfig`` is read back with
+:func:`load_train_config` (a config file may leave out ``qnet.dim``, which then comes from the
+encoder), the others with :func:`simcse_config_from_dict` and :func:`joint_config_from_dict`.
+Files written before the Lightning fields were nested (flat ``accelerator``, ``devices``, ...; for
+``JointConfig`` also ``qnet_arch``, ``hidden``, ``n_layers``, ``qnet_dropout``) are read too: the
+readers move the flat keys into the nested form (:func:`nest_flat_lightning`).
+
+This module imports only the standard library and :mod:`memento.config` (the command-line parsers
+read their defaults from it: :func:`help_default`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
 from memento.config import (
     EncoderConfig,
     LearnerConfig,
+    Pooling,
     QNetConfig,
     check,
     check_choice,
     check_float,
     check_int,
+    field_default,
     from_dict,
     read_config_json,
     save_json,
 )
 from memento.errors import ConfigError
 
-__all__ = ["Accelerator", "DataConfig", "DataSource", "MementoLabel", "Precision", "TrainConfig", "TrainerConfig",
-           "load_train_config", "save_train_config", "train_config_from_dict"]
+__all__ = ["Accelerator", "DataConfig", "DataSource", "JointConfig", "LightningConfig", "MementoLabel", "Precision",
+           "SimCSEConfig", "SimCSEMode", "TrainConfig", "TrainerConfig", "help_default", "joint_config_from_dict",
+           "load_train_config", "nest_flat_lightning", "save_train_config", "simcse_config_from_dict",
+           "train_config_from_dict"]
 
 DataSource = Literal["log", "memento", "cases"]
 MementoLabel = Literal["truth_label"]
 Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"]
 Accelerator = Literal["auto", "cpu", "gpu", "cuda", "mps"]
+SimCSEMode = Literal["unsup", "sup"]
+
+
+# ---------------------------------------------------------------- the shared Lightning part
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LightningConfig:
+    """The devices and numerics of a ``lightning.Trainer`` (the part every training run shares).
+
+    - ``accelerator``, ``devices``, ``num_nodes``, ``strategy``: passed to Lightning as they are
+      (``devices``: ``"auto"``, a count, ``-1`` for all, or a list like ``"0,1"``; a count given as a
+      string, ``"2"`` or ``"-1"``, is stored as an integer; ``strategy``: ``"auto"``, ``"ddp"``,
+      ``"ddp_spawn"``, ``"fsdp"``...: multi-GPU and multi-node training is Lightning's);
+    - ``precision``: ``"auto"`` is ``"bf16-mixed"`` on a CUDA GPU that supports bfloat16, else
+      ``"32-true"``; any other value is passed to Lightning;
+    - ``log_every_n_steps``: TensorBoard step scalars every n optimiser steps.
+
+    :func:`training.run.trainer_kwargs` turns it into ``lightning.Trainer`` keyword arguments.
+    """
+
+    accelerator: Accelerator = "auto"
+    devices: int | str = "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: Precision = "auto"
+    log_every_n_steps: int = 10
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check_choice(self, "accelerator", Accelerator)
+        devices = self.devices
+        if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+            object.__setattr__(self, "devices", int(devices))
+            devices = self.devices
+        ok = (isinstance(devices, int) and not isinstance(devices, bool) and (devices >= 1 or devices == -1)) or (
+            isinstance(devices, str) and (devices == "auto" or all(p.strip().isdigit() for p in devices.split(","))))
+        check(ok, cls, "devices", devices, "must be 'auto', a count >= 1, -1 (all) or a list like '0,1'")
+        check_int(self, "num_nodes", 1)
+        check(isinstance(self.strategy, str) and bool(self.strategy.strip()), cls, "strategy", self.strategy,
+               "must be a Lightning strategy name such as 'auto' or 'ddp'")
+        check_choice(self, "precision", Precision)
+        check_int(self, "log_every_n_steps", 1)
+
+
+_LIGHTNING_FIELDS = tuple(f.name for f in dataclasses.fields(LightningConfig))
+
+
+def _check_lightning(obj: Any) -> None:
+    check(isinstance(obj.lightning, LightningConfig), type(obj), "lightning", obj.lightning,
+           "must be a LightningConfig")
+
+
+# ---------------------------------------------------------------- memento train
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,50 +177,30 @@ class DataConfig:
 class TrainerConfig:
     """The Lightning ``Trainer`` and what it logs.
 
-    - ``accelerator``, ``devices``, ``num_nodes``, ``strategy``: passed to Lightning as they are
-      (``devices``: ``"auto"``, a count, ``-1`` for all, or ``"0,1"``; ``strategy``: ``"auto"``,
-      ``"ddp"``, ``"ddp_spawn"``, ``"fsdp"``...: multi-GPU and multi-node training is Lightning's);
-    - ``precision``: ``"auto"`` is ``"bf16-mixed"`` on a CUDA GPU that supports bfloat16, else
-      ``"32-true"``; any other value is passed to Lightning;
+    - ``lightning``: :class:`LightningConfig` -- accelerator, devices, nodes, strategy, precision and
+      the TensorBoard logging interval;
     - ``max_epochs``, ``max_steps`` (``-1``: no step limit): when to stop at the latest;
     - ``patience``: early stopping after this many validation epochs without the validation loss
       improving by ``min_delta`` (0: off);
     - ``save_top_k``: best checkpoints kept by validation loss (``last.ckpt`` is always kept);
-    - ``log_every_n_steps``: TensorBoard step scalars every n optimiser steps;
     - ``hit_k``: the K of the per-state ranking metrics ``hit@K``; ``ece_bins``: bins of the
       expected calibration error;
     - ``progress_bar``: Lightning's progress bar.
     """
 
-    accelerator: Accelerator = "auto"
-    devices: int | str = "auto"
-    num_nodes: int = 1
-    strategy: str = "auto"
-    precision: Precision = "auto"
+    lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
     max_epochs: int = 20
     max_steps: int = -1
     patience: int = 5
     min_delta: float = 0.0
     save_top_k: int = 1
-    log_every_n_steps: int = 10
     hit_k: tuple[int, ...] = (1, 4)
     ece_bins: int = 10
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_choice(self, "accelerator", Accelerator)
-        devices = self.devices
-        if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-            object.__setattr__(self, "devices", int(devices))
-            devices = self.devices
-        ok = (isinstance(devices, int) and not isinstance(devices, bool) and (devices >= 1 or devices == -1)) or (
-            isinstance(devices, str) and (devices == "auto" or all(p.strip().isdigit() for p in devices.split(","))))
-        check(ok, cls, "devices", devices, "must be 'auto', a count >= 1, -1 (all) or a list like '0,1'")
-        check_int(self, "num_nodes", 1)
-        check(isinstance(self.strategy, str) and bool(self.strategy.strip()), cls, "strategy", self.strategy,
-               "must be a Lightning strategy name such as 'auto' or 'ddp'")
-        check_choice(self, "precision", Precision)
+        _check_lightning(self)
         check_int(self, "max_epochs", 1)
         check(isinstance(self.max_steps, int) and not isinstance(self.max_steps, bool)
                and (self.max_steps == -1 or self.max_steps >= 1), cls, "max_steps", self.max_steps,
@@ -154,7 +208,6 @@ class TrainerConfig:
         check_int(self, "patience", 0)
         check_float(self, "min_delta", low=0.0)
         check_int(self, "save_top_k", 1)
-        check_int(self, "log_every_n_steps", 1)
         hit_k = tuple(self.hit_k) if isinstance(self.hit_k, (list, tuple)) else self.hit_k
         check(isinstance(hit_k, tuple) and len(hit_k) >= 1 and len(set(hit_k)) == len(hit_k)
                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in hit_k),
@@ -164,7 +217,8 @@ class TrainerConfig:
         check(isinstance(self.progress_bar, bool), cls, "progress_bar", self.progress_bar, "must be true or false")
 
 
-RESUMABLE_CHANGES = tuple(f.name for f in dataclasses.fields(TrainerConfig))
+RESUMABLE_CHANGES = tuple(f"lightning.{name}" for name in _LIGHTNING_FIELDS) + tuple(
+    f.name for f in dataclasses.fields(TrainerConfig) if f.name != "lightning")
 """A resumed run may change any trainer field (e.g. more epochs); data, Q-network and learner must match."""
 
 
@@ -192,11 +246,184 @@ class TrainConfig:
                "(source='log') carry them")
 
 
-def train_config_from_dict(data: dict[str, Any], *, dim: int | None = None) -> TrainConfig:
-    """A :class:`TrainConfig` from plain JSON; ``dim`` fills (or must equal) ``qnet.dim``."""
+# ---------------------------------------------------------------- memento train-encoder and joint training
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimCSEConfig:
+    """One SimCSE fine-tuning run (:mod:`training.simcse`; saved as ``config.json`` in the output directory).
+
+    - ``mode``: ``"unsup"`` (dropout noise, texts only) or ``"sup"`` (rewarded (state, case) pairs);
+    - ``data``: input files (JSONL, format detected from the first row) or bank directories;
+    - ``model``: a local transformers encoder directory, ``None`` for the bundled all-MiniLM-L6-v2;
+    - ``pooling``: SimCSE's ``avg`` / ``cls`` / ``cls_before_pooler`` (as :class:`~memento.encoders.Encoder`);
+    - ``max_length``: token limit per text during training;
+    - ``temperature``: tau of InfoNCE; ``lr``, ``weight_decay``: AdamW; ``warmup_ratio``: linear
+      warm-up share of the steps, then linear decay to 0;
+    - ``batch_size``: texts (unsup) or anchors (sup) per step and device; ``epochs``; ``max_steps``
+      (``None``: no limit; when set, training stops there even mid-epoch);
+    - ``dropout``: overrides the model's hidden and attention dropout (SimCSE's noise; ``None`` keeps
+      the model's, 0.1 for MiniLM);
+    - ``include_actions``: unsup also trains on case actions, not only states;
+    - ``positive_threshold``: sup; a pair with ``reward >= threshold`` is a positive, below a negative;
+    - ``hard_negatives``: sup; put reward-0 cases of the anchor's state in the denominator;
+    - ``eval_size``: texts (or anchors) of the fixed batch whose loss is measured before and after;
+    - ``seed``: data order, hard-negative assignment, dropout masks;
+    - ``lightning``: :class:`LightningConfig` -- accelerator, devices, nodes, strategy, precision and
+      the TensorBoard logging interval of the ``lightning.Trainer``.
+    """
+
+    mode: SimCSEMode = "unsup"
+    data: tuple[str, ...] = ()
+    model: str | None = None
+    pooling: Pooling = "avg"
+    max_length: int = 64
+    temperature: float = 0.05
+    lr: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    batch_size: int = 64
+    epochs: int = 1
+    max_steps: int | None = None
+    dropout: float | None = None
+    include_actions: bool = True
+    positive_threshold: float = 0.5
+    hard_negatives: bool = True
+    eval_size: int = 64
+    seed: int = 0
+    lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check_choice(self, "mode", SimCSEMode)
+        _check_paths(self)
+        check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), cls, "model",
+               self.model, "must be None or a non-empty path")
+        check_choice(self, "pooling", Pooling)
+        check_int(self, "max_length", 8)
+        check_float(self, "temperature", low=0.0, low_open=True)
+        check_float(self, "lr", low=0.0, low_open=True)
+        check_float(self, "weight_decay", low=0.0)
+        check_float(self, "warmup_ratio", low=0.0, high=1.0, high_open=True)
+        check_int(self, "batch_size", 2)
+        check_int(self, "epochs", 1)
+        if self.max_steps is not None:
+            check_int(self, "max_steps", 1)
+        if self.dropout is not None:
+            check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
+        check(isinstance(self.include_actions, bool), cls, "include_actions", self.include_actions,
+               "must be true or false")
+        check_float(self, "positive_threshold", low=0.0, low_open=True)
+        check(isinstance(self.hard_negatives, bool), cls, "hard_negatives", self.hard_negatives,
+               "must be true or false")
+        check_int(self, "eval_size", 2)
+        check_int(self, "seed", 0)
+        _check_lightning(self)
+
+
+def _check_paths(obj: Any) -> None:
+    """``obj.data`` is a list of non-blank paths, stored as a tuple."""
+    check(isinstance(obj.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in obj.data),
+           type(obj), "data", obj.data, "must be a list of paths")
+    object.__setattr__(obj, "data", tuple(obj.data))
+
+
+def _joint_qnet() -> QNetConfig:
+    return QNetConfig(arch="mlp", hidden=256, n_layers=1, dropout=0.1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JointConfig:
+    """Joint encoder + Q-head training (:mod:`training.joint`; saved as ``config.json``).
+
+    - ``data``: rewarded pairs files (as :func:`training.simcse.load_pairs` reads them);
+    - ``model``/``pooling``/``max_length``: the encoder, as in :class:`SimCSEConfig`;
+    - ``qnet``: the Q head (:class:`~memento.config.QNetConfig`; here a 256-wide one-layer MLP by
+      default); its ``dim`` is the encoder's (``None``, or it must equal it) and its initialisation
+      is seeded by ``seed`` (which replaces ``qnet.seed``);
+    - ``learner``: the soft-Q loss settings (``gamma`` must be 0; ``learner.lr`` is the head's
+      learning rate, ``encoder_lr`` the encoder's; ``max_grad_norm`` clips both);
+    - ``batch_size``: pairs per step; ``epochs``; ``max_steps`` (``None``: no limit);
+    - ``positive_threshold``: rewards at or above count 1, below 0;
+    - ``seed``: the pair order, the dropout masks and the Q head's initialisation;
+    - ``lightning``: :class:`LightningConfig` -- accelerator, devices, nodes, strategy, precision and
+      the TensorBoard logging interval of the ``lightning.Trainer``.
+    """
+
+    data: tuple[str, ...] = ()
+    model: str | None = None
+    pooling: Pooling = "avg"
+    max_length: int = 64
+    qnet: QNetConfig = dataclasses.field(default_factory=_joint_qnet)
+    learner: LearnerConfig = dataclasses.field(default_factory=_default_learner)
+    encoder_lr: float = 2e-5
+    batch_size: int = 32
+    epochs: int = 1
+    max_steps: int | None = None
+    positive_threshold: float = 0.5
+    seed: int = 0
+    lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        _check_paths(self)
+        check_choice(self, "pooling", Pooling)
+        check_int(self, "max_length", 8)
+        check(isinstance(self.qnet, QNetConfig), cls, "qnet", self.qnet, "must be a QNetConfig")
+        check(isinstance(self.learner, LearnerConfig) and self.learner.gamma == 0.0, cls, "learner",
+               self.learner, "must be a LearnerConfig with gamma=0 (pairs have no next state)")
+        check_float(self, "encoder_lr", low=0.0)
+        check_int(self, "batch_size", 1)
+        check_int(self, "epochs", 1)
+        if self.max_steps is not None:
+            check_int(self, "max_steps", 1)
+        check_float(self, "positive_threshold", low=0.0, low_open=True)
+        check_int(self, "seed", 0)
+        _check_lightning(self)
+
+
+# ---------------------------------------------------------------- reading configs back (old flat files too)
+
+
+def _object(data: Any, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise ConfigError(f"TrainConfig: expected an object, got {type(data).__name__}")
-    data = copy.deepcopy(data)
+        raise ConfigError(f"{where}: expected an object, got {type(data).__name__}")
+    return data
+
+
+def _nest(data: dict[str, Any], section: str, moves: dict[str, str], where: str) -> None:
+    """Move the flat keys ``moves`` (old name -> field) of ``data`` into ``data[section]``, in place."""
+    flat = {old: data.pop(old) for old in moves if old in data}
+    if not flat:
+        return
+    nested = _object(data.setdefault(section, {}), f"{where}.{section}")
+    for old, value in flat.items():
+        if moves[old] in nested:
+            raise ConfigError(f"{where}: {old!r} is given twice, flat and as {section}.{moves[old]}")
+        nested[moves[old]] = value
+
+
+def nest_flat_lightning(data: dict[str, Any], *, where: str = "config") -> dict[str, Any]:
+    """A copy of the config dict ``data`` with the :class:`LightningConfig` fields found at its top level
+    (as files written before the nesting have them) moved into ``data["lightning"]``."""
+    data = copy.deepcopy(_object(data, where))
+    _nest(data, "lightning", {name: name for name in _LIGHTNING_FIELDS}, where)
+    return data
+
+
+def _nested_train_dict(data: Any) -> dict[str, Any]:
+    data = copy.deepcopy(_object(data, "TrainConfig"))
+    if "trainer" in data:
+        data["trainer"] = nest_flat_lightning(data["trainer"], where="TrainConfig.trainer")
+    return data
+
+
+def train_config_from_dict(data: dict[str, Any], *, dim: int | None = None) -> TrainConfig:
+    """A :class:`TrainConfig` from plain JSON; ``dim`` fills (or must equal) ``qnet.dim``.
+
+    The trainer's Lightning fields may be flat in ``trainer`` (files written before they were nested).
+    """
+    data = _nested_train_dict(data)
     qnet = data.setdefault("qnet", {})
     if not isinstance(qnet, dict):
         raise ConfigError(f"TrainConfig.qnet={qnet!r}: expected an object for QNetConfig")
@@ -222,3 +449,47 @@ def load_train_config(path: str | Path, *, dim: int | None = None) -> TrainConfi
 def save_train_config(config: TrainConfig, path: str | Path) -> None:
     """Write ``config`` as indented JSON, atomically."""
     save_json(config, path)
+
+
+def simcse_config_from_dict(data: dict[str, Any]) -> SimCSEConfig:
+    """A :class:`SimCSEConfig` from plain JSON (the Lightning fields may be flat, as in older files)."""
+    return from_dict(SimCSEConfig, nest_flat_lightning(data, where="SimCSEConfig"))
+
+
+_JOINT_QNET_KEYS = {"qnet_arch": "arch", "hidden": "hidden", "n_layers": "n_layers", "qnet_dropout": "dropout"}
+
+
+def joint_config_from_dict(data: dict[str, Any]) -> JointConfig:
+    """A :class:`JointConfig` from plain JSON; older files' flat ``qnet_arch``/``hidden``/``n_layers``/
+    ``qnet_dropout`` and Lightning fields are moved into ``qnet`` and ``lightning``.
+
+    A flat field an older file leaves out takes the value it defaulted to then, which is the default
+    ``qnet`` of :class:`JointConfig`.
+    """
+    data = nest_flat_lightning(data, where="JointConfig")
+    flat = {new: data.pop(old) for old, new in _JOINT_QNET_KEYS.items() if old in data}
+    if flat:
+        if "qnet" in data:
+            raise ConfigError(f"JointConfig: give the Q head either as qnet or in the old flat form "
+                              f"({', '.join(_JOINT_QNET_KEYS)}), not both")
+        defaults = _joint_qnet()
+        data["qnet"] = {**{name: getattr(defaults, name) for name in _JOINT_QNET_KEYS.values()}, **flat}
+    return from_dict(JointConfig, data)
+
+
+# ---------------------------------------------------------------- defaults for the command-line help
+
+
+def help_default(cls: type, name: str) -> str:
+    """The default of field ``name`` of the config class ``cls`` (:func:`memento.config.field_default`) as
+    ``--help`` shows it: ``"a.b"`` is field ``b`` of field ``a``'s default; a float in ``%g`` form, a tuple
+    as its items with spaces."""
+    head, _, rest = name.partition(".")
+    value = field_default(cls, head)
+    if rest:
+        value = functools.reduce(getattr, rest.split("."), value)
+    if isinstance(value, float):
+        return format(value, "g")
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)
+    return str(value)

@@ -10,8 +10,9 @@ propensity 1, single-step (``gamma`` must be 0: pairs carry no next state), so t
 binary cross-entropy of ``Q(s, c)`` against the reward. Both parameter sets get AdamW steps,
 the encoder with its own (small) learning rate.
 
-:func:`train_joint` saves ``OUT/config.json``, ``OUT/encoder/`` (as :mod:`training.simcse` does:
-loadable by ``Encoder.from_pretrained``) and ``OUT/selector/`` (a saved
+:func:`train_joint` saves ``OUT/config.json`` (the :class:`~training.config.JointConfig`, which
+:func:`~training.config.joint_config_from_dict` reads back), ``OUT/encoder/`` (as
+:mod:`training.simcse` does: loadable by ``Encoder.from_pretrained``) and ``OUT/selector/`` (a saved
 :class:`~memento.learner.SoftQLearner` whose Q-network scores vectors of that encoder). A Q head
 trained this way is only valid with the encoder it was trained with.
 """
@@ -32,97 +33,22 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from memento.config import (
-    LearnerConfig,
-    Pooling,
-    QNetArch,
-    QNetConfig,
-    check,
-    check_choice,
-    check_float,
-    check_int,
-    save_json,
-    to_dict,
-)
+from memento.config import save_json, to_dict
 from memento.encoders import Encoder
 from memento.errors import DataFormatError, DimensionError
 from memento.io import atomic_write_text
 from memento.learner import SoftQLearner, polyak_update, soft_q_loss
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
-from training.simcse import (
-    ENCODER_DIR,
-    ListDataset,
-    PairData,
-    Precision,
-    load_pairs,
-    parse_devices,
-    resolve_precision,
-    save_encoder,
-    tokenize,
-)
+from training.config import JointConfig
+from training.run import trainer_kwargs
+from training.simcse import ENCODER_DIR, ListDataset, PairData, load_pairs, save_encoder, tokenize
 
 __all__ = ["JointConfig", "JointModule", "JointResult", "pair_rows", "train_joint"]
 
 logger = logging.getLogger(__name__)
 
 SELECTOR_DIR = "selector"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class JointConfig:
-    """Joint encoder + Q-head training (saved as ``config.json``).
-
-    ``model``/``pooling``/``max_length``: the encoder, as in :class:`training.simcse.SimCSEConfig`;
-    ``qnet_arch``/``hidden``/``n_layers``/``qnet_dropout``: the Q head (:class:`~memento.config.QNetConfig`,
-    its ``dim`` is the encoder's); ``learner``: the soft-Q loss settings (``gamma`` must be 0;
-    ``learner.lr`` is the head's learning rate, ``encoder_lr`` the encoder's; ``max_grad_norm`` clips
-    both); ``positive_threshold``: rewards at or above count 1, below 0.
-    """
-
-    data: tuple[str, ...] = ()
-    model: str | None = None
-    pooling: Pooling = "avg"
-    max_length: int = 64
-    qnet_arch: QNetArch = "mlp"
-    hidden: int = 256
-    n_layers: int = 1
-    qnet_dropout: float = 0.1
-    learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
-    encoder_lr: float = 2e-5
-    batch_size: int = 32
-    epochs: int = 1
-    max_steps: int | None = None
-    positive_threshold: float = 0.5
-    seed: int = 0
-    accelerator: str = "auto"
-    devices: str = "auto"
-    strategy: str = "auto"
-    precision: Precision = "auto"
-    log_every_n_steps: int = 10
-
-    def __post_init__(self) -> None:
-        cls = type(self)
-        check(isinstance(self.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in self.data),
-               cls, "data", self.data, "must be a list of paths")
-        object.__setattr__(self, "data", tuple(self.data))
-        check_choice(self, "pooling", Pooling)
-        check_int(self, "max_length", 8)
-        check_choice(self, "qnet_arch", QNetArch)
-        check_int(self, "hidden", 1)
-        check_int(self, "n_layers", 1)
-        check_float(self, "qnet_dropout", low=0.0, high=1.0, high_open=True)
-        check(isinstance(self.learner, LearnerConfig) and self.learner.gamma == 0.0, cls, "learner",
-               self.learner, "must be a LearnerConfig with gamma=0 (pairs have no next state)")
-        check_float(self, "encoder_lr", low=0.0)
-        check_int(self, "batch_size", 1)
-        check_int(self, "epochs", 1)
-        if self.max_steps is not None:
-            check_int(self, "max_steps", 1)
-        check_float(self, "positive_threshold", low=0.0, low_open=True)
-        check_int(self, "seed", 0)
-        check_choice(self, "precision", Precision)
-        check_int(self, "log_every_n_steps", 1)
 
 
 def pair_rows(data: PairData) -> list[tuple[int, int, float]]:
@@ -158,8 +84,7 @@ class JointModule(L.LightningModule):
         self.model.train()
         self.tokenizer = encoder.tokenizer
         if qnet is None:
-            qnet_config = QNetConfig(arch=config.qnet_arch, dim=encoder.dim, hidden=config.hidden,
-                                     n_layers=config.n_layers, dropout=config.qnet_dropout, seed=config.seed)
+            qnet_config = config.qnet.for_dim(encoder.dim, seed=config.seed)
             qnet = build_qnet(qnet_config, generator=torch.Generator().manual_seed(config.seed))
         if qnet.dim != encoder.dim:
             raise DimensionError(f"JointModule: Q-network dim {qnet.dim} != encoder dim {encoder.dim}")
@@ -236,17 +161,16 @@ def train_joint(config: JointConfig, out: str | Path, *, pairs: PairData | None 
                         collate_fn=_JointCollate(module.tokenizer, config.max_length, pairs))
     out.mkdir(parents=True, exist_ok=True)
     save_json(config, out / "config.json")
-    precision = resolve_precision(config.precision, config.accelerator)
+    lightning = trainer_kwargs(config.lightning)
+    precision = lightning["precision"]
     from lightning.pytorch.loggers import TensorBoardLogger
 
     trainer = L.Trainer(
-        accelerator=config.accelerator, devices=parse_devices(config.devices), strategy=config.strategy,
-        precision=precision,  # type: ignore[arg-type]  # one of Lightning's precision strings
-        max_epochs=config.epochs, max_steps=config.max_steps or -1,
+        **lightning, max_epochs=config.epochs, max_steps=config.max_steps or -1,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
-        gradient_clip_val=config.learner.max_grad_norm, log_every_n_steps=config.log_every_n_steps,
-        num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks))
+        gradient_clip_val=config.learner.max_grad_norm, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=list(callbacks))
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     start = time.perf_counter()
     with torch.random.fork_rng(devices=cuda):

@@ -10,8 +10,8 @@ Run directory (``out_dir``)::
                      learner.json, config.json): SoftQLearner.load(out_dir / "selector") reads it
     summary.json     the best checkpoint's validation metrics, steps, epochs, device, precision, time
 
-:func:`train_q` runs it: ``lightning.Trainer(accelerator, devices, num_nodes, strategy, precision,
-max_epochs, max_steps)`` with ``EarlyStopping`` and ``ModelCheckpoint`` on ``val/loss``; then the
+:func:`train_q` runs it: ``lightning.Trainer(**trainer_kwargs(config.trainer.lightning), max_epochs,
+max_steps)`` with ``EarlyStopping`` and ``ModelCheckpoint`` on ``val/loss``; then the
 best checkpoint is validated once more (its metrics go into ``summary.json``) and written as the
 selector directory. ``resume=True`` continues from ``checkpoints/last.ckpt``. Lightning checkpoints
 are loaded with ``weights_only=True`` (the module's hyperparameters are plain JSON values).
@@ -33,9 +33,9 @@ import torch
 
 from memento.errors import CheckpointError, ConfigError
 from memento.io import atomic_write_text
-from training.config import TrainConfig, save_train_config
+from training.config import LightningConfig, TrainConfig, save_train_config
 
-__all__ = ["launched_rank_zero", "resolve_precision", "train_q"]
+__all__ = ["launched_rank_zero", "resolve_precision", "train_q", "trainer_kwargs"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,14 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     if precision != "auto":
         return precision
     return "bf16-mixed" if _uses_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def trainer_kwargs(config: LightningConfig) -> dict[str, Any]:
+    """The ``lightning.Trainer`` keyword arguments of ``config``: ``accelerator``, ``devices``, ``num_nodes``,
+    ``strategy``, ``precision`` (``"auto"`` resolved by :func:`resolve_precision`) and ``log_every_n_steps``."""
+    return {"accelerator": config.accelerator, "devices": config.devices, "num_nodes": config.num_nodes,
+            "strategy": config.strategy, "precision": resolve_precision(config.precision, config.accelerator),
+            "log_every_n_steps": config.log_every_n_steps}
 
 
 def _write_json(path: Path, payload: Any) -> None:
@@ -108,7 +116,8 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
         raise ConfigError(f"TrainConfig.qnet.dim={config.qnet.dim}: the data's vectors have dim={stats['dim']}")
 
     module = QModule.from_config(config)
-    precision = resolve_precision(tc.precision, tc.accelerator)
+    lightning = trainer_kwargs(tc.lightning)
+    precision = lightning["precision"]
     checkpoint = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="best-{epoch:03d}-{step}", monitor="val/loss",
                                  mode="min", save_top_k=tc.save_top_k, save_last=True, auto_insert_metric_name=False)
     all_callbacks: list[Any] = [checkpoint, *(callbacks or [])]
@@ -117,12 +126,11 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
                                            min_delta=tc.min_delta))
     steps_per_epoch = max(1, -(-len(dm.train_rows) // config.learner.batch_size))  # type: ignore[arg-type]
     trainer = L.Trainer(
-        accelerator=tc.accelerator, devices=tc.devices, num_nodes=tc.num_nodes, strategy=tc.strategy,
-        precision=precision,  # type: ignore[arg-type]  # a Precision value Lightning accepts
+        **{**lightning, "log_every_n_steps": min(lightning["log_every_n_steps"], steps_per_epoch)},
         max_epochs=tc.max_epochs, max_steps=tc.max_steps, callbacks=all_callbacks,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         default_root_dir=str(out), enable_progress_bar=tc.progress_bar, enable_model_summary=False,
-        log_every_n_steps=min(tc.log_every_n_steps, steps_per_epoch), num_sanity_val_steps=0)
+        num_sanity_val_steps=0)
     started = time.perf_counter()
     with warnings.catch_warnings():
         for message in (r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",

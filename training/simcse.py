@@ -28,7 +28,8 @@ eval mode; :func:`train_encoder` checks this after saving.
 
 Output directory ``OUT``:
 
-- ``config.json``: the :class:`SimCSEConfig` of the run;
+- ``config.json``: the :class:`~training.config.SimCSEConfig` of the run (its ``lightning`` part is the
+  ``lightning.Trainer``'s devices and precision; :func:`~training.config.simcse_config_from_dict` reads it);
 - ``encoder/``: a normal transformers directory (``model.safetensors``, ``config.json``,
   tokenizer files) plus ``memento_encoder.json`` (pooling, max_length, base model, dim, the
   training config and figures). Use it as ``--encoder OUT/encoder`` or
@@ -59,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from memento.config import Pooling, check, check_choice, check_float, check_int, save_json, to_dict
+from memento.config import Pooling, save_json, to_dict
 from memento.encoders import (
     ENCODER_META_FORMAT,
     ENCODER_META_NAME,
@@ -77,7 +78,8 @@ from memento.formats import (
     read_tasks_jsonl,
 )
 from memento.io import atomic_write_text
-from training.run import resolve_precision
+from training.config import SimCSEConfig
+from training.run import trainer_kwargs
 
 __all__ = [
     "DataFormatName",
@@ -98,97 +100,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Mode = Literal["unsup", "sup"]
-Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed"]
 DataFormatName = Literal["case", "task", "pairs", "memento-training", "memento-memory", "memento-np-memory",
                          "memento-tasks", "bank"]
 SUP_FORMATS: tuple[DataFormatName, ...] = ("pairs", "memento-training")
 ENCODER_DIR = "encoder"
 RESULT_NAME = "result.json"
 CONFIG_NAME = "config.json"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SimCSEConfig:
-    """One SimCSE fine-tuning run (saved as ``config.json`` in the output directory).
-
-    - ``mode``: ``"unsup"`` (dropout noise, texts only) or ``"sup"`` (rewarded (state, case) pairs);
-    - ``data``: input files (JSONL, format detected from the first row) or bank directories;
-    - ``model``: a local transformers encoder directory, ``None`` for the bundled all-MiniLM-L6-v2;
-    - ``pooling``: SimCSE's ``avg`` / ``cls`` / ``cls_before_pooler`` (as :class:`~memento.encoders.Encoder`);
-    - ``max_length``: token limit per text during training;
-    - ``temperature``: tau of InfoNCE; ``lr``, ``weight_decay``: AdamW; ``warmup_ratio``: linear
-      warm-up share of the steps, then linear decay to 0;
-    - ``batch_size``: texts (unsup) or anchors (sup) per step and device; ``epochs``; ``max_steps``
-      (``None``: no limit; when set, training stops there even mid-epoch);
-    - ``dropout``: overrides the model's hidden and attention dropout (SimCSE's noise; ``None`` keeps
-      the model's, 0.1 for MiniLM);
-    - ``include_actions``: unsup also trains on case actions, not only states;
-    - ``positive_threshold``: sup; a pair with ``reward >= threshold`` is a positive, below a negative;
-    - ``hard_negatives``: sup; put reward-0 cases of the anchor's state in the denominator;
-    - ``eval_size``: texts (or anchors) of the fixed batch whose loss is measured before and after;
-    - ``seed``: data order, hard-negative assignment, dropout masks;
-    - ``accelerator``, ``devices``, ``strategy``: passed to ``lightning.Trainer``;
-      ``precision``: ``"auto"`` is ``bf16-mixed`` on a CUDA GPU that supports it, else ``32-true``;
-    - ``log_every_n_steps``: TensorBoard logging interval.
-    """
-
-    mode: Mode = "unsup"
-    data: tuple[str, ...] = ()
-    model: str | None = None
-    pooling: Pooling = "avg"
-    max_length: int = 64
-    temperature: float = 0.05
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    batch_size: int = 64
-    epochs: int = 1
-    max_steps: int | None = None
-    dropout: float | None = None
-    include_actions: bool = True
-    positive_threshold: float = 0.5
-    hard_negatives: bool = True
-    eval_size: int = 64
-    seed: int = 0
-    accelerator: str = "auto"
-    devices: str = "auto"
-    strategy: str = "auto"
-    precision: Precision = "auto"
-    log_every_n_steps: int = 10
-
-    def __post_init__(self) -> None:
-        cls = type(self)
-        check_choice(self, "mode", Mode)
-        check(isinstance(self.data, (tuple, list)) and all(isinstance(d, str) and d.strip() for d in self.data),
-               cls, "data", self.data, "must be a list of paths")
-        object.__setattr__(self, "data", tuple(self.data))
-        check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), cls, "model",
-               self.model, "must be None or a non-empty path")
-        check_choice(self, "pooling", Pooling)
-        check_int(self, "max_length", 8)
-        check_float(self, "temperature", low=0.0, low_open=True)
-        check_float(self, "lr", low=0.0, low_open=True)
-        check_float(self, "weight_decay", low=0.0)
-        check_float(self, "warmup_ratio", low=0.0, high=1.0, high_open=True)
-        check_int(self, "batch_size", 2)
-        check_int(self, "epochs", 1)
-        if self.max_steps is not None:
-            check_int(self, "max_steps", 1)
-        if self.dropout is not None:
-            check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        check(isinstance(self.include_actions, bool), cls, "include_actions", self.include_actions,
-               "must be true or false")
-        check_float(self, "positive_threshold", low=0.0, low_open=True)
-        check(isinstance(self.hard_negatives, bool), cls, "hard_negatives", self.hard_negatives,
-               "must be true or false")
-        check_int(self, "eval_size", 2)
-        check_int(self, "seed", 0)
-        for name in ("accelerator", "devices", "strategy"):
-            value = getattr(self, name)
-            check(isinstance(value, str) and bool(value.strip()), cls, name, value, "must be a non-empty string")
-        check_choice(self, "precision", Precision)
-        check_int(self, "log_every_n_steps", 1)
 
 
 # ---------------------------------------------------------------- data: formats and readers
@@ -761,17 +678,15 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
     module.eval_inputs = data.eval_batch()
     out.mkdir(parents=True, exist_ok=True)
     save_json(config, out / CONFIG_NAME)
-    precision = resolve_precision(config.precision, config.accelerator)
+    lightning = trainer_kwargs(config.lightning)
+    precision = lightning["precision"]
     from lightning.pytorch.loggers import TensorBoardLogger
 
     trainer = L.Trainer(
-        accelerator=config.accelerator, devices=parse_devices(config.devices), strategy=config.strategy,
-        precision=precision,  # type: ignore[arg-type]  # one of Lightning's precision strings
-        max_epochs=config.epochs, max_steps=config.max_steps or -1,
+        **lightning, max_epochs=config.epochs, max_steps=config.max_steps or -1,
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
-        log_every_n_steps=config.log_every_n_steps, num_sanity_val_steps=0, limit_val_batches=0,
-        callbacks=list(callbacks))
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks))
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     start = time.perf_counter()
     with torch.random.fork_rng(devices=cuda):
@@ -810,17 +725,6 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
     logger.info("SimCSE %s: %d steps in %.1f s, fixed-batch loss %s -> %s; encoder saved to %s", config.mode, steps,
                 seconds, figures["loss_before"], figures["loss_after"], encoder_dir)
     return result
-
-
-def parse_devices(devices: str) -> Any:
-    """``"auto"``, ``"-1"``, an integer count or a comma list of indices, as Lightning takes them."""
-    text = devices.strip()
-    if text == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 def _check_reload(module: SimCSEModule, encoder_dir: Path, texts: list[str], config: SimCSEConfig) -> float:

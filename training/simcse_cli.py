@@ -1,8 +1,9 @@
 """``memento train-encoder``: SimCSE fine-tuning of the encoder from the command line.
 
 This module only builds the argument parser and imports nothing heavy at module level:
-``memento --help`` builds every subcommand's parser. :func:`run` imports torch, Lightning and
-:mod:`training.simcse` when the command actually runs.
+``memento --help`` builds every subcommand's parser. The defaults its help shows are read from
+:class:`~training.config.SimCSEConfig` (standard library and ``memento.config`` only). :func:`run`
+imports torch, Lightning and :mod:`training.simcse` when the command actually runs.
 """
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, get_args
+
+from memento.config import Pooling
+from training.config import Accelerator, LightningConfig, SimCSEConfig, SimCSEMode
+from training.config import help_default as default
 
 __all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
 
-DESCRIPTION = """\
+_TAU = default(SimCSEConfig, "temperature")
+
+DESCRIPTION = f"""\
 Fine-tune the text encoder with SimCSE (contrastive learning, InfoNCE over cosine similarities, in-batch
-negatives, temperature 0.05) on the project's own texts, and save it as a transformers directory that
+negatives, temperature {_TAU}) on the project's own texts, and save it as a transformers directory that
 `--encoder OUT/encoder` and Encoder.from_pretrained("OUT/encoder") load.
 
 modes:
@@ -24,12 +31,12 @@ modes:
          case states and actions, task questions, Memento queries/cases/plans: any --data file below
   sup    rewarded pairs: (state, case with reward >= --positive-threshold) is a positive; the state's
          reward-0 cases are hard negatives in the denominator. --data must hold pairs:
-           pairs JSONL {"state", "case", "reward"}
-           Memento retriever pairs {"query", "case", "truth_label", ...} (reward = truth_label)
+           pairs JSONL {{"state", "case", "reward"}}
+           Memento retriever pairs {{"query", "case", "truth_label", ...}} (reward = truth_label)
 
 --data formats (detected from the first row's keys; a bad row prints FILE:LINE: reason and exits 2):
-  Case JSONL {"id", "state", "action", "reward", ...}    Task JSONL {"id", "question", "answers", ...}
-  pairs {"state", "case", "reward"}                      Memento training pairs, memory, np-memory, tasks
+  Case JSONL {{"id", "state", "action", "reward", ...}}    Task JSONL {{"id", "question", "answers", ...}}
+  pairs {{"state", "case", "reward"}}                      Memento training pairs, memory, np-memory, tasks
   a case bank directory (cases.sqlite)
 
 output (OUT):
@@ -41,6 +48,8 @@ output (OUT):
 Runs on a GPU unchanged (--accelerator auto picks it; bf16-mixed precision there by default);
 --devices N --strategy ddp trains on N GPUs (each device contrasts its own batch)."""
 
+_PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")  # what --precision offers (a config file may say more)
+
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add ``train-encoder`` to an argparse subparsers object; returns the new parser."""
@@ -48,57 +57,72 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", action="append", metavar="FILE", default=None,
                    help="input file or bank directory; repeat for several (required unless --config lists them)")
-    p.add_argument("--mode", choices=["unsup", "sup"], default=None, help="SimCSE objective (default: unsup)")
+    p.add_argument("--mode", choices=list(get_args(SimCSEMode)), default=None,
+                   help=f"SimCSE objective (default: {default(SimCSEConfig, 'mode')})")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created; its encoder/ is replaced)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="a SimCSEConfig JSON (e.g. an earlier OUT/config.json); flags given here override it")
     model = p.add_argument_group("model")
     model.add_argument("--model", metavar="PATH", default=None,
                        help="local transformers encoder directory to start from (default: bundled all-MiniLM-L6-v2)")
-    model.add_argument("--pooling", choices=["avg", "cls", "cls_before_pooler"], default=None,
-                       help="SimCSE pooling, as the encoder uses it (default: avg, MiniLM's)")
-    model.add_argument("--max-length", type=int, default=None, help="token limit per text in training (default: 64)")
+    model.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
+                       help=f"SimCSE pooling, as the encoder uses it (default: {default(SimCSEConfig, 'pooling')}, "
+                            "MiniLM's)")
+    model.add_argument("--max-length", type=int, default=None,
+                       help=f"token limit per text in training (default: {default(SimCSEConfig, 'max_length')})")
     model.add_argument("--dropout", type=float, default=None,
                        help="hidden and attention dropout during training, SimCSE's noise (default: the model's, "
                             "0.1 for MiniLM)")
     train = p.add_argument_group("training")
-    train.add_argument("--epochs", type=int, default=None, help="passes over the data (default: 1)")
+    train.add_argument("--epochs", type=int, default=None,
+                       help=f"passes over the data (default: {default(SimCSEConfig, 'epochs')})")
     train.add_argument("--max-steps", type=int, default=None,
                        help="stop after this many optimiser steps, even mid-epoch (default: no limit)")
     train.add_argument("--batch-size", type=int, default=None,
-                       help="texts (unsup) or anchors (sup) per step and device; the in-batch negatives (default: 64)")
-    train.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: 3e-5)")
-    train.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (default: 0)")
+                       help="texts (unsup) or anchors (sup) per step and device; the in-batch negatives "
+                            f"(default: {default(SimCSEConfig, 'batch_size')})")
+    train.add_argument("--lr", type=float, default=None,
+                       help=f"AdamW learning rate (default: {default(SimCSEConfig, 'lr')})")
+    train.add_argument("--weight-decay", type=float, default=None,
+                       help=f"AdamW weight decay (default: {default(SimCSEConfig, 'weight_decay')})")
     train.add_argument("--warmup-ratio", type=float, default=None,
-                       help="share of the steps with a linear warm-up; then linear decay to 0 (default: 0)")
-    train.add_argument("--temperature", type=float, default=None, help="InfoNCE temperature tau (default: 0.05)")
+                       help="share of the steps with a linear warm-up; then linear decay to 0 "
+                            f"(default: {default(SimCSEConfig, 'warmup_ratio')})")
+    train.add_argument("--temperature", type=float, default=None,
+                       help=f"InfoNCE temperature tau (default: {default(SimCSEConfig, 'temperature')})")
     train.add_argument("--no-actions", action="store_true", default=None,
                        help="unsup: train on case states only, not on their actions")
     train.add_argument("--positive-threshold", type=float, default=None,
-                       help="sup: a pair with reward >= this is a positive, below a negative (default: 0.5)")
+                       help="sup: a pair with reward >= this is a positive, below a negative "
+                            f"(default: {default(SimCSEConfig, 'positive_threshold')})")
     train.add_argument("--no-hard-negatives", action="store_true", default=None,
                        help="sup: in-batch negatives only (no reward-0 cases in the denominator)")
     train.add_argument("--eval-size", type=int, default=None,
-                       help="size of the fixed batch whose loss is reported before and after (default: 64)")
-    train.add_argument("--seed", type=int, default=None, help="data order, hard negatives, dropout masks (default: 0)")
+                       help="size of the fixed batch whose loss is reported before and after "
+                            f"(default: {default(SimCSEConfig, 'eval_size')})")
+    train.add_argument("--seed", type=int, default=None,
+                       help=f"data order, hard negatives, dropout masks (default: {default(SimCSEConfig, 'seed')})")
     hw = p.add_argument_group("hardware (passed to lightning.Trainer)")
-    hw.add_argument("--accelerator", default=None, help="auto | cpu | gpu | cuda | mps (default: auto)")
+    hw.add_argument("--accelerator", default=None,
+                    help=f"{' | '.join(get_args(Accelerator))} (default: {default(LightningConfig, 'accelerator')})")
     hw.add_argument("--devices", default=None,
-                    help='"auto", a device count ("2", "-1" for all) or a list of indices ("0,1") (default: auto)')
-    hw.add_argument("--strategy", default=None, help='auto | ddp | ... (default: auto)')
-    hw.add_argument("--precision", choices=["auto", "32-true", "bf16-mixed", "16-mixed"], default=None,
-                    help="auto: bf16-mixed on a GPU that supports it, else 32-true (default: auto)")
+                    help='"auto", a device count ("2", "-1" for all) or a list of indices ("0,1") '
+                         f"(default: {default(LightningConfig, 'devices')})")
+    hw.add_argument("--strategy", default=None,
+                    help=f"auto | ddp | ... (default: {default(LightningConfig, 'strategy')})")
+    hw.add_argument("--precision", choices=list(_PRECISIONS), default=None,
+                    help="auto: bf16-mixed on a GPU that supports it, else 32-true "
+                         f"(default: {default(LightningConfig, 'precision')})")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show Lightning's progress bar (default: when stderr is a terminal)")
     return p
 
 
-_FLAGS = {  # argparse dest -> SimCSEConfig field
-    "mode": "mode", "model": "model", "pooling": "pooling", "max_length": "max_length", "dropout": "dropout",
-    "epochs": "epochs", "max_steps": "max_steps", "batch_size": "batch_size", "lr": "lr",
-    "weight_decay": "weight_decay", "warmup_ratio": "warmup_ratio", "temperature": "temperature",
-    "positive_threshold": "positive_threshold", "eval_size": "eval_size", "seed": "seed",
-    "accelerator": "accelerator", "devices": "devices", "strategy": "strategy", "precision": "precision",
+_FLAGS = {  # argparse dest -> its field's path in the SimCSEConfig JSON
+    **{name: (name,) for name in ("mode", "model", "pooling", "max_length", "dropout", "epochs", "max_steps",
+                                  "batch_size", "lr", "weight_decay", "warmup_ratio", "temperature",
+                                  "positive_threshold", "eval_size", "seed")},
+    **{name: ("lightning", name) for name in ("accelerator", "devices", "strategy", "precision")},
 }
 
 
@@ -106,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The ``SimCSEConfig``: ``--config`` (or the defaults), overridden by every flag given."""
     from memento.config import from_dict, to_dict
     from memento.errors import ConfigError
-    from training.simcse import SimCSEConfig
+    from training.config import simcse_config_from_dict
 
     if args.config:
         import json
@@ -118,13 +142,16 @@ def config_from_args(args: argparse.Namespace) -> Any:
             raise ConfigError(f"{args.config}: config file not found") from None
         except json.JSONDecodeError as error:
             raise ConfigError(f"{args.config}:{error.lineno}: invalid JSON: {error.msg}") from None
-        base = to_dict(from_dict(SimCSEConfig, data))
+        base = to_dict(simcse_config_from_dict(data))
     else:
         base = to_dict(SimCSEConfig())
-    for dest, field in _FLAGS.items():
+    for dest, path in _FLAGS.items():
         value = getattr(args, dest)
         if value is not None:
-            base[field] = value
+            target = base
+            for name in path[:-1]:
+                target = target[name]
+            target[path[-1]] = value
     if args.data:
         base["data"] = list(args.data)
     if args.no_actions:

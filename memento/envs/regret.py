@@ -44,7 +44,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ def regret_policy(kind: PolicyKind) -> PolicyConfig:
             return _regret_soft_q()
         case "linucb":
             return LinUCBConfig()
-    raise ConfigError(f"policy kind {kind!r}: must be one of random, similarity, soft_q, linucb")
+    raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento.config import EncoderConfig, LearnerConfig, QNetConfig, to_dict
+from memento.config import EncoderConfig, LearnerConfig, QNetConfig, RandomConfig, to_dict
 from memento.errors import ConfigError, DataFormatError
 from memento.loop import LoopConfig, run_online
 from memento.replay import ReplayBatch
+from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 from training.config import (
     DataConfig,
@@ -105,7 +106,7 @@ def test_help_defaults_come_from_the_config_classes():
     assert help_default(TrainerConfig, "lightning.precision") == LightningConfig().precision
     assert help_default(TrainerConfig, "hit_k") == " ".join(map(str, TrainerConfig().hit_k))
     assert help_default(LearnerConfig, "lr") == format(LearnerConfig().lr, "g")
-    with pytest.raises(KeyError, match="has no default"):
+    with pytest.raises(ConfigError, match="TrainConfig.qnet has no default"):
         help_default(TrainConfig, "qnet")
 
 
@@ -214,8 +215,9 @@ def log_run(tmp_path_factory) -> Path:
     """40 online steps of the random policy on the synthetic text environment (hashing encoder: instant)."""
     env = make_env()
     out = tmp_path_factory.mktemp("log") / "run"
-    run_online(LoopConfig(steps=40, policy="random", checkpoint_every=0, tensorboard=False), encoder=HashingEncoder(),
-               planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out)
+    run_online(LoopConfig(steps=40, policy=RandomConfig(), checkpoint_every=0, tensorboard=False),
+               make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
+               tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out)
     return out
 
 
