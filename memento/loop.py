@@ -70,7 +70,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 import torch
@@ -93,11 +93,13 @@ from memento.errors import CheckpointError, ConfigError, DataFormatError, Dimens
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.io import atomic_write
 from memento.memory import Candidates, CaseBank
-from memento.planners.base import Planner, PlannerError, PlanOutput
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, read_json, write_json
 from memento.types import Case, Selection, Task
+
+if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a run plans
+    from memento.planners.base import Planner, PlanOutput
 
 __all__ = [
     "COMPONENTS",
@@ -594,6 +596,8 @@ class OnlineLoop:
                 if len(candidates) else None for b, candidates in enumerate(cands)]
 
     def _plan(self, tasks: list[Task], shown: list[list[Case]]) -> list[PlanOutput]:
+        from memento.planners.base import PlannerError, PlanOutput  # not at import: loading a selector needs none
+
         raw = [self.planner.plan(tasks[0], shown[0])] if len(tasks) == 1 else list(self.planner.plan_many(tasks,
                                                                                                           shown))
         self.counters["llm_calls"] += len(tasks)
