@@ -35,6 +35,7 @@ __all__ = [
     "PolicyConfig",
     "PolicyKind",
     "Pooling",
+    "QNetAnchor",
     "QNetArch",
     "QNetConfig",
     "RandomConfig",
@@ -268,6 +269,7 @@ def load_json(cls: type[T], path: str | Path) -> T:
 # QNetConfig, ReplayConfig and LearnerConfig configure memento.qnet, memento.replay and memento.learner.
 
 QNetArch = Literal["mlp", "mlp_interact", "two_tower"]
+QNetAnchor = Literal["none", "cosine"]
 StorageDtype = Literal["float32", "float16", "bfloat16"]
 AlphaSchedule = Literal["fixed", "linear", "target_entropy"]
 TDLoss = Literal["huber", "mse"]
@@ -311,6 +313,10 @@ class QNetConfig:
       ``two_tower``);
     - ``dropout``: after every hidden ReLU, in training mode only;
     - ``embed_dim``: E, the output width of each tower (``two_tower`` only);
+    - ``anchor``: ``"none"``, or ``"cosine"`` (``mlp``/``mlp_interact`` only): ``Q(s, c) = a * cos(s, c) + b +
+      residual(s, c)`` with learnable scalars ``a`` (initialised to ``anchor_scale``) and ``b`` (0) and the
+      residual's output layer initialised to zero, so a fresh network ranks the candidates exactly as cosine
+      similarity does and learning can only move away from it where rewards say so;
     - ``seed``: seeds the parameter initialisation when :func:`memento.qnet.build_qnet` gets no generator.
     """
 
@@ -320,6 +326,8 @@ class QNetConfig:
     n_layers: int = 1
     dropout: float = 0.1
     embed_dim: int = 128
+    anchor: QNetAnchor = "none"
+    anchor_scale: float = 20.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -330,6 +338,10 @@ class QNetConfig:
         check_int(self, "n_layers", 1)
         check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
         check_int(self, "embed_dim", 1)
+        check_choice(self, "anchor", QNetAnchor)
+        check(self.anchor == "none" or self.arch != "two_tower", type(self), "anchor", self.anchor,
+              "a cosine anchor needs arch 'mlp' or 'mlp_interact' (two_tower keys must stay state-free)")
+        check_float(self, "anchor_scale", low=0.0, low_open=True)
         check_int(self, "seed", 0)
 
     def for_dim(self, dim: int, *, seed: int | None = None) -> QNetConfig:

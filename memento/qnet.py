@@ -17,6 +17,10 @@ Architectures (``QNetConfig.arch``):
   precomputed for a whole bank: ``encode_cases(cases_ND) -> keys_NE`` and
   ``encode_states(state_BD) -> queries_BE``; ``forward`` equals ``queries . keys + bias``.
 
+With ``anchor="cosine"`` (MLPs only) the network is anchored on similarity: ``Q = a * cos(s, c) + b +
+MLP(s, c)``, the MLP's output layer zero at initialisation (``a = anchor_scale``, ``b = 0``), so a fresh
+network's greedy choice is cosine similarity's top-K, and its residual learns where the rewards disagree.
+
 Parameters are initialised from an explicit ``torch.Generator`` (:meth:`QNetwork.reset_parameters`),
 never from torch's global RNG. Dropout, in training mode, draws its masks from the generator
 passed to ``forward`` (or torch's global RNG when none is passed).
@@ -115,7 +119,22 @@ class MLPQNetwork(QNetwork):
         self.state_in.fan_in = self.case_in.fan_in = (4 if self.interact else 2) * d  # as one Linear(2D or 4D, H)
         self.hidden_layers = nn.ModuleList([_linear(h, h) for _ in range(config.n_layers - 1)])
         self.out = _linear(h, 1)
+        self.anchored = config.anchor == "cosine"
+        if self.anchored:
+            self.anchor_scale = nn.Parameter(torch.full((), float(config.anchor_scale)))
+            self.anchor_offset = nn.Parameter(torch.zeros(()))
         self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """As :meth:`QNetwork.reset_parameters`; an anchored network then zeroes its residual's output layer
+        and resets ``a = anchor_scale``, ``b = 0`` (so it ranks as cosine similarity)."""
+        super().reset_parameters(generator)
+        if getattr(self, "anchored", False):
+            with torch.no_grad():
+                self.out.weight.zero_()
+                self.out.bias.zero_()
+                self.anchor_scale.fill_(float(self.config.anchor_scale))
+                self.anchor_offset.zero_()
 
     def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
                 generator: torch.Generator | None = None) -> torch.Tensor:
@@ -129,7 +148,11 @@ class MLPQNetwork(QNetwork):
         h_BCH = _dropout(F.relu(h_BCH + h_BH.unsqueeze(1)), self.config.dropout, self.training, generator)
         for layer in self.hidden_layers:
             h_BCH = _dropout(F.relu(layer(h_BCH)), self.config.dropout, self.training, generator)
-        return self.out(h_BCH).squeeze(-1)
+        q_BC = self.out(h_BCH).squeeze(-1)
+        if self.anchored:
+            cos_BC = F.cosine_similarity(cases_BCD, state_BD.unsqueeze(1), dim=-1)
+            q_BC = q_BC + self.anchor_scale * cos_BC + self.anchor_offset
+        return q_BC
 
 
 class _Tower(nn.Module):
