@@ -391,23 +391,17 @@ def _object(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
-def _nest(data: dict[str, Any], section: str, moves: dict[str, str], where: str) -> None:
-    """Move the flat keys ``moves`` (old name -> field) of ``data`` into ``data[section]``, in place."""
-    flat = {old: data.pop(old) for old in moves if old in data}
-    if not flat:
-        return
-    nested = _object(data.setdefault(section, {}), f"{where}.{section}")
-    for old, value in flat.items():
-        if moves[old] in nested:
-            raise ConfigError(f"{where}: {old!r} is given twice, flat and as {section}.{moves[old]}")
-        nested[moves[old]] = value
-
-
 def nest_flat_lightning(data: dict[str, Any], *, where: str = "config") -> dict[str, Any]:
     """A copy of the config dict ``data`` with the :class:`LightningConfig` fields found at its top level
     (as files written before the nesting have them) moved into ``data["lightning"]``."""
     data = copy.deepcopy(_object(data, where))
-    _nest(data, "lightning", {name: name for name in _LIGHTNING_FIELDS}, where)
+    flat = {name: data.pop(name) for name in _LIGHTNING_FIELDS if name in data}
+    if flat:
+        nested = _object(data.setdefault("lightning", {}), f"{where}.lightning")
+        for name, value in flat.items():
+            if name in nested:
+                raise ConfigError(f"{where}: {name!r} is given twice, flat and as lightning.{name}")
+            nested[name] = value
     return data
 
 
