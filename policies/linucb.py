@@ -52,7 +52,7 @@ from memento.config import LinUCBConfig, LinUCBFeatures, LinUCBMode
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
 from memento.io import atomic_write, atomic_write_text, read_safetensors
 from memento.memory import Candidates
-from memento.policy import Observation, check_candidates, check_k, make_selection, softmax, top_k
+from memento.policy import Observation, StaticPolicy, check_candidates, check_k, make_selection, softmax, top_k
 from memento.types import Selection
 
 __all__ = ["LinUCBConfig", "LinUCBFeatures", "LinUCBMode", "LinUCBPolicy", "linucb_features"]
@@ -102,8 +102,9 @@ class _Ridge:
         return X_CF @ theta_F, np.sqrt(np.maximum(var_C, 0.0))
 
 
-class LinUCBPolicy:
-    """Upper-confidence-bound selection with online ridge regression (see the module docstring)."""
+class LinUCBPolicy(StaticPolicy):
+    """Upper-confidence-bound selection with online ridge regression (see the module docstring); it learns in
+    ``observe`` (``StaticPolicy`` gives it the protocol's no-temperature, any-reward, no-model defaults)."""
 
     kind = "linucb"
 
@@ -199,14 +200,6 @@ class LinUCBPolicy:
     def version(self) -> int:
         return int(self.n_updates)
 
-    @property
-    def alpha(self) -> float | None:
-        return None
-
-    @property
-    def reward_range(self) -> tuple[float, float] | None:
-        return None
-
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
         """``update_selection`` for each decision (always: a ridge update is the only way LinUCB records)."""
         for obs in observations:
@@ -249,9 +242,6 @@ class LinUCBPolicy:
             self.update(s_D, c_D, float(r), case_id=case_id)
         self._log_states, self._log_cases = list(states), list(cases)
         self._log_rewards, self._log_ids = [float(r) for r in rewards], ids
-
-    def save_model(self, directory: Path) -> bool:
-        return False
 
     def __repr__(self) -> str:
         return f"LinUCBPolicy({self.config!r}, n_updates={self.n_updates})"
