@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 from memento._version import __version__
 from memento.bench.bank import BankBenchConfig, format_table, run_bank_bench
-from memento.bench.online import OnlineBenchConfig, format_online_table, run_online_bench
+from memento.bench.online import BenchPolicy, OnlineBenchConfig, format_online_table, run_online_bench
 from memento.bench.select import SelectBenchConfig, run_select_bench
 from memento.bench.select import format_table as format_select
 from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_bench
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(overhead) the loop's ms per step excluding the planner and judge, on a bank of "
                     "--overhead-bank cases.")
     bo.add_argument("--steps", type=int, default=600, help="tasks per policy in the real part (default: 600)")
-    bo.add_argument("--policies", default="soft_q,similarity", help="comma-separated (default: soft_q,similarity)")
+    bo.add_argument("--policies", default="soft_q,similarity",
+                    help=f"comma-separated, from {', '.join(get_args(BenchPolicy))} (default: soft_q,similarity)")
     bo.add_argument("--suite", default="facts", help="shipped suite (default: facts)")
     bo.add_argument("--split", default="test", choices=["train", "test", "all"], help="(default: test)")
     bo.add_argument("--planner", default="gemma", metavar="SPEC", help="gemma | hf:PATH | openai:MODEL@URL")
@@ -211,7 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--parts", default="real,synthetic,overhead", help="comma-separated parts to run")
     bo.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     bo.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: 1)")
-    bo.add_argument("--seed", type=int, default=0)
+    bo_seeds = bo.add_mutually_exclusive_group()
+    bo_seeds.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+                          help="seeds of the real part, one run per policy each (default: 0)")
+    bo_seeds.add_argument("--seed", type=int, default=None, help="one seed (the same as --seeds S)")
+    bo.add_argument("--window", type=int, default=50, help="the 'early' window of the real part (default: 50)")
     bo.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
                     help="real part: soft_q chooses among all candidates or only rewarded ones (default: all)")
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
@@ -771,7 +776,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             suite=args.suite, split=args.split, planner=args.planner, late_steps=args.late_steps,
             synthetic_steps=args.synthetic_steps, overhead_bank=args.overhead_bank,
             overhead_steps=args.overhead_steps, parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
-            seed=args.seed, soft_q_candidates=args.soft_q_candidates)
+            seeds=tuple(args.seeds) if args.seeds else (args.seed or 0,), window=args.window,
+            soft_q_candidates=args.soft_q_candidates)
         if args.torch_threads:
             import torch
 

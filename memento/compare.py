@@ -8,7 +8,7 @@ curves; :func:`comparison_table` prints it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -23,36 +23,48 @@ from memento.rundir import write_json
 __all__ = ["comparison_table", "run_comparison"]
 
 
-def _policy_configs(policies: Sequence[PolicyConfig | PolicyKind], config: LoopConfig) -> list[PolicyConfig]:
-    out: list[PolicyConfig] = []
+def _named(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, PolicyConfig],
+           config: LoopConfig) -> list[tuple[str, PolicyConfig]]:
+    """``(name, config)`` per policy: a mapping names its configs; a kind or a config is named by its kind."""
+    if isinstance(policies, Mapping):
+        items = list(policies.items())
+        for name, policy in items:
+            if not isinstance(name, str) or not name.strip() or "/" in name or name.startswith("."):
+                raise ConfigError(f"run_comparison: policy name {name!r}: must be a plain directory name")
+            if not isinstance(policy, tuple(POLICY_CONFIGS.values())):
+                raise ConfigError(f"run_comparison: {name}={policy!r}: not a policy config")
+        return items
+    out: list[tuple[str, PolicyConfig]] = []
     for policy in policies:
         if isinstance(policy, str):
             if policy not in get_args(PolicyKind):
                 raise ConfigError(f"run_comparison: unknown policy {policy!r}; choose from {get_args(PolicyKind)}")
-            out.append(config.policy if config.policy.kind == policy else loop_policy(policy))  # type: ignore[arg-type]
+            out.append((policy, config.policy if config.policy.kind == policy else loop_policy(policy)))  # type: ignore[arg-type]
         elif isinstance(policy, tuple(POLICY_CONFIGS.values())):
-            out.append(policy)
+            out.append((str(policy.kind), policy))
         else:
             raise ConfigError(f"run_comparison: {policy!r}: not a policy kind or config")
     return out
 
 
-def run_comparison(policies: Sequence[PolicyConfig | PolicyKind], *, config: LoopConfig, out_dir: str | Path,
+def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, PolicyConfig], *, config: LoopConfig,
+                   out_dir: str | Path,
                    late_steps: int = 200, **kwargs: Any) -> dict[str, Any]:
     """Run each policy on the same task stream (same seed, same task order) in ``out_dir/<policy>/``.
 
     ``policies``: policy configs, or kinds (a kind takes ``config.policy`` when it is of that kind, else
-    :func:`memento.loop.loop_policy`'s default); each kind at most once. Each policy starts from its own
+    :func:`memento.loop.loop_policy`'s default), each named by its kind; or a mapping ``{name: config}`` (to
+    compare variants of one kind). Each name at most once; it names the run's directory. Each policy starts from its own
     copy of the same starting bank (``bank_dir`` or ``seed_cases`` in ``kwargs``, as for
     :class:`~memento.loop.OnlineLoop`, which also gets ``make_policy`` and the rest of ``kwargs``). Writes
     ``out_dir/comparison.json`` (per policy: overall success, early success over the first ``config.window``
     steps, late success over the last ``late_steps`` steps, LLM calls, milliseconds per step by component)
     and ``out_dir/learning_curves.png`` (the moving success rate per policy against the step).
     """
-    configs = _policy_configs(list(policies), config)
-    if not configs:
+    named = _named(policies if isinstance(policies, Mapping) else list(policies), config)
+    if not named:
         raise ConfigError("run_comparison: no policies given")
-    kinds = [str(c.kind) for c in configs]
+    kinds = [name for name, _ in named]
     if len(set(kinds)) != len(kinds):
         raise ConfigError(f"run_comparison: policies repeat: {kinds}")
     if isinstance(late_steps, bool) or not isinstance(late_steps, int) or late_steps < 1:
@@ -61,7 +73,7 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind], *, config: Loo
     out_dir.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[bool]] = {}
     results: dict[str, Any] = {}
-    for kind, policy in zip(kinds, configs):
+    for kind, policy in named:
         loop = OnlineLoop(dataclasses.replace(config, policy=policy), out_dir=out_dir / kind, **kwargs)
         summary = loop.run()
         success_T = np.asarray(loop.successes, dtype=np.float64)

@@ -458,12 +458,15 @@ def _check_bool(obj: Any, *fields: str) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RandomConfig:
-    """The uniform policy (no options)."""
+    """The uniform policy. ``positive_only``: uniform among the candidates with stored reward > 0 only (all of
+    them when none is): the floor for a learned choice within the pool of Memento's positive-only retrieval."""
 
     kind: Literal["random"] = "random"
+    positive_only: bool = False
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["random"])
+        _check_bool(self, "positive_only")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -71,7 +71,7 @@ def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
         raise ConfigError(f"make_policy: context={type(context).__name__}: must be a memento.policy.PolicyContext")
     match config:
         case RandomConfig():
-            return RandomPolicy()
+            return RandomPolicy(positive_only=config.positive_only, reward_of=context.reward_of)
         case SimilarityConfig():
             return SimilarityPolicy(config, reward_of=context.reward_of)
         case SoftQConfig():

@@ -9,15 +9,28 @@ from __future__ import annotations
 
 import numpy as np
 
+from memento.errors import ConfigError
 from memento.memory import Candidates
-from memento.policy import StaticPolicy, check_candidates, check_k, gumbel_top_k, make_selection
+from memento.policy import RewardFn, StaticPolicy, check_candidates, check_k, gumbel_top_k, make_selection
 from memento.types import Selection
 
 __all__ = ["RandomPolicy"]
 
 
 class RandomPolicy(StaticPolicy):
-    """Uniform over the candidate set (see the module docstring)."""
+    """Uniform over the candidate set (see the module docstring); with ``positive_only``, uniform over the
+    candidates whose stored reward (``reward_of(ids)``) is > 0, all of them when none is."""
+
+    def __init__(self, *, positive_only: bool = False, reward_of: RewardFn | None = None):
+        if positive_only and reward_of is None:
+            raise ConfigError("RandomConfig.positive_only=True needs the bank's rewards (PolicyContext.reward_of)")
+        self.positive_only = positive_only
+        self.reward_of = reward_of
+
+    def _pool(self, candidates: Candidates) -> Candidates:
+        if self.positive_only and self.reward_of is not None and len(candidates):
+            return candidates.positive(np.asarray(self.reward_of(list(candidates.ids)), dtype=np.float64))
+        return candidates
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         check_candidates(state_D, candidates)
@@ -26,10 +39,11 @@ class RandomPolicy(StaticPolicy):
 
     def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
                greedy: bool = False) -> Selection:
+        candidates = self._pool(candidates)
         probs_C = self.probs(state_D, candidates)
         k = check_k(k, len(candidates))
         order_K = gumbel_top_k(np.zeros(len(candidates)), k, rng)
         return make_selection(candidates, probs_C, order_K, greedy=False)
 
     def __repr__(self) -> str:
-        return "RandomPolicy()"
+        return f"RandomPolicy(positive_only={self.positive_only})" if self.positive_only else "RandomPolicy()"

@@ -2,9 +2,12 @@
 
 Three parts, each written into one JSON document:
 
-1. **real**: :func:`memento.loop.run_comparison` on a shipped suite's test split with the seed case
-   bank and a real planner (Gemma 3 270M by default): success rate per window for each policy and the
-   gap soft-Q minus similarity over the last ``late_steps`` steps;
+1. **real**: :func:`memento.compare.run_comparison` on a shipped suite's split with the seed case
+   bank and a real planner (Gemma 3 270M by default), once per seed of ``seeds``: per policy the success
+   rate overall, early (the first ``window`` steps) and late (the last ``late_steps``), as the mean over
+   seeds, and its difference to similarity with a 95% confidence interval (a paired bootstrap over the
+   steps of each window, resampled within each seed: every policy sees the same task stream per seed);
+   also LLM calls and wall milliseconds per task, so the comparison is fair on cost;
 2. **synthetic**: :func:`memento.envs.regret.run_regret` for each policy on the synthetic bandit with
    a known oracle: mean per-step regret in the first and last fifth of the run;
 3. **overhead**: the loop's milliseconds per step *excluding* the planner and judge calls, on a bank
@@ -15,7 +18,6 @@ Three parts, each written into one JSON document:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import tempfile
@@ -27,11 +29,13 @@ import numpy as np
 
 from memento.bench.bank import _environment, _write, make_vectors
 from memento.compare import run_comparison
-from memento.config import PolicyConfig, PolicyKind, SoftQConfig, check, check_choice, check_int
+from memento.config import PolicyConfig, PolicyKind, RandomConfig, SoftQConfig, check, check_choice, check_int
 from memento.encoders import Encoder
 from memento.envs.regret import RegretConfig, regret_policy, run_regret
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
 from memento.envs.tasks import load_suite, seed_cases
+from memento.errors import ConfigError
+from memento.formats import read_steps_jsonl
 from memento.judges import make_judge
 from memento.loop import LoopConfig, OnlineLoop, loop_policy
 from memento.memory import CaseBank
@@ -46,71 +50,168 @@ logger = logging.getLogger(__name__)
 
 
 SoftQCandidates = Literal["all", "positive"]
+BenchPolicy = Literal["similarity", "random", "uniform_positive", "soft_q", "soft_q_anchored", "linucb"]
+"""The policies the benchmark compares: the four kinds, plus ``uniform_positive`` (uniform among the rewarded
+candidates: the floor for a choice within similarity's pool) and ``soft_q_anchored`` (soft-Q whose Q-network
+is anchored on cosine similarity, ``QNetConfig.anchor="cosine"``)."""
+
+
+def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False) -> PolicyConfig:
+    """The loop config of a benchmark policy (soft-Q variants choose among rewarded candidates when asked)."""
+    match name:
+        case "uniform_positive":
+            return RandomConfig(positive_only=True)
+        case "soft_q":
+            return SoftQConfig(positive_only=soft_q_positive_only)
+        case "soft_q_anchored":
+            soft_q = SoftQConfig(positive_only=soft_q_positive_only)
+            return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine"))
+        case _:
+            return loop_policy(name)  # type: ignore[arg-type]
+
+
+def _kind(name: str) -> PolicyKind:
+    return {"uniform_positive": "random", "soft_q_anchored": "soft_q"}.get(name, name)  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OnlineBenchConfig:
+    """``memento bench online``: ``steps`` tasks per policy and seed in the real part (``late_steps`` make the
+    late window, ``window`` the early one), for each of ``seeds``; ``policies`` (:data:`BenchPolicy`); the
+    suite, split and planner of the real part; ``synthetic_steps`` bandit steps per policy; ``overhead_bank``
+    cases and ``overhead_steps`` steps for the overhead part; ``parts``; ``soft_q_candidates``: soft-Q variants
+    choose among all candidates or the rewarded ones only; ``bootstrap``: resamples of the confidence
+    intervals."""
+
     steps: int = 600
-    policies: tuple[PolicyKind, ...] = ("soft_q", "similarity")
+    policies: tuple[BenchPolicy, ...] = ("soft_q", "similarity")
     suite: str = "facts"
     split: str = "test"
     planner: str = "gemma"
     late_steps: int = 200
+    window: int = 50
     synthetic_steps: int = 1500
     overhead_bank: int = 100_000
     overhead_steps: int = 200
     parts: tuple[str, ...] = ("real", "synthetic", "overhead")
-    seed: int = 0
+    seeds: tuple[int, ...] = (0,)
     soft_q_candidates: SoftQCandidates = "all"
+    bootstrap: int = 2000
 
     def __post_init__(self) -> None:
-        for name in ("steps", "late_steps", "synthetic_steps", "overhead_bank", "overhead_steps"):
+        for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_bank", "overhead_steps",
+                     "bootstrap"):
             check_int(self, name, 1)
-        known = get_args(PolicyKind)
-        check(bool(self.policies) and all(p in known for p in self.policies), type(self), "policies",
-               self.policies, f"must be a non-empty subset of {known}")
+        known = get_args(BenchPolicy)
+        check(bool(self.policies) and all(p in known for p in self.policies)
+              and len(set(self.policies)) == len(self.policies), type(self), "policies", self.policies,
+              f"must be distinct names from {known}")
         check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
-               "must be a subset of ('real', 'synthetic', 'overhead')")
+              "must be a subset of ('real', 'synthetic', 'overhead')")
+        check(bool(self.seeds) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.seeds)
+              and len(set(self.seeds)) == len(self.seeds), type(self), "seeds", self.seeds,
+              "must be distinct integers >= 0")
         check_choice(self, "soft_q_candidates", SoftQCandidates)
 
+    def loop_policies(self) -> dict[str, PolicyConfig]:
+        positive = self.soft_q_candidates == "positive"
+        return {name: bench_policy(name, soft_q_positive_only=positive) for name in self.policies}
 
-def _loop_policies(config: OnlineBenchConfig) -> list[PolicyConfig]:
-    soft_q = SoftQConfig(positive_only=config.soft_q_candidates == "positive")
-    return [soft_q if kind == "soft_q" else loop_policy(kind) for kind in config.policies]
+
+def paired_difference(x_SW: np.ndarray, y_SW: np.ndarray, *, resamples: int, rng: np.random.Generator
+                      ) -> dict[str, Any]:
+    """Mean of ``x - y`` over seeds and steps (``S`` seeds by ``W`` steps of one window, 0/1 successes, paired
+    by step: the same task) and its 95% percentile-bootstrap interval, resampling steps within each seed."""
+    d_SW = np.asarray(x_SW, dtype=np.float64) - np.asarray(y_SW, dtype=np.float64)
+    if d_SW.ndim != 2 or d_SW.shape[1] == 0:
+        raise ConfigError(f"paired_difference: expected (seeds, steps) of a non-empty window, got {d_SW.shape}")
+    s, w = d_SW.shape
+    means_R = np.empty(resamples)
+    for r in range(resamples):
+        index_SW = rng.integers(0, w, size=(s, w))
+        means_R[r] = np.take_along_axis(d_SW, index_SW, axis=1).mean()
+    low, high = np.percentile(means_R, [2.5, 97.5])
+    return {"mean": float(d_SW.mean()), "ci95": [float(low), float(high)], "seeds": int(s), "steps": int(w)}
+
+
+def summarize_real(successes: dict[str, list[np.ndarray]], *, window: int, late_steps: int, resamples: int,
+                   baseline: str = "similarity", seed: int = 0) -> dict[str, Any]:
+    """Per policy: success overall / early / late as the mean over seeds (and per seed), and the difference
+    to ``baseline`` with its bootstrap interval (:func:`paired_difference`)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {}
+    for name, runs in successes.items():
+        steps = min(len(r) for r in runs)
+        spans = {"overall": (0, steps), "early": (0, min(window, steps)),
+                 "late": (steps - min(late_steps, steps), steps)}
+        entry: dict[str, Any] = {"steps": steps, "seeds": len(runs), "windows": {k: list(v) for k, v in spans.items()}}
+        for span, (a, b) in spans.items():
+            per_seed = [float(np.mean(r[a:b])) for r in runs]
+            entry[span] = float(np.mean(per_seed))
+            entry[f"{span}_per_seed"] = per_seed
+            if baseline in successes and name != baseline:
+                x_SW = np.stack([r[a:b] for r in runs])
+                y_SW = np.stack([r[a:b] for r in successes[baseline]])
+                entry[f"{span}_minus_{baseline}"] = paired_difference(x_SW, y_SW, resamples=resamples, rng=rng)
+        out[name] = entry
+    return out
 
 
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
+    from memento.envs.tasks import load_suite
+    from memento.judges import make_judge
+
     planner = build_planner(parse_planner_spec(config.planner))
-    loop_config = LoopConfig(steps=config.steps, seed=config.seed, checkpoint_every=0, tensorboard=False)
-    comparison = run_comparison(_loop_policies(config), config=loop_config, out_dir=workdir / "real",
-                                make_policy=make_policy, late_steps=config.late_steps, encoder=encoder, planner=planner,
-                                judge=make_judge("exact"), tasks=load_suite(config.suite, config.split),
-                                seed_cases=seed_cases(config.suite))
-    windows = {}
-    for policy in config.policies:
-        summary = json.loads((workdir / "real" / policy / "summary.json").read_text())
-        windows[policy] = summary["success_by_window"]
-    result = {"planner": config.planner, "suite": config.suite, "split": config.split, "comparison": comparison,
-              "success_by_window": windows}
-    policies = comparison["policies"]
-    if "soft_q" in policies and "similarity" in policies:
-        result["late_gap_soft_q_minus_similarity"] = (policies["soft_q"]["success_late"]
-                                                     - policies["similarity"]["success_late"])
+    tasks, cases = load_suite(config.suite, config.split), seed_cases(config.suite)
+    per_seed: dict[str, Any] = {}
+    successes: dict[str, list[np.ndarray]] = {name: [] for name in config.policies}
+    cost: dict[str, dict[str, list[float]]] = {name: {"llm_calls_per_task": [], "ms_per_task": []}
+                                               for name in config.policies}
+    for seed in config.seeds:
+        loop_config = LoopConfig(steps=config.steps, seed=seed, checkpoint_every=0, tensorboard=False,
+                                 window=config.window)
+        out = workdir / "real" / f"seed-{seed}"
+        comparison = run_comparison(config.loop_policies(), config=loop_config, out_dir=out, make_policy=make_policy,
+                                    late_steps=config.late_steps, encoder=encoder, planner=planner,
+                                    judge=make_judge("exact"), tasks=tasks, seed_cases=cases)
+        per_seed[str(seed)] = comparison
+        for name in config.policies:
+            records = read_steps_jsonl(out / name / "steps.jsonl")
+            successes[name].append(np.asarray([r.success for r in records], dtype=np.float64))
+            run = comparison["policies"][name]
+            cost[name]["llm_calls_per_task"].append(run["llm_calls"] / max(1, config.steps))
+            cost[name]["ms_per_task"].append(run["ms_per_step"]["total"])
+    summary = summarize_real(successes, window=config.window, late_steps=config.late_steps,
+                             resamples=config.bootstrap)
+    for name in config.policies:
+        summary[name].update({k: float(np.mean(v)) for k, v in cost[name].items()})
+    result = {"planner": config.planner, "suite": config.suite, "split": config.split, "seeds": list(config.seeds),
+              "steps": config.steps, "window": config.window, "late_steps": config.late_steps,
+              "policies": {name: dataclasses.asdict(c) for name, c in config.loop_policies().items()},
+              "summary": summary, "per_seed": per_seed}
+    if "soft_q" in summary and "similarity" in summary:
+        result["late_gap_soft_q_minus_similarity"] = summary["soft_q"]["late"] - summary["similarity"]["late"]
     return result
 
 
 def _synthetic(config: OnlineBenchConfig, workdir: Path) -> dict[str, Any]:
     out = {}
+    seed = config.seeds[0]
     for policy in config.policies:
-        result = run_regret(SyntheticBandit(SyntheticBanditConfig(seed=config.seed)),
-                            RegretConfig(steps=config.synthetic_steps, policy=regret_policy(policy), seed=config.seed),
+        regret_config = regret_policy(_kind(policy))
+        if policy == "soft_q_anchored":
+            assert isinstance(regret_config, SoftQConfig)
+            regret_config = dataclasses.replace(regret_config,
+                                                qnet=dataclasses.replace(regret_config.qnet, anchor="cosine"))
+        result = run_regret(SyntheticBandit(SyntheticBanditConfig(seed=seed)),
+                            RegretConfig(steps=config.synthetic_steps, policy=regret_config, seed=seed),
                             make_policy=make_policy, workdir=workdir / "synthetic" / policy)
         out[policy] = result.summary()
     return out
 
 
 def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
-    rng = np.random.default_rng(config.seed)
+    rng = np.random.default_rng(config.seeds[0])
     n = config.overhead_bank
     bank_dir = workdir / "overhead-seed-bank"
     t0 = time.perf_counter()
@@ -124,8 +225,8 @@ def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[st
     planner = CallablePlanner(lambda task, cases: task.answers[0] if len(task.question) % 2 else "wrong",
                               name="instant")
     out = {"bank_cases": n, "bank_index": "HNSW32,Flat", "bank_build_s": build_s, "policies": {}}
-    for policy in config.policies:
-        loop_config = LoopConfig(steps=config.overhead_steps, seed=config.seed, policy=loop_policy(policy),
+    for policy, policy_config in config.loop_policies().items():
+        loop_config = LoopConfig(steps=config.overhead_steps, seed=config.seeds[0], policy=policy_config,
                                  checkpoint_every=0, tensorboard=False)
         loop = OnlineLoop(loop_config, make_policy=make_policy, encoder=encoder, planner=planner,
                           judge=make_judge("exact"),
@@ -171,14 +272,20 @@ def format_online_table(results: dict[str, Any]) -> str:
     lines: list[str] = []
     if "real" in results:
         real = results["real"]
-        lines += [f"real planner `{real['planner']}` on `{real['suite']}/{real['split']}`:", "",
-                  "| policy | success | early | late | LLM calls | ms/step | overhead ms/step |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for policy, r in real["comparison"]["policies"].items():
-            lines.append(f"| {policy} | {r['success_rate']:.3f} | {r['success_early']:.3f} | {r['success_late']:.3f} "
-                         f"| {r['llm_calls']} | {r['ms_per_step']['total']:.1f} | {r['ms_per_step']['overhead']:.1f} |")
-        if "late_gap_soft_q_minus_similarity" in real:
-            lines += ["", f"late gap soft_q - similarity: {real['late_gap_soft_q_minus_similarity']:+.3f}"]
+        seeds = ", ".join(str(x) for x in real["seeds"])
+        lines += [f"real planner `{real['planner']}` on `{real['suite']}/{real['split']}`, {real['steps']} tasks per "
+                  f"policy, seeds {seeds} (mean over seeds; early: first {real['window']}, late: last "
+                  f"{real['late_steps']}; difference to similarity with a 95% paired-bootstrap interval):", "",
+                  "| policy | overall | early | late | late - similarity [95% CI] | early - similarity [95% CI] "
+                  "| LLM calls/task | ms/task |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+        def gap(entry: dict[str, Any], span: str) -> str:
+            d = entry.get(f"{span}_minus_similarity")
+            return "—" if d is None else f"{d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+
+        for policy, r in real["summary"].items():
+            lines.append(f"| {policy} | {r['overall']:.3f} | {r['early']:.3f} | {r['late']:.3f} | {gap(r, 'late')} | "
+                         f"{gap(r, 'early')} | {r['llm_calls_per_task']:.2f} | {r['ms_per_task']:.0f} |")
         lines.append("")
     if "synthetic" in results:
         lines += ["synthetic bandit (mean per-step regret):", "",

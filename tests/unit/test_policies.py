@@ -506,3 +506,17 @@ def test_linucb_checkpoint_replays_its_log(tmp_path) -> None:
     assert b.version == a.version == 10
     np.testing.assert_array_equal(b.ucb(make_state(9), cands), a.ucb(make_state(9), cands))
     assert not a.save_model(tmp_path / "model") and not (tmp_path / "model").exists()
+
+
+def test_random_positive_only_is_uniform_among_rewarded_cases() -> None:
+    cands = make_candidates(6)
+    rewards = {cid: float(i % 2) for i, cid in enumerate(cands.ids)}
+    policy = make_policy(RandomConfig(positive_only=True),
+                         PolicyContext(dim=DIM, reward_of=lambda ids: [rewards[i] for i in ids]))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        sel = policy.select(make_state(), cands, 2, rng=rng)
+        assert all(rewards[i] == 1.0 for i in sel.ids) and len(sel.candidate_ids) == 3
+        np.testing.assert_allclose(sel.probs_C, np.full(3, 1 / 3))
+    with pytest.raises(ConfigError, match="reward_of"):
+        make_policy(RandomConfig(positive_only=True), PolicyContext(dim=DIM))
