@@ -199,16 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "soft-Q minus similarity; (synthetic) mean per-step regret on the synthetic bandit; "
                     "(overhead) the loop's ms per step excluding the planner and judge, on a bank of "
                     "--overhead-bank cases.")
-    bo.add_argument("--steps", type=int, default=600, help="tasks per policy in the real part (default: 600)")
+    _option(bo, "--steps", OnlineBenchConfig, "steps", "tasks per policy and seed in the real part", type=int)
     bo.add_argument("--policies", default="soft_q,similarity",
                     help=f"comma-separated, from {', '.join(get_args(BenchPolicy))} (default: soft_q,similarity)")
-    bo.add_argument("--suite", default="facts", help="shipped suite (default: facts)")
-    bo.add_argument("--split", default="test", choices=["train", "test", "all"], help="(default: test)")
-    bo.add_argument("--planner", default="gemma", metavar="SPEC", help="gemma | hf:PATH | openai:MODEL@URL")
-    bo.add_argument("--late-steps", type=int, default=200, help="the 'late' window (default: 200)")
-    bo.add_argument("--synthetic-steps", type=int, default=1500, help="bandit steps per policy (default: 1500)")
-    bo.add_argument("--overhead-bank", type=int, default=100_000, help="bank size for the overhead part")
-    bo.add_argument("--overhead-steps", type=int, default=200, help="steps per policy in the overhead part")
+    _option(bo, "--suite", OnlineBenchConfig, "suite", "shipped suite")
+    _option(bo, "--split", OnlineBenchConfig, "split", "split of the suite", choices=["train", "test", "all"])
+    _option(bo, "--planner", OnlineBenchConfig, "planner", "gemma | hf:PATH | openai:MODEL@URL", metavar="SPEC")
+    _option(bo, "--late-steps", OnlineBenchConfig, "late_steps", "the 'late' window", type=int)
+    _option(bo, "--synthetic-steps", OnlineBenchConfig, "synthetic_steps", "bandit steps per policy", type=int)
+    _option(bo, "--overhead-bank", OnlineBenchConfig, "overhead_bank", "bank size for the overhead part", type=int)
+    _option(bo, "--overhead-steps", OnlineBenchConfig, "overhead_steps", "steps per policy in the overhead part",
+            type=int)
     bo.add_argument("--parts", default="real,synthetic,overhead", help="comma-separated parts to run")
     bo.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     bo.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: 1)")
@@ -216,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo_seeds.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
                           help="seeds of the real part, one run per policy each (default: 0)")
     bo_seeds.add_argument("--seed", type=int, default=None, help="one seed (the same as --seeds S)")
-    bo.add_argument("--window", type=int, default=50, help="the 'early' window of the real part (default: 50)")
+    _option(bo, "--window", OnlineBenchConfig, "window", "the 'early' window of the real part", type=int)
     bo.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
                     help="real part: soft_q chooses among all candidates or only rewarded ones (default: all)")
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
@@ -771,13 +772,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(format_train(run_train_bench(train_config, out=args.json)))
         print(f"results written to {args.json}")
     elif args.bench_command == "online":
+        given = {name: getattr(args, name) for name in ("steps", "suite", "split", "planner", "late_steps", "window",
+                                                         "synthetic_steps", "overhead_bank", "overhead_steps")
+                 if getattr(args, name) is not None}
+        if args.seeds or args.seed is not None:
+            given["seeds"] = tuple(args.seeds) if args.seeds else (args.seed,)
         online_config = OnlineBenchConfig(
-            steps=args.steps, policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
-            suite=args.suite, split=args.split, planner=args.planner, late_steps=args.late_steps,
-            synthetic_steps=args.synthetic_steps, overhead_bank=args.overhead_bank,
-            overhead_steps=args.overhead_steps, parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
-            seeds=tuple(args.seeds) if args.seeds else (args.seed or 0,), window=args.window,
-            soft_q_candidates=args.soft_q_candidates)
+            policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),  # type: ignore[arg-type]
+            parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
+            soft_q_candidates=args.soft_q_candidates, **given)
         if args.torch_threads:
             import torch
 
