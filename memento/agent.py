@@ -10,7 +10,8 @@ network, alpha schedule) and a :class:`~memento.replay.ReplayBuffer`, and implem
 - ``observe(round)``: each decision enters the replay buffer as a
   :class:`~memento.replay.Transition` (state, the chosen cases' vectors in draw order, reward, each
   case's first-draw propensity, clipped to the smallest float32 above 0); a decision of more than
-  ``k_max`` cases takes several rows. Then, with ``learn`` and once ``warmup`` decisions are logged
+  ``k_max`` cases takes several rows; with per-case credit (``Observation.case_rewards_K``) each chosen case
+  is its own row with its own target. Then, with ``learn`` and once ``warmup`` decisions are logged
   (at least one), ``updates_per_step`` gradient steps per decision of the round, each on a uniform
   mini-batch of ``learner.batch_size`` rows (the target-network update is inside the learner). So B
   decisions made with the same parameters are all recorded before the round's ``B *
@@ -153,6 +154,12 @@ class SoftQAgent:
         for obs in observations:
             cases_KD = np.asarray(obs.candidates.embeddings_CD)[obs.chosen_rows()]
             probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
+            if obs.case_rewards_K is not None:  # per-case credit: one row per case, each with its own target
+                for k, reward in enumerate(obs.case_rewards()):
+                    self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[k:k + 1], reward=float(reward),
+                                               propensity_K=probs_K[k:k + 1], step=obs.step,
+                                               policy_version=obs.policy_version))
+                continue
             for start in range(0, len(cases_KD), k_max):
                 self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[start:start + k_max],
                                            reward=obs.reward, propensity_K=probs_K[start:start + k_max],

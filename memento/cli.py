@@ -328,7 +328,7 @@ def _option(parser: Any, flag: str, cls: type, field: str, help: str, **kwargs: 
                         **kwargs)
 
 
-_LOOP_FLAGS = ("steps", "k", "candidates", "batch_size", "checkpoint_every", "window", "seed", "index")
+_LOOP_FLAGS = ("steps", "k", "candidates", "batch_size", "checkpoint_every", "window", "seed", "index", "credit")
 _SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet")
 
 
@@ -379,6 +379,10 @@ def _add_online_parser(commands: Any) -> None:
             "the candidates soft_q chooses from: all C, or only those with stored reward > 0 (the pool of "
             "similarity's positive-only retrieval; all when none is)", choices=["all", "positive"],
             dest="soft_q_candidates", shown="positive" if field_default(SoftQConfig, "positive_only") else "all")
+    _option(online, "--credit", LoopConfig, "credit",
+            "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the planner "
+            "scores the gold answer with each case left out: K + 1 forward passes; needs a scoring planner)",
+            choices=list(get_args(Credit)))
     online.add_argument("--init-qnet", metavar="DIR", default=None,
                         help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
                              "selector/ subdirectory) instead of a fresh one")

@@ -280,7 +280,8 @@ class StepRecord:
     to the bank, or found there already); ``policy``, ``policy_version`` (updates made before the choice),
     ``bank_size`` (the bank the choice was made from), ``entropy`` (of the policy over the candidates),
     ``alpha`` (the soft-max temperature, ``None`` for a policy without one), ``loss`` (mean learner loss
-    of the step's update round, ``None`` when none ran); ``time`` (Unix seconds) and ``ms`` per component.
+    of the step's update round, ``None`` when none ran); ``time`` (Unix seconds) and ``ms`` per component;
+    ``case_credit``: with leave-one-out credit, each chosen case's target (left out of the line otherwise).
     """
 
     step: int
@@ -307,22 +308,26 @@ class StepRecord:
     loss: float | None
     time: float
     ms: dict[str, float]
+    case_credit: list[float] | None = None
+
+    _OPTIONAL = ("case_credit",)
 
     def to_json(self) -> dict[str, Any]:
-        """The record as a JSON-ready dict, keys in field order."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        """The record as a JSON-ready dict, keys in field order (optional fields only when set)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if field.name not in self._OPTIONAL or getattr(self, field.name) is not None}
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> StepRecord:
         """A record from a parsed line; a missing or mistyped field raises ``DataFormatError``."""
         names = [field.name for field in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in row]
+        missing = [name for name in names if name not in row and name not in cls._OPTIONAL]
         if missing:
             raise DataFormatError(f"step record lacks {missing}")
         for name, kind in (("step", int), ("reward", (int, float)), ("success", bool), ("state", str),
                            ("chosen_ids", list), ("candidate_ids", list)):
             _field(row, name, kind)
-        return cls(**{name: row[name] for name in names})
+        return cls(**{name: row[name] for name in names if name in row})
 
 
 def read_steps_jsonl(path: str | Path) -> list[StepRecord]:

@@ -70,7 +70,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -83,6 +83,7 @@ from memento.config import (
     SimilarityConfig,
     SoftQConfig,
     check,
+    check_choice,
     check_float,
     check_int,
     check_policy,
@@ -114,7 +115,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "retain", "learn", "log", "checkpoint")
+Credit = Literal["shared", "leave_one_out"]
+"""How a task's reward is credited to the K shown cases (``LoopConfig.credit``)."""
+
+COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "credit", "retain", "learn", "log", "checkpoint")
 """Where a step's time goes; ``summary.json`` reports the mean milliseconds per step of each."""
 
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "tensorboard")
@@ -154,7 +158,13 @@ class LoopConfig:
     - ``success_threshold``: a step succeeds when its reward is >= this (the moving success rate);
       ``window``: steps per moving-average window and per ``success_by_window`` entry;
     - ``checkpoint_every``: steps between checkpoints (0: only at the end); ``tensorboard``: write
-      event files under ``out_dir/tb``.
+      event files under ``out_dir/tb``;
+    - ``credit``: how the task's outcome is shared among the K shown cases. ``"shared"``: every shown case
+      gets the task's reward (Memento's task-level label). ``"leave_one_out"``: the planner scores the gold
+      answer (``task.answers[0]``) after the prompt with all K cases and after each prompt with one case left
+      out (``planner.score_many``: K + 1 forward passes, no generation); case ``i``'s target is
+      ``sigmoid((logp(all) - logp(all but i)) / credit_temperature)``, above 0.5 when the case raised the
+      answer's likelihood. Tasks without a gold answer keep shared credit.
     """
 
     steps: int = 500
@@ -170,6 +180,8 @@ class LoopConfig:
     window: int = 50
     checkpoint_every: int = 100
     tensorboard: bool = True
+    credit: Credit = "shared"
+    credit_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -190,6 +202,8 @@ class LoopConfig:
         check_float(self, "success_threshold")
         check_int(self, "window", 1)
         check_int(self, "checkpoint_every", 0)
+        check_choice(self, "credit", Credit)
+        check_float(self, "credit_temperature", low=0.0, low_open=True)
 
     @property
     def policy_kind(self) -> str:
@@ -288,6 +302,9 @@ class OnlineLoop:
         for method in ("plan", "plan_many"):
             if not callable(getattr(planner, method, None)):
                 raise ConfigError(f"OnlineLoop: planner {planner!r} has no {method}() (see memento.planners.Planner)")
+        if config.credit == "leave_one_out" and not callable(getattr(planner, "score_many", None)):
+            raise ConfigError(f"LoopConfig.credit='leave_one_out' needs a planner that scores answers "
+                              f"(score_many); {planner!r} has none")
         dim = getattr(encoder, "dim", None)
         if not callable(getattr(encoder, "encode", None)) or not isinstance(dim, int):
             raise ConfigError(f"OnlineLoop: encoder {encoder!r} needs encode(texts) and an integer dim")
@@ -446,8 +463,8 @@ class OnlineLoop:
         order_T = task_order(len(self.tasks), cfg.steps, seeds[0], shuffle=cfg.shuffle)
         self.policy_rng = np.random.Generator(np.random.PCG64(seeds[1]))
         self.step = 0
-        self.counters: dict[str, Any] = {"llm_calls": 0, "retained": 0, "duplicates": 0, "not_retained": 0,
-                                         "prompt_tokens": 0, "output_tokens": 0}
+        self.counters: dict[str, Any] = {"llm_calls": 0, "score_calls": 0, "retained": 0, "duplicates": 0,
+                                         "not_retained": 0, "prompt_tokens": 0, "output_tokens": 0}
         self.ms_totals: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.rewards: list[float] = []
         self.successes: list[bool] = []
@@ -573,12 +590,16 @@ class OnlineLoop:
         ms["judge"] = clock() - t0
 
         t0 = clock()
+        credit = self._credit(bank, tasks, selections)
+        ms["credit"] = clock() - t0
+
+        t0 = clock()
         retained = self._retain(bank, tasks, outputs, judged, state_BD, first_step)
         ms["retain"] = clock() - t0
 
         t0 = clock()
         observations = [Observation(state_D=state_BD[b], candidates=cands[b], selection=sel, reward=judged[b][0],
-                                    step=first_step + b, policy_version=version)
+                                    step=first_step + b, policy_version=version, case_rewards_K=credit[b])
                         for b, sel in enumerate(selections) if sel is not None]
         loss = self.policy.observe(observations).get("loss")
         ms["learn"] = clock() - t0
@@ -587,7 +608,7 @@ class OnlineLoop:
             self.ms_totals[name] += seconds * 1000.0
         per_task_ms = {name: round(seconds * 1000.0 / len(tasks), 4) for name, seconds in ms.items()}
         return [self._record(b, task, out, judged[b], sel, retained[b], first_step=first_step, version=version,
-                             bank_size=bank_size, alpha=alpha, loss=loss, ms=per_task_ms)
+                             bank_size=bank_size, alpha=alpha, loss=loss, ms=per_task_ms, credit=credit[b])
                 for b, (task, out, sel) in enumerate(zip(tasks, outputs, selections))]
 
     def _select(self, state_BD: np.ndarray, cands: list[Candidates]) -> list[Selection | None]:
@@ -623,6 +644,26 @@ class OnlineLoop:
                                           f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
         return judged
 
+    def _credit(self, bank: CaseBank, tasks: list[Task], selections: list[Selection | None]
+                ) -> list[np.ndarray | None]:
+        """Leave-one-out credit per shown case (``LoopConfig.credit``), ``None`` for shared credit."""
+        credit: list[np.ndarray | None] = [None] * len(tasks)
+        if self.config.credit != "leave_one_out":
+            return credit
+        rows = [b for b, sel in enumerate(selections) if sel is not None and tasks[b].answers]
+        if not rows:
+            return credit
+        shown = {b: bank.get(list(selections[b].ids)) for b in rows}  # type: ignore[union-attr]
+        case_sets = [[shown[b]] + [shown[b][:i] + shown[b][i + 1:] for i in range(len(shown[b]))] for b in rows]
+        scores = self.planner.score_many([tasks[b] for b in rows], case_sets)  # type: ignore[attr-defined]
+        self.counters["score_calls"] += sum(len(sets) for sets in case_sets)
+        tau = self.config.credit_temperature
+        for b, task_scores in zip(rows, scores):
+            full = task_scores[0].logprob
+            drop_K = np.asarray([full - s.logprob for s in task_scores[1:]], dtype=np.float64)
+            credit[b] = 1.0 / (1.0 + np.exp(-np.clip(drop_K / tau, -50.0, 50.0)))
+        return credit
+
     def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
                 state_BD: np.ndarray, first_step: int) -> list[tuple[str | None, bool]]:
         """Retain: add each (question, output, reward) to the bank; ``(case id, duplicate)`` per task."""
@@ -650,7 +691,8 @@ class OnlineLoop:
 
     def _record(self, b: int, task: Task, out: PlanOutput, judged: tuple[float, str], sel: Selection | None,
                 retained: tuple[str | None, bool], *, first_step: int, version: int, bank_size: int,
-                alpha: float | None, loss: float | None, ms: dict[str, float]) -> StepRecord:
+                alpha: float | None, loss: float | None, ms: dict[str, float],
+                credit: np.ndarray | None = None) -> StepRecord:
         reward, reason = judged
         self.counters["prompt_tokens"] += int(getattr(out, "prompt_tokens", 0) or 0)
         self.counters["output_tokens"] += int(getattr(out, "output_tokens", 0) or 0)
@@ -666,7 +708,8 @@ class OnlineLoop:
             greedy=None if sel is None else bool(sel.greedy),
             output=out.text, reward=reward, success=bool(success), reason=reason, done=True, retained_id=retained[0],
             duplicate=retained[1], policy=self.config.policy_kind, policy_version=version, bank_size=bank_size,
-            entropy=0.0 if sel is None else _entropy(sel.probs_C), alpha=alpha, loss=loss, time=time.time(), ms=ms)
+            entropy=0.0 if sel is None else _entropy(sel.probs_C), alpha=alpha, loss=loss, time=time.time(), ms=ms,
+            case_credit=None if credit is None else [float(c) for c in credit])
 
     # ------------------------------------------------------------------ summary
 
@@ -679,6 +722,7 @@ class OnlineLoop:
         ms["overhead"] = ms["total"] - ms["plan"] - ms["judge"]
         return {
             "policy": cfg.policy_kind, "steps": steps, "llm_calls": int(self.counters["llm_calls"]),
+            "score_calls": int(self.counters.get("score_calls", 0)),
             "success_rate": float(success_T.mean()) if steps else 0.0,
             "success_by_window": success_by_window(success_T, cfg.window),
             "moving_success_rate": float(moving_average(success_T, cfg.window)[-1]) if steps else 0.0,

@@ -96,7 +96,9 @@ class Observation:
     ``candidates`` must hold every chosen case (it may be the set the policy chose from, or a
     superset; the chosen cases are found by id); ``step`` is the decision's place in its stream
     (the loop's step, the feedback's sequence number); ``policy_version`` is ``policy.version``
-    when the choice was made.
+    when the choice was made. ``case_rewards_K``, when given, is per-case credit: a target in [0, 1]
+    for each chosen case (in draw order) that a learning policy uses instead of the shared ``reward``
+    (the online loop's leave-one-out credit, ``LoopConfig.credit``).
     """
 
     state_D: np.ndarray
@@ -105,6 +107,18 @@ class Observation:
     reward: float
     step: int
     policy_version: int
+    case_rewards_K: np.ndarray | None = None
+
+    def case_rewards(self) -> np.ndarray:
+        """The target of each chosen case: ``case_rewards_K``, else the shared reward for all of them."""
+        k = len(self.selection.ids)
+        if self.case_rewards_K is None:
+            return np.full(k, float(self.reward))
+        rewards_K = np.asarray(self.case_rewards_K, dtype=np.float64)
+        if rewards_K.shape != (k,) or not np.isfinite(rewards_K).all():
+            raise DimensionError(f"observation: case_rewards_K has shape {rewards_K.shape} (finite: "
+                                 f"{bool(np.isfinite(rewards_K).all())}) for {k} chosen case(s)")
+        return rewards_K
 
     def chosen_rows(self) -> np.ndarray:
         """Indices into ``candidates`` of the chosen cases, in draw order."""

@@ -203,12 +203,19 @@ class LinUCBPolicy(StaticPolicy):
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
         """``update_selection`` for each decision (always: a ridge update is the only way LinUCB records)."""
         for obs in observations:
-            self.update_selection(obs.state_D, obs.candidates, obs.selection, obs.reward)
-            for p in obs.selection.positions_K:
+            if obs.case_rewards_K is None:
+                self.update_selection(obs.state_D, obs.candidates, obs.selection, obs.reward)
+                rewards_K = np.full(len(obs.selection.ids), float(obs.reward))
+            else:  # per-case credit: each case its own reward
+                rewards_K = obs.case_rewards()
+                for row, reward in zip(obs.chosen_rows(), rewards_K):
+                    self.update(obs.state_D, obs.candidates.embeddings_CD[int(row)], float(reward),
+                                case_id=obs.candidates.ids[int(row)])
+            for row, reward in zip(obs.chosen_rows(), rewards_K):
                 self._log_states.append(np.asarray(obs.state_D, dtype=np.float32))
-                self._log_cases.append(np.asarray(obs.candidates.embeddings_CD[int(p)], dtype=np.float32))
-                self._log_rewards.append(float(obs.reward))
-                self._log_ids.append(obs.candidates.ids[int(p)])
+                self._log_cases.append(np.asarray(obs.candidates.embeddings_CD[int(row)], dtype=np.float32))
+                self._log_rewards.append(float(reward))
+                self._log_ids.append(obs.candidates.ids[int(row)])
         return {}
 
     def checkpoint(self, directory: Path) -> None:
