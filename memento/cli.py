@@ -30,7 +30,7 @@ from memento.envs.tasks import suite_dir
 from memento.errors import ConfigError, DataFormatError, DimensionError, EncoderError, MementoError
 from memento.export import create_selector, export_selector, verify
 from memento.formats import CaseFormat, read_case_file, read_tasks_jsonl
-from memento.loop import LoopConfig, loop_policy
+from memento.loop import Credit, LoopConfig, loop_policy
 from memento.mcp_server import run_mcp
 from memento.memory import CaseBank
 from memento.planners.base import PlannerError
