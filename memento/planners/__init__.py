@@ -4,19 +4,22 @@
   Gemma 3 270M base model (converted once from its GGUF package into the cache directory);
 - :class:`OpenAICompatPlanner`: any OpenAI-compatible server (vLLM, Ollama, llama.cpp, OpenAI);
 - :class:`CallablePlanner`: any function or agent;
-- :class:`PromptConfig` and :func:`render_prompt`: the prompt templates they share;
+- :class:`PromptConfig`, :func:`render_prompt` and :func:`render_answer`: the prompt templates they share;
+- :class:`ScoringPlanner` and :class:`AnswerScore`: scoring an answer's log-likelihood without
+  generating (``HFPlanner`` and ``OpenAICompatPlanner`` score; see ``memento.planners.base``);
 - :class:`PlannerSpec`, :func:`parse_planner_spec`, :func:`build_planner`: the CLI's ``--planner`` values.
 
 Importing this package loads neither torch nor transformers; ``HFPlanner`` does when built.
 """
 
-from memento.planners.base import CallablePlanner, Planner, PlannerError, PlanOutput
+from memento.planners.base import AnswerScore, CallablePlanner, Planner, PlannerError, PlanOutput, ScoringPlanner
 from memento.planners.hf import HFPlanner, HFPlannerConfig, default_planner_path
 from memento.planners.openai_compat import OpenAICompatConfig, OpenAICompatPlanner
-from memento.planners.prompts import PromptConfig, render_messages, render_prompt
+from memento.planners.prompts import PromptConfig, render_answer, render_messages, render_prompt
 from memento.planners.spec import PlannerSpec, build_planner, check_planner_spec, parse_planner_spec
 
 __all__ = [
+    "AnswerScore",
     "CallablePlanner",
     "HFPlanner",
     "HFPlannerConfig",
@@ -27,10 +30,12 @@ __all__ = [
     "PlannerError",
     "PlannerSpec",
     "PromptConfig",
+    "ScoringPlanner",
     "build_planner",
     "check_planner_spec",
     "default_planner_path",
     "parse_planner_spec",
+    "render_answer",
     "render_messages",
     "render_prompt",
 ]

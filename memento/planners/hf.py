@@ -9,6 +9,17 @@ cores, 1 GB of float32 safetensors); later loads read that directory (a few seco
 Decoding is greedy (deterministic): the continuation is cut at the first stop string, so
 ``plan()`` returns just the answer. ``plan_many()`` batches prompts with left padding and gives
 the same outputs as ``plan()`` one by one; ``plan()`` is ``plan_many()`` on a batch of one.
+
+Scoring (``score()`` / ``score_many()``, the :class:`~memento.planners.base.ScoringPlanner`
+protocol) generates nothing: the prompt is tokenized as generation tokenizes it (with the
+tokenizer's special tokens, e.g. Gemma's ``<bos>``), the answer's continuation
+(:func:`~memento.planners.prompts.render_answer`) without special tokens, and the two are
+concatenated, so the answer's tokens are the ones generation would emit to give that answer.
+Sequences are right-padded into batches of ``batch_size`` (longest first), run through one forward
+pass each under ``torch.inference_mode``, and the log-softmax is gathered at the answer positions
+only (logits are computed there only, where transformers supports it). A sequence longer than
+``score_max_length`` tokens (default: the model's context window) loses prompt tokens from the
+left, after the leading special tokens; the answer is never cut.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import dataclasses
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -27,8 +39,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from memento.config import check, check_int
-from memento.planners.base import PlannerError, PlanOutput
-from memento.planners.prompts import PromptConfig, render_prompt
+from memento.planners.base import (
+    AnswerScore,
+    PlannerError,
+    PlanOutput,
+    check_score,
+    group_scores,
+    score_requests,
+)
+from memento.planners.prompts import PromptConfig, render_answer, render_prompt
 from memento.types import Case, Task
 
 if TYPE_CHECKING:
@@ -55,7 +74,10 @@ class HFPlannerConfig:
     - ``dtype``: ``None`` keeps the dtype the weights were saved in;
     - ``max_new_tokens``: the most tokens generated per task;
     - ``stop``: stop strings; ``None`` takes the prompt style's (``"\\n"`` for ``few_shot``);
-    - ``batch_size``: prompts generated together by ``plan_many``;
+    - ``batch_size``: prompts generated together by ``plan_many`` (and sequences scored together);
+    - ``score_max_length``: the most tokens (prompt + answer) one scored sequence may hold; longer
+      prompts lose tokens from the left, the answer is never cut; ``None``: the model's context
+      window (``max_position_embeddings``);
     - ``prompt``: the prompt template.
     """
 
@@ -65,6 +87,7 @@ class HFPlannerConfig:
     max_new_tokens: int = 16
     stop: tuple[str, ...] | None = None
     batch_size: int = 8
+    score_max_length: int | None = None
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
 
     def __post_init__(self) -> None:
@@ -76,6 +99,8 @@ class HFPlannerConfig:
                f"must be None or one of {get_args(TorchDtype)}")
         check_int(self, "max_new_tokens", 1)
         check_int(self, "batch_size", 1)
+        if self.score_max_length is not None:
+            check_int(self, "score_max_length", 2)
         if self.stop is not None:
             check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
                    and all(isinstance(s, str) and s for s in self.stop), type(self), "stop", self.stop,
@@ -86,6 +111,35 @@ class HFPlannerConfig:
     @property
     def stop_strings(self) -> tuple[str, ...]:
         return self.prompt.stop if self.stop is None else self.stop
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _RawScore:
+    """An :class:`AnswerScore` before its checks (the log-likelihood may be NaN)."""
+
+    logprob: float
+    n_tokens: int
+    prompt_tokens: int
+    truncated_tokens: int
+    latency_s: float
+
+
+def _keeps_boolean_logits(model: Any) -> bool:
+    """Whether ``model(..., logits_to_keep=mask_BT)`` computes logits at the ``True`` positions only.
+
+    transformers >= 5 slices with ``slice_logits_to_keep``, which takes a boolean ``(B, T)`` mask and
+    returns ``(N, V)`` logits; older versions (or remote code) compute every position, then gathered.
+    """
+    import inspect
+
+    from transformers import modeling_utils
+
+    if not hasattr(modeling_utils, "slice_logits_to_keep"):
+        return False
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -203,10 +257,11 @@ class HFPlanner:
         prompt: PromptConfig | None = None,
         dtype: TorchDtype | None = None,
         batch_size: int = 8,
+        score_max_length: int | None = None,
     ):
         self.config = HFPlannerConfig(model=str(model_path), device=device, dtype=dtype, max_new_tokens=max_new_tokens,
                                       stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
-                                      batch_size=batch_size,
+                                      batch_size=batch_size, score_max_length=score_max_length,
                                       prompt=prompt or PromptConfig())
         self.model_path = Path(model_path).expanduser()
         if not self.model_path.is_dir():
@@ -274,7 +329,8 @@ class HFPlanner:
     def from_config(cls, config: HFPlannerConfig, *, cache_dir: str | Path | None = None) -> HFPlanner:
         """Build the planner a saved config describes (``model=None``: the default Gemma)."""
         kwargs: dict[str, Any] = dict(device=config.device, max_new_tokens=config.max_new_tokens, stop=config.stop,
-                                      prompt=config.prompt, dtype=config.dtype, batch_size=config.batch_size)
+                                      prompt=config.prompt, dtype=config.dtype, batch_size=config.batch_size,
+                                      score_max_length=config.score_max_length)
         if config.model is None:
             return cls.default(cache_dir=cache_dir, **kwargs)
         return cls(config.model, **kwargs)
@@ -282,10 +338,10 @@ class HFPlanner:
     def replace(self, **changes: Any) -> HFPlanner:
         """A planner sharing this one's loaded weights with other generation options.
 
-        ``changes`` may set ``max_new_tokens``, ``stop``, ``prompt`` and ``batch_size`` (the weights,
-        device and dtype stay).
+        ``changes`` may set ``max_new_tokens``, ``stop``, ``prompt``, ``batch_size`` and
+        ``score_max_length`` (the weights, device and dtype stay).
         """
-        allowed = {"max_new_tokens", "stop", "prompt", "batch_size"}
+        allowed = {"max_new_tokens", "stop", "prompt", "batch_size", "score_max_length"}
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise PlannerError(f"HFPlanner.replace cannot change {unknown}; it can change {sorted(allowed)}")
@@ -373,6 +429,131 @@ class HFPlanner:
                     break
         text = self._tokenizer.decode(tokens, skip_special_tokens=True)
         return _cut_at_stop(text, self.stop)[0], len(tokens)
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, task: Task, case_sets: Sequence[Sequence[Case]], answer: str | None = None) -> list[AnswerScore]:
+        """The log-likelihood of ``answer`` (default ``task.answers[0]``) after each case set's prompt."""
+        return self.score_many([task], [case_sets], None if answer is None else [answer])[0]
+
+    def score_many(self, tasks: Sequence[Task], case_sets_per_task: Sequence[Sequence[Sequence[Case]]],
+                   answers: Sequence[str | None] | None = None) -> list[list[AnswerScore]]:
+        """:meth:`score` for several tasks, all their case sets batched together (one list per task)."""
+        requests = score_requests(tasks, case_sets_per_task, answers)
+        prompts = [self.render(r.task, r.cases) for r in requests]
+        continuations = [render_answer(self.prompt, r.answer) for r in requests]
+        scores = []
+        for request, raw in zip(requests, self._score_raw(prompts, continuations)):
+            check_score(repr(self), request, raw.logprob, raw.n_tokens)
+            scores.append(AnswerScore(**dataclasses.asdict(raw)))
+        return group_scores(requests, scores, len(tasks))
+
+    def score_continuations(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[AnswerScore]:
+        """Log-likelihoods of raw ``continuations[i]`` right after raw ``prompts[i]``, ``batch_size`` at a time.
+
+        ``score_many`` is this on ``render_prompt`` / ``render_answer``. A continuation that takes no
+        token, one that cannot fit ``score_max_length`` with a token of prompt before it, or a
+        non-finite result raises :class:`PlannerError`.
+        """
+        if len(prompts) != len(continuations):
+            raise PlannerError(f"score_continuations got {len(prompts)} prompts but {len(continuations)} continuations")
+        scores = []
+        for i, raw in enumerate(self._score_raw(prompts, continuations)):
+            if not math.isfinite(raw.logprob):
+                raise PlannerError(f"{self!r}: continuation {i}: the log-likelihood is {raw.logprob} (not finite)")
+            scores.append(AnswerScore(**dataclasses.asdict(raw)))
+        return scores
+
+    def _score_raw(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[_RawScore]:
+        """Unchecked scores in input order; sequences batched longest first (less padding)."""
+        if not prompts:
+            return []
+        sequences = self._score_sequences(prompts, continuations)
+        order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i][0]) - len(sequences[i][1]))
+        results: dict[int, _RawScore] = {}
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            results.update(zip(rows, self._score_batch([sequences[i] for i in rows])))
+        return [results[i] for i in range(len(sequences))]
+
+    def _score_max_length(self) -> int | None:
+        if self.config.score_max_length is not None:
+            return self.config.score_max_length
+        config = self._model.config
+        for source in (config, getattr(config, "text_config", None)):
+            value = getattr(source, "max_position_embeddings", None)
+            if isinstance(value, int) and value > 1:
+                return value
+        return None
+
+    def _score_sequences(self, prompts: Sequence[str],
+                         continuations: Sequence[str]) -> list[tuple[list[int], list[int], int]]:
+        """(prompt ids, answer ids, prompt tokens dropped) per pair, cut from the left to fit."""
+        tokenizer = self._tokenizer
+        prompt_ids = tokenizer(list(prompts))["input_ids"]  # as generation tokenizes (special tokens included)
+        answer_ids = tokenizer(list(continuations), add_special_tokens=False)["input_ids"]
+        special = set(tokenizer.all_special_ids)
+        limit = self._score_max_length()
+        sequences = []
+        n_cut = 0
+        for i, (prompt, answer) in enumerate(zip(prompt_ids, answer_ids)):
+            prompt, answer = list(prompt), list(answer)
+            if not answer:
+                raise PlannerError(f"{self!r}: the continuation {continuations[i]!r} takes no tokens")
+            keep = 0  # leading special tokens (<bos>) stay when the prompt is cut
+            while keep < len(prompt) and prompt[keep] in special:
+                keep += 1
+            dropped = 0
+            if limit is not None and len(prompt) + len(answer) > limit:
+                dropped = len(prompt) + len(answer) - limit
+                if len(prompt) - dropped < max(keep, 1):
+                    raise PlannerError(f"{self!r}: an answer of {len(answer)} tokens does not fit in "
+                                       f"score_max_length={limit} with a prompt token before it")
+                prompt = prompt[:keep] + prompt[keep + dropped:]
+                n_cut += 1
+            elif not prompt:
+                raise PlannerError(f"{self!r}: the prompt {prompts[i]!r} takes no tokens; nothing predicts the answer")
+            sequences.append((prompt, answer, dropped))
+        if n_cut:
+            logger.warning("scoring: %d of %d prompt(s) cut from the left to fit score_max_length=%s",
+                           n_cut, len(sequences), limit)
+        return sequences
+
+    def _score_batch(self, batch: list[tuple[list[int], list[int], int]]) -> list[_RawScore]:
+        """One right-padded forward pass; the log-softmax gathered at the answer positions."""
+        import torch
+
+        start = time.perf_counter()
+        lengths = [len(prompt) + len(answer) for prompt, answer, _ in batch]
+        width = max(lengths)
+        pad = self._tokenizer.pad_token_id
+        ids_BT = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask_BT = torch.zeros((len(batch), width), dtype=torch.long)
+        answer_BT = torch.zeros((len(batch), width), dtype=torch.bool)  # where the answer's tokens are
+        for row, (prompt, answer, _) in enumerate(batch):
+            n = len(prompt) + len(answer)
+            ids_BT[row, :n] = torch.tensor(prompt + answer, dtype=torch.long)
+            mask_BT[row, :n] = 1
+            answer_BT[row, len(prompt):n] = True
+        keep_BT = torch.zeros_like(answer_BT)  # the positions whose logits predict an answer token
+        keep_BT[:, :-1] = answer_BT[:, 1:]
+        ids_BT, mask_BT, keep_BT = ids_BT.to(self.device), mask_BT.to(self.device), keep_BT.to(self.device)
+        extra = {"logits_to_keep": keep_BT} if _keeps_boolean_logits(self._model) else {}
+        with torch.inference_mode():
+            logits = self._model(input_ids=ids_BT, attention_mask=mask_BT, use_cache=False, **extra).logits
+            if logits.ndim == 3:  # the model computed every position's logits
+                logits = logits[keep_BT]
+            targets_N = ids_BT[answer_BT.to(self.device)]
+            if logits.shape[0] != targets_N.shape[0]:
+                raise PlannerError(f"{self!r}: the model returned logits of shape {tuple(logits.shape)} "
+                                   f"for {targets_N.shape[0]} answer tokens")
+            logprobs_N = torch.log_softmax(logits.float(), dim=-1).gather(1, targets_N[:, None])[:, 0]
+        sums = [float(chunk.double().sum()) for chunk in logprobs_N.split([len(answer) for _, answer, _ in batch])]
+        elapsed = time.perf_counter() - start
+        logger.debug("scored %d sequence(s) of up to %d tokens in %.2f s", len(batch), width, elapsed)
+        return [_RawScore(logprob=value, n_tokens=len(answer), prompt_tokens=len(prompt), truncated_tokens=dropped,
+                          latency_s=elapsed / len(batch))
+                for value, (prompt, answer, dropped) in zip(sums, batch)]
 
     def __repr__(self) -> str:
         return (f"HFPlanner(model={str(self.model_path)!r}, device={self.device!r}, "

@@ -8,6 +8,19 @@ answers, a body that is not JSON, or one without ``choices`` raise :class:`Plann
 Every error is one line naming the method, the URL and what went wrong, e.g.
 ``POST http://127.0.0.1:8000/v1/chat/completions: HTTP 500 after 4 attempts: <body excerpt>``
 (``max_retries=3`` means up to 4 attempts).
+
+Scoring (``score()`` / ``score_many()``, the :class:`~memento.planners.base.ScoringPlanner`
+protocol) asks the completions endpoint (``<base_url>/completions``, whatever ``mode`` is) for the
+log-probabilities of the prompt itself, as vLLM offers: ``prompt`` is ``render_prompt(...) +
+render_answer(...)`` (the completion-style prompt; a chat-mode planner's chat template is not
+applied), with ``max_tokens: 0``, ``echo: true``, ``logprobs: 1`` and ``temperature: 0``. A server
+that refuses ``max_tokens: 0`` with HTTP 400 is asked once more with ``max_tokens: 1`` (and from
+then on). The answer's tokens are the echoed prompt tokens that hold any character of the
+continuation: counted back from the end of the prompt's tokens (``usage.prompt_tokens`` of them,
+else all but the generated ones) with ``logprobs.text_offset``, so a server whose offsets include a
+``<bos>`` string still lines up. Their ``token_logprobs`` are summed. A response without
+``logprobs``, with null ``token_logprobs``, or with lists that do not line up is one
+:class:`PlannerError` line naming the URL and what was missing.
 """
 
 from __future__ import annotations
@@ -26,8 +39,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, get_args
 
 from memento.config import check, check_int
-from memento.planners.base import PlannerError, PlanOutput
-from memento.planners.prompts import PromptConfig, render_messages, render_prompt
+from memento.planners.base import (
+    AnswerScore,
+    PlannerError,
+    PlanOutput,
+    ScoreRequest,
+    check_score,
+    group_scores,
+    score_requests,
+)
+from memento.planners.prompts import PromptConfig, render_answer, render_messages, render_prompt
 from memento.types import Case, Task
 
 __all__ = ["ApiMode", "OpenAICompatConfig", "OpenAICompatPlanner"]
@@ -113,6 +134,26 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
 
 
+class _Refused(PlannerError):
+    """An HTTP 4xx answer (not 429): not retried; ``code`` is the status."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _state(container: dict[str, Any], key: str) -> str:
+    """How a JSON field looks, for an error message: missing, null, or its type."""
+    if key not in container:
+        return "missing"
+    value = container[key]
+    return "null" if value is None else type(value).__name__
+
+
 class _Retryable(Exception):
     """One failed attempt that may succeed when tried again."""
 
@@ -153,9 +194,11 @@ class OpenAICompatPlanner:
             stop=stop if stop is None or isinstance(stop, str) else tuple(stop), concurrency=concurrency,
             prompt=prompt or PromptConfig())
         self.url = self.config.url
+        self.completions_url = self.config.base_url.rstrip("/") + "/completions"
         self.stop = self.config.stop_strings
         self.attempts = 0
         self._lock = threading.Lock()
+        self._score_max_tokens = 0  # 1 once a server has refused max_tokens=0
 
     @classmethod
     def from_config(cls, config: OpenAICompatConfig) -> OpenAICompatPlanner:
@@ -186,8 +229,8 @@ class OpenAICompatPlanner:
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _attempt(self, data: bytes) -> bytes:
-        request = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
+    def _attempt(self, data: bytes, url: str) -> bytes:
+        request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
         with self._lock:
             self.attempts += 1
         try:
@@ -210,7 +253,7 @@ class OpenAICompatPlanner:
                     except ValueError:
                         retry_after = None
                 raise _Retryable(f"HTTP {error.code}", detail, retry_after) from None
-            raise PlannerError(f"POST {self.url}: HTTP {error.code}" + (f": {detail}" if detail else "")) from None
+            raise _Refused(f"POST {url}: HTTP {error.code}" + (f": {detail}" if detail else ""), error.code) from None
         except TimeoutError:
             raise _Retryable(f"timed out (timeout_s={self.config.timeout_s:g})") from None
         except urllib.error.URLError as error:
@@ -220,32 +263,33 @@ class OpenAICompatPlanner:
         except (ConnectionError, http.client.HTTPException) as error:
             raise _Retryable("connection failed", _excerpt(f"{type(error).__name__}: {error}")) from None
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+        url = url or self.url
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         total = self.config.max_retries + 1
         for attempt in range(1, total + 1):
             try:
-                raw = self._attempt(data)
+                raw = self._attempt(data, url)
                 break
             except _Retryable as error:
                 if attempt == total:
                     attempts = f"{total} attempt{'s' if total > 1 else ''}"
                     detail = f": {error.detail}" if error.detail else ""
-                    raise PlannerError(f"POST {self.url}: {error.reason} after {attempts}{detail}") from None
+                    raise PlannerError(f"POST {url}: {error.reason} after {attempts}{detail}") from None
                 delay = self.config.backoff_s * 2 ** (attempt - 1)
                 if error.retry_after is not None:
                     delay = max(delay, error.retry_after)
                 delay = min(delay, _MAX_BACKOFF_S)
-                logger.info("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", self.url, error.reason,
+                logger.info("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", url, error.reason,
                                f": {error.detail}" if error.detail else "", attempt, total, delay)
                 time.sleep(delay)
         text = raw.decode("utf-8", errors="replace")
         try:
             response = json.loads(text)
         except json.JSONDecodeError:
-            raise PlannerError(f"POST {self.url}: response is not JSON: {_excerpt(text)!r}") from None
+            raise PlannerError(f"POST {url}: response is not JSON: {_excerpt(text)!r}") from None
         if not isinstance(response, dict):
-            raise PlannerError(f"POST {self.url}: response is not a JSON object: {_excerpt(text)!r}")
+            raise PlannerError(f"POST {url}: response is not a JSON object: {_excerpt(text)!r}")
         return response
 
     def _parse(self, response: dict[str, Any]) -> tuple[str, int, int]:
@@ -288,6 +332,100 @@ class OpenAICompatPlanner:
             return [self.plan(task, task_cases) for task, task_cases in zip(tasks, cases)]
         with ThreadPoolExecutor(max_workers=min(self.config.concurrency, len(tasks))) as pool:
             return list(pool.map(self.plan, tasks, cases))
+
+    # ------------------------------------------------------------------ scoring
+
+    def score_request_body(self, task: Task, cases: Sequence[Case], answer: str | None = None) -> dict[str, Any]:
+        """The JSON body sent to ``completions_url`` to score ``answer`` (default ``task.answers[0]``)."""
+        answer = task.answers[0] if answer is None else answer
+        prompt = self.config.prompt
+        text = render_prompt(prompt, task, cases) + render_answer(prompt, answer)
+        return {"model": self.config.model, "prompt": text, "max_tokens": self._score_max_tokens,
+                "temperature": 0.0, "echo": True, "logprobs": 1}
+
+    def score(self, task: Task, case_sets: Sequence[Sequence[Case]], answer: str | None = None) -> list[AnswerScore]:
+        """The log-likelihood of ``answer`` (default ``task.answers[0]``) after each case set's prompt."""
+        return self.score_many([task], [case_sets], None if answer is None else [answer])[0]
+
+    def score_many(self, tasks: Sequence[Task], case_sets_per_task: Sequence[Sequence[Sequence[Case]]],
+                   answers: Sequence[str | None] | None = None) -> list[list[AnswerScore]]:
+        """:meth:`score` for several tasks; ``concurrency`` requests in flight (one per case set)."""
+        requests = score_requests(tasks, case_sets_per_task, answers)
+        if self.config.concurrency == 1 or len(requests) <= 1:
+            scores = [self._score_one(request) for request in requests]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.config.concurrency, len(requests))) as pool:
+                scores = list(pool.map(self._score_one, requests))
+        return group_scores(requests, scores, len(tasks))
+
+    def _score_one(self, request: ScoreRequest) -> AnswerScore:
+        start = time.perf_counter()
+        body = self.score_request_body(request.task, request.cases, request.answer)
+        try:
+            response = self._post(body, self.completions_url)
+        except _Refused as error:
+            if error.code != 400 or body["max_tokens"] != 0:
+                raise
+            logger.info("POST %s refused max_tokens=0 (%s); scoring with max_tokens=1", self.completions_url, error)
+            self._score_max_tokens = 1
+            body["max_tokens"] = 1
+            response = self._post(body, self.completions_url)
+        continuation = render_answer(self.config.prompt, request.answer)
+        logprob, n_tokens, prompt_tokens = self._parse_score(response, body, continuation)
+        check_score(f"POST {self.completions_url}", request, logprob, n_tokens)
+        return AnswerScore(logprob=logprob, n_tokens=n_tokens, prompt_tokens=prompt_tokens,
+                           latency_s=time.perf_counter() - start)
+
+    def _parse_score(self, response: dict[str, Any], body: dict[str, Any], continuation: str) -> tuple[float, int, int]:
+        """(sum of the answer's token logprobs, its token count, the prompt tokens before it)."""
+        where = f"POST {self.completions_url}"
+        choices = response.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise PlannerError(f"{where}: response has no choices: {_excerpt(json.dumps(response))!r}")
+        choice = choices[0]
+        need = "scoring needs the prompt's logprobs (echo=true, logprobs=1), as vLLM's /v1/completions gives"
+        logprobs = choice.get("logprobs")
+        if not isinstance(logprobs, dict):
+            raise PlannerError(f"{where}: the server returned no logprobs (choices[0].logprobs is "
+                               f"{_state(choice, 'logprobs')}); {need}")
+        token_logprobs = logprobs.get("token_logprobs")
+        if not isinstance(token_logprobs, list) or all(value is None for value in token_logprobs):
+            state = "all null" if isinstance(token_logprobs, list) else _state(logprobs, "token_logprobs")
+            raise PlannerError(f"{where}: the server returned no prompt logprobs "
+                               f"(choices[0].logprobs.token_logprobs is {state}); {need}")
+        tokens, offsets = logprobs.get("tokens"), logprobs.get("text_offset")
+        if (not isinstance(tokens, list) or not isinstance(offsets, list)
+                or not len(tokens) == len(offsets) == len(token_logprobs)
+                or not all(isinstance(t, str) for t in tokens) or not all(_count(o) is not None for o in offsets)
+                or any(b < a for a, b in zip(offsets, offsets[1:]))):
+            got = {key: len(value) if isinstance(value, list) else _state(logprobs, key)
+                   for key, value in (("tokens", tokens), ("token_logprobs", token_logprobs), ("text_offset", offsets))}
+            raise PlannerError(f"{where}: malformed logprobs: tokens, token_logprobs and text_offset must be lists "
+                               f"of one length (strings, numbers, non-decreasing offsets); got lengths {got}")
+        text = choice.get("text")
+        if isinstance(text, str) and not text.startswith(body["prompt"]):
+            raise PlannerError(f"{where}: the server did not echo the prompt (choices[0].text does not start with "
+                               f"it: {_excerpt(text)!r}); {need}")
+        n_total = len(tokens)
+        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        n_prompt = _count(usage.get("prompt_tokens"))
+        if n_prompt is None or not 1 <= n_prompt <= n_total:
+            generated = _count(usage.get("completion_tokens"))
+            n_prompt = n_total - (body["max_tokens"] if generated is None else generated)
+        ends = [offsets[i + 1] if i + 1 < n_total else offsets[i] + len(tokens[i]) for i in range(n_total)]
+        if n_prompt < 1:
+            raise PlannerError(f"{where}: malformed logprobs: {n_total} tokens for the prompt and its completion")
+        answer_start = ends[n_prompt - 1] - len(continuation)
+        first = next((i for i in range(n_prompt) if ends[i] > answer_start), n_prompt)
+        if answer_start < offsets[0] or first >= n_prompt:
+            raise PlannerError(f"{where}: malformed logprobs: the echoed prompt tokens (text_offset up to "
+                               f"{ends[n_prompt - 1]}) cannot hold the answer's {len(continuation)} characters")
+        values = token_logprobs[first:n_prompt]
+        for i, value in enumerate(values, first):
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise PlannerError(f"{where}: the server returned no logprob for answer token {i} "
+                                   f"(choices[0].logprobs.token_logprobs[{i}] is {value!r}); {need}")
+        return float(sum(values)), len(values), first
 
     def __repr__(self) -> str:
         return f"OpenAICompatPlanner(model={self.config.model!r}, url={self.url!r}, mode={self.config.mode!r})"

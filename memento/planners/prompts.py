@@ -22,6 +22,11 @@ completion-style models: transformers causal LMs, ``/v1/completions``) and
 
 Cases are shown in the order given (the policy's draw order), each state and action cut to
 ``max_case_chars`` characters. The task text is never cut.
+
+:func:`render_answer` gives the text that follows the prompt when the planner answers with a
+given text, formatted as a demonstration's answer is (``" Paris"`` after ``"Answer:"`` in
+``few_shot``; ``"\n"`` and the plan's numbered steps after ``"Plan:"`` in ``memento_plan``):
+``render_prompt(...) + render_answer(...)`` is the text a planner scores (never cut).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from memento.config import check, check_int
+from memento.errors import DataFormatError
 from memento.types import Case, Task
 
 __all__ = [
@@ -40,6 +46,7 @@ __all__ = [
     "PromptConfig",
     "PromptStyle",
     "format_plan",
+    "render_answer",
     "render_messages",
     "render_prompt",
 ]
@@ -132,17 +139,27 @@ def format_plan(action: str) -> str:
     return "\n".join(lines)
 
 
+def _few_shot_answer(text: str) -> str:
+    """A few_shot answer as it follows ``"Answer:"``: a space, then the text on one line."""
+    return " " + _one_line(text)
+
+
+def _plan_answer(text: str) -> str:
+    """A memento_plan answer as it follows ``"Plan:"``: a line break, then the plan's steps."""
+    return "\n" + format_plan(text)
+
+
 def _few_shot_body(config: PromptConfig, task: Task, cases: Sequence[Case]) -> str:
     limit = config.max_case_chars
-    parts = [f"Question: {_cut(_one_line(c.state), limit)}\nAnswer: {_cut(_one_line(c.action), limit)}\n"
-             for c in cases]
+    parts = [f"Question: {_cut(_one_line(c.state), limit)}\n"
+             f"Answer:{_few_shot_answer(_cut(_one_line(c.action), limit))}\n" for c in cases]
     parts.append(f"Question: {_one_line(task.question)}\nAnswer:")
     return "".join(parts)
 
 
 def _plan_examples(cases: Sequence[Case], limit: int) -> str:
     return "\n".join(
-        f"Example {i}:\nQuestion: {_cut(c.state, limit)}\nPlan:\n{format_plan(_cut(c.action, limit))}\n"
+        f"Example {i}:\nQuestion: {_cut(c.state, limit)}\nPlan:{_plan_answer(_cut(c.action, limit))}\n"
         for i, c in enumerate(cases, 1)
     )
 
@@ -184,3 +201,20 @@ def render_messages(config: PromptConfig, task: Task, cases: Sequence[Case]) -> 
     messages = [{"role": "system", "content": instruction}] if instruction else []
     messages.append({"role": "user", "content": _body(config, task, cases)})
     return messages
+
+
+def render_answer(config: PromptConfig, answer: str) -> str:
+    """The text that follows :func:`render_prompt` when the planner answers ``answer``.
+
+    It is formatted exactly as a demonstration's answer follows its question, so that a scored
+    answer reads like the answers shown: ``few_shot`` gives ``" " + answer`` on one line
+    (whitespace collapsed, as in a demonstration), ``memento_plan`` gives ``"\\n"`` and the answer
+    (a JSON plan shown as numbered steps, see :func:`format_plan`). The answer is never cut
+    (``max_case_chars`` applies to demonstrations only) and no stop string is appended.
+    An answer that is empty after that formatting raises :class:`~memento.errors.DataFormatError`.
+    """
+    if not isinstance(answer, str):
+        raise DataFormatError(f"answer must be a string, got {type(answer).__name__}")
+    if not answer.strip():
+        raise DataFormatError(f"answer {answer!r} is empty: there is nothing to score")
+    return _few_shot_answer(answer) if config.style == "few_shot" else _plan_answer(answer)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+import re
 import socket
 import threading
 import time
@@ -14,7 +17,7 @@ import pytest
 from memento.config import from_dict, to_dict
 from memento.errors import ConfigError
 from memento.planners import openai_compat
-from memento.planners.base import Planner, PlannerError
+from memento.planners.base import Planner, PlannerError, ScoringPlanner
 from memento.planners.openai_compat import OpenAICompatConfig, OpenAICompatPlanner
 from memento.planners.prompts import PromptConfig
 from memento.types import Case, Task
@@ -38,7 +41,8 @@ class FakeServer:
 
     Steps: ``("json", obj)``, ``("status", code, body)`` (``body`` text), ``("raw", text)``
     (status 200, not JSON), ``("sleep", seconds)`` (then a normal reply),
-    ``("retry_after", seconds)`` (429 with a Retry-After header).
+    ``("retry_after", seconds)`` (429 with a Retry-After header), ``("fn", reply)`` (the JSON
+    ``reply(request_body)`` returns).
     """
 
     def __init__(self) -> None:
@@ -59,11 +63,11 @@ class FakeServer:
                     index = min(len(server.requests), len(server.script)) - 1
                     step = server.script[index]
                 try:
-                    self._answer(step)
+                    self._answer(step, json.loads(body))
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
                     pass
 
-            def _answer(self, step: tuple[Any, ...]) -> None:
+            def _answer(self, step: tuple[Any, ...], body: dict[str, Any]) -> None:
                 kind = step[0]
                 if kind == "sleep":
                     time.sleep(step[1])
@@ -76,6 +80,8 @@ class FakeServer:
                     self._send(step[1], step[2])
                 elif kind == "retry_after":
                     self._send(429, "slow down", {"Retry-After": str(step[1])})
+                elif kind == "fn":
+                    self._send(200, json.dumps(step[1](body)))
 
             def _send(self, code: int, text: str, headers: dict[str, str] | None = None) -> None:
                 data = text.encode("utf-8")
@@ -326,6 +332,201 @@ def test_completions_without_text(server: FakeServer):
     server.reset(("json", {"choices": [{"message": {"content": "chat-shaped"}}]}))
     with pytest.raises(PlannerError, match="choices\\[0\\] has no text"):
         make(server, mode="completions").plan(ITALY, [])
+
+
+# ---------------------------------------------------------------- scoring (echo + prompt logprobs, as vLLM)
+
+
+def words(text: str) -> list[str]:
+    """A toy tokenizer: each word with the whitespace before it (as SentencePiece's "▁Rome")."""
+    tokens = re.findall(r"\s*\S+", text)
+    assert "".join(tokens) == text
+    return tokens
+
+
+def token_logprob(token: str) -> float:
+    return -len(token.strip()) / 10
+
+
+def vllm_echo(body: dict[str, Any], *, bos: str | None = "<bos>", usage: bool = True) -> dict[str, Any]:
+    """What vLLM's /v1/completions answers to echo=true, logprobs=1: every prompt token with its logprob
+    (the first has none), then ``max_tokens`` generated tokens. Offsets count the token strings, so a
+    ``<bos>`` string shifts them against the prompt text, as vLLM's do."""
+    prompt_tokens = ([bos] if bos else []) + words(body["prompt"])
+    generated = [" Question:"][:body["max_tokens"]]
+    tokens = prompt_tokens + generated
+    logprobs: list[float | None] = [None] + [token_logprob(t) for t in tokens[1:len(prompt_tokens)]]
+    logprobs += [-0.05] * len(generated)
+    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    reply: dict[str, Any] = {
+        "id": "cmpl-1", "object": "text_completion", "model": body["model"],
+        "choices": [{"index": 0, "text": body["prompt"] + "".join(generated), "finish_reason": "length",
+                     "logprobs": {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
+                                  "top_logprobs": [None] + [{t: lp} for t, lp in zip(tokens[1:], logprobs[1:])]}}]}
+    if usage:
+        reply["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(generated),
+                          "total_tokens": len(tokens)}
+    return reply
+
+
+FEW_SHOT_ITALY = ("Question: What is the capital of France?\nAnswer: Paris\nQuestion: What is the capital of Italy?"
+                  "\nAnswer:")
+
+
+def test_score_sends_an_echo_request_and_sums_the_answer_tokens(server: FakeServer):
+    server.reset(("fn", vllm_echo))
+    planner = make(server)  # a chat-mode planner scores through /completions all the same
+    assert isinstance(planner, ScoringPlanner)
+    with_case, without = planner.score(ITALY, [[FRANCE], []])
+    assert server.requests[0]["path"] == "/v1/completions"
+    assert server.requests[0]["body"] == {"model": "test-model", "prompt": FEW_SHOT_ITALY + " Rome", "max_tokens": 0,
+                                          "temperature": 0.0, "echo": True, "logprobs": 1}
+    assert server.requests[0]["body"] == planner.score_request_body(ITALY, [FRANCE])
+    assert server.requests[1]["body"]["prompt"] == "Question: What is the capital of Italy?\nAnswer: Rome"
+    assert (with_case.logprob, with_case.n_tokens, with_case.mean_logprob) == (-0.4, 1, -0.4)  # " Rome" only
+    assert with_case.prompt_tokens == 1 + len(words(FEW_SHOT_ITALY))  # <bos> and the prompt's tokens
+    assert without.prompt_tokens == 1 + len(words("Question: What is the capital of Italy?\nAnswer:"))
+    assert with_case.latency_s > 0 and planner.attempts == 2
+
+
+def test_score_multi_token_answer_without_bos_or_usage(server: FakeServer):
+    server.reset(("fn", lambda body: vllm_echo(body, bos=None, usage=False)))
+    [score] = make(server, mode="completions").score(ITALY, [[]], answer="the  Eternal\nCity")
+    assert server.requests[0]["body"]["prompt"].endswith("Answer: the Eternal City")  # one line, as demonstrations
+    assert score.n_tokens == 3 and score.logprob == pytest.approx(-(3 + 7 + 4) / 10)
+    assert score.mean_logprob == pytest.approx(score.logprob / 3)
+
+
+def test_score_memento_plan_continuation(server: FakeServer):
+    server.reset(("fn", vllm_echo))
+    plan = '{"plan": [{"id": 1, "description": "Name Rome."}]}'
+    [score] = make(server, prompt=PromptConfig(style="memento_plan")).score(ITALY, [[]], answer=plan)
+    assert server.requests[0]["body"]["prompt"].endswith("Plan:\n1. Name Rome.")
+    assert score.n_tokens == 3 and score.logprob == pytest.approx(-(2 + 4 + 5) / 10)  # "\n1." " Name" " Rome."
+
+
+def test_score_falls_back_to_max_tokens_1_when_0_is_refused(server: FakeServer):
+    server.reset(("status", 400, '{"error": "max_tokens must be at least 1, got 0."}'),
+                 ("fn", lambda body: vllm_echo(body, usage=False)))
+    planner = make(server)
+    [score] = planner.score(ITALY, [[FRANCE]])
+    assert [r["body"]["max_tokens"] for r in server.requests] == [0, 1]
+    assert (score.logprob, score.n_tokens) == (-0.4, 1)  # the generated " Question:" is not the answer's
+    planner.score(ITALY, [[]])
+    assert server.requests[-1]["body"]["max_tokens"] == 1 and len(server.requests) == 3  # remembered
+
+
+def test_score_other_refusals_are_one_line_errors(server: FakeServer):
+    server.reset(("status", 404, "no such route"))
+    with pytest.raises(PlannerError) as info:
+        make(server).score(ITALY, [[]])
+    assert str(info.value) == f"POST {server.base_url}/completions: HTTP 404: no such route"
+    server.reset(("status", 400, "bad"), ("status", 400, "still bad"))
+    with pytest.raises(PlannerError, match="HTTP 400: still bad$"):
+        make(server).score(ITALY, [[]])
+    assert len(server.requests) == 2
+
+
+def test_score_many_keeps_order_with_concurrency(server: FakeServer):
+    server.reset(("fn", vllm_echo))
+    tasks = [Task(id=str(i), question=f"Question {i}?", answers=["x" * (i + 1)]) for i in range(4)]
+    scores = make(server, concurrency=4).score_many(tasks, [[[], [FRANCE]]] * 4)
+    assert [[s.logprob for s in task_scores] for task_scores in scores] == \
+        [[pytest.approx(-(i + 1) / 10)] * 2 for i in range(4)]
+    assert len(server.requests) == 8
+
+
+def _mutated(change):
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(vllm_echo(body))
+        change(out["choices"][0])
+        return out
+    return reply
+
+
+def _set(path: str, value: Any):
+    def change(choice: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target = choice
+        for key in parents:
+            target = target[key]
+        if value is KeyError:
+            del target[last]
+        else:
+            target[last] = value
+    return change
+
+
+NEED = "scoring needs the prompt's logprobs (echo=true, logprobs=1), as vLLM's /v1/completions gives"
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set("logprobs", KeyError), "the server returned no logprobs (choices[0].logprobs is missing); " + NEED),
+    (_set("logprobs", None), "the server returned no logprobs (choices[0].logprobs is null); " + NEED),
+    (_set("logprobs.token_logprobs", None),
+     "the server returned no prompt logprobs (choices[0].logprobs.token_logprobs is null); " + NEED),
+    (_set("logprobs.token_logprobs", KeyError),
+     "the server returned no prompt logprobs (choices[0].logprobs.token_logprobs is missing); " + NEED),
+    (lambda choice: choice["logprobs"].update(token_logprobs=[None] * len(choice["logprobs"]["tokens"])),
+     "the server returned no prompt logprobs (choices[0].logprobs.token_logprobs is all null); " + NEED),
+])
+def test_score_without_prompt_logprobs_names_the_server_and_what_is_missing(server: FakeServer, change, message):
+    server.reset(("fn", _mutated(change)))
+    with pytest.raises(PlannerError) as info:
+        make(server).score(ITALY, [[FRANCE]])
+    assert str(info.value) == f"POST {server.base_url}/completions: {message}"
+    assert len(server.requests) == 1  # not retried
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda choice: choice["logprobs"]["text_offset"].pop(),
+     "malformed logprobs: tokens, token_logprobs and text_offset must be lists of one length"),
+    (_set("logprobs.text_offset", KeyError), "got lengths {'tokens': 19, 'token_logprobs': 19, 'text_offset': "
+                                             "'missing'}"),
+    (lambda choice: choice["logprobs"]["text_offset"].reverse(), "non-decreasing offsets"),
+    (lambda choice: choice["logprobs"]["tokens"].__setitem__(3, 7), "malformed logprobs"),
+    (_set("text", "Rome"), "the server did not echo the prompt (choices[0].text does not start with it: 'Rome')"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, None),
+     "the server returned no logprob for answer token 18 (choices[0].logprobs.token_logprobs[18] is None)"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, "x"), "no logprob for answer token 18"),
+    (lambda choice: choice["logprobs"].update(tokens=["me"], token_logprobs=[-0.4], text_offset=[0])
+     or choice.pop("text"), "the echoed prompt tokens (text_offset up to 2) cannot hold the answer's 5 characters"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, math.nan),
+     "task 't1', case set 0: the log-likelihood of the answer is nan (not finite)"),
+])
+def test_score_malformed_logprobs(server: FakeServer, change, message):
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        out = _mutated(change)(body)
+        out.pop("usage")  # the prompt's tokens are then all but the generated ones (none)
+        return out
+    server.reset(("fn", reply))
+    with pytest.raises(PlannerError) as info:
+        make(server).score(ITALY, [[FRANCE]])
+    assert str(info.value).startswith(f"POST {server.base_url}/completions: ")
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("step, message", [
+    (("json", {"object": "text_completion"}), "response has no choices"),
+    (("raw", "<html>"), "response is not JSON"),
+])
+def test_score_bad_responses(server: FakeServer, step, message):
+    server.reset(step)
+    with pytest.raises(PlannerError) as info:
+        make(server).score(ITALY, [[]])
+    assert str(info.value).startswith(f"POST {server.base_url}/completions: ") and message in str(info.value)
+
+
+def test_score_input_errors_come_before_any_request(server: FakeServer):
+    from memento.errors import DataFormatError
+
+    planner = make(server)
+    with pytest.raises(DataFormatError, match="no case sets to score"):
+        planner.score(ITALY, [])
+    with pytest.raises(DataFormatError, match="the answer ' ' is empty"):
+        planner.score(ITALY, [[]], answer=" ")
+    assert server.requests == []
 
 
 # ---------------------------------------------------------------- config
