@@ -218,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="seeds of the real part, one run per policy each (default: 0)")
     bo_seeds.add_argument("--seed", type=int, default=None, help="one seed (the same as --seeds S)")
     _option(bo, "--window", OnlineBenchConfig, "window", "the 'early' window of the real part", type=int)
+    bo.add_argument("--retain-judge", choices=["exact", "f1", "contains", "numeric"], default=None,
+                    help="real part: the judge of a retained case's stored reward (default: exact, as the reward)")
     bo.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
                     help="real part: soft_q chooses among all candidates or only rewarded ones (default: all)")
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
@@ -361,7 +363,10 @@ def _add_online_parser(commands: Any) -> None:
                         help=f"comma-separated policies: {', '.join(get_args(PolicyKind))} "
                              "(default: soft_q,similarity)")
     online.add_argument("--judge", choices=["exact", "f1", "contains", "numeric"], default="exact",
-                        help="how an answer is scored (default: exact)")
+                        help="how an answer is scored: the reward the policy learns from (default: exact)")
+    online.add_argument("--retain-judge", choices=["exact", "f1", "contains", "numeric"], default=None,
+                        help="how a retained case's stored reward is judged (default: as --judge); a lenient judge "
+                             "(contains, f1) stores each case's own outcome as a real bank does (facts-real)")
     _option(online, "--steps", LoopConfig, "steps", "tasks (LLM calls) per policy", type=int)
     _option(online, "--k", LoopConfig, "k", "cases shown per task", type=int)
     _option(online, "--candidates", LoopConfig, "candidates", "candidate set size C", type=int)
@@ -448,6 +453,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise ConfigError(f"--judge {args.judge}: judges are not available ({error})") from None
     judge = make_judge(args.judge)
+    retain_judge = None if args.retain_judge is None else make_judge(args.retain_judge)
     encoder = _load_encoder(_encoder_config(args))
     try:
         planner = build_planner(spec)
@@ -456,7 +462,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
     comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
                                 make_policy=make_policy, encoder=encoder, planner=planner, judge=judge, tasks=tasks,
                                 seed_cases=seed_cases,
-                                bank_dir=args.bank, device=device, resume=args.resume,
+                                bank_dir=args.bank, device=device, resume=args.resume, retain_judge=retain_judge,
                                 progress=not args.no_progress and sys.stderr.isatty())
     print(comparison_table(comparison))
     print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
@@ -784,7 +790,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         online_config = OnlineBenchConfig(
             policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),  # type: ignore[arg-type]
             parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
-            soft_q_candidates=args.soft_q_candidates, **given)
+            soft_q_candidates=args.soft_q_candidates, retain_judge=args.retain_judge, **given)
         if args.torch_threads:
             import torch
 

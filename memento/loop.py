@@ -270,7 +270,12 @@ class OnlineLoop:
     - ``make_policy``: ``(policy config, PolicyContext) -> Policy``, e.g. ``policies.make_policy``;
     - ``encoder``: ``encode(texts) -> [N, D]`` unit vectors and ``dim`` (a :class:`memento.Encoder`);
     - ``planner``: a :class:`memento.planners.Planner` (``plan`` / ``plan_many``);
-    - ``judge``: ``judge(task, output_text) -> object with .reward (float) and .reason (str)``;
+    - ``judge``: ``judge(task, output_text) -> object with .reward (float) and .reason (str)``: the step's
+      reward, which the policy learns from;
+    - ``retain_judge``: the judge of the reward *stored* with a retained case (default: ``judge``). A real bank
+      stores the outcome of a case's own task, often judged leniently (``contains``, token F1, an LLM judge),
+      not its usefulness as a demonstration under the task's own (strict) judge: pass the lenient judge here
+      to keep a run's bank as realistic as its seed bank (the ``facts-real`` suite);
     - ``tasks``: the task list the stream draws from;
     - ``out_dir``: the run directory;
     - the starting bank: ``bank_dir`` (an existing bank, copied into ``out_dir/bank``; the original is
@@ -283,7 +288,8 @@ class OnlineLoop:
     def __init__(self, config: LoopConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Planner,
                  judge: Callable[[Task, str], Any], tasks: Sequence[Task], out_dir: str | Path,
                  bank_dir: str | Path | None = None, seed_cases: Sequence[Case] | None = None,
-                 device: str | torch.device = "cpu", resume: bool = False, progress: bool = False):
+                 device: str | torch.device = "cpu", resume: bool = False, progress: bool = False,
+                 retain_judge: Callable[[Task, str], Any] | None = None):
         if not isinstance(config, LoopConfig):
             raise ConfigError(f"OnlineLoop: config={type(config).__name__}: must be a LoopConfig")
         if not callable(make_policy):
@@ -299,6 +305,8 @@ class OnlineLoop:
             raise ConfigError("OnlineLoop: give bank_dir or seed_cases, not both")
         if not callable(judge):
             raise ConfigError(f"OnlineLoop: judge={judge!r} is not callable (task, output) -> result")
+        if retain_judge is not None and not callable(retain_judge):
+            raise ConfigError(f"OnlineLoop: retain_judge={retain_judge!r} is not callable (task, output) -> result")
         for method in ("plan", "plan_many"):
             if not callable(getattr(planner, method, None)):
                 raise ConfigError(f"OnlineLoop: planner {planner!r} has no {method}() (see memento.planners.Planner)")
@@ -313,6 +321,7 @@ class OnlineLoop:
         self.encoder = encoder
         self.planner = planner
         self.judge = judge
+        self.retain_judge = retain_judge
         self.tasks = tasks
         self.run_dir = RunDir(out_dir)
         self.out_dir = self.run_dir.path
@@ -490,7 +499,9 @@ class OnlineLoop:
         describe = getattr(self.encoder, "describe", None)
         info = {"policy": self.config.policy_kind, "device": str(self.device),
                 "encoder": describe() if callable(describe) else repr(self.encoder),
-                "planner": repr(self.planner), "judge": repr(self.judge), "n_tasks": len(self.tasks),
+                "planner": repr(self.planner), "judge": repr(self.judge),
+                "retain_judge": None if self.retain_judge is None else repr(self.retain_judge),
+                "n_tasks": len(self.tasks),
                 "tasks_fingerprint": self.fingerprint,
                 "seed_bank": None if self.bank_dir is None else str(self.bank_dir),
                 "seed_cases": None if self.seed_cases is None else len(self.seed_cases),
@@ -675,6 +686,8 @@ class OnlineLoop:
             if not out.text.strip():
                 self.counters["not_retained"] += 1
                 continue
+            if self.retain_judge is not None:
+                reward, _ = _judge_reward(self.retain_judge(task, out.text), self.retain_judge)
             new_cases.append(Case(state=task.question, action=out.text, reward=reward, env=task.env,
                                   meta={"task_id": task.id, "step": first_step + b, "policy": self.config.policy_kind}))
             rows.append(b)

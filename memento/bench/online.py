@@ -81,7 +81,8 @@ class OnlineBenchConfig:
     suite, split and planner of the real part; ``synthetic_steps`` bandit steps per policy; ``overhead_bank``
     cases and ``overhead_steps`` steps for the overhead part; ``parts``; ``soft_q_candidates``: soft-Q variants
     choose among all candidates or the rewarded ones only; ``bootstrap``: resamples of the confidence
-    intervals."""
+    intervals; ``retain_judge``: the judge of a retained case's stored reward (default: exact, as the step's
+    reward; ``contains`` keeps a ``*-real`` suite's bank as lenient as its seed bank)."""
 
     steps: int = 600
     policies: tuple[BenchPolicy, ...] = ("soft_q", "similarity")
@@ -97,6 +98,7 @@ class OnlineBenchConfig:
     seeds: tuple[int, ...] = (0,)
     soft_q_candidates: SoftQCandidates = "all"
     bootstrap: int = 2000
+    retain_judge: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_bank", "overhead_steps",
@@ -112,6 +114,8 @@ class OnlineBenchConfig:
               and len(set(self.seeds)) == len(self.seeds), type(self), "seeds", self.seeds,
               "must be distinct integers >= 0")
         check_choice(self, "soft_q_candidates", SoftQCandidates)
+        check(self.retain_judge in (None, "exact", "f1", "contains", "numeric"), type(self), "retain_judge",
+              self.retain_judge, "must be null or one of exact, f1, contains, numeric")
 
     def loop_policies(self) -> dict[str, PolicyConfig]:
         positive = self.soft_q_candidates == "positive"
@@ -173,7 +177,9 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
         out = workdir / "real" / f"seed-{seed}"
         comparison = run_comparison(config.loop_policies(), config=loop_config, out_dir=out, make_policy=make_policy,
                                     late_steps=config.late_steps, encoder=encoder, planner=planner,
-                                    judge=make_judge("exact"), tasks=tasks, seed_cases=cases)
+                                    judge=make_judge("exact"), tasks=tasks, seed_cases=cases,
+                                    retain_judge=None if config.retain_judge is None else make_judge(
+                                        config.retain_judge))
         per_seed[str(seed)] = comparison
         for name in config.policies:
             records = read_steps_jsonl(out / name / "steps.jsonl")
@@ -186,6 +192,7 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
     for name in config.policies:
         summary[name].update({k: float(np.mean(v)) for k, v in cost[name].items()})
     result = {"planner": config.planner, "suite": config.suite, "split": config.split, "seeds": list(config.seeds),
+              "retain_judge": config.retain_judge or "exact",
               "steps": config.steps, "window": config.window, "late_steps": config.late_steps,
               "policies": {name: dataclasses.asdict(c) for name, c in config.loop_policies().items()},
               "summary": summary, "per_seed": per_seed}

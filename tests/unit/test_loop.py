@@ -425,3 +425,25 @@ def test_soft_q_positive_only_chooses_among_rewarded_cases(tmp_path):
         rewards = [reward[i] for i in r["candidate_ids"]]
         assert all(x > 0 for x in rewards) or not any(x > 0 for x in rewards)
         assert set(r["chosen_ids"]) <= set(r["candidate_ids"])
+
+
+def test_retain_judge_stores_each_cases_own_lenient_outcome(tmp_path):
+    """The step's reward comes from the strict judge; the retained case's stored reward from retain_judge."""
+    env = make_env()
+
+    def lenient(task, output):  # "contains the answer": the verbose format passes
+        ok = task.answers[0].lower() in output.lower()
+        return Judged(reward=1.0 if ok else 0.0, reason="contains" if ok else "no")
+
+    run_online(_config("similarity", steps=20, tensorboard=False), make_policy=make_policy, encoder=HashingEncoder(),
+               planner=env.planner(), judge=ExactJudge(), retain_judge=lenient, tasks=env.tasks,
+               seed_cases=env.seed_cases, out_dir=tmp_path / "run")
+    records = _records(tmp_path / "run" / "steps.jsonl")
+    with CaseBank.open(tmp_path / "run" / "bank") as bank:
+        stored = {c.id: c.reward for c in bank.iter_cases()}  # type: ignore[attr-defined]
+    failed = [r for r in records if r["reward"] == 0.0 and r["retained_id"] and not r["duplicate"]]
+    assert failed  # the verbose answers fail exact match ...
+    assert all(stored[r["retained_id"]] == 1.0 for r in failed)  # ... and are stored as successes
+    with pytest.raises(ConfigError, match="retain_judge"):
+        OnlineLoop(LoopConfig(), make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(),
+                   judge=ExactJudge(), retain_judge="contains", tasks=env.tasks, out_dir=tmp_path / "x")  # type: ignore[arg-type]
