@@ -7,6 +7,7 @@ printed as one line (``memento: error: ...``) with exit code 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -24,12 +25,22 @@ from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_
 from memento.bench.train import TrainBenchConfig, run_train_bench
 from memento.bench.train import format_table as format_train
 from memento.compare import comparison_table, run_comparison
-from memento.config import EncoderConfig, IndexConfig, PolicyKind, QNetArch, SoftQConfig, field_default
+from memento.config import (
+    EncoderConfig,
+    IndexConfig,
+    PolicyKind,
+    QNetAnchor,
+    QNetArch,
+    QNetConfig,
+    SoftQConfig,
+    field_default,
+)
 from memento.encoders import Encoder, saved_pooling
 from memento.envs.tasks import suite_dir
 from memento.errors import ConfigError, DataFormatError, DimensionError, EncoderError, MementoError
 from memento.export import create_selector, export_selector, verify
 from memento.formats import CaseFormat, read_case_file, read_tasks_jsonl
+from memento.labels import LabelConfig, label_tasks, read_label_tasks, summary_path
 from memento.loop import Credit, LoopConfig, loop_policy
 from memento.mcp_server import run_mcp
 from memento.memory import CaseBank
@@ -256,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_online_parser(commands)
     _add_export_parsers(commands)
     _add_serve_parsers(commands)
+    _add_score_parser(commands)
     from training.simcse_cli import add_parser as add_train_encoder_parser  # argparse only: no torch, no Lightning
 
     add_train_encoder_parser(commands)
@@ -345,7 +357,10 @@ def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     given: dict[str, Any] = {name: getattr(args, name) for name in _SOFT_Q_FLAGS if getattr(args, name) is not None}
     if args.soft_q_candidates is not None:
         given["positive_only"] = args.soft_q_candidates == "positive"
-    return SoftQConfig(**given)
+    config = SoftQConfig(**given)
+    if getattr(args, "anchor", None) is not None:
+        config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, anchor=args.anchor))
+    return config
 
 
 def _add_online_parser(commands: Any) -> None:
@@ -384,6 +399,9 @@ def _add_online_parser(commands: Any) -> None:
             "the candidates soft_q chooses from: all C, or only those with stored reward > 0 (the pool of "
             "similarity's positive-only retrieval; all when none is)", choices=["all", "positive"],
             dest="soft_q_candidates", shown="positive" if field_default(SoftQConfig, "positive_only") else "all")
+    _option(online, "--anchor", QNetConfig, "anchor",
+            "soft_q's Q-network: none, or cosine (Q = a*cos + b + a residual that starts at 0, so a fresh selector "
+            "ranks like similarity)", choices=list(get_args(QNetAnchor)))
     _option(online, "--credit", LoopConfig, "credit",
             "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the planner "
             "scores the gold answer with each case left out: K + 1 forward passes; needs a scoring planner)",
@@ -657,6 +675,162 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
                    config=ServeConfig(save_every_n=args.save_every_n, save_every_s=0))
 
 
+_SCORE_DESCRIPTION = """\
+Label training tasks with the frozen planner (DESIGN §2 "Credit and labels", EPR / LLM-R style): for each
+task with a known answer, encode the question, take the bank's top --candidates cases by cosine, and score
+the log-likelihood of the gold answer (answers[0]) with each candidate as the only demonstration (--k > 1:
+also --sets random K-sets of them). Nothing is generated. Tasks without answers are skipped and counted.
+
+The labels go to --out (JSONL, one self-describing row per task: task_id, state, answer, candidate_ids,
+logprob, mean_logprob, n_tokens, cosine, prompt_tokens, sets / set_logprob when k > 1, planner, prompt)
+and the cost (forward passes = scored prompts, wall time, seconds per scored candidate) to
+<out stem>.summary.json beside it. A bank built from --cases (or a suite's seed cases) is kept in
+--save-bank (default <out stem>.bank/): train from the labels with
+  memento train --from-labels OUT --bank BANK_DIR --out RUN"""
+
+
+def _add_score_parser(commands: Any) -> None:
+    score = commands.add_parser("score", help="label tasks' candidate cases with the planner's answer likelihood",
+                                description=_SCORE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = score.add_mutually_exclusive_group(required=True)
+    source.add_argument("--suite", metavar="NAME|DIR", default=None,
+                        help="a shipped suite (facts, facts-real, arith-real) or a suite directory")
+    source.add_argument("--tasks", metavar="FILE", default=None, help="Task JSONL {id, question, answers, ...}")
+    score.add_argument("--split", choices=["train", "test", "all"], default=None,
+                       help="split of --suite (default: train)")
+    bank = score.add_mutually_exclusive_group()
+    bank.add_argument("--bank", metavar="DIR", default=None, help="the case bank to take candidates from")
+    bank.add_argument("--cases", metavar="FILE", default=None,
+                      help="cases to build the bank from (default with --suite: the suite's seed cases)")
+    score.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
+                       help="format of --cases (default: case)")
+    score.add_argument("--save-bank", metavar="DIR", default=None,
+                       help="where a bank built from --cases or the suite's seed cases goes "
+                            "(default: <out stem>.bank next to --out)")
+    _option(score, "--planner", LabelConfig, "planner", "gemma | hf:PATH | openai:MODEL@URL", metavar="SPEC")
+    _option(score, "--candidates", LabelConfig, "candidates", "cosine candidates C scored per task", type=int)
+    _option(score, "--max-tasks", LabelConfig, "max_tasks", "score at most N tasks (the first with answers)",
+            type=int, metavar="N", shown="all")
+    _option(score, "--k", LabelConfig, "k", "1: single-case demonstrations; K > 1: also random K-sets", type=int)
+    _option(score, "--sets", LabelConfig, "sets", "random K-sets scored per task when --k > 1", type=int)
+    _option(score, "--seed", LabelConfig, "seed", "seed of the K-set draws", type=int)
+    _option(score, "--batch-size", LabelConfig, "batch_size", "tasks per planner.score_many call", type=int)
+    score.add_argument("--keep-self", action="store_true",
+                       help="keep candidates whose state is the task's own question (default: left out)")
+    score.add_argument("--out", required=True, metavar="FILE", help="the labels JSONL file (written atomically)")
+    score.add_argument("--torch-threads", type=int, default=0,
+                       help="torch.set_num_threads for this process (default: 0, torch's default)")
+    score.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_encoder_options(score)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    import os
+    import shutil
+
+    from memento.envs.tasks import seed_cases
+
+    # everything cheap is checked before a model is loaded or a file written
+    given = {name: getattr(args, name) for name in ("planner", "candidates", "max_tasks", "k", "sets", "seed",
+                                                     "batch_size") if getattr(args, name) is not None}
+    config = LabelConfig(exclude_self=not args.keep_self, **given)
+    spec = parse_planner_spec(config.planner)
+    check_planner_spec(spec)
+    if args.torch_threads < 0:
+        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+    if args.tasks is not None and args.split is not None:
+        raise ConfigError("--split goes with --suite (a --tasks file is one split)")
+    if args.suite is None and args.bank is None and args.cases is None:
+        raise ConfigError("no cases to choose from: give --bank DIR or --cases FILE "
+                          "(or --suite NAME for its seed cases)")
+    split = args.split or "train"
+    if args.suite is not None:
+        directory = suite_dir(args.suite)  # an unknown suite is one line
+        files = [directory / f"{part}.jsonl" for part in (("train", "test") if split == "all" else (split,))]
+    else:
+        files = [Path(args.tasks)]
+    tasks, skipped = [], 0
+    for file in files:
+        part, part_skipped = read_label_tasks(file)
+        tasks.extend(part)
+        skipped += part_skipped
+    if not tasks:
+        raise DataFormatError(f"no task with an answer to score ({skipped} task(s) without answers skipped)",
+                              path=files[0] if len(files) == 1 else None)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory; give the labels file to write")
+    cases = None
+    save_bank = None
+    if args.bank is not None:
+        CaseBank.open(args.bank).close()  # fails early on a path that is not a bank
+    else:
+        cases = read_case_file(args.cases, args.cases_format) if args.cases else seed_cases(args.suite)
+        if not cases:
+            raise DataFormatError("no cases to build the bank from", path=args.cases)
+        stem = out.name[:-len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+        save_bank = Path(args.save_bank) if args.save_bank else out.with_name(f"{stem}.bank")
+        if save_bank.exists():
+            raise ConfigError(f"--save-bank {save_bank}: already exists; pass --bank {save_bank} to reuse it, "
+                              "or remove it")
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
+
+    if args.bank is not None:
+        bank = CaseBank.open(args.bank)
+        recorded = bank.config.encoder
+        encoder_config = _encoder_config(args) if args.encoder or recorded is None else recorded
+        bank_dir = Path(args.bank)
+    else:
+        encoder_config = _encoder_config(args)
+        bank = None
+        bank_dir = save_bank
+    try:
+        encoder = _load_encoder(encoder_config)
+        try:
+            planner = build_planner(spec)
+        except ImportError as error:
+            raise PlannerError(f"planner {spec}: not available ({error})") from None
+        if bank is None:
+            assert cases is not None and save_bank is not None
+            work = save_bank.with_name(f".{save_bank.name}.tmp-{os.getpid()}")
+            shutil.rmtree(work, ignore_errors=True)
+            try:
+                with CaseBank.create(work, encoder.dim, index=args.index or field_default(IndexConfig, "factory"),
+                                     encoder=encoder_config) as building:
+                    vectors = encoder.encode([c.state for c in cases], normalize=True)
+                    building.add(cases, vectors.reshape(len(cases), building.dim))
+                os.replace(work, save_bank)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            print(f"built bank {save_bank} from {len(cases)} case(s)"
+                  f"{' of ' + str(args.cases) if args.cases else ' (the seed cases of ' + str(args.suite) + ')'}")
+            bank = CaseBank.open(save_bank)
+        if len(bank) == 0:
+            raise DataFormatError("the bank holds no case to choose from", path=bank.path)
+        meta = {"tasks_source": str(args.suite if args.suite is not None else args.tasks),
+                "split": split if args.suite is not None else None, "skipped_no_answer": skipped,
+                "tasks_read": len(tasks)}
+        summary = label_tasks(tasks, bank, encoder, planner, config, out,
+                              progress=not args.no_progress and sys.stderr.isatty(), meta=meta)
+    finally:
+        if bank is not None:
+            bank.close()
+    sets = f" + {summary['set_passes']} set(s)" if summary["set_passes"] else ""
+    per = summary["s_per_forward"]
+    print(f"scored {summary['rows']} task(s) x up to {config.candidates} candidate(s){sets}: "
+          f"{summary['forward_passes']} forward pass(es) (scored prompts) in {summary['wall_s']:.1f} s wall, "
+          f"{summary['score_s']:.1f} s scoring" + (f", {per:.3f} s per scored candidate" if per is not None else ""))
+    print(f"skipped: {summary['skipped_no_answer']} task(s) without answers, {summary['skipped_no_candidates']} "
+          f"without candidates; {summary['excluded_self']} candidate(s) that were the task's own question left out")
+    print(f"planner {summary['planner']} (prompt {summary['prompt']})")
+    print(f"labels in {out} ({summary['rows']} rows), cost in {summary_path(out)}")
+    print(f"train on them: memento train --from-labels {out} --bank {bank_dir} --out RUN")
+    return EXIT_OK
+
+
 def _configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -843,6 +1017,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_serve(args)
         if args.command == "mcp":
             return _cmd_mcp(args)
+        if args.command == "score":
+            return _cmd_score(args)
     except MementoError as error:
         print(f"memento: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any, get_args
@@ -36,6 +37,9 @@ data (exactly one source):
                                       with the case memory {"case","plan","case_label"} they use
   --cases CASES --rewards REWARDS     a Case JSONL bank plus a rewards JSONL file, one line per
                                       observation: {"state","case_id","reward","propensity"?}
+  --from-labels LABELS --bank DIR     planner-scored labels (memento score) with the bank their
+                                      candidate ids refer to; trained with the listwise loss
+                                      KL(softmax(mean_logprob / tau) || softmax(Q / alpha)) per task
 
 The run directory --out gets config.json (the full TrainConfig), data.json (label statistics),
 tb/ (TensorBoard: train/val loss, AUC, calibration error, hit@K per state), checkpoints/
@@ -81,7 +85,8 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     data.add_argument("--from-log", metavar="PATH", default=None,
                       help="online-loop run directory or its steps.jsonl transition log")
     data.add_argument("--bank", metavar="DIR", default=None,
-                      help="the case bank the log's case ids refer to (default: bank/ beside steps.jsonl)")
+                      help="the case bank the log's case ids refer to (default: bank/ beside steps.jsonl); "
+                           "with --from-labels, required: the bank the labels were scored on")
     data.add_argument("--from-memento", metavar="FILE", default=None,
                       help="Memento retriever training pairs (training_data.jsonl); label: truth_label")
     data.add_argument("--memory", metavar="FILE", default=None,
@@ -89,6 +94,11 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     data.add_argument("--cases", metavar="FILE", default=None, help="Case JSONL bank (every case with an id)")
     data.add_argument("--rewards", metavar="FILE", default=None,
                       help='rewards JSONL {"state", "case_id", "reward", "propensity"?}; needed with --cases')
+    data.add_argument("--from-labels", metavar="FILE", default=None,
+                      help="planner-scored labels (memento score --out FILE); needs --bank")
+    data.add_argument("--tau", type=float, default=None,
+                      help="with --from-labels: temperature of the targets softmax(mean_logprob / tau) "
+                           f"(default: {default(DataConfig, 'tau')})")
     data.add_argument("--val-fraction", type=float, default=None,
                       help="share of the states held out for validation "
                            f"(default: {default(DataConfig, 'val_fraction')})")
@@ -169,12 +179,12 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 _SOURCE_FLAGS = {"from_log": ("log", "log"), "from_memento": ("memento", "memento_pairs"),
-                 "cases": ("cases", "cases")}
-_SOURCE_FIELDS = ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards")
+                 "cases": ("cases", "cases"), "from_labels": ("labels", "labels")}
+_SOURCE_FIELDS = ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards", "labels")
 _FLAG_FIELDS = {  # argparse dest -> its field's path in the TrainConfig JSON
     "bank": ("data", "bank"), "memory": ("data", "memento_memory"), "rewards": ("data", "rewards"),
     "val_fraction": ("data", "val_fraction"), "label_threshold": ("data", "label_threshold"),
-    "num_workers": ("data", "num_workers"),
+    "num_workers": ("data", "num_workers"), "tau": ("data", "tau"),
     "encoder": ("data", "encoder", "model"), "pooling": ("data", "encoder", "pooling"),
     "max_length": ("data", "encoder", "max_length"),
     "arch": ("qnet", "arch"), "hidden": ("qnet", "hidden"), "n_layers": ("qnet", "n_layers"),
@@ -261,17 +271,21 @@ def _check_pairs(raw: dict[str, Any]) -> None:
     data = raw.get("data", {})
     source = data.get("source")
     if source is None:
-        raise ConfigError("no training data: give --from-log PATH, --from-memento PAIRS --memory MEMORY, or "
-                          "--cases CASES --rewards REWARDS (or a --config file with a data section)")
+        raise ConfigError("no training data: give --from-log PATH, --from-memento PAIRS --memory MEMORY, "
+                          "--cases CASES --rewards REWARDS, or --from-labels LABELS --bank DIR (or a --config file "
+                          "with a data section)")
     if source == "memento" and not data.get("memento_memory"):
         raise ConfigError("--from-memento needs --memory FILE (the case memory the pairs refer to)")
     if source == "cases" and not data.get("rewards"):
         raise ConfigError("--cases needs --rewards FILE (JSONL {\"state\", \"case_id\", \"reward\"})")
-    for flag, field, needs in (("--memory", "memento_memory", "memento"), ("--rewards", "rewards", "cases"),
-                               ("--bank", "bank", "log")):
+    if source == "labels" and not data.get("bank"):
+        raise ConfigError("--from-labels needs --bank DIR (the case bank the labels' candidate ids refer to)")
+    for flag, field, needs in (("--memory", "memento_memory", "memento"), ("--rewards", "rewards", "cases")):
         if data.get(field) is not None and source != needs:
             raise ConfigError(f"{flag} goes with --{'from-' if needs != 'cases' else ''}{needs} "
                               f"(this run's data source is {source!r})")
+    if data.get("bank") is not None and source not in ("log", "labels"):
+        raise ConfigError(f"--bank goes with --from-log or --from-labels (this run's data source is {source!r})")
 
 
 def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> Any:
@@ -310,6 +324,18 @@ def _print_stats(stats: dict[str, Any]) -> None:
     from training.data import label_warning
 
     a = stats["all"]
+    if stats["source"] == "labels":
+        notes = stats.get("notes", {})
+        cosine = notes.get("best_is_cosine_top1")
+        print(f"data (labels): {a['rows']} tasks, {a['pairs']} scored (task, candidate) pairs "
+              f"({notes.get('candidates_mean', 0):.1f} candidates per task); train {stats['train']['states']} "
+              f"states / validation {stats['val']['states']} states")
+        print(f"labels: planner {', '.join(notes.get('planners', []))}; mean spread of mean_logprob within a task "
+              f"{notes.get('score_spread_mean', 0):.3f}" + (f"; the planner's best candidate is cosine's top-1 in "
+                                                            f"{cosine:.0%} of the tasks" if cosine is not None else ""))
+        if notes.get("rows_with_one_candidate"):
+            print(f"note: {notes['rows_with_one_candidate']} task(s) have a single candidate (nothing to rank)")
+        return
     print(f"data ({stats['source']}): {a['rows']} decisions, {a['pairs']} (state, case) pairs, {a['states']} states; "
           f"train {stats['train']['states']} states / validation {stats['val']['states']} states")
     print(f"labels: {a['mixed']} states with mixed labels, {a['all_rewarded']} all rewarded, "
@@ -371,6 +397,16 @@ def run_train(args: argparse.Namespace) -> int:
 
     print(f"trained {summary['global_step']} steps, {summary['epochs']} epochs on {summary['device']} "
           f"({summary['precision']}) in {summary['fit_s']:.1f} s")
+    if config.data.source == "labels":
+        print(f"best checkpoint {summary['best_checkpoint']}: val listwise KL {fmt('val/loss')}")
+        hits = [k for k in config.trainer.hit_k if f"val/hit@{k}" in m]
+        if hits:
+            print(f"planner's best candidate among Q's top K on {int(m['val/ranking_states'])} held-out tasks: "
+                  + ", ".join(f"hit@{k} {m[f'val/hit@{k}']:.3f} (cosine {m.get(f'val/hit@{k}_cosine', math.nan):.3f}, "
+                              f"random {m[f'val/hit@{k}_random']:.3f})" for k in hits))
+        print(f"run in {out}: config.json, tb/ (tensorboard --logdir {out / 'tb'}), checkpoints/, "
+              f"selector/ (SoftQLearner.load)")
+        return 0
     line = f"best checkpoint {summary['best_checkpoint']}: val loss {fmt('val/loss')}, held-out AUC {fmt('val/auc')}"
     if "val/ece" in m:
         line += f", calibration error {fmt('val/ece')}"

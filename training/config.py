@@ -58,7 +58,7 @@ __all__ = ["Accelerator", "DataConfig", "DataSource", "JointConfig", "LightningC
            "load_train_config", "nest_flat_lightning", "save_train_config", "simcse_config_from_dict",
            "train_config_from_dict"]
 
-DataSource = Literal["log", "memento", "cases"]
+DataSource = Literal["log", "memento", "cases", "labels"]
 MementoLabel = Literal["truth_label"]
 Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"]
 Accelerator = Literal["auto", "cpu", "gpu", "cuda", "mps"]
@@ -127,6 +127,9 @@ class DataConfig:
       ``"memento"`` -- Memento reference retriever pairs (``memento_pairs``) with the case memory
       they refer to (``memento_memory``); the pair's label is its task-level ``truth_label``;
       ``"cases"`` -- a Case JSONL bank (``cases``) plus a rewards file (``rewards``);
+      ``"labels"`` -- planner-scored labels (``labels``, written by ``memento score``; :mod:`memento.labels`)
+      with the case bank their candidate ids refer to (``bank``, required: the cases' stored embeddings);
+      trained with the listwise loss of :mod:`training.listwise` instead of BCE;
     - ``encoder``: how state and case texts become vectors (the cached encoder; each text is encoded
       once per machine);
     - ``val_fraction``: the share of *states* held out for validation (no state text is in both
@@ -134,7 +137,9 @@ class DataConfig:
     - ``label_threshold``: a (state, case) pair counts as rewarded when its reward is >= this (for
       AUC, calibration and ranking metrics, and for counting states with mixed labels);
     - ``num_workers``: DataLoader worker processes (0: load in the training process; the data are
-      in-memory tensors, so 0 is usually fastest).
+      in-memory tensors, so 0 is usually fastest);
+    - ``tau``: ``source="labels"`` only: the temperature of the target distribution ``softmax(score / tau)``
+      over each task's candidates (score = the planner's ``mean_logprob``; smaller is sharper).
     """
 
     source: DataSource
@@ -144,20 +149,23 @@ class DataConfig:
     memento_memory: str | None = None
     cases: str | None = None
     rewards: str | None = None
+    labels: str | None = None
     encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
     val_fraction: float = 0.2
     split_seed: int = 0
     label_threshold: float = 0.5
     num_workers: int = 0
+    tau: float = 1.0
 
     def __post_init__(self) -> None:
         cls = type(self)
         check_choice(self, "source", DataSource)
-        for field in ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards"):
+        for field in ("log", "bank", "memento_pairs", "memento_memory", "cases", "rewards", "labels"):
             value = getattr(self, field)
             check(value is None or (isinstance(value, str) and bool(value.strip())), cls, field, value,
                    "must be None or a non-empty path")
-        needs = {"log": ("log",), "memento": ("memento_pairs", "memento_memory"), "cases": ("cases", "rewards")}
+        needs = {"log": ("log",), "memento": ("memento_pairs", "memento_memory"), "cases": ("cases", "rewards"),
+                 "labels": ("labels",)}
         for field in needs[self.source]:
             check(getattr(self, field) is not None, cls, field, None, f"is required for source={self.source!r}")
         for source, fields in needs.items():
@@ -165,12 +173,16 @@ class DataConfig:
                 for field in fields:
                     check(getattr(self, field) is None, cls, field, getattr(self, field),
                            f"belongs to source={source!r}, not source={self.source!r}")
-        check(self.bank is None or self.source == "log", cls, "bank", self.bank, "is only used with source='log'")
+        check(self.bank is None or self.source in ("log", "labels"), cls, "bank", self.bank,
+              "is only used with source='log' or source='labels'")
+        check(self.bank is not None or self.source != "labels", cls, "bank", None,
+              "is required for source='labels' (the case bank the labels' candidate ids refer to)")
         check(isinstance(self.encoder, EncoderConfig), cls, "encoder", self.encoder, "must be an EncoderConfig")
         check_float(self, "val_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
         check_int(self, "split_seed", 0)
         check_float(self, "label_threshold")
         check_int(self, "num_workers", 0)
+        check_float(self, "tau", low=0.0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -244,6 +256,10 @@ class TrainConfig:
         check(self.learner.gamma == 0.0 or self.data.source == "log", cls, "learner",
                f"gamma={self.learner.gamma}", "gamma > 0 (soft TD) needs next states: only transition logs "
                "(source='log') carry them")
+        check(self.data.source != "labels" or self.learner.alpha_schedule != "target_entropy", cls, "learner",
+              f"alpha_schedule={self.learner.alpha_schedule!r}", "the listwise loss of source='labels' fits "
+              "softmax(Q / alpha) to the labels; a tuned alpha would trade off against the scale of Q (use 'fixed' "
+              "or 'linear')")
 
 
 # ---------------------------------------------------------------- memento train-encoder and joint training

@@ -23,6 +23,12 @@ Three inputs (:class:`~training.config.DataConfig` ``source``):
 
   ``propensity`` is optional (default 1.0, i.e. no importance weight); no other keys are allowed.
   Each line is one decision with K = 1.
+- ``"labels"`` -- planner-scored labels (:mod:`memento.labels`, written by ``memento score``) with the
+  case bank their candidate ids refer to. Each row is one *task*: its state (the question, encoded with
+  the encoder), its C candidates (their **stored bank embeddings**, the vectors the online policy scores)
+  and their scores ``mean_logprob`` (``TrainingData.score_NK``). These data are trained with the listwise
+  loss of :mod:`training.listwise` and served as :class:`~training.listwise.ListwiseBatch` batches; rewards
+  are not used (``reward_N`` is 0) and the split is by state, unstratified.
 
 Every text is encoded once through the cached encoder (:class:`memento.Encoder`, or anything with
 ``encode(texts) -> [N, D]`` and ``dim``); the rows then hold indices into one state table and one
@@ -57,10 +63,11 @@ from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
 from memento.replay import ReplayBatch
 from training.config import DataConfig
+from training.listwise import ListwiseBatch
 
-__all__ = ["EpochSampler", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset", "TrainingData",
-           "check_inputs", "label_warning", "load_cases_rewards", "load_data", "load_memento_pairs",
-           "load_transition_log", "resolve_log", "split_by_state"]
+__all__ = ["EpochSampler", "ListwiseDataset", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset",
+           "TrainingData", "check_inputs", "label_warning", "load_cases_rewards", "load_data", "load_labels",
+           "load_memento_pairs", "load_transition_log", "resolve_log", "split_by_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +88,9 @@ class TrainingData:
     - ``next_state_N`` (-1: none), ``next_cands_NC``, ``next_mask_NC``: next states for soft TD, or
       ``None`` when no row has one;
     - ``origins``: ``"file:line"`` of each row (for error messages); ``source``: where it came from;
-    - ``notes``: counts the loader wants reported (skipped records, cases missing from a memory...).
+    - ``notes``: counts the loader wants reported (skipped records, cases missing from a memory...);
+    - ``score_NK``: planner-scored labels only (``source="labels"``): each row is one task, ``cases_NK`` its
+      candidates and ``score_NK`` their ``mean_logprob`` (0 on padding); ``None`` for reward data.
     """
 
     states_SD: np.ndarray
@@ -100,6 +109,7 @@ class TrainingData:
     next_cands_NC: np.ndarray | None = None
     next_mask_NC: np.ndarray | None = None
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    score_NK: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = self.state_N.shape[0]
@@ -114,6 +124,16 @@ class TrainingData:
                                      f"(state_N.shape={self.state_N.shape})")
         if len(self.origins) != n:
             raise DimensionError(f"TrainingData: {len(self.origins)} origins for {n} rows")
+        if self.score_NK is not None:
+            if self.score_NK.shape != (n, k):
+                raise DimensionError(f"TrainingData: score_NK.shape={self.score_NK.shape}, expected {(n, k)}")
+            if not np.isfinite(self.score_NK).all():
+                raise DataFormatError("TrainingData: score_NK holds NaN or inf")
+
+    @property
+    def listwise(self) -> bool:
+        """Whether these are planner-scored labels (trained with the listwise loss), not rewards."""
+        return self.score_NK is not None
 
     @property
     def n_rows(self) -> int:
@@ -434,6 +454,69 @@ def load_cases_rewards(cases: str | Path, rewards: str | Path, encoder: Any) -> 
     return b.build(encoder, "cases", notes)
 
 
+def load_labels(labels: str | Path, bank: str | Path, encoder: Any) -> TrainingData:
+    """Planner-scored labels (:mod:`memento.labels`) with the bank their candidate ids refer to: one row per task,
+    the candidates' stored bank embeddings, the states encoded with ``encoder``, ``score_NK = mean_logprob``."""
+    from memento.labels import iter_labels
+    from memento.memory import CaseBank
+
+    rows = list(iter_labels(labels))  # the whole file is checked first (file:line errors)
+    if not rows:
+        raise DataFormatError("no label rows in the file", path=labels)
+    with CaseBank.open(bank) as case_bank:
+        known = set(case_bank.ids_at(np.arange(len(case_bank))))
+        for number, row in rows:
+            missing = [i for i in row.candidate_ids if i not in known]
+            if missing:
+                raise DataFormatError(f"candidate id {missing[0]!r} is not in the bank {bank}", path=labels,
+                                      line=number)
+        case_keys = list(dict.fromkeys(case_id for _, row in rows for case_id in row.candidate_ids))
+        cases_MD = np.ascontiguousarray(case_bank.embeddings(case_keys), dtype=np.float32)
+        recorded = case_bank.config.encoder
+        bank_dim = case_bank.dim
+    dim = getattr(encoder, "dim", None)
+    if dim != bank_dim:
+        raise DimensionError(f"the bank {bank} holds dim={bank_dim} case vectors, the encoder {encoder!r} gives "
+                             f"dim={dim} state vectors: train with the encoder that filled the bank (--encoder)")
+    used = getattr(encoder, "config", None)
+    if recorded is not None and used is not None and getattr(used, "model", None) != recorded.model:
+        logger.warning("%s was filled by encoder %s, the states are encoded with %s: states and cases come from "
+                       "different encoders", bank, recorded.model or "all-MiniLM-L6-v2",
+                       getattr(used, "model", None) or "all-MiniLM-L6-v2")
+    state_index: dict[str, int] = {}
+    for _, row in rows:
+        state_index.setdefault(row.state, len(state_index))
+    state_texts = list(state_index)
+    states_SD = _encode(encoder, state_texts, "state")
+    case_of = {case_id: m for m, case_id in enumerate(case_keys)}
+    n, c = len(rows), max(row.n_candidates for _, row in rows)
+    cases_nk = np.zeros((n, c), dtype=np.int64)
+    mask_nk = np.zeros((n, c), dtype=bool)
+    score_nk = np.zeros((n, c), dtype=np.float32)
+    for i, (_, row) in enumerate(rows):
+        m = row.n_candidates
+        cases_nk[i, :m] = [case_of[case_id] for case_id in row.candidate_ids]
+        mask_nk[i, :m] = True
+        score_nk[i, :m] = row.mean_logprob
+    counts = mask_nk.sum(axis=1)
+    spread = [max(row.mean_logprob) - min(row.mean_logprob) for _, row in rows]
+    with_cosine = [row for _, row in rows if row.cosine is not None]
+    notes = {"labels": str(labels), "bank": str(bank), "tasks": n, "candidates_max": int(c),
+             "candidates_mean": float(counts.mean()), "rows_with_one_candidate": int((counts < 2).sum()),
+             "score_spread_mean": float(np.mean(spread)),
+             "best_is_cosine_top1": (float(np.mean([row.best == int(np.argmax(row.cosine)) for row in with_cosine]))
+                                     if with_cosine else None),
+             "planners": sorted({row.planner for _, row in rows}), "prompts": sorted({row.prompt for _, row in rows})}
+    if len(notes["planners"]) > 1:
+        logger.warning("%s mixes labels of %d planners: %s", labels, len(notes["planners"]), notes["planners"])
+    return TrainingData(states_SD=states_SD, cases_MD=cases_MD, state_texts=state_texts, case_keys=case_keys,
+                        state_N=np.array([state_index[row.state] for _, row in rows], dtype=np.int64),
+                        cases_NK=cases_nk, mask_NK=mask_nk, reward_N=np.zeros(n, dtype=np.float32),
+                        propensity_NK=np.ones((n, c), dtype=np.float32), done_N=np.ones(n, dtype=bool),
+                        origins=[f"{labels}:{number}" for number, _ in rows], source="labels", notes=notes,
+                        score_NK=score_nk)
+
+
 def check_inputs(config: DataConfig) -> None:
     """Cheap checks before any model is loaded: the input files and directories exist."""
     def need_file(path: str | None) -> None:
@@ -453,6 +536,12 @@ def check_inputs(config: DataConfig) -> None:
         case "cases":
             need_file(config.cases)
             need_file(config.rewards)
+        case "labels":
+            need_file(config.labels)
+            assert config.bank is not None
+            if not (Path(config.bank) / "cases.sqlite").is_file():
+                raise DataFormatError("no case bank here (the labels' candidate ids refer to one; pass --bank DIR)",
+                                      path=config.bank)
 
 
 def load_data(config: DataConfig, encoder: Any) -> TrainingData:
@@ -467,6 +556,9 @@ def load_data(config: DataConfig, encoder: Any) -> TrainingData:
         case "cases":
             assert config.cases is not None and config.rewards is not None
             return load_cases_rewards(config.cases, config.rewards, encoder)
+        case "labels":
+            assert config.labels is not None and config.bank is not None
+            return load_labels(config.labels, config.bank, encoder)
     raise ConfigError(f"unknown data source {config.source!r}")  # pragma: no cover
 
 
@@ -532,6 +624,7 @@ class _Tensors:
         self.reward_N = torch.from_numpy(data.reward_N)
         self.propensity_NK = torch.from_numpy(data.propensity_NK)
         self.done_N = torch.from_numpy(data.done_N).float()
+        self.score_NK = None if data.score_NK is None else torch.from_numpy(data.score_NK)
         self.has_next = data.has_next
         if data.has_next:
             assert data.next_state_N is not None and data.next_cands_NC is not None and data.next_mask_NC is not None
@@ -594,6 +687,30 @@ class RankingDataset(torch.utils.data.Dataset):
                             mask_GC=self.mask_GC[idx])
 
 
+class ListwiseDataset(torch.utils.data.Dataset):
+    """Rows of planner-scored labels (``TrainingData.score_NK``) as :class:`~training.listwise.ListwiseBatch`
+    batches, gathered with tensor indexing like :class:`RowDataset`."""
+
+    def __init__(self, tensors: _Tensors, rows: np.ndarray):
+        if tensors.score_NK is None:
+            raise ConfigError("ListwiseDataset needs planner-scored labels (TrainingData.score_NK)")
+        self.tensors = tensors
+        self.rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __getitem__(self, index: int) -> ListwiseBatch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: Sequence[int]) -> ListwiseBatch:
+        t = self.tensors
+        assert t.score_NK is not None
+        rows_B = self.rows[torch.as_tensor(indices, dtype=torch.int64)]
+        return ListwiseBatch(state_BD=t.states_SD[t.state_N[rows_B]], cases_BCD=t.cases_MD[t.cases_NK[rows_B]],
+                             score_BC=t.score_NK[rows_B], mask_BC=t.mask_NK[rows_B])
+
+
 class EpochSampler(torch.utils.data.Sampler[int]):
     """A fresh permutation each epoch, drawn from ``seed`` and the epoch (Lightning calls ``set_epoch``),
     so a run resumed at an epoch boundary sees the same order as an uninterrupted one."""
@@ -623,7 +740,8 @@ def _batch_itself(batch: Any) -> Any:
 class QDataModule(L.LightningDataModule):
     """Serves :class:`~memento.replay.ReplayBatch` batches of the training states and, for validation,
     batches of the held-out states plus (when any held-out state has mixed labels) :class:`RankingBatch`
-    batches for the per-state ``hit@K`` metrics.
+    batches for the per-state ``hit@K`` metrics. Planner-scored labels (``source="labels"``) are served as
+    :class:`~training.listwise.ListwiseBatch` batches instead, for training and validation alike.
 
     ``prepare_data`` (one process per node) reads the files and encodes every text, which fills the
     encoder's cache; ``setup(stage)`` (every process) reads and encodes again (cache hits; on the
@@ -668,6 +786,9 @@ class QDataModule(L.LightningDataModule):
         data = self._checked(self.data)
         self.train_rows, self.val_rows = split_by_state(data, self.config.val_fraction, self.config.split_seed,
                                                         self.config.label_threshold)
+        if data.listwise and not (data.mask_NK[self.val_rows].sum(axis=1) >= 2).any():
+            raise DataFormatError(f"no held-out task of the {data.source} data has two or more candidates, so the "
+                                  "listwise validation loss is undefined (score more candidates per task)")
         self._tensors = _Tensors(data)
         self._groups = data.ranking_groups(self.config.label_threshold, self.val_rows)
         logger.info("data (%s): %d rows, %d train / %d validation rows, %d validation states with mixed labels",
@@ -700,15 +821,21 @@ class QDataModule(L.LightningDataModule):
                                            collate_fn=_batch_itself, num_workers=workers,
                                            persistent_workers=workers > 0)
 
+    def _rows(self, rows: np.ndarray) -> torch.utils.data.Dataset:
+        assert self._tensors is not None
+        if self._tensors.score_NK is not None:  # planner-scored labels: one listwise group per row
+            return ListwiseDataset(self._tensors, rows)
+        return RowDataset(self._tensors, rows)
+
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         if self._tensors is None or self.train_rows is None:
             raise ConfigError("QDataModule.train_dataloader() needs setup() first")
-        return self._loader(RowDataset(self._tensors, self.train_rows), EpochSampler(len(self.train_rows), self.seed))
+        return self._loader(self._rows(self.train_rows), EpochSampler(len(self.train_rows), self.seed))
 
     def val_dataloader(self) -> list[torch.utils.data.DataLoader]:
         if self._tensors is None or self.val_rows is None or self._groups is None:
             raise ConfigError("QDataModule.val_dataloader() needs setup() first")
-        loaders = [self._loader(RowDataset(self._tensors, self.val_rows))]
+        loaders = [self._loader(self._rows(self.val_rows))]
         if len(self._groups[0]):
             loaders.append(self._loader(RankingDataset(self._tensors, self._groups)))
         return loaders

@@ -26,6 +26,15 @@ Logged to TensorBoard (``self.log``): ``train/loss`` (per step and per epoch), `
 labels ``val/hit@K`` with its random-order baseline ``val/hit@K_random`` and ``val/ranking_states``;
 ``train/alpha`` when the temperature moves, ``train/entropy`` (per epoch) of ``softmax(Q / alpha)``. Under DDP
 the epoch metrics are computed on each process's shard and averaged.
+
+**Planner-scored labels** (``source="labels"``, batches of :class:`~training.listwise.ListwiseBatch`): the loss
+is the listwise ``KL(softmax(score / tau) || softmax(Q / alpha))`` over each task's candidates
+(:func:`training.listwise.listwise_kl`, the maths in its module docstring) instead of BCE; dropout, AdamW,
+clipping and the Polyak target update are as above (the target network is not used by the loss, but the
+selector carries it). Logged: ``train/loss`` and ``val/loss`` (that KL), ``train/entropy``, and over the
+held-out tasks ``val/hit@K`` -- the share whose planner-best candidate is among Q's top K -- with the same
+for a random order (``val/hit@K_random``) and for cosine similarity (``val/hit@K_cosine``), and
+``val/ranking_states`` (held-out tasks with >= 2 candidates).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from memento.learner import SoftQLearner, masked_entropy, polyak_update, soft_q_
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 from training.data import RankingBatch
+from training.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from training.metrics import expected_calibration_error, hit_at_k, random_hit_at_k, roc_auc
 
 __all__ = ["QModule"]
@@ -55,11 +65,12 @@ class QModule(L.LightningModule):
 
     ``qnet`` and ``learner`` are :class:`~memento.config.QNetConfig` / :class:`~memento.config.LearnerConfig`
     as plain dicts (``to_dict``); ``hit_k``: the K of the ranking metrics; ``ece_bins``: calibration bins;
-    ``label_threshold``: the reward from which a pair counts as rewarded.
+    ``label_threshold``: the reward from which a pair counts as rewarded; ``tau``: the temperature of the
+    listwise targets ``softmax(score / tau)`` (used by :class:`~training.listwise.ListwiseBatch` batches only).
     """
 
     def __init__(self, qnet: dict[str, Any], learner: dict[str, Any], hit_k: list[int] | None = None,
-                 ece_bins: int = 10, label_threshold: float = 0.5):
+                 ece_bins: int = 10, label_threshold: float = 0.5, tau: float = 1.0):
         super().__init__()
         self.save_hyperparameters()
         self.qnet_config = from_dict(QNetConfig, qnet)
@@ -67,6 +78,7 @@ class QModule(L.LightningModule):
         self.hit_k = list(hit_k or [1, 4])
         self.ece_bins = ece_bins
         self.label_threshold = label_threshold
+        self.tau = float(tau)
         self.qnet: QNetwork = build_qnet(self.qnet_config)
         self.target: QNetwork = copy.deepcopy(self.qnet).eval().requires_grad_(False)
         tuned = self.learner_config.alpha_schedule == "target_entropy"
@@ -80,7 +92,8 @@ class QModule(L.LightningModule):
     def from_config(cls, config: Any) -> QModule:
         """The module of a :class:`training.config.TrainConfig`."""
         return cls(qnet=to_dict(config.qnet), learner=to_dict(config.learner), hit_k=list(config.trainer.hit_k),
-                   ece_bins=config.trainer.ece_bins, label_threshold=config.data.label_threshold)
+                   ece_bins=config.trainer.ece_bins, label_threshold=config.data.label_threshold,
+                   tau=config.data.tau)
 
     # ------------------------------------------------------------------ state
 
@@ -124,7 +137,7 @@ class QModule(L.LightningModule):
         self._last_target_step = int(checkpoint.get("memento_last_target_step", 0))
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        if isinstance(batch, (ReplayBatch, RankingBatch)):
+        if isinstance(batch, (ReplayBatch, RankingBatch, ListwiseBatch)):
             return batch.to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
@@ -142,7 +155,9 @@ class QModule(L.LightningModule):
         if self.learner_config.max_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.qnet.parameters(), self.learner_config.max_grad_norm)
 
-    def training_step(self, batch: ReplayBatch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: ReplayBatch | ListwiseBatch, batch_idx: int) -> torch.Tensor:
+        if isinstance(batch, ListwiseBatch):
+            return self._listwise_step(batch)
         cfg = self.learner_config
         alpha = self.alpha
         out = soft_q_loss(self.qnet, self.target, batch, cfg, alpha,
@@ -165,6 +180,20 @@ class QModule(L.LightningModule):
         self._collect("train", out.q_BK, batch)
         return total
 
+    def _listwise_step(self, batch: ListwiseBatch) -> torch.Tensor:
+        """The listwise KL of one batch of planner-scored labels (see :mod:`training.listwise`)."""
+        alpha = self.alpha
+        q_BC = self.qnet(batch.state_BD, batch.cases_BCD, generator=self._dropout_generator(batch.state_BD.device))
+        loss, _ = listwise_kl(q_BC, batch.score_BC, batch.mask_BC, alpha=alpha, tau=self.tau)
+        mask_BC = batch.mask_BC.bool()
+        rows_B = (mask_BC.sum(dim=1) >= 2).float()
+        entropy_B = masked_entropy(q_BC.detach().float(), mask_BC, alpha)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, prog_bar=True, batch_size=batch.batch_size)
+        self._entropy.append(((entropy_B * rows_B).sum() / rows_B.sum().clamp_min(1.0)).detach())
+        if self.learner_config.alpha_schedule != "fixed":
+            self.log("train/alpha", alpha, on_step=True, on_epoch=False, batch_size=batch.batch_size)
+        return loss
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = self.global_step
         if step != self._last_target_step and step % self.learner_config.target_every == 0:
@@ -173,7 +202,25 @@ class QModule(L.LightningModule):
 
     # ------------------------------------------------------------------ validation
 
-    def validation_step(self, batch: ReplayBatch | RankingBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def validation_step(self, batch: ReplayBatch | RankingBatch | ListwiseBatch, batch_idx: int,
+                        dataloader_idx: int = 0) -> None:
+        if isinstance(batch, ListwiseBatch):
+            q_BC = self.qnet(batch.state_BD, batch.cases_BCD).float()
+            loss, _ = listwise_kl(q_BC, batch.score_BC, batch.mask_BC, alpha=self.alpha, tau=self.tau)
+            rows_B = batch.mask_BC.bool().sum(dim=1) >= 2
+            n_rows = int(rows_B.sum())
+            if n_rows:
+                self.log("val/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=n_rows,
+                         sync_dist=True, add_dataloader_idx=False)
+            mask_BC = batch.mask_BC.bool()
+            s_BC = batch.score_BC.float().masked_fill(~mask_BC, -math.inf)
+            best_BC = ((s_BC == s_BC.max(dim=1, keepdim=True).values) & mask_BC).float()
+            cosine_BC = batch.cosine_BC
+            for k in self.hit_k:
+                self._hits[k].append(best_in_top_k(q_BC, batch.score_BC, mask_BC, k)[rows_B].cpu())
+                self._hits_random[k].append(random_hit_at_k(best_BC.cpu(), mask_BC.cpu(), k)[rows_B.cpu()])
+                self._hits_cosine[k].append(best_in_top_k(cosine_BC, batch.score_BC, mask_BC, k)[rows_B].cpu())
+            return
         if isinstance(batch, RankingBatch):
             q_GC = self.qnet(batch.state_GD, batch.cases_GCD).float()
             for k in self.hit_k:
@@ -198,6 +245,7 @@ class QModule(L.LightningModule):
             self._n_pairs = {**self._n_pairs, "val": 0}
             self._hits: dict[int, list[torch.Tensor]] = {k: [] for k in self.hit_k}
             self._hits_random: dict[int, list[torch.Tensor]] = {k: [] for k in self.hit_k}
+            self._hits_cosine: dict[int, list[torch.Tensor]] = {k: [] for k in self.hit_k}
 
     def _collect(self, split: str, q_BK: torch.Tensor, batch: ReplayBatch) -> None:
         if self._n_pairs[split] >= _MAX_METRIC_PAIRS:
@@ -229,10 +277,12 @@ class QModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         metrics = self._epoch_metrics("val")
-        if self._hits[self.hit_k[0]]:
+        if self._hits[self.hit_k[0]] and torch.cat(self._hits[self.hit_k[0]]).numel():
             for k in self.hit_k:
                 metrics[f"val/hit@{k}"] = float(torch.cat(self._hits[k]).mean())
                 metrics[f"val/hit@{k}_random"] = float(torch.cat(self._hits_random[k]).mean())
+                if self._hits_cosine[k]:
+                    metrics[f"val/hit@{k}_cosine"] = float(torch.cat(self._hits_cosine[k]).mean())
             metrics["val/ranking_states"] = float(torch.cat(self._hits[self.hit_k[0]]).numel())
         if metrics:
             self.log_dict(metrics, sync_dist=True, add_dataloader_idx=False)

@@ -1,0 +1,537 @@
+"""Planner-scored labels: dense, per-candidate supervision for a case selector, offline (EPR / LLM-R style).
+
+For each training task whose gold answer is known, the frozen planner scores demonstrations without
+generating (DESIGN §2 "Credit and labels"): the question is encoded, the top-``C`` cases by cosine
+similarity are taken from the bank, and the log-likelihood of the gold answer (``task.answers[0]``) is
+computed for the prompt with each candidate as the only demonstration (and, when ``k > 1``, for ``sets``
+random K-sets of those candidates, drawn with a seeded ``numpy.random.Generator``). The scores are written
+as JSONL, one self-describing row per task (no header line), and ``memento train --from-labels`` trains a
+Q-network towards them (:mod:`training.listwise`).
+
+Row format (DESIGN §6 "Planner-scored labels")::
+
+    {"task_id": "facts-real-capital-BY", "state": "What is the capital of Belarus?", "answer": "Minsk",
+     "candidate_ids": ["c1", "c2", ...],          # the C cosine candidates, best cosine first
+     "logprob": [-3.1, -0.4, ...],                # log p(answer | prompt with that one case), natural log
+     "mean_logprob": [-1.55, -0.2, ...],          # logprob / n_tokens (what training ranks by)
+     "n_tokens": [2, 2, ...],                     # the answer's tokens
+     "cosine": [0.83, 0.79, ...],                 # optional: the candidates' cosine similarity
+     "prompt_tokens": [41, 38, ...],              # optional: prompt tokens read before the answer
+     "sets": [["c2", "c7", "c1", "c4"], ...],     # only when k > 1: the sampled K-sets, in prompt order
+     "set_logprob": [-0.3, ...],                  # only when k > 1: log p(answer | prompt with that set)
+     "planner": "HFPlanner(model=...)", "prompt": "few_shot"}
+
+The labelling cost (scored prompts = forward passes of one sequence, and wall time) is returned by
+:func:`label_tasks` and written beside the labels as ``<labels stem>.summary.json`` (:func:`summary_path`).
+
+- :class:`LabelConfig` -- candidates ``C``, the planner spec, max tasks, seed, ``k`` and ``sets``, batch size;
+- :func:`score_candidates` -- the rows, lazily (``LabelCost`` counts what they cost);
+- :func:`write_labels` (atomic) / :func:`read_labels` / :func:`iter_labels` -- the JSONL file, every
+  problem a one-line ``DataFormatError`` naming ``file:line``;
+- :func:`label_tasks` -- score, write the labels and the summary, return the summary;
+- :func:`read_label_tasks` -- a task file where tasks without answers are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memento.config import check, check_int, to_dict
+from memento.errors import DataFormatError, DimensionError
+from memento.formats import iter_jsonl, write_jsonl
+from memento.io import atomic_write_text
+from memento.planners.base import PlannerError
+from memento.types import Case, Task
+
+__all__ = ["LABELS_SUMMARY_FORMAT", "LabelConfig", "LabelCost", "LabelRow", "iter_labels", "label_tasks",
+           "read_label_tasks", "read_labels", "score_candidates", "summary_path", "write_labels"]
+
+logger = logging.getLogger(__name__)
+
+LABELS_SUMMARY_FORMAT = "memento-labels-summary"
+_REQUIRED = ("task_id", "state", "answer", "candidate_ids", "logprob", "mean_logprob", "n_tokens", "planner",
+             "prompt")
+_OPTIONAL = ("cosine", "prompt_tokens", "sets", "set_logprob")
+_KEYS = set(_REQUIRED) | set(_OPTIONAL)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LabelConfig:
+    """How tasks are labelled (saved in the summary).
+
+    - ``candidates``: C, the cosine top-C of the bank scored per task;
+    - ``planner``: the planner spec (``gemma``, ``hf:PATH``, ``openai:MODEL@URL``; the CLI builds it);
+    - ``max_tasks``: score at most this many tasks (the first ones with an answer, in file order; ``None``: all);
+    - ``seed``: seeds the ``numpy.random.Generator`` that draws the K-sets;
+    - ``k``: 1 scores single-case demonstrations only; ``k > 1`` also scores ``sets`` random K-sets of the
+      task's candidates (distinct as sets, in the order drawn);
+    - ``sets``: random K-sets per task when ``k > 1`` (ignored when ``k == 1``);
+    - ``batch_size``: tasks whose prompts go to one ``planner.score_many`` call (the planner batches
+      sequences itself, e.g. ``HFPlanner.batch_size``);
+    - ``exclude_self``: leave out candidates whose state is the task's own question (a case retained from
+      the same task would show the planner its own answer).
+    """
+
+    candidates: int = 16
+    planner: str = "gemma"
+    max_tasks: int | None = None
+    seed: int = 0
+    k: int = 1
+    sets: int = 8
+    batch_size: int = 8
+    exclude_self: bool = True
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check_int(self, "candidates", 1)
+        check(isinstance(self.planner, str) and bool(self.planner.strip()), cls, "planner", self.planner,
+              "must be a planner spec such as 'gemma', 'hf:PATH' or 'openai:MODEL@URL'")
+        if self.max_tasks is not None:
+            check_int(self, "max_tasks", 1)
+        check_int(self, "seed", 0)
+        check_int(self, "k", 1)
+        check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
+        check_int(self, "sets", 0)
+        check_int(self, "batch_size", 1)
+        check(isinstance(self.exclude_self, bool), cls, "exclude_self", self.exclude_self, "must be true or false")
+
+    @property
+    def sets_per_task(self) -> int:
+        """The K-sets drawn per task: ``sets`` when ``k > 1``, else 0."""
+        return self.sets if self.k > 1 else 0
+
+
+def _finite_list(row: dict[str, Any], name: str, n: int, *, integer: bool = False, low: float | None = None,
+                 what: str = "candidate(s)") -> tuple[Any, ...]:
+    value = row.get(name)
+    if not isinstance(value, (list, tuple)):
+        raise DataFormatError(f"missing field {name!r}" if value is None else
+                              f"field {name!r} must be a list of numbers, got {type(value).__name__}")
+    if len(value) != n:
+        raise DataFormatError(f"field {name!r} has {len(value)} value(s) for {n} {what}")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise DataFormatError(f"field {name!r}[{i}] must be a number, got {item!r}")
+        if not math.isfinite(item):
+            raise DataFormatError(f"field {name!r}[{i}] is {item!r}: scores must be finite")
+        if integer and (not isinstance(item, int) or (low is not None and item < low)):
+            raise DataFormatError(f"field {name!r}[{i}] must be an integer >= {low}, got {item!r}")
+        out.append(int(item) if integer else float(item))
+    return tuple(out)
+
+
+def _nonempty(row: dict[str, Any], name: str) -> str:
+    value = row.get(name)
+    if value is None:
+        raise DataFormatError(f"missing field {name!r}")
+    if not isinstance(value, str) or not value.strip():
+        raise DataFormatError(f"field {name!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LabelRow:
+    """One task's labels (one JSONL row; see the module docstring). Lists are tuples; every score is finite."""
+
+    task_id: str
+    state: str
+    answer: str
+    candidate_ids: tuple[str, ...]
+    logprob: tuple[float, ...]
+    mean_logprob: tuple[float, ...]
+    n_tokens: tuple[int, ...]
+    planner: str
+    prompt: str
+    cosine: tuple[float, ...] | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+    sets: tuple[tuple[str, ...], ...] | None = None
+    set_logprob: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # one validator for rows built in Python and rows read back: the JSON form's
+        raw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        for name, value in _parse_row(raw).items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def n_candidates(self) -> int:
+        return len(self.candidate_ids)
+
+    @property
+    def best(self) -> int:
+        """The index of the candidate with the highest ``mean_logprob`` (the first on ties)."""
+        return int(np.argmax(np.asarray(self.mean_logprob)))
+
+    def to_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"task_id": self.task_id, "state": self.state, "answer": self.answer,
+                               "candidate_ids": list(self.candidate_ids), "logprob": list(self.logprob),
+                               "mean_logprob": list(self.mean_logprob), "n_tokens": list(self.n_tokens)}
+        if self.cosine is not None:
+            row["cosine"] = list(self.cosine)
+        if self.prompt_tokens is not None:
+            row["prompt_tokens"] = list(self.prompt_tokens)
+        if self.sets is not None:
+            row["sets"] = [list(s) for s in self.sets]
+        if self.set_logprob is not None:
+            row["set_logprob"] = list(self.set_logprob)
+        row["planner"] = self.planner
+        row["prompt"] = self.prompt
+        return row
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> LabelRow:
+        """A row from its parsed JSON; anything missing, mistyped, non-finite or of the wrong length raises
+        :class:`DataFormatError` (one line, without the file: :func:`iter_labels` adds it)."""
+        return cls(**_parse_row(row))
+
+
+def _parse_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The checked, normalised field values of a label row (lists as tuples, numbers as float / int)."""
+    if not isinstance(row, dict):
+        raise DataFormatError(f"a label row must be an object, got {type(row).__name__}")
+    unknown = sorted(set(row) - _KEYS)
+    if unknown:
+        raise DataFormatError(f"unknown field(s) {unknown} in a label row; known: {sorted(_KEYS)}")
+    task_id = _nonempty(row, "task_id")
+    state, answer = _nonempty(row, "state"), _nonempty(row, "answer")
+    ids = row.get("candidate_ids")
+    if ids is None:
+        raise DataFormatError("missing field 'candidate_ids'")
+    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, str) and i for i in ids):
+        raise DataFormatError(f"field 'candidate_ids' must be a non-empty list of case ids, got {ids!r}")
+    if len(set(ids)) != len(ids):
+        raise DataFormatError(f"field 'candidate_ids' lists a case twice: {list(ids)!r}")
+    n = len(ids)
+    values: dict[str, Any] = {
+        "task_id": task_id, "state": state, "answer": answer, "candidate_ids": tuple(ids),
+        "logprob": _finite_list(row, "logprob", n), "mean_logprob": _finite_list(row, "mean_logprob", n),
+        "n_tokens": _finite_list(row, "n_tokens", n, integer=True, low=1),
+        "planner": _nonempty(row, "planner"), "prompt": _nonempty(row, "prompt")}
+    if row.get("cosine") is not None:
+        values["cosine"] = _finite_list(row, "cosine", n)
+    if row.get("prompt_tokens") is not None:
+        values["prompt_tokens"] = _finite_list(row, "prompt_tokens", n, integer=True, low=0)
+    has_sets, has_scores = row.get("sets") is not None, row.get("set_logprob") is not None
+    if has_sets != has_scores:
+        raise DataFormatError("fields 'sets' and 'set_logprob' go together: one of them is missing")
+    if has_sets:
+        sets = row["sets"]
+        if not isinstance(sets, (list, tuple)):
+            raise DataFormatError(f"field 'sets' must be a list of case-id lists, got {type(sets).__name__}")
+        known = set(ids)
+        parsed = []
+        for j, case_set in enumerate(sets):
+            if (not isinstance(case_set, (list, tuple)) or not case_set
+                    or not all(isinstance(i, str) and i for i in case_set)):
+                raise DataFormatError(f"field 'sets'[{j}] must be a non-empty list of case ids, got {case_set!r}")
+            outside = [i for i in case_set if i not in known]
+            if outside:
+                raise DataFormatError(f"field 'sets'[{j}] holds {outside[0]!r}, which is not a candidate")
+            parsed.append(tuple(case_set))
+        values["sets"] = tuple(parsed)
+        values["set_logprob"] = _finite_list(row, "set_logprob", len(parsed), what="set(s)")
+    return values
+
+
+def iter_labels(path: str | Path) -> Iterator[tuple[int, LabelRow]]:
+    """``(line, row)`` for each row of a labels file; a bad row raises ``DataFormatError`` as ``file:line: reason``."""
+    for number, raw in iter_jsonl(path):
+        try:
+            yield number, LabelRow.from_json(raw)
+        except DataFormatError as error:
+            raise DataFormatError(error.reason, path=path, line=number) from None
+
+
+def read_labels(path: str | Path) -> list[LabelRow]:
+    """Every row of a labels file (the whole file is checked before anything is returned)."""
+    return [row for _, row in iter_labels(path)]
+
+
+def write_labels(path: str | Path, rows: Iterable[LabelRow]) -> int:
+    """Write rows as JSONL atomically (a temporary file renamed into place); returns the number written."""
+    return write_jsonl(path, (row.to_json() for row in rows))
+
+
+def summary_path(path: str | Path) -> Path:
+    """Where the summary of a labels file goes: ``labels.jsonl`` -> ``labels.summary.json`` (same directory)."""
+    path = Path(path)
+    stem = path.name[:-len(".jsonl")] if path.name.endswith(".jsonl") else path.name
+    return path.with_name(f"{stem}.summary.json")
+
+
+# ---------------------------------------------------------------- reading tasks
+
+
+def read_label_tasks(path: str | Path) -> tuple[list[Task], int]:
+    """Tasks of a Task JSONL file for labelling, and how many were skipped for having no answer.
+
+    A row whose ``answers`` is missing, ``null``, empty or only blank strings is skipped and counted
+    (there is no gold answer to score); any other problem is a ``DataFormatError`` naming ``file:line``.
+    """
+    tasks: list[Task] = []
+    skipped = 0
+    for number, row in iter_jsonl(path):
+        answers = row.get("answers")
+        if answers is None or (isinstance(answers, list) and not any(isinstance(a, str) and a.strip()
+                                                                     for a in answers)):
+            skipped += 1
+            continue
+        try:
+            if not isinstance(answers, list):
+                raise DataFormatError(f"field 'answers' must be a list, got {type(answers).__name__}")
+            task_id = row.get("id")
+            if isinstance(task_id, bool) or not isinstance(task_id, (str, int)):
+                raise DataFormatError("missing field 'id'" if task_id is None else
+                                      f"field 'id' must be a string, got {task_id!r}")
+            question = row.get("question")
+            if not isinstance(question, str):
+                raise DataFormatError("missing field 'question'" if question is None else
+                                      f"field 'question' must be a string, got {type(question).__name__}")
+            meta = row.get("meta") or {}
+            tasks.append(Task(id=str(task_id), question=question,
+                              answers=tuple(a for a in answers if isinstance(a, str) and a.strip()),
+                              family=row.get("family"), env=row.get("env"), meta=meta))
+        except DataFormatError as error:
+            raise DataFormatError(error.reason, path=path, line=number) from None
+    return tasks, skipped
+
+
+# ---------------------------------------------------------------- scoring
+
+
+@dataclasses.dataclass(kw_only=True)
+class LabelCost:
+    """What labelling cost and skipped, filled in by :func:`score_candidates` as it goes.
+
+    ``forward_passes`` counts scored prompts (one (prompt, answer) sequence each: ``single_passes``, one per
+    candidate, plus ``set_passes``); ``score_s`` is the time spent inside ``planner.score_many``, ``wall_s``
+    the whole run (encoding and retrieval included).
+    """
+
+    tasks: int = 0
+    skipped_no_answer: int = 0
+    skipped_no_candidates: int = 0
+    short_tasks: int = 0
+    excluded_self: int = 0
+    single_passes: int = 0
+    set_passes: int = 0
+    score_calls: int = 0
+    score_s: float = 0.0
+    wall_s: float = 0.0
+    prompt_tokens: int = 0
+    truncated_prompts: int = 0
+
+    @property
+    def forward_passes(self) -> int:
+        return self.single_passes + self.set_passes
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        passes = self.forward_passes
+        out["forward_passes"] = passes
+        out["s_per_forward"] = self.score_s / passes if passes else None
+        out["wall_s_per_task"] = self.wall_s / self.tasks if self.tasks else None
+        out["prompt_tokens_mean"] = self.prompt_tokens / passes if passes else None
+        return out
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+def _prompt_name(planner: Any) -> str:
+    """The planner's prompt template name (``PromptConfig.style``), or ``"custom"`` for a planner without one."""
+    style = getattr(getattr(planner, "prompt", None), "style", None)
+    return style if isinstance(style, str) and style else "custom"
+
+
+def _draw_sets(n: int, k: int, count: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """Up to ``count`` K-subsets of ``range(n)`` distinct as sets, each in the order drawn."""
+    if count == 0 or n < k:
+        return []
+    total = math.comb(n, k)
+    target = min(count, total)
+    seen: set[frozenset[int]] = set()
+    out: list[tuple[int, ...]] = []
+    attempts = 0
+    while len(out) < target and attempts < 50 * target:
+        attempts += 1
+        draw = tuple(int(i) for i in rng.choice(n, size=k, replace=False))
+        key = frozenset(draw)
+        if key not in seen:
+            seen.add(key)
+            out.append(draw)
+    return out
+
+
+def _encode(encoder: Any, texts: list[str], dim: int) -> np.ndarray:
+    out = np.asarray(encoder.encode(texts), dtype=np.float32).reshape(len(texts), -1)
+    if out.shape[1] != dim:
+        raise DimensionError(f"encoder returned vectors of shape {out.shape}; the bank holds dim={dim}")
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    if not np.isfinite(out).all() or (norms == 0).any():
+        raise DataFormatError("encoder returned NaN, inf or zero vectors for the task questions")
+    return out / norms
+
+
+@dataclasses.dataclass
+class _Pending:
+    task: Task
+    ids: list[str]
+    cases: list[Case]
+    cosine: list[float]
+    sets: list[tuple[int, ...]]
+
+
+def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: Any, config: LabelConfig,
+                     progress: bool = False, *, cost: LabelCost | None = None) -> Iterator[LabelRow]:
+    """Label each task with a known answer (see the module docstring); rows come in task order, lazily.
+
+    ``bank`` is a :class:`~memento.memory.CaseBank`; ``encoder`` has ``encode(texts)`` and ``dim`` (the bank's);
+    ``planner`` implements ``score_many`` (:class:`~memento.planners.base.ScoringPlanner`; one that cannot score
+    raises its one-line :class:`PlannerError`). ``cost``, when given, is filled in as rows are produced.
+    The K-sets are drawn from one ``numpy.random.default_rng(config.seed)`` in task order, so a run is
+    reproducible (and independent of ``batch_size``).
+    """
+    if not isinstance(config, LabelConfig):
+        raise DataFormatError(f"score_candidates: config must be a LabelConfig, got {type(config).__name__}")
+    if not callable(getattr(planner, "score_many", None)):
+        raise PlannerError(f"planner {planner!r} cannot score answers (it has no score_many; DESIGN §2 "
+                           "'Credit and labels' needs a ScoringPlanner such as HFPlanner)")
+    dim = getattr(encoder, "dim", None)
+    if dim != bank.dim:
+        raise DimensionError(f"encoder {encoder!r} gives dim={dim} vectors, the bank {bank.path} holds dim={bank.dim}")
+    cost = cost if cost is not None else LabelCost()
+    rng = np.random.default_rng(config.seed)
+    planner_name, prompt_name = repr(planner), _prompt_name(planner)
+    limit = config.max_tasks
+    total = None
+    if isinstance(tasks, Sequence):
+        total = len(tasks) if limit is None else min(limit, len(tasks))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="score", unit="task")
+    started = time.perf_counter()
+    fetch = config.candidates * 2 if config.exclude_self else config.candidates
+
+    def candidates_of(batch: list[Task]) -> list[_Pending]:
+        state_BD = _encode(encoder, [task.question for task in batch], bank.dim)
+        pending = []
+        for task, state_D in zip(batch, state_BD):
+            found = bank.candidates(state_D, fetch)
+            keep = list(range(len(found.ids)))
+            cases = bank.get(found.ids) if found.ids else []
+            if config.exclude_self:
+                keep = [i for i in keep if not _same_text(cases[i].state, task.question)]
+                cost.excluded_self += len(found.ids) - len(keep)
+            keep = keep[:config.candidates]
+            if not keep:
+                cost.skipped_no_candidates += 1
+                continue
+            if len(keep) < config.candidates:
+                cost.short_tasks += 1
+            sets = _draw_sets(len(keep), config.k, config.sets_per_task, rng)
+            pending.append(_Pending(task=task, ids=[found.ids[i] for i in keep], cases=[cases[i] for i in keep],
+                                    cosine=[float(found.scores_C[i]) for i in keep], sets=sets))
+        return pending
+
+    def score(pending: list[_Pending]) -> list[LabelRow]:
+        case_sets = [[[case] for case in p.cases] + [[p.cases[i] for i in s] for s in p.sets] for p in pending]
+        t0 = time.perf_counter()
+        scores = planner.score_many([p.task for p in pending], case_sets)
+        cost.score_s += time.perf_counter() - t0
+        cost.score_calls += 1
+        if len(scores) != len(pending):
+            raise PlannerError(f"planner {planner_name}: score_many returned {len(scores)} lists for "
+                               f"{len(pending)} tasks")
+        rows = []
+        for p, task_scores in zip(pending, scores):
+            n = len(p.cases)
+            if len(task_scores) != n + len(p.sets):
+                raise PlannerError(f"planner {planner_name}: task {p.task.id!r}: {len(task_scores)} scores for "
+                                   f"{n + len(p.sets)} case sets")
+            single, multi = task_scores[:n], task_scores[n:]
+            cost.single_passes += n
+            cost.set_passes += len(multi)
+            cost.prompt_tokens += sum(s.prompt_tokens for s in task_scores)
+            cost.truncated_prompts += sum(1 for s in task_scores if s.truncated_tokens)
+            extra: dict[str, Any] = {}
+            if config.k > 1:
+                extra = {"sets": tuple(tuple(p.ids[i] for i in s) for s in p.sets),
+                         "set_logprob": tuple(s.logprob for s in multi)}
+            rows.append(LabelRow(task_id=p.task.id, state=p.task.question, answer=p.task.answers[0],
+                                 candidate_ids=tuple(p.ids), logprob=tuple(s.logprob for s in single),
+                                 mean_logprob=tuple(s.mean_logprob for s in single),
+                                 n_tokens=tuple(s.n_tokens for s in single), cosine=tuple(p.cosine),
+                                 prompt_tokens=tuple(s.prompt_tokens for s in single), planner=planner_name,
+                                 prompt=prompt_name, **extra))
+            cost.tasks += 1
+        return rows
+
+    batch: list[Task] = []
+    taken = 0
+    try:
+        for task in tasks:
+            if limit is not None and taken >= limit:
+                break
+            if not task.answers or not task.answers[0].strip():
+                cost.skipped_no_answer += 1
+                continue
+            batch.append(task)
+            taken += 1
+            if len(batch) == config.batch_size:
+                pending = candidates_of(batch)
+                rows = score(pending) if pending else []
+                if bar is not None:
+                    bar.update(len(batch))
+                batch = []
+                cost.wall_s = time.perf_counter() - started
+                yield from rows
+        if batch:
+            pending = candidates_of(batch)
+            rows = score(pending) if pending else []
+            if bar is not None:
+                bar.update(len(batch))
+            cost.wall_s = time.perf_counter() - started
+            yield from rows
+    finally:
+        cost.wall_s = time.perf_counter() - started
+        if bar is not None:
+            bar.close()
+
+
+def label_tasks(tasks: Iterable[Task], bank: Any, encoder: Any, planner: Any, config: LabelConfig,
+                out: str | Path, *, progress: bool = False, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Score ``tasks`` (:func:`score_candidates`), write the labels to ``out`` and the summary beside it
+    (:func:`summary_path`), both atomically; return the summary.
+
+    The summary holds the cost (``forward_passes``, ``single_passes``, ``set_passes``, ``wall_s``, ``score_s``,
+    ``s_per_forward``, prompt tokens), the skipped counts, the config, the planner, the prompt, the bank and
+    ``meta`` (e.g. where the tasks came from and how many were skipped for having no answer).
+    """
+    out = Path(out)
+    cost = LabelCost()
+    rows = write_labels(out, score_candidates(tasks, bank, encoder, planner, config, progress, cost=cost))
+    summary: dict[str, Any] = {
+        "format": LABELS_SUMMARY_FORMAT, "format_version": 1, "labels": str(out), "rows": rows,
+        **cost.to_json(), "planner": repr(planner), "prompt": _prompt_name(planner),
+        "bank": str(getattr(bank, "path", "")), "bank_cases": len(bank), "encoder": repr(encoder),
+        "config": to_dict(config), "time": time.time(), **(meta or {})}
+    if meta and "skipped_no_answer" in meta:
+        summary["skipped_no_answer"] = cost.skipped_no_answer + int(meta["skipped_no_answer"])
+    atomic_write_text(summary_path(out), json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    logger.info("labelled %d task(s): %d forward passes in %.1f s (%.3f s of scoring each)", rows,
+                cost.forward_passes, cost.wall_s, summary["s_per_forward"] or 0.0)
+    return summary
