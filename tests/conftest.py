@@ -61,3 +61,14 @@ def unit_vectors(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 @pytest.fixture
 def memento_fixtures() -> Path:
     return MEMENTO_FIXTURES
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny networks run fastest on one thread; torch's thread count is global, so it is restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

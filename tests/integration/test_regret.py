@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from typing import get_args
 
 import numpy as np
@@ -29,13 +28,7 @@ STEPS = 1500
 WINDOW = 300
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny networks run fastest on one thread, and a busy 2-core machine does not make them crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config_of(policy: str, seed: int = 0, *, steps: int = STEPS, warmup: int | None = None,

@@ -12,7 +12,6 @@ import json
 import shutil
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +57,7 @@ from tests.loop_env import ExactJudge, HashingEncoder, make_env
 STEPS = 40
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +49,7 @@ STEPS, LATE = 300, 100
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny networks run fastest on one thread (restored afterwards: torch's thread count is global)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

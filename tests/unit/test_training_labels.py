@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -29,13 +28,7 @@ from training.data import ListwiseDataset, QDataModule, TrainingData, load_label
 from training.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from training.run import train_q
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- the loss

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -29,13 +28,7 @@ from training.data import TrainingData
 from training.q_module import QModule
 from training.run import resolve_precision, train_q, trainer_kwargs
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(data: TrainingData, **trainer) -> TrainConfig:
