@@ -37,7 +37,15 @@ from memento.config import ReplayConfig, SoftQConfig
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.learner import SoftQLearner
 from memento.memory import Candidates
-from memento.policy import Observation, PolicyContext, RewardFn, boltzmann_select, q_values, softmax
+from memento.policy import (
+    Observation,
+    PolicyContext,
+    RewardFn,
+    boltzmann_select,
+    positive_pool,
+    q_values,
+    softmax,
+)
 from memento.qnet import build_qnet
 from memento.replay import ReplayBuffer, Transition
 from memento.types import Selection
@@ -132,9 +140,7 @@ class SoftQAgent:
         return (0.0, 1.0)  # Q(s, c) estimates P(success): binary cross-entropy needs rewards in [0, 1]
 
     def _pool(self, candidates: Candidates) -> Candidates:
-        if self.config.positive_only and len(candidates) and self.reward_of is not None:
-            return candidates.positive(np.asarray(self.reward_of(list(candidates.ids)), dtype=np.float64))
-        return candidates
+        return positive_pool(candidates, self.reward_of) if self.config.positive_only else candidates
 
     def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``Q(s, c)`` for every candidate (float64 ``q_C``)."""

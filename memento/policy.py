@@ -75,6 +75,7 @@ __all__ = [
     "make_selection",
     "plackett_luce_logprob",
     "plackett_luce_prob",
+    "positive_pool",
     "q_values",
     "softmax",
     "top_k",
@@ -191,6 +192,14 @@ class Policy(Protocol):
     def save_model(self, directory: Path) -> bool:
         """Write the trained model (``False``, writing nothing, when the policy has none)."""
         ...
+
+
+def positive_pool(candidates: Candidates, reward_of: RewardFn | None) -> Candidates:
+    """The candidates whose stored reward (``reward_of(ids)``) is > 0, all of them when none is or when there is
+    no ``reward_of``: the pool of Memento's positive-only retrieval, for policies that choose within it."""
+    if reward_of is None or not len(candidates):
+        return candidates
+    return candidates.positive(np.asarray(reward_of(list(candidates.ids)), dtype=np.float64))
 
 
 class StaticPolicy:

@@ -11,7 +11,15 @@ import numpy as np
 
 from memento.errors import ConfigError
 from memento.memory import Candidates
-from memento.policy import RewardFn, StaticPolicy, check_candidates, check_k, gumbel_top_k, make_selection
+from memento.policy import (
+    RewardFn,
+    StaticPolicy,
+    check_candidates,
+    check_k,
+    gumbel_top_k,
+    make_selection,
+    positive_pool,
+)
 from memento.types import Selection
 
 __all__ = ["RandomPolicy"]
@@ -27,10 +35,6 @@ class RandomPolicy(StaticPolicy):
         self.positive_only = positive_only
         self.reward_of = reward_of
 
-    def _pool(self, candidates: Candidates) -> Candidates:
-        if self.positive_only and self.reward_of is not None and len(candidates):
-            return candidates.positive(np.asarray(self.reward_of(list(candidates.ids)), dtype=np.float64))
-        return candidates
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         check_candidates(state_D, candidates)
@@ -39,7 +43,8 @@ class RandomPolicy(StaticPolicy):
 
     def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
                greedy: bool = False) -> Selection:
-        candidates = self._pool(candidates)
+        if self.positive_only:
+            candidates = positive_pool(candidates, self.reward_of)
         probs_C = self.probs(state_D, candidates)
         k = check_k(k, len(candidates))
         order_K = gumbel_top_k(np.zeros(len(candidates)), k, rng)
