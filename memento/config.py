@@ -52,6 +52,7 @@ __all__ = [
     "field_default",
     "from_dict",
     "load_json",
+    "parses_to",
     "save_json",
     "to_dict",
 ]
@@ -238,6 +239,15 @@ def field_default(cls: type, name: str) -> Any:
                 return field.default_factory()
             raise ConfigError(f"{cls.__name__}.{name} has no default")
     raise ConfigError(f"{cls.__name__} has no field {name!r}")
+
+
+def parses_to(cls: type, data: Any, config: Any) -> bool:
+    """Whether saved JSON ``data`` reads back as ``config`` (a field added since it was written takes its
+    default, so an older file of the same configuration still matches); unreadable data does not match."""
+    try:
+        return from_dict(cls, data) == config
+    except ConfigError:
+        return False
 
 
 def save_json(config: Any, path: str | Path) -> None:

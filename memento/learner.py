@@ -63,8 +63,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from memento.config import LearnerConfig, QNetConfig, from_dict, to_dict
-from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
+from memento.config import LearnerConfig, QNetConfig, from_dict, parses_to, to_dict
+from memento.errors import CheckpointError, DataFormatError, DimensionError
 from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
@@ -289,11 +289,7 @@ class SoftQLearner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (the Q-network architecture must match)."""
-        try:  # parsed, so that Q-network fields added since the state was written take their defaults
-            same_qnet = from_dict(QNetConfig, state.get("qnet_config")) == self.qnet.config
-        except ConfigError:
-            same_qnet = False
-        if not same_qnet:
+        if not parses_to(QNetConfig, state.get("qnet_config"), self.qnet.config):
             raise CheckpointError(f"learner state is for Q-network {state.get('qnet_config')}, this learner has "
                                   f"{to_dict(self.qnet.config)}")
         if state.get("config") != to_dict(self.config):

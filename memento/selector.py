@@ -94,7 +94,7 @@ from memento.artifact import (
     verify_artifact,
     write_encoder_spec,
 )
-from memento.config import QNetConfig, SoftQConfig, from_dict, load_json, save_json, to_dict
+from memento.config import QNetConfig, SoftQConfig, load_json, parses_to, save_json, to_dict
 from memento.encoders import Encoder
 from memento.errors import (
     CheckpointError,
@@ -688,11 +688,7 @@ def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
         config = json.loads(header.get("qnet_config", ""))
     except json.JSONDecodeError:
         raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
-    try:
-        same = from_dict(QNetConfig, config) == learner.qnet.config  # fields added since it was written: defaults
-    except ConfigError:
-        same = False
-    if not same:
+    if not parses_to(QNetConfig, config, learner.qnet.config):
         raise CheckpointError(f"{path}: Q-network {config} differs from the learner's {to_dict(learner.qnet.config)}")
     state = learner.qnet.state_dict()
     if set(tensors) != set(state):
