@@ -14,7 +14,8 @@ from typing import Any
 
 from memento.errors import CheckpointError
 
-__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json", "sqlite_copy"]
+__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json", "sqlite_copy",
+           "write_json"]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
@@ -94,3 +95,8 @@ def sqlite_copy(src: Path, dst: Path) -> None:
     finally:
         target.close()
         source.close()
+
+
+def write_json(path: str | Path, payload: Any) -> None:
+    """Indented, key-sorted JSON (non-ASCII kept as is), written atomically."""
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

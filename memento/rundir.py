@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError
-from memento.io import atomic_write_text, fsync_dir
+from memento.io import fsync_dir, write_json
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "RunDir", "read_json", "write_json"]
 
@@ -37,11 +37,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = "memento-online-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 2
 """2: the LoopConfig nests its policy's config (``policy: {"kind": ...}``); 1: flat policy fields."""
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Indented, key-sorted JSON, written atomically."""
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def read_json(path: Path) -> Any:

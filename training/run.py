@@ -19,7 +19,6 @@ are loaded with ``weights_only=True`` (the module's hyperparameters are plain JS
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 
 from memento.errors import CheckpointError, ConfigError
-from memento.io import atomic_write_text
+from memento.io import write_json
 from training.config import LightningConfig, TrainConfig, save_train_config
 
 __all__ = ["launched_rank_zero", "resolve_precision", "train_q", "trainer_kwargs"]
@@ -66,10 +65,6 @@ def trainer_kwargs(config: LightningConfig) -> dict[str, Any]:
     return {"accelerator": config.accelerator, "devices": config.devices, "num_nodes": config.num_nodes,
             "strategy": config.strategy, "precision": resolve_precision(config.precision, config.accelerator),
             "log_every_n_steps": config.log_every_n_steps}
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def _floats(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -111,7 +106,7 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     dm.setup("fit")
     stats = dm.stats()
     if launched_rank_zero():
-        _write_json(out / "data.json", stats)
+        write_json(out / "data.json", stats)
     if stats["dim"] != config.qnet.dim:
         raise ConfigError(f"TrainConfig.qnet.dim={config.qnet.dim}: the data's vectors have dim={stats['dim']}")
 
@@ -168,7 +163,7 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
         "selector": None if selector is None else "selector", "tensorboard": "tb",
     }
     if trainer.is_global_zero:
-        _write_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
     logger.info("trained %d steps (%d epochs) in %.1f s; best val/loss %s", summary["global_step"],
                 summary["epochs"], fit_s, summary["best_val_loss"])
     return summary

@@ -39,7 +39,6 @@ core never imports the ``policies`` package.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -64,10 +63,10 @@ from memento.config import (
 )
 from memento.envs.synthetic import SyntheticBandit
 from memento.errors import BankError, ConfigError
-from memento.io import atomic_write_text
 from memento.loop import torch_seed
 from memento.memory import CaseBank
 from memento.policy import Observation, PolicyContext, PolicyFactory
+from memento.rundir import write_json
 
 __all__ = ["RegretConfig", "RegretResult", "regret_policy", "run_regret"]
 
@@ -246,7 +245,7 @@ def run_regret(env: SyntheticBandit, config: RegretConfig, *, make_policy: Polic
     reward_T = np.zeros(n_steps)
     log_every = max(1, n_steps // 10)
     bank = _fill_bank(env, workdir / BANK_DIR)  # first: it refuses a used workdir before anything is overwritten
-    _write_json(workdir / CONFIG_NAME, {"regret": to_dict(config), "env": to_dict(env.config), "device": str(device)})
+    write_json(workdir / CONFIG_NAME, {"regret": to_dict(config), "env": to_dict(env.config), "device": str(device)})
     with bank:
         policy = make_policy(config.policy, PolicyContext(dim=dim, k_max=k, device=device,
                                                           qnet_seed=torch_seed(seeds[3]),
@@ -277,12 +276,8 @@ def run_regret(env: SyntheticBandit, config: RegretConfig, *, make_policy: Polic
                           reward_T=reward_T, final_alpha=policy.alpha, updates=policy.version,
                           qnet=qnet if isinstance(qnet, torch.nn.Module) else None,
                           wall_s=time.perf_counter() - started)
-    _write_json(workdir / RESULT_NAME, {**result.summary(), "regret_T": regret_T.tolist()})
+    write_json(workdir / RESULT_NAME, {**result.summary(), "regret_T": regret_T.tolist()})
     logger.info("regret %s: %s", config.policy.kind, {k_: v for k_, v in result.summary().items()
                                                       if isinstance(v, float) and math.isfinite(v)})
     return result
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
