@@ -593,7 +593,8 @@ class OnlineLoop:
         ms["select"] = clock() - t0
 
         t0 = clock()
-        outputs = self._plan(tasks, [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections])
+        shown = [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections]
+        outputs = self._plan(tasks, shown)
         ms["plan"] = clock() - t0
 
         t0 = clock()
@@ -601,7 +602,7 @@ class OnlineLoop:
         ms["judge"] = clock() - t0
 
         t0 = clock()
-        credit = self._credit(bank, tasks, selections)
+        credit = self._credit(tasks, shown)
         ms["credit"] = clock() - t0
 
         t0 = clock()
@@ -655,16 +656,14 @@ class OnlineLoop:
                                           f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
         return judged
 
-    def _credit(self, bank: CaseBank, tasks: list[Task], selections: list[Selection | None]
-                ) -> list[np.ndarray | None]:
+    def _credit(self, tasks: list[Task], shown: list[list[Case]]) -> list[np.ndarray | None]:
         """Leave-one-out credit per shown case (``LoopConfig.credit``), ``None`` for shared credit."""
         credit: list[np.ndarray | None] = [None] * len(tasks)
         if self.config.credit != "leave_one_out":
             return credit
-        rows = [b for b, sel in enumerate(selections) if sel is not None and tasks[b].answers]
+        rows = [b for b, cases in enumerate(shown) if cases and tasks[b].answers]
         if not rows:
             return credit
-        shown = {b: bank.get(list(selections[b].ids)) for b in rows}  # type: ignore[union-attr]
         case_sets = [[shown[b]] + [shown[b][:i] + shown[b][i + 1:] for i in range(len(shown[b]))] for b in rows]
         scores = self.planner.score_many([tasks[b] for b in rows], case_sets)  # type: ignore[attr-defined]
         self.counters["score_calls"] += sum(len(sets) for sets in case_sets)
