@@ -358,7 +358,7 @@ def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     if args.soft_q_candidates is not None:
         given["positive_only"] = args.soft_q_candidates == "positive"
     config = SoftQConfig(**given)
-    if getattr(args, "anchor", None) is not None:
+    if args.anchor is not None:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, anchor=args.anchor))
     return config
 
