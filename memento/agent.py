@@ -29,6 +29,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,16 +96,24 @@ class SoftQAgent:
     kind = "soft_q"
 
     def __init__(self, config: SoftQConfig, *, learner: SoftQLearner, buffer: ReplayBuffer,
-                 reward_of: RewardFn | None = None, fixed_alpha: float | None = None):
+                 reward_of: RewardFn | None = None, fixed_alpha: float | None = None, featurizer: Any | None = None):
         if not isinstance(config, SoftQConfig):
             raise ConfigError(f"SoftQAgent: config={type(config).__name__}: must be a SoftQConfig")
         if config.positive_only and reward_of is None:
             raise ConfigError("SoftQConfig.positive_only=True needs the bank's rewards (PolicyContext.reward_of)")
+        if learner.qnet.config.features != "none" and featurizer is None:
+            raise ConfigError(f"SoftQAgent: the Q-network sees case features (features="
+                              f"{learner.qnet.config.features!r}); the run must give a featurizer "
+                              "(PolicyContext.featurizer)")
+        if buffer.config.case_width != learner.qnet.config.case_dim:
+            raise DimensionError(f"SoftQAgent: the replay buffer stores cases of {buffer.config.case_width} numbers, "
+                                 f"the Q-network takes {learner.qnet.config.case_dim}")
         self.config = config
         self.learner = learner
         self.buffer = buffer
         self.reward_of = reward_of
         self.fixed_alpha = fixed_alpha
+        self.featurizer = featurizer
 
     @classmethod
     def create(cls, config: SoftQConfig, context: PolicyContext, *, fixed_alpha: float | None = None) -> SoftQAgent:
@@ -117,9 +126,11 @@ class SoftQAgent:
                               torch.Generator().manual_seed(context.qnet_seed))
         learner = SoftQLearner(qnet, dataclasses.replace(config.learner, seed=context.learner_seed), device=device,
                                generator=torch.Generator(device=device).manual_seed(context.learner_seed))
-        buffer = ReplayBuffer(ReplayConfig(capacity=config.replay_capacity, dim=context.dim, k_max=context.k_max),
-                              device=device)
-        return cls(config, learner=learner, buffer=buffer, reward_of=context.reward_of, fixed_alpha=fixed_alpha)
+        case_dim = qnet.config.case_dim
+        buffer = ReplayBuffer(ReplayConfig(capacity=config.replay_capacity, dim=context.dim, k_max=context.k_max,
+                                           case_dim=None if case_dim == context.dim else case_dim), device=device)
+        return cls(config, learner=learner, buffer=buffer, reward_of=context.reward_of, fixed_alpha=fixed_alpha,
+                   featurizer=context.featurizer if qnet.config.features != "none" else None)
 
     # ------------------------------------------------------------------ the Policy protocol
 
@@ -142,9 +153,16 @@ class SoftQAgent:
     def _pool(self, candidates: Candidates) -> Candidates:
         return positive_pool(candidates, self.reward_of) if self.config.positive_only else candidates
 
+    def case_vectors(self, candidates: Candidates) -> np.ndarray:
+        """What the Q-network sees of each candidate: its embedding, or its case vector with case features."""
+        if self.featurizer is None:
+            return np.asarray(candidates.embeddings_CD)
+        return self.featurizer.case_vectors(candidates)
+
     def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``Q(s, c)`` for every candidate (float64 ``q_C``)."""
-        return q_values(self.learner.qnet, state_D, candidates)
+        cases_CE = None if self.featurizer is None else self.case_vectors(candidates)
+        return q_values(self.learner.qnet, state_D, candidates, cases_CE=cases_CE)
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``softmax(Q / alpha)`` over the candidates (before any positive-only restriction)."""
@@ -158,7 +176,8 @@ class SoftQAgent:
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
         k_max = self.buffer.config.k_max
         for obs in observations:
-            cases_KD = np.asarray(obs.candidates.embeddings_CD)[obs.chosen_rows()]
+            rows_K = obs.chosen_rows()
+            cases_KD = self.case_vectors(obs.candidates)[rows_K]
             probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
             if obs.case_rewards_K is not None:  # per-case credit: one row per case, each with its own target
                 for k, reward in enumerate(obs.case_rewards()):

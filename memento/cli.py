@@ -32,6 +32,7 @@ from memento.config import (
     QNetAnchor,
     QNetArch,
     QNetConfig,
+    QNetFeatures,
     SoftQConfig,
     field_default,
 )
@@ -233,6 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="real part: the judge of a retained case's stored reward (default: exact, as the reward)")
     bo.add_argument("--soft-q-candidates", choices=["all", "positive"], default="all",
                     help="real part: soft_q chooses among all candidates or only rewarded ones (default: all)")
+    bo.add_argument("--init-qnet", metavar="DIR", default=None,
+                    help="real part: the trained Q-network of soft_q_pretrained and soft_q_pretrained_frozen "
+                         "(a `memento train` run directory, e.g. --from-labels on the suite's train split)")
+    _option(bo, "--best-of-c", OnlineBenchConfig, "best_of_c",
+            "real part: the nearest rewarded cases the best_of_c upper bound scores per task", type=int)
+    bo.add_argument("--resume", action="store_true",
+                    help="real part: keep the finished runs in --workdir (resume unfinished ones) instead of "
+                         "refusing a non-empty run directory; lets policies be added to a benchmark later")
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
 
     bsv = bench_cmds.add_parser(
@@ -360,6 +369,8 @@ def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     config = SoftQConfig(**given)
     if args.anchor is not None:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, anchor=args.anchor))
+    if getattr(args, "features", None) is not None:
+        config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, features=args.features))
     return config
 
 
@@ -402,6 +413,9 @@ def _add_online_parser(commands: Any) -> None:
     _option(online, "--anchor", QNetConfig, "anchor",
             "soft_q's Q-network: none, or cosine (Q = a*cos + b + a residual that starts at 0, so a fresh selector "
             "ranks like similarity)", choices=list(get_args(QNetAnchor)))
+    _option(online, "--features", QNetConfig, "features",
+            "soft_q's Q-network: none (a case is its question's embedding), or case (also its answer's embedding, "
+            "stored reward, usage statistics from the bank, and kind)", choices=list(get_args(QNetFeatures)))
     _option(online, "--credit", LoopConfig, "credit",
             "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the planner "
             "scores the gold answer with each case left out: K + 1 forward passes; needs a scoring planner)",
@@ -957,14 +971,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"results written to {args.json}")
     elif args.bench_command == "online":
         given = {name: getattr(args, name) for name in ("steps", "suite", "split", "planner", "late_steps", "window",
-                                                         "synthetic_steps", "overhead_bank", "overhead_steps")
+                                                         "synthetic_steps", "overhead_bank", "overhead_steps",
+                                                         "best_of_c")
                  if getattr(args, name) is not None}
         if args.seeds or args.seed is not None:
             given["seeds"] = tuple(args.seeds) if args.seeds else (args.seed,)
         online_config = OnlineBenchConfig(
             policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),  # type: ignore[arg-type]
             parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
-            soft_q_candidates=args.soft_q_candidates, retain_judge=args.retain_judge, **given)
+            soft_q_candidates=args.soft_q_candidates, retain_judge=args.retain_judge, init_qnet=args.init_qnet,
+            resume=args.resume, **given)
         if args.torch_threads:
             import torch
 

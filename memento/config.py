@@ -35,7 +35,10 @@ __all__ = [
     "PolicyConfig",
     "PolicyKind",
     "Pooling",
+    "CASE_KINDS",
+    "CASE_SCALARS",
     "QNetAnchor",
+    "QNetFeatures",
     "QNetArch",
     "QNetConfig",
     "RandomConfig",
@@ -279,6 +282,15 @@ def load_json(cls: type[T], path: str | Path) -> T:
 # QNetConfig, ReplayConfig and LearnerConfig configure memento.qnet, memento.replay and memento.learner.
 
 QNetArch = Literal["mlp", "mlp_interact", "two_tower"]
+QNetFeatures = Literal["none", "case"]
+"""What the Q-network sees of a case: ``"none"``, its state's embedding only; ``"case"``, also its case features
+(:mod:`memento.features`: the action's embedding, stored reward, usage statistics, kind)."""
+
+CASE_KINDS = ("case", "focus", "tip", "cluster", "skill", "proposition", "prescription")
+"""The item kinds a bank holds (DESIGN §6); a case feature vector one-hot encodes these and "other"."""
+CASE_SCALARS = 3 + len(CASE_KINDS) + 1
+"""Case-feature numbers besides the action embedding: stored reward, usage mean, log(1 + times shown), kind."""
+
 QNetAnchor = Literal["none", "cosine"]
 StorageDtype = Literal["float32", "float16", "bfloat16"]
 AlphaSchedule = Literal["fixed", "linear", "target_entropy"]
@@ -327,6 +339,9 @@ class QNetConfig:
       residual(s, c)`` with learnable scalars ``a`` (initialised to ``anchor_scale``) and ``b`` (0) and the
       residual's output layer initialised to zero, so a fresh network ranks the candidates exactly as cosine
       similarity does and learning can only move away from it where rewards say so;
+    - ``features``: ``"none"`` (a case is its state's embedding, D numbers) or ``"case"`` (``mlp``/``mlp_interact``
+      only): a case is ``[state embedding | action embedding | stored reward, usage mean, log(1 + shown), kind
+      one-hot]`` (:attr:`case_dim` = 2D + :data:`CASE_SCALARS` numbers, :mod:`memento.features`);
     - ``seed``: seeds the parameter initialisation when :func:`memento.qnet.build_qnet` gets no generator.
     """
 
@@ -338,6 +353,7 @@ class QNetConfig:
     embed_dim: int = 128
     anchor: QNetAnchor = "none"
     anchor_scale: float = 20.0
+    features: QNetFeatures = "none"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -352,7 +368,17 @@ class QNetConfig:
         check(self.anchor == "none" or self.arch != "two_tower", type(self), "anchor", self.anchor,
               "a cosine anchor needs arch 'mlp' or 'mlp_interact' (two_tower keys must stay state-free)")
         check_float(self, "anchor_scale", low=0.0, low_open=True)
+        check_choice(self, "features", QNetFeatures)
+        check(self.features == "none" or self.arch != "two_tower", type(self), "features", self.features,
+              "case features need arch 'mlp' or 'mlp_interact' (two_tower keys come from the bank's vectors)")
         check_int(self, "seed", 0)
+
+    @property
+    def case_dim(self) -> int | None:
+        """Numbers per case vector: D, or 2D + CASE_SCALARS with case features (``None`` while ``dim`` is)."""
+        if self.dim is None:
+            return None
+        return self.dim if self.features == "none" else 2 * self.dim + CASE_SCALARS
 
     def for_dim(self, dim: int, *, seed: int | None = None) -> QNetConfig:
         """This architecture over ``dim``-dimensional vectors (and, when given, another init ``seed``)."""
@@ -367,6 +393,8 @@ class ReplayConfig:
 
     - ``capacity``: transitions held; the oldest is overwritten when full (ring);
     - ``dim``: D; ``k_max``: most cases chosen per decision (rows with fewer are masked);
+    - ``case_dim``: numbers per stored case vector (``None``: D; a Q-network with case features stores
+      ``QNetConfig.case_dim``);
     - ``store_next``: also keep ``next_state`` and up to ``c_max`` next candidates (multi-step
       soft TD needs them; single-step BCE does not, and then they take no memory);
     - ``storage_dtype``: how embeddings are stored (``float16``/``bfloat16`` halve the memory;
@@ -379,14 +407,22 @@ class ReplayConfig:
     store_next: bool = False
     c_max: int = 32
     storage_dtype: StorageDtype = "float32"
+    case_dim: int | None = None
 
     def __post_init__(self) -> None:
         check_int(self, "capacity", 1)
         check_int(self, "dim", 1)
+        if self.case_dim is not None:
+            check_int(self, "case_dim", 1)
         check_int(self, "k_max", 1)
         check(isinstance(self.store_next, bool), type(self), "store_next", self.store_next, "must be true or false")
         check_int(self, "c_max", 1)
         check_choice(self, "storage_dtype", StorageDtype)
+
+    @property
+    def case_width(self) -> int:
+        """Numbers per stored case vector (``case_dim``, else ``dim``)."""
+        return self.dim if self.case_dim is None else self.case_dim
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

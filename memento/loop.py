@@ -93,6 +93,7 @@ from memento.config import (
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.io import atomic_write
+from memento.features import CaseFeaturizer
 from memento.memory import Candidates, CaseBank
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
@@ -385,7 +386,7 @@ class OnlineLoop:
     def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank) -> Policy:
         context = PolicyContext(dim=self.dim, k_max=self.config.k, device=self.device,
                                 qnet_seed=torch_seed(seeds[2]), learner_seed=torch_seed(seeds[3]),
-                                reward_of=bank.rewards)
+                                reward_of=bank.rewards, featurizer=CaseFeaturizer(bank, self._encode))
         return self.make_policy(self.config.policy, context)
 
     # ------------------------------------------------------------------ checkpoints
@@ -436,6 +437,9 @@ class OnlineLoop:
         removed = bank.truncate(saved_len)
         if removed:
             logger.info("resume: dropped %d case(s) retained after the checkpoint", removed)
+        dropped = bank.truncate_usage(step)
+        if dropped:
+            logger.info("resume: dropped %d usage row(s) logged after the checkpoint", dropped)
         self.step = step
         self.bank_size_start = int(state["bank_size_start"])
         self.counters.update({k: int(v) if isinstance(v, int) else v for k, v in state["counters"].items()})
@@ -614,6 +618,8 @@ class OnlineLoop:
                                     step=first_step + b, policy_version=version, case_rewards_K=credit[b])
                         for b, sel in enumerate(selections) if sel is not None]
         loss = self.policy.observe(observations).get("loss")
+        for obs in observations:  # the usage statistics of the case features, after the policy saw the round
+            bank.record_usage(obs.step, list(obs.selection.ids), obs.reward)
         ms["learn"] = clock() - t0
 
         for name, seconds in ms.items():

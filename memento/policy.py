@@ -134,7 +134,8 @@ class PolicyContext:
     replay buffer's row width); ``device``: where a Q-network, learner and replay buffer live;
     ``qnet_seed`` / ``learner_seed``: torch seeds of the Q-network initialisation and of the learner's
     generator (derived from the run's seed); ``reward_of``: the stored rewards of the bank's cases
-    (for positive-only choices).
+    (for positive-only choices); ``featurizer``: the case vectors of a Q-network with case features
+    (:class:`memento.features.CaseFeaturizer` over the run's bank and encoder; ``None``: the run gives none).
     """
 
     dim: int
@@ -143,6 +144,7 @@ class PolicyContext:
     qnet_seed: int = 0
     learner_seed: int = 0
     reward_of: RewardFn | None = None
+    featurizer: Any | None = None
 
 
 PolicyFactory = Callable[[PolicyConfig, PolicyContext], "Policy"]
@@ -428,8 +430,11 @@ def make_selection(candidates: Candidates, probs_C: np.ndarray, order_K: np.ndar
 
 
 def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
-             device: torch.device | None = None) -> np.ndarray:
+             device: torch.device | None = None, *, cases_CE: np.ndarray | None = None) -> np.ndarray:
     """``Q(s, c)`` of every candidate as float64 ``q_C``, under ``torch.inference_mode`` in eval mode.
+
+    The network sees ``candidates.embeddings_CD``, or ``cases_CE`` when given (one case vector per
+    candidate, e.g. with case features: :meth:`memento.features.CaseFeaturizer.case_vectors`).
 
     The network runs on ``device`` or, when ``None``, on the device of its first floating-point
     parameter or buffer (read at every call, so a moved network is followed; CPU for a parameterless
@@ -446,7 +451,8 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
         qnet.eval()
         with torch.inference_mode():
             state_BD = torch.as_tensor(state, dtype=dtype, device=where).unsqueeze(0)
-            cases_BCD = torch.as_tensor(np.asarray(candidates.embeddings_CD), dtype=dtype, device=where).unsqueeze(0)
+            vectors = candidates.embeddings_CD if cases_CE is None else cases_CE
+            cases_BCD = torch.as_tensor(np.asarray(vectors), dtype=dtype, device=where).unsqueeze(0)
             q_BC = qnet(state_BD, cases_BCD)
             if not isinstance(q_BC, torch.Tensor) or tuple(q_BC.shape) != (1, len(candidates)):
                 shape = tuple(q_BC.shape) if isinstance(q_BC, torch.Tensor) else type(q_BC).__name__

@@ -17,6 +17,11 @@ Architectures (``QNetConfig.arch``):
   precomputed for a whole bank: ``encode_cases(cases_ND) -> keys_NE`` and
   ``encode_states(state_BD) -> queries_BE``; ``forward`` equals ``queries . keys + bias``.
 
+With ``features="case"`` (MLPs only) a case vector is ``[state embedding (D) | case features]``
+(:mod:`memento.features`: the action's embedding, stored reward, usage statistics, kind; ``case_dim`` numbers in
+all): the whole vector enters ``W_c``, and the cosine similarity of the case's state embedding to the state is
+one more input of the first layer.
+
 With ``anchor="cosine"`` (MLPs only) the network is anchored on similarity: ``Q = a * cos(s, c) + b +
 MLP(s, c)``, the MLP's output layer zero at initialisation (``a = anchor_scale``, ``b = 0``), so a fresh
 network's greedy choice is cosine similarity's top-K, and its residual learns where the rewards disagree.
@@ -93,12 +98,13 @@ class QNetwork(nn.Module):
                     param.zero_()
 
     def _check_inputs(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> None:
-        d = self.config.dim
+        d, e = self.config.dim, self.config.case_dim
         if state_BD.ndim != 2 or cases_BCD.ndim != 3 or state_BD.shape[0] != cases_BCD.shape[0] \
-                or state_BD.shape[1] != d or cases_BCD.shape[2] != d:
+                or state_BD.shape[1] != d or cases_BCD.shape[2] != e:
+            what = "" if e == d else f", features={self.config.features!r}"
             raise DimensionError(
-                f"{type(self).__name__} (dim={d}) expects state_BD of shape (B, {d}) and cases_BCD of shape "
-                f"(B, C, {d}); got state_BD.shape={tuple(state_BD.shape)}, cases_BCD.shape={tuple(cases_BCD.shape)}")
+                f"{type(self).__name__} (dim={d}{what}) expects state_BD of shape (B, {d}) and cases_BCD of shape "
+                f"(B, C, {e}); got state_BD.shape={tuple(state_BD.shape)}, cases_BCD.shape={tuple(cases_BCD.shape)}")
 
     def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
                 generator: torch.Generator | None = None) -> torch.Tensor:  # pragma: no cover - abstract
@@ -114,9 +120,15 @@ class MLPQNetwork(QNetwork):
             raise ValueError(f"MLPQNetwork takes arch 'mlp' or 'mlp_interact', not {config.arch!r}")
         self.interact = config.arch == "mlp_interact"
         d, h = config.dim, config.hidden
+        self.features = config.features == "case"
+        case_width = config.case_dim + (2 * d if self.interact else 0)  # [c (+ features) | s*c | |s-c|]
         self.state_in = _linear(d, h)  # W_s and the first layer's bias
-        self.case_in = _linear((3 if self.interact else 1) * d, h, bias=False)  # W_c: [c | s*c | |s-c|]
-        self.state_in.fan_in = self.case_in.fan_in = (4 if self.interact else 2) * d  # as one Linear(2D or 4D, H)
+        self.case_in = _linear(case_width, h, bias=False)  # W_c
+        fan_in = d + case_width + (1 if self.features else 0)  # as one Linear over the whole concat
+        self.state_in.fan_in = self.case_in.fan_in = fan_in
+        if self.features:  # cosine similarity to the state is one more input of the first layer
+            self.cos_in = _linear(1, h, bias=False)
+            self.cos_in.fan_in = fan_in
         self.hidden_layers = nn.ModuleList([_linear(h, h) for _ in range(config.n_layers - 1)])
         self.out = _linear(h, 1)
         self.anchored = config.anchor == "cosine"
@@ -139,18 +151,23 @@ class MLPQNetwork(QNetwork):
     def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
                 generator: torch.Generator | None = None) -> torch.Tensor:
         self._check_inputs(state_BD, cases_BCD)
+        d = self.config.dim
         h_BH = self.state_in(state_BD)
+        emb_BCD = cases_BCD[..., :d]  # the case's state embedding (the rest: its features)
         if self.interact:
             s_B1D = state_BD.unsqueeze(1)
-            h_BCH = self.case_in(torch.cat([cases_BCD, s_B1D * cases_BCD, (s_B1D - cases_BCD).abs()], dim=-1))
+            h_BCH = self.case_in(torch.cat([cases_BCD, s_B1D * emb_BCD, (s_B1D - emb_BCD).abs()], dim=-1))
         else:
             h_BCH = self.case_in(cases_BCD)
+        if self.features or self.anchored:
+            cos_BC = F.cosine_similarity(emb_BCD, state_BD.unsqueeze(1), dim=-1)
+        if self.features:
+            h_BCH = h_BCH + self.cos_in(cos_BC.unsqueeze(-1))
         h_BCH = _dropout(F.relu(h_BCH + h_BH.unsqueeze(1)), self.config.dropout, self.training, generator)
         for layer in self.hidden_layers:
             h_BCH = _dropout(F.relu(layer(h_BCH)), self.config.dropout, self.training, generator)
         q_BC = self.out(h_BCH).squeeze(-1)
         if self.anchored:
-            cos_BC = F.cosine_similarity(cases_BCD, state_BD.unsqueeze(1), dim=-1)
             q_BC = q_BC + self.anchor_scale * cos_BC + self.anchor_offset
         return q_BC
 

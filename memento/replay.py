@@ -43,7 +43,7 @@ import torch
 from safetensors.torch import save_file
 
 from memento.config import ReplayConfig, from_dict, to_dict
-from memento.errors import CheckpointError, DataFormatError, DimensionError, MementoError
+from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, MementoError
 from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
 
 __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffer", "Transition"]
@@ -102,8 +102,8 @@ class Transition:
             raise DataFormatError(f"Transition.propensity_K must lie in (0, 1]; got "
                                   f"{np.asarray(self.propensity_K).tolist()}")
         d, k = state_D.shape[0], cases_KD.shape[0]
-        if k < 1 or cases_KD.shape[1] != d:
-            raise DimensionError(f"Transition: cases_KD must be (K >= 1, D={d}); got state_D.shape={state_D.shape}, "
+        if k < 1 or cases_KD.shape[1] < 1:
+            raise DimensionError(f"Transition: cases_KD must be (K >= 1, E >= 1); got state_D.shape={state_D.shape}, "
                                  f"cases_KD.shape={cases_KD.shape}")
         if propensity_K.shape != (k,):
             raise DimensionError(f"Transition: propensity_K must be (K={k},); got propensity_K.shape="
@@ -131,8 +131,9 @@ class Transition:
             if next_cands_CD.size == 0:
                 next_cands_CD = next_cands_CD.reshape(0, d)
             next_cands_CD = _vector(next_cands_CD, "next_cands_CD", 2)
-            if next_state_D.shape != (d,) or next_cands_CD.shape[1] != d:
-                raise DimensionError(f"Transition: next_state_D must be (D={d},) and next_cands_CD (C', {d}); got "
+            e = cases_KD.shape[1]
+            if next_state_D.shape != (d,) or next_cands_CD.shape[1] != e:
+                raise DimensionError(f"Transition: next_state_D must be (D={d},) and next_cands_CD (C', {e}); got "
                                      f"next_state_D.shape={next_state_D.shape}, "
                                      f"next_cands_CD.shape={next_cands_CD.shape}")
             object.__setattr__(self, "next_state_D", next_state_D)
@@ -167,8 +168,8 @@ class ReplayBatch:
                                  f"state_BD.shape={tuple(self.state_BD.shape)}, "
                                  f"cases_BKD.shape={tuple(self.cases_BKD.shape)}")
         b, d = self.state_BD.shape
-        k = self.cases_BKD.shape[1]
-        expected = {"cases_BKD": (b, k, d), "reward_B": (b,), "propensity_BK": (b, k), "mask_BK": (b, k),
+        k, e = self.cases_BKD.shape[1], self.cases_BKD.shape[2]  # e: D, or more with case features
+        expected = {"cases_BKD": (b, k, e), "reward_B": (b,), "propensity_BK": (b, k), "mask_BK": (b, k),
                     "done_B": (b,), "step_B": (b,), "policy_version_B": (b,)}
         nexts = [self.next_state_BD, self.next_cands_BCD, self.next_mask_BC]
         if any(x is not None for x in nexts):
@@ -178,12 +179,12 @@ class ReplayBatch:
                 raise DimensionError(f"ReplayBatch: next_cands_BCD must be (B, C, D); got next_cands_BCD.shape="
                                      f"{tuple(self.next_cands_BCD.shape)}")  # type: ignore[union-attr]
             c = self.next_cands_BCD.shape[1]  # type: ignore[union-attr]
-            expected.update({"next_state_BD": (b, d), "next_cands_BCD": (b, c, d), "next_mask_BC": (b, c)})
+            expected.update({"next_state_BD": (b, d), "next_cands_BCD": (b, c, e), "next_mask_BC": (b, c)})
         for name, shape in expected.items():
             actual = tuple(getattr(self, name).shape)
             if actual != shape:
                 raise DimensionError(f"ReplayBatch: {name}.shape={actual} does not match state_BD.shape={(b, d)} "
-                                     f"and cases_BKD.shape={(b, k, d)} (expected {shape})")
+                                     f"and cases_BKD.shape={(b, k, e)} (expected {shape})")
 
     @property
     def batch_size(self) -> int:
@@ -213,11 +214,12 @@ class ReplayBuffer:
         self.config = config
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         n, k, d, c = config.capacity, config.k_max, config.dim, config.c_max
+        e = config.case_width
         emb = _DTYPES[config.storage_dtype]
         dev = self.device
         self._t: dict[str, torch.Tensor] = {
             "state_ND": torch.zeros(n, d, dtype=emb, device=dev),
-            "cases_NKD": torch.zeros(n, k, d, dtype=emb, device=dev),
+            "cases_NKD": torch.zeros(n, k, e, dtype=emb, device=dev),
             "mask_NK": torch.zeros(n, k, dtype=torch.bool, device=dev),
             "reward_N": torch.zeros(n, dtype=torch.float32, device=dev),
             "propensity_NK": torch.ones(n, k, dtype=torch.float32, device=dev),
@@ -227,7 +229,7 @@ class ReplayBuffer:
         }
         if config.store_next:
             self._t["next_state_ND"] = torch.zeros(n, d, dtype=emb, device=dev)
-            self._t["next_cands_NCD"] = torch.zeros(n, c, d, dtype=emb, device=dev)
+            self._t["next_cands_NCD"] = torch.zeros(n, c, e, dtype=emb, device=dev)
             self._t["next_mask_NC"] = torch.zeros(n, c, dtype=torch.bool, device=dev)
         self._ptr = 0  # the next row to write
         self._size = 0  # rows filled
@@ -255,11 +257,12 @@ class ReplayBuffer:
         """Append one decision (overwriting the oldest when full)."""
         t = transition
         d, k_max, c_max = self.config.dim, self.config.k_max, self.config.c_max
+        e = self.config.case_width
         k = t.cases_KD.shape[0]
-        if t.state_D.shape[0] != d or k > k_max:
-            raise DimensionError(f"replay buffer holds dim={d}, k_max={k_max}; got state_D.shape={t.state_D.shape}, "
-                                 f"cases_KD.shape={t.cases_KD.shape}")
-        cases_1KD = np.zeros((1, k_max, d), dtype=np.float32)
+        if t.state_D.shape[0] != d or k > k_max or t.cases_KD.shape[1] != e:
+            raise DimensionError(f"replay buffer holds dim={d}, k_max={k_max}, cases of {e} numbers; got "
+                                 f"state_D.shape={t.state_D.shape}, cases_KD.shape={t.cases_KD.shape}")
+        cases_1KD = np.zeros((1, k_max, e), dtype=np.float32)
         cases_1KD[0, :k] = t.cases_KD
         propensity_1K = np.ones((1, k_max), dtype=np.float32)
         propensity_1K[0, :k] = t.propensity_K
@@ -271,7 +274,7 @@ class ReplayBuffer:
             if c > c_max:
                 raise DimensionError(f"replay buffer holds c_max={c_max} next candidates; got "
                                      f"next_cands_CD.shape={t.next_cands_CD.shape}")
-            cands_1CD = np.zeros((1, c_max, d), dtype=np.float32)
+            cands_1CD = np.zeros((1, c_max, e), dtype=np.float32)
             cands_1CD[0, :c] = t.next_cands_CD
             nexts = {"next_state_BD": t.next_state_D[None], "next_cands_BCD": cands_1CD,
                      "next_mask_BC": (np.arange(c_max) < c)[None]}
@@ -295,15 +298,15 @@ class ReplayBuffer:
         cases_BKD = torch.as_tensor(cases_BKD, device=dev)
         b = state_BD.shape[0] if state_BD.ndim == 2 else -1
         if state_BD.ndim != 2 or state_BD.shape[1] != cfg.dim or cases_BKD.ndim != 3 or cases_BKD.shape[0] != b \
-                or cases_BKD.shape[2] != cfg.dim or not 1 <= cases_BKD.shape[1] <= cfg.k_max:
+                or cases_BKD.shape[2] != cfg.case_width or not 1 <= cases_BKD.shape[1] <= cfg.k_max:
             raise DimensionError(f"replay buffer holds dim={cfg.dim}, k_max={cfg.k_max}: state_BD must be (B, "
-                                 f"{cfg.dim}) and cases_BKD (B, K<={cfg.k_max}, {cfg.dim}); got state_BD.shape="
+                                 f"{cfg.dim}) and cases_BKD (B, K<={cfg.k_max}, {cfg.case_width}); got state_BD.shape="
                                  f"{tuple(state_BD.shape)}, cases_BKD.shape={tuple(cases_BKD.shape)}")
         k = cases_BKD.shape[1]
         ones_BK = torch.ones(b, k, device=dev)
         rows: dict[str, tuple[Any, tuple[int, ...]]] = {  # name -> (value, expected shape)
             "state_ND": (state_BD, (b, cfg.dim)),
-            "cases_NKD": (cases_BKD, (b, k, cfg.dim)),
+            "cases_NKD": (cases_BKD, (b, k, cfg.case_width)),
             "mask_NK": (ones_BK.bool() if mask_BK is None else mask_BK, (b, k)),
             "reward_N": (reward_B, (b,)),
             "propensity_NK": (ones_BK if propensity_BK is None else propensity_BK, (b, k)),
@@ -318,10 +321,10 @@ class ReplayBuffer:
             next_cands_BCD = torch.as_tensor(next_cands_BCD, device=dev)
             if next_cands_BCD.ndim != 3 or next_cands_BCD.shape[1] > cfg.c_max:
                 raise DimensionError(f"replay buffer holds c_max={cfg.c_max}: next_cands_BCD must be (B, C<="
-                                     f"{cfg.c_max}, {cfg.dim}); got next_cands_BCD.shape={tuple(next_cands_BCD.shape)}")
+                                     f"{cfg.c_max}, {cfg.case_width}); got next_cands_BCD.shape={tuple(next_cands_BCD.shape)}")
             c = next_cands_BCD.shape[1]
             rows["next_state_ND"] = (next_state_BD, (b, cfg.dim))
-            rows["next_cands_NCD"] = (next_cands_BCD, (b, c, cfg.dim))
+            rows["next_cands_NCD"] = (next_cands_BCD, (b, c, cfg.case_width))
             rows["next_mask_NC"] = (torch.ones(b, c, dtype=torch.bool, device=dev) if next_mask_BC is None
                                     else next_mask_BC, (b, c))
         values: dict[str, torch.Tensor] = {}
@@ -393,6 +396,10 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the config must match this buffer's."""
         config = state.get("config")
+        try:  # a config saved before a field existed reads with that field's default
+            config = to_dict(from_dict(ReplayConfig, config)) if isinstance(config, dict) else config
+        except ConfigError:
+            pass
         if config != to_dict(self.config):
             raise CheckpointError(f"replay state was saved with config {config}, this buffer has "
                                   f"{to_dict(self.config)}")

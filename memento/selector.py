@@ -53,6 +53,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,6 +106,7 @@ from memento.errors import (
     MementoError,
     UnknownSelectionError,
 )
+from memento.features import CaseFeaturizer
 from memento.io import atomic_write, atomic_write_text, read_safetensors, sqlite_copy
 from memento.learner import SoftQLearner
 from memento.memory import Candidates, CaseBank
@@ -192,8 +194,13 @@ class Selector:
         self._manifest = manifest
         self._bank = bank
         self._feedback = feedback_log
+        self._featured = learner.qnet.config.features != "none"
+        featurizer = (CaseFeaturizer(bank, self._encode_actions, usage_at=self._usage_at, store=False)
+                      if self._featured else None)
+        self._fb_shown: dict[int, int] = {}  # usage since the saved bank: from the feedback log
+        self._fb_reward: dict[int, float] = {}
         self._agent = SoftQAgent(agent_config(config), learner=learner, buffer=buffer, reward_of=bank.rewards,
-                                 fixed_alpha=config.alpha)
+                                 fixed_alpha=config.alpha, featurizer=featurizer)
         self._encoder = encoder
         self._encoder_device = encoder_device
         self._hash_cache = hash_cache if hash_cache is not None else {}
@@ -267,12 +274,37 @@ class Selector:
     def _saved_rows(self, rel: str) -> int:
         return int(self._manifest["live"][rel]["rows"])
 
+    def _encode_actions(self, texts: list[str]) -> np.ndarray:
+        """Action vectors for the case features (the selector's text encoder)."""
+        return np.asarray(self.encoder().encode(texts), dtype=np.float32).reshape(len(texts), self.dim)
+
+    def _usage_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Usage statistics: the saved bank's log plus the feedbacks this artifact recorded."""
+        shown_C, reward_C = self._bank.usage_at(positions_C)
+        for i, pos in enumerate(np.asarray(positions_C).tolist()):
+            shown_C[i] += self._fb_shown.get(pos, 0)
+            reward_C[i] += self._fb_reward.get(pos, 0.0)
+        return shown_C, reward_C
+
+    def _count_usage(self, ids: Sequence[str], reward: float) -> None:
+        if not self._featured or not ids:
+            return
+        for pos in self._bank.positions_of(list(ids)).tolist():
+            self._fb_shown[pos] = self._fb_shown.get(pos, 0) + 1
+            self._fb_reward[pos] = self._fb_reward.get(pos, 0.0) + float(reward)
+
     def _replay_unsaved_feedback(self) -> None:
         """Feed the rows recorded after the last save into the replay buffer (and learner) again, in order."""
         saved = self._saved_rows(FEEDBACK_NAME)
+        if self._featured:  # the usage statistics of the saved feedbacks (not in the saved bank's log)
+            for row in self._feedback.rows(after=0):
+                if row.seq > saved:
+                    break
+                self._count_usage(list(row.ids), row.reward)
         replayed = 0
         for row in self._feedback.rows(after=saved):
             self._learn_from_row(row)
+            self._count_usage(list(row.ids), row.reward)
             replayed += 1
         if replayed:
             logger.info("%s: replayed %d feedback(s) recorded after the last save (%d learner updates now)",
@@ -300,7 +332,8 @@ class Selector:
         (as several rows when it holds more than ``k_max`` cases), then its gradient steps when ``learned``."""
         k = len(ids)
         probs_K = np.asarray(probs, dtype=np.float64)
-        candidates = Candidates(ids=list(ids), positions_C=np.arange(k), scores_C=np.zeros(k),
+        positions_K = self._bank.positions_of(list(ids)) if self._featured else np.arange(k)
+        candidates = Candidates(ids=list(ids), positions_C=positions_K, scores_C=np.zeros(k),
                                 embeddings_CD=np.asarray(cases_KD))
         selection = Selection(ids=list(ids), positions_K=np.arange(k), probs_K=probs_K, set_prob=float(set_prob),
                               candidate_ids=list(ids), probs_C=probs_K, greedy=False)
@@ -497,6 +530,7 @@ class Selector:
             if pending.ids:
                 self._learn(pending.state_D, pending.ids, pending.cases_KD, pending.probs, pending.set_prob, reward,
                             seq, pending.policy_version, self.learn)
+                self._count_usage(pending.ids, reward)
             return {"selection_id": selection_id, "reward": reward, "recorded": True,
                     "updates": int(self._learner.updates)}
 

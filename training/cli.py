@@ -59,8 +59,10 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
         ImportanceWeights,
         LearnerConfig,
         Pooling,
+        QNetAnchor,
         QNetArch,
         QNetConfig,
+        QNetFeatures,
         TDLoss,
     )
     from training.config import Accelerator, DataConfig, LightningConfig, Precision, TrainerConfig
@@ -124,6 +126,12 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     net.add_argument("--dropout", type=float, default=None, help=f"dropout (default: {default(QNetConfig, 'dropout')})")
     net.add_argument("--embed-dim", type=int, default=None,
                      help=f"two_tower output width (default: {default(QNetConfig, 'embed_dim')})")
+    net.add_argument("--anchor", choices=list(get_args(QNetAnchor)), default=None,
+                     help="cosine: Q = a*cos + b + residual, ranking like similarity before training "
+                          f"(default: {default(QNetConfig, 'anchor')})")
+    net.add_argument("--features", choices=list(get_args(QNetFeatures)), default=None,
+                     help="case: the Q-network also sees each case's action embedding, stored reward, usage "
+                          f"statistics and kind (--from-labels only; default: {default(QNetConfig, 'features')})")
 
     learn = p.add_argument_group("learner (the online learner's settings)")
     learn.add_argument("--batch-size", type=int, default=None,
@@ -188,7 +196,8 @@ _FLAG_FIELDS = {  # argparse dest -> its field's path in the TrainConfig JSON
     "encoder": ("data", "encoder", "model"), "pooling": ("data", "encoder", "pooling"),
     "max_length": ("data", "encoder", "max_length"),
     "arch": ("qnet", "arch"), "hidden": ("qnet", "hidden"), "n_layers": ("qnet", "n_layers"),
-    "dropout": ("qnet", "dropout"), "embed_dim": ("qnet", "embed_dim"),
+    "dropout": ("qnet", "dropout"), "embed_dim": ("qnet", "embed_dim"), "anchor": ("qnet", "anchor"),
+    "features": ("qnet", "features"),
     "batch_size": ("learner", "batch_size"), "lr": ("learner", "lr"), "weight_decay": ("learner", "weight_decay"),
     "max_grad_norm": ("learner", "max_grad_norm"), "gamma": ("learner", "gamma"), "td_loss": ("learner", "td_loss"),
     "alpha": ("learner", "alpha"), "alpha_schedule": ("learner", "alpha_schedule"),
@@ -380,7 +389,7 @@ def run_train(args: argparse.Namespace) -> int:
     from training.data import QDataModule
 
     dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, seed=config.learner.seed,
-                     gamma=config.learner.gamma)
+                     gamma=config.learner.gamma, features=config.qnet.features)
     dm.prepare_data()
     dm.setup("fit")
     if rank_zero:

@@ -59,6 +59,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from memento.config import CASE_SCALARS
 from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
 from memento.replay import ReplayBatch
@@ -113,9 +114,11 @@ class TrainingData:
 
     def __post_init__(self) -> None:
         n = self.state_N.shape[0]
-        if self.states_SD.ndim != 2 or self.cases_MD.ndim != 2 or self.states_SD.shape[1] != self.cases_MD.shape[1]:
+        if self.states_SD.ndim != 2 or self.cases_MD.ndim != 2 or self.cases_MD.shape[1] not in (
+                self.states_SD.shape[1], 2 * self.states_SD.shape[1] + CASE_SCALARS):
             raise DimensionError(f"TrainingData: states_SD.shape={self.states_SD.shape} and cases_MD.shape="
-                                 f"{self.cases_MD.shape} must be (S, D) and (M, D)")
+                                 f"{self.cases_MD.shape} must be (S, D) and (M, D), or (M, 2D + {CASE_SCALARS}) with "
+                                 "case features")
         k = self.cases_NK.shape[1] if self.cases_NK.ndim == 2 else -1
         shapes = {"cases_NK": (n, k), "mask_NK": (n, k), "reward_N": (n,), "propensity_NK": (n, k), "done_N": (n,)}
         for name, shape in shapes.items():
@@ -454,11 +457,16 @@ def load_cases_rewards(cases: str | Path, rewards: str | Path, encoder: Any) -> 
     return b.build(encoder, "cases", notes)
 
 
-def load_labels(labels: str | Path, bank: str | Path, encoder: Any) -> TrainingData:
+def load_labels(labels: str | Path, bank: str | Path, encoder: Any, *, features: str = "none") -> TrainingData:
     """Planner-scored labels (:mod:`memento.labels`) with the bank their candidate ids refer to: one row per task,
-    the candidates' stored bank embeddings, the states encoded with ``encoder``, ``score_NK = mean_logprob``."""
+    the candidates' stored bank embeddings, the states encoded with ``encoder``, ``score_NK = mean_logprob``.
+
+    With ``features="case"`` each candidate is its case vector (:mod:`memento.features`: embedding, action
+    embedding, stored reward, usage statistics, kind; action vectors missing from the bank are encoded and stored
+    there)."""
+    from memento.features import CaseFeaturizer
     from memento.labels import iter_labels
-    from memento.memory import CaseBank
+    from memento.memory import Candidates, CaseBank
 
     rows = list(iter_labels(labels))  # the whole file is checked first (file:line errors)
     if not rows:
@@ -472,6 +480,11 @@ def load_labels(labels: str | Path, bank: str | Path, encoder: Any) -> TrainingD
                                       line=number)
         case_keys = list(dict.fromkeys(case_id for _, row in rows for case_id in row.candidate_ids))
         cases_MD = np.ascontiguousarray(case_bank.embeddings(case_keys), dtype=np.float32)
+        if features == "case":
+            featurizer = CaseFeaturizer(case_bank, lambda texts: _encode(encoder, texts, "action"))
+            m = len(case_keys)
+            cases_MD = featurizer.case_vectors(Candidates(ids=case_keys, positions_C=case_bank.positions_of(case_keys),
+                                                          scores_C=np.zeros(m), embeddings_CD=cases_MD))
         recorded = case_bank.config.encoder
         bank_dim = case_bank.dim
     dim = getattr(encoder, "dim", None)
@@ -544,8 +557,12 @@ def check_inputs(config: DataConfig) -> None:
                                       path=config.bank)
 
 
-def load_data(config: DataConfig, encoder: Any) -> TrainingData:
-    """The :class:`TrainingData` that ``config`` names, encoded with ``encoder``."""
+def load_data(config: DataConfig, encoder: Any, *, features: str = "none") -> TrainingData:
+    """The :class:`TrainingData` that ``config`` names, encoded with ``encoder``; ``features="case"`` (the
+    Q-network's ``QNetConfig.features``) gives case vectors with case features (planner-scored labels only)."""
+    if features != "none" and config.source != "labels":
+        raise ConfigError(f"Q-network case features (features={features!r}) are built for planner-scored labels "
+                          f"(--from-labels); this run's data source is {config.source!r}")
     match config.source:
         case "log":
             assert config.log is not None
@@ -558,7 +575,7 @@ def load_data(config: DataConfig, encoder: Any) -> TrainingData:
             return load_cases_rewards(config.cases, config.rewards, encoder)
         case "labels":
             assert config.labels is not None and config.bank is not None
-            return load_labels(config.labels, config.bank, encoder)
+            return load_labels(config.labels, config.bank, encoder, features=features)
     raise ConfigError(f"unknown data source {config.source!r}")  # pragma: no cover
 
 
@@ -751,8 +768,9 @@ class QDataModule(L.LightningDataModule):
     """
 
     def __init__(self, config: DataConfig, *, batch_size: int, encoder: Any = None, data: TrainingData | None = None,
-                 seed: int = 0, gamma: float = 0.0):
+                 seed: int = 0, gamma: float = 0.0, features: str = "none"):
         super().__init__()
+        self.features = features
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"QDataModule: batch_size={batch_size!r} must be an integer >= 1")
         self.config = config
@@ -776,13 +794,13 @@ class QDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         if self.data is None:
             check_inputs(self.config)
-            self.data = load_data(self.config, self._encoder())
+            self.data = load_data(self.config, self._encoder(), features=self.features)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_rows is not None:
             return
         if self.data is None:
-            self.data = load_data(self.config, self._encoder())
+            self.data = load_data(self.config, self._encoder(), features=self.features)
         data = self._checked(self.data)
         self.train_rows, self.val_rows = split_by_state(data, self.config.val_fraction, self.config.split_seed,
                                                         self.config.label_threshold)

@@ -49,7 +49,8 @@ class ListwiseBatch:
 
     @property
     def cosine_BC(self) -> torch.Tensor:
-        return torch.einsum("bd,bcd->bc", self.state_BD.float(), self.cases_BCD.float())
+        d = self.state_BD.shape[1]  # with case features, a case's embedding is its first D numbers
+        return torch.einsum("bd,bcd->bc", self.state_BD.float(), self.cases_BCD[..., :d].float())
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ListwiseBatch:
         return ListwiseBatch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)

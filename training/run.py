@@ -101,7 +101,7 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
 
     tc = config.trainer
     dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, data=data,
-                     seed=config.learner.seed, gamma=config.learner.gamma)
+                     seed=config.learner.seed, gamma=config.learner.gamma, features=config.qnet.features)
     dm.prepare_data()
     dm.setup("fit")
     stats = dm.stats()

@@ -29,7 +29,16 @@ import numpy as np
 
 from memento.bench.bank import _environment, _write, make_vectors
 from memento.compare import run_comparison
-from memento.config import PolicyConfig, PolicyKind, RandomConfig, SoftQConfig, check, check_choice, check_int
+from memento.config import (
+    PolicyConfig,
+    PolicyKind,
+    RandomConfig,
+    SimilarityConfig,
+    SoftQConfig,
+    check,
+    check_choice,
+    check_int,
+)
 from memento.encoders import Encoder
 from memento.envs.regret import RegretConfig, regret_policy, run_regret
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
@@ -41,7 +50,7 @@ from memento.loop import LoopConfig, OnlineLoop, loop_policy
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
-from memento.types import Case
+from memento.types import Case, Task
 from policies import make_policy
 
 __all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
@@ -50,28 +59,78 @@ logger = logging.getLogger(__name__)
 
 
 SoftQCandidates = Literal["all", "positive"]
-BenchPolicy = Literal["similarity", "random", "uniform_positive", "soft_q", "soft_q_anchored", "linucb"]
+BenchPolicy = Literal["similarity", "random", "uniform_positive", "soft_q", "soft_q_anchored", "soft_q_features",
+                      "soft_q_pretrained", "soft_q_pretrained_frozen", "linucb", "best_of_c"]
 """The policies the benchmark compares: the four kinds, plus ``uniform_positive`` (uniform among the rewarded
-candidates: the floor for a choice within similarity's pool) and ``soft_q_anchored`` (soft-Q whose Q-network
-is anchored on cosine similarity, ``QNetConfig.anchor="cosine"``)."""
+candidates: the floor for a choice within similarity's pool), ``soft_q_anchored`` (soft-Q whose Q-network
+is anchored on cosine similarity, ``QNetConfig.anchor="cosine"``), ``soft_q_features`` (anchored, and the
+Q-network sees the case features: ``QNetConfig.features="case"``), ``soft_q_pretrained`` (soft-Q starting from
+the trained Q-network ``OnlineBenchConfig.init_qnet``, e.g. ``memento train --from-labels`` on the train split,
+learning on), ``soft_q_pretrained_frozen`` (the same without online updates) and ``best_of_c`` (not a
+policy: an upper bound that scores the ``best_of_c`` positive-only nearest cases one by one with the planner's
+likelihood of the *gold* answer and shows the best K)."""
+
+_PRETRAINED = ("soft_q_pretrained", "soft_q_pretrained_frozen")
 
 
-def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False) -> PolicyConfig:
+def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_qnet: str | None = None
+                 ) -> PolicyConfig:
     """The loop config of a benchmark policy (soft-Q variants choose among rewarded candidates when asked)."""
+    soft_q = SoftQConfig(positive_only=soft_q_positive_only)
     match name:
         case "uniform_positive":
             return RandomConfig(positive_only=True)
         case "soft_q":
-            return SoftQConfig(positive_only=soft_q_positive_only)
+            return soft_q
         case "soft_q_anchored":
-            soft_q = SoftQConfig(positive_only=soft_q_positive_only)
             return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine"))
+        case "soft_q_features":
+            return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"))
+        case "soft_q_pretrained" | "soft_q_pretrained_frozen":
+            if init_qnet is None:
+                raise ConfigError(f"bench policy {name!r} needs a trained Q-network (--init-qnet DIR)")
+            return dataclasses.replace(soft_q, init_qnet=str(init_qnet),
+                                       updates_per_step=0 if name == "soft_q_pretrained_frozen" else 1)
+        case "best_of_c":
+            return SimilarityConfig(positive_only=True)
         case _:
             return loop_policy(name)  # type: ignore[arg-type]
 
 
 def _kind(name: str) -> PolicyKind:
-    return {"uniform_positive": "random", "soft_q_anchored": "soft_q"}.get(name, name)  # type: ignore[return-value]
+    if name.startswith("soft_q"):
+        return "soft_q"
+    return {"uniform_positive": "random", "best_of_c": "similarity"}.get(name, name)  # type: ignore[return-value]
+
+
+class BestOfCPlanner:
+    """The ``best_of_c`` upper bound: of the cases it is shown (the ``C`` nearest rewarded ones), it scores each
+    alone with the planner's log-likelihood of the task's gold answer (length-normalised), keeps the ``k`` best
+    (best first) and plans with them: ``C`` scored prompts + 1 generation per task, and it reads the answer."""
+
+    def __init__(self, planner: Any, k: int):
+        if not callable(getattr(planner, "score_many", None)):
+            raise ConfigError(f"best_of_c needs a planner that scores answers; {planner!r} does not")
+        self.planner = planner
+        self.k = k
+        self.score_passes = 0
+
+    def plan(self, task: Task, cases: Any) -> Any:
+        return self.plan_many([task], [cases])[0]
+
+    def plan_many(self, tasks: Any, cases: Any) -> list[Any]:
+        chosen = [list(c) for c in cases]
+        rows = [b for b, task in enumerate(tasks) if task.answers and len(chosen[b]) > self.k]
+        if rows:
+            scores = self.planner.score_many([tasks[b] for b in rows], [[[c] for c in chosen[b]] for b in rows])
+            for b, task_scores in zip(rows, scores):
+                mean_C = np.asarray([s.logprob / max(1, s.n_tokens) for s in task_scores], dtype=np.float64)
+                chosen[b] = [chosen[b][j] for j in np.argsort(-mean_C, kind="stable")[:self.k]]
+                self.score_passes += len(task_scores)
+        return list(self.planner.plan_many(tasks, chosen))
+
+    def __repr__(self) -> str:
+        return f"BestOfCPlanner({self.planner!r}, k={self.k})"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,6 +158,9 @@ class OnlineBenchConfig:
     soft_q_candidates: SoftQCandidates = "all"
     bootstrap: int = 2000
     retain_judge: str | None = None
+    init_qnet: str | None = None
+    best_of_c: int = 16
+    resume: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_bank", "overhead_steps",
@@ -116,10 +178,16 @@ class OnlineBenchConfig:
         check_choice(self, "soft_q_candidates", SoftQCandidates)
         check(self.retain_judge in (None, "exact", "f1", "contains", "numeric"), type(self), "retain_judge",
               self.retain_judge, "must be null or one of exact, f1, contains, numeric")
+        check_int(self, "best_of_c", 1)
+        check(isinstance(self.resume, bool), type(self), "resume", self.resume, "must be true or false")
+        check(self.init_qnet is not None or not any(p in _PRETRAINED for p in self.policies), type(self),
+              "init_qnet", self.init_qnet, f"policies {_PRETRAINED} need a trained Q-network directory")
 
     def loop_policies(self) -> dict[str, PolicyConfig]:
+        """Every policy's loop config (``best_of_c``: the positive-only similarity that feeds its C cases)."""
         positive = self.soft_q_candidates == "positive"
-        return {name: bench_policy(name, soft_q_positive_only=positive) for name in self.policies}
+        return {name: bench_policy(name, soft_q_positive_only=positive, init_qnet=self.init_qnet)
+                for name in self.policies}
 
 
 def paired_difference(x_SW: np.ndarray, y_SW: np.ndarray, *, resamples: int, rng: np.random.Generator
@@ -169,23 +237,35 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
     tasks, cases = load_suite(config.suite, config.split), seed_cases(config.suite)
     per_seed: dict[str, Any] = {}
     successes: dict[str, list[np.ndarray]] = {name: [] for name in config.policies}
-    cost: dict[str, dict[str, list[float]]] = {name: {"llm_calls_per_task": [], "ms_per_task": []}
-                                               for name in config.policies}
+    cost: dict[str, dict[str, list[float]]] = {name: {"llm_calls_per_task": [], "forward_passes_per_task": [],
+                                                      "ms_per_task": []} for name in config.policies}
     for seed in config.seeds:
         loop_config = LoopConfig(steps=config.steps, seed=seed, checkpoint_every=0, tensorboard=False,
                                  window=config.window)
         out = workdir / "real" / f"seed-{seed}"
-        comparison = run_comparison(config.loop_policies(), config=loop_config, out_dir=out, make_policy=make_policy,
-                                    late_steps=config.late_steps, encoder=encoder, planner=planner,
-                                    judge=make_judge("exact"), tasks=tasks, seed_cases=cases,
-                                    retain_judge=None if config.retain_judge is None else make_judge(
-                                        config.retain_judge))
+        common = dict(make_policy=make_policy, late_steps=config.late_steps, encoder=encoder,
+                      judge=make_judge("exact"), tasks=tasks, seed_cases=cases, resume=config.resume,
+                      retain_judge=None if config.retain_judge is None else make_judge(config.retain_judge))
+        learned = {name: c for name, c in config.loop_policies().items() if name != "best_of_c"}
+        comparison = (run_comparison(learned, config=loop_config, out_dir=out, planner=planner, **common)
+                      if learned else {"policies": {}})
+        passes: dict[str, float] = {name: comparison["policies"][name]["llm_calls"]
+                                    + comparison["policies"][name].get("score_calls", 0) for name in learned}
+        if "best_of_c" in config.policies:  # the upper bound: C cases reach the planner wrapper, which keeps K
+            upper = run_comparison({"best_of_c": bench_policy("best_of_c")},
+                                   config=dataclasses.replace(loop_config, k=config.best_of_c), out_dir=out / "upper",
+                                   planner=BestOfCPlanner(planner, loop_config.k), **common)
+            comparison["policies"]["best_of_c"] = upper["policies"]["best_of_c"]
+            shown = read_steps_jsonl(out / "upper" / "best_of_c" / "steps.jsonl")
+            passes["best_of_c"] = upper["policies"]["best_of_c"]["llm_calls"] + sum(
+                len(r.chosen_ids) for r in shown if len(r.chosen_ids) > loop_config.k)
         per_seed[str(seed)] = comparison
         for name in config.policies:
-            records = read_steps_jsonl(out / name / "steps.jsonl")
+            records = read_steps_jsonl(out / ("upper" if name == "best_of_c" else "") / name / "steps.jsonl")
             successes[name].append(np.asarray([r.success for r in records], dtype=np.float64))
             run = comparison["policies"][name]
             cost[name]["llm_calls_per_task"].append(run["llm_calls"] / max(1, config.steps))
+            cost[name]["forward_passes_per_task"].append(passes[name] / max(1, config.steps))
             cost[name]["ms_per_task"].append(run["ms_per_step"]["total"])
     summary = summarize_real(successes, window=config.window, late_steps=config.late_steps,
                              resamples=config.bootstrap)
@@ -284,7 +364,7 @@ def format_online_table(results: dict[str, Any]) -> str:
                   f"policy, seeds {seeds} (mean over seeds; early: first {real['window']}, late: last "
                   f"{real['late_steps']}; difference to similarity with a 95% paired-bootstrap interval):", "",
                   "| policy | overall | early | late | late - similarity [95% CI] | early - similarity [95% CI] "
-                  "| LLM calls/task | ms/task |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| LLM calls/task | forward passes/task | ms/task |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
         def gap(entry: dict[str, Any], span: str) -> str:
             d = entry.get(f"{span}_minus_similarity")
@@ -292,7 +372,8 @@ def format_online_table(results: dict[str, Any]) -> str:
 
         for policy, r in real["summary"].items():
             lines.append(f"| {policy} | {r['overall']:.3f} | {r['early']:.3f} | {r['late']:.3f} | {gap(r, 'late')} | "
-                         f"{gap(r, 'early')} | {r['llm_calls_per_task']:.2f} | {r['ms_per_task']:.0f} |")
+                         f"{gap(r, 'early')} | {r['llm_calls_per_task']:.2f} | "
+                         f"{r.get('forward_passes_per_task', r['llm_calls_per_task']):.2f} | {r['ms_per_task']:.0f} |")
         lines.append("")
     if "synthetic" in results:
         lines += ["synthetic bandit (mean per-step regret):", "",

@@ -6,6 +6,15 @@ A bank is a directory::
     index.faiss    the faiss index over the embeddings (position p = case at position p)
     index.json     which bank and how many positions the index file covers
 
+Two optional tables serve the Q-network's case features (:mod:`memento.features`), created on first
+write, so a bank that never uses them is left byte for byte as it was:
+
+- ``usage (step, pos, reward)``: one row per time a case was shown (``record_usage``), so the usage
+  statistics (times shown, reward when shown) are an aggregate of an append-only log; a resumed run
+  rolls it back to its checkpoint with ``truncate_usage(step)``, exactly;
+- ``action_embeddings (pos, embedding)``: the encoder's vector of each case's action (answer),
+  computed once per case (``set_action_embeddings``).
+
 SQLite is the source of truth. Writes commit to SQLite first, then reach the in-memory
 index; the index file is written on ``flush()``/``close()``. Opening a bank compares the
 index file with SQLite: missing rows (a crash between the commit and the index write)
@@ -67,6 +76,12 @@ CREATE TABLE IF NOT EXISTS cases (
     embedding BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS cases_hash ON cases(hash);
+"""
+
+_FEATURE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (step INTEGER NOT NULL, pos INTEGER NOT NULL, reward REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS usage_step ON usage(step);
+CREATE TABLE IF NOT EXISTS action_embeddings (pos INTEGER PRIMARY KEY, embedding BLOB NOT NULL);
 """
 
 
@@ -138,6 +153,7 @@ class CaseBank:
         self._index = FaissIndex(config.index, config.dim, use_gpu=use_gpu)
         self._index_dirty = False
         self._closed = False
+        self._usage: tuple[np.ndarray, np.ndarray] | None = None  # (shown_N, reward_sum_N), loaded on first need
 
     # ------------------------------------------------------------------ create / open
 
@@ -613,6 +629,10 @@ class CaseBank:
             return 0
         with self._conn:
             self._conn.execute("DELETE FROM cases WHERE pos >= ?", (int(n),))
+            if self._has_feature_tables():
+                self._conn.execute("DELETE FROM usage WHERE pos >= ?", (int(n),))
+                self._conn.execute("DELETE FROM action_embeddings WHERE pos >= ?", (int(n),))
+        self._usage = None
         self._count = int(n)
         self._loaded = False
         self._ids, self._env_vocab, self._kind_vocab = [], {}, {}
@@ -625,6 +645,104 @@ class CaseBank:
         self._index_dirty = True
         logger.info("%s: truncated to %d case(s) (%d removed)", self.path, n, removed)
         return removed
+
+    # ------------------------------------------------------------------ usage statistics and action vectors
+
+    def _has_feature_tables(self) -> bool:
+        row = self._conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE type='table' AND name='usage'").fetchone()
+        return bool(row[0])
+
+    def _ensure_feature_tables(self) -> None:
+        if not self._has_feature_tables():
+            self._conn.executescript(_FEATURE_SCHEMA)
+
+    def _load_usage(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._usage is not None and self._usage[0].shape[0] < self._count:  # cases added since: never shown
+            grow = self._count - self._usage[0].shape[0]
+            self._usage = (np.concatenate([self._usage[0], np.zeros(grow, dtype=np.int64)]),
+                           np.concatenate([self._usage[1], np.zeros(grow, dtype=np.float64)]))
+        if self._usage is None:
+            shown_N = np.zeros(self._count, dtype=np.int64)
+            reward_N = np.zeros(self._count, dtype=np.float64)
+            if self._has_feature_tables():
+                for pos, count, total in self._conn.execute(
+                        "SELECT pos, COUNT(*), SUM(reward) FROM usage WHERE pos < ? GROUP BY pos", (self._count,)):
+                    shown_N[pos], reward_N[pos] = int(count), float(total)
+            self._usage = (shown_N, reward_N)
+        return self._usage
+
+    def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None:
+        """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (committed)."""
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise DataFormatError(f"record_usage: step must be an integer >= 0, got {step!r}")
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            raise DataFormatError(f"record_usage: reward must be a finite number, got {reward!r}")
+        positions_K = self._positions(list(ids))
+        shown_N, reward_N = self._load_usage()
+        self._ensure_feature_tables()
+        with self._conn:
+            self._conn.executemany("INSERT INTO usage (step, pos, reward) VALUES (?, ?, ?)",
+                                   [(int(step), int(p), float(reward)) for p in positions_K])
+        np.add.at(shown_N, positions_K, 1)
+        np.add.at(reward_N, positions_K, float(reward))
+
+    def positions_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Bank positions (int64) of the case ids, in the order asked; an unknown id raises ``UnknownCaseError``."""
+        self._check_open()
+        return self._positions(list(ids))
+
+    def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shown_C, reward_sum_C)``: how often the cases at ``positions`` were shown and their summed reward."""
+        self._check_open()
+        positions_C = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if positions_C.size and (positions_C.min() < 0 or positions_C.max() >= self._count):
+            raise UnknownCaseError(f"{self.path}: positions must lie in [0, {self._count}); "
+                                   f"got min={int(positions_C.min())}, max={int(positions_C.max())}")
+        shown_N, reward_N = self._load_usage()
+        return shown_N[positions_C].copy(), reward_N[positions_C].copy()
+
+    def truncate_usage(self, step: int) -> int:
+        """Forget every usage row logged at ``step`` or later (a resume to a checkpoint at ``step``); returns
+        how many were removed."""
+        self._check_open()
+        if not self._has_feature_tables():
+            return 0
+        with self._conn:
+            removed = self._conn.execute("DELETE FROM usage WHERE step >= ?", (int(step),)).rowcount
+        self._usage = None
+        return int(removed)
+
+    def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(emb_CD, have_C)``: the stored action vectors at ``positions`` (zeros where ``have_C`` is False)."""
+        self._check_open()
+        positions_C = np.asarray(positions, dtype=np.int64).reshape(-1)
+        emb_CD = np.zeros((positions_C.size, self.config.dim), dtype=np.float32)
+        have_C = np.zeros(positions_C.size, dtype=bool)
+        if not positions_C.size or not self._has_feature_tables():
+            return emb_CD, have_C
+        row_of = {int(p): i for i, p in enumerate(positions_C)}
+        for chunk in _chunks(sorted(row_of)):
+            marks = ",".join("?" * len(chunk))
+            for pos, blob in self._conn.execute(
+                    f"SELECT pos, embedding FROM action_embeddings WHERE pos IN ({marks})", list(chunk)):
+                vector = np.frombuffer(blob, dtype=np.float32)
+                for i in np.flatnonzero(positions_C == pos):
+                    emb_CD[i], have_C[i] = vector, True
+        return emb_CD, have_C
+
+    def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None:
+        """Store the action vectors of the cases at ``positions`` (``(C, D)`` float32, committed)."""
+        self._check_open()
+        positions_C = np.asarray(positions, dtype=np.int64).reshape(-1)
+        emb_CD = self._validate_embeddings(embeddings, positions_C.size)
+        if positions_C.size and (positions_C.min() < 0 or positions_C.max() >= self._count):
+            raise UnknownCaseError(f"{self.path}: positions must lie in [0, {self._count})")
+        self._ensure_feature_tables()
+        with self._conn:
+            self._conn.executemany("INSERT OR REPLACE INTO action_embeddings (pos, embedding) VALUES (?, ?)",
+                                   [(int(p), np.ascontiguousarray(v, dtype=np.float32).tobytes())
+                                    for p, v in zip(positions_C, emb_CD)])
 
     def update_reward(self, case_id: str, reward: float) -> None:
         """Set the reward of a stored case."""

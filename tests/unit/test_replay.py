@@ -42,8 +42,9 @@ def test_transition_converts_to_float32_and_checks_shapes() -> None:
     t = Transition(state_D=[1, 2, 3], cases_KD=[[1, 2, 3]], reward=1, propensity_K=[0.5])
     assert t.state_D.dtype == np.float32 and t.cases_KD.shape == (1, 3)
     assert t.reward == 1.0 and isinstance(t.reward, float) and t.done is True
-    with pytest.raises(DimensionError, match=r"state_D.shape=\(3,\), cases_KD.shape=\(2, 4\)"):
-        Transition(state_D=np.zeros(3), cases_KD=np.zeros((2, 4)), reward=0.0, propensity_K=np.ones(2))
+    with pytest.raises(DimensionError, match=r"cases of 3 numbers; got state_D.shape=\(3,\), cases_KD.shape=\(2, 4\)"):
+        ReplayBuffer(ReplayConfig(capacity=2, dim=3, k_max=2), device="cpu").add(
+            Transition(state_D=np.zeros(3), cases_KD=np.zeros((2, 4)), reward=0.0, propensity_K=np.ones(2)))
     with pytest.raises(DimensionError, match=r"propensity_K.shape=\(3,\), cases_KD.shape=\(2, 3\)"):
         Transition(state_D=np.zeros(3), cases_KD=np.zeros((2, 3)), reward=0.0, propensity_K=np.ones(3))
     with pytest.raises(DimensionError, match=r"cases_KD.shape=\(0, 3\)"):
