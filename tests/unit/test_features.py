@@ -213,3 +213,23 @@ def test_loop_with_features_logs_usage_and_resumes_exactly(tmp_path):
     b = load_file(str(tmp_path / "run" / "selector" / "learner.safetensors"))
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["cumulative_reward"] == reference["cumulative_reward"]
+
+
+def test_exported_selector_with_features_counts_usage_from_its_feedback_log(tmp_path):
+    from memento.export import export_selector, load_selector, verify
+
+    _run(tmp_path / "run", steps=20)
+    artifact = export_selector(tmp_path / "run", tmp_path / "artifact")
+    verify(artifact)
+    encoder = HashingEncoder()
+    task = make_env().tasks[0]
+    with load_selector(artifact, learn=True, encoder=encoder) as selector:
+        assert selector._agent.featurizer is not None
+        result = selector.select(task.question, k=2)
+        positions = selector._bank.positions_of(list(result.ids))
+        before = selector._usage_at(positions)[0].copy()
+        selector.feedback(result.selection_id, reward=1.0)
+        assert (selector._usage_at(positions)[0] == before + 1).all()
+    verify(artifact)  # the checksummed bank file was not written by the features
+    with load_selector(artifact, encoder=encoder) as selector:  # usage of saved + unsaved feedbacks, counted once
+        assert (selector._usage_at(positions)[0] == before + 1).all()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from memento import cli
-from memento.config import LearnerConfig, QNetConfig
+from memento.config import CASE_SCALARS, LearnerConfig, QNetConfig
 from memento.errors import ConfigError, DataFormatError
 from memento.labels import LabelConfig, label_tasks
 from memento.learner import SoftQLearner
@@ -253,3 +253,35 @@ def test_train_from_labels_bad_flags_are_one_line(tmp_path, monkeypatch, capsys,
     code = cli.main(["train", *argv, "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_train_from_labels_with_case_features(tmp_path, monkeypatch, capsys):
+    """The planner prefers cases whose *answer* is 'blue': with case features the Q-network sees the answer's
+    embedding and puts a blue case first on the held-out tasks."""
+    import training.cli
+
+    bank_dir, tasks = _bank_and_tasks(tmp_path)
+    encoder = HashingEncoder(DIM)
+    with CaseBank.open(bank_dir) as bank:
+        label_tasks(tasks, bank, encoder, blue_planner(), LabelConfig(candidates=6), tmp_path / "labels.jsonl")
+    data = load_labels(tmp_path / "labels.jsonl", bank_dir, encoder, features="case")
+    assert data.cases_MD.shape[1] == 2 * DIM + CASE_SCALARS
+    with CaseBank.open(bank_dir) as bank:  # the action vectors are stored in the bank
+        assert bank.action_embeddings_at(bank.positions_of(data.case_keys))[1].all()
+    monkeypatch.setattr(training.cli, "_load_encoder", lambda config: HashingEncoder(DIM))
+    run = tmp_path / "run"
+    code = cli.main(["train", "--from-labels", str(tmp_path / "labels.jsonl"), "--bank", str(bank_dir),
+                     "--out", str(run), "--max-epochs", "40", "--hidden", "32", "--batch-size", "4", "--lr", "0.01",
+                     "--no-progress", "--accelerator", "cpu", "--patience", "0", "--anchor", "cosine",
+                     "--features", "case"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["metrics"]["val/hit@1"] >= 0.75
+    learner = SoftQLearner.load(run / "selector")
+    assert learner.qnet.config.features == "case" and learner.qnet.config.anchor == "cosine"
+    with pytest.raises(ConfigError, match="case features .* planner-scored labels"):
+        from training.data import load_data
+
+        load_data(DataConfig(source="cases", cases=str(tmp_path / "c.jsonl"), rewards=str(tmp_path / "r.jsonl")),
+                  encoder, features="case")
