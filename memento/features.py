@@ -4,9 +4,11 @@ A case vector is ``[state embedding (D) | action embedding (D) | scalars (CASE_S
 2D + CASE_SCALARS numbers), where the scalars are
 
 - the case's **stored reward** (the outcome of its own task: not the same as its use as a demonstration);
-- its **usage mean**, the posterior mean of the reward it earned when shown, ``(reward_sum + 1) / (shown + 2)``
-  (a Beta(1, 1) prior for 0/1 rewards), and ``log(1 + shown)``, from the bank's usage log (updated every step:
-  :meth:`memento.memory.CaseBank.record_usage`);
+- its **usage**: the posterior mean of the reward it earned when shown, ``(reward_sum + 1) / (shown + 2)`` (a
+  Beta(1, 1) prior for 0/1 rewards) minus its prior mean 0.5, and ``log(1 + shown)``, from the bank's usage log
+  (updated every step: :meth:`memento.memory.CaseBank.record_usage`). Both are 0 for a case never shown, and
+  the Q-network's weights on them start at 0, so a network trained offline (where no case has been shown)
+  keeps them at 0 and its ranking does not drift as the usage statistics grow, until online learning uses them;
 - its **kind**, one-hot over :data:`memento.config.CASE_KINDS` and "other".
 
 The cosine similarity to the state is not part of the vector (it depends on the state); the Q-network computes
@@ -45,7 +47,7 @@ def case_scalars(rewards_C: np.ndarray, shown_C: np.ndarray, reward_sum_C: np.nd
     out_CS = np.zeros((c, CASE_SCALARS), dtype=np.float32)
     out_CS[:, 0] = np.asarray(rewards_C, dtype=np.float64)
     shown_C = np.asarray(shown_C, dtype=np.float64)
-    out_CS[:, 1] = (np.asarray(reward_sum_C, dtype=np.float64) + 1.0) / (shown_C + 2.0)
+    out_CS[:, 1] = (np.asarray(reward_sum_C, dtype=np.float64) + 1.0) / (shown_C + 2.0) - 0.5
     out_CS[:, 2] = np.log1p(shown_C)
     for i, kind in enumerate(kinds):
         out_CS[i, 3 + _KIND_INDEX.get(kind, len(CASE_KINDS))] = 1.0

@@ -141,6 +141,10 @@ class MLPQNetwork(QNetwork):
         """As :meth:`QNetwork.reset_parameters`; an anchored network then zeroes its residual's output layer
         and resets ``a = anchor_scale``, ``b = 0`` (so it ranks as cosine similarity)."""
         super().reset_parameters(generator)
+        if getattr(self, "features", False):  # the usage statistics' weights start at 0 (memento.features)
+            with torch.no_grad():
+                usage = 2 * self.config.dim + 1  # [embedding | action embedding | reward, usage mean, log shown ...]
+                self.case_in.weight[:, usage:usage + 2].zero_()
         if getattr(self, "anchored", False):
             with torch.no_grad():
                 self.out.weight.zero_()

@@ -113,8 +113,8 @@ def test_action_vectors_are_encoded_once_and_stored(tmp_path):
 def test_case_scalars_known_values():
     out = case_scalars(np.array([1.0, 0.0]), np.array([0, 3]), np.array([0.0, 2.0]), ["case", "unheard-of"])
     assert out.shape == (2, CASE_SCALARS)
-    assert out[0, :3].tolist() == [1.0, 0.5, 0.0]  # reward, Beta(1,1) mean with no shows, log(1 + 0)
-    assert out[1, :3] == pytest.approx([0.0, 3 / 5, np.log(4.0)])
+    assert out[0, :3].tolist() == [1.0, 0.0, 0.0]  # reward, Beta(1,1) mean - 0.5 with no shows, log(1 + 0)
+    assert out[1, :3] == pytest.approx([0.0, 3 / 5 - 0.5, np.log(4.0)])
     assert out[0, 3 + CASE_KINDS.index("case")] == 1.0 and out[0, 3:].sum() == 1.0
     assert out[1, -1] == 1.0 and out[1, 3:].sum() == 1.0  # "other"
 
@@ -133,6 +133,9 @@ def test_qnet_with_features_checks_shapes_and_anchors_on_cosine():
     q_BC = net(state_BD, cases_BCE)
     cos_BC = torch.nn.functional.cosine_similarity(cases_BCE[..., :D], state_BD.unsqueeze(1), dim=-1)
     assert torch.equal(q_BC.argsort(dim=1), cos_BC.argsort(dim=1))  # a fresh network ranks like similarity
+    shifted = cases_BCE.clone()
+    shifted[..., 2 * D + 1:2 * D + 3] = torch.rand(3, 5, 2) * 4  # usage statistics: no effect before learning
+    assert torch.equal(net(state_BD, shifted), q_BC)
     with pytest.raises(DimensionError, match=r"features='case'.*\(B, C, 27\).*cases_BCD.shape=\(3, 5, 8\)"):
         net(state_BD, cases_BCE[..., :D])
     with pytest.raises(ConfigError, match="features"):
