@@ -396,7 +396,9 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
                                                                                 batch_size=64, alpha=0.2)
             trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
                                    learner_config, device="cpu")
-        buffer = ReplayBuffer(ReplayConfig(capacity=replay_capacity, dim=dim, k_max=k), device="cpu")
+        case_dim = qnet_config.case_dim
+        buffer = ReplayBuffer(ReplayConfig(capacity=replay_capacity, dim=dim, k_max=k,
+                                           case_dim=None if case_dim == dim else case_dim), device="cpu")
         config = SelectorConfig(k=k, candidates=candidates, positive_only=positive_only, warmup=warmup,
                                 updates_per_step=updates_per_step,
                                 qnet=qnet_config, learner=learner_config, replay=buffer.config,

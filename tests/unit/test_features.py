@@ -236,3 +236,21 @@ def test_exported_selector_with_features_counts_usage_from_its_feedback_log(tmp_
     verify(artifact)  # the checksummed bank file was not written by the features
     with load_selector(artifact, encoder=encoder) as selector:  # usage of saved + unsaved feedbacks, counted once
         assert (selector._usage_at(positions)[0] == before + 1).all()
+
+
+def test_create_selector_over_a_bank_with_a_features_qnet(tmp_path):
+    from memento.export import create_selector, load_selector
+
+    bank = _bank(tmp_path)
+    bank.close()
+    qnet = QNetConfig(dim=D, hidden=16, anchor="cosine", features="case")
+    artifact = create_selector(tmp_path / "bank", tmp_path / "artifact", qnet=qnet, warmup=1)
+    encoder = CountingEncoder()
+    encoder.encode = encoder.__call__  # type: ignore[attr-defined]
+    with load_selector(artifact, learn=True, encoder=encoder) as selector:
+        assert selector._agent.buffer.config.case_width == 2 * D + CASE_SCALARS
+        with CaseBank.open(tmp_path / "bank") as original:
+            state = original.embeddings_at([2])[0]
+        result = selector.select(state, k=2, mode="greedy")
+        assert result.ids[0] == selector._bank.ids_at([2])[0]  # a fresh anchored selector ranks like similarity
+        selector.feedback(result.selection_id, reward=1.0)
