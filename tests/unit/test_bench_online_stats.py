@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memento.bench.online import OnlineBenchConfig, bench_policy, paired_difference, summarize_real
-from memento.config import RandomConfig, SoftQConfig
+from memento.bench.online import BestOfCPlanner, OnlineBenchConfig, bench_policy, paired_difference, summarize_real
+from memento.config import RandomConfig, SimilarityConfig, SoftQConfig
 from memento.errors import ConfigError
+from memento.planners.base import AnswerScore, CallablePlanner
+from memento.types import Case, Task
 
 
 def test_paired_difference_known_answers() -> None:
@@ -46,3 +48,38 @@ def test_bench_policies() -> None:
     for bad in ({"policies": ("soft_q", "soft_q")}, {"policies": ("oracle",)}, {"seeds": ()}, {"seeds": (0, 0)}):
         with pytest.raises(ConfigError):
             OnlineBenchConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_bench_policies_with_features_pretrained_and_best_of_c() -> None:
+    features = bench_policy("soft_q_features", soft_q_positive_only=True)
+    assert isinstance(features, SoftQConfig) and features.qnet.features == "case" and features.qnet.anchor == "cosine"
+    pretrained = bench_policy("soft_q_pretrained", init_qnet="runs/x")
+    frozen = bench_policy("soft_q_pretrained_frozen", init_qnet="runs/x")
+    assert pretrained.init_qnet == frozen.init_qnet == "runs/x"  # type: ignore[union-attr]
+    assert (pretrained.updates_per_step, frozen.updates_per_step) == (1, 0)  # type: ignore[union-attr]
+    assert bench_policy("best_of_c") == SimilarityConfig(positive_only=True)
+    with pytest.raises(ConfigError, match="init_qnet"):
+        OnlineBenchConfig(policies=("soft_q_pretrained", "similarity"))
+    with pytest.raises(ConfigError, match="--init-qnet"):
+        bench_policy("soft_q_pretrained")
+
+
+def test_best_of_c_keeps_the_k_cases_the_planner_scores_highest() -> None:
+    """The upper bound reads the gold answer: of the C cases shown, the K with the best single-case likelihood."""
+    seen: list[list[str]] = []
+
+    def plan(task: Task, cases: list[Case]) -> str:
+        seen.append([c.action for c in cases])
+        return "x"
+
+    def score(task: Task, cases: list[Case], answer: str) -> AnswerScore:
+        return AnswerScore(logprob=-float(int(cases[0].action)), n_tokens=2)
+
+    oracle = BestOfCPlanner(CallablePlanner(plan, score_fn=score), k=2)
+    cases = [Case(state="q", action=str(n), reward=1.0) for n in (5, 1, 4, 2, 3)]
+    tasks = [Task(id="t", question="q", answers=("a",)), Task(id="u", question="q", answers=("a",))]
+    oracle.plan_many(tasks, [cases, cases[:2]])
+    assert seen == [["1", "2"], ["5", "1"]]  # best first; K or fewer cases are passed on unscored
+    assert oracle.score_passes == 5
+    with pytest.raises(ConfigError, match="scores answers"):
+        BestOfCPlanner(object(), k=2)
