@@ -303,39 +303,62 @@ uninterrupted run with the same seed on the CPU)."""
 
 
 _DEMO_DESCRIPTION = """\
-The main job on its embedded defaults (what `make demo` runs): the online loop on the shipped
-facts suite (data/facts: train split, seed case bank) with the real Gemma 3 270M planner and the
-exact-match judge, soft-Q against similarity on the same task stream (both choose among the cases
-with reward > 0: soft-Q with --soft-q-candidates positive, similarity positive-only as in Memento's
-non-parametric client). It prints a table (success
-rate early vs late, LLM calls, ms per step) and leaves, under --out, one directory per policy
-(TensorBoard events in tb/, summary.json, steps.jsonl, the trained selector in soft_q/selector/),
-comparison.json and learning_curves.png. Running it again continues or re-reports the same run
-(--fresh starts over). Any option of `memento online` can be changed with `memento online`."""
+The main job on its embedded defaults (what `make demo` runs): the online loop on the realistic
+facts-real suite (data/facts-real: test split, its seed case bank, whose stored rewards are each case's
+own outcome under a lenient judge, so misleading-format demonstrations carry reward 1) with the real
+Gemma 3 270M planner and the exact-match judge; retained cases are stored with their own lenient
+outcome (--retain-judge contains), as the seed bank's are. Two policies on the same task stream, both
+choosing among the cases with reward > 0:
+
+  soft_q      the learned selector, STARTING FROM the selector shipped in data/facts-real/selector/:
+              pre-trained offline on planner-scored labels of the facts-real TRAIN split (memento score
+              + memento train --from-labels --anchor cosine --features case; the test split was never
+              scored), then learning online from the rewards;
+  similarity  Memento's non-parametric retrieval: the K nearest rewarded cases.
+
+It prints a table (success rate early vs late, LLM calls, ms per step) and leaves, under --out, one
+directory per policy (TensorBoard events in tb/, summary.json, steps.jsonl, the trained selector in
+soft_q/selector/), comparison.json and learning_curves.png. Running it again continues or re-reports
+the same run (--fresh starts over); --from-scratch starts soft_q from a fresh (similarity-anchored)
+Q-network instead. Any option of `memento online` can be changed with `memento online`."""
+
+DEMO_SELECTOR = "selector"
+"""The pre-trained selector's directory inside the facts-real suite (data/facts-real/selector/)."""
 
 
 def _add_demo_parser(commands: Any) -> None:
     demo = commands.add_parser("demo", help="the main job on its defaults: soft-Q vs similarity with Gemma",
                                description=_DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("--steps", type=int, default=300, help="tasks (LLM calls) per policy (default: 300)")
+    demo.add_argument("--steps", type=int, default=250, help="tasks (LLM calls) per policy (default: 250)")
     demo.add_argument("--out", default="checkpoints/demo", metavar="DIR", help="output (default: checkpoints/demo)")
     demo.add_argument("--planner", default="gemma", metavar="SPEC", help="planner spec (default: gemma)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--fresh", action="store_true", help="delete --out first and start over")
+    demo.add_argument("--from-scratch", action="store_true",
+                      help="soft_q starts from a fresh Q-network, not from the shipped pre-trained selector")
 
 
 def _cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import shutil
 
-    facts = suite_dir("facts")
+    suite = suite_dir("facts-real")
     out = Path(args.out)
     if args.fresh and out.exists():
         shutil.rmtree(out)
-    argv = ["online", "--tasks", str(facts / "train.jsonl"), "--cases", str(facts / "cases.jsonl"),
+    argv = ["online", "--tasks", str(suite / "test.jsonl"), "--cases", str(suite / "cases.jsonl"),
             "--planner", args.planner, "--policy", "soft_q,similarity", "--judge", "exact",
-            "--soft-q-candidates", "positive",
+            "--retain-judge", "contains", "--soft-q-candidates", "positive",
             "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out), "--torch-threads", "1",
             "--late-steps", str(min(200, max(1, args.steps // 2)))]
+    if not args.from_scratch:
+        selector = suite / DEMO_SELECTOR
+        argv += ["--init-qnet", str(selector)]
+        print(f"soft_q starts from the selector pre-trained on planner-scored labels of facts-real/train "
+              f"({selector}; see its README.md); similarity is positive-only cosine retrieval. "
+              f"Test split, {args.steps} tasks per policy.")
+    else:
+        print(f"soft_q starts from a fresh similarity-anchored Q-network with case features; "
+              f"test split, {args.steps} tasks per policy.")
     if out.exists() and any(out.iterdir()):
         argv.append("--resume")
         print(f"continuing the demo run in {out} (use --fresh to start over)")
@@ -351,6 +374,8 @@ def _option(parser: Any, flag: str, cls: type, field: str, help: str, **kwargs: 
                         **kwargs)
 
 
+_ONLINE_SOFT_Q = loop_policy("soft_q")
+"""The soft_q config `memento online` starts from (the loop's default; flags override its fields)."""
 _LOOP_FLAGS = ("steps", "k", "candidates", "batch_size", "checkpoint_every", "window", "seed", "index", "credit")
 _SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet")
 
@@ -366,7 +391,7 @@ def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     given: dict[str, Any] = {name: getattr(args, name) for name in _SOFT_Q_FLAGS if getattr(args, name) is not None}
     if args.soft_q_candidates is not None:
         given["positive_only"] = args.soft_q_candidates == "positive"
-    config = SoftQConfig(**given)
+    config = dataclasses.replace(_ONLINE_SOFT_Q, **given)
     if args.anchor is not None:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, anchor=args.anchor))
     if getattr(args, "features", None) is not None:
@@ -409,13 +434,14 @@ def _add_online_parser(commands: Any) -> None:
     _option(online, "--soft-q-candidates", SoftQConfig, "positive_only",
             "the candidates soft_q chooses from: all C, or only those with stored reward > 0 (the pool of "
             "similarity's positive-only retrieval; all when none is)", choices=["all", "positive"],
-            dest="soft_q_candidates", shown="positive" if field_default(SoftQConfig, "positive_only") else "all")
+            dest="soft_q_candidates", shown="positive" if _ONLINE_SOFT_Q.positive_only else "all")
     _option(online, "--anchor", QNetConfig, "anchor",
             "soft_q's Q-network: none, or cosine (Q = a*cos + b + a residual that starts at 0, so a fresh selector "
-            "ranks like similarity)", choices=list(get_args(QNetAnchor)))
+            "ranks like similarity)", choices=list(get_args(QNetAnchor)), shown=_ONLINE_SOFT_Q.qnet.anchor)
     _option(online, "--features", QNetConfig, "features",
             "soft_q's Q-network: none (a case is its question's embedding), or case (also its answer's embedding, "
-            "stored reward, usage statistics from the bank, and kind)", choices=list(get_args(QNetFeatures)))
+            "stored reward, usage statistics from the bank, and kind)", choices=list(get_args(QNetFeatures)),
+            shown=_ONLINE_SOFT_Q.qnet.features)
     _option(online, "--credit", LoopConfig, "credit",
             "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the planner "
             "scores the gold answer with each case left out: K + 1 forward passes; needs a scoring planner)",

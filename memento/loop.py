@@ -128,14 +128,18 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_every", "tensorboard")
 
 def loop_policy(kind: PolicyKind) -> PolicyConfig:
     """The online loop's default config of each policy (similarity: successful cases only, as Memento's
-    non-parametric client retrieves them; soft_q: :class:`~memento.config.SoftQConfig`'s defaults)."""
+    non-parametric client retrieves them; soft_q: among the same successful cases, with a Q-network anchored on
+    cosine similarity that sees the case features (``anchor="cosine"``, ``features="case"``): the
+    configuration measured best on ``facts-real`` (docs/benchmarks.md); :class:`~memento.config.SoftQConfig`'s
+    own defaults stay the plain Memento Q-network, which needs no bank to build)."""
     match kind:
         case "random":
             return RandomConfig()
         case "similarity":
             return SimilarityConfig(positive_only=True)
         case "soft_q":
-            return SoftQConfig()
+            soft_q = SoftQConfig(positive_only=True)
+            return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"))
         case "linucb":
             return LinUCBConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
@@ -147,7 +151,7 @@ class LoopConfig:
 
     - ``steps``: tasks (= LLM calls) to run; ``k``: cases shown per task; ``candidates``: C, the size
       of the cosine pre-selection the policy chooses from (``k <= C``);
-    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`: ``SoftQConfig`` (default),
+    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`: ``loop_policy("soft_q")`` (default),
       ``SimilarityConfig``, ``RandomConfig`` or ``LinUCBConfig``; :func:`loop_policy` gives the loop's
       default of each kind). A ``SoftQConfig`` must have ``learner.gamma = 0``: the loop is single-step;
     - ``batch_size``: B tasks selected with the same policy parameters and planned together with
@@ -171,7 +175,7 @@ class LoopConfig:
     steps: int = 500
     k: int = 4
     candidates: int = 32
-    policy: PolicyConfig = dataclasses.field(default_factory=SoftQConfig)
+    policy: PolicyConfig = dataclasses.field(default_factory=lambda: loop_policy("soft_q"))
     batch_size: int = 1
     seed: int = 0
     shuffle: bool = True

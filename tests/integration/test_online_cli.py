@@ -183,19 +183,24 @@ def test_unreachable_openai_server(tmp_path, files, capsys):
 
 
 def test_demo_runs_the_shipped_suite_and_continues(tmp_path, capsys):
-    """`memento demo` (what `make demo` runs) on the shipped facts suite, with a tiny planner for speed."""
+    """`memento demo` (what `make demo` runs) on the shipped facts-real suite, soft_q from the shipped pre-trained
+    selector, with a tiny planner for speed."""
     pytest.importorskip("memento.planners.hf")
     model = _tiny_causal_lm(tmp_path / "tiny-gpt2")
     out = tmp_path / "demo"
     argv = ["demo", "--planner", f"hf:{model}", "--steps", "4", "--out", str(out)]
     assert main(argv) == 0, capsys.readouterr().err
-    assert "soft_q" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "soft_q" in printed and "pre-trained on planner-scored labels of facts-real/train" in printed
     comparison = json.loads((out / "comparison.json").read_text())
     assert comparison["order"] == ["soft_q", "similarity"]
     summary = json.loads((out / "soft_q" / "summary.json").read_text())
-    assert summary["steps"] == 4 and summary["bank_size_start"] == 156
+    assert summary["steps"] == 4 and summary["bank_size_start"] == 312
     assert (out / "soft_q" / "selector" / "learner.safetensors").is_file()
-    assert json.loads((out / "soft_q" / "config.json").read_text())["policy"]["positive_only"] is True
+    policy = json.loads((out / "soft_q" / "config.json").read_text())["policy"]
+    assert policy["positive_only"] is True and policy["init_qnet"].endswith("facts-real/selector")
+    learner = json.loads((out / "soft_q" / "selector" / "learner.json").read_text())
+    assert learner["qnet_config"]["features"] == "case" and learner["qnet_config"]["anchor"] == "cosine"
     assert main(argv) == 0  # a second run continues (here: re-reports) the same run
     assert "continuing the demo run" in capsys.readouterr().out
     assert main([*argv, "--fresh"]) == 0

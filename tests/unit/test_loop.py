@@ -318,8 +318,8 @@ def test_resume_refuses_another_config_or_task_list(tmp_path):
         _run(tmp_path / "run", steps=20, k=3, resume=True)
     env = make_env()
     with pytest.raises(CheckpointError, match="another task list"):
-        run_online(LoopConfig(steps=20, tensorboard=False), make_policy=make_policy, encoder=HashingEncoder(),
-                   planner=env.planner(),
+        run_online(LoopConfig(steps=20, tensorboard=False, policy=SoftQConfig()), make_policy=make_policy,
+                   encoder=HashingEncoder(), planner=env.planner(),
                    judge=ExactJudge(), tasks=env.tasks[:-1], seed_cases=env.seed_cases, out_dir=tmp_path / "run",
                    resume=True)
     with pytest.raises(ConfigError, match="already holds a run"):
