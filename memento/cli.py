@@ -377,7 +377,7 @@ def _option(parser: Any, flag: str, cls: type, field: str, help: str, **kwargs: 
 _ONLINE_SOFT_Q = loop_policy("soft_q")
 """The soft_q config `memento online` starts from (the loop's default; flags override its fields)."""
 _LOOP_FLAGS = ("steps", "k", "candidates", "batch_size", "checkpoint_every", "window", "seed", "index", "credit")
-_SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet")
+_SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet", "updates_per_step")
 
 
 def _loop_config(args: argparse.Namespace, **fixed: Any) -> LoopConfig:
@@ -431,6 +431,9 @@ def _add_online_parser(commands: Any) -> None:
     _option(online, "--alpha", SoftQConfig, "alpha", "soft-Q temperature", type=float,
             shown=field_default(SoftQConfig, "learner").alpha)
     _option(online, "--warmup", SoftQConfig, "warmup", "decisions before the first soft-Q update", type=int)
+    _option(online, "--updates-per-step", SoftQConfig, "updates_per_step",
+            "soft-Q gradient steps per decision after warm-up (0: the Q-network is not updated online, e.g. a "
+            "selector pre-trained with --init-qnet used as it is)", type=int)
     _option(online, "--soft-q-candidates", SoftQConfig, "positive_only",
             "the candidates soft_q chooses from: all C, or only those with stored reward > 0 (the pool of "
             "similarity's positive-only retrieval; all when none is)", choices=["all", "positive"],
