@@ -86,6 +86,8 @@ def test_wheel_install_loads_the_shipped_suite(tmp_path: Path) -> None:
         names = set(zf.namelist())
     for name in SUITE_FILES:
         assert f"memento_suites/facts/{name}" in names, name
+    for path in (ROOT / "data" / "facts-real" / "selector").iterdir():  # the demo's pre-trained selector
+        assert f"memento_suites/facts-real/selector/{path.name}" in names, path
     for top in ("memento", "policies", "training"):
         for path in (ROOT / top).rglob("*.py"):
             assert path.relative_to(ROOT).as_posix() in names, path
