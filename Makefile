@@ -29,8 +29,8 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check memento policies training tests
 
-## the main job: the online loop on the shipped facts suite with the real Gemma 3 270M planner,
-## soft-Q against similarity on the same task stream (see `memento demo --help`).
+## the main job: the online loop on the shipped facts-real suite (test split) with the real Gemma 3 270M
+## planner, soft-Q (from the selector pre-trained on its train split) against similarity (`memento demo --help`).
 demo: $(STAMP)
 	$(BIN)/memento demo
 
