@@ -119,7 +119,8 @@ logger = logging.getLogger(__name__)
 Credit = Literal["shared", "leave_one_out"]
 """How a task's reward is credited to the K shown cases (``LoopConfig.credit``)."""
 
-COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "credit", "retain", "learn", "log", "checkpoint")
+COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "credit", "retain", "learn", "usage", "log",
+              "checkpoint")
 """Where a step's time goes; ``summary.json`` reports the mean milliseconds per step of each."""
 
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "tensorboard")
@@ -622,9 +623,12 @@ class OnlineLoop:
                                     step=first_step + b, policy_version=version, case_rewards_K=credit[b])
                         for b, sel in enumerate(selections) if sel is not None]
         loss = self.policy.observe(observations).get("loss")
+        ms["learn"] = clock() - t0
+
+        t0 = clock()
         for obs in observations:  # the usage statistics of the case features, after the policy saw the round
             bank.record_usage(obs.step, list(obs.selection.ids), obs.reward)
-        ms["learn"] = clock() - t0
+        ms["usage"] = clock() - t0
 
         for name, seconds in ms.items():
             self.ms_totals[name] += seconds * 1000.0

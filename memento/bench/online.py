@@ -385,9 +385,10 @@ def format_online_table(results: dict[str, Any]) -> str:
     if "overhead" in results:
         o = results["overhead"]
         lines += [f"loop overhead at {o['bank_cases']:,} cases ({o['bank_index']}), ms per step:", "",
-                  "| policy | encode | candidates | select | retain | learn | log | overhead total |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| policy | encode | candidates | select | retain | learn | usage | log | overhead total |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for policy, ms in o["policies"].items():
             lines.append(f"| {policy} | " + " | ".join(f"{ms.get(k, 0.0):.2f}" for k in
-                         ("encode", "candidates", "select", "retain", "learn", "log", "overhead")) + " |")
+                         ("encode", "candidates", "select", "retain", "learn", "usage", "log", "overhead"))
+                         + " |")
     return "\n".join(lines)
