@@ -91,9 +91,9 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
+from memento.features import CaseFeaturizer
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.io import atomic_write
-from memento.features import CaseFeaturizer
 from memento.memory import Candidates, CaseBank
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory

@@ -321,7 +321,8 @@ class ReplayBuffer:
             next_cands_BCD = torch.as_tensor(next_cands_BCD, device=dev)
             if next_cands_BCD.ndim != 3 or next_cands_BCD.shape[1] > cfg.c_max:
                 raise DimensionError(f"replay buffer holds c_max={cfg.c_max}: next_cands_BCD must be (B, C<="
-                                     f"{cfg.c_max}, {cfg.case_width}); got next_cands_BCD.shape={tuple(next_cands_BCD.shape)}")
+                                     f"{cfg.c_max}, {cfg.case_width}); got next_cands_BCD.shape="
+                                     f"{tuple(next_cands_BCD.shape)}")
             c = next_cands_BCD.shape[1]
             rows["next_state_ND"] = (next_state_BD, (b, cfg.dim))
             rows["next_cands_NCD"] = (next_cands_BCD, (b, c, cfg.case_width))

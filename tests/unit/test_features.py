@@ -41,7 +41,8 @@ class CountingEncoder:
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         self.calls += list(texts)
-        out = np.stack([np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=self.dim) for t in texts])
+        seeds = [int(hashlib.sha256(t.encode()).hexdigest()[:8], 16) for t in texts]
+        out = np.stack([np.random.default_rng(seed).normal(size=self.dim) for seed in seeds])
         return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
