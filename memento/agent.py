@@ -176,8 +176,7 @@ class SoftQAgent:
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
         k_max = self.buffer.config.k_max
         for obs in observations:
-            rows_K = obs.chosen_rows()
-            cases_KD = self.case_vectors(obs.candidates)[rows_K]
+            cases_KD = self.case_vectors(obs.candidates.take(obs.chosen_rows()))  # the chosen cases, in draw order
             probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
             if obs.case_rewards_K is not None:  # per-case credit: one row per case, each with its own target
                 for k, reward in enumerate(obs.case_rewards()):

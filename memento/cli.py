@@ -394,7 +394,7 @@ def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     config = dataclasses.replace(_ONLINE_SOFT_Q, **given)
     if args.anchor is not None:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, anchor=args.anchor))
-    if getattr(args, "features", None) is not None:
+    if args.features is not None:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, features=args.features))
     return config
 

@@ -87,9 +87,8 @@ class CaseFeaturizer:
                 emb_CD[i], have_C[i] = vector, True
         missing = np.flatnonzero(~have_C)
         if missing.size:
-            unique = sorted({int(positions_C[i]) for i in missing})
-            first = {int(positions_C[i]): i for i in reversed(missing)}
-            new_ND = np.asarray(self.encode([actions[first[p]] for p in unique]), dtype=np.float32)
+            unique, first, inverse = np.unique(positions_C[missing], return_index=True, return_inverse=True)
+            new_ND = np.asarray(self.encode([actions[missing[j]] for j in first]), dtype=np.float32)
             if new_ND.shape != (len(unique), self.bank.dim):
                 raise DimensionError(f"case features: the encoder gave action vectors of shape {new_ND.shape}, "
                                      f"expected ({len(unique)}, {self.bank.dim})")
@@ -98,10 +97,8 @@ class CaseFeaturizer:
             if self.store:
                 self.bank.set_action_embeddings(unique, new_ND)
             else:
-                self._memory.update({p: new_ND[j].copy() for j, p in enumerate(unique)})
-            row_of = {p: j for j, p in enumerate(unique)}
-            for i in missing:
-                emb_CD[i] = new_ND[row_of[int(positions_C[i])]]
+                self._memory.update({int(p): new_ND[j].copy() for j, p in enumerate(unique)})
+            emb_CD[missing] = new_ND[inverse.reshape(-1)]
             logger.debug("case features: encoded %d action(s)", len(unique))
         return emb_CD
 

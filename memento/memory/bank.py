@@ -102,7 +102,11 @@ class Candidates:
         keep_C = np.asarray(keep_C, dtype=bool)
         if keep_C.shape != (len(self.ids),):
             raise DimensionError(f"Candidates.subset: keep_C.shape={keep_C.shape} for {len(self.ids)} candidates")
-        index = np.flatnonzero(keep_C)
+        return self.take(np.flatnonzero(keep_C))
+
+    def take(self, rows: np.ndarray) -> Candidates:
+        """The candidates at ``rows`` (indices into this set), in that order."""
+        index = np.asarray(rows, dtype=np.int64)
         return Candidates(ids=[self.ids[i] for i in index], positions_C=self.positions_C[index],
                           scores_C=self.scores_C[index], embeddings_CD=self.embeddings_CD[index])
 
@@ -721,14 +725,12 @@ class CaseBank:
         have_C = np.zeros(positions_C.size, dtype=bool)
         if not positions_C.size or not self._has_feature_tables():
             return emb_CD, have_C
-        row_of = {int(p): i for i, p in enumerate(positions_C)}
-        for chunk in _chunks(sorted(row_of)):
+        for chunk in _chunks(np.unique(positions_C).tolist()):
             marks = ",".join("?" * len(chunk))
             for pos, blob in self._conn.execute(
                     f"SELECT pos, embedding FROM action_embeddings WHERE pos IN ({marks})", list(chunk)):
-                vector = np.frombuffer(blob, dtype=np.float32)
-                for i in np.flatnonzero(positions_C == pos):
-                    emb_CD[i], have_C[i] = vector, True
+                rows = positions_C == pos
+                emb_CD[rows], have_C[rows] = np.frombuffer(blob, dtype=np.float32), True
         return emb_CD, have_C
 
     def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None:
