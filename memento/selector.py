@@ -480,15 +480,24 @@ class Selector:
                 cases_KD = candidates.embeddings_CD[candidates.rows_of(ids)]
             cases = tuple(self._bank.get(ids)) if ids else ()
             selection_id = uuid.uuid4().hex
-            self._purge_expired()
-            self._pending[selection_id] = _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
-                                                   set_prob=set_prob, mode=mode, policy_version=version, env=env,
-                                                   born=time.monotonic())
-            while len(self._pending) > self.config.max_pending:
-                self._pending.popitem(last=False)
-                self._expired += 1
+            self._remember(selection_id, _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
+                                                  set_prob=set_prob, mode=mode, policy_version=version, env=env,
+                                                  born=time.monotonic()))
             return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
                                    set_prob=set_prob, mode=mode, policy_version=version)
+
+    def _remember(self, selection_id: str, pending: _Pending) -> None:
+        """Keep a selection until its feedback (the oldest go beyond ``max_pending``)."""
+        self._purge_expired()
+        self._pending[selection_id] = pending
+        while len(self._pending) > self.config.max_pending:
+            self._pending.popitem(last=False)
+            self._expired += 1
+
+    def _take_pending(self, selection_id: str) -> _Pending | None:
+        """The selection waiting under ``selection_id``, removed (``None`` when unknown or expired)."""
+        self._purge_expired()
+        return self._pending.pop(selection_id, None)
 
     def _purge_expired(self) -> None:
         ttl = self.config.pending_ttl_s
@@ -514,8 +523,7 @@ class Selector:
             raise UnknownSelectionError(f"unknown selection id {selection_id!r}")
         with self._lock:
             self._check_open()
-            self._purge_expired()
-            pending = self._pending.pop(selection_id, None)
+            pending = self._take_pending(selection_id)
             if pending is None:
                 raise UnknownSelectionError(f"unknown selection id {selection_id!r}: never issued by this selector "
                                             "(since it was loaded), already answered, or expired")
@@ -525,7 +533,7 @@ class Selector:
                                             probs=pending.probs, set_prob=pending.set_prob, learned=self.learn,
                                             state=pending.state_D.tobytes())
             except BaseException:
-                self._pending[selection_id] = pending  # not recorded: the caller may retry
+                self._remember(selection_id, pending)  # not recorded: the caller may retry
                 raise
             if pending.ids:
                 self._learn(pending.state_D, pending.ids, pending.cases_KD, pending.probs, pending.set_prob, reward,
