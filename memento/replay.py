@@ -4,28 +4,37 @@ One row per decision. A decision shows ``K <= k_max`` cases for a state and gets
 rows with fewer than ``k_max`` cases are zero-padded and masked. With ``store_next=True`` a row
 also holds the next state and its (up to ``c_max``) candidate cases, for multi-step soft TD.
 
-Storage (N = capacity, on the buffer's device; embeddings in ``storage_dtype``):
+Storage (N = capacity, on the buffer's device). Vectors live in two :class:`~memento.vectortable.VectorTable`
+tables, each distinct vector once (in ``storage_dtype``): ``states`` (width D: states and next states) and
+``cases`` (width E = D, or more with case features: chosen cases and next candidates). A case shown in many
+decisions is stored once; a row holds indices into the tables:
 
 ==================  ==========  ===========================================================
 tensor              dtype       meaning
 ==================  ==========  ===========================================================
-state_ND            embeddings  the state vector
-cases_NKD           embeddings  the chosen cases, zero-padded to ``k_max``
+state_ix_N          int64       the state (a row of ``states``)
+cases_ix_NK         int64       the chosen cases (rows of ``cases``), zero vectors past K
 mask_NK             bool        which of the ``k_max`` slots hold a case
 reward_N            float32     the reward of the decision
 propensity_NK       float32     the logging policy's probability of each chosen case (1 on padding)
 done_N              bool        the episode ended with this decision
 step_N              int64       the environment step (or global step) of the decision
 policy_version_N    int64       the learner version that chose the cases
-next_state_ND       embeddings  (``store_next``) the next state
-next_cands_NCD      embeddings  (``store_next``) its candidates, zero-padded to ``c_max``
+next_state_ix_N     int64       (``store_next``) the next state
+next_cands_ix_NC    int64       (``store_next``) its candidates, zero vectors past C
 next_mask_NC        bool        (``store_next``) which of the ``c_max`` slots hold a candidate
 ==================  ==========  ===========================================================
 
+A table grows as needed and is compacted (vectors no stored decision refers to are dropped) when it would
+pass 1.5 times the most it can need (N rows times the slots per row); compaction changes row numbers, never
+a decision's vectors, so it is invisible to sampling and to resume. ``sample`` reads the row fields only; the
+batch gathers its vectors from the tables when first read.
+
 Sampling is uniform with replacement, with a ``torch.Generator`` on the buffer's device (so a
-buffer on the GPU samples on the GPU). Saving writes ``replay.safetensors`` and ``replay.json``
-(format, config, ring position), each atomically; a random uid written into both detects a pair
-torn by a crash. Nothing is pickled.
+buffer on the GPU samples on the GPU). Saving writes ``replay.safetensors`` (the row fields of the
+filled rows and the tables, compacted: ``states_VD``, ``cases_VE``) and ``replay.json`` (format version 2,
+config, ring position), each atomically; a version-1 save (one vector per slot) still loads; a random uid
+written into both detects a pair torn by a crash. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -45,18 +54,18 @@ from safetensors.torch import save_file
 from memento.config import ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, MementoError
 from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
+from memento.vectortable import VectorTable
 
 __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffer", "Transition"]
 
 logger = logging.getLogger(__name__)
 
 REPLAY_FORMAT = "memento-replay"
-REPLAY_FORMAT_VERSION = 1
+REPLAY_FORMAT_VERSION = 2  # 1: one vector per slot (still read)
 TENSORS_NAME = "replay.safetensors"
 META_NAME = "replay.json"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_NEXT_FIELDS = ("next_state_ND", "next_cands_NCD", "next_mask_NC")
 
 
 def _vector(value: Any, name: str, ndim: int) -> np.ndarray:
@@ -140,7 +149,9 @@ class Transition:
             object.__setattr__(self, "next_cands_CD", next_cands_CD)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+_VECTOR_FIELDS = ("state_BD", "cases_BKD", "next_state_BD", "next_cands_BCD")
+
+
 class ReplayBatch:
     """A mini-batch of B decisions (all tensors on one device); shapes are checked on construction.
 
@@ -148,60 +159,119 @@ class ReplayBatch:
     ``done_B`` (float32, 0 or 1), ``step_B``, ``policy_version_B`` (int64); the multi-step fields
     ``next_state_BD``, ``next_cands_BCD`` (float32) and ``next_mask_BC`` (bool) are ``None`` when
     the buffer does not store them.
+
+    Built from tensors (every field given), or by :meth:`ReplayBuffer.sample` from row indices into the
+    buffer's vector tables: then the four vector fields are gathered when first read (and kept), so
+    sampling costs the indices only.
     """
 
-    state_BD: torch.Tensor
-    cases_BKD: torch.Tensor
-    reward_B: torch.Tensor
-    propensity_BK: torch.Tensor
-    mask_BK: torch.Tensor
-    done_B: torch.Tensor
-    step_B: torch.Tensor
-    policy_version_B: torch.Tensor
-    next_state_BD: torch.Tensor | None = None
-    next_cands_BCD: torch.Tensor | None = None
-    next_mask_BC: torch.Tensor | None = None
+    def __init__(self, *, state_BD: torch.Tensor | None = None, cases_BKD: torch.Tensor | None = None,
+                 reward_B: torch.Tensor, propensity_BK: torch.Tensor, mask_BK: torch.Tensor, done_B: torch.Tensor,
+                 step_B: torch.Tensor, policy_version_B: torch.Tensor, next_state_BD: torch.Tensor | None = None,
+                 next_cands_BCD: torch.Tensor | None = None, next_mask_BC: torch.Tensor | None = None,
+                 _lazy: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, _checked: bool = False):
+        self.reward_B, self.propensity_BK, self.mask_BK = reward_B, propensity_BK, mask_BK
+        self.done_B, self.step_B, self.policy_version_B = done_B, step_B, policy_version_B
+        self.next_mask_BC = next_mask_BC
+        self._vectors: dict[str, torch.Tensor | None] = {"state_BD": state_BD, "cases_BKD": cases_BKD,
+                                                         "next_state_BD": next_state_BD,
+                                                         "next_cands_BCD": next_cands_BCD}
+        self._lazy = _lazy or {}  # name -> (table [V, W], row indices [B] / [B, K])
+        if _lazy is None and (state_BD is None or cases_BKD is None):
+            raise DataFormatError("ReplayBatch: state_BD and cases_BKD are required")
+        if not _checked:  # (a buffer's own batches have their shapes by construction)
+            self._check()
 
-    def __post_init__(self) -> None:
-        if self.state_BD.ndim != 2 or self.cases_BKD.ndim != 3:
+    def _shape(self, name: str) -> tuple[int, ...] | None:
+        if name in self._lazy:
+            table, ix = self._lazy[name]
+            return (*ix.shape, table.shape[1])
+        value = self._vectors[name]
+        return None if value is None else tuple(value.shape)
+
+    def _get(self, name: str) -> torch.Tensor | None:
+        value = self._vectors[name]
+        if value is None and name in self._lazy:
+            table, ix = self._lazy[name]
+            value = table.index_select(0, ix.reshape(-1)).reshape(*ix.shape, table.shape[1]).float()
+            self._vectors[name] = value
+        return value
+
+    state_BD = property(lambda self: self._get("state_BD"))
+    cases_BKD = property(lambda self: self._get("cases_BKD"))
+    next_state_BD = property(lambda self: self._get("next_state_BD"))
+    next_cands_BCD = property(lambda self: self._get("next_cands_BCD"))
+
+    def _check(self) -> None:
+        state, cases = self._shape("state_BD"), self._shape("cases_BKD")
+        if state is None or cases is None or len(state) != 2 or len(cases) != 3:
             raise DimensionError(f"ReplayBatch: state_BD must be (B, D) and cases_BKD (B, K, D); got "
-                                 f"state_BD.shape={tuple(self.state_BD.shape)}, "
-                                 f"cases_BKD.shape={tuple(self.cases_BKD.shape)}")
-        b, d = self.state_BD.shape
-        k, e = self.cases_BKD.shape[1], self.cases_BKD.shape[2]  # e: D, or more with case features
+                                 f"state_BD.shape={state}, cases_BKD.shape={cases}")
+        b, d = state
+        k, e = cases[1], cases[2]  # e: D, or more with case features
         expected = {"cases_BKD": (b, k, e), "reward_B": (b,), "propensity_BK": (b, k), "mask_BK": (b, k),
                     "done_B": (b,), "step_B": (b,), "policy_version_B": (b,)}
-        nexts = [self.next_state_BD, self.next_cands_BCD, self.next_mask_BC]
+        next_cands = self._shape("next_cands_BCD")
+        nexts = [self._shape("next_state_BD"), next_cands, self.next_mask_BC]
         if any(x is not None for x in nexts):
             if any(x is None for x in nexts):
                 raise DataFormatError("ReplayBatch: next_state_BD, next_cands_BCD and next_mask_BC come together")
-            if self.next_cands_BCD.ndim != 3:  # type: ignore[union-attr]
+            if len(next_cands) != 3:  # type: ignore[arg-type]
                 raise DimensionError(f"ReplayBatch: next_cands_BCD must be (B, C, D); got next_cands_BCD.shape="
-                                     f"{tuple(self.next_cands_BCD.shape)}")  # type: ignore[union-attr]
-            c = self.next_cands_BCD.shape[1]  # type: ignore[union-attr]
+                                     f"{next_cands}")
+            c = next_cands[1]  # type: ignore[index]
             expected.update({"next_state_BD": (b, d), "next_cands_BCD": (b, c, e), "next_mask_BC": (b, c)})
         for name, shape in expected.items():
-            actual = tuple(getattr(self, name).shape)
+            actual = self._shape(name) if name in _VECTOR_FIELDS else tuple(getattr(self, name).shape)
             if actual != shape:
                 raise DimensionError(f"ReplayBatch: {name}.shape={actual} does not match state_BD.shape={(b, d)} "
                                      f"and cases_BKD.shape={(b, k, e)} (expected {shape})")
 
+    def fields(self) -> dict[str, torch.Tensor | None]:
+        """Every field by name (the vector fields gathered), as the constructor takes them."""
+        return {"state_BD": self.state_BD, "cases_BKD": self.cases_BKD, "reward_B": self.reward_B,
+                "propensity_BK": self.propensity_BK, "mask_BK": self.mask_BK, "done_B": self.done_B,
+                "step_B": self.step_B, "policy_version_B": self.policy_version_B,
+                "next_state_BD": self.next_state_BD, "next_cands_BCD": self.next_cands_BCD,
+                "next_mask_BC": self.next_mask_BC}
+
+    def replace(self, **changes: torch.Tensor | None) -> ReplayBatch:
+        """A batch with some fields replaced (checked again)."""
+        return ReplayBatch(**{**self.fields(), **changes})
+
     @property
     def batch_size(self) -> int:
-        return int(self.state_BD.shape[0])
+        return int(self.reward_B.shape[0])
 
     @property
     def has_next(self) -> bool:
-        return self.next_state_BD is not None
+        return self.next_mask_BC is not None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ReplayBatch:
         """The same batch on ``device`` (itself when already there)."""
         device = torch.device(device)
-        if self.state_BD.device == device:
+        if self.reward_B.device == device:
             return self
-        moved = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(
-            device, non_blocking=non_blocking) for f in dataclasses.fields(self)}
-        return ReplayBatch(**moved)
+        return ReplayBatch(**{name: None if value is None else value.to(device, non_blocking=non_blocking)
+                              for name, value in self.fields().items()})
+
+
+# row fields: name -> (dtype, fill of a fresh row); "ix" fields index the vector tables
+_ROW_FIELDS: dict[str, tuple[torch.dtype, float]] = {
+    "state_ix_N": (torch.int64, 0), "cases_ix_NK": (torch.int64, 0), "mask_NK": (torch.bool, 0),
+    "reward_N": (torch.float32, 0), "propensity_NK": (torch.float32, 1), "done_N": (torch.bool, 0),
+    "step_N": (torch.int64, 0), "policy_version_N": (torch.int64, 0),
+}
+_NEXT_ROW_FIELDS: dict[str, tuple[torch.dtype, float]] = {
+    "next_state_ix_N": (torch.int64, 0), "next_cands_ix_NC": (torch.int64, 0), "next_mask_NC": (torch.bool, 0),
+}
+_TABLE_OF = {"state_ix_N": "states", "next_state_ix_N": "states", "cases_ix_NK": "cases",
+             "next_cands_ix_NC": "cases"}
+_TABLE_TENSORS = {"states": "states_VD", "cases": "cases_VE"}
+_INPUT_NAME = {"state_ix_N": "state_BD", "cases_ix_NK": "cases_BKD", "next_state_ix_N": "next_state_BD",
+               "next_cands_ix_NC": "next_cands_BCD"}
+_V1_VECTORS = {"state_ND": "state_ix_N", "cases_NKD": "cases_ix_NK", "next_state_ND": "next_state_ix_N",
+               "next_cands_NCD": "next_cands_ix_NC"}
 
 
 class ReplayBuffer:
@@ -213,29 +283,39 @@ class ReplayBuffer:
     def __init__(self, config: ReplayConfig, device: torch.device | str | None = None):
         self.config = config
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        n, k, d, c = config.capacity, config.k_max, config.dim, config.c_max
-        e = config.case_width
+        n, k, c = config.capacity, config.k_max, config.c_max
+        shapes = {"state_ix_N": (n,), "cases_ix_NK": (n, k), "mask_NK": (n, k), "reward_N": (n,),
+                  "propensity_NK": (n, k), "done_N": (n,), "step_N": (n,), "policy_version_N": (n,),
+                  "next_state_ix_N": (n,), "next_cands_ix_NC": (n, c), "next_mask_NC": (n, c)}
+        fields = {**_ROW_FIELDS, **(_NEXT_ROW_FIELDS if config.store_next else {})}
+        # the row fields of one dtype share one [N, F] tensor (a sample is one index_select per dtype);
+        # self._t holds each field as a view of its columns
+        columns: dict[torch.dtype, list[tuple[str, int]]] = {}
+        for name, (dtype, _) in fields.items():
+            columns.setdefault(dtype, []).append((name, shapes[name][1] if len(shapes[name]) > 1 else 1))
+        self._packed: dict[torch.dtype, torch.Tensor] = {}
+        self._columns: dict[str, tuple[torch.dtype, int, int, bool]] = {}  # name -> (dtype, start, stop, 2-D)
+        self._t: dict[str, torch.Tensor] = {}
+        for dtype, names in columns.items():
+            packed = torch.empty(n, sum(width for _, width in names), dtype=dtype, device=self.device)
+            start = 0
+            for name, width in names:
+                self._columns[name] = (dtype, start, start + width, len(shapes[name]) > 1)
+                view = packed[:, start:start + width] if len(shapes[name]) > 1 else packed[:, start]
+                view.fill_(fields[name][1])
+                self._t[name] = view
+                start += width
+            self._packed[dtype] = packed
         emb = _DTYPES[config.storage_dtype]
-        dev = self.device
-        self._t: dict[str, torch.Tensor] = {
-            "state_ND": torch.zeros(n, d, dtype=emb, device=dev),
-            "cases_NKD": torch.zeros(n, k, e, dtype=emb, device=dev),
-            "mask_NK": torch.zeros(n, k, dtype=torch.bool, device=dev),
-            "reward_N": torch.zeros(n, dtype=torch.float32, device=dev),
-            "propensity_NK": torch.ones(n, k, dtype=torch.float32, device=dev),
-            "done_N": torch.zeros(n, dtype=torch.bool, device=dev),
-            "step_N": torch.zeros(n, dtype=torch.int64, device=dev),
-            "policy_version_N": torch.zeros(n, dtype=torch.int64, device=dev),
-        }
-        if config.store_next:
-            self._t["next_state_ND"] = torch.zeros(n, d, dtype=emb, device=dev)
-            self._t["next_cands_NCD"] = torch.zeros(n, c, e, dtype=emb, device=dev)
-            self._t["next_mask_NC"] = torch.zeros(n, c, dtype=torch.bool, device=dev)
+        per_row = {"states": 2 if config.store_next else 1, "cases": k + (c if config.store_next else 0)}
+        # a table is compacted (rows no decision refers to dropped) when it would pass 1.5x its worst case
+        self._table_limit = {name: n * rows + max(n * rows // 2, 1024) for name, rows in per_row.items()}
+        widths = {"states": config.dim, "cases": config.case_width}
+        self._tables = {name: VectorTable(widths[name], emb, self.device, initial_rows=min(limit, 1024),
+                                          grow_to=limit) for name, limit in self._table_limit.items()}
         self._ptr = 0  # the next row to write
         self._size = 0  # rows filled
         self._added = 0  # rows ever added
-        logger.debug("replay buffer: capacity %d, %.1f MiB on %s", n,
-                     sum(t.numel() * t.element_size() for t in self._t.values()) / 2**20, dev)
 
     # ------------------------------------------------------------------ size
 
@@ -251,6 +331,10 @@ class ReplayBuffer:
         """Transitions ever added (``len(self)`` stops growing at capacity; this does not)."""
         return self._added
 
+    def table_rows(self) -> dict[str, int]:
+        """Distinct vectors stored: ``{"states": ..., "cases": ...}``."""
+        return {name: len(table) for name, table in self._tables.items()}
+
     # ------------------------------------------------------------------ adding
 
     def add(self, transition: Transition) -> None:
@@ -262,11 +346,6 @@ class ReplayBuffer:
         if t.state_D.shape[0] != d or k > k_max or t.cases_KD.shape[1] != e:
             raise DimensionError(f"replay buffer holds dim={d}, k_max={k_max}, cases of {e} numbers; got "
                                  f"state_D.shape={t.state_D.shape}, cases_KD.shape={t.cases_KD.shape}")
-        cases_1KD = np.zeros((1, k_max, e), dtype=np.float32)
-        cases_1KD[0, :k] = t.cases_KD
-        propensity_1K = np.ones((1, k_max), dtype=np.float32)
-        propensity_1K[0, :k] = t.propensity_K
-        mask_1K = (np.arange(k_max) < k)[None]
         nexts: dict[str, np.ndarray | None] = {"next_state_BD": None, "next_cands_BCD": None, "next_mask_BC": None}
         if t.next_state_D is not None and self.config.store_next:  # (without store_next they are not kept)
             assert t.next_cands_CD is not None
@@ -274,12 +353,12 @@ class ReplayBuffer:
             if c > c_max:
                 raise DimensionError(f"replay buffer holds c_max={c_max} next candidates; got "
                                      f"next_cands_CD.shape={t.next_cands_CD.shape}")
-            cands_1CD = np.zeros((1, c_max, e), dtype=np.float32)
+            cands_1CD = np.zeros((1, max(c, 1), e), dtype=np.float32)
             cands_1CD[0, :c] = t.next_cands_CD
             nexts = {"next_state_BD": t.next_state_D[None], "next_cands_BCD": cands_1CD,
-                     "next_mask_BC": (np.arange(c_max) < c)[None]}
-        self.add_batch(state_BD=t.state_D[None], cases_BKD=cases_1KD, mask_BK=mask_1K,
-                       reward_B=np.array([t.reward], dtype=np.float32), propensity_BK=propensity_1K,
+                     "next_mask_BC": (np.arange(max(c, 1)) < c)[None]}
+        self.add_batch(state_BD=t.state_D[None], cases_BKD=t.cases_KD[None],
+                       reward_B=np.array([t.reward], dtype=np.float32), propensity_BK=t.propensity_K[None],
                        done_B=np.array([t.done]), step_B=np.array([t.step], dtype=np.int64),
                        policy_version_B=np.array([t.policy_version], dtype=np.int64), **nexts)
 
@@ -305,8 +384,8 @@ class ReplayBuffer:
         k = cases_BKD.shape[1]
         ones_BK = torch.ones(b, k, device=dev)
         rows: dict[str, tuple[Any, tuple[int, ...]]] = {  # name -> (value, expected shape)
-            "state_ND": (state_BD, (b, cfg.dim)),
-            "cases_NKD": (cases_BKD, (b, k, cfg.case_width)),
+            "state_ix_N": (state_BD, (b, cfg.dim)),
+            "cases_ix_NK": (cases_BKD, (b, k, cfg.case_width)),
             "mask_NK": (ones_BK.bool() if mask_BK is None else mask_BK, (b, k)),
             "reward_N": (reward_B, (b,)),
             "propensity_NK": (ones_BK if propensity_BK is None else propensity_BK, (b, k)),
@@ -324,15 +403,16 @@ class ReplayBuffer:
                                      f"{cfg.c_max}, {cfg.case_width}); got next_cands_BCD.shape="
                                      f"{tuple(next_cands_BCD.shape)}")
             c = next_cands_BCD.shape[1]
-            rows["next_state_ND"] = (next_state_BD, (b, cfg.dim))
-            rows["next_cands_NCD"] = (next_cands_BCD, (b, c, cfg.case_width))
+            rows["next_state_ix_N"] = (next_state_BD, (b, cfg.dim))
+            rows["next_cands_ix_NC"] = (next_cands_BCD, (b, c, cfg.case_width))
             rows["next_mask_NC"] = (torch.ones(b, c, dtype=torch.bool, device=dev) if next_mask_BC is None
                                     else next_mask_BC, (b, c))
         values: dict[str, torch.Tensor] = {}
         for name, (value, shape) in rows.items():
             value = torch.as_tensor(value, device=dev)
             if tuple(value.shape) != shape:
-                raise DimensionError(f"replay add_batch: {name} has shape {tuple(value.shape)}, expected {shape} "
+                raise DimensionError(f"replay add_batch: {_INPUT_NAME.get(name, name)} has shape {tuple(value.shape)}, "
+                                     f"expected {shape} "
                                      f"(state_BD.shape={tuple(state_BD.shape)}, "
                                      f"cases_BKD.shape={tuple(cases_BKD.shape)})")
             values[name] = value
@@ -345,18 +425,57 @@ class ReplayBuffer:
             self._added += skipped
             b = cfg.capacity
         index_B = (self._ptr + torch.arange(b, device=dev)) % cfg.capacity
+        self._make_room(values, index_B)
         for name, value in values.items():
             store = self._t[name]
-            value = value.to(store.dtype)
-            if value.ndim >= 2 and value.shape[1] < store.shape[1]:  # pad K -> k_max, C -> c_max
+            if store.ndim >= 2 and value.shape[1] < store.shape[1]:  # pad K -> k_max, C -> c_max (zero vectors)
                 fill = 1.0 if name == "propensity_NK" else 0.0
-                pad = torch.full((b, store.shape[1] - value.shape[1], *value.shape[2:]), fill, dtype=store.dtype,
+                pad = torch.full((b, store.shape[1] - value.shape[1], *value.shape[2:]), fill, dtype=value.dtype,
                                  device=dev)
                 value = torch.cat([value, pad], dim=1)
-            store.index_copy_(0, index_B, value)
+            if name in _TABLE_OF:  # vectors -> row indices of their table
+                value = self._tables[_TABLE_OF[name]].intern(value).reshape(value.shape[:-1])
+            store.index_copy_(0, index_B, value.to(store.dtype))
         self._ptr = (self._ptr + b) % cfg.capacity
         self._size = min(self._size + b, cfg.capacity)
         self._added += b
+
+    def _live_rows(self, overwritten_B: torch.Tensor | None = None) -> torch.Tensor:
+        """The filled rows, less those about to be overwritten."""
+        live_N = torch.zeros(self.capacity, dtype=torch.bool, device=self.device)
+        live_N[:self._size] = True
+        if overwritten_B is not None:
+            live_N[overwritten_B] = False
+        return torch.nonzero(live_N).reshape(-1)
+
+    def _compacted(self, rows: torch.Tensor, tables: tuple[str, ...]) -> tuple[dict[str, torch.Tensor],
+                                                                               dict[str, torch.Tensor]]:
+        """The used rows of ``tables`` that ``rows`` refer to, and the index fields of ``rows`` remapped."""
+        new_tables: dict[str, torch.Tensor] = {}
+        remapped: dict[str, torch.Tensor] = {}
+        for table_name in tables:
+            fields = [name for name, table in _TABLE_OF.items() if table == table_name and name in self._t]
+            live = torch.cat([self._t[name].index_select(0, rows).reshape(-1) for name in fields])
+            new_tables[table_name], remap_V = self._tables[table_name].compacted(live)
+            for name in fields:
+                remapped[name] = remap_V[self._t[name].index_select(0, rows)]
+        return new_tables, remapped
+
+    def _make_room(self, values: dict[str, torch.Tensor], index_B: torch.Tensor) -> None:
+        """Compact a table that the new vectors could push past its limit (rows about to be overwritten let go)."""
+        full = tuple(table_name for table_name, table in self._tables.items()
+                     if len(table) + sum(v.shape[:-1].numel() for name, v in values.items()
+                                         if _TABLE_OF.get(name) == table_name) > self._table_limit[table_name])
+        if not full:
+            return
+        rows = self._live_rows(index_B)
+        new_tables, remapped = self._compacted(rows, full)
+        for name, ix in remapped.items():
+            self._t[name].zero_()  # rows not live are overwritten before they are read again
+            self._t[name][rows] = ix
+        for table_name, data in new_tables.items():
+            self._tables[table_name].replace(data)
+        logger.debug("replay buffer: compacted %s to %s vectors", full, self.table_rows())
 
     # ------------------------------------------------------------------ sampling
 
@@ -371,31 +490,36 @@ class ReplayBuffer:
         return self.gather(index_B)
 
     def gather(self, index_B: torch.Tensor) -> ReplayBatch:
-        """The rows at ``index_B`` (positions in storage order, ``0 <= i < len(self)``) as a batch."""
-        t = self._t
-        take = {name: x.index_select(0, index_B) for name, x in t.items()}
+        """The rows at ``index_B`` (positions in storage order, ``0 <= i < len(self)``) as a batch.
 
-        def emb(name: str) -> torch.Tensor:
-            return take[name].float()
-
-        return ReplayBatch(
-            state_BD=emb("state_ND"), cases_BKD=emb("cases_NKD"), reward_B=take["reward_N"],
-            propensity_BK=take["propensity_NK"], mask_BK=take["mask_NK"], done_B=take["done_N"].float(),
-            step_B=take["step_N"], policy_version_B=take["policy_version_N"],
-            next_state_BD=emb("next_state_ND") if "next_state_ND" in take else None,
-            next_cands_BCD=emb("next_cands_NCD") if "next_cands_NCD" in take else None,
-            next_mask_BC=take.get("next_mask_NC"),
-        )
+        Reads the row fields only; the batch gathers its vectors from the tables when first read."""
+        packed = {dtype: x.index_select(0, index_B) for dtype, x in self._packed.items()}
+        take = {name: packed[dtype][:, start:stop] if wide else packed[dtype][:, start]
+                for name, (dtype, start, stop, wide) in self._columns.items()}
+        states, cases = self._tables["states"].data, self._tables["cases"].data
+        lazy = {"state_BD": (states, take["state_ix_N"]), "cases_BKD": (cases, take["cases_ix_NK"])}
+        if "next_state_ix_N" in take:
+            lazy.update({"next_state_BD": (states, take["next_state_ix_N"]),
+                         "next_cands_BCD": (cases, take["next_cands_ix_NC"])})
+        return ReplayBatch(reward_B=take["reward_N"], propensity_BK=take["propensity_NK"], mask_BK=take["mask_NK"],
+                           done_B=take["done_N"].float(), step_B=take["step_N"],
+                           policy_version_B=take["policy_version_N"], next_mask_BC=take.get("next_mask_NC"),
+                           _lazy=lazy, _checked=True)
 
     # ------------------------------------------------------------------ state and persistence
 
     def state_dict(self) -> dict[str, Any]:
-        """Tensors (the filled rows) plus ints and the config as a plain dict: no Python objects."""
+        """Tensors (the filled rows, and the vectors they refer to, compacted) plus ints and the config as a
+        plain dict: no Python objects."""
+        rows = self._live_rows()
+        tables, remapped = self._compacted(rows, tuple(self._tables))
+        tensors = {name: remapped.get(name, x[:self._size]) for name, x in self._t.items()}
+        tensors.update({_TABLE_TENSORS[name]: data for name, data in tables.items()})
         return {"config": to_dict(self.config), "ptr": self._ptr, "size": self._size, "added": self._added,
-                "tensors": {name: x[:self._size] for name, x in self._t.items()}}
+                "tensors": tensors}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; the config must match this buffer's."""
+        """Restore :meth:`state_dict` output (or a version-1 save's dense tensors); the config must match."""
         config = state.get("config")
         try:  # a config saved before a field existed reads with that field's default
             config = to_dict(from_dict(ReplayConfig, config)) if isinstance(config, dict) else config
@@ -405,18 +529,50 @@ class ReplayBuffer:
             raise CheckpointError(f"replay state was saved with config {config}, this buffer has "
                                   f"{to_dict(self.config)}")
         size, ptr, added = int(state["size"]), int(state["ptr"]), int(state["added"])
-        tensors = state["tensors"]
-        if set(tensors) != set(self._t) or not 0 <= size <= self.capacity or not 0 <= ptr < self.capacity:
+        tensors = dict(state["tensors"])
+        if _V1_VECTORS.keys() & tensors.keys():
+            tensors = self._from_dense(tensors, size)
+        expected = set(self._t) | set(_TABLE_TENSORS.values())
+        if set(tensors) != expected or not 0 <= size <= self.capacity or not 0 <= ptr < self.capacity:
             raise CheckpointError(f"replay state is inconsistent: tensors {sorted(tensors)}, size={size}, ptr={ptr}")
+        emb = _DTYPES[self.config.storage_dtype]
+        for table_name, table in self._tables.items():
+            data = tensors[_TABLE_TENSORS[table_name]]
+            if data.ndim != 2 or data.shape[1] != table.width or data.dtype != emb:
+                raise CheckpointError(f"replay state: {_TABLE_TENSORS[table_name]} has shape {tuple(data.shape)} and "
+                                      f"dtype {data.dtype}, expected (V, {table.width}) and {emb}")
         for name, store in self._t.items():
             value = tensors[name]
             if tuple(value.shape) != (size, *store.shape[1:]) or value.dtype != store.dtype:
                 raise CheckpointError(f"replay state: {name} has shape {tuple(value.shape)} and dtype {value.dtype}, "
                                       f"expected {(size, *store.shape[1:])} and {store.dtype}")
+            if name in _TABLE_OF:
+                rows = tensors[_TABLE_TENSORS[_TABLE_OF[name]]].shape[0]
+                if value.numel() and (int(value.min()) < 0 or int(value.max()) >= rows):
+                    raise CheckpointError(f"replay state: {name} refers to vector rows outside 0..{rows - 1}")
+        for table_name, table in self._tables.items():
+            table.replace(tensors[_TABLE_TENSORS[table_name]])
         for name, store in self._t.items():
-            store.fill_(1.0 if name == "propensity_NK" else 0.0)  # rows past `size` as a fresh buffer has them
+            store.fill_(_ROW_FIELDS.get(name, _NEXT_ROW_FIELDS.get(name, (None, 0.0)))[1])  # as a fresh buffer
             store[:size].copy_(tensors[name])
         self._size, self._ptr, self._added = size, ptr, added
+
+    def _from_dense(self, tensors: dict[str, torch.Tensor], size: int) -> dict[str, torch.Tensor]:
+        """A version-1 state (one vector per slot) as row indices into vector tables."""
+        emb = _DTYPES[self.config.storage_dtype]
+        tables = {name: VectorTable(table.width, emb, self.device) for name, table in self._tables.items()}
+        out = {name: x for name, x in tensors.items() if name not in _V1_VECTORS}
+        for dense, name in _V1_VECTORS.items():
+            if dense not in tensors:
+                continue
+            value = tensors[dense].to(self.device)
+            table = tables[_TABLE_OF[name]]
+            if value.ndim < 2 or value.shape[-1] != table.width:
+                raise CheckpointError(f"replay state: {dense} has shape {tuple(value.shape)}, expected vectors of "
+                                      f"{table.width}")
+            out[name] = table.intern(value.reshape(-1, table.width)).reshape(value.shape[:-1])
+        out.update({_TABLE_TENSORS[name]: table.rows() for name, table in tables.items()})
+        return out
 
     def save(self, directory: str | Path) -> Path:
         """Write ``replay.safetensors`` + ``replay.json`` into ``directory`` (created if needed), atomically."""
@@ -442,11 +598,26 @@ class ReplayBuffer:
             raise CheckpointError(f"{directory}: not a saved replay buffer (needs {META_NAME} and {TENSORS_NAME})")
         meta = read_versioned_json(meta_path, format=REPLAY_FORMAT, version=REPLAY_FORMAT_VERSION,
                                    what="replay buffer")
-        buffer = cls(from_dict(ReplayConfig, meta["config"]), device=device)
+        for key in ("uid", "config", "ptr", "size", "added"):
+            kind = {"uid": str, "config": dict}.get(key, int)
+            if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
+                raise CheckpointError(f"{meta_path}: damaged replay buffer state ({key!r} is "
+                                      f"{'missing' if key not in meta else repr(meta[key])}; expected a "
+                                      f"{kind.__name__})")
+        try:
+            config = from_dict(ReplayConfig, meta["config"])
+        except ConfigError as error:
+            raise CheckpointError(f"{meta_path}: not a replay buffer config ({error})") from None
+        buffer = cls(config, device=device)
         tensors, header = read_safetensors(tensors_path, device=str(buffer.device))
         if header.get("uid") != meta.get("uid"):
             raise CheckpointError(f"{directory}: {META_NAME} and {TENSORS_NAME} come from different saves "
                                   f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")
-        buffer.load_state_dict({"config": meta["config"], "ptr": meta["ptr"], "size": meta["size"],
-                                "added": meta["added"], "tensors": tensors})
+        try:
+            buffer.load_state_dict({"config": meta["config"], "ptr": meta["ptr"], "size": meta["size"],
+                                    "added": meta["added"], "tensors": tensors})
+        except (MementoError, KeyError, TypeError, ValueError, IndexError, RuntimeError) as error:
+            detail = " ".join(str(error).split())  # one line naming the file
+            raise CheckpointError(f"{meta_path}: damaged replay buffer state ({type(error).__name__}: "
+                                  f"{detail})") from None
         return buffer

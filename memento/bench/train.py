@@ -53,6 +53,7 @@ class TrainBenchConfig:
     - ``batch_size``: B decisions per update, each with ``k`` cases (B * K samples);
     - ``steps``: timed updates after ``warmup_steps`` untimed ones;
     - ``dim``: embedding dimension; ``buffer_size``: decisions in the (full) replay buffer;
+    - ``bank_cases``: a second buffer's cases are drawn from a bank of this many vectors;
     - ``replay_reps``: timed repetitions of each replay operation;
     - ``device``: ``auto`` (CUDA when present), ``cpu`` or ``cuda``;
     - ``torch_threads``: torch intra-op threads (0: torch's default, one per core).
@@ -67,6 +68,7 @@ class TrainBenchConfig:
     dim: int = 384
     hidden: int = 512
     buffer_size: int = 100_000
+    bank_cases: int = 10_000
     replay_reps: int = 200
     device: BenchDevice = "auto"
     torch_threads: int = 0
@@ -76,7 +78,7 @@ class TrainBenchConfig:
         def fail(field: str, requirement: str) -> None:
             raise ConfigError(f"TrainBenchConfig.{field}={getattr(self, field)!r}: {requirement}")
 
-        for name in ("batch_size", "k", "steps", "dim", "hidden", "buffer_size", "replay_reps"):
+        for name in ("batch_size", "k", "steps", "dim", "hidden", "buffer_size", "bank_cases", "replay_reps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 fail(name, "must be an integer >= 1")
@@ -203,34 +205,102 @@ def _us(seconds: list[float]) -> dict[str, float]:
     return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99))}
 
 
+def _timed(prepare: Any, operation: Any, reps: int, device: Any) -> dict[str, float]:
+    """p50/p99 µs of ``operation(prepare())``; ``prepare`` (fresh input each time) is not timed."""
+    for _ in range(10):  # warm-up
+        operation(prepare())
+    _sync(device)
+    seconds = []
+    for _ in range(reps):
+        args = prepare()
+        t0 = time.perf_counter()
+        operation(args)
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+    return _us(seconds)
+
+
+def _materialize(batch: Any) -> None:
+    batch.state_BD, batch.cases_BKD  # noqa: B018 - reading them gathers the vectors
+
+
+def _bank_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> Any:
+    """``buffer_size`` decisions whose cases come from a bank of ``bank_cases`` vectors (as online runs have)."""
+    bank_ND = _unit(rng, (config.bank_cases, config.dim))
+    buffer = ReplayBuffer(ReplayConfig(capacity=config.buffer_size, dim=config.dim, k_max=config.k), device=device)
+    for start in range(0, config.buffer_size, _FILL_CHUNK):
+        batch = _random_batch(rng, min(_FILL_CHUNK, config.buffer_size - start), config)
+        batch["cases_BKD"] = bank_ND[rng.integers(0, config.bank_cases, batch["cases_BKD"].shape[:2])]
+        buffer.add_batch(**batch)
+    return buffer
+
+
 def _time_replay(buffer: Any, config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> dict[str, Any]:
-    """p50/p99 microseconds of Transition(...), add(one), add_batch(B) and sample(B) on the filled buffer."""
+    """p50/p99 µs of Transition(...), add(one), add_batch(B), sample(B) and sample(B) with its vectors gathered,
+    on the filled buffer (fresh random input for each add), and the two samples on a buffer whose cases come
+    from a bank of ``bank_cases``."""
     import torch
 
-    one = _random_batch(rng, 1, config)
-    fields = {"state_D": one["state_BD"][0], "cases_KD": one["cases_BKD"][0], "reward": float(one["reward_B"][0]),
-              "propensity_K": one["propensity_BK"][0]}
-    transition = Transition(**fields)
-    batch = _random_batch(rng, config.batch_size, config)
+    def fields() -> dict[str, Any]:
+        one = _random_batch(rng, 1, config)
+        return {"state_D": one["state_BD"][0], "cases_KD": one["cases_BKD"][0], "reward": float(one["reward_B"][0]),
+                "propensity_K": one["propensity_BK"][0]}
+
+    b = config.batch_size
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    operations: dict[str, Any] = {
-        "transition": lambda: Transition(**fields),
-        "add": lambda: buffer.add(transition),
-        f"add_batch({config.batch_size})": lambda: buffer.add_batch(**batch),
-        f"sample({config.batch_size})": lambda: buffer.sample(config.batch_size, generator),
+    bank_buffer = _bank_buffer(config, device, rng)
+    operations: dict[str, tuple[Any, Any]] = {
+        "transition": (fields, lambda f: Transition(**f)),
+        "add": (lambda: Transition(**fields()), buffer.add),
+        f"add_batch({b})": (lambda: _random_batch(rng, b, config), lambda batch: buffer.add_batch(**batch)),
+        f"sample({b})": (lambda: None, lambda _: buffer.sample(b, generator)),
+        f"sample({b}) + vectors": (lambda: None, lambda _: _materialize(buffer.sample(b, generator))),
+        f"sample({b}), bank of {config.bank_cases:,} cases": (lambda: None, lambda _: bank_buffer.sample(b, generator)),
+        f"sample({b}) + vectors, bank of {config.bank_cases:,} cases":
+            (lambda: None, lambda _: _materialize(bank_buffer.sample(b, generator))),
     }
+    out: dict[str, Any] = {name: _timed(prepare, operation, config.replay_reps, device)
+                           for name, (prepare, operation) in operations.items()}
+    out.update(_anchors(config))
+    rows = {"random cases": buffer.table_rows(), f"bank of {config.bank_cases:,} cases": bank_buffer.table_rows()}
+    return {"operations": out, "table_rows": rows}
+
+
+def _anchors(config: TrainBenchConfig) -> dict[str, Any]:
+    """``sample(B)`` of Stable-Baselines3's and TorchRL's replay buffers, when installed, over ``buffer_size``
+    rows of 4 floats (small observations, as they are usually quoted) and of (1 + K) * dim floats (the
+    vectors of one decision here), on the CPU."""
+    import torch
+
+    widths = {"4 floats": 4, f"{(1 + config.k) * config.dim} floats": (1 + config.k) * config.dim}
     out: dict[str, Any] = {}
-    for name, operation in operations.items():
-        for _ in range(10):  # warm-up
-            operation()
-        _sync(device)
-        seconds = []
-        for _ in range(config.replay_reps):
-            t0 = time.perf_counter()
-            operation()
-            _sync(device)
-            seconds.append(time.perf_counter() - t0)
-        out[name] = _us(seconds)
+    rows = min(config.buffer_size, 20_000)  # sampling does not depend on how full a buffer is
+    try:
+        import gymnasium
+        from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
+    except ImportError:
+        logger.info("bench train: stable-baselines3 is not installed; its anchor is not measured")
+    else:
+        for label, width in widths.items():
+            space = gymnasium.spaces.Box(-1.0, 1.0, (width,), np.float32)
+            sb3 = SB3Buffer(rows, space, gymnasium.spaces.Discrete(4), device="cpu")
+            obs = np.zeros((1, width), dtype=np.float32)
+            for _ in range(rows):
+                sb3.add(obs, obs, np.array([1]), np.array([1.0]), np.array([False]), [{}])
+            out[f"anchor: Stable-Baselines3 sample({config.batch_size}), {label}"] = _timed(
+                lambda: None, lambda _, buf=sb3: buf.sample(config.batch_size), config.replay_reps, torch.device("cpu"))
+    try:
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage
+        from torchrl.data import ReplayBuffer as TorchRLBuffer
+    except ImportError:
+        logger.info("bench train: torchrl is not installed; its anchor is not measured")
+    else:
+        for label, width in widths.items():
+            trl = TorchRLBuffer(storage=LazyTensorStorage(rows), batch_size=config.batch_size)
+            trl.extend(TensorDict({"obs": torch.zeros(rows, width), "reward": torch.zeros(rows)}, batch_size=[rows]))
+            out[f"anchor: TorchRL sample({config.batch_size}), {label}"] = _timed(
+                lambda: None, lambda _, buf=trl: buf.sample(), config.replay_reps, torch.device("cpu"))
     return out
 
 
@@ -278,7 +348,10 @@ def format_table(results: dict[str, Any]) -> str:
     if replay:
         lines += ["", f"| replay operation ({results['environment']['device']}) | p50 (µs) | p99 (µs) |",
                   "|---|---:|---:|"]
-        for name, t in replay.items():
+        for name, t in replay["operations"].items():
             label = "Transition(...) (checked construction)" if name == "transition" else name
             lines.append(f"| {label} | {t['p50_us']:,.1f} | {t['p99_us']:,.1f} |")
+        lines += ["", "| buffer | distinct states stored | distinct cases stored |", "|---|---:|---:|"]
+        for name, rows in replay["table_rows"].items():
+            lines.append(f"| {name} | {rows['states']:,} | {rows['cases']:,} |")
     return "\n".join(lines)

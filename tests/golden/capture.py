@@ -31,12 +31,26 @@ def _steps(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _dense_replay(tensors: dict[str, Any]) -> dict[str, Any]:
+    """A replay save of format 2 (row indices into vector tables) as format 1 stored it (one vector per slot),
+    so the digest checks the decisions themselves, whatever the layout."""
+    if "states_VD" not in tensors:
+        return tensors
+    tables = {"state": tensors.pop("states_VD"), "cases": tensors.pop("cases_VE")}
+    dense = {"state_ix_N": ("state_ND", "state"), "next_state_ix_N": ("next_state_ND", "state"),
+             "cases_ix_NK": ("cases_NKD", "cases"), "next_cands_ix_NC": ("next_cands_NCD", "cases")}
+    for ix_name, (name, table) in dense.items():
+        if ix_name in tensors:
+            tensors[name] = tables[table][tensors.pop(ix_name)]
+    return tensors
+
+
 def _tensor_digest(directory: Path) -> str:
     from safetensors.torch import load_file
 
     digest = hashlib.sha256()
     for file in sorted(directory.rglob("*.safetensors")):
-        tensors = load_file(str(file))
+        tensors = _dense_replay(load_file(str(file)))
         for name in sorted(tensors):
             digest.update(f"{file.relative_to(directory)}:{name}".encode())
             digest.update(tensors[name].contiguous().numpy().tobytes())

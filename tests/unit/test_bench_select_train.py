@@ -164,8 +164,10 @@ def test_train_structure(tmp_path):
         assert r["samples"] == 5 * 32 * 4 and r["device"] == "cpu" and r["params"] > 0
         assert r["samples_per_s"] == pytest.approx(4 * r["decisions_per_s"])
         assert r["sample_p50_ms"] > 0 and 0 < r["update_p50_ms"] <= r["update_p99_ms"]
-    assert set(results["replay"]) == {"transition", "add", "add_batch(32)", "sample(32)"}
-    for t in results["replay"].values():
+    ops = {name for name in results["replay"]["operations"] if not name.startswith("anchor:")}
+    assert ops == {"transition", "add", "add_batch(32)", "sample(32)", "sample(32) + vectors",
+                   "sample(32), bank of 10,000 cases", "sample(32) + vectors, bank of 10,000 cases"}
+    for t in results["replay"]["operations"].values():
         assert 0 < t["p50_us"] <= t["p99_us"]
 
 
@@ -211,3 +213,10 @@ def test_train_on_cuda(tmp_path):
     results = run_train_bench(_tiny_train(device="cuda", archs=("mlp",)))
     assert results["environment"]["device"].startswith("cuda") and "cuda_device" in results["environment"]
     assert results["results"][0]["samples_per_s"] > 0
+
+
+def test_train_bench_counts_the_distinct_vectors_of_each_buffer():
+    results = run_train_bench(_tiny_train(bank_cases=100, archs=("mlp",)))
+    rows = results["replay"]["table_rows"]
+    random_cases, bank_cases = rows["random cases"]["cases"], rows["bank of 100 cases"]["cases"]
+    assert bank_cases <= 101 and random_cases >= 500 * 4  # bank cases (and the zero padding) are stored once each

@@ -254,7 +254,7 @@ def test_target_entropy_tuning_moves_alpha_the_right_way() -> None:
     # identical cases: the policy over them is uniform, entropy log 4 > target 0.5 log 4 -> alpha must fall
     learner = _learner(d=4, alpha=1.0, alpha_schedule="target_entropy", target_entropy_ratio=0.5, alpha_lr=1e-2)
     same = _batch(16, 4, 4)
-    same = ReplayBatch(**{**same.__dict__, "cases_BKD": same.cases_BKD[:, :1].expand(16, 4, 4).contiguous()})
+    same = same.replace(cases_BKD=same.cases_BKD[:, :1].expand(16, 4, 4).contiguous())
     metrics = learner.update(same)
     assert metrics["entropy"] == pytest.approx(math.log(4.0), rel=1e-5)
     assert learner.log_alpha.item() == pytest.approx(-1e-2, rel=1e-4)  # Adam's first step is lr * sign(grad)

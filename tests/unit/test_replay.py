@@ -211,7 +211,7 @@ def test_sampling_an_empty_buffer_fails() -> None:
 def test_half_precision_storage_returns_float32() -> None:
     buffer = ReplayBuffer(ReplayConfig(capacity=4, dim=D, storage_dtype="float16"), device="cpu")
     _fill(buffer, 2)
-    assert buffer.state_dict()["tensors"]["cases_NKD"].dtype == torch.float16
+    assert buffer.state_dict()["tensors"]["cases_VE"].dtype == torch.float16
     batch = _all_rows(buffer)
     assert batch.cases_BKD.dtype == torch.float32 and batch.cases_BKD[1, 0, 0] == 1.5
 
@@ -246,7 +246,7 @@ def test_state_dict_holds_only_tensors_and_plain_values() -> None:
     state = buffer.state_dict()
     assert _only_plain(state)
     assert {type(state[k]) for k in ("ptr", "size", "added")} == {int}
-    assert state["tensors"]["state_ND"].shape == (4, D)  # only the filled rows
+    assert state["tensors"]["state_ix_N"].shape == (4,)  # only the filled rows
 
 
 @pytest.mark.parametrize("storage_dtype", ["float32", "bfloat16"])
