@@ -47,7 +47,12 @@ class ServeConfig:
       default, one per core). One request searches for one query: nothing to share out, and on a small
       machine the idle OpenMP threads of every request thread spin against each other (a 100-case
       select measured 14 ms instead of 1 ms on 2 busy cores). torch's thread count is process-wide and
-      left to the caller (the CLI sets it from ``--threads``).
+      left to the caller (the CLI sets it from ``--threads``);
+    - ``batch_max_texts`` / ``batch_wait_ms``: text encoding (queries, new cases' states) goes through one
+      dynamic batcher (:class:`memento.batching.EncodeBatcher`): concurrent texts are encoded together, up to
+      ``batch_max_texts`` in one forward pass, the first waiting at most ``batch_wait_ms`` ms for others
+      (0 ms: only those already queued). ``batch_max_texts=0`` switches batching off (each request thread
+      encodes its own text, one at a time).
     """
 
     max_body_bytes: int = 1 << 20
@@ -59,6 +64,8 @@ class ServeConfig:
     save_every_n: int = 1000
     graceful_timeout_s: float = 30.0
     threads: int = 1
+    batch_max_texts: int = 32
+    batch_wait_ms: float = 2.0
 
     def __post_init__(self) -> None:
         from memento.config import check_float, check_int
@@ -67,6 +74,8 @@ class ServeConfig:
             check_int(self, name, 1)
         check_int(self, "save_every_n", 0)
         check_int(self, "threads", 0)
+        check_int(self, "batch_max_texts", 0)
+        check_float(self, "batch_wait_ms", low=0.0, high=1000.0)
         check_float(self, "save_every_s", low=0.0)
         check_float(self, "graceful_timeout_s", low=0.0)
 

@@ -19,10 +19,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from memento._serve_common import ServeConfig, ServerUnavailableError, Writer, json_safe, thread_limiter, token_matches
+from memento.batching import BatcherClosedError
 from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
+from memento.formats import json_value_problem
 
 logger = logging.getLogger("memento.serve")
 
@@ -48,7 +50,7 @@ class _Problem(Exception):
 
 def _problem_from(error: BaseException, *, field: str | None = None) -> _Problem:
     """The HTTP answer to an error the selector or the writer raised."""
-    if isinstance(error, ServerUnavailableError):
+    if isinstance(error, (ServerUnavailableError, BatcherClosedError)):
         return _Problem(503, str(error), headers={"Retry-After": "1"})
     if isinstance(error, KeyError):  # UnknownSelectionError, UnknownCaseError
         message = str(error.args[0]) if error.args else str(error)
@@ -111,16 +113,28 @@ class _BodyLimit:
         await self.app(scope, replay, send)
 
 
+def _json_value(value: Any) -> Any:
+    """A string or object that can be stored and sent back as UTF-8 JSON (no lone surrogate, no NaN, no
+    nesting deeper than 100 levels)."""
+    problem = json_value_problem(value, finite=True)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
+    """The request bodies. Strict: a JSON number is never read from a string or a bool (``"k": true`` is
+    refused, not taken as 1); an integer is accepted where a float is expected."""
     max_text, max_dim, max_k = config.max_text_chars, config.max_embedding_dim, config.max_k
-    Text = Annotated[str, Field(min_length=1, max_length=max_text)]
-    Env = Annotated[str, Field(min_length=1, max_length=_ENV_CHARS)]
+    Text = Annotated[str, Field(min_length=1, max_length=max_text), AfterValidator(_json_value)]
+    Env = Annotated[str, Field(min_length=1, max_length=_ENV_CHARS), AfterValidator(_json_value)]
     Finite = Annotated[float, Field(allow_inf_nan=False)]
+    Meta = Annotated[dict[str, Any], AfterValidator(_json_value)]
 
     class SelectRequest(BaseModel):
         """Choose ``k`` cases for a task, given as text (``query``) or as a state embedding."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", strict=True)
         query: Text | None = Field(None, description="the task text (encoded with the artifact's encoder)")
         embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
                                                   description="a state embedding of the artifact's dim")
@@ -137,19 +151,20 @@ def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type
     class FeedbackRequest(BaseModel):
         """The reward of the outcome of an earlier selection."""
 
-        model_config = ConfigDict(extra="forbid")
-        selection_id: str = Field(min_length=1, max_length=128, description="from the /v1/select answer")
+        model_config = ConfigDict(extra="forbid", strict=True)
+        selection_id: Annotated[str, AfterValidator(_json_value)] = Field(
+            min_length=1, max_length=128, description="from the /v1/select answer")
         reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="in [0, 1]")
 
     class CaseRequest(BaseModel):
         """A new case for the bank."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", strict=True)
         state: Text = Field(description="the task")
         action: Text = Field(description="what was done (answer, plan, tip)")
         reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="its reward, in [0, 1]")
         env: Env | None = None
-        meta: dict[str, Any] | None = None
+        meta: Meta | None = None
         embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
                                                description="the state's embedding (default: the server encodes it)")
 
@@ -163,17 +178,25 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     limit_threads = thread_limiter(config.threads)
     started = time.time()
     owned = writer is None
-    state: dict[str, Any] = {"writer": writer}
+    state: dict[str, Any] = {"writer": writer, "batcher": None}
+    batching = bool(config.batch_max_texts) and callable(getattr(selector, "batch_encoding", None))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
+        if batching:  # concurrent texts share forward passes (selects, and new cases the writer encodes)
+            state["batcher"] = selector.batch_encoding(config.batch_max_texts, config.batch_wait_ms)
         if owned:
             state["writer"] = Writer(selector, config).start()
         try:
             yield
         finally:
-            if owned:  # drain the queue and save, off the event loop
-                await asyncio.get_running_loop().run_in_executor(None, state["writer"].stop)
+            loop = asyncio.get_running_loop()
+            try:
+                if owned:  # drain the queue and save, off the event loop
+                    await loop.run_in_executor(None, state["writer"].stop)
+            finally:
+                if batching:  # back to encoding in the calling thread, for writes still queued in a given writer
+                    await loop.run_in_executor(None, selector.batch_encoding, None)
 
     app = FastAPI(title="memento selector", version=__version__, lifespan=lifespan, redoc_url=None,
                   description="Choose past cases for a frozen LLM with a trained soft-Q selector; report outcomes "
@@ -227,7 +250,8 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
             result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
         except Exception as error:  # noqa: BLE001
             raise _problem_from(error, field="embedding" if body.query is None else "query") from None
-        return json_safe(result.to_dict())
+        # rendered here: FastAPI's own response validation and serialisation would cost more than the select
+        return JSONResponse(json_safe(result.to_dict()))  # type: ignore[return-value]
 
     @app.post("/v1/feedback", dependencies=auth, tags=["selector"],
               summary="record the reward of a selection (answered once committed)")
@@ -257,6 +281,8 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         w = state["writer"]
         server = {"uptime_s": time.time() - started, "auth": token is not None,
                   "max_body_bytes": config.max_body_bytes, **(w.stats() if w is not None else {})}
+        if state["batcher"] is not None:
+            server["encode_batching"] = state["batcher"].stats()
         return json_safe({**selector.stats(), "server": server})
 
     return app

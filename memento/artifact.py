@@ -31,6 +31,11 @@ directory is renamed to ``.save.ready/`` (the commit point), and its files are t
 ones, manifest last. :func:`recover` (run by the loader) finishes a move that a crash interrupted, or
 drops an incomplete ``.save.tmp/``.
 
+**Confinement.** Loading, verifying and saving never follow a symbolic link: :func:`check_tree` refuses a
+link (or a FIFO, socket or device) anywhere below the root, dot-named entries and SQLite sidecars included,
+before anything is read, moved or written; :func:`check_entry` refuses manifest entries that are absolute,
+hold ``..``, ``.``, empty or dot-named components, backslashes or NUL. See ``docs/security.md``.
+
 Nothing here is unpickled: JSON, safetensors and SQLite only.
 """
 
@@ -43,6 +48,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import stat as _stat
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -51,6 +57,7 @@ from typing import Any, Literal
 
 from memento.agent import LEARNER_DIR, REPLAY_DIR
 from memento.config import (
+    BankConfig,
     EncoderConfig,
     IndexConfig,
     LearnerConfig,
@@ -66,6 +73,7 @@ from memento.config import (
 )
 from memento.errors import CheckpointError, ConfigError
 from memento.io import atomic_write_text, fsync_dir, read_versioned_json
+from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 
 __all__ = [
     "BANK_DB",
@@ -83,6 +91,10 @@ __all__ = [
     "FeedbackRow",
     "SelectorConfig",
     "bank_rows_digest",
+    "check_bank_file",
+    "check_entry",
+    "check_feedback_file",
+    "check_tree",
     "feedback_rows_digest",
     "file_sha256",
     "library_versions",
@@ -127,6 +139,7 @@ DERIVED_FILES = (f"{BANK_DIR}/index.faiss", f"{BANK_DIR}/index.json")
 _SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 _GENESIS = hashlib.sha256(b"memento-rows").hexdigest()
 _HASH_CHUNK = 1 << 20
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 # ---------------------------------------------------------------- configs
@@ -187,7 +200,9 @@ class SelectorConfig:
     - ``warmup``: decisions in the replay buffer before feedback triggers gradient steps;
       ``updates_per_step``: gradient steps per feedback after that (``learn=True`` only);
     - ``max_pending``: selections kept for feedback (the oldest are dropped beyond it);
-      ``pending_ttl_s``: seconds a selection accepts feedback (``None``: no limit);
+      ``pending_ttl_s``: seconds a selection accepts feedback (``None``: no limit; default one hour: long
+      enough for an agent that calls back after a restart or deploy, short enough to keep the on-disk
+      store of pending selections, ``.pending.sqlite`` (about 8 KB each at D=384, k=4), small);
     - ``qnet``, ``learner``, ``replay``, ``index``: the component configs (``learner.gamma`` must be 0:
       feedback is single-step);
     - ``run``: the full ``LoopConfig`` of the run it was trained in (``None`` when unknown).
@@ -201,7 +216,7 @@ class SelectorConfig:
     warmup: int = 16
     updates_per_step: int = 1
     max_pending: int = 100_000
-    pending_ttl_s: float | None = 86_400.0
+    pending_ttl_s: float | None = 3_600.0
     qnet: QNetConfig
     learner: LearnerConfig
     replay: ReplayConfig
@@ -256,8 +271,16 @@ def library_versions() -> dict[str, str | None]:
 
 
 def file_sha256(path: Path) -> str:
+    """The sha256 of a regular file; a symbolic link is refused (``CheckpointError``), never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW)
+    except OSError as error:
+        if os.path.islink(path):
+            raise CheckpointError(f"{path}: a symbolic link; an artifact's files are never read through "
+                                  "links") from None
+        raise CheckpointError(f"{path}: cannot read ({error.strerror})") from None
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with os.fdopen(fd, "rb") as handle:
         while chunk := handle.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -416,7 +439,7 @@ class FeedbackLog:
                 raise CheckpointError(f"{path}: not a feedback log ({error})") from None
             if meta.get("format") != FEEDBACK_FORMAT:
                 raise CheckpointError(f"{path}: not a feedback log (format {meta.get('format')!r})")
-            if int(meta.get("format_version", "0")) > FEEDBACK_FORMAT_VERSION:
+            if _meta_version(meta, path, "feedback log") > FEEDBACK_FORMAT_VERSION:
                 raise CheckpointError(f"{path}: feedback log format {meta['format_version']} is newer than this "
                                       f"memento reads ({FEEDBACK_FORMAT_VERSION})")
             conn.execute("PRAGMA journal_mode=WAL")
@@ -465,6 +488,63 @@ class FeedbackLog:
         self._conn.close()
 
 
+def check_feedback_file(path: Path, dim: int) -> int:
+    """``feedback.sqlite`` as the loader replays it: a feedback log of a readable version whose rows hold
+    ``dim``-float state vectors and JSON lists of ids and probabilities. Returns its row count."""
+    log = FeedbackLog.open(path)
+    try:
+        (bad,) = log.connection.execute(
+            "SELECT COUNT(*) FROM feedback"
+            " WHERE (state IS NOT NULL AND (typeof(state) != 'blob' OR length(state) != ?))"
+            " OR CASE WHEN json_valid(ids) THEN json_type(ids) != 'array' ELSE 1 END"
+            " OR CASE WHEN json_valid(probs) THEN json_type(probs) != 'array' ELSE 1 END", (4 * dim,)).fetchone()
+        if bad:
+            raise CheckpointError(f"{path}: {bad} feedback row(s) do not hold a {dim}-float state vector and JSON "
+                                  "lists of ids and probabilities")
+        return len(log)
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: unreadable feedback log ({error})") from None
+    finally:
+        log.close()
+
+
+def check_bank_file(path: Path) -> dict[str, int]:
+    """``bank/cases.sqlite`` as the loader opens it, read without changing it: a case bank of a readable
+    version with a valid config and uid, dense positions and embeddings of one length. Returns ``cases``,
+    ``dim`` (the bank's config) and, when it holds cases, ``embedding_dim`` (the stored vectors' length)."""
+    conn = _connect(path)
+    try:
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            if meta.get("format") != BANK_FORMAT:
+                raise CheckpointError(f"{path}: not a case bank (format {meta.get('format')!r})")
+            if _meta_version(meta, path, "case bank") > BANK_FORMAT_VERSION:
+                raise CheckpointError(f"{path}: bank format version {meta['format_version']} is newer than this "
+                                      f"memento reads ({BANK_FORMAT_VERSION})")
+            if not isinstance(meta.get("uid"), str) or not isinstance(meta.get("config"), str):
+                raise CheckpointError(f"{path}: damaged case bank (no config or uid in its meta table)")
+            try:
+                config = from_dict(BankConfig, json.loads(meta["config"]))
+            except (ValueError, ConfigError) as error:
+                raise CheckpointError(f"{path}: damaged case bank config ({error})") from None
+            n, low, high, short, long, blobs = conn.execute(
+                "SELECT COUNT(*), MIN(pos), MAX(pos), MIN(length(embedding)), MAX(length(embedding)), "
+                "SUM(typeof(embedding) = 'blob') FROM cases").fetchone()
+        except sqlite3.Error as error:
+            raise CheckpointError(f"{path}: not a case bank ({error})") from None
+    finally:
+        conn.close()
+    found = {"cases": int(n), "dim": config.dim}
+    if n:
+        if (low, high) != (0, n - 1):
+            raise CheckpointError(f"{path}: case positions are not 0..{n - 1} (found {low}..{high})")
+        if blobs != n or short != long or long % 4:
+            raise CheckpointError(f"{path}: case embeddings are not all float32 vectors of one length "
+                                  f"({short}..{long} bytes)")
+        found["embedding_dim"] = long // 4
+    return found
+
+
 def checkpoint_sqlite(path: Path) -> None:
     """``PRAGMA wal_checkpoint(TRUNCATE)`` on a SQLite file another connection of this process writes."""
     conn = _connect(path)
@@ -477,34 +557,117 @@ def checkpoint_sqlite(path: Path) -> None:
 # ---------------------------------------------------------------- manifest
 
 
+def _meta_version(meta: dict[str, Any], path: Path, what: str) -> int:
+    """The ``format_version`` of a SQLite file's meta table (a decimal string; absent reads as 0)."""
+    raw = meta.get("format_version", "0")
+    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
+        raise CheckpointError(f"{path}: {what} format_version {raw!r} is not a version number")
+    return int(raw)
+
+
+def check_tree(root: Path) -> None:
+    """Refuse an artifact that holds a symbolic link (or a FIFO, socket or device) anywhere below ``root``.
+
+    Every entry is looked at with ``lstat``, dot-named ones (``.save.tmp``, ``.save.ready``) and SQLite
+    sidecars (``-wal``, ``-shm``) included: loading, verifying and saving never follow a link, so a planted
+    link cannot make them read, move or write files outside the artifact. ``root`` itself may be a link.
+    """
+    pending = [Path(root)]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                found = sorted(entries, key=lambda entry: entry.name)
+        except OSError as error:
+            raise CheckpointError(f"{directory}: cannot list ({error.strerror})") from None
+        for entry in found:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                raise CheckpointError(f"{path}: a symbolic link inside the artifact; links are never followed "
+                                      "(replace it with the file or directory itself)")
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+            elif not entry.is_file(follow_symlinks=False):
+                raise CheckpointError(f"{path}: not a regular file or directory (an artifact holds only files)")
+
+
+def check_entry(rel: Any, where: Path) -> str:
+    """A manifest entry must name a file inside the artifact: a relative POSIX path of plain components.
+
+    Refused (``CheckpointError`` naming the entry and ``where``, the manifest): a non-string, an empty
+    name, an absolute path, a backslash or NUL, an empty, ``.`` or ``..`` component, and dot-named
+    components (staging directories and temporaries are never listed).
+    """
+    if not isinstance(rel, str) or not rel:
+        raise CheckpointError(f"{where}: manifest entry {rel!r} is not a file name")
+    reason = None
+    if rel.startswith("/"):
+        reason = "an absolute path"
+    elif "\\" in rel or "\x00" in rel:
+        reason = "a backslash or NUL in the name"
+    elif any(part in ("", ".", "..") for part in rel.split("/")):
+        reason = "an empty, '.' or '..' component"
+    elif any(part.startswith(".") for part in rel.split("/")):
+        reason = "a dot-named component"
+    if reason is not None:
+        raise CheckpointError(f"{where}: manifest entry {rel!r} does not name a file inside the artifact ({reason})")
+    return rel
+
+
+def _check_file_entry(rel: str, entry: Any, where: Path) -> None:
+    if (not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or len(entry["sha256"]) != 64
+            or isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int) or entry["bytes"] < 0):
+        raise CheckpointError(f"{where}: damaged manifest entry for {rel} ({entry!r}; expected sha256 and bytes)")
+
+
 def read_manifest(root: Path) -> dict[str, Any]:
+    """``manifest.json``, checked: format and version, the listed names (:func:`check_entry`), the entries,
+    the live-file records; the whole tree first (:func:`check_tree`: no links)."""
+    root = Path(root)
     path = root / MANIFEST_NAME
     if not root.is_dir():
         raise CheckpointError(f"{root}: not a selector artifact (not a directory)")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{root}: not a selector artifact (no {MANIFEST_NAME})")
+    check_tree(root)
+    if not path.is_file():
+        raise CheckpointError(f"{root}: not a selector artifact ({MANIFEST_NAME} is not a file)")
     manifest = read_versioned_json(path, format=SELECTOR_FORMAT, version=SELECTOR_FORMAT_VERSION,
                                    what="selector manifest")
     files, live = manifest.get("files"), manifest.get("live")
     if not isinstance(files, dict) or not isinstance(live, dict):
         raise CheckpointError(f"{path}: damaged manifest (no files or live sections)")
+    for rel, entry in files.items():
+        check_entry(rel, path)
+        _check_file_entry(rel, entry, path)
     missing = [name for name in REQUIRED_FILES if name not in files]
     if missing:
         raise CheckpointError(f"{path}: the manifest does not list {missing[0]} (every artifact has "
                               f"{', '.join(REQUIRED_FILES)})")
     for name in LIVE_FILES:
         entry = live.get(name)
-        if not isinstance(entry, dict) or not isinstance(entry.get("rows"), int) or not isinstance(
-                entry.get("digest"), str):
+        if (not isinstance(entry, dict) or isinstance(entry.get("rows"), bool) or not isinstance(entry.get("rows"), int)
+                or entry["rows"] < 0 or not isinstance(entry.get("digest"), str)):
             raise CheckpointError(f"{path}: damaged manifest (live entry for {name}: {entry!r})")
+    for key, low in (("dim", 1), ("saves", 1), ("learner_updates", 0)):
+        value = manifest.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CheckpointError(f"{path}: damaged manifest ({key}={value!r}; expected an integer >= {low})")
+    if "dim" not in manifest:
+        raise CheckpointError(f"{path}: damaged manifest (no dim)")
     return manifest
 
 
 def listed_files(root: Path) -> dict[str, Path]:
     """Every file of an artifact that a manifest lists: all regular files except the manifest itself,
-    SQLite sidecars, and dot-named files or directories (staging, temporaries)."""
+    SQLite sidecars, and dot-named files or directories (staging, temporaries). A symbolic link anywhere
+    in the walk is a ``CheckpointError`` (a save never hashes or lists a file through a link)."""
     found: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise CheckpointError(f"{Path(dirpath) / name}: a symbolic link inside the artifact; links are "
+                                      "never followed")
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if name.startswith(".") or name.endswith(_SQLITE_SIDECARS) or name.endswith(".creating"):
@@ -521,7 +684,9 @@ def hash_files(files: dict[str, Path], cache: dict[str, tuple[int, int, str]] | 
     """``{rel: {"sha256", "bytes"}}``; ``cache`` (rel -> (size, mtime_ns, sha256)) skips unchanged files."""
     out: dict[str, dict[str, Any]] = {}
     for rel, path in sorted(files.items()):
-        stat = path.stat()
+        stat = path.lstat()
+        if not _stat.S_ISREG(stat.st_mode):
+            raise CheckpointError(f"{path}: not a regular file (a symbolic link?); an artifact lists files only")
         hit = None if cache is None else cache.get(rel)
         if hit is not None and hit[0] == stat.st_size and hit[1] == stat.st_mtime_ns:
             sha = hit[2]
@@ -546,10 +711,10 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
     ``CheckpointError`` naming the file.
     """
     root = Path(root)
+    manifest = read_manifest(root)  # refuses links anywhere in the tree, and names outside it
     if (root / READY_DIR).is_dir():
         raise CheckpointError(f"{root}: a save was interrupted after it completed ({READY_DIR}/ is still there); "
                               "loading the artifact finishes it")
-    manifest = read_manifest(root)
     files: dict[str, Any] = manifest["files"]
     rows: dict[str, int] = {}
     appended: dict[str, int] = {}
@@ -618,18 +783,43 @@ def _matches(path: Path, entry: Any, rel: str, cache: dict[str, tuple[int, int, 
 
 def fsync_tree(root: Path) -> None:
     """fsync every file and directory under ``root`` (before a rename makes them the committed state)."""
-    for dirpath, _, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise CheckpointError(f"{Path(dirpath) / name}: a symbolic link in a staged save; refusing it")
         for name in filenames:
             with open(Path(dirpath) / name, "rb") as handle:
                 os.fsync(handle.fileno())
         fsync_dir(Path(dirpath))
 
 
+def _real_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory (not a link to one); a link or another kind of file is refused."""
+    if not os.path.lexists(path):
+        return False
+    if os.path.islink(path) or not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory (a symbolic link?); an artifact's save directories are "
+                              "never followed through links")
+    return True
+
+
+def _inside(root: Path, rel: Path) -> Path:
+    """``root / rel``, after checking that no component of it below ``root`` is a symbolic link."""
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if os.path.islink(here):
+            raise CheckpointError(f"{here}: a symbolic link inside the artifact; refusing to write through it")
+    return here
+
+
 def commit_staged(root: Path) -> None:
     """Rename ``.save.tmp`` to ``.save.ready`` (the commit point), then move its files into place."""
     stage, ready = root / STAGING_DIR, root / READY_DIR
+    if not _real_dir(stage):
+        raise CheckpointError(f"{stage}: no staged save to commit")
     fsync_tree(stage)
-    if ready.exists():
+    if _real_dir(ready):
         shutil.rmtree(ready)
     os.replace(stage, ready)
     fsync_dir(root)
@@ -638,21 +828,40 @@ def commit_staged(root: Path) -> None:
 
 def _apply_ready(root: Path) -> None:
     ready = root / READY_DIR
-    moves = sorted((p for p in ready.rglob("*") if p.is_file()), key=lambda p: p.name == MANIFEST_NAME)
+    if not _real_dir(ready):
+        return
+    staged: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(ready):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if os.path.islink(path):
+                raise CheckpointError(f"{path}: a symbolic link in a completed save; refusing to move it into "
+                                      "the artifact")
+            if name in filenames and not path.is_file():
+                raise CheckpointError(f"{path}: not a regular file; refusing to move it into the artifact")
+        staged += [Path(dirpath) / name for name in filenames]
+    moves = sorted(staged, key=lambda p: p.name == MANIFEST_NAME)
     for src in moves:  # the manifest last: until it moves, the old manifest describes the old files
-        dst = root / src.relative_to(ready)
+        dst = _inside(root, src.relative_to(ready))
         dst.parent.mkdir(parents=True, exist_ok=True)
+        _inside(root, src.relative_to(ready))  # the directories made just now are plain ones
         os.replace(src, dst)
     fsync_dir(root)
     shutil.rmtree(ready, ignore_errors=True)
 
 
 def recover(root: Path) -> None:
-    """Finish an in-place save that a crash interrupted after its commit point; drop an incomplete one."""
-    if (root / READY_DIR).is_dir():
+    """Finish an in-place save that a crash interrupted after its commit point; drop an incomplete one.
+
+    The whole tree is checked first (:func:`check_tree`): a link named ``.save.ready`` or ``.save.tmp``
+    (or anywhere else) is refused, never followed.
+    """
+    root = Path(root)
+    check_tree(root)
+    if _real_dir(root / READY_DIR):
         logger.warning("%s: finishing a save that was interrupted", root)
         _apply_ready(root)
-    if (root / STAGING_DIR).exists():
+    if _real_dir(root / STAGING_DIR):
         logger.warning("%s: dropping an incomplete save", root)
         shutil.rmtree(root / STAGING_DIR, ignore_errors=True)
 

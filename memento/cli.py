@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="soft-Q learner throughput with cached embeddings, and replay-buffer latency",
         description="Fill a replay buffer with random decisions and time buffer.sample(B) + learner.update(batch) "
                     "for each Q-network architecture, in (state, case, reward) samples/s (B x K per update); then "
-                    "time replay add (one transition), add_batch(B) and sample(B). Runs on CUDA when present "
+                    "time replay add (one transition), add_batch(B) and sample(B) (indices only, and with the vectors "
+                    "gathered; also on a buffer whose cases come from a bank of --bank-cases), beside the replay "
+                    "buffers of Stable-Baselines3 and TorchRL when they are installed. Runs on CUDA when present "
                     "(--device auto).")
     bt.add_argument("--archs", nargs="+", choices=archs, default=archs, help="Q-network architectures (default: all)")
     bt.add_argument("--batch-size", type=int, default=256, help="decisions per update (default: 256)")
@@ -196,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--steps", type=int, default=200, help="timed updates per architecture (default: 200)")
     bt.add_argument("--dim", type=int, default=384, help="embedding dimension (default: 384)")
     bt.add_argument("--buffer-size", type=int, default=100_000, help="decisions in the replay buffer (default: 100000)")
+    bt.add_argument("--bank-cases", type=int, default=10_000,
+                    help="a second buffer draws its cases from a bank of this many vectors (default: 10000)")
     bt.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where to train (default: auto, CUDA when present)")
     bt.add_argument("--torch-threads", type=int, default=0, help="torch threads (default: 0, torch's default)")
@@ -245,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
 
     bsv = bench_cmds.add_parser(
-        "serve", help="memento serve over HTTP at a large bank: select p50/p99 at 1 and 16 clients, feedback/s",
+        "serve", help="memento serve over HTTP at a large bank: select p50/p99 and throughput at 1 and 16 clients "
+                      "(and their ratio), feedback/s",
         description="Build (or reuse, --artifact) an exported selector over a bank of --size random unit vectors "
                     "(the real encoder's dim, recorded in the bank; a fresh Q-network), start a real "
                     "`memento serve` on 127.0.0.1 and time from client threads, over HTTP: POST /v1/select by "
@@ -266,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     bsv.add_argument("--feedbacks", type=int, default=1000, help="timed feedbacks per client count (default: 1000)")
     bsv.add_argument("--no-learn", action="store_true", help="skip the run with a learning server (--learn)")
     bsv.add_argument("--threads", type=int, default=1, help="the server's --threads (default: 1)")
+    bsv.add_argument("--batch-max-texts", type=int, default=None, metavar="N",
+                     help="the server's --batch-max-texts (default: the server's default)")
+    bsv.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
+                     help="the server's --batch-wait-ms (default: the server's default)")
     bsv.add_argument("--warmup", type=int, default=20, help="untimed requests before each phase (default: 20)")
     bsv.add_argument("--seed", type=int, default=0)
     bsv.add_argument("--artifact", metavar="DIR", default=None,
@@ -629,8 +638,10 @@ auth: the bearer token is read from --token-file FILE, else from the environment
 MEMENTO_SERVE_TOKEN (at least 16 characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))').
 --no-auth serves without a token and is refused unless --host is a loopback address.
 
-One writer thread records feedback and new cases (and, with --learn, makes the learner's updates);
-the artifact is checkpointed atomically every --save-every-s seconds or --save-every-n writes.
+Selects run in parallel; one writer thread records feedback and new cases (and, with --learn, makes
+the learner's updates), alone while it writes. Query texts of concurrent selects are encoded together
+in one forward pass (--batch-max-texts, --batch-wait-ms). The artifact is checkpointed atomically
+every --save-every-s seconds or --save-every-n writes.
 SIGTERM or Ctrl-C stops accepting connections, finishes the requests in flight, drains the writes,
 saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:PORT ...' is printed."""
 
@@ -676,6 +687,13 @@ def _add_serve_parsers(commands: Any) -> None:
                        help="torch threads (torch.set_num_threads) and faiss OpenMP threads per request thread "
                             "(default: 1: a request scores a few dozen candidates, and idle threads of concurrent "
                             "requests spin against each other; 0: the libraries' defaults)")
+    serve.add_argument("--batch-max-texts", type=int, default=32, metavar="N",
+                       help="dynamic batching of text encoding: concurrent query texts are encoded together, up "
+                            "to N in one forward pass (default: 32; 0: off, each request encodes its own text, "
+                            "one at a time)")
+    serve.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
+                       help="how long the first text of a batch waits for others, in ms (default: 2; 0: only "
+                            "the texts already queued; under load the queue fills while a batch runs)")
 
     mcp = commands.add_parser("mcp", help="serve an exported selector as MCP tools over stdio",
                               description=_MCP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -700,7 +718,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)  # process-wide, on purpose: the library never does this
     config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
-                         max_body_bytes=args.max_body_bytes, threads=args.threads)
+                         max_body_bytes=args.max_body_bytes, threads=args.threads,
+                         batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms)
 
     def ready(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -930,6 +949,10 @@ def _cmd_bank(args: argparse.Namespace) -> int:
             bank, encoder = _create_bank(args)
             print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
         with bank:
+            try:  # ids used by other cases of the bank: refused before the encoder runs
+                bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
+            except DataFormatError as error:
+                raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
             encoder = encoder or _bank_encoder(bank)
             before = len(bank)
             vectors = encoder.encode([c.state for c in cases], normalize=True).reshape(len(cases), bank.dim)
@@ -947,7 +970,8 @@ def _cmd_bank(args: argparse.Namespace) -> int:
             if args.k < 1:
                 raise DataFormatError(f"-k must be a positive integer, got {args.k}")
             encoder = _bank_encoder(bank)
-            scores, ids = bank.search(encoder.encode(args.text), args.k, env=args.env, kind=args.kind)
+            k = min(args.k, max(len(bank), 1))  # more than the bank holds finds them all
+            scores, ids = bank.search(encoder.encode(args.text), k, env=args.env, kind=args.kind)
             cases = bank.get(list(ids))
             if args.json:
                 print(json.dumps([{"score": float(s), **c.to_json()} for s, c in zip(scores, cases)],
@@ -990,7 +1014,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench_command == "train":
         train_config = TrainBenchConfig(
             archs=tuple(args.archs), batch_size=args.batch_size, k=args.k, steps=args.steps, dim=args.dim,
-            buffer_size=args.buffer_size, device=args.device, torch_threads=args.torch_threads, seed=args.seed)
+            buffer_size=args.buffer_size, bank_cases=args.bank_cases, device=args.device,
+            torch_threads=args.torch_threads, seed=args.seed)
         if args.lightning:
             from training.bench import run_train_bench_lightning
 
@@ -1020,11 +1045,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         serve_config = ServeBenchConfig(
             size=args.size, data=args.data, factory=args.factory, k=args.k, clients=tuple(args.clients),
             selects=args.selects, text_selects=args.text_selects, feedbacks=args.feedbacks, learn=not args.no_learn,
-            server_threads=args.threads, warmup=args.warmup, seed=args.seed)
+            server_threads=args.threads, batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms,
+            warmup=args.warmup, seed=args.seed)
         print(format_serve_table(run_serve_bench(serve_config, out=args.json, artifact=args.artifact,
                                                  workdir=args.workdir)))
         print(f"results written to {args.json}")
     return EXIT_OK
+
+
+def _one_line(message: object) -> str:
+    """An error message on one line (a message with line breaks would read as several errors)."""
+    return " ".join(str(message).splitlines())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1065,7 +1096,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "score":
             return _cmd_score(args)
     except MementoError as error:
-        print(f"memento: error: {error}", file=sys.stderr)
+        print(f"memento: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as error:  # a file the command needs cannot be read or written: no traceback either
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"memento: error: {where}{_one_line(error.strerror or error)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("memento: interrupted", file=sys.stderr)

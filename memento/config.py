@@ -154,6 +154,15 @@ def _kind_of(tp: Any) -> str | None:
     return None
 
 
+def _shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` for an error message: one line, at most ``limit`` characters."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an integer of too many digits, a value nested too deeply
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _convert(tp: Any, value: Any, where: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
@@ -164,8 +173,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             return None
         kinds = {_kind_of(option): option for option in options if _kind_of(option) is not None}
         if kinds and isinstance(value, dict):  # a tagged union (policy configs): "kind" picks the class
-            if value.get("kind") not in kinds:
-                raise ConfigError(f"{where}.kind={value.get('kind')!r}: must be one of {tuple(kinds)}")
+            if not isinstance(value.get("kind"), str) or value["kind"] not in kinds:
+                raise ConfigError(f"{where}.kind={_shown(value.get('kind'))}: must be one of {tuple(kinds)}")
             return _convert(kinds[value["kind"]], value, where)
         errors = []
         for option in options:
@@ -175,41 +184,45 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 return _convert(option, value, where)
             except ConfigError as error:
                 errors.append(str(error))
-        raise ConfigError(errors[0] if errors else f"{where}={value!r}: invalid")
+        raise ConfigError(errors[0] if errors else f"{where}={_shown(value)}: invalid")
     if origin is Literal:
         if value not in get_args(tp):
-            raise ConfigError(f"{where}={value!r}: must be one of {get_args(tp)}")
+            raise ConfigError(f"{where}={_shown(value)}: must be one of {get_args(tp)}")
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}={value!r}: expected an object for {tp.__name__}")
+            raise ConfigError(f"{where}={_shown(value)}: expected an object for {tp.__name__}")
         return from_dict(tp, value, _where=where)
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}={value!r}: expected a list")
+            raise ConfigError(f"{where}={_shown(value)}: expected a list")
         args = get_args(tp)
         inner = args[0] if args else Any
         items = [_convert(inner, item, f"{where}[{i}]") for i, item in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}={value!r}: expected an object")
+            raise ConfigError(f"{where}={_shown(value)}: expected an object")
         return dict(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}={value!r}: expected true or false")
+            raise ConfigError(f"{where}={_shown(value)}: expected true or false")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}={value!r}: expected an integer")
+            raise ConfigError(f"{where}={_shown(value)}: expected an integer")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}={value!r}: expected a number")
-        return float(value)
+            raise ConfigError(f"{where}={_shown(value)}: expected a number")
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float range
+            raise ConfigError(f"{where}: an integer of {len(str(abs(value)))} digits is not a finite number") \
+                from None
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}={value!r}: expected a string")
+            raise ConfigError(f"{where}={_shown(value)}: expected a string")
         return value
     return value
 
@@ -260,17 +273,29 @@ def save_json(config: Any, path: str | Path) -> None:
 
 def read_config_json(path: str | Path) -> Any:
     """The parsed JSON of a config file; a missing, unreadable or malformed file is a one-line ConfigError."""
+    from memento.formats import json_value_problem
+
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is accepted
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory, expected a JSON config file") from None
+    except OSError as error:  # permission denied...
+        raise ConfigError(f"{path}: cannot read ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text ({error.reason})") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as error:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise ConfigError(f"{path}: invalid JSON: {str(error).split(';')[0]}") from None
+    problem = json_value_problem(data)
+    if problem is not None:
+        raise ConfigError(f"{path}: {problem}")
+    return data
 
 
 def load_json(cls: type[T], path: str | Path) -> T:

@@ -8,8 +8,9 @@
   the number of cases: the bank is copied as it was at that checkpoint.
 - :func:`create_selector` makes an artifact from any case bank with a fresh, untrained Q-network (it
   then learns from feedback with ``learn=True``).
-- :func:`verify` checks an artifact's files against its manifest and that its parts agree on the
-  embedding dimension, without loading any tensor.
+- :func:`verify` runs the checks :func:`load_selector` runs (:func:`memento.selector.check_artifact`:
+  confinement, checksums, formats, safetensors headers and tensors, dimensions) without loading the
+  encoder; what an artifact may hold and what loading trusts is in ``docs/security.md``.
 - :func:`load_selector` returns a :class:`~memento.selector.Selector` after the same checks.
 
 Loading and selecting import neither Lightning nor an LLM client (nor FastAPI or MCP).
@@ -18,7 +19,6 @@ Loading and selecting import neither Lightning nor an LLM client (nor FastAPI or
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -32,16 +32,12 @@ from memento.agent import load_trained_learner
 from memento.artifact import (
     BANK_DB,
     BANK_DIR,
-    CONFIG_NAME,
-    ENCODER_NAME,
     FEEDBACK_NAME,
     LEARNER_DIR,
     MANIFEST_NAME,
     REPLAY_DIR,
     EncoderSpec,
     SelectorConfig,
-    read_encoder_spec,
-    verify_artifact,
 )
 from memento.config import (
     LearnerConfig,
@@ -49,19 +45,18 @@ from memento.config import (
     ReplayConfig,
     SoftQConfig,
     from_dict,
-    load_json,
     to_dict,
 )
 from memento.encoders import DEFAULT_MODEL_ID
 from memento.errors import CheckpointError, ConfigError, DimensionError
-from memento.io import read_versioned_json, sqlite_copy
+from memento.io import sqlite_copy
 from memento.learner import SoftQLearner
 from memento.loop import LoopConfig
 from memento.memory import CaseBank
 from memento.qnet import build_qnet
 from memento.replay import ReplayBuffer
 from memento.rundir import RunDir, read_json
-from memento.selector import Selector, swap_in, write_artifact
+from memento.selector import Selector, check_artifact, swap_in, write_artifact
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
 
@@ -88,51 +83,23 @@ def load_selector(path: str | Path, device: str | torch.device | None = None, *,
 
 
 def verify(path: str | Path) -> dict[str, Any]:
-    """Check an artifact without loading tensors: checksums, format versions, configs and dimensions.
+    """Check an artifact as :func:`load_selector` does, without loading its encoder or opening its bank.
 
-    Returns ``{"path", "files", "cases", "feedbacks", "cases_since_save", "feedbacks_since_save", "dim",
-    "manifest"}``; raises ``CheckpointError`` (a damaged file) or ``DimensionError``.
+    The same checks (:func:`memento.selector.check_artifact`): no symbolic link anywhere in it, manifest
+    entries confined to it, checksums, format versions, configs, every safetensors file parsed (the learner
+    and replay state are read on the CPU), the Q-network file against the learner, the SQLite files'
+    formats, and that all parts agree on the embedding dimension. Returns ``{"path", "files", "cases",
+    "feedbacks", "cases_since_save", "feedbacks_since_save", "dim", "manifest"}``; raises a one-line
+    ``CheckpointError`` (a damaged or unsafe file) or ``DimensionError``.
     """
     path = Path(path)
-    report = verify_artifact(path)
-    manifest = report["manifest"]
-    try:
-        config = load_json(SelectorConfig, path / CONFIG_NAME)
-    except ConfigError as error:
-        raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
-    spec = read_encoder_spec(path / ENCODER_NAME)
-    learner_meta = read_versioned_json(path / LEARNER_DIR / "learner.json", format="memento-learner", version=1,
-                                       what="learner state")
-    replay_meta = read_versioned_json(path / REPLAY_DIR / "replay.json", format="memento-replay", version=1,
-                                      what="replay buffer")
-    dims = {ENCODER_NAME: spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
-            f"{LEARNER_DIR}/ (Q-network)": _dict_dim(learner_meta.get("qnet_config"), path / LEARNER_DIR),
-            f"{REPLAY_DIR}/": _dict_dim(replay_meta.get("config"), path / REPLAY_DIR),
-            f"{BANK_DIR}/": _bank_dim(path / BANK_DB), MANIFEST_NAME: manifest.get("dim")}
-    if len(set(dims.values())) > 1:
-        listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
-        raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
+    checked = check_artifact(path, verify=True, device="cpu")
+    report = checked.report
+    assert report is not None  # verify=True
     rows, appended = report["rows"], report["appended"]
     return {"path": str(path), "files": report["files"], "cases": rows[BANK_DB], "feedbacks": rows[FEEDBACK_NAME],
             "cases_since_save": appended[BANK_DB], "feedbacks_since_save": appended[FEEDBACK_NAME],
-            "dim": spec.dim, "manifest": manifest}
-
-
-def _dict_dim(config: Any, where: Path) -> int:
-    if not isinstance(config, dict) or not isinstance(config.get("dim"), int):
-        raise CheckpointError(f"{where}: no dimension in its config ({config!r})")
-    return int(config["dim"])
-
-
-def _bank_dim(db: Path) -> int:
-    conn = sqlite3.connect(db)
-    try:
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        return int(json.loads(meta["config"])["dim"])
-    except (sqlite3.Error, KeyError, ValueError, TypeError) as error:
-        raise CheckpointError(f"{db}: not a case bank ({error})") from None
-    finally:
-        conn.close()
+            "dim": checked.spec.dim, "manifest": checked.manifest}
 
 
 # ---------------------------------------------------------------- export

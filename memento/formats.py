@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -35,6 +36,7 @@ __all__ = [
     "MementoPair",
     "StepRecord",
     "iter_jsonl",
+    "json_value_problem",
     "read_case_file",
     "read_cases_jsonl",
     "read_memento_memory",
@@ -52,8 +54,43 @@ ANSWER_SPLIT = "<|answer_split|>"
 CaseFormat = Literal["case", "memento-memory", "memento-np-memory", "memento-training"]
 
 
+_MAX_DEPTH = 100
+"""How deeply a JSONL row may nest objects and lists (a deeper one is refused: it is not data we read, and
+Python's JSON and SQLite code would hit its recursion limit on it)."""
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def json_value_problem(value: Any, *, finite: bool = False) -> str | None:
+    """Why a parsed JSON value cannot be stored or written back as UTF-8 JSON, or None: nesting deeper than
+    ``_MAX_DEPTH``, a string holding a lone surrogate (``"\\ud800"``), with ``finite`` a NaN or infinity.
+
+    Iterative, so a deep value cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return f"a string holds a lone surrogate ({item[error.start]!r}), which is not text"
+        elif isinstance(item, float):
+            if finite and not math.isfinite(item):
+                return f"{item!r} is not a JSON number"
+        elif isinstance(item, (dict, list)):
+            if depth >= _MAX_DEPTH:
+                return f"nested deeper than {_MAX_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; bad JSON names file and line."""
+    """Yield ``(line_number, object)`` for each non-blank line; bad JSON names file and line.
+
+    A UTF-8 byte-order mark before the first line and CRLF line ends are accepted. Refused, as
+    ``DataFormatError``: a file that cannot be read, bytes that are not UTF-8, a line that is not a JSON
+    object, an integer too long for Python, nesting deeper than 100 levels, a lone surrogate escape.
+    """
     path = Path(path)
     try:
         handle = path.open("rb")
@@ -61,8 +98,20 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise DataFormatError("file not found", path=path) from None
     except IsADirectoryError:
         raise DataFormatError("is a directory, expected a JSONL file", path=path) from None
+    except OSError as error:  # permission denied, a name too long...
+        raise DataFormatError(f"cannot read: {error.strerror or error}", path=path) from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        number = 0
+        while True:
+            try:
+                raw = handle.readline()
+            except OSError as error:
+                raise DataFormatError(f"cannot read: {error.strerror or error}", path=path, line=number + 1) from None
+            if not raw:
+                return
+            number += 1
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
@@ -75,8 +124,17 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             except json.JSONDecodeError as error:
                 raise DataFormatError(f"invalid JSON: {error.msg} (column {error.pos + 1})",
                                       path=path, line=number) from None
+            except RecursionError:
+                raise DataFormatError(f"invalid JSON: nested deeper than {_MAX_DEPTH} levels",
+                                      path=path, line=number) from None
+            except ValueError as error:  # an integer of more than sys.get_int_max_str_digits() digits
+                raise DataFormatError(f"invalid JSON: {str(error).split(';')[0]}", path=path, line=number) from None
             if not isinstance(row, dict):
                 raise DataFormatError(f"expected a JSON object, got {type(row).__name__}", path=path, line=number)
+            if raw.count(b"[") + raw.count(b"{") > _MAX_DEPTH or _SURROGATE_ESCAPE.search(raw):
+                problem = json_value_problem(row)  # only lines that may hold either are walked
+                if problem is not None:
+                    raise DataFormatError(problem, path=path, line=number)
             yield number, row
 
 
@@ -113,9 +171,14 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 def _reward(row: dict[str, Any], name: str = "reward") -> float:
     value = _field(row, name, (int, float))
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float range
+        raise DataFormatError(f"field {name!r} must be finite, got an integer of {len(str(abs(value)))} digits") \
+            from None
+    if not math.isfinite(number):
         raise DataFormatError(f"field {name!r} must be finite, got {value!r}")
-    return float(value)
+    return number
 
 
 def _plan(row: dict[str, Any]) -> str:
@@ -139,23 +202,45 @@ def _parse_case(row: dict[str, Any]) -> Case:
         raise DataFormatError(f"unknown field(s) {unknown} for a Case JSONL row")
     case_id = _field(row, "id", (str, int), required=False)
     kind = _field(row, "kind", str, required=False)
-    meta = _field(row, "meta", dict, required=False)
+    meta = _meta(row)
     return Case(id=None if case_id is None else str(case_id), state=_field(row, "state", str),
                 action=_field(row, "action", str), reward=_reward(row),
                 env=_field(row, "env", str, required=False), kind="case" if kind is None else kind,
                 meta={} if meta is None else meta)
 
 
+def _meta(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The optional ``meta`` object, which must hold only finite numbers (it is stored and exported as JSON)."""
+    meta = _field(row, "meta", dict, required=False)
+    problem = None if meta is None else json_value_problem(meta, finite=True)
+    if problem is not None:
+        raise DataFormatError(f"field 'meta': {problem}")
+    return meta
+
+
 def read_cases_jsonl(path: str | Path) -> list[Case]:
-    """Case JSONL (DESIGN §6)."""
-    return _read(path, _parse_case)
+    """Case JSONL (DESIGN §6); an id given on two lines is refused, naming both."""
+    out: list[Case] = []
+    first_line: dict[str, int] = {}
+    for number, row in iter_jsonl(path):
+        try:
+            case = _parse_case(row)
+        except DataFormatError as error:
+            raise DataFormatError(error.reason, path=path, line=number) from None
+        if case.id is not None:
+            if case.id in first_line:
+                raise DataFormatError(f"id {case.id!r} is used twice (first on line {first_line[case.id]})",
+                                      path=path, line=number)
+            first_line[case.id] = number
+        out.append(case)
+    return out
 
 
 def _parse_task(row: dict[str, Any]) -> Task:
     answers = _field(row, "answers", list)
     return Task(id=str(_field(row, "id", (str, int))), question=_field(row, "question", str),
                 answers=tuple(answers), family=_field(row, "family", str, required=False),
-                env=_field(row, "env", str, required=False), meta=_field(row, "meta", dict, required=False) or {})
+                env=_field(row, "env", str, required=False), meta=_meta(row) or {})
 
 
 def read_tasks_jsonl(path: str | Path) -> list[Task]:
@@ -182,9 +267,12 @@ def read_memento_memory(path: str | Path) -> list[Case]:
 
 
 def read_memento_np_memory(path: str | Path) -> list[Case]:
-    """Memento non-parametric memory ``{"question", "plan", "reward": 0|1}``."""
+    """Memento non-parametric memory ``{"question", "plan", "reward": 0|1}`` (any other reward is refused)."""
     def parse(row: dict[str, Any]) -> Case:
-        return Case(state=_field(row, "question", str), action=_plan(row), reward=_reward(row),
+        reward = _reward(row)
+        if reward not in (0.0, 1.0):
+            raise DataFormatError(f"field 'reward' must be 0 or 1 in Memento's memory, got {row['reward']!r}")
+        return Case(state=_field(row, "question", str), action=_plan(row), reward=reward,
                     meta={"source": "memento-np-memory"})
     return _read(path, parse)
 

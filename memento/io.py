@@ -7,26 +7,114 @@ temporary file is removed whenever the write fails.
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError
 
-__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json", "sqlite_copy",
-           "write_json"]
+__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json",
+           "remove_stale_temporaries", "sqlite_copy", "temporary_path", "write_json"]
+
+logger = logging.getLogger(__name__)
+
+
+def _umask() -> int:
+    """The process umask, read from /proc where it can be (os.umask can only read it by setting it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # pragma: no cover - no /proc: set and restore at once
+    os.umask(mask)  # pragma: no cover
+    return mask  # pragma: no cover
+
+
+_TMP_PID = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
+
+
+def temporary_path(path: Path) -> Path:
+    """The temporary file :func:`atomic_write` writes ``path`` through: ``.NAME.tmp-PID`` beside it."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError, ValueError):  # no such process, or a number none can have
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return pid > 0
+
+
+def _started() -> float | None:
+    """When this process started (Unix seconds, to within a second), where /proc tells."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):  # pragma: no cover - no /proc
+        return None
+
+
+def remove_stale_temporaries(directory: str | Path, names: Iterable[str]) -> list[Path]:
+    """Delete the temporaries of :func:`atomic_write` for the files ``names`` in ``directory`` left behind by a
+    process that died: ``.NAME.tmp-PID`` where no process PID is alive, or where PID is this process's but the
+    file is older than it (a killed process of the same PID, as in a container where every run is PID 1). A
+    temporary of another live process, or one this process is writing now, is left alone. Returns what was
+    removed; a file that cannot be removed is logged and kept."""
+    wanted = set(names)
+    removed: list[Path] = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    started = _started()
+    for entry in entries:
+        match = _TMP_PID.match(entry.name)
+        if match is None or match["name"] not in wanted:
+            continue
+        pid = int(match["pid"])
+        try:
+            if pid == os.getpid():
+                if started is not None and entry.stat().st_mtime >= started - 1.0:
+                    continue  # written by this process: perhaps another thread's write in flight
+            elif _pid_alive(pid):
+                continue
+            entry.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            logger.warning("%s: cannot remove a stale temporary file (%s)", entry, error.strerror or error)
+            continue
+        logger.warning("%s: removed a temporary file left by an interrupted write (process %d)", entry, pid)
+        removed.append(entry)
+    return removed
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp_path)`` to produce the file, then move it over ``path`` atomically."""
+    """Call ``write(tmp_path)`` to produce the file, then move it over ``path`` atomically.
+
+    The file gets the permissions ``open()`` would give a new file (``0o666`` less the umask), also when
+    ``write`` creates it private (safetensors writes ``0o600``).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(path)
     try:
         write(tmp)
-        if tmp.stat().st_mode & 0o777 == 0o600:  # safetensors creates its files 0600: make them shareable like
-            os.chmod(tmp, 0o644)                   # any other file here (artifacts are handed to other users)
+        wanted = 0o666 & ~_umask()
+        if tmp.stat().st_mode & 0o777 == 0o600 != wanted:  # a private file (safetensors): as open() makes it
+            os.chmod(tmp, wanted)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -62,7 +150,8 @@ def read_safetensors(path: Path, *, device: str = "cpu") -> tuple[dict[str, Any]
             header = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except Exception as error:  # safetensors raises its own error types for damaged files
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
+        detail = " ".join(str(error).split())  # one line
+        raise CheckpointError(f"{path}: not a readable safetensors file ({detail})") from None
     return tensors, header
 
 
@@ -73,13 +162,17 @@ def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> 
     """
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        detail = " ".join(str(error).split())
+        raise CheckpointError(f"{path}: unreadable ({detail})") from None
     if not isinstance(meta, dict) or meta.get("format") != format:
         raise CheckpointError(f"{path}: not a {what} file")
-    if int(meta.get("format_version", 0)) > version:
-        raise CheckpointError(f"{path}: format version {meta['format_version']} is newer than this "
-                              f"memento reads ({version})")
+    found = meta.get("format_version", 0)
+    if isinstance(found, bool) or not isinstance(found, int) or found < 0:
+        raise CheckpointError(f"{path}: format_version {found!r} is not a version number (this memento reads "
+                              f"{what} format versions up to {version})")
+    if found > version:
+        raise CheckpointError(f"{path}: format version {found} is newer than this memento reads ({version})")
     return meta
 
 

@@ -346,23 +346,40 @@ class SoftQLearner:
             raise CheckpointError(f"{directory}: not a saved learner (needs {STATE_NAME} and {TENSORS_NAME})")
         meta = read_versioned_json(meta_path, format=LEARNER_FORMAT, version=LEARNER_FORMAT_VERSION,
                                    what="learner state")
+        kinds = {"uid": str, "updates": int, "generator_device": str, "config": dict, "qnet_config": dict,
+                 "optimizer": dict}
+        for key, kind in kinds.items():
+            if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
+                raise CheckpointError(f"{meta_path}: damaged learner state ({key!r} is "
+                                      f"{'missing' if key not in meta else repr(meta[key])}; expected a "
+                                      f"{kind.__name__})")
+        if meta["updates"] < 0 or not isinstance(meta.get("alpha_optimizer", {}), dict):
+            raise CheckpointError(f"{meta_path}: damaged learner state (updates or alpha_optimizer)")
         tensors, header = read_safetensors(tensors_path)
         if header.get("uid") != meta.get("uid"):
             raise CheckpointError(f"{directory}: {STATE_NAME} and {TENSORS_NAME} come from different saves "
                                   f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")
-        qnet = build_qnet(from_dict(QNetConfig, meta["qnet_config"]))
-        learner = cls(qnet, from_dict(LearnerConfig, meta["config"]), device=device)
-        state: dict[str, Any] = {
-            "qnet": {k[5:]: v for k, v in tensors.items() if k.startswith("qnet.")},
-            "target": {k[7:]: v for k, v in tensors.items() if k.startswith("target.")},
-            "optimizer": _unflatten_optimizer(meta["optimizer"], tensors),
-            "log_alpha": tensors["log_alpha"], "generator": tensors["generator"],
-            "updates": meta["updates"], "generator_device": meta["generator_device"],
-            "config": meta["config"], "qnet_config": meta["qnet_config"],
-        }
-        if "alpha_optimizer" in meta:
-            state["alpha_optimizer"] = _unflatten_optimizer(meta["alpha_optimizer"], tensors)
-        learner.load_state_dict(state)
+        try:
+            qnet = build_qnet(from_dict(QNetConfig, meta["qnet_config"]))
+            learner = cls(qnet, from_dict(LearnerConfig, meta["config"]), device=device)
+            state: dict[str, Any] = {
+                "qnet": {k[5:]: v for k, v in tensors.items() if k.startswith("qnet.")},
+                "target": {k[7:]: v for k, v in tensors.items() if k.startswith("target.")},
+                "optimizer": _unflatten_optimizer(meta["optimizer"], tensors),
+                "log_alpha": tensors["log_alpha"], "generator": tensors["generator"],
+                "updates": meta["updates"], "generator_device": meta["generator_device"],
+                "config": meta["config"], "qnet_config": meta["qnet_config"],
+            }
+            if "alpha_optimizer" in meta:
+                state["alpha_optimizer"] = _unflatten_optimizer(meta["alpha_optimizer"], tensors)
+            learner.load_state_dict(state)
+        except (CheckpointError, KeyError, TypeError, ValueError, AttributeError, IndexError,
+                RuntimeError) as error:  # one line naming the file, whatever part of the state is damaged
+            detail = " ".join(str(error).split())
+            if isinstance(error, KeyError):
+                detail = f"missing {detail}"
+            raise CheckpointError(f"{meta_path}: damaged learner state, or it does not fit its Q-network "
+                                  f"({type(error).__name__}: {detail})") from None
         return learner
 
 

@@ -19,24 +19,34 @@ selectors loaded with the same seed make the same choices for the same calls.
 **Choosing and learning** is the soft-Q agent's (:class:`memento.agent.SoftQAgent`, the same one the online
 loop runs): the selector calls only its ``select`` and ``observe``.
 
-**Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept in memory: at most
-``config.max_pending`` of them, each for ``config.pending_ttl_s`` seconds; an unknown, answered or expired
-id raises :class:`~memento.errors.UnknownSelectionError`), commits one row to ``feedback.sqlite`` and only
-then returns (SQLite WAL with ``synchronous=NORMAL``, like the bank: a killed process loses nothing
-acknowledged; an operating-system crash or power cut may lose the last commits). The decision (state
-vector, chosen case vectors, propensities, reward) enters the replay buffer; with ``learn=True`` the
-soft-Q learner then takes ``config.updates_per_step`` gradient steps once ``config.warmup`` decisions are
-in the buffer (the same learner and rule as the online loop), and the next selection uses the new weights.
+**Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept on disk by
+:class:`memento.pending.PendingStore` in the artifact's ``.pending.sqlite``, committed before ``select``
+returns: at most ``config.max_pending`` of them, each for ``config.pending_ttl_s`` seconds; an unknown,
+answered or expired id raises :class:`~memento.errors.UnknownSelectionError`), commits one row to
+``feedback.sqlite`` and only then returns (SQLite WAL with ``synchronous=NORMAL``, like the bank: a killed
+process loses nothing acknowledged; an operating-system crash or power cut may lose the last commits). The
+decision (state vector, chosen case vectors, propensities, reward) enters the replay buffer; with
+``learn=True`` the soft-Q learner then takes ``config.updates_per_step`` gradient steps once
+``config.warmup`` decisions are in the buffer (the same learner and rule as the online loop), and the next
+selection uses the new weights.
 ``add_case`` commits the case to the bank's SQLite before it returns.
 
 **Restarts.** ``save()`` writes the Q-network, learner and replay state and a fresh manifest. Feedback
 recorded after the last save is replayed on load, in order, into the replay buffer, repeating the
 gradient steps it triggered, so a selector that crashed after acknowledging feedback comes back with the
 same counts (and, on the CPU, the same weights) as if it had saved just before the crash. Pending
-selections are not persisted: feedback for a selection made before a restart is refused.
+selections survive a restart (SIGTERM or a killed process; not a power cut, see :mod:`memento.pending`):
+feedback for a selection made before it is accepted and learned from exactly as without the restart, with
+the propensities and policy version logged at select time even if the policy changed since. The store is
+volatile state of the running service: not in the manifest, not copied by ``save(path)``.
 
-**Threads.** Every public method holds one re-entrant lock, so a selector can be shared by threads;
-calls run one at a time.
+**Threads.** A selector can be shared by threads. Reads (``select``, ``get_case``, ``stats``) run in
+parallel; writes (``feedback`` with its learning, ``add_case``, ``save``, ``close``) run one at a time and
+alone (:class:`memento.batching.ReadWriteLock`; a waiting write lets no new read in). Text is encoded
+before the lock is taken, one call at a time, or, after :meth:`Selector.batch_encoding`, by a dynamic
+batcher that groups concurrent texts into one forward pass (:class:`memento.batching.EncodeBatcher`).
+Sampling draws from the one seeded generator one call at a time, so a single caller's choices are exactly
+those of a selector without threads; concurrent callers share the stream in arrival order.
 """
 
 from __future__ import annotations
@@ -52,7 +62,6 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -95,6 +104,7 @@ from memento.artifact import (
     verify_artifact,
     write_encoder_spec,
 )
+from memento.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
 from memento.config import QNetConfig, SoftQConfig, load_json, parses_to, save_json, to_dict
 from memento.encoders import Encoder
 from memento.errors import (
@@ -110,6 +120,7 @@ from memento.features import CaseFeaturizer
 from memento.io import atomic_write, atomic_write_text, read_safetensors, sqlite_copy
 from memento.learner import SoftQLearner
 from memento.memory import Candidates, CaseBank
+from memento.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
 from memento.policy import Observation
 from memento.replay import ReplayBuffer
 from memento.types import Case, Selection
@@ -154,18 +165,13 @@ class SelectionResult:
                            "env": case.env, "prob": prob} for case, prob in zip(self.cases, self.probs)]}
 
 
-@dataclasses.dataclass(frozen=True)
-class _Pending:
-    """A selection waiting for its reward (in memory only)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Pending(PendingSelection):
+    """A selection waiting for its reward, as ``select`` makes it; the :class:`~memento.pending.PendingStore`
+    keeps its :class:`~memento.pending.PendingSelection` fields on disk (``created``: wall clock, from which
+    it expires) and hands back a ``PendingSelection``. ``born`` (``time.monotonic()`` at select) is not
+    stored: monotonic time does not survive a restart."""
 
-    state_D: np.ndarray
-    ids: list[str]
-    cases_KD: np.ndarray
-    probs: list[float]
-    set_prob: float
-    mode: str
-    policy_version: int
-    env: str | None
     born: float
 
 
@@ -205,10 +211,15 @@ class Selector:
         self._encoder_device = encoder_device
         self._hash_cache = hash_cache if hash_cache is not None else {}
         self._rng = np.random.default_rng(seed)
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._lock = threading.RLock()
+        self._pending = PendingStore.open(path / PENDING_NAME, dim=encoder_spec.dim, answered=answered_in(feedback_log))
+        # reads in parallel, writes alone; ``_lock`` is the exclusive side (re-entrant, like the RLock it replaced)
+        self._rw = ReadWriteLock()
+        self._lock = self._rw.write_lock
+        self._rng_lock = threading.Lock()  # draws from self._rng, one call at a time
+        self._encoder_lock = threading.Lock()  # loading the encoder, switching batching on or off
+        self._encoder_front: SerialEncoder | BatchedEncoder | None = None
+        self._batcher: EncodeBatcher | None = None
         self._closed = False
-        self._expired = 0
 
     # ------------------------------------------------------------------ loading
 
@@ -224,31 +235,16 @@ class Selector:
         if encoder is not None and (not callable(getattr(encoder, "encode", None))
                                     or not isinstance(getattr(encoder, "dim", None), int)):
             raise ConfigError(f"load_selector: encoder={encoder!r} needs encode(texts) and an integer dim")
-        if path.is_dir() and (path / MANIFEST_NAME).exists():
-            recover(path)
+        if path.is_dir() and os.path.lexists(path / MANIFEST_NAME):
+            recover(path)  # refuses a symbolic link anywhere in the artifact before it moves anything
         cache: dict[str, tuple[int, int, str]] = {}
-        manifest = verify_artifact(path, cache=cache)["manifest"] if verify else read_manifest(path)
-        try:
-            config = load_json(SelectorConfig, path / CONFIG_NAME)
-        except ConfigError as error:
-            raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
-        spec = read_encoder_spec(path / ENCODER_NAME)
         where = torch.device(device) if device is not None else torch.device("cpu")
-        learner = SoftQLearner.load(path / LEARNER_DIR, device=where)
-        buffer = ReplayBuffer.load(path / REPLAY_DIR, device=where)
-        qnet_config = to_dict(learner.qnet.config)
-        if qnet_config != to_dict(config.qnet):
-            raise CheckpointError(f"{path / LEARNER_DIR}: Q-network {qnet_config} differs from {CONFIG_NAME}'s "
-                                  f"{to_dict(config.qnet)}")
-        _check_qnet_file(path / QNET_NAME, learner)
-        dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
-                f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim}
+        checked = check_artifact(path, verify=verify, device=where, cache=cache)  # the checks `memento verify` runs
+        manifest, config, spec = checked.manifest, checked.config, checked.spec
+        learner, buffer, dims = checked.learner, checked.buffer, dict(checked.dims)
         if encoder is not None:
             dims["the encoder passed in"] = int(encoder.dim)
         _check_dims(path, dims)
-        if manifest.get("dim") != spec.dim:
-            raise DimensionError(f"{path / MANIFEST_NAME}: dim={manifest.get('dim')!r}, {ENCODER_NAME} "
-                                 f"dim={spec.dim}")
         bank = CaseBank.open(path / BANK_DIR, use_gpu=False)
         feedback_log: FeedbackLog | None = None
         try:
@@ -404,8 +400,10 @@ class Selector:
     # ------------------------------------------------------------------ encoding
 
     def encoder(self) -> Any:
-        """The text encoder (loaded on first use from ``encoder.json``)."""
-        with self._lock:
+        """The text encoder (loaded on first use from ``encoder.json``), behind a front that threads may share:
+        its ``encode`` runs through the dynamic batcher after :meth:`batch_encoding`, else one call at a time
+        (the front's other attributes, and ``.encoder``, are the encoder's own)."""
+        with self._encoder_lock:
             if self._encoder is None:
                 spec = self.encoder_spec
                 if spec.kind == "none":
@@ -421,7 +419,30 @@ class Selector:
                     logger.info("%s: encoder %s has another fingerprint than at training time (other files or "
                                 "install)", self.path, encoder.model_id)
                 self._encoder = encoder
-            return self._encoder
+            if self._encoder_front is None or self._encoder_front.encoder is not self._encoder:
+                self._encoder_front = (SerialEncoder(self._encoder) if self._batcher is None
+                                       else BatchedEncoder(self._encoder, self._batcher))
+            return self._encoder_front
+
+    def batch_encoding(self, max_texts: int | None = 32, wait_ms: float = 2.0) -> EncodeBatcher | None:
+        """From now on encode texts (queries, new cases' states, action texts of case features) through a
+        dynamic batcher: concurrent calls are grouped, up to ``max_texts`` texts or until ``wait_ms`` ms after
+        the first, into one forward pass in the batcher's thread (:class:`memento.batching.EncodeBatcher`).
+        Returns the batcher (its ``stats()`` count the forwards). ``max_texts=None`` switches batching off
+        again; the old batcher encodes what it holds and stops."""
+        batcher = (None if max_texts is None else
+                   EncodeBatcher(self._encode_batch, max_texts=max_texts, wait_ms=wait_ms,
+                                 name=f"memento-encode-{self.path.name}"))
+        with self._encoder_lock:
+            old, self._batcher = self._batcher, batcher
+            self._encoder_front = None
+        if old is not None:
+            old.close()
+        return batcher
+
+    def _encode_batch(self, texts: list[str]) -> np.ndarray:
+        """The batcher's forward pass: the encoder itself (called in the batcher's thread only)."""
+        return self.encoder().encoder.encode(texts)
 
     def _state(self, query: Any, what: str = "query") -> np.ndarray:
         """A query text or vector as a unit float32 vector ``[D]``."""
@@ -462,9 +483,14 @@ class Selector:
         if env is not None and (not isinstance(env, str) or not env.strip()):
             raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
         k = int(k)
-        with self._lock:
+        self._check_open()
+        state_D = self._state(query)  # text is encoded outside the lock (batched with other callers' when on)
+        with self._rw.read():
             self._check_open()
-            state_D = self._state(query)
+            # parallel readers must see the network in eval mode: q_values puts back the training flag it found,
+            # and a learner update leaves it in training mode (dropout), so set it before any reader scores
+            if self._learner.qnet.training:
+                self._learner.qnet.eval()
             candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
             version = self._agent.version
             if len(candidates) == 0:
@@ -473,7 +499,8 @@ class Selector:
                 set_prob = 1.0
                 cases_KD = np.zeros((0, self.dim), dtype=np.float32)
             else:
-                selection = self._agent.select(state_D, candidates, k, rng=self._rng, greedy=mode == "greedy")
+                rng: Any = LockedGenerator(self._rng, self._rng_lock)  # the same draws, one call at a time
+                selection = self._agent.select(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
                 ids = list(selection.ids)
                 probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
                 set_prob = float(selection.set_prob)
@@ -486,30 +513,21 @@ class Selector:
             return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
                                    set_prob=set_prob, mode=mode, policy_version=version)
 
-    def _remember(self, selection_id: str, pending: _Pending) -> None:
-        """Keep a selection until its feedback (the oldest go beyond ``max_pending``)."""
-        self._purge_expired()
-        self._pending[selection_id] = pending
-        while len(self._pending) > self.config.max_pending:
-            self._pending.popitem(last=False)
-            self._expired += 1
+    def _remember(self, selection_id: str, pending: PendingSelection) -> None:
+        """Keep a selection until its feedback: committed to the pending store (one SQLite transaction; the
+        expired ones and the oldest beyond ``max_pending`` are dropped). A selection ``_take_pending`` handed
+        out is put back (its feedback was not recorded)."""
+        self._pending.put(selection_id, pending, max_pending=self.config.max_pending,
+                          ttl_s=self.config.pending_ttl_s)
 
-    def _take_pending(self, selection_id: str) -> _Pending | None:
-        """The selection waiting under ``selection_id``, removed (``None`` when unknown or expired)."""
+    def _take_pending(self, selection_id: str) -> PendingSelection | None:
+        """The selection waiting under ``selection_id``, handed out once (``None`` when unknown, answered or
+        expired); its row leaves the store after the feedback was committed (see :mod:`memento.pending`)."""
         self._purge_expired()
-        return self._pending.pop(selection_id, None)
+        return self._pending.take(selection_id, ttl_s=self.config.pending_ttl_s)
 
     def _purge_expired(self) -> None:
-        ttl = self.config.pending_ttl_s
-        if ttl is None:
-            return
-        now = time.monotonic()
-        while self._pending:
-            first = next(iter(self._pending.values()))
-            if now - first.born <= ttl:
-                break
-            self._pending.popitem(last=False)
-            self._expired += 1
+        self._pending.purge(self.config.pending_ttl_s)
 
     def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
         """Record the reward of a selection (committed before this returns) and learn from it when ``learn``.
@@ -553,29 +571,30 @@ class Selector:
         """
         reward = _reward(reward)
         case = Case(state=state, action=action, reward=reward, env=env, meta={} if meta is None else meta)
+        self._check_open()
+        state_D = self._state(state if embedding is None else embedding, "case state")  # encoded outside the lock
         with self._lock:
             self._check_open()
-            state_D = self._state(state if embedding is None else embedding, "case state")
             return self._bank.add([case], state_D[None, :])[0]
 
     def get_case(self, case_id: str) -> Case:
         """The stored case; an unknown id raises ``UnknownCaseError``."""
         if not isinstance(case_id, str) or not case_id:
             raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
-        with self._lock:
+        with self._rw.read():
             self._check_open()
             return self._bank.get(case_id)
 
     def stats(self) -> dict[str, Any]:
         """Counts and settings: cases, feedbacks, updates, pending selections, dim, learn, and more."""
-        with self._lock:
+        with self._rw.read():
             self._check_open()
             self._purge_expired()
             spec = self.encoder_spec
             return {
                 "path": str(self.path), "cases": len(self._bank), "feedbacks": len(self._feedback),
                 "updates": int(self._learner.updates), "pending": len(self._pending),
-                "expired": self._expired, "dim": self.dim, "learn": self.learn,
+                "expired": self._pending.expired + self._pending.dropped, "dim": self.dim, "learn": self.learn,
                 "k": self.config.k, "candidates": self.config.candidates, "alpha": self.alpha,
                 "replay": len(self._buffer), "replay_added": self._buffer.added,
                 "cases_since_save": len(self._bank) - self._saved_rows(BANK_DB),
@@ -635,6 +654,9 @@ class Selector:
     def _save_in_place(self) -> None:
         root = self.path
         stage = root / STAGING_DIR
+        from memento.artifact import check_tree
+
+        check_tree(root)  # no symbolic link was planted since loading: nothing is read or written through one
         if stage.exists():
             shutil.rmtree(stage)
         stage.mkdir()
@@ -655,11 +677,19 @@ class Selector:
                     live[FEEDBACK_NAME]["rows"], self._learner.updates)
 
     def _save_copy(self, target: Path) -> Path:
+        if target.is_symlink():
+            raise CheckpointError(f"{target}: a symbolic link; save() writes a new artifact directory there, not "
+                                  "through a link")
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
                                   "artifact there (save() without a path saves in place)")
+        from memento.artifact import check_tree
+
+        check_tree(self.path)  # the files copied from are read through no symbolic link
         tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-        if tmp.exists():
+        if tmp.is_symlink():
+            tmp.unlink()
+        elif tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         try:
@@ -692,11 +722,13 @@ class Selector:
             if self._closed:
                 return
             self._closed = True
-            self._pending.clear()
             try:
-                self._bank.close()
+                self._pending.close()
             finally:
-                self._feedback.close()
+                try:
+                    self._bank.close()
+                finally:
+                    self._feedback.close()
 
 
 # ---------------------------------------------------------------- helpers
@@ -710,6 +742,78 @@ def _check_dims(path: Path, dims: dict[str, int]) -> None:
     if len(set(dims.values())) > 1:
         listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
         raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedArtifact:
+    """What :func:`check_artifact` read: the manifest, configs, the learner and replay buffer (on the
+    device asked for), the embedding dimension each part records, and :func:`verify_artifact`'s report
+    (``None`` when checksums were not checked)."""
+
+    manifest: dict[str, Any]
+    config: SelectorConfig
+    spec: EncoderSpec
+    learner: SoftQLearner
+    buffer: ReplayBuffer
+    dims: dict[str, int]
+    report: dict[str, Any] | None
+
+
+def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch.device = "cpu",
+                   cache: dict[str, tuple[int, int, str]] | None = None) -> CheckedArtifact:
+    """Every check of an artifact that does not need its encoder, bank index or feedback replay: the one
+    function both :meth:`Selector.load` and :func:`memento.export.verify` run, so they accept and refuse
+    the same artifacts.
+
+    In order: no symbolic link or special file anywhere in the tree, manifest names confined to the
+    artifact, checksums (``verify``), ``config.json``, ``encoder.json``, the learner (``learner.json``,
+    every tensor of ``learner.safetensors``, ``learner/config.json``) and the replay buffer (``replay.json``,
+    ``replay.safetensors``) loaded on ``device``, ``qnet.safetensors`` against the learner, the bank's
+    ``cases.sqlite`` (format, version, config, embeddings) and ``feedback.sqlite`` (format, version, rows),
+    and the embedding dimension of every part. Any problem is a one-line ``CheckpointError`` (or
+    ``DimensionError``) naming the file.
+    """
+    from memento.artifact import check_bank_file, check_feedback_file
+
+    path = Path(path)
+    report = verify_artifact(path, cache=cache) if verify else None
+    manifest = report["manifest"] if report is not None else read_manifest(path)
+    try:
+        config = load_json(SelectorConfig, path / CONFIG_NAME)
+    except ConfigError as error:
+        raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
+    spec = read_encoder_spec(path / ENCODER_NAME)
+    learner = SoftQLearner.load(path / LEARNER_DIR, device=device)
+    _check_learner_config(path / LEARNER_DIR / CONFIG_NAME, learner)
+    buffer = ReplayBuffer.load(path / REPLAY_DIR, device=device)
+    qnet_config = to_dict(learner.qnet.config)
+    if qnet_config != to_dict(config.qnet):
+        raise CheckpointError(f"{path / LEARNER_DIR}: Q-network {qnet_config} differs from {CONFIG_NAME}'s "
+                              f"{to_dict(config.qnet)}")
+    _check_qnet_file(path / QNET_NAME, learner)
+    bank = check_bank_file(path / BANK_DB)
+    dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
+            f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim,
+            f"{BANK_DIR}/": bank["dim"]}
+    if "embedding_dim" in bank:
+        dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank["embedding_dim"]
+    dims[MANIFEST_NAME] = manifest["dim"]
+    _check_dims(path, dims)
+    check_feedback_file(path / FEEDBACK_NAME, spec.dim)
+    return CheckedArtifact(manifest=manifest, config=config, spec=spec, learner=learner, buffer=buffer, dims=dims,
+                           report=report)
+
+
+def _check_learner_config(path: Path, learner: SoftQLearner) -> None:
+    """``learner/config.json`` must describe the learner that ``learner.json`` holds."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({' '.join(str(error).split())})") from None
+    if (not isinstance(saved, dict) or not parses_to(QNetConfig, saved.get("qnet"), learner.qnet.config)
+            or not parses_to(type(learner.config), saved.get("learner"), learner.config)):
+        raise CheckpointError(f"{path}: does not describe the learner of {LEARNER_DIR}/learner.json (Q-network "
+                              f"{to_dict(learner.qnet.config)})")
 
 
 def write_qnet(path: Path, learner: SoftQLearner) -> None:

@@ -10,10 +10,13 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
     GET  /healthz                                                    -> {"status": "ok"} (no auth)
     GET  /openapi.json                                               -> the OpenAPI spec (no auth)
 
-Concurrency and durability. Selections run concurrently in the server's thread pool (the
-Selector serialises on its own lock). Writes - feedback and new cases - go through one bounded
-queue to a single writer thread, which is also the only thread that makes the learner update
-(inside ``Selector.feedback`` when the selector was loaded with ``learn=True``). A write is answered
+Concurrency and durability. Selections run in parallel in the server's thread pool (the Selector's
+reads share its reader-writer lock; a write holds it alone). Query texts are encoded outside that lock
+by one dynamic batcher, which groups the texts of concurrent requests into one forward pass
+(``ServeConfig.batch_max_texts`` / ``batch_wait_ms``; :mod:`memento.batching`). Writes - feedback and
+new cases - go through one bounded queue to a single writer thread, which is also the only thread that
+makes the learner update (inside ``Selector.feedback`` when the selector was loaded with ``learn=True``;
+selects wait while it writes, then see the new weights). A write is answered
 only after the writer's ``Selector.feedback``/``add_case`` returned, i.e. after the fact was
 committed to the artifact's SQLite: an acknowledged write survives a crash. The writer also
 checkpoints (``Selector.save()``, atomic) every ``save_every_s`` seconds or ``save_every_n``

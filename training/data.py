@@ -245,7 +245,12 @@ def _number(row: dict[str, Any], name: str, default: float | None = None) -> flo
     value = row.get(name, default)
     if value is None and default is None:
         raise DataFormatError(f"missing field {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataFormatError(f"field {name!r} must be a finite number, got {value!r}")
+    if isinstance(value, int) and value.bit_length() > 1000:  # past float's range: isfinite would overflow
+        raise DataFormatError(f"field {name!r} must be a finite number, got an integer of about "
+                              f"{int(value.bit_length() * 0.30103) + 1} digits")
+    if not math.isfinite(value):
         raise DataFormatError(f"field {name!r} must be a finite number, got {value!r}")
     return float(value)
 

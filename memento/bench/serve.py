@@ -48,7 +48,7 @@ import numpy as np
 
 from memento.bench.bank import _write, make_vectors
 from memento.bench.select import _environment as base
-from memento.config import EncoderConfig, check, check_int
+from memento.config import EncoderConfig, check, check_float, check_int
 from memento.export import create_selector
 from memento.memory import CaseBank
 from memento.serve import TOKEN_ENV, require_extra
@@ -283,6 +283,8 @@ class ServeBenchConfig:
     - ``learn``: also time feedback on a server started with ``--learn``;
     - ``server_threads``: ``--threads`` of the server (torch threads, and faiss OpenMP threads per
       request thread; 1: one request's search and scoring are too small to share out);
+    - ``batch_max_texts`` / ``batch_wait_ms``: the server's ``--batch-max-texts`` / ``--batch-wait-ms``
+      (``None``: its defaults);
     - ``warmup``: untimed requests before each timed phase.
     """
 
@@ -296,6 +298,8 @@ class ServeBenchConfig:
     feedbacks: int = 1000
     learn: bool = True
     server_threads: int = 1
+    batch_max_texts: int | None = None
+    batch_wait_ms: float | None = None
     warmup: int = 20
     seed: int = 0
 
@@ -309,6 +313,10 @@ class ServeBenchConfig:
                "need integers >= 1")
         check(self.data in ("uniform", "clustered"), type(self), "data", self.data, "must be uniform or clustered")
         check(self.k <= self.size, type(self), "k", self.k, f"must be <= size={self.size}")
+        if self.batch_max_texts is not None:
+            check_int(self, "batch_max_texts", 0)
+        if self.batch_wait_ms is not None:
+            check_float(self, "batch_wait_ms", low=0.0, high=1000.0)
 
 
 def build_random_artifact(out: str | Path, *, size: int, factory: str = "HNSW32,Flat",
@@ -405,6 +413,10 @@ def _ensure_ids(server: ServerProcess, ids: list[str], need: int, queries_QD: np
 def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray, *, learn: bool, token: str,
                log_path: Path, rng: np.random.Generator) -> dict[str, Any]:
     args = ["--threads", str(config.server_threads), "--save-every-s", "0", "--save-every-n", "0"]
+    if config.batch_max_texts is not None:
+        args += ["--batch-max-texts", str(config.batch_max_texts)]
+    if config.batch_wait_ms is not None:
+        args += ["--batch-wait-ms", repr(config.batch_wait_ms)]
     if learn:
         args.append("--learn")
     server = ServerProcess(artifact, token=token, args=args, log_path=log_path)
@@ -423,7 +435,14 @@ def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray,
                 if config.text_selects:
                     texts = _texts(config.text_selects, f"{secrets.token_hex(4)}-{clients}")
                     bodies = [{"query": t, "k": config.k} for t in texts]
-                    out["select_text"][str(clients)] = _select_phase(server, clients, bodies, config.warmup, ids)
+                    before = _stats(server)["server"].get("encode_batching")
+                    phase = _select_phase(server, clients, bodies, config.warmup, ids)
+                    after = _stats(server)["server"].get("encode_batching")
+                    if before is not None and after is not None:  # forwards of this phase (warm-up included)
+                        forwards = after["batches"] - before["batches"]
+                        phase["forwards"] = forwards
+                        phase["texts_per_forward"] = (after["texts"] - before["texts"]) / forwards if forwards else 0.0
+                    out["select_text"][str(clients)] = phase
                     logger.info("bench serve: select by text, %d client(s): %s", clients,
                                 out["select_text"][str(clients)])
         out["feedback"] = {}
@@ -439,6 +458,8 @@ def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray,
         out["recorded_feedback"] = after["server"]["recorded_feedback"] - before["server"]["recorded_feedback"]
         out["acknowledged_feedback"] = acknowledged
         out["selector_stats"] = {k: v for k, v in after.items() if k != "server"}
+        if "encode_batching" in after["server"]:
+            out["encode_batching"] = after["server"]["encode_batching"]
     finally:
         t0 = time.perf_counter()
         code = server.stop()
@@ -484,6 +505,7 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
         token = secrets.token_urlsafe(32)
         results["record"] = _serve_run(config, path, queries_QD, learn=False, token=token,
                                        log_path=root / "serve.log", rng=rng)
+        results["scaling"] = scaling(results["record"], config.clients)
         if out is not None:
             _write(out, results)
         if config.learn:
@@ -496,6 +518,29 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
     if out is not None:
         _write(out, results)
     return results
+
+
+SCALING_TARGETS = {"select_text": 3.0, "select_embedding": 1.5}
+"""Throughput with the most clients over throughput with the fewest that the service should reach
+(DESIGN.md: 16 vs 1 client on 2 cores)."""
+
+
+def scaling(record: dict[str, Any], clients: Sequence[int]) -> dict[str, Any]:
+    """Per select kind: throughput and p50/p99 at the fewest and the most clients, their throughput ratio,
+    and whether it reaches :data:`SCALING_TARGETS` (only when those are 1 and 16 clients)."""
+    lo, hi = str(min(clients)), str(max(clients))
+    out: dict[str, Any] = {}
+    for kind, target in SCALING_TARGETS.items():
+        phases = record.get(kind, {})
+        if lo == hi or lo not in phases or hi not in phases:
+            continue
+        a, b = phases[lo], phases[hi]
+        ratio = b["per_s"] / a["per_s"] if a["per_s"] > 0 else float("nan")
+        out[kind] = {"clients": [int(lo), int(hi)], "per_s": [a["per_s"], b["per_s"]],
+                     "p50_ms": [a.get("p50_ms"), b.get("p50_ms")], "p99_ms": [a.get("p99_ms"), b.get("p99_ms")],
+                     "ratio": ratio, "target": target if (lo, hi) == ("1", "16") else None,
+                     "meets_target": bool(ratio >= target) if (lo, hi) == ("1", "16") else None}
+    return out
 
 
 def format_serve_table(results: dict[str, Any]) -> str:
@@ -515,6 +560,25 @@ def format_serve_table(results: dict[str, Any]) -> str:
         for clients, s in results[run]["feedback"].items():
             lines.append(f"| {label} | {clients} | {s.get('p50_ms', float('nan')):.2f} | "
                          f"{s.get('p99_ms', float('nan')):.2f} | {s['per_s']:,.0f} | {s['errors']} |")
+    if results.get("scaling"):
+        lines += ["", "| select | clients | requests/s | p50 (ms) | p99 (ms) | throughput ratio | target |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for kind, label in (("select_text", "by text"), ("select_embedding", "by embedding")):
+            sc = results["scaling"].get(kind)
+            if sc is None:
+                continue
+            met = "met" if sc["meets_target"] else "missed"
+            target = "" if sc["target"] is None else f">= {sc['target']:g}x ({met})"
+            lines.append(f"| {label} | {sc['clients'][0]} -> {sc['clients'][1]} | {sc['per_s'][0]:,.0f} -> "
+                         f"{sc['per_s'][1]:,.0f} | {_ms(sc['p50_ms'][0])} -> {_ms(sc['p50_ms'][1])} | "
+                         f"{_ms(sc['p99_ms'][0])} -> {_ms(sc['p99_ms'][1])} | {sc['ratio']:.2f}x | {target} |")
+        batching = rec.get("encode_batching")
+        if batching:
+            per = ", ".join(f"{s['texts_per_forward']:.1f} with {c} client(s)"
+                            for c, s in rec.get("select_text", {}).items() if "texts_per_forward" in s)
+            lines.append(f"\ntext encoding: {batching['texts']} text(s) in {batching['batches']} forward pass(es) "
+                         f"(texts per forward: {per or '-'}; largest {batching['max_batch_texts']}; "
+                         f"--batch-max-texts {batching['max_texts']}, --batch-wait-ms {batching['wait_ms']:g})")
     lines += ["", "| server | start (load + verify) s | shutdown (drain + save) s | acknowledged | recorded |",
               "|---|---:|---:|---:|---:|"]
     for run in ("record", "learn"):
@@ -523,3 +587,7 @@ def format_serve_table(results: dict[str, Any]) -> str:
             lines.append(f"| {'--learn' if r['learn'] else 'record only'} | {r['start_s']:.1f} | {r['shutdown_s']:.1f} "
                          f"| {r['acknowledged_feedback']} | {r['recorded_feedback']} |")
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -44,7 +44,7 @@ import numpy as np
 from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
 from memento.formats import read_case_file, write_jsonl
-from memento.io import atomic_write, atomic_write_text
+from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.index import FaissIndex, exact_topk
 from memento.types import Case
 
@@ -59,6 +59,7 @@ INDEX_NAME = "index.faiss"
 INDEX_META_NAME = "index.json"
 _NORM_TOLERANCE = 1e-3
 _CHUNK = 900  # below SQLite's bound on host parameters
+_MAX_PADDED = 1 << 24  # a batch search result padded past the bank's size holds at most this many entries
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -238,6 +239,7 @@ class CaseBank:
             conn.close()
             raise
         gpu = use_gpu if use_gpu is not None else True
+        remove_stale_temporaries(path, (INDEX_NAME, INDEX_META_NAME))  # left by a killed write of the index
         bank = cls(path, conn, config, meta["uid"], use_gpu=gpu, seed=seed)
         bank._open_index()
         return bank
@@ -424,42 +426,12 @@ class CaseBank:
         emb_ND = self._validate_embeddings(embeddings, len(cases))
         hashes = [c.content_hash for c in cases]
         now = time.time()
-        out: list[str] = [""] * len(cases)
         new_rows: list[tuple[Any, ...]] = []
         new_index: list[int] = []
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            existing: dict[str, str] = {}
-            if not allow_duplicates:
-                for chunk in _chunks(list(dict.fromkeys(hashes))):
-                    marks = ",".join("?" * len(chunk))
-                    existing.update(conn.execute(
-                        f"SELECT hash, MIN(id) FROM cases WHERE hash IN ({marks}) GROUP BY hash", list(chunk)))
-            planned: list[tuple[int, str]] = []  # (input index, id) of the cases to insert
-            for i, (case, digest) in enumerate(zip(cases, hashes)):
-                if not allow_duplicates and digest in existing:
-                    out[i] = existing[digest]
-                    if case.id is not None and case.id != existing[digest]:
-                        logger.warning("%s: case %r duplicates stored case %r; kept the stored one",
-                                       self.path, case.id, existing[digest])
-                    continue
-                case_id = case.id if case.id is not None else (
-                    f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{self._count + len(planned)}")
-                existing[digest] = case_id
-                out[i] = case_id
-                planned.append((i, case_id))
-            seen: set[str] = set()
-            for i, case_id in planned:
-                if case_id in seen:
-                    raise DataFormatError(f"case {i}: id {case_id!r} is used twice in this call")
-                seen.add(case_id)
-            for chunk in _chunks([case_id for _, case_id in planned]):
-                marks = ",".join("?" * len(chunk))
-                row = conn.execute(f"SELECT id FROM cases WHERE id IN ({marks}) LIMIT 1", list(chunk)).fetchone()
-                if row is not None:
-                    index_of = next(i for i, case_id in planned if case_id == row[0])
-                    raise DataFormatError(f"case {index_of}: id {row[0]!r} is already used by another case")
+            out, planned = self._plan_ids(cases, hashes, allow_duplicates=allow_duplicates, warn=True)
             for pos, (i, case_id) in enumerate(planned, start=self._count):
                 case = cases[i]
                 new_rows.append((pos, case_id, case.state, case.action, case.reward, case.env, case.kind,
@@ -491,6 +463,51 @@ class CaseBank:
         if skipped:
             logger.debug("%s: skipped %d duplicate case(s)", self.path, skipped)
         return out
+
+    def _plan_ids(self, cases: Sequence[Case], hashes: Sequence[str], *, allow_duplicates: bool,
+                  warn: bool) -> tuple[list[str], list[tuple[int, str]]]:
+        """The id each case gets and the ``(input index, id)`` of those to insert (the others repeat stored
+        content); an id used twice, or already used by another stored case, raises ``DataFormatError``."""
+        conn = self._conn
+        out: list[str] = [""] * len(cases)
+        existing: dict[str, str] = {}
+        if not allow_duplicates:
+            for chunk in _chunks(list(dict.fromkeys(hashes))):
+                marks = ",".join("?" * len(chunk))
+                existing.update(conn.execute(
+                    f"SELECT hash, MIN(id) FROM cases WHERE hash IN ({marks}) GROUP BY hash", list(chunk)))
+        planned: list[tuple[int, str]] = []  # (input index, id) of the cases to insert
+        for i, (case, digest) in enumerate(zip(cases, hashes)):
+            if not allow_duplicates and digest in existing:
+                out[i] = existing[digest]
+                if warn and case.id is not None and case.id != existing[digest]:
+                    logger.warning("%s: case %r duplicates stored case %r; kept the stored one",
+                                   self.path, case.id, existing[digest])
+                continue
+            case_id = case.id if case.id is not None else (
+                f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{self._count + len(planned)}")
+            existing[digest] = case_id
+            out[i] = case_id
+            planned.append((i, case_id))
+        seen: set[str] = set()
+        for i, case_id in planned:
+            if case_id in seen:
+                raise DataFormatError(f"case {i}: id {case_id!r} is used twice in this call")
+            seen.add(case_id)
+        for chunk in _chunks([case_id for _, case_id in planned]):
+            marks = ",".join("?" * len(chunk))
+            row = conn.execute(f"SELECT id FROM cases WHERE id IN ({marks}) LIMIT 1", list(chunk)).fetchone()
+            if row is not None:
+                index_of = next(i for i, case_id in planned if case_id == row[0])
+                raise DataFormatError(f"case {index_of}: id {row[0]!r} is already used by another case")
+        return out, planned
+
+    def check_ids(self, cases: Sequence[Case], *, allow_duplicates: bool = False) -> None:
+        """Raise the ``DataFormatError`` that :meth:`add` would raise for these cases' ids (one used twice, or
+        used by another stored case), before any work is spent on their embeddings; writes nothing."""
+        self._check_open()
+        cases = list(cases)
+        self._plan_ids(cases, [c.content_hash for c in cases], allow_duplicates=allow_duplicates, warn=False)
 
     @overload
     def get(self, ids: str) -> Case: ...
@@ -560,14 +577,26 @@ class CaseBank:
     def search_positions(self, query: Any, k: int, *, env: str | None = None,
                          kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match."""
+        return self._search_positions(query, k, env=env, kind=kind, pad=True)
+
+    def _search_positions(self, query: Any, k: int, *, env: str | None, kind: str | None,
+                          pad: bool) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search_positions`; without ``pad``, the result is at most the bank's size wide (a search for
+        more cases than the bank holds finds them all, whatever ``k``)."""
         self._check_open()
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise DataFormatError(f"k must be a positive integer, got {k!r}")
         q_BD, _ = self._validate_query(query)
-        k = int(k)
+        width = int(k) if pad else min(int(k), max(self._count, 1))  # no more cases are searched for
+        if len(q_BD) * width > _MAX_PADDED and width > self._count:
+            raise DataFormatError(f"k={width} for {len(q_BD)} queries: the padded result would hold "
+                                  f"{len(q_BD) * width} entries, but the bank holds {self._count} cases; "
+                                  f"ask for k <= {max(self._count, 1)}")
+        k = min(width, self._count)
         allowed = self._allowed(env, kind)
         if self._count == 0 or (allowed is not None and not allowed.any()):
-            return (np.full((len(q_BD), k), -np.inf, dtype=np.float32), np.full((len(q_BD), k), -1, dtype=np.int64))
+            return (np.full((len(q_BD), width), -np.inf, dtype=np.float32),
+                    np.full((len(q_BD), width), -1, dtype=np.int64))
         result = None
         if self._index.is_trained and self._index.ntotal == self._count:
             result = self._index.search(q_BD, k, allowed)
@@ -579,6 +608,10 @@ class CaseBank:
                 result = exact_topk(self._embeddings_ND[positions], q_BD, k, positions)
         scores_BK, labels_BK = result
         scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
+        if width > k:  # pad to the width asked for
+            extra = ((0, 0), (0, width - k))
+            scores_BK, labels_BK = (np.pad(scores_BK, extra, constant_values=-np.inf),
+                                    np.pad(labels_BK, extra, constant_values=-1))
         return scores_BK, labels_BK.astype(np.int64)
 
     def search(self, query: Any, k: int, *, env: str | None = None,
@@ -589,7 +622,7 @@ class CaseBank:
         ``[B, D]``: ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a
         numpy object array of case-id strings. ``env``/``kind`` restrict the search.
         """
-        scores_BK, labels_BK = self.search_positions(query, k, env=env, kind=kind)
+        scores_BK, labels_BK = self._search_positions(query, k, env=env, kind=kind, pad=np.asarray(query).ndim != 1)
         self._ensure_loaded()
         ids_BK = np.empty(labels_BK.shape, dtype=object)
         for b, row in enumerate(labels_BK):
@@ -602,8 +635,8 @@ class CaseBank:
 
     def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None) -> Candidates:
         """The top-``c`` cases for one state with their stored vectors (the policy's candidate set)."""
-        scores_BK, labels_BK = self.search_positions(np.asarray(query_D)[None, :] if np.asarray(query_D).ndim == 1
-                                                     else query_D, c, env=env, kind=kind)
+        scores_BK, labels_BK = self._search_positions(np.asarray(query_D)[None, :] if np.asarray(query_D).ndim == 1
+                                                      else query_D, c, env=env, kind=kind, pad=False)
         if labels_BK.shape[0] != 1:
             raise DimensionError(f"candidates takes one state [D], got shape {np.asarray(query_D).shape}")
         valid = labels_BK[0] >= 0
@@ -781,6 +814,10 @@ class CaseBank:
         if encoder.dim != self.dim:
             raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim} vectors, "
                                  f"bank {self.path} holds dim={self.dim}")
+        try:
+            self.check_ids(cases, allow_duplicates=allow_duplicates)
+        except DataFormatError as error:  # before the encoder runs
+            raise DataFormatError(f"{error} (bank {self.path})", path=path) from None
         emb_ND = encoder.encode([c.state for c in cases], show_progress_bar=show_progress_bar, normalize=True)
         return self.add(cases, emb_ND.reshape(len(cases), self.dim), allow_duplicates=allow_duplicates)
 

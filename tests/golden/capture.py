@@ -131,7 +131,8 @@ def selector_run(root: Path) -> dict[str, Any]:
                           "version": result.policy_version})
             selector.feedback(result.selection_id, reward=float(i % 3 == 0))
         updates = selector.learner.updates
-    files = sorted(str(p.relative_to(art)) for p in art.rglob("*") if p.is_file())
+    files = sorted(str(p.relative_to(art)) for p in art.rglob("*")  # not the service's pending selections
+                   if p.is_file() and not p.name.startswith(".pending.sqlite"))
     return {"picks": picks, "updates": updates, "files": files}
 
 

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 def test_bench_serve_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--size", "300", "--factory", "Flat", "--clients", "1", "4", "--selects", "40",
-            "--text-selects", "4", "--feedbacks", "40", "--warmup", "2", "--no-learn", "--artifact",
-            str(tmp_path / "selector"), "--json", str(out)]
+            "--text-selects", "4", "--feedbacks", "40", "--warmup", "2", "--no-learn", "--batch-max-texts", "8",
+            "--artifact", str(tmp_path / "selector"), "--json", str(out)]
     assert main(argv) == 0
     table = capsys.readouterr().out
     results = json.loads(out.read_text())
@@ -33,6 +33,11 @@ def test_bench_serve_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert record["acknowledged_feedback"] == record["recorded_feedback"] == 80
     assert record["exit_status"] == 0 and record["selector_stats"]["cases"] >= 300
     assert "learn" not in results
+    for kind in ("select_text", "select_embedding"):  # 1 vs 4 clients: a ratio, no target (that is 1 vs 16)
+        sc = results["scaling"][kind]
+        assert sc["clients"] == [1, 4] and sc["ratio"] > 0 and sc["target"] is None
+    assert record["encode_batching"]["texts"] == 2 * (4 + 2) and record["encode_batching"]["max_texts"] == 8
+    assert "| by text | 1 -> 4 |" in table and "text encoding: 12 text(s) in" in table and "with 4 client(s)" in table
     for row in ("| select by embedding | 4 |", "| select by text | 1 |", "| feedback (record) | 4 |"):
         assert row in table
     assert (tmp_path / "selector" / "manifest.json").is_file()  # kept for reuse

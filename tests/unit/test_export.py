@@ -82,8 +82,8 @@ def exported(runs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def artifact(exported: Path, tmp_path: Path) -> Path:
-    """A private copy of the exported artifact."""
-    return Path(shutil.copytree(exported, tmp_path / "selector"))
+    """A private copy of the exported artifact (without the pending selections other tests left in it)."""
+    return Path(shutil.copytree(exported, tmp_path / "selector", ignore=shutil.ignore_patterns(".pending.sqlite*")))
 
 
 def _queries(n: int = 6) -> np.ndarray:
@@ -273,8 +273,8 @@ def test_appended_rows_are_accepted_but_edited_saved_rows_are_not(artifact: Path
 # ---------------------------------------------------------------- the Selector API
 
 
-def test_select_result_and_to_dict(exported: Path) -> None:
-    with load_selector(exported) as selector:
+def test_select_result_and_to_dict(artifact: Path) -> None:  # a copy: pending selections persist on disk
+    with load_selector(artifact) as selector:
         result = selector.select(_queries()[0], k=3)
         assert len(result) == 3 and len(result.cases) == 3 and len(result.probs) == 3
         assert result.mode == "sample" and 0.0 < result.set_prob <= 1.0 and len(result.selection_id) == 32
@@ -289,7 +289,7 @@ def test_select_result_and_to_dict(exported: Path) -> None:
         assert len(many) == 40 and len(set(many.ids)) == 40
         stats = selector.stats()
         assert stats["pending"] == 2 and stats["dim"] == 64 and stats["learn"] is False
-        assert stats["cases"] == json.loads((exported / "manifest.json").read_text())["source"]["bank_cases"]
+        assert stats["cases"] == json.loads((artifact / "manifest.json").read_text())["source"]["bank_cases"]
 
 
 def test_env_filter_and_an_empty_choice(artifact: Path) -> None:

@@ -398,6 +398,13 @@ def test_serve_config_validation() -> None:
         ServeConfig(max_k=0)
     with pytest.raises(ConfigError, match="save_every_s"):
         ServeConfig(save_every_s=-1)
+    for bad in ({"batch_max_texts": -1}, {"batch_max_texts": 2.5}, {"batch_max_texts": True},
+                {"batch_wait_ms": -0.5}, {"batch_wait_ms": float("inf")}, {"batch_wait_ms": 5000}):
+        with pytest.raises(ConfigError, match="batch_"):
+            ServeConfig(**bad)  # type: ignore[arg-type]
+    config = ServeConfig(batch_max_texts=0, batch_wait_ms=1)
+    assert config.batch_max_texts == 0 and isinstance(config.batch_wait_ms, float)
+    assert (ServeConfig().batch_max_texts, ServeConfig().batch_wait_ms) == (32, 2.0)
 
 
 # ---------------------------------------------------------------- CLI
@@ -410,7 +417,8 @@ def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None
         main(["serve", "--help"])
     out = capsys.readouterr().out
     for flag in (TOKEN_ENV, "--token-file", "--no-auth", "--learn", "--save-every-s", "--save-every-n", "--device",
-                 "--port", "--host", "--max-body-bytes", "--threads", "memento[serve]"):
+                 "--port", "--host", "--max-body-bytes", "--threads", "memento[serve]", "--batch-max-texts",
+                 "--batch-wait-ms", "one forward pass"):
         assert flag in out, flag
     with pytest.raises(SystemExit):
         main(["mcp", "--help"])
@@ -424,6 +432,8 @@ def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None
     ([], {}, f"no token: set {TOKEN_ENV}"),
     (["--no-auth", "--token-file", "x"], {}, "not allowed with argument"),
     ([], {TOKEN_ENV: "short"}, "at least 16 characters"),
+    (["--no-auth", "--batch-wait-ms", "-1"], {}, "ServeConfig.batch_wait_ms=-1.0"),
+    (["--no-auth", "--batch-max-texts", "-2"], {}, "ServeConfig.batch_max_texts=-2"),
 ])
 def test_cli_serve_refuses_bad_auth_settings_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str], argv: list[str],
@@ -501,7 +511,7 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
 
 
 def test_bench_serve_config_and_table() -> None:
-    from memento.bench.serve import ServeBenchConfig, format_serve_table
+    from memento.bench.serve import ServeBenchConfig, format_serve_table, scaling
 
     with pytest.raises(ConfigError, match="clients"):
         ServeBenchConfig(clients=())
@@ -509,6 +519,8 @@ def test_bench_serve_config_and_table() -> None:
         ServeBenchConfig(size=3, k=4)
     with pytest.raises(ConfigError, match="data"):
         ServeBenchConfig(data="gaussian")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="batch_wait_ms"):
+        ServeBenchConfig(batch_wait_ms=-1.0)
     phase = {"requests": 10, "ok": 10, "errors": 0, "wall_s": 1.0, "per_s": 10.0, "p50_ms": 1.0, "p99_ms": 2.0}
     run = {"learn": False, "select_embedding": {"1": phase}, "select_text": {"16": phase}, "feedback": {"1": phase},
            "start_s": 3.0, "shutdown_s": 1.0, "acknowledged_feedback": 10, "recorded_feedback": 10}
@@ -517,3 +529,167 @@ def test_bench_serve_config_and_table() -> None:
     for row in ("| select by embedding | 1 | 1.00 | 2.00 | 10 | 0 |", "| select by text | 16 |",
                 "| feedback (record) | 1 |", "| feedback (learn) | 1 |", "| --learn | 3.0 | 1.0 | 10 | 10 |"):
         assert row in table, row
+
+    sc = scaling({"select_text": {"1": phase, "16": {**phase, "per_s": 35.0}},
+                  "select_embedding": {"1": phase, "16": {**phase, "per_s": 12.0}}}, (1, 16))
+    assert sc["select_text"]["ratio"] == 3.5 and sc["select_text"]["meets_target"] is True
+    assert sc["select_embedding"]["ratio"] == pytest.approx(1.2) and sc["select_embedding"]["meets_target"] is False
+    table = format_serve_table({"config": dataclasses.asdict(ServeBenchConfig()), "record": run, "scaling": sc})
+    assert "| by text | 1 -> 16 | 10 -> 35 | 1.0 -> 1.0 | 2.0 -> 2.0 | 3.50x | >= 3x (met) |" in table
+    assert "| by embedding | 1 -> 16 |" in table and ">= 1.5x (missed)" in table
+
+
+# ---------------------------------------------------------------- a real selector under concurrent requests
+
+
+@pytest.fixture(scope="module")
+def real_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A selector over the 28 seed cases of tests/loop_env.py (hashing encoder), a Q-network with heavy dropout
+    (a forward in training mode would show), learning from the first feedback."""
+    from memento.config import QNetConfig
+    from memento.export import create_selector
+    from memento.memory import CaseBank
+    from tests.loop_env import HashingEncoder, make_env
+
+    root = tmp_path_factory.mktemp("real-serve")
+    env, encoder = make_env(), HashingEncoder()
+    with CaseBank.create(root / "bank", encoder.dim, index="Flat") as bank:
+        bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
+    return create_selector(root / "bank", root / "selector", k=4, warmup=1,
+                           qnet=QNetConfig(dim=encoder.dim, hidden=64, dropout=0.5))
+
+
+@pytest.fixture
+def real_selector(real_artifact: Path, tmp_path: Path):
+    import shutil
+
+    from memento import load_selector
+    from tests.loop_env import HashingEncoder
+
+    path = Path(shutil.copytree(real_artifact, tmp_path / "selector"))
+    with load_selector(path, learn=True, seed=3, encoder=HashingEncoder()) as selector:
+        yield selector
+
+
+def _tasks() -> list[str]:
+    from tests.loop_env import make_env
+
+    return [task.question for task in make_env().tasks]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_16_threads_select_in_parallel_with_feedback_in_between_and_lose_nothing(real_selector: Any) -> None:
+    """Selects by text (batched) and by vector from 16 threads while the single writer records and learns from
+    feedback: no error, and every acknowledged feedback is in the feedback log."""
+    from memento.artifact import FeedbackLog
+    from tests.loop_env import HashingEncoder
+
+    tasks = _tasks()
+    vectors = HashingEncoder().encode(tasks)
+    batcher = real_selector.batch_encoding(max_texts=16, wait_ms=5)
+    writer = Writer(real_selector, ServeConfig(save_every_n=0, save_every_s=0)).start()
+    acknowledged: list[str] = []
+    guard = threading.Lock()
+
+    def client(c: int) -> None:
+        for i in range(12):
+            j = (c * 12 + i) % len(tasks)
+            result = real_selector.select(tasks[j] if i % 2 else vectors[j], k=4, mode="sample" if c % 4 else "greedy")
+            assert len(result) == 4 and len(set(result.ids)) == 4
+            if i % 3 == 0:
+                answer = writer.submit_feedback(result.selection_id, float(j % 2)).result(30)
+                with guard:
+                    acknowledged.append(answer["selection_id"])
+
+    errors: list[BaseException] = []
+
+    def run(c: int) -> None:
+        try:
+            client(c)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    writer.stop()
+    assert not errors, errors[:3]
+    stats = real_selector.stats()
+    assert len(acknowledged) == 16 * 4 and stats["feedbacks"] == 64 and stats["updates"] == 64
+    log = FeedbackLog.open(real_selector.path / "feedback.sqlite")
+    try:
+        assert {row.selection_id for row in log.rows(after=0)} == set(acknowledged)
+    finally:
+        log.close()
+    counts = batcher.stats()
+    assert counts["texts"] == 16 * 6 and counts["batches"] < counts["texts"]  # concurrent texts shared forwards
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_parallel_greedy_selects_after_learning_equal_serial_ones(real_selector: Any) -> None:
+    """After learner updates (which leave the network in training mode, dropout 0.5) greedy selects from 16
+    threads choose exactly what one thread chooses: every reader scores in eval mode."""
+    tasks = _tasks()
+    for i in range(6):
+        result = real_selector.select(tasks[i], k=4)
+        real_selector.feedback(result.selection_id, 1.0)
+    assert real_selector.learner.updates == 6
+    real_selector.learner.qnet.train()  # as a learner update leaves it
+    expected = [real_selector.select(t, k=4, mode="greedy").ids for t in tasks]
+    for _ in range(3):
+        real_selector.learner.qnet.train()
+        got: list[Any] = [None] * (16 * len(tasks))
+
+        def client(c: int, got: list[Any] = got) -> None:
+            for i in range(c, len(got), 16):
+                got[i] = real_selector.select(tasks[i % len(tasks)], k=4, mode="greedy").ids
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert got == [expected[i % len(tasks)] for i in range(len(got))]
+
+
+def test_batching_keeps_single_caller_choices_exactly(real_artifact: Path, tmp_path: Path) -> None:
+    """One caller, same seed: the same sampled choices (ids, probabilities) with the batcher on as without it,
+    by text and by vector, and the same greedy ones."""
+    import shutil
+
+    from memento import load_selector
+    from tests.loop_env import HashingEncoder
+
+    tasks = _tasks()[:10]
+    runs = []
+    for batched in (False, True):
+        path = Path(shutil.copytree(real_artifact, tmp_path / f"selector-{batched}"))
+        with load_selector(path, seed=11, encoder=HashingEncoder()) as selector:
+            if batched:
+                selector.batch_encoding(max_texts=8, wait_ms=1)
+            picks = []
+            for i, task in enumerate(tasks):
+                query = task if i % 2 else HashingEncoder().encode(task)
+                for mode in ("sample", "greedy"):
+                    result = selector.select(query, k=3, mode=mode)
+                    picks.append((result.ids, result.probs, result.set_prob))
+            runs.append(picks)
+            selector.batch_encoding(None)
+    assert runs[0] == runs[1]
+
+
+def test_app_turns_batching_on_for_its_lifetime(real_selector: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    app = create_app(real_selector, token=None, config=ServeConfig(batch_max_texts=8, batch_wait_ms=0))
+    with TestClient(app) as client:
+        answer = client.post("/v1/select", json={"query": "what is the capital of Peru?", "k": 2})
+        assert answer.status_code == 200 and len(answer.json()["cases"]) == 2
+        stats = client.get("/v1/stats").json()["server"]["encode_batching"]
+        assert stats["texts"] == 1 and stats["max_texts"] == 8
+        case = client.post("/v1/cases", json={"state": "a new task about Lima", "action": "Lima", "reward": 1.0})
+        assert case.status_code == 200
+    assert real_selector._batcher is None  # switched off again on shutdown
+    assert real_selector.select("what is the capital of Peru?", k=2).ids  # encodes in the calling thread again

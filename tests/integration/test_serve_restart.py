@@ -1,0 +1,89 @@
+"""Feedback after a restart, through the real server: ``memento serve`` in a subprocess (tests/integration/
+serve_helpers.py's artifact, built with the hashing encoder: selects go by embedding, no model to load).
+
+Selections are made over HTTP, one of them answered, then the server is stopped with SIGTERM (graceful:
+drain, save) or SIGKILL (a crash, right after the answers came back). A new server on the same artifact
+accepts the feedback for every other selection (200, recorded, learned from with ``--learn``), refuses
+the answered one (404), and its pending count is what was left.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memento.bench.serve import HttpClient, ServerProcess
+from memento.pending import PENDING_NAME
+from tests.integration.serve_helpers import make_real_artifact
+from tests.loop_env import HashingEncoder
+
+pytestmark = pytest.mark.slow
+
+TOKEN = secrets.token_urlsafe(24)
+N = 12
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_real_artifact(tmp_path_factory.mktemp("serve-restart"), HashingEncoder())
+
+
+def _server(artifact: Path, tmp_path: Path, name: str) -> ServerProcess:
+    return ServerProcess(artifact, token=TOKEN, args=["--learn"], log_path=tmp_path / f"{name}.log").start()
+
+
+def _stats(client: HttpClient) -> dict[str, Any]:
+    code, body = client.request("GET", "/v1/stats")
+    assert code == 200, body
+    return body
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_feedback_for_selections_made_before_a_restart(exported: Path, tmp_path: Path, sig: int) -> None:
+    artifact = Path(shutil.copytree(exported, tmp_path / "selector"))
+    server = _server(artifact, tmp_path, "before")
+    try:
+        client = HttpClient(server.url, server.headers)
+        before = _stats(client)
+        rng = np.random.default_rng(0)
+        states = rng.standard_normal((N, before["dim"])).astype(np.float32)
+        states /= np.linalg.norm(states, axis=1, keepdims=True)
+        chosen = []
+        for state in states:
+            code, body = client.request("POST", "/v1/select", {"embedding": state.tolist(), "k": 4})
+            assert code == 200, body
+            chosen.append(body)
+        code, body = client.request("POST", "/v1/feedback", {"selection_id": chosen[0]["selection_id"], "reward": 1})
+        assert code == 200 and body["recorded"], body
+        assert _stats(client)["pending"] == N - 1
+        client.close()
+        code = server.stop(sig)
+    finally:
+        server.kill()
+    assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), server.log()
+    assert (artifact / PENDING_NAME).is_file()
+
+    again = _server(artifact, tmp_path, "after")
+    try:
+        client = HttpClient(again.url, again.headers)
+        restarted = _stats(client)
+        assert restarted["pending"] == N - 1 and restarted["feedbacks"] == before["feedbacks"] + 1
+        code, body = client.request("POST", "/v1/feedback", {"selection_id": chosen[0]["selection_id"], "reward": 1})
+        assert code == 404, body  # answered before the restart: never twice
+        for i, selection in enumerate(chosen[1:]):
+            code, body = client.request("POST", "/v1/feedback",
+                                        {"selection_id": selection["selection_id"], "reward": float(i % 2)})
+            assert code == 200 and body["recorded"], body
+        after = _stats(client)
+        assert after["pending"] == 0 and after["feedbacks"] == before["feedbacks"] + N
+        assert after["replay_added"] == before["replay_added"] + N
+        assert after["updates"] > restarted["updates"]  # --learn: learned from the selections made before
+        client.close()
+    finally:
+        assert again.stop() == 0, again.log()
