@@ -13,6 +13,7 @@ valid while the table grows or is compacted.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -73,27 +74,30 @@ class VectorTable:
         m = rows_MW.shape[0]
         if m == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
-        ix_M = np.empty(m, dtype=np.int64)
-        new: list[int] = []
-        seen: list[int] = []  # rows whose hash was known: checked below
-        for i, key in enumerate(self._hashes(rows_MW).tolist()):
-            row = self._row_of_hash.get(key)
-            if row is None:
-                row = self._size + len(new)
-                self._row_of_hash[key] = row
-                new.append(i)
-            else:
-                seen.append(i)
-            ix_M[i] = row
-        self._reserve(self._size + len(new))
-        if new:
-            self._data_VW[self._size:self._size + len(new)] = rows_MW[torch.as_tensor(new, device=self.device)]
-            self._size += len(new)
+        h_M = self._hashes(rows_MW)
+        hashes_U, first_U, inverse_M = np.unique(h_M, return_index=True, return_inverse=True)
+        keys = hashes_U.tolist()
+        row_U = np.fromiter(map(self._row_of_hash.get, keys, itertools.repeat(-1)), dtype=np.int64,
+                            count=len(keys))
+        new_U = row_U < 0
+        n_new = int(new_U.sum())
+        if n_new:  # new vectors get rows in the order they first appear
+            new_N = np.flatnonzero(new_U)
+            new_N = new_N[np.argsort(first_U[new_N], kind="stable")]
+            row_U[new_N] = np.arange(self._size, self._size + n_new)
+            self._row_of_hash.update(zip(hashes_U[new_N].tolist(), row_U[new_N].tolist()))
+            self._reserve(self._size + n_new)
+            source = torch.as_tensor(first_U[new_N], device=self.device)
+            self._data_VW[self._size:self._size + n_new] = rows_MW[source]
+            self._size += n_new
+        ix_M = row_U[inverse_M.reshape(-1)]
         index_M = torch.as_tensor(ix_M, device=self.device)
-        if not seen:
+        # every row but the one each new vector was copied from is checked: hash collisions (or NaN) get rows
+        copied_M = new_U[inverse_M.reshape(-1)] & (first_U[inverse_M.reshape(-1)] == np.arange(m))
+        if bool(copied_M.all()):
             return index_M
-        seen_S = torch.as_tensor(seen, device=self.device)
-        wrong_S = (self._data_VW.index_select(0, index_M[seen_S]) != rows_MW[seen_S]).any(dim=1)  # collisions, NaN
+        seen_S = torch.as_tensor(np.flatnonzero(~copied_M), device=self.device)
+        wrong_S = (self._data_VW.index_select(0, index_M[seen_S]) != rows_MW[seen_S]).any(dim=1)
         if bool(wrong_S.any()):
             wrong = seen_S[wrong_S]
             self._reserve(self._size + len(wrong))
