@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from memento.errors import MementoError
 
-__all__ = ["ServeConfig", "ServerUnavailableError", "Writer", "json_safe", "thread_limiter", "token_matches"]
+__all__ = ["LearnerLink", "ServeConfig", "ServerUnavailableError", "Writer", "json_safe", "thread_limiter",
+           "token_matches"]
 
 logger = logging.getLogger("memento.serve")
 
@@ -52,7 +53,12 @@ class ServeConfig:
       dynamic batcher (:class:`memento.batching.EncodeBatcher`): concurrent texts are encoded together, up to
       ``batch_max_texts`` in one forward pass, the first waiting at most ``batch_wait_ms`` ms for others
       (0 ms: only those already queued). ``batch_max_texts=0`` switches batching off (each request thread
-      encodes its own text, one at a time).
+      encodes its own text, one at a time);
+    - ``workers``: server processes accepting on the one listening socket (``memento serve --workers N``): the
+      learner (this process: feedback, new cases, learning, checkpoints) and ``workers - 1`` read-only
+      worker processes that answer selects and reads and forward writes to the learner (1: one process);
+    - ``publish_every_s``: with several workers, the learner publishes its Q-network for them at most this
+      often after it changed (0: after every update), and at every checkpoint.
     """
 
     max_body_bytes: int = 1 << 20
@@ -66,9 +72,11 @@ class ServeConfig:
     threads: int = 1
     batch_max_texts: int = 32
     batch_wait_ms: float = 2.0
+    workers: int = 1
+    publish_every_s: float = 1.0
 
     def __post_init__(self) -> None:
-        from memento.config import check_float, check_int
+        from memento.config import check, check_float, check_int
 
         for name in ("max_body_bytes", "max_k", "max_text_chars", "max_embedding_dim", "queue_size"):
             check_int(self, name, 1)
@@ -78,6 +86,9 @@ class ServeConfig:
         check_float(self, "batch_wait_ms", low=0.0, high=1000.0)
         check_float(self, "save_every_s", low=0.0)
         check_float(self, "graceful_timeout_s", low=0.0)
+        check_int(self, "workers", 1)
+        check(self.workers <= 64, type(self), "workers", self.workers, "must be <= 64")
+        check_float(self, "publish_every_s", low=0.0)
 
 
 def thread_limiter(threads: int) -> Callable[[], None]:
@@ -116,7 +127,7 @@ class Writer:
     """
 
     def __init__(self, selector: Any, config: ServeConfig | None = None, *,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, publish: bool = False):
         self.selector = selector
         self.config = config or ServeConfig()
         self._clock = clock
@@ -130,6 +141,11 @@ class Writer:
         self.counts = {"feedback": 0, "cases": 0, "errors": 0, "saves": 0, "save_errors": 0}
         self.last_save_error: str | None = None
         self.last_save_time: float | None = None
+        # publish the policy for worker processes (``selector.publish_policy``), the version already out
+        self._publish = publish
+        self._published = int(selector.policy_version) if publish else None
+        self._last_publish = clock()
+        self.counts.update({"publishes": 0, "publish_errors": 0} if publish else {})
 
     def start(self) -> Writer:
         self._thread.start()
@@ -170,16 +186,20 @@ class Writer:
         poll = 0.5
         if self.config.save_every_s:
             poll = min(poll, self.config.save_every_s)
+        if self._publish and self.config.publish_every_s:
+            poll = min(poll, self.config.publish_every_s)
         while True:
             try:
                 job = self._queue.get(timeout=poll)
             except queue.Empty:
                 self._maybe_save()
+                self._maybe_publish()
                 continue
             if job is None:  # stop(): everything queued before the sentinel is done
                 break
             self._do(job)
             self._maybe_save()
+            self._maybe_publish()
         self._save("shutdown")
         self._stopped.set()
 
@@ -226,6 +246,27 @@ class Writer:
         self.last_save_time = time.time()
         self.last_save_error = None
         logger.info("checkpoint (%s) saved to %s in %.2f s", why, path, time.perf_counter() - t0)
+        self._maybe_publish(force=True)
+
+    def _maybe_publish(self, *, force: bool = False) -> None:
+        """Publish the policy for the workers when it changed, at most every ``publish_every_s`` (``force``:
+        now, at a checkpoint)."""
+        if not self._publish:
+            return
+        version = int(self.selector.policy_version)
+        if version == self._published:
+            return
+        if not force and self._clock() - self._last_publish < self.config.publish_every_s:
+            return
+        self._last_publish = self._clock()
+        try:
+            self.selector.publish_policy()
+        except Exception:  # the workers keep the previous weights; the facts are in SQLite
+            self.counts["publish_errors"] += 1
+            logger.exception("publishing the policy (version %d) for the workers failed", version)
+            return
+        self._published = version
+        self.counts["publishes"] += 1
 
     def stop(self, timeout: float | None = None) -> None:
         """Refuse new writes, finish the queued ones, save, and join the thread."""
@@ -242,7 +283,99 @@ class Writer:
                 "recorded_cases": self.counts["cases"], "write_errors": self.counts["errors"],
                 "saves": self.counts["saves"], "save_errors": self.counts["save_errors"],
                 "unsaved_writes": self._unsaved, "last_save_time": self.last_save_time,
-                "last_save_error": self.last_save_error, "accepting": self._accepting and self.running}
+                "last_save_error": self.last_save_error, "accepting": self._accepting and self.running,
+                **({"published_policy_version": self._published, "publishes": self.counts["publishes"],
+                    "publish_errors": self.counts["publish_errors"]} if self._publish else {})}
+
+
+# ---------------------------------------------------------------- a worker's link to the learner
+
+
+class LearnerLink:
+    """What a worker process of ``memento serve --workers N`` knows of the learner: the Unix socket of its
+    private channel (in a directory only this user can enter), over which the worker forwards writes as
+    HTTP requests with the client's own ``Authorization`` header, one connection per request (a write is
+    never re-sent: a connection broken after the request went out is answered 502, since the learner may
+    have recorded it), and :meth:`sync`, throttled to ``sync_every_s``, which keeps the worker's selector
+    up to date with the learner's published weights, cases and feedback."""
+
+    def __init__(self, socket_path: str, selector: Any, *, index: int, workers: int, timeout_s: float = 120.0,
+                 sync_every_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
+        self.socket_path = socket_path
+        self.selector = selector
+        self.process = {"role": "worker", "index": index, "workers": workers}
+        self.timeout_s = timeout_s
+        self.sync_every_s = sync_every_s
+        self._clock = clock
+        self._last_sync = -math.inf
+        self._warned: str | None = None
+        self.counts = {"forwarded": 0, "forward_errors": 0, "syncs": 0, "sync_errors": 0}
+
+    def sync(self) -> None:
+        """``selector.sync()`` unless it ran less than ``sync_every_s`` ago; an error is logged (once per kind)
+        and the selector keeps what it has."""
+        now = self._clock()
+        if now - self._last_sync < self.sync_every_s:
+            return
+        self._last_sync = now
+        try:
+            taken = self.selector.sync()
+        except Exception as error:  # noqa: BLE001 - a select never fails for it: it goes on with what it has
+            self.counts["sync_errors"] += 1
+            if str(error) != self._warned:
+                self._warned = str(error)
+                logger.warning("worker %d: could not follow the learner (%s)", self.process["index"], error)
+            return
+        if any(taken.values()):
+            self.counts["syncs"] += 1
+
+    def forward(self, method: str, path: str, body: bytes, authorization: str | None
+                ) -> tuple[int, dict[str, str], bytes]:
+        """Send one request to the learner; ``(status, headers (lower-case names), body)``. An unreachable
+        learner is a 503 (nothing was sent), a broken answer a 502."""
+        import http.client
+        import json
+        import socket
+
+        class _UnixConnection(http.client.HTTPConnection):
+            def connect(inner) -> None:  # noqa: N805 - the connection, not the link
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(self.timeout_s)
+                try:
+                    sock.connect(self.socket_path)
+                except OSError:
+                    sock.close()
+                    raise
+                inner.sock = sock
+
+        headers = {"Content-Type": "application/json", "Connection": "close"}
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        conn = _UnixConnection("learner", timeout=self.timeout_s)
+        try:
+            try:
+                conn.connect()
+            except OSError as error:
+                self.counts["forward_errors"] += 1
+                detail = json.dumps({"detail": f"the learner process is not reachable ({error.strerror or error}); "
+                                               "the write was not recorded"}).encode()
+                return 503, {"retry-after": "1", "content-type": "application/json"}, detail
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                response = conn.getresponse()
+                content = response.read()
+            except (OSError, http.client.HTTPException) as error:
+                self.counts["forward_errors"] += 1
+                detail = json.dumps({"detail": f"the learner process did not answer ({error}); the write may or "
+                                               "may not have been recorded"}).encode()
+                return 502, {"content-type": "application/json"}, detail
+            self.counts["forwarded"] += 1
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, content
+        finally:
+            conn.close()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.counts)
 
 
 # ---------------------------------------------------------------- request helpers

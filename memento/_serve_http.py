@@ -11,17 +11,26 @@ annotations as objects.
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from memento._serve_common import ServeConfig, ServerUnavailableError, Writer, json_safe, thread_limiter, token_matches
+from memento._serve_common import (
+    LearnerLink,
+    ServeConfig,
+    ServerUnavailableError,
+    Writer,
+    json_safe,
+    thread_limiter,
+    token_matches,
+)
 from memento.batching import BatcherClosedError
 from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
 from memento.formats import json_value_problem
@@ -171,13 +180,19 @@ def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type
     return SelectRequest, FeedbackRequest, CaseRequest
 
 
-def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: Writer | None) -> FastAPI:
+def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: Writer | None,
+              link: LearnerLink | None = None, process: dict[str, Any] | None = None) -> FastAPI:
+    """The app; with ``link`` (a worker process of ``memento serve --workers``) there is no writer: feedback and
+    new cases are forwarded to the learner, whose answer is returned as it came, and each select first lets
+    the selector follow the learner (``link.sync()``). ``process`` is reported by /v1/stats."""
     from memento._version import __version__
 
     SelectRequest, FeedbackRequest, CaseRequest = _models(config)
     limit_threads = thread_limiter(config.threads)
     started = time.time()
-    owned = writer is None
+    owned = writer is None and link is None
+    if link is not None:
+        process = link.process
     state: dict[str, Any] = {"writer": writer, "batcher": None}
     batching = bool(config.batch_max_texts) and callable(getattr(selector, "batch_encoding", None))
 
@@ -246,6 +261,8 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         body: Any = request_body  # a model class made per app: mypy cannot see its fields
         query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
         limit_threads()
+        if link is not None:  # the learner's newest weights and cases (cheap when nothing changed)
+            link.sync()
         try:
             result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
         except Exception as error:  # noqa: BLE001
@@ -253,16 +270,32 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         # rendered here: FastAPI's own response validation and serialisation would cost more than the select
         return JSONResponse(json_safe(result.to_dict()))  # type: ignore[return-value]
 
+    async def forwarded(request: Request, path: str) -> Any:
+        """A write, validated here, answered by the learner (status and body as it sent them)."""
+        assert link is not None
+        raw = await request.body()
+        status, headers, content = await asyncio.get_running_loop().run_in_executor(
+            None, link.forward, "POST", path, raw, request.headers.get("authorization"))
+        if 200 <= status < 300:
+            await asyncio.get_running_loop().run_in_executor(None, link.sync)  # a new case is selectable here now
+        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
+        return Response(content, status_code=status, headers=kept,
+                        media_type=headers.get("content-type", "application/json"))
+
     @app.post("/v1/feedback", dependencies=auth, tags=["selector"],
               summary="record the reward of a selection (answered once committed)")
-    async def feedback(request_body: FeedbackRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def feedback(request_body: FeedbackRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body
+        if link is not None:
+            return await forwarded(request, "/v1/feedback")  # type: ignore[no-any-return]
         result = await write(lambda w: w.submit_feedback(body.selection_id, body.reward), field="reward")
         return json_safe(result)
 
     @app.post("/v1/cases", dependencies=auth, tags=["cases"], summary="add a case (answered once committed)")
-    async def add_case(request_body: CaseRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def add_case(request_body: CaseRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body
+        if link is not None:
+            return await forwarded(request, "/v1/cases")  # type: ignore[no-any-return]
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
         case_id = await write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
                                                       meta=body.meta, embedding=embedding))
@@ -283,6 +316,10 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
                   "max_body_bytes": config.max_body_bytes, **(w.stats() if w is not None else {})}
         if state["batcher"] is not None:
             server["encode_batching"] = state["batcher"].stats()
+        if process is not None:
+            server["process"] = {**process, "pid": os.getpid()}
+        if link is not None:
+            server["forwarding"] = link.stats()
         return json_safe({**selector.stats(), "server": server})
 
     return app

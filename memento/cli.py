@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     bsv.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
                      help="the server's --batch-wait-ms (default: the server's default)")
     bsv.add_argument("--warmup", type=int, default=20, help="untimed requests before each phase (default: 20)")
+    bsv.add_argument("--workers", type=int, nargs="+", default=[1], metavar="N",
+                     help="the server's --workers, one run of the select and feedback phases per value, recorded "
+                          "side by side (default: 1), e.g. --workers 1 2")
     bsv.add_argument("--seed", type=int, default=0)
     bsv.add_argument("--artifact", metavar="DIR", default=None,
                      help="reuse the selector here, or build it here and keep it (default: a temporary one)")
@@ -642,6 +645,9 @@ Selects run in parallel; one writer thread records feedback and new cases (and, 
 the learner's updates), alone while it writes. Query texts of concurrent selects are encoded together
 in one forward pass (--batch-max-texts, --batch-wait-ms). The artifact is checkpointed atomically
 every --save-every-s seconds or --save-every-n writes.
+--workers N runs N processes on the one port: this one (the learner: writes, learning, checkpoints)
+and N-1 read-only workers that answer selects and reads and forward feedback and new cases to it;
+the learner publishes its Q-network to them at most every --publish-every-s seconds.
 SIGTERM or Ctrl-C stops accepting connections, finishes the requests in flight, drains the writes,
 saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:PORT ...' is printed."""
 
@@ -694,6 +700,15 @@ def _add_serve_parsers(commands: Any) -> None:
     serve.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
                        help="how long the first text of a batch waits for others, in ms (default: 2; 0: only "
                             "the texts already queued; under load the queue fills while a batch runs)")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="server processes accepting on the port: this one, which records feedback and new "
+                            "cases, learns and saves, and N-1 read-only workers that answer selects and reads "
+                            "and forward writes to it (default: 1; each worker loads its own copy of the "
+                            "bank's vectors, index and encoder)")
+    serve.add_argument("--publish-every-s", type=float, default=1.0, metavar="S",
+                       help="with --workers > 1: publish the learner's Q-network to the workers at most every S "
+                            "seconds after it changed, and at every checkpoint (default: 1; 0: after every "
+                            "update)")
 
     mcp = commands.add_parser("mcp", help="serve an exported selector as MCP tools over stdio",
                               description=_MCP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -719,12 +734,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)  # process-wide, on purpose: the library never does this
     config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
                          max_body_bytes=args.max_body_bytes, threads=args.threads,
-                         batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms)
+                         batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms,
+                         workers=args.workers, publish_every_s=args.publish_every_s)
 
     def ready(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
+        workers = f"; workers: {args.workers}" if args.workers > 1 else ""
         print(f"memento serve: {args.dir} on http://{shown}:{port} (auth: {'bearer token' if token else 'none'}; "
-              f"learn: {'on' if args.learn else 'off'}); SIGTERM or Ctrl-C saves and stops", flush=True)
+              f"learn: {'on' if args.learn else 'off'}{workers}); SIGTERM or Ctrl-C saves and stops", flush=True)
 
     return serve(args.dir, host=args.host, port=args.port, token=token, no_auth=args.no_auth, learn=args.learn,
                  device=args.device, config=config, seed=args.seed,
@@ -1046,7 +1063,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             size=args.size, data=args.data, factory=args.factory, k=args.k, clients=tuple(args.clients),
             selects=args.selects, text_selects=args.text_selects, feedbacks=args.feedbacks, learn=not args.no_learn,
             server_threads=args.threads, batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms,
-            warmup=args.warmup, seed=args.seed)
+            warmup=args.warmup, seed=args.seed, workers=tuple(args.workers))
         print(format_serve_table(run_serve_bench(serve_config, out=args.json, artifact=args.artifact,
                                                  workdir=args.workdir)))
         print(f"results written to {args.json}")

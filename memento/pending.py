@@ -44,10 +44,18 @@ by its owner only; a symbolic link, or anything but a regular file, in its place
 ``-wal``/``-shm`` sidecars) is refused with ``CheckpointError``: it is never followed.
 
 **Threads.** The store has its own lock; ``put``/``take``/``purge`` may be called from any thread.
+
+**Processes** (``memento serve --workers``): several processes may ``put`` into one file (``shared=True``;
+SQLite serialises the write transactions, each waiting up to 30 s for the lock); only one of them, the
+learner, may ``take``. ``take`` reads the row from the file, so a selection another process put is found.
+A shared store does not trust its own row count (others insert and delete): it counts the rows in the file
+before dropping any beyond ``max_pending``, and at least every 256 puts, so the cap holds within a few
+hundred rows and a selection is never dropped while fewer than ``max_pending`` are waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -99,6 +107,7 @@ _COLUMNS = "selection_id, created, mode, policy_version, env, ids, probs, set_pr
 _BATCH = 500
 _CHECKPOINT_S = 0.5
 _AUTOCHECKPOINT_PAGES = 1000  # SQLite's default, when the checkpoint thread is not running
+_RECOUNT_EVERY = 256  # a shared store counts its rows in the file at least this often
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -153,8 +162,10 @@ class PendingStore:
     """The pending selections of one selector (see the module docstring). Build it with :meth:`open`."""
 
     def __init__(self, path: Path, *, dim: int, clock: Callable[[], float] = time.time,
-                 answered: Callable[[Sequence[str]], set[str]] | None = None):
+                 answered: Callable[[Sequence[str]], set[str]] | None = None, shared: bool = False):
         self.path = path
+        self.shared = shared
+        self._puts = 0
         self.dim = int(dim)
         self._clock = clock
         self._answered = answered
@@ -171,11 +182,12 @@ class PendingStore:
 
     @classmethod
     def open(cls, path: str | Path, *, dim: int, clock: Callable[[], float] = time.time,
-             answered: Callable[[Sequence[str]], set[str]] | None = None) -> PendingStore:
+             answered: Callable[[Sequence[str]], set[str]] | None = None, shared: bool = False) -> PendingStore:
         """The store at ``path``: an existing file is opened and checked now (rows the ``answered`` check
         finds in the feedback log are deleted, rows of another ``dim`` dropped); a missing one is created
-        by the first :meth:`put`. ``clock``: wall-clock seconds (tests inject one)."""
-        store = cls(Path(path), dim=dim, clock=clock, answered=answered)
+        by the first :meth:`put`. ``clock``: wall-clock seconds (tests inject one). ``shared``: other
+        processes put into the same file (see the module docstring)."""
+        store = cls(Path(path), dim=dim, clock=clock, answered=answered, shared=shared)
         if os.path.lexists(store.path):
             store._connection()
         return store
@@ -296,9 +308,16 @@ class PendingStore:
     # ------------------------------------------------------------------ the API
 
     def __len__(self) -> int:
-        """Selections waiting (taken ones not included)."""
+        """Selections waiting (taken ones not included); a shared store counts the rows in the file."""
         with self._lock:
-            return self._rows - len(self._claimed)
+            if self.shared and self._conn is not None and not self._closed:
+                with contextlib.suppress(sqlite3.Error):
+                    self._rows = self._count(self._conn)
+            return max(0, self._rows - len(self._claimed))
+
+    @staticmethod
+    def _count(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("SELECT COUNT(*) FROM pending").fetchone()[0])
 
     def put(self, selection_id: str, pending: PendingSelection, *, max_pending: int, ttl_s: float | None) -> None:
         """Commit ``pending`` under ``selection_id`` (one transaction), after dropping what expired and before
@@ -320,6 +339,9 @@ class PendingStore:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     expired = self._delete_expired(conn, cutoff, self._claimed | {selection_id})
+                    self._puts += 1
+                    if self.shared and (self._puts % _RECOUNT_EVERY == 0 or self._rows - expired >= max_pending):
+                        self._rows = self._count(conn) + expired  # other processes put and take too
                     rows = self._rows - expired
                     if cutoff is not None and row[1] < cutoff:  # put back after it expired: not kept
                         rows -= conn.execute("DELETE FROM pending WHERE selection_id = ?", (selection_id,)).rowcount
@@ -329,6 +351,8 @@ class PendingStore:
                                              "?, ?) ON CONFLICT (selection_id) DO NOTHING", row).rowcount
                     claimed = self._claimed - {selection_id}  # in flight or answered: neither expired nor dropped
                     dropped = 0
+                    if self.shared and rows - len(claimed) > max_pending:
+                        rows = self._count(conn)  # the true count, before anything is dropped
                     if rows - len(claimed) > max_pending:
                         marks = ", ".join("?" * len(claimed))
                         dropped = conn.execute(f"DELETE FROM pending WHERE seq IN (SELECT seq FROM pending WHERE "
@@ -353,6 +377,8 @@ class PendingStore:
         with self._lock:
             if self._closed:
                 raise MementoError(f"{self.path}: the pending-selection store is closed")
+            if self._conn is None and self.shared and os.path.lexists(self.path):
+                self._connection()  # another process created the file after this store was opened
             if selection_id in self._claimed or self._conn is None:
                 return None
             conn = self._conn

@@ -47,6 +47,15 @@ before the lock is taken, one call at a time, or, after :meth:`Selector.batch_en
 batcher that groups concurrent texts into one forward pass (:class:`memento.batching.EncodeBatcher`).
 Sampling draws from the one seeded generator one call at a time, so a single caller's choices are exactly
 those of a selector without threads; concurrent callers share the stream in arrival order.
+
+**Processes** (``memento serve --workers``). One process, the learner, writes the artifact; others open it
+with ``read_only=True``: no recovery, no save, no feedback or new cases (those raise ``MementoError``), the
+bank opened read-only, the pending store shared (their selections go into the same ``.pending.sqlite``, where
+the learner's ``feedback`` finds them; load the learner with ``shared=True``). The learner publishes its
+Q-network with :meth:`Selector.publish_policy` (``.policy.safetensors``, dot-named: volatile, not in the
+manifest); a read-only selector's :meth:`Selector.sync` loads the newest published weights (its
+``policy_version`` then is the learner's update count they were published at), takes in the cases and, for
+case features, the usage of the feedbacks the learner committed since, and re-reads the manifest after a save.
 """
 
 from __future__ import annotations
@@ -125,13 +134,17 @@ from memento.policy import Observation
 from memento.replay import ReplayBuffer
 from memento.types import Case, Selection
 
-__all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "agent_config", "swap_in",
-           "write_artifact", "write_qnet"]
+__all__ = ["POLICY_FORMAT", "POLICY_NAME", "SelectionMode", "SelectionResult", "Selector", "SelectorConfig",
+           "agent_config", "read_policy", "swap_in", "write_artifact", "write_qnet"]
 
 logger = logging.getLogger(__name__)
 
 SelectionMode = Literal["sample", "greedy"]
 _MODES = ("sample", "greedy")
+
+POLICY_NAME = ".policy.safetensors"
+"""The Q-network a learner publishes for read-only selectors (dot-named: volatile, never in the manifest)."""
+POLICY_FORMAT = "memento-policy"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,22 +233,33 @@ class Selector:
         self._encoder_front: SerialEncoder | BatchedEncoder | None = None
         self._batcher: EncodeBatcher | None = None
         self._closed = False
+        self.read_only = False  # set by load(read_only=True)
+        self._feedback_seen = len(feedback_log)  # read-only: the feedback rows taken in (see sync)
+        self._policy_key: tuple[int, int, int] | None = None  # read-only: the published policy file loaded
+        self._manifest_key: tuple[int, int, int] | None = None
 
     # ------------------------------------------------------------------ loading
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
-             seed: int = 0, verify: bool = True, encoder: Any = None) -> Selector:
-        """Load an artifact directory (see :func:`memento.load_selector`)."""
+             seed: int = 0, verify: bool = True, encoder: Any = None, read_only: bool = False,
+             shared: bool = False) -> Selector:
+        """Load an artifact directory (see :func:`memento.load_selector`).
+
+        ``read_only``: another process writes this artifact (see "Processes" in the module docstring);
+        ``shared``: this selector writes it while read-only selectors in other processes select over it.
+        """
         path = Path(path)
         if not isinstance(learn, bool):
             raise ConfigError(f"load_selector: learn={learn!r}: must be true or false")
+        if read_only and learn:
+            raise ConfigError("load_selector: a read_only selector cannot learn (learn=True)")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"load_selector: seed={seed!r}: must be an integer >= 0")
         if encoder is not None and (not callable(getattr(encoder, "encode", None))
                                     or not isinstance(getattr(encoder, "dim", None), int)):
             raise ConfigError(f"load_selector: encoder={encoder!r} needs encode(texts) and an integer dim")
-        if path.is_dir() and os.path.lexists(path / MANIFEST_NAME):
+        if path.is_dir() and os.path.lexists(path / MANIFEST_NAME) and not read_only:
             recover(path)  # refuses a symbolic link anywhere in the artifact before it moves anything
         cache: dict[str, tuple[int, int, str]] = {}
         where = torch.device(device) if device is not None else torch.device("cpu")
@@ -245,7 +269,7 @@ class Selector:
         if encoder is not None:
             dims["the encoder passed in"] = int(encoder.dim)
         _check_dims(path, dims)
-        bank = CaseBank.open(path / BANK_DIR, use_gpu=False)
+        bank = CaseBank.open(path / BANK_DIR, use_gpu=False, read_only=read_only)
         feedback_log: FeedbackLog | None = None
         try:
             dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank.dim
@@ -255,6 +279,10 @@ class Selector:
                            feedback_log=feedback_log, learner=learner, buffer=buffer, device=where, learn=learn,
                            seed=int(seed), encoder=encoder,
                            encoder_device=None if device is None else str(device), hash_cache=cache)
+            if read_only or shared:
+                selector._pending.shared = True
+                selector.read_only = read_only
+                selector._manifest_key = _stat_key(path / MANIFEST_NAME)
             selector._replay_unsaved_feedback()
             if len(bank):  # read the bank's vectors now, not in the first select (about 2 s at 100k cases)
                 bank.embeddings_at([0])
@@ -299,8 +327,10 @@ class Selector:
                 self._count_usage(list(row.ids), row.reward)
         replayed = 0
         for row in self._feedback.rows(after=saved):
-            self._learn_from_row(row)
+            if not self.read_only:  # a read-only selector takes the learner's published weights instead (sync)
+                self._learn_from_row(row)
             self._count_usage(list(row.ids), row.reward)
+            self._feedback_seen = max(self._feedback_seen, row.seq)
             replayed += 1
         if replayed:
             logger.info("%s: replayed %d feedback(s) recorded after the last save (%d learner updates now)",
@@ -396,6 +426,12 @@ class Selector:
     def _check_open(self) -> None:
         if self._closed:
             raise MementoError(f"{self.path}: selector is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise MementoError(f"{self.path}: this selector is read-only (another process writes the artifact: "
+                               "send feedback, new cases and saves there)")
 
     # ------------------------------------------------------------------ encoding
 
@@ -537,6 +573,7 @@ class Selector:
         ``DataFormatError`` for a reward outside [0, 1].
         """
         reward = _reward(reward)
+        self._check_writable()
         if not isinstance(selection_id, str) or not selection_id:
             raise UnknownSelectionError(f"unknown selection id {selection_id!r}")
         with self._lock:
@@ -571,7 +608,7 @@ class Selector:
         """
         reward = _reward(reward)
         case = Case(state=state, action=action, reward=reward, env=env, meta={} if meta is None else meta)
-        self._check_open()
+        self._check_writable()
         state_D = self._state(state if embedding is None else embedding, "case state")  # encoded outside the lock
         with self._lock:
             self._check_open()
@@ -592,18 +629,90 @@ class Selector:
             self._purge_expired()
             spec = self.encoder_spec
             return {
-                "path": str(self.path), "cases": len(self._bank), "feedbacks": len(self._feedback),
-                "updates": int(self._learner.updates), "pending": len(self._pending),
+                "path": str(self.path), "cases": len(self._bank), "feedbacks": self._feedbacks(),
+                "updates": int(self._learner.updates), "policy_version": self.policy_version,
+                "read_only": self.read_only, "pending": len(self._pending),
                 "expired": self._pending.expired + self._pending.dropped, "dim": self.dim, "learn": self.learn,
                 "k": self.config.k, "candidates": self.config.candidates, "alpha": self.alpha,
                 "replay": len(self._buffer), "replay_added": self._buffer.added,
                 "cases_since_save": len(self._bank) - self._saved_rows(BANK_DB),
-                "feedbacks_since_save": len(self._feedback) - self._saved_rows(FEEDBACK_NAME),
+                "feedbacks_since_save": self._feedbacks() - self._saved_rows(FEEDBACK_NAME),
                 "saves": int(self._manifest.get("saves", 1)), "saved": self._manifest.get("saved"),
                 "device": str(self.device), "index": self.config.index.factory, "qnet": self.config.qnet.arch,
                 "encoder": None if spec.kind == "none" else (spec.model_id or spec.model),
                 "format_version": SELECTOR_FORMAT_VERSION,
             }
+
+    # ------------------------------------------------------------------ several processes
+
+    def _feedbacks(self) -> int:
+        """Feedback rows: this selector's log, or for a read-only one those it took in (:meth:`sync`)."""
+        return self._feedback_seen if self.read_only else len(self._feedback)
+
+    def publish_policy(self) -> int:
+        """Write the Q-network (and the learner's temperature and update count) to ``.policy.safetensors``
+        atomically, for the read-only selectors of other processes (:meth:`sync`); returns the version
+        (learner updates) published. Call it from the thread that makes the updates (the serve writer)."""
+        self._check_writable()
+        from safetensors.torch import save_file
+
+        with self._rw.read():
+            self._check_open()
+            learner = self._learner
+            tensors = {f"qnet.{name}": value.detach().to("cpu").clone().contiguous()
+                       for name, value in learner.qnet.state_dict().items()}
+            tensors["log_alpha"] = learner.log_alpha.detach().to("cpu").clone().reshape(-1)
+            version = int(learner.updates)
+        metadata = {"format": POLICY_FORMAT, "version": str(version),
+                    "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
+        atomic_write(self.path / POLICY_NAME, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        return version
+
+    def sync(self) -> dict[str, int]:
+        """A read-only selector catches up with the process that writes the artifact: the newest published
+        Q-network (when ``.policy.safetensors`` changed), the cases added since (bank mirror and index), the
+        usage of the feedbacks recorded since (case features) and, after a save, the new manifest. Cheap when
+        nothing changed (two ``stat`` calls and two indexed SQLite reads). Returns what it took in:
+        ``{"policy": 0|1, "cases": n, "feedbacks": n}``. A published file that is a symbolic link, or damaged,
+        raises ``CheckpointError`` (the weights in use stay)."""
+        if not self.read_only:
+            raise MementoError(f"{self.path}: sync() is for a read_only selector (this one writes the artifact)")
+        self._check_open()
+        out = {"policy": 0, "cases": 0, "feedbacks": 0}
+        policy = self.path / POLICY_NAME
+        key = _stat_key(policy)
+        if key is not None and key != self._policy_key:
+            self._policy_key = key  # a damaged file is reported once, not at every call
+            tensors, version = read_policy(policy, self._learner)  # outside the lock: selects go on meanwhile
+            with self._lock:
+                self._check_open()
+                self._learner.qnet.load_state_dict(tensors["qnet"], strict=True)
+                if "log_alpha" in tensors:
+                    self._learner.log_alpha.copy_(tensors["log_alpha"].reshape(self._learner.log_alpha.shape))
+                self._learner.updates = version
+            out["policy"] = 1
+        cases = self._bank.rows_on_disk()
+        (feedbacks,) = self._feedback.connection.execute("SELECT COALESCE(MAX(seq), 0) FROM feedback").fetchone()
+        if cases > len(self._bank) or feedbacks > self._feedback_seen:
+            with self._lock:
+                self._check_open()
+                out["cases"] = self._bank.refresh()
+                rows = list(self._feedback.rows(after=self._feedback_seen)) if self._featured else []
+                for row in rows:
+                    self._count_usage(list(row.ids), row.reward)
+                out["feedbacks"] = int(feedbacks) - self._feedback_seen
+                self._feedback_seen = max(self._feedback_seen, int(feedbacks))
+        manifest_key = _stat_key(self.path / MANIFEST_NAME)
+        if manifest_key is not None and manifest_key != self._manifest_key:
+            self._manifest_key = manifest_key
+            try:
+                manifest = read_manifest(self.path)
+            except MementoError as error:
+                logger.warning("%s: kept the previous manifest (%s)", self.path, error)
+            else:
+                with self._lock:
+                    self._manifest = manifest
+        return out
 
     # ------------------------------------------------------------------ saving
 
@@ -614,6 +723,7 @@ class Selector:
         another path writes a complete copy there (it must not exist, or be an empty directory) and this
         selector keeps working on its own directory. Returns the path written.
         """
+        self._check_writable()
         with self._lock:
             self._check_open()
             if path is None or (Path(path).exists() and Path(path).resolve() == self.path.resolve()):
@@ -732,6 +842,58 @@ class Selector:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    """What tells a replaced file from the one seen before (inode, mtime, size); ``None`` when it is missing."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def read_policy(path: Path, learner: SoftQLearner) -> tuple[dict[str, Any], int]:
+    """The Q-network a learner published (:meth:`Selector.publish_policy`), checked against ``learner``'s:
+    ``({"qnet": state_dict, "log_alpha": tensor}, version)``. Opened without following a symbolic link; any
+    problem is a one-line ``CheckpointError`` naming the file."""
+    import errno
+    import stat as stat_
+
+    from safetensors.torch import load as load_safetensors
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        what = "a symbolic link; refusing it" if error.errno == errno.ELOOP else f"cannot open it ({error.strerror})"
+        raise CheckpointError(f"{path}: {what}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat_.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise CheckpointError(f"{path}: not a regular file; refusing it")
+        data = handle.read()
+    try:
+        (size,) = np.frombuffer(data[:8], dtype="<u8")
+        metadata = json.loads(data[8:8 + int(size)]).get("__metadata__") or {}
+        tensors = load_safetensors(data)
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: not a readable safetensors file ({' '.join(str(error).split())})") from None
+    if metadata.get("format") != POLICY_FORMAT or not str(metadata.get("version", "")).isdigit():
+        raise CheckpointError(f"{path}: not a published memento policy (format {metadata.get('format')!r})")
+    try:
+        config = json.loads(metadata.get("qnet_config", ""))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+    if not parses_to(QNetConfig, config, learner.qnet.config):
+        raise CheckpointError(f"{path}: Q-network {config} differs from this selector's "
+                              f"{to_dict(learner.qnet.config)}")
+    state = {name[len("qnet."):]: value for name, value in tensors.items() if name.startswith("qnet.")}
+    own = learner.qnet.state_dict()
+    if set(state) != set(own) or any(tuple(state[n].shape) != tuple(v.shape) for n, v in own.items()):
+        raise CheckpointError(f"{path}: its tensors do not fit this selector's Q-network")
+    out: dict[str, Any] = {"qnet": state}
+    if "log_alpha" in tensors:
+        out["log_alpha"] = tensors["log_alpha"]
+    return out, int(metadata["version"])
 
 
 def _now_iso() -> str:

@@ -285,7 +285,9 @@ class ServeBenchConfig:
       request thread; 1: one request's search and scoring are too small to share out);
     - ``batch_max_texts`` / ``batch_wait_ms``: the server's ``--batch-max-texts`` / ``--batch-wait-ms``
       (``None``: its defaults);
-    - ``warmup``: untimed requests before each timed phase.
+    - ``warmup``: untimed requests before each timed phase;
+    - ``workers``: the server's ``--workers`` for the select and record-only feedback phases, one run per
+      value (the first is the main record; the learning run uses it too).
     """
 
     size: int = 100_000
@@ -302,6 +304,7 @@ class ServeBenchConfig:
     batch_wait_ms: float | None = None
     warmup: int = 20
     seed: int = 0
+    workers: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         for name in ("size", "k", "selects", "feedbacks", "server_threads"):
@@ -311,6 +314,9 @@ class ServeBenchConfig:
         check(bool(self.clients) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
                                           for c in self.clients), type(self), "clients", self.clients,
                "need integers >= 1")
+        check(bool(self.workers) and all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 64
+                                          for w in self.workers), type(self), "workers", self.workers,
+              "need integers in [1, 64]")
         check(self.data in ("uniform", "clustered"), type(self), "data", self.data, "must be uniform or clustered")
         check(self.k <= self.size, type(self), "k", self.k, f"must be <= size={self.size}")
         if self.batch_max_texts is not None:
@@ -394,11 +400,16 @@ def _feedback_phase(server: ServerProcess, clients: int, ids: list[str], n: int,
 
 
 def _stats(server: ServerProcess) -> dict[str, Any]:
-    with HttpClient(server.url, server.headers) as client:
-        code, body = client.request("GET", "/v1/stats")
-    if code != 200:
-        raise RuntimeError(f"GET /v1/stats answered {code}: {body}")
-    return body
+    """The learner's /v1/stats (with ``--workers`` > 1 any process may answer: asked again until the learner
+    does; its writer counts are the server's)."""
+    for _ in range(200):
+        with HttpClient(server.url, server.headers) as client:
+            code, body = client.request("GET", "/v1/stats")
+        if code != 200:
+            raise RuntimeError(f"GET /v1/stats answered {code}: {body}")
+        if body["server"].get("process", {}).get("role", "learner") == "learner":
+            return body
+    raise RuntimeError("GET /v1/stats: the learner process never answered")
 
 
 def _ensure_ids(server: ServerProcess, ids: list[str], need: int, queries_QD: np.ndarray, k: int) -> None:
@@ -411,8 +422,9 @@ def _ensure_ids(server: ServerProcess, ids: list[str], need: int, queries_QD: np
 
 
 def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray, *, learn: bool, token: str,
-               log_path: Path, rng: np.random.Generator) -> dict[str, Any]:
-    args = ["--threads", str(config.server_threads), "--save-every-s", "0", "--save-every-n", "0"]
+               log_path: Path, rng: np.random.Generator, workers: int = 1) -> dict[str, Any]:
+    args = ["--threads", str(config.server_threads), "--save-every-s", "0", "--save-every-n", "0",
+            "--workers", str(workers)]
     if config.batch_max_texts is not None:
         args += ["--batch-max-texts", str(config.batch_max_texts)]
     if config.batch_wait_ms is not None:
@@ -420,7 +432,7 @@ def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray,
     if learn:
         args.append("--learn")
     server = ServerProcess(artifact, token=token, args=args, log_path=log_path)
-    out: dict[str, Any] = {"learn": learn}
+    out: dict[str, Any] = {"learn": learn, "workers": workers}
     server.start()
     try:
         out["start_s"] = server.start_s
@@ -435,9 +447,10 @@ def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray,
                 if config.text_selects:
                     texts = _texts(config.text_selects, f"{secrets.token_hex(4)}-{clients}")
                     bodies = [{"query": t, "k": config.k} for t in texts]
-                    before = _stats(server)["server"].get("encode_batching")
+                    one = workers == 1  # several processes batch apart: the learner's counts are not the phase's
+                    before = _stats(server)["server"].get("encode_batching") if one else None
                     phase = _select_phase(server, clients, bodies, config.warmup, ids)
-                    after = _stats(server)["server"].get("encode_batching")
+                    after = _stats(server)["server"].get("encode_batching") if one else None
                     if before is not None and after is not None:  # forwards of this phase (warm-up included)
                         forwards = after["batches"] - before["batches"]
                         phase["forwards"] = forwards
@@ -458,7 +471,7 @@ def _serve_run(config: ServeBenchConfig, artifact: Path, queries_QD: np.ndarray,
         out["recorded_feedback"] = after["server"]["recorded_feedback"] - before["server"]["recorded_feedback"]
         out["acknowledged_feedback"] = acknowledged
         out["selector_stats"] = {k: v for k, v in after.items() if k != "server"}
-        if "encode_batching" in after["server"]:
+        if "encode_batching" in after["server"] and workers == 1:
             out["encode_batching"] = after["server"]["encode_batching"]
     finally:
         t0 = time.perf_counter()
@@ -473,8 +486,8 @@ def _environment() -> dict[str, Any]:
     import uvicorn
 
     return {**base(), "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
-            "server": "memento serve subprocess (uvicorn, 1 worker) on 127.0.0.1; clients: threads in the bench "
-                      "process, one keep-alive http.client connection each"}
+            "server": "memento serve subprocess (uvicorn; --workers processes on one socket) on 127.0.0.1; "
+                      "clients: threads in the bench process, one keep-alive http.client connection each"}
 
 
 def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, artifact: str | Path | None = None,
@@ -503,14 +516,23 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
         dim = 384
         queries_QD = make_vectors(rng, max(config.selects, config.feedbacks) + config.warmup, dim, config.data)
         token = secrets.token_urlsafe(32)
+        first, *others = config.workers
         results["record"] = _serve_run(config, path, queries_QD, learn=False, token=token,
-                                       log_path=root / "serve.log", rng=rng)
+                                       log_path=root / "serve.log", rng=rng, workers=first)
         results["scaling"] = scaling(results["record"], config.clients)
         if out is not None:
             _write(out, results)
+        if others:  # the same runs with other --workers counts
+            results["by_workers"] = {str(first): {"record": results["record"], "scaling": results["scaling"]}}
+            for workers in others:
+                run = _serve_run(config, path, queries_QD, learn=False, token=token,
+                                 log_path=root / f"serve-{workers}.log", rng=rng, workers=workers)
+                results["by_workers"][str(workers)] = {"record": run, "scaling": scaling(run, config.clients)}
+                if out is not None:
+                    _write(out, results)
         if config.learn:
             results["learn"] = _serve_run(config, path, queries_QD, learn=True, token=token,
-                                          log_path=root / "serve-learn.log", rng=rng)
+                                          log_path=root / "serve-learn.log", rng=rng, workers=first)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -579,6 +601,19 @@ def format_serve_table(results: dict[str, Any]) -> str:
             lines.append(f"\ntext encoding: {batching['texts']} text(s) in {batching['batches']} forward pass(es) "
                          f"(texts per forward: {per or '-'}; largest {batching['max_batch_texts']}; "
                          f"--batch-max-texts {batching['max_texts']}, --batch-wait-ms {batching['wait_ms']:g})")
+    if results.get("by_workers"):
+        lo, hi = min(c["clients"]), max(c["clients"])
+        lines += ["", f"| --workers | select | requests/s at {lo} -> {hi} clients | p50 (ms) | p99 (ms) | ratio | "
+                      "feedback/s (record) |", "|---:|---|---:|---:|---:|---:|---:|"]
+        for workers, run in results["by_workers"].items():
+            fb = run["record"].get("feedback", {}).get(str(hi), {})
+            for kind, label in (("select_text", "by text"), ("select_embedding", "by embedding")):
+                sc = run["scaling"].get(kind)
+                if sc is None:
+                    continue
+                lines.append(f"| {workers} | {label} | {sc['per_s'][0]:,.0f} -> {sc['per_s'][1]:,.0f} | "
+                             f"{_ms(sc['p50_ms'][0])} -> {_ms(sc['p50_ms'][1])} | {_ms(sc['p99_ms'][0])} -> "
+                             f"{_ms(sc['p99_ms'][1])} | {sc['ratio']:.2f}x | {fb.get('per_s', float('nan')):,.0f} |")
     lines += ["", "| server | start (load + verify) s | shutdown (drain + save) s | acknowledged | recorded |",
               "|---|---:|---:|---:|---:|"]
     for run in ("record", "learn"):

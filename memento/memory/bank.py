@@ -21,7 +21,10 @@ index file with SQLite: missing rows (a crash between the commit and the index w
 are added from SQLite, and an index from another bank, another factory or with more
 rows than SQLite is rebuilt. Cases are never deleted, so positions are dense.
 
-One process writes a bank at a time.
+One process writes a bank at a time. Other processes may follow it: ``CaseBank.open(path, read_only=True)``
+never writes the SQLite file, the index files or temporaries (``flush``/``close`` write nothing; the write
+methods raise ``BankError``), and :meth:`CaseBank.refresh` appends the rows another process committed since
+to its in-memory mirror and faiss index (``memento serve --workers``).
 """
 
 from __future__ import annotations
@@ -139,8 +142,9 @@ class CaseBank:
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection, config: BankConfig, uid: str,
-                 *, use_gpu: bool, seed: int):
+                 *, use_gpu: bool, seed: int, read_only: bool = False):
         self.path = path
+        self.read_only = read_only
         self._conn = conn
         self.config = config
         self.uid = uid
@@ -200,8 +204,11 @@ class CaseBank:
 
     @classmethod
     def open(cls, path: str | Path, *, dim: int | None = None, use_gpu: bool | None = None,
-             seed: int = 0, index: IndexConfig | None = None) -> CaseBank:
+             seed: int = 0, index: IndexConfig | None = None, read_only: bool = False) -> CaseBank:
         """Open an existing bank; ``dim``, when given, must match the bank's dimension.
+
+        ``read_only``: this process never writes the bank (another one does; see :meth:`refresh`): no
+        journal-mode switch, no cleaning of temporaries, no index file written, write methods refused.
 
         ``index`` overrides the search knobs (``ef_search``, ``nprobe``) for this session;
         its factory must be the bank's. ``use_gpu=None`` searches on a GPU when faiss-gpu
@@ -233,14 +240,16 @@ class CaseBank:
                 if index.factory != config.index.factory:
                     raise BankError(f"{path}: bank index is {config.index.factory!r}, not {index.factory!r}")
                 config = BankConfig(dim=config.dim, index=index, encoder=config.encoder)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            if not read_only:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
         except BaseException:
             conn.close()
             raise
         gpu = use_gpu if use_gpu is not None else True
-        remove_stale_temporaries(path, (INDEX_NAME, INDEX_META_NAME))  # left by a killed write of the index
-        bank = cls(path, conn, config, meta["uid"], use_gpu=gpu, seed=seed)
+        if not read_only:  # a reader must not delete the writer's temporaries while it writes them
+            remove_stale_temporaries(path, (INDEX_NAME, INDEX_META_NAME))  # left by a killed write of the index
+        bank = cls(path, conn, config, meta["uid"], use_gpu=gpu, seed=seed, read_only=read_only)
         bank._open_index()
         return bank
 
@@ -280,6 +289,11 @@ class CaseBank:
     def _check_open(self) -> None:
         if self._closed:
             raise BankError(f"{self.path}: bank is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise BankError(f"{self.path}: bank is open read-only (another process writes it)")
 
     def _read_embeddings(self, start: int, stop: int) -> np.ndarray:
         rows = self._conn.execute("SELECT embedding FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos",
@@ -414,7 +428,7 @@ class CaseBank:
         stored id returned, unless ``allow_duplicates``. Ids left ``None`` are derived from
         the content hash. Nothing is written if any case or embedding is invalid.
         """
-        self._check_open()
+        self._check_writable()
         cases = list(cases)
         for i, case in enumerate(cases):
             if not isinstance(case, Case):
@@ -658,7 +672,7 @@ class CaseBank:
         Used to roll a bank back to a checkpoint: cases retained after it are dropped, so a
         resumed run sees exactly the bank it saved. The index is rebuilt from SQLite.
         """
-        self._check_open()
+        self._check_writable()
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self._count:
             raise DataFormatError(f"truncate: n must be an integer in [0, {self._count}], got {n!r}")
         removed = self._count - int(n)
@@ -710,7 +724,7 @@ class CaseBank:
 
     def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None:
         """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (committed)."""
-        self._check_open()
+        self._check_writable()
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise DataFormatError(f"record_usage: step must be an integer >= 0, got {step!r}")
         if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
@@ -742,7 +756,7 @@ class CaseBank:
     def truncate_usage(self, step: int) -> int:
         """Forget every usage row logged at ``step`` or later (a resume to a checkpoint at ``step``); returns
         how many were removed."""
-        self._check_open()
+        self._check_writable()
         if not self._has_feature_tables():
             return 0
         with self._conn:
@@ -768,7 +782,7 @@ class CaseBank:
 
     def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None:
         """Store the action vectors of the cases at ``positions`` (``(C, D)`` float32, committed)."""
-        self._check_open()
+        self._check_writable()
         positions_C = np.asarray(positions, dtype=np.int64).reshape(-1)
         emb_CD = self._validate_embeddings(embeddings, positions_C.size)
         if positions_C.size and (positions_C.min() < 0 or positions_C.max() >= self._count):
@@ -781,7 +795,7 @@ class CaseBank:
 
     def update_reward(self, case_id: str, reward: float) -> None:
         """Set the reward of a stored case."""
-        self._check_open()
+        self._check_writable()
         if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
             raise DataFormatError(f"reward must be a finite number, got {reward!r}")
         with self._conn:
@@ -842,10 +856,42 @@ class CaseBank:
                 "encoder": None if self.config.encoder is None else to_dict(self.config.encoder),
                 "files": sizes}
 
-    def flush(self) -> None:
-        """Write the faiss index file if it changed (atomically, then its index.json)."""
+    def rows_on_disk(self) -> int:
+        """How many cases the SQLite file holds now (another process may have added some since open)."""
         self._check_open()
-        if not self._index_dirty:
+        return int(self._conn.execute("SELECT COALESCE(MAX(pos) + 1, 0) FROM cases").fetchone()[0])
+
+    def refresh(self) -> int:
+        """Take in the cases another process committed since this bank was opened (or last refreshed): they
+        are appended to the in-memory mirror and the faiss index (in memory; a read-only bank never writes
+        its index file). Returns how many were added. Cases are never deleted, so positions stay dense."""
+        self._check_open()
+        top = self.rows_on_disk()
+        if top <= self._count:
+            return 0
+        first_new = self._count
+        rows = self._conn.execute("SELECT pos, id, env, kind, embedding FROM cases WHERE pos >= ? AND pos < ? "
+                                  "ORDER BY pos", (first_new, top)).fetchall()
+        if [r[0] for r in rows] != list(range(first_new, top)):
+            raise BankError(f"{self.path}: case positions {first_new}..{top - 1} are not dense")
+        emb_ND = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.float32).reshape(len(rows), self.config.dim)
+        self._count = top
+        if self._loaded:  # a mirror loaded lazily may already hold some of them
+            have = len(self._ids) - first_new
+            self._append_mirror([r[1] for r in rows[have:]], [r[2] for r in rows[have:]],
+                                [r[3] for r in rows[have:]], emb_ND[have:])
+        if self._index.is_trained:
+            self._index.add(emb_ND)
+        else:
+            self._maybe_train_and_fill(first_new)
+        self._index_dirty = not self.read_only
+        logger.debug("%s: took in %d case(s) added by another process", self.path, len(rows))
+        return len(rows)
+
+    def flush(self) -> None:
+        """Write the faiss index file if it changed (atomically, then its index.json); read-only: nothing."""
+        self._check_open()
+        if not self._index_dirty or self.read_only:
             return
         index_path, meta_path = self.path / INDEX_NAME, self.path / INDEX_META_NAME
         if not self._index.is_trained:

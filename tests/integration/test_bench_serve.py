@@ -41,3 +41,20 @@ def test_bench_serve_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for row in ("| select by embedding | 4 |", "| select by text | 1 |", "| feedback (record) | 4 |"):
         assert row in table
     assert (tmp_path / "selector" / "manifest.json").is_file()  # kept for reuse
+
+
+def test_bench_serve_workers_1_and_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--size", "300", "--factory", "Flat", "--clients", "1", "4", "--selects", "40",
+            "--text-selects", "0", "--feedbacks", "40", "--warmup", "2", "--no-learn", "--workers", "1", "2",
+            "--artifact", str(tmp_path / "selector"), "--json", str(out)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    assert results["config"]["workers"] == [1, 2] and set(results["by_workers"]) == {"1", "2"}
+    assert results["by_workers"]["1"]["record"] == results["record"] and results["record"]["workers"] == 1
+    two = results["by_workers"]["2"]["record"]
+    assert two["workers"] == 2 and two["exit_status"] == 0
+    assert all(two["select_embedding"][c]["ok"] == 40 for c in ("1", "4"))
+    assert two["acknowledged_feedback"] == two["recorded_feedback"] == 80  # forwarded, all recorded
+    assert "| 2 | by embedding | " in table and "| 1 | by embedding | " in table
