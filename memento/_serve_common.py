@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from memento.config import check, check_float, check_int
 from memento.errors import MementoError
 
 __all__ = ["LearnerLink", "ServeConfig", "ServerUnavailableError", "Writer", "json_safe", "thread_limiter",
@@ -76,8 +77,6 @@ class ServeConfig:
     publish_every_s: float = 1.0
 
     def __post_init__(self) -> None:
-        from memento.config import check, check_float, check_int
-
         for name in ("max_body_bytes", "max_k", "max_text_chars", "max_embedding_dim", "queue_size"):
             check_int(self, name, 1)
         check_int(self, "save_every_n", 0)

@@ -99,6 +99,9 @@ from memento.artifact import (
     FeedbackRow,
     SelectorConfig,
     bank_rows_digest,
+    check_bank_file,
+    check_feedback_file,
+    check_tree,
     checkpoint_sqlite,
     commit_staged,
     feedback_rows_digest,
@@ -764,8 +767,6 @@ class Selector:
     def _save_in_place(self) -> None:
         root = self.path
         stage = root / STAGING_DIR
-        from memento.artifact import check_tree
-
         check_tree(root)  # no symbolic link was planted since loading: nothing is read or written through one
         if stage.exists():
             shutil.rmtree(stage)
@@ -793,8 +794,6 @@ class Selector:
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
                                   "artifact there (save() without a path saves in place)")
-        from memento.artifact import check_tree
-
         check_tree(self.path)  # the files copied from are read through no symbolic link
         tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
         if tmp.is_symlink():
@@ -935,8 +934,6 @@ def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch
     and the embedding dimension of every part. Any problem is a one-line ``CheckpointError`` (or
     ``DimensionError``) naming the file.
     """
-    from memento.artifact import check_bank_file, check_feedback_file
-
     path = Path(path)
     report = verify_artifact(path, cache=cache) if verify else None
     manifest = report["manifest"] if report is not None else read_manifest(path)
