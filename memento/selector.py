@@ -583,8 +583,9 @@ class Selector:
             self._check_open()
             pending = self._take_pending(selection_id)
             if pending is None:
-                raise UnknownSelectionError(f"unknown selection id {selection_id!r}: never issued by this selector "
-                                            "(since it was loaded), already answered, or expired")
+                raise UnknownSelectionError(f"unknown selection id {selection_id!r}: never issued by this artifact's "
+                                            "service, already answered, or expired (pending_ttl_s="
+                                            f"{self.config.pending_ttl_s})")
             try:
                 seq = self._feedback.append(selection_id=selection_id, reward=reward, mode=pending.mode,
                                             policy_version=pending.policy_version, env=pending.env, ids=pending.ids,
