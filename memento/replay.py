@@ -477,6 +477,37 @@ class ReplayBuffer:
             self._tables[table_name].replace(data)
         logger.debug("replay buffer: compacted %s to %s vectors", full, self.table_rows())
 
+    # ------------------------------------------------------------------ forgetting
+
+    def forget(self, prefix_MP: Any) -> int:
+        """Mask every stored case slot, and next-candidate slot, whose case vector begins with one of the rows
+        of ``prefix_MP`` (``[M, P]``, ``1 <= P <= case width``: a deleted case's state embedding, which starts
+        its case vector with or without case features). Returns the number of slots masked; a decision left
+        with no slot weighs nothing in the loss."""
+        prefix = torch.as_tensor(prefix_MP, device=self.device)
+        if prefix.ndim == 1:
+            prefix = prefix.unsqueeze(0)
+        width = self.config.case_width
+        if prefix.ndim != 2 or not 1 <= prefix.shape[1] <= width:
+            raise DimensionError(f"replay forget: prefix_MP must be (M, P <= {width}); got shape {tuple(prefix.shape)}")
+        table = self._tables["cases"]
+        stored_VP = table.rows()[:, :prefix.shape[1]]
+        prefix = prefix.to(stored_VP.dtype)
+        match_V = torch.zeros(len(table), dtype=torch.bool, device=self.device)
+        for row_P in prefix:  # one comparison pass over the table per forgotten case
+            match_V |= (stored_VP == row_P).all(dim=1)
+        if not bool(match_V.any()):
+            return 0
+        masked = 0
+        for ix_name, mask_name in (("cases_ix_NK", "mask_NK"), ("next_cands_ix_NC", "next_mask_NC")):
+            if ix_name not in self._t:
+                continue
+            hit = match_V[self._t[ix_name]] & self._t[mask_name]
+            masked += int(hit.sum())
+            self._t[mask_name].masked_fill_(hit, False)
+        logger.info("replay buffer: forgot %d case slot(s) of %d case vector(s)", masked, int(match_V.sum()))
+        return masked
+
     # ------------------------------------------------------------------ sampling
 
     def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:

@@ -132,3 +132,24 @@ def test_row_indices_outside_the_tables_are_refused() -> None:
     state["tensors"]["cases_ix_NK"] = state["tensors"]["cases_ix_NK"] + 100
     with pytest.raises(CheckpointError, match="cases_ix_NK refers to vector rows outside"):
         ReplayBuffer(config, device="cpu").load_state_dict(state)
+
+
+def test_forget_masks_every_slot_of_a_case_and_nothing_else() -> None:
+    config = ReplayConfig(capacity=32, dim=3, k_max=2, store_next=True, c_max=2)
+    buffer = ReplayBuffer(config, device="cpu")
+    a, b, c = (np.eye(3, dtype=np.float32)[i] for i in range(3))
+    for step in range(6):
+        buffer.add_batch(state_BD=np.ones((1, 3), np.float32), cases_BKD=np.stack([[a, b], [c, a]][step % 2])[None],
+                         reward_B=np.ones(1, np.float32), next_state_BD=np.ones((1, 3), np.float32),
+                         next_cands_BCD=np.stack([a, c])[None])
+    before = buffer.gather(torch.arange(len(buffer)))
+    assert buffer.forget(a[None, :2]) == 6 + 6  # a chosen in every decision, and a next candidate in each
+    after = buffer.gather(torch.arange(len(buffer)))
+    is_a = (after.cases_BKD == torch.as_tensor(a)).all(-1)
+    assert not (after.mask_BK & is_a).any() and (after.mask_BK == (before.mask_BK & ~is_a)).all()
+    assert after.next_mask_BC.tolist() == [[False, True]] * 6
+    assert buffer.forget(np.array([[0.5, 0.5, 0.5]], np.float32)) == 0
+    state = buffer.state_dict()  # the masks persist
+    again = ReplayBuffer(config, device="cpu")
+    again.load_state_dict(state)
+    assert torch.equal(again.gather(torch.arange(6)).mask_BK, after.mask_BK)
