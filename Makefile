@@ -1,22 +1,42 @@
 # The README's two commands: `make demo` (the main job) and `make test` (the test suite).
-# Both create .venv if missing and install the project with the exact pins of constraints.txt.
+# Both create .venv if missing and install the project with every extra (.[dev]) and the exact pins of
+# constraints.txt. `make install-gpu` swaps faiss-cpu for faiss-gpu in that venv (docs/install.md).
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# left by `make install-gpu`: a reinstall (pyproject.toml or constraints.txt changed) keeps faiss-gpu
+GPU_STAMP := $(VENV)/.faiss-gpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: test test-fast demo install lint clean
+.PHONY: test test-fast demo install install-gpu faiss-gpu lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# the distribution was called memento before memento-mdp: drop an old editable install of it first
+	if $(BIN)/python -m pip show --quiet memento 2>/dev/null; then $(BIN)/python -m pip uninstall --quiet --yes memento; fi
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	if test -f $(GPU_STAMP); then $(MAKE) --no-print-directory faiss-gpu; fi
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## the project with the GPU build of faiss instead of the CPU one: faiss-cpu and faiss-gpu ship the same
+## `faiss` module, so the one is removed before the other goes in (both, then a clean faiss-gpu)
+install-gpu: $(STAMP)
+	$(MAKE) --no-print-directory faiss-gpu
+	touch $(GPU_STAMP)
+
+# (GPU_PIP_FLAGS: extra flags for that pip install; the packaging test passes --no-deps to skip the CUDA wheels)
+faiss-gpu:
+	$(BIN)/python -m pip uninstall --quiet --yes faiss-cpu faiss-gpu
+	$(BIN)/python -m pip install --quiet -c constraints.txt $(GPU_PIP_FLAGS) faiss-gpu
+	$(BIN)/python -c "import importlib.metadata as m; \
+	    found = sorted({d.metadata['Name'].lower() for d in m.distributions()} & {'faiss-cpu', 'faiss-gpu'}); \
+	    assert found == ['faiss-gpu'], found; print('faiss build:', m.version('faiss-gpu'))"
 
 ## everything except GPU tests (what CI runs)
 test: $(STAMP)

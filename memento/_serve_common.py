@@ -112,7 +112,7 @@ def thread_limiter(threads: int) -> Callable[[], None]:
 
 @dataclasses.dataclass
 class _Job:
-    kind: Literal["feedback", "case"]
+    kind: Literal["feedback", "case", "delete", "replace"]
     args: dict[str, Any]
     future: concurrent.futures.Future[Any]
 
@@ -158,7 +158,8 @@ class Writer:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def _submit(self, kind: Literal["feedback", "case"], args: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    def _submit(self, kind: Literal["feedback", "case", "delete", "replace"],
+                args: dict[str, Any]) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._submit_lock:  # no write slips in after stop() closed the door
             if not self._accepting or not self._thread.is_alive():
@@ -179,6 +180,18 @@ class Writer:
         if embedding is not None:  # else the selector encodes the state
             args["embedding"] = embedding
         return self._submit("case", args)
+
+    def submit_delete(self, case_id: str) -> concurrent.futures.Future[Any]:
+        """Delete a case (``Selector.delete_case``: committed and checkpointed when the future resolves)."""
+        return self._submit("delete", {"case_id": case_id})
+
+    def submit_replace(self, case_id: str, state: str, action: str, reward: float, env: str | None = None,
+                       meta: dict[str, Any] | None = None, embedding: Any = None) -> concurrent.futures.Future[Any]:
+        """Supersede a case by a new one (``Selector.replace_case``); the future holds the new id."""
+        args = {"case_id": case_id, "state": state, "action": action, "reward": reward, "env": env, "meta": meta}
+        if embedding is not None:
+            args["embedding"] = embedding
+        return self._submit("replace", args)
 
     def _run(self) -> None:
         thread_limiter(self.config.threads)()
@@ -209,6 +222,12 @@ class Writer:
             if job.kind == "feedback":
                 result = self.selector.feedback(job.args["selection_id"], job.args["reward"])
                 self.counts["feedback"] += 1
+            elif job.kind == "delete":
+                result = self.selector.delete_case(job.args["case_id"])
+                self.counts["deleted"] = self.counts.get("deleted", 0) + 1
+            elif job.kind == "replace":
+                result = self.selector.replace_case(**job.args)
+                self.counts["replaced"] = self.counts.get("replaced", 0) + 1
             else:
                 result = self.selector.add_case(**job.args)
                 self.counts["cases"] += 1

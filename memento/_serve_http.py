@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request
@@ -301,6 +302,37 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
                                                       meta=body.meta, embedding=embedding))
         return {"id": case_id}
 
+    async def forwarded_to(request: Request, method: str, path: str) -> Any:
+        """A write other than POST, answered by the learner (as :func:`forwarded`)."""
+        assert link is not None
+        raw = await request.body()
+        status, headers, content = await asyncio.get_running_loop().run_in_executor(
+            None, link.forward, method, path, raw, request.headers.get("authorization"))
+        if 200 <= status < 300:
+            await asyncio.get_running_loop().run_in_executor(None, link.sync)
+        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
+        return Response(content, status_code=status, headers=kept,
+                        media_type=headers.get("content-type", "application/json"))
+
+    @app.delete("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
+                summary="delete a case: never selected again (answered once committed and checkpointed)")
+    async def delete_case(case_id: str, request: Request) -> dict[str, Any]:
+        if link is not None:
+            return await forwarded_to(request, "DELETE", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+        return json_safe(await write(lambda w: w.submit_delete(case_id)))
+
+    @app.put("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
+             summary="replace a case by a new one (a new id; the old one is deleted; answered once committed)")
+    async def replace_case(case_id: str, request_body: CaseRequest, request: Request  # type: ignore[valid-type]
+                           ) -> dict[str, Any]:
+        body: Any = request_body
+        if link is not None:
+            return await forwarded_to(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
+        new_id = await write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward, env=body.env,
+                                                        meta=body.meta, embedding=embedding))
+        return {"id": new_id, "replaced": case_id}
+
     @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"], summary="one case by id")
     def get_case(case_id: str) -> dict[str, Any]:
         try:
@@ -322,4 +354,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
             server["forwarding"] = link.stats()
         return json_safe({**selector.stats(), "server": server})
 
+    from memento.inspect import Inspector, inspect_app  # the HTML inspector (memento inspect), behind the same token
+
+    app.mount("/inspect", inspect_app(Inspector.for_selector(selector), token=token))
     return app

@@ -152,9 +152,12 @@ EncoderKind = Literal["transformers", "none"]
 class EncoderSpec:
     """``encoder.json``: how a query text becomes the state vector the selector was trained on.
 
-    - ``kind``: ``"transformers"`` (a :class:`memento.Encoder`: ``model`` is a local directory, or
-      ``None`` for the bundled all-MiniLM-L6-v2) or ``"none"`` (the run used a custom encoder that
-      cannot be rebuilt from a file: pass vectors, or an encoder object to the loader);
+    - ``kind``: ``"transformers"`` (a :class:`memento.Encoder`: ``model`` is a Hugging Face Hub id,
+      ``None`` for the bundled all-MiniLM-L6-v2, or ``None`` with ``files``) or ``"none"`` (the run used
+      a custom encoder that cannot be rebuilt from a file: pass vectors, or an encoder object to the loader);
+    - ``revision``: the Hub commit ``model`` resolved to at training time (loads the same weights anywhere);
+    - ``files``: the encoder's files inside the artifact (``"encoder"``; listed and hashed in the manifest):
+      :func:`write_encoder_spec` copies a local encoder directory there, so the artifact works on any machine;
     - ``model_id``, ``fingerprint``: what :meth:`memento.Encoder.describe` reported at training time;
     - ``pooling``, ``max_length``, ``normalize``: as in :class:`memento.config.EncoderConfig`;
     - ``dim``: D, which must equal the bank's, the Q-network's and the replay buffer's;
@@ -170,6 +173,8 @@ class EncoderSpec:
     dim: int
     fingerprint: str | None = None
     description: str | None = None
+    revision: str | None = None
+    files: str | None = None
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", EncoderKind)
@@ -178,8 +183,18 @@ class EncoderSpec:
         check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
 
     def encoder_config(self) -> EncoderConfig:
-        """The :class:`EncoderConfig` that loads this encoder (``kind="transformers"`` only)."""
-        return EncoderConfig(model=self.model, pooling=self.pooling, max_length=self.max_length,
+        """The :class:`EncoderConfig` that loads this encoder (``kind="transformers"`` only): the artifact's own
+        copy (``files``, as :func:`read_encoder_spec` resolved it), else ``model`` at ``revision``."""
+        model = self.model
+        if self.files is not None:
+            located = getattr(self, "_files_dir", None)
+            if located is None:
+                raise CheckpointError(f"{ENCODER_NAME}: the encoder lives in the artifact ({self.files}/); "
+                                      "read the spec with read_encoder_spec (load_selector does)")
+            model = str(located)
+        elif model is not None and self.revision and "@" not in model and not Path(model).expanduser().is_dir():
+            model = f"{model}@{self.revision}"
+        return EncoderConfig(model=model, pooling=self.pooling, max_length=self.max_length,
                              normalize=self.normalize)
 
 
@@ -342,18 +357,92 @@ def _count_rows(path: Path, table: str) -> int:
 # ---------------------------------------------------------------- encoder.json
 
 
+ENCODER_FILES_DIR = "encoder"
+"""Where an artifact keeps its own copy of a local encoder (``EncoderSpec.files``)."""
+_ENCODER_SKIP_DIRS = ("onnx", "openvino", "coreml", "tf_model", "flax_model")
+_ENCODER_SKIP_SUFFIXES = (".h5", ".msgpack", ".ot", ".onnx", ".tflite", ".mlmodel", ".gguf")
+
+
+def _copy_encoder_files(src: Path, dst: Path) -> int:
+    """Copy what loading an encoder needs (configs, tokenizer, weights, sentence-transformers modules) as real
+    files: no dot-named entries, no other frameworks' weights, ``pytorch_model.bin`` only without safetensors."""
+    copied = 0
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _ENCODER_SKIP_DIRS)
+        rel = Path(dirpath).relative_to(src)
+        for name in sorted(filenames):
+            source = Path(dirpath) / name
+            if name.startswith(".") or name.endswith(_ENCODER_SKIP_SUFFIXES) or (
+                    name == "pytorch_model.bin" and (source.parent / "model.safetensors").exists()):
+                continue
+            if not source.resolve().is_file():
+                raise CheckpointError(f"{source}: not a regular file; cannot copy the encoder into the artifact")
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, dst / rel / name)
+            copied += 1
+    return copied
+
+
+def _portable_spec(directory: Path, spec: EncoderSpec) -> EncoderSpec:
+    """``spec`` as it can be written into ``directory`` and read on another machine (see :class:`EncoderSpec`)."""
+    from memento.encoders import Encoder
+    from memento.hub import split_revision
+
+    if spec.kind != "transformers":
+        return spec
+    if spec.files is not None:
+        source = getattr(spec, "_files_dir", None)
+        target = directory / spec.files
+        if source is not None and Path(source).resolve() != target.resolve() and not (
+                directory.resolve().parent == Path(source).resolve().parent):  # not a staged save in place
+            if not target.exists():
+                _copy_encoder_files(Path(source), target)
+        elif source is None and not target.is_dir():
+            raise CheckpointError(f"{directory / ENCODER_NAME}: files={spec.files!r} but {target} does not exist")
+        return spec
+    if spec.model is None:
+        return spec
+    local = Path(spec.model).expanduser()
+    if not local.is_dir():  # a Hub id (optionally id@revision): stored as the id and its commit
+        repo_id, revision = split_revision(spec.model)
+        return dataclasses.replace(spec, model=repo_id, revision=spec.revision or revision)
+    path, model_id, revision = Encoder.resolve(str(local))
+    if revision:  # a snapshot of the Hub cache
+        return dataclasses.replace(spec, model=model_id, model_id=model_id, revision=revision)
+    if model_id != str(path):  # the bundled model
+        return dataclasses.replace(spec, model=None, model_id=model_id)
+    count = _copy_encoder_files(path, directory / ENCODER_FILES_DIR)
+    logger.info("copied encoder %s into %s (%d files)", path, directory / ENCODER_FILES_DIR, count)
+    return dataclasses.replace(spec, model=None, files=ENCODER_FILES_DIR, model_id=spec.model_id or str(path))
+
+
 def write_encoder_spec(path: Path, spec: EncoderSpec) -> None:
+    """Write ``encoder.json``, portable: a Hub id with its commit, the bundled model, or (for a local encoder
+    directory) the encoder's files copied into ``encoder/`` beside it (``files``)."""
+    spec = _portable_spec(Path(path).parent, spec)
     payload = {"format": ENCODER_FORMAT, "format_version": ENCODER_FORMAT_VERSION, **to_dict(spec)}
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def read_encoder_spec(path: Path) -> EncoderSpec:
+    """Read ``encoder.json``; ``files`` must name a real directory inside the artifact (never outside it)."""
     meta = read_versioned_json(path, format=ENCODER_FORMAT, version=ENCODER_FORMAT_VERSION, what="encoder spec")
     body = {k: v for k, v in meta.items() if k not in ("format", "format_version")}
     try:
-        return from_dict(EncoderSpec, body)
+        spec = from_dict(EncoderSpec, body)
     except ConfigError as error:
         raise CheckpointError(f"{path}: {error}") from None
+    if spec.files is not None:
+        check_entry(spec.files, path)
+        root = Path(path).parent
+        located = root / spec.files
+        if located.is_symlink() or not located.is_dir():
+            raise CheckpointError(f"{path}: files={spec.files!r}: no such directory inside the artifact")
+        check_tree(located)
+        if not located.resolve().is_relative_to(root.resolve()):
+            raise CheckpointError(f"{path}: files={spec.files!r} leaves the artifact")
+        object.__setattr__(spec, "_files_dir", located.resolve())  # not a field: never written back
+    return spec
 
 
 # ---------------------------------------------------------------- the feedback log
@@ -698,6 +787,18 @@ def hash_files(files: dict[str, Path], cache: dict[str, tuple[int, int, str]] | 
     return out
 
 
+def _has_tombstones(db: Path) -> bool:
+    """The bank records deleted cases (``CaseBank.delete``): its file changes without new rows."""
+    conn = _connect(db)
+    try:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deleted'").fetchone() \
+            is not None and conn.execute("SELECT 1 FROM deleted LIMIT 1").fetchone() is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
 def _wal_has_frames(db: Path) -> bool:
     wal = db.with_name(db.name + "-wal")
     return wal.is_file() and wal.stat().st_size > 0
@@ -733,16 +834,22 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         if n < saved["rows"]:
             raise CheckpointError(f"{path}: holds {n} {table} row(s), {MANIFEST_NAME} records {saved['rows']} "
                                   "(truncated or rolled back)")
-        if n == saved["rows"] and not intact:
+        if n == saved["rows"] and not intact and not (table == "cases" and _has_tombstones(path)):
             raise CheckpointError(f"{path}: changed after it was saved (size or sha256 differs from {MANIFEST_NAME}, "
                                   "and no rows were appended)")
-        if n > saved["rows"]:
-            digest = (bank_rows_digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
-            if digest != saved["digest"]:
-                raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
-                                      f"(row digest differs from {MANIFEST_NAME})")
+        # rows appended, or cases deleted (tombstones) since the save: the saved rows themselves must be intact
+        digest = (bank_rows_digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
+        if digest != saved["digest"]:
+            raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
+                                  f"(row digest differs from {MANIFEST_NAME})")
         rows[rel], appended[rel] = n, n - saved["rows"]
     cases_appended = appended[BANK_DB] > 0
+    encoder_dir = root / ENCODER_FILES_DIR
+    if encoder_dir.is_dir():  # the encoder's files are loaded as a model: every one must be listed and hashed
+        for rel in listed_files(root):
+            if rel.startswith(ENCODER_FILES_DIR + "/") and rel not in files:
+                raise CheckpointError(f"{root / rel}: a file in the artifact's {ENCODER_FILES_DIR}/ that "
+                                      f"{MANIFEST_NAME} does not list (the encoder is loaded from there)")
     checked = len(LIVE_FILES)
     for rel, entry in sorted(files.items()):
         if rel in LIVE_FILES:
@@ -873,17 +980,60 @@ def _pct(x: Any) -> str:
     return "n/a" if not isinstance(x, (int, float)) else f"{100.0 * x:.1f}%"
 
 
+def _yaml_str(value: Any) -> str:
+    """A YAML scalar: JSON's string quoting is valid YAML."""
+    return json.dumps(str(value))
+
+
+def card_front_matter(manifest: dict[str, Any], spec: EncoderSpec) -> list[str]:
+    """The YAML front matter the Hugging Face Hub reads from a model card: library name, tags, the base
+    encoder (its Hub id when known), the task suite as the dataset, the run's figures as metrics."""
+    source = manifest.get("source") or {}
+    summary = source.get("summary") or {}
+    lines = ["---", "library_name: memento-mdp", "tags:"]
+    lines += [f"- {tag}" for tag in ("memento", "case-based-reasoning", "retrieval", "soft-q")]
+    base = None
+    if spec.kind == "transformers" and spec.files is None:
+        base = spec.model if spec.model is not None else "sentence-transformers/all-MiniLM-L6-v2"
+    if base is not None and "/" in base and not base.startswith(("/", ".", "~")):
+        lines.append(f"base_model: {_yaml_str(base)}")
+    run = (manifest.get("run") or {}) if isinstance(manifest.get("run"), dict) else {}
+    suite = source.get("suite") or source.get("tasks") or run.get("suite")
+    if isinstance(suite, str) and suite:
+        lines += ["datasets:", f"- {_yaml_str(suite)}"]
+    metrics = [(name, summary.get(key)) for name, key in (("success_rate", "success_rate"),
+                                                          ("moving_success_rate", "moving_success_rate"))]
+    metrics = [(name, value) for name, value in metrics if isinstance(value, (int, float))
+               and not isinstance(value, bool)]
+    if metrics:
+        lines.append("metrics:")
+        lines += [f"- {name}" for name, _ in metrics]
+        lines += ["model-index:", f"- name: {_yaml_str(source.get('policy') or 'memento-selector')}",
+                  "  results:", "  - task:", "      type: case-selection"]
+        if isinstance(suite, str) and suite:
+            lines += [f"    dataset: {{name: {_yaml_str(suite)}, type: {_yaml_str(suite)}}}"]
+        lines.append("    metrics:")
+        for name, value in metrics:
+            lines += [f"    - type: {name}", f"      value: {float(value):.6g}"]
+    lines += ["---", ""]
+    return lines
+
+
 def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spec: EncoderSpec, *,
                cases: int, feedbacks: int, updates: int, alpha: float) -> str:
-    """``README.md`` of an artifact: what it is, what it was trained on (figures from the run), how to load it."""
+    """``README.md`` of an artifact: what it is, what it was trained on (figures from the run), how to load it.
+    It opens with the YAML front matter the Hugging Face Hub reads (:func:`card_front_matter`)."""
     source = manifest.get("source") or {}
     summary = source.get("summary") or {}
     q = config.qnet
-    encoder = (f"`{spec.model_id or spec.model or 'sentence-transformers/all-MiniLM-L6-v2'}` "
+    name = spec.model_id or spec.model or "sentence-transformers/all-MiniLM-L6-v2"
+    where = (f", files in `{spec.files}/`" if spec.files else f", revision `{spec.revision}`" if spec.revision
+             else "")
+    encoder = (f"`{name}` "
                f"(pooling {spec.pooling}, max_length {spec.max_length}, dim {spec.dim}, "
-               f"{'unit-normalised' if spec.normalize else 'raw'})" if spec.kind == "transformers"
+               f"{'unit-normalised' if spec.normalize else 'raw'}{where})" if spec.kind == "transformers"
                else f"none stored (trained with {spec.description or 'a custom encoder'}; pass {spec.dim}-d vectors)")
-    lines = [
+    lines = card_front_matter(manifest, spec) + [
         f"# memento selector: {root.name}",
         "",
         "A trained case selector (Memento's parametric case-based reasoning): for a task, it picks which past "

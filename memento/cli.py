@@ -60,6 +60,8 @@ memento-training   Memento retriever pairs {"query", "case", "case_label", "plan
                    (imports the unique cases they mention)"""
 
 
+_PLANNER_SPECS = "gemma | hf:PATH_OR_HUB_ID[@REV] | openai:MODEL@URL"
+
 def _add_encoder_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("encoder (used when the bank is created)")
     group.add_argument("--encoder", metavar="PATH", default=None,
@@ -220,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"comma-separated, from {', '.join(get_args(BenchPolicy))} (default: soft_q,similarity)")
     _option(bo, "--suite", OnlineBenchConfig, "suite", "shipped suite")
     _option(bo, "--split", OnlineBenchConfig, "split", "split of the suite", choices=["train", "test", "all"])
-    _option(bo, "--planner", OnlineBenchConfig, "planner", "gemma | hf:PATH | openai:MODEL@URL", metavar="SPEC")
+    _option(bo, "--planner", OnlineBenchConfig, "planner", _PLANNER_SPECS, metavar="SPEC")
     _option(bo, "--late-steps", OnlineBenchConfig, "late_steps", "the 'late' window", type=int)
     _option(bo, "--synthetic-steps", OnlineBenchConfig, "synthetic_steps", "bandit steps per policy", type=int)
     _option(bo, "--overhead-bank", OnlineBenchConfig, "overhead_bank", "bank size for the overhead part", type=int)
@@ -288,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_online_parser(commands)
     _add_export_parsers(commands)
     _add_serve_parsers(commands)
+    _add_inspect_parser(commands)
     _add_score_parser(commands)
     from training.simcse_cli import add_parser as add_train_encoder_parser  # argparse only: no torch, no Lightning
 
@@ -307,7 +310,8 @@ OUT/learning_curves.png are written and a table is printed.
 
 planners:
   gemma              Gemma 3 270M (the bundled GGUF, converted once to a cached transformers model)
-  hf:PATH            any local transformers causal-LM directory
+  hf:PATH            any local transformers causal-LM directory, or a Hub id (org/name[@revision]) from the
+                     local Hugging Face cache (downloaded when online)
   openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI)
 
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
@@ -421,7 +425,7 @@ def _add_online_parser(commands: Any) -> None:
 
     online.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
                         help="format of --cases (default: case)")
-    online.add_argument("--planner", required=True, metavar="SPEC", help="gemma | hf:PATH | openai:MODEL@URL")
+    online.add_argument("--planner", required=True, metavar="SPEC", help=_PLANNER_SPECS)
     online.add_argument("--policy", default="soft_q,similarity", metavar="P[,P...]",
                         help=f"comma-separated policies: {', '.join(get_args(PolicyKind))} "
                              "(default: soft_q,similarity)")
@@ -627,7 +631,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 _SERVE_DESCRIPTION = """\
 Serve an exported selector (a directory written by `memento export`) over HTTP with FastAPI and
-uvicorn. Needs the 'serve' extra: pip install 'memento[serve]'.
+uvicorn. Needs the 'serve' extra: pip install 'memento-mdp[serve]'.
 
 endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKEN'):
   POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null}
@@ -653,7 +657,7 @@ saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:
 
 _MCP_DESCRIPTION = """\
 Serve an exported selector (a directory written by `memento export`) as MCP tools over stdio, for
-agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install 'memento[mcp]'.
+agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install 'memento-mdp[mcp]'.
 
 tools:
   select_cases(task, k=4)              choose k past cases for the task -> {selection_id, cases: [...]}
@@ -748,6 +752,41 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  log_level="info" if args.verbose else "warning", access_log=args.verbose >= 2, on_ready=ready)
 
 
+def _add_inspect_parser(commands: Any) -> None:
+    inspect = commands.add_parser(
+        "inspect", help="browse a run or a selector in the browser: bank search, steps, learning curves",
+        description="Serve HTML pages (no build step, no script) over a run directory (memento online), a "
+                    "comparison or bench directory holding runs, or an exported selector: the bank (search by "
+                    "text with the run's encoder, filters, a case's usage), each step (candidates, probabilities, "
+                    "chosen cases, answer, reward) and the learning curves. Needs the 'serve' extra. `memento "
+                    "serve` shows the same pages under /inspect.")
+    inspect.add_argument("path", metavar="RUN_OR_ARTIFACT", help="a run, comparison or selector directory")
+    inspect.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    inspect.add_argument("--port", type=int, default=8090, help="port (default: 8090; 0 picks a free port)")
+    inspect.add_argument("--token-file", metavar="FILE", default=None,
+                         help="require this bearer token (needed off loopback; default there: "
+                              "$MEMENTO_SERVE_TOKEN); the browser gives it once as ?token= or in the login form")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from memento.inspect import serve_inspector
+    from memento.serve import is_loopback
+
+    require_extra("serve")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
+    loopback = is_loopback(args.host)
+    token = resolve_token(token_file=args.token_file) if args.token_file or not loopback else None
+
+    def ready(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"memento inspect: {args.path} on http://{shown}:{port}/ (auth: {'token' if token else 'none'}); "
+              "Ctrl-C stops", flush=True)
+
+    serve_inspector(args.path, host=args.host, port=args.port, token=token, ready=ready)
+    return EXIT_OK
+
+
 def _cmd_mcp(args: argparse.Namespace) -> int:
     require_extra("mcp")
     return run_mcp(args.dir, learn=args.learn, device=args.device, seed=args.seed,
@@ -786,7 +825,7 @@ def _add_score_parser(commands: Any) -> None:
     score.add_argument("--save-bank", metavar="DIR", default=None,
                        help="where a bank built from --cases or the suite's seed cases goes "
                             "(default: <out stem>.bank next to --out)")
-    _option(score, "--planner", LabelConfig, "planner", "gemma | hf:PATH | openai:MODEL@URL", metavar="SPEC")
+    _option(score, "--planner", LabelConfig, "planner", _PLANNER_SPECS, metavar="SPEC")
     _option(score, "--candidates", LabelConfig, "candidates", "cosine candidates C scored per task", type=int)
     _option(score, "--max-tasks", LabelConfig, "max_tasks", "score at most N tasks (the first with answers)",
             type=int, metavar="N", shown="all")
@@ -1110,6 +1149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_serve(args)
         if args.command == "mcp":
             return _cmd_mcp(args)
+        if args.command == "inspect":
+            return _cmd_inspect(args)
         if args.command == "score":
             return _cmd_score(args)
     except MementoError as error:

@@ -10,6 +10,17 @@ works too, SimCSE checkpoints included, with SimCSE's three poolings:
 
 Vectors are unit-normalised by default, so inner product is cosine similarity.
 
+``name_or_path`` may also be a Hugging Face Hub id (``"BAAI/bge-small-en-v1.5"``, optionally
+``"org/name@revision"``): it resolves from the local Hugging Face cache when offline and is
+downloaded when online (:mod:`memento.hub`); the commit it resolved to is ``Encoder.revision``.
+
+A sentence-transformers directory is used as its author configured it, without needing
+sentence-transformers: ``modules.json`` (Transformer, Pooling, Dense, Normalize),
+``1_Pooling/config.json`` (cls, mean, max, mean_sqrt_len_tokens, lasttoken; ``include_prompt``),
+``2_Dense/`` (in/out features, bias, activation, weights) and the default prompt of
+``config_sentence_transformers.json``. Its Pooling module then replaces ``pooling``
+(``modules=False`` ignores ``modules.json``).
+
 The cache is one SQLite file keyed by (model fingerprint, pooling, max_length, text
 hash); it stores the raw pooled vectors, so normalised and raw requests share it. A text
 is therefore encoded once per machine and model.
@@ -17,7 +28,9 @@ is therefore encoded once per machine and model.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
 import os
 import sqlite3
@@ -29,13 +42,14 @@ import numpy as np
 
 from memento.config import EncoderConfig, Pooling
 from memento.errors import CheckpointError, DataFormatError, EncoderError
+from memento.hub import is_hub_id, resolve_snapshot, snapshot_of, split_revision
 from memento.io import read_versioned_json
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "EmbeddingCache", "Encoder", "default_cache_dir",
-           "default_model_path", "saved_pooling"]
+__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "EmbeddingCache", "Encoder", "STModules", "default_cache_dir",
+           "default_model_path", "read_st_modules", "saved_pooling"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +118,215 @@ def _model_fingerprint(path: Path, model_id: str) -> str:
     return digest.hexdigest()[:32]
 
 
+_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu", "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.activation.SiLU": "silu",
+}
+_ST_POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "lasttoken")
+_ST_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                      "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                      "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean"}
+_ST_AS_POOLING: dict[tuple[str, ...], Pooling] = {("mean",): "avg", ("cls",): "cls_before_pooler"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dense:
+    """A sentence-transformers Dense module: ``activation(x @ weight_OI.T + bias_O)``."""
+
+    weight_OI: Any
+    bias_O: Any
+    activation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class STModules:
+    """What a sentence-transformers ``modules.json`` asks for after the transformer.
+
+    ``pooling`` is None without a Pooling module (then the encoder's own ``pooling`` applies);
+    ``steps`` are the Dense and Normalize modules after it, in order (a final Normalize is
+    ``normalize`` instead); ``prompt`` is the default prompt prepended to every text.
+    """
+
+    transformer_dir: Path
+    pooling: tuple[str, ...] | None = None
+    include_prompt: bool = True
+    steps: tuple[_Dense | str, ...] = ()
+    normalize: bool = False
+    prompt: str | None = None
+    digest: str = ""
+
+    @property
+    def trivial(self) -> bool:
+        """True when it computes what a plain ``avg``/``cls_before_pooler`` encoder computes."""
+        return (self.pooling is None or self.pooling in _ST_AS_POOLING) and not self.steps and not self.prompt
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EncoderError(f"{path}: unreadable sentence-transformers config ({error})") from None
+
+
+def _load_dense(directory: Path) -> tuple[_Dense, dict[str, Any], bytes]:
+    import torch
+
+    config_path = directory / "config.json"
+    config = _read_json(config_path)
+    if not isinstance(config, dict):
+        raise EncoderError(f"{config_path}: expected a JSON object")
+    try:
+        in_features, out_features = int(config["in_features"]), int(config["out_features"])
+    except (KeyError, TypeError, ValueError):
+        raise EncoderError(f"{config_path}: in_features and out_features must be integers") from None
+    if config.get("use_residual") or config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise EncoderError(f"{config_path}: a residual Dense or another module_input_name is not supported")
+    name = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+    activation = _ACTIVATIONS.get(name)
+    if activation is None:
+        raise EncoderError(f"{config_path}: activation_function {name!r} is not one of {sorted(_ACTIVATIONS)}")
+    if (directory / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        raw = (directory / "model.safetensors").read_bytes()
+        tensors = load_file(directory / "model.safetensors")
+    elif (directory / "pytorch_model.bin").is_file():
+        raw = (directory / "pytorch_model.bin").read_bytes()
+        tensors = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise EncoderError(f"{directory}: a Dense module without model.safetensors or pytorch_model.bin")
+    weight, bias = tensors.get("linear.weight"), tensors.get("linear.bias")
+    if weight is None or tuple(weight.shape) != (out_features, in_features):
+        raise EncoderError(f"{directory}: linear.weight must have shape ({out_features}, {in_features}), got "
+                           f"{None if weight is None else tuple(weight.shape)}")
+    wrong_bias = bias is not None and tuple(bias.shape) != (out_features,)
+    if bool(config.get("bias", True)) != (bias is not None) or wrong_bias:
+        raise EncoderError(f"{directory}: linear.bias does not match bias={config.get('bias', True)} / "
+                           f"out_features={out_features}")
+    described = {"in": in_features, "out": out_features, "bias": bias is not None, "activation": activation}
+    return _Dense(weight_OI=weight.float(), bias_O=None if bias is None else bias.float(), activation=activation), \
+        described, raw
+
+
+def read_st_modules(path: str | Path) -> STModules | None:
+    """The modules of a sentence-transformers directory (``path/modules.json``), or None without that file.
+
+    A module this encoder cannot run (anything but Transformer, Pooling, Dense, Normalize) is an
+    ``EncoderError`` naming it, rather than vectors that silently differ from the model's.
+    """
+    root = Path(path)
+    modules_path = root / "modules.json"
+    if not modules_path.is_file():
+        return None
+    modules = _read_json(modules_path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise EncoderError(f"{modules_path}: expected a list of modules")
+    transformer_dir = root
+    pooling: tuple[str, ...] | None = None
+    include_prompt = True
+    steps: list[_Dense | str] = []
+    digest = hashlib.sha256()
+    for position, module in enumerate(sorted(modules, key=lambda m: int(m.get("idx", 0)))):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        rel = str(module.get("path", ""))
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise EncoderError(f"{modules_path}: module path {rel!r} leaves the model directory")
+        where = root / rel
+        if kind == "Transformer":
+            if position != 0:
+                raise EncoderError(f"{modules_path}: the Transformer module must come first")
+            transformer_dir = where
+        elif kind == "Pooling":
+            config = _read_json(where / "config.json")
+            mode = config.get("pooling_mode") if isinstance(config, dict) else None
+            if mode is None and isinstance(config, dict):
+                mode = [name for key, name in _ST_LEGACY_POOLING.items() if config.get(key)] or ["mean"]
+            modes = (mode,) if isinstance(mode, str) else tuple(mode or ())
+            unsupported = [m for m in modes if m not in _ST_POOLINGS]
+            if not modes or unsupported:
+                raise EncoderError(f"{where / 'config.json'}: pooling mode(s) {unsupported or modes} not supported "
+                                   f"(supported: {', '.join(_ST_POOLINGS)})")
+            pooling, include_prompt = modes, bool(config.get("include_prompt", True))
+            digest.update(json.dumps(["pool", modes, include_prompt]).encode())
+        elif kind == "Dense":
+            dense, described, raw = _load_dense(where)
+            steps.append(dense)
+            digest.update(json.dumps(["dense", described]).encode())
+            digest.update(hashlib.sha256(raw).digest())
+        elif kind == "Normalize":
+            steps.append("normalize")
+            digest.update(b"normalize")
+        else:
+            raise EncoderError(f"{modules_path}: module {module.get('type')!r} is not supported (memento runs "
+                               "Transformer, Pooling, Dense and Normalize)")
+    if pooling is None and steps:
+        raise EncoderError(f"{modules_path}: Dense or Normalize without a Pooling module")
+    normalize = bool(steps) and steps[-1] == "normalize"
+    if normalize:
+        steps.pop()
+    prompt = None
+    st_config = root / "config_sentence_transformers.json"
+    if st_config.is_file():
+        settings = _read_json(st_config)
+        if isinstance(settings, dict) and settings.get("default_prompt_name"):
+            prompts = settings.get("prompts") or {}
+            prompt = prompts.get(settings["default_prompt_name"]) if isinstance(prompts, dict) else None
+            if not isinstance(prompt, str):
+                raise EncoderError(f"{st_config}: default_prompt_name {settings['default_prompt_name']!r} names "
+                                   "no prompt")
+            digest.update(json.dumps(["prompt", prompt]).encode())
+    return STModules(transformer_dir=transformer_dir, pooling=pooling, include_prompt=include_prompt,
+                     steps=tuple(steps), normalize=normalize, prompt=prompt or None, digest=digest.hexdigest()[:16])
+
+
+def _st_pool(hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, modes: tuple[str, ...],
+             prompt_length: int = 0) -> torch.Tensor:
+    """sentence-transformers pooling (its ``Pooling`` module), modes concatenated: ``[B, D * len(modes)]``."""
+    import torch
+
+    if prompt_length:  # drop the prompt's tokens from pooling (after any left padding)
+        start_B = mask_BT.to(torch.int32).argmax(dim=1)
+        positions_1T = torch.arange(mask_BT.shape[1], device=mask_BT.device).unsqueeze(0)
+        mask_BT = mask_BT.masked_fill(positions_1T < (start_B + prompt_length).unsqueeze(1), 0)
+    out: list[torch.Tensor] = []
+    mask_BT1 = mask_BT.unsqueeze(-1).to(hidden_BTD.dtype)
+    for mode in modes:
+        if mode == "cls":
+            first_B = mask_BT.to(torch.int).argmax(dim=1)
+            out.append(hidden_BTD[torch.arange(hidden_BTD.shape[0], device=hidden_BTD.device), first_B])
+        elif mode == "max":
+            out.append(hidden_BTD.masked_fill(mask_BT1 == 0, float("-inf")).max(dim=1).values)
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            count_B1 = mask_BT1.sum(1).clamp(min=1e-9)
+            out.append((hidden_BTD * mask_BT1).sum(1) / (count_B1 if mode == "mean" else count_B1.sqrt()))
+        else:  # lasttoken
+            values_B, flipped_B = mask_BT.flip(1).max(1)
+            flipped_B = torch.where(values_B == 0, mask_BT.shape[1] - 1, flipped_B)
+            last_B = mask_BT.shape[1] - flipped_B - 1
+            out.append((hidden_BTD * mask_BT1)[torch.arange(hidden_BTD.shape[0], device=hidden_BTD.device), last_B])
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+
+def _apply_dense(dense: _Dense, x_BI: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    weight = dense.weight_OI.to(device=x_BI.device, dtype=x_BI.dtype)
+    bias = None if dense.bias_O is None else dense.bias_O.to(device=x_BI.device, dtype=x_BI.dtype)
+    y_BO = torch.nn.functional.linear(x_BI, weight, bias)
+    if dense.activation == "tanh":
+        return torch.tanh(y_BO)
+    if dense.activation == "relu":
+        return torch.relu(y_BO)
+    if dense.activation == "gelu":
+        return torch.nn.functional.gelu(y_BO)
+    if dense.activation == "sigmoid":
+        return torch.sigmoid(y_BO)
+    if dense.activation == "silu":
+        return torch.nn.functional.silu(y_BO)
+    return y_BO
+
+
 class EmbeddingCache:
     """Raw pooled vectors on disk, one SQLite file, keyed by (model key, text).
 
@@ -160,16 +383,38 @@ class Encoder:
     """
 
     def __init__(self, *, model: Any, tokenizer: Any, config: EncoderConfig, model_id: str,
-                 fingerprint: str, device: str, cache: EmbeddingCache | None):
+                 fingerprint: str, device: str, cache: EmbeddingCache | None, revision: str | None = None,
+                 path: Path | None = None, modules: STModules | None = None):
         self._model = model
         self._tokenizer = tokenizer
+        self._modules = modules
+        if modules is not None and modules.pooling in _ST_AS_POOLING:  # the pooling the model's author chose
+            config = dataclasses.replace(config, pooling=_ST_AS_POOLING[modules.pooling])
         self.config = config
         self._model_id = model_id
+        self._revision = revision
+        self._path = path
         self._fingerprint = fingerprint
         self.device = device
         self.cache = cache
-        self._dim = int(model.config.hidden_size)
-        self._cache_key = f"{fingerprint}|{config.pooling}|{config.max_length}"
+        dim = int(model.config.hidden_size)
+        if modules is not None and modules.pooling is not None:
+            dim *= len(modules.pooling)
+            for step in modules.steps:
+                if isinstance(step, _Dense):
+                    if int(step.weight_OI.shape[1]) != dim:
+                        raise EncoderError(f"encoder {model_id!r}: a Dense module takes {step.weight_OI.shape[1]} "
+                                           f"features, the module before it gives {dim}")
+                    dim = int(step.weight_OI.shape[0])
+        self._dim = dim
+        self._prompt_length = 0
+        if modules is not None and modules.prompt and not modules.include_prompt:
+            ids = tokenizer([modules.prompt], truncation=True, max_length=config.max_length)["input_ids"][0]
+            self._prompt_length = len(ids) - (1 if ids and ids[-1] in set(tokenizer.all_special_ids) else 0)
+        if modules is None or modules.trivial:
+            self._cache_key = f"{fingerprint}|{config.pooling}|{config.max_length}"
+        else:
+            self._cache_key = f"{fingerprint}|st:{modules.digest}|{config.max_length}"
 
     @classmethod
     def from_pretrained(
@@ -182,50 +427,85 @@ class Encoder:
         device: str | None = None,
         cache_dir: str | Path | None = None,
         use_cache: bool = True,
+        revision: str | None = None,
+        modules: bool = True,
     ) -> Encoder:
-        """Load an encoder from a local directory, or the bundled all-MiniLM-L6-v2 when None.
+        """Load an encoder from a local directory, a Hub id (``revision``: a branch, tag or commit), or the
+        bundled all-MiniLM-L6-v2 when None.
 
         ``pooling=None`` takes the pooling a fine-tuned directory records in ``memento_encoder.json``
-        (written by ``memento train-encoder``), else ``"avg"``.
+        (written by ``memento train-encoder``), else ``"avg"``; a sentence-transformers Pooling module
+        (``modules.json``) replaces it unless ``modules=False``.
         """
         if pooling is None:
-            pooling = (saved_pooling(name_or_path) if name_or_path is not None else None) or "avg"
-        config = EncoderConfig(model=None if name_or_path is None else str(name_or_path),
-                               pooling=pooling, max_length=max_length, batch_size=batch_size)
-        return cls.from_config(config, device=device, cache_dir=cache_dir, use_cache=use_cache)
+            local = name_or_path is not None and Path(name_or_path).expanduser().is_dir()
+            pooling = (saved_pooling(name_or_path) if local and name_or_path is not None else None) or "avg"
+        model = None if name_or_path is None else str(name_or_path)
+        if model is not None and revision:
+            model = f"{split_revision(model)[0]}@{revision}"
+        config = EncoderConfig(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
+        return cls.from_config(config, device=device, cache_dir=cache_dir, use_cache=use_cache, modules=modules)
+
+    @staticmethod
+    def resolve(model: str | None) -> tuple[Path, str, str | None]:
+        """Where ``EncoderConfig.model`` points: ``(directory, model id, Hub revision)``.
+
+        None: the bundled weights; an existing directory: itself (a Hub cache snapshot is recognised,
+        so its id and commit are kept); ``"org/name[@revision]"``: :func:`memento.hub.resolve_snapshot`.
+        """
+        if model is None:
+            return default_model_path(), DEFAULT_MODEL_ID, None
+        path = Path(model).expanduser()
+        if path.is_dir():
+            path = path.resolve()
+            if path == default_model_path().resolve():
+                return path, DEFAULT_MODEL_ID, None
+            snapshot = snapshot_of(path)
+            if snapshot is not None:
+                return path, snapshot[0], snapshot[1]
+            return path, str(path), None
+        repo_id, revision = split_revision(model)
+        if not is_hub_id(model):
+            raise EncoderError(f"encoder {model!r}: not a local directory, nor a Hugging Face Hub id ('org/name', "
+                               "optionally '@revision')")
+        snapshot_dir, commit = resolve_snapshot(repo_id, revision=revision, what="encoder")
+        return snapshot_dir, repo_id, commit or revision
 
     @classmethod
     def from_config(cls, config: EncoderConfig, *, device: str | None = None,
-                    cache_dir: str | Path | None = None, use_cache: bool = True) -> Encoder:
+                    cache_dir: str | Path | None = None, use_cache: bool = True, modules: bool = True) -> Encoder:
         from transformers import AutoModel, AutoTokenizer
 
-        if config.model is None:
-            path, model_id = default_model_path(), DEFAULT_MODEL_ID
-        else:
-            path = Path(config.model).expanduser()
-            if not path.is_dir():
-                raise EncoderError(f"encoder {config.model!r}: not a local directory (models are never "
-                                   "downloaded at run time; pass the path of a transformers model directory)")
-            path = path.resolve()
-            model_id = str(path)
+        path, model_id, revision = cls.resolve(config.model)
+        st_modules = read_st_modules(path) if modules else None
+        weights = path if st_modules is None else st_modules.transformer_dir
         device = resolve_device(device)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModel.from_pretrained(path, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(weights, local_files_only=True)
+            model = AutoModel.from_pretrained(weights, local_files_only=True)
         except (OSError, ValueError) as error:
-            raise EncoderError(f"encoder {model_id!r}: cannot load from {path}: {error}") from None
+            raise EncoderError(f"encoder {model_id!r}: cannot load from {weights}: {error}") from None
+        if st_modules is not None and st_modules.pooling is not None:
+            chosen = _ST_AS_POOLING.get(st_modules.pooling)
+            if chosen != config.pooling:
+                logger.info("encoder %s: modules.json pools with %s (pooling=%r is not used; modules=False uses it)",
+                            model_id, "+".join(st_modules.pooling), config.pooling)
         recorded = saved_pooling(path)
-        if recorded is not None and recorded != config.pooling:
+        if recorded is not None and recorded != config.pooling and (st_modules is None or st_modules.pooling is None):
             logger.warning("encoder %s was fine-tuned with pooling=%r but is used with pooling=%r", model_id,
                            recorded, config.pooling)
-        if config.pooling == "cls" and getattr(model, "pooler", None) is None:
+        if (config.pooling == "cls" and getattr(model, "pooler", None) is None
+                and (st_modules is None or st_modules.pooling is None)):
             raise EncoderError(f"encoder {model_id!r} has no pooler; use pooling='cls_before_pooler' or 'avg'")
         model.eval().to(device)
         cache = EmbeddingCache(Path(cache_dir or default_cache_dir()) / "embeddings.sqlite") if use_cache else None
         logger.info("loaded encoder %s (pooling=%s, dim=%d) on %s", model_id, config.pooling,
                     model.config.hidden_size, device)
-        return cls(model=model, tokenizer=tokenizer, config=config, model_id=model_id,
-                   fingerprint=_model_fingerprint(path, model_id), device=device, cache=cache)
+        fingerprint = _model_fingerprint(weights, model_id)
+        if revision:  # a Hub snapshot: the commit identifies the files (the cache's mtimes differ per machine)
+            fingerprint = hashlib.sha256(f"{model_id}@{revision}".encode()).hexdigest()[:32]
+        return cls(model=model, tokenizer=tokenizer, config=config, model_id=model_id, fingerprint=fingerprint,
+                   device=device, cache=cache, revision=revision, path=path, modules=st_modules)
 
     @property
     def dim(self) -> int:
@@ -234,6 +514,21 @@ class Encoder:
     @property
     def model_id(self) -> str:
         return self._model_id
+
+    @property
+    def revision(self) -> str | None:
+        """The Hub commit the weights came from (None for a local directory or the bundled model)."""
+        return self._revision
+
+    @property
+    def path(self) -> Path | None:
+        """The local directory the weights were loaded from."""
+        return self._path
+
+    @property
+    def modules(self) -> STModules | None:
+        """The sentence-transformers modules in use (None without ``modules.json``, or with ``modules=False``)."""
+        return self._modules
 
     @property
     def pooling(self) -> Pooling:
@@ -250,12 +545,24 @@ class Encoder:
 
     def describe(self) -> dict[str, Any]:
         """What a saved artifact records about this encoder (``encoder.json``)."""
-        return {"model_id": self.model_id, "pooling": self.pooling, "dim": self.dim,
-                "max_length": self.config.max_length, "normalize": self.config.normalize,
-                "fingerprint": self._fingerprint}
+        described: dict[str, Any] = {"model_id": self.model_id, "pooling": self.pooling, "dim": self.dim,
+                                     "max_length": self.config.max_length, "normalize": self.normalize,
+                                     "fingerprint": self._fingerprint}
+        if self._revision:
+            described["revision"] = self._revision
+        if self._modules is not None and not self._modules.trivial:
+            described["modules"] = self._modules.digest
+        return described
+
+    @property
+    def normalize(self) -> bool:
+        """Whether ``encode`` unit-normalises by default (the config's, or a final Normalize module's)."""
+        return bool(self.config.normalize or (self._modules is not None and self._modules.normalize))
 
     def pool(self, outputs: Any, attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """Pooled vectors ``[B, D]`` from a forward pass (differentiable; used by training)."""
+        if self._modules is not None and self._modules.pooling is not None:
+            return _st_pool(outputs.last_hidden_state, attention_mask_BT, self._modules.pooling, self._prompt_length)
         if self.config.pooling == "cls":
             return outputs.pooler_output
         hidden_BTD = outputs.last_hidden_state
@@ -267,11 +574,16 @@ class Encoder:
     def _forward(self, texts: list[str]) -> np.ndarray:
         import torch
 
+        if self._modules is not None and self._modules.prompt:
+            texts = [self._modules.prompt + text for text in texts]
         batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self.config.max_length,
                                 return_tensors="pt").to(self.device)
         with torch.inference_mode():
             outputs = self._model(**batch)
             pooled_BD = self.pool(outputs, batch["attention_mask"])
+            for step in () if self._modules is None else self._modules.steps:
+                pooled_BD = (torch.nn.functional.normalize(pooled_BD, p=2, dim=-1) if step == "normalize"
+                             else _apply_dense(step, pooled_BD))
         return pooled_BD.float().cpu().numpy()
 
     @overload
@@ -297,7 +609,7 @@ class Encoder:
             if not text.strip():
                 raise DataFormatError(f"text {i} is empty")
         batch_size = batch_size or self.config.batch_size
-        normalize = self.config.normalize if normalize is None else normalize
+        normalize = self.normalize if normalize is None else normalize
 
         unique = list(dict.fromkeys(items))
         vectors: dict[str, np.ndarray] = {}

@@ -67,8 +67,9 @@ _SUMMARY_KEYS = ("steps", "success_rate", "moving_success_rate", "window", "succ
 
 
 def load_selector(path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
-                  seed: int = 0, verify: bool = True, encoder: Any = None) -> Selector:
-    """Load a selector artifact.
+                  seed: int = 0, verify: bool = True, encoder: Any = None, revision: str | None = None) -> Selector:
+    """Load a selector artifact: a directory, or a Hugging Face Hub id (``"user/repo"``, at ``revision``) that
+    is not a local path, resolved from the Hugging Face cache offline and downloaded online (:mod:`memento.hub`).
 
     - ``device``: where the Q-network, learner and replay buffer live (default: the CPU); the text
       encoder uses it too when given (default: CUDA when present);
@@ -79,7 +80,7 @@ def load_selector(path: str | Path, device: str | torch.device | None = None, *,
     - ``encoder``: an object with ``encode(texts)`` and ``dim`` to encode query texts instead of the one
       ``encoder.json`` names (needed when the run used a custom encoder).
     """
-    return Selector.load(path, device, learn=learn, seed=seed, verify=verify, encoder=encoder)
+    return Selector.load(path, device, learn=learn, seed=seed, verify=verify, encoder=encoder, revision=revision)
 
 
 def verify(path: str | Path) -> dict[str, Any]:
@@ -217,12 +218,14 @@ def _encoder_spec(encoder_config: Any, run_info: dict[str, Any] | None, dim: int
     if encoder_config is not None:
         return EncoderSpec(kind="transformers", model=encoder_config.model, pooling=encoder_config.pooling,
                            max_length=encoder_config.max_length, normalize=encoder_config.normalize, dim=dim,
-                           model_id=info.get("model_id"), fingerprint=info.get("fingerprint"))
+                           model_id=info.get("model_id"), fingerprint=info.get("fingerprint"),
+                           revision=info.get("revision"))
     if info.get("model_id") and info.get("pooling"):  # a memento.Encoder that the bank did not record
         model_id = str(info["model_id"])
         return EncoderSpec(kind="transformers", model=None if model_id == DEFAULT_MODEL_ID else model_id,
                            model_id=model_id, pooling=info["pooling"], max_length=int(info.get("max_length", 256)),
-                           normalize=bool(info.get("normalize", True)), dim=dim, fingerprint=info.get("fingerprint"))
+                           normalize=bool(info.get("normalize", True)), dim=dim, fingerprint=info.get("fingerprint"),
+                           revision=info.get("revision"))
     return EncoderSpec(kind="none", dim=dim, description=None if described is None else str(described))
 
 

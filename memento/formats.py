@@ -369,7 +369,8 @@ class StepRecord:
     ``bank_size`` (the bank the choice was made from), ``entropy`` (of the policy over the candidates),
     ``alpha`` (the soft-max temperature, ``None`` for a policy without one), ``loss`` (mean learner loss
     of the step's update round, ``None`` when none ran); ``time`` (Unix seconds) and ``ms`` per component;
-    ``case_credit``: with leave-one-out credit, each chosen case's target (left out of the line otherwise).
+    ``case_credit``: with leave-one-out credit, each chosen case's target (left out of the line otherwise);
+    ``candidate_probs``: the first-draw probability of every candidate, in ``candidate_ids`` order.
     """
 
     step: int
@@ -397,8 +398,9 @@ class StepRecord:
     time: float
     ms: dict[str, float]
     case_credit: list[float] | None = None
+    candidate_probs: list[float] | None = None
 
-    _OPTIONAL = ("case_credit",)
+    _OPTIONAL = ("case_credit", "candidate_probs")
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON-ready dict, keys in field order (optional fields only when set)."""

@@ -95,6 +95,7 @@ from memento.features import CaseFeaturizer
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.io import atomic_write
 from memento.memory import Candidates, CaseBank
+from memento.memory.index import use_gpu_for
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, read_json, write_json
@@ -368,7 +369,8 @@ class OnlineLoop:
                     raise DimensionError(f"{self.bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder "
                                          f"gives dim={self.dim}")
                 bank = CaseBank.create(target, self.dim, index=seed.config.index,
-                                       encoder=seed.config.encoder or self._encoder_config(), use_gpu=False)
+                                       encoder=seed.config.encoder or self._encoder_config(),
+                                       use_gpu=use_gpu_for(self.device))
                 try:
                     cases = list(seed.iter_cases())
                     if cases:
@@ -378,7 +380,7 @@ class OnlineLoop:
                     raise
             return bank
         bank = CaseBank.create(target, self.dim, index=self.config.index, encoder=self._encoder_config(),
-                               use_gpu=False)
+                               use_gpu=use_gpu_for(self.device))
         try:
             if self.seed_cases:
                 emb_ND = self._encode([case.state for case in self.seed_cases])
@@ -490,7 +492,7 @@ class OnlineLoop:
         if ckpt is None:
             bank = self._make_bank()
         else:
-            bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=False)
+            bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=use_gpu_for(self.device))
         try:
             self.policy = self._build_policy(seeds, bank)
             if ckpt is None:
@@ -521,7 +523,11 @@ class OnlineLoop:
         cfg = self.config
         writer = None
         if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("LoopConfig.tensorboard=True needs TensorBoard: pip install 'memento-mdp[train]' "
+                                  "(or set \"tensorboard\": false in the LoopConfig)") from None
 
             writer = SummaryWriter(str(self.run_dir.tensorboard),
                                    purge_step=self.step if resumed_from is not None else None)
@@ -735,7 +741,8 @@ class OnlineLoop:
             output=out.text, reward=reward, success=bool(success), reason=reason, done=True, retained_id=retained[0],
             duplicate=retained[1], policy=self.config.policy_kind, policy_version=version, bank_size=bank_size,
             entropy=0.0 if sel is None else _entropy(sel.probs_C), alpha=alpha, loss=loss, time=time.time(), ms=ms,
-            case_credit=None if credit is None else [float(c) for c in credit])
+            case_credit=None if credit is None else [float(c) for c in credit],
+            candidate_probs=None if sel is None else [float(p) for p in sel.probs_C])
 
     # ------------------------------------------------------------------ summary
 

@@ -5,7 +5,8 @@ Tools:
 - ``select_cases(task, k=4)``: choose ``k`` past cases for a task; returns the cases (state, action,
   reward, probability) and a ``selection_id``;
 - ``record_outcome(selection_id, reward)``: the reward in [0, 1] of what the agent did with them;
-- ``add_case(state, action, reward)``: store a new case; returns its id.
+- ``add_case(state, action, reward)``: store a new case; returns its id;
+- ``delete_case(case_id)``: forget a stale or wrong case: it is never selected again.
 
 Writes go through the same single :class:`~memento.serve.Writer` as the HTTP service: a tool
 answers after the selector committed the write, checkpoints are periodic, and the queue is drained
@@ -34,11 +35,11 @@ _INSTRUCTIONS = """\
 A case selector trained to pick the past cases (task, what was done, reward) that help this agent's LLM.
 Call select_cases with the task before solving it and put the returned cases in the prompt; after the
 task, call record_outcome with the selection_id and a reward in [0, 1] (1 = success) so the selector
-learns. add_case stores a new experience."""
+learns. add_case stores a new experience; delete_case forgets a stale or wrong one (by its id)."""
 
 
 def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | None = None) -> Any:
-    """An ``MCPServer`` with the three tools, backed by ``selector`` (writes through ``writer``)."""
+    """An ``MCPServer`` with the four tools, backed by ``selector`` (writes through ``writer``)."""
     require_extra("mcp")
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -83,7 +84,16 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    for fn in (select_cases, record_outcome, add_case):
+    def delete_case(case_id: Annotated[str, Field(min_length=1, max_length=config.max_text_chars)]
+                    ) -> dict[str, Any]:
+        """Forget a stored case (stale or wrong): it is never selected again. Returns {"id", "deleted": true,
+        "replay_slots_masked"} once the deletion is committed."""
+        try:
+            return _json_safe(writer.submit_delete(case_id).result())
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    for fn in (select_cases, record_outcome, add_case, delete_case):
         server.add_tool(fn)
     return server
 

@@ -129,9 +129,11 @@ from memento.errors import (
     UnknownSelectionError,
 )
 from memento.features import CaseFeaturizer
+from memento.hub import is_hub_id, push_folder, resolve_selector, split_revision
 from memento.io import atomic_write, atomic_write_text, read_safetensors, sqlite_copy
 from memento.learner import SoftQLearner
 from memento.memory import Candidates, CaseBank
+from memento.memory.index import use_gpu_for
 from memento.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
 from memento.policy import Observation
 from memento.replay import ReplayBuffer
@@ -246,12 +248,15 @@ class Selector:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
              seed: int = 0, verify: bool = True, encoder: Any = None, read_only: bool = False,
-             shared: bool = False) -> Selector:
-        """Load an artifact directory (see :func:`memento.load_selector`).
+             shared: bool = False, revision: str | None = None) -> Selector:
+        """Load an artifact directory, or a Hub id ``"user/repo"`` at ``revision`` (see :func:`memento.load_selector`).
 
         ``read_only``: another process writes this artifact (see "Processes" in the module docstring);
         ``shared``: this selector writes it while read-only selectors in other processes select over it.
         """
+        if isinstance(path, str) and not os.path.lexists(Path(path).expanduser()) and is_hub_id(path):
+            repo_id, at = split_revision(path)
+            path = resolve_selector(repo_id, revision=revision or at)
         path = Path(path)
         if not isinstance(learn, bool):
             raise ConfigError(f"load_selector: learn={learn!r}: must be true or false")
@@ -272,7 +277,7 @@ class Selector:
         if encoder is not None:
             dims["the encoder passed in"] = int(encoder.dim)
         _check_dims(path, dims)
-        bank = CaseBank.open(path / BANK_DIR, use_gpu=False, read_only=read_only)
+        bank = CaseBank.open(path / BANK_DIR, use_gpu=use_gpu_for(where), read_only=read_only)
         feedback_log: FeedbackLog | None = None
         try:
             dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank.dim
@@ -287,6 +292,7 @@ class Selector:
                 selector.read_only = read_only
                 selector._manifest_key = _stat_key(path / MANIFEST_NAME)
             selector._replay_unsaved_feedback()
+            selector._forget_deleted()  # deleted cases leave the replay rows the feedback replay brought back
             if len(bank):  # read the bank's vectors now, not in the first select (about 2 s at 100k cases)
                 bank.embeddings_at([0])
         except BaseException:
@@ -358,7 +364,14 @@ class Selector:
     def _learn(self, state_D: np.ndarray, ids: list[str], cases_KD: np.ndarray, probs: list[float], set_prob: float,
                reward: float, seq: int, version: int, learned: bool) -> None:
         """One decision, as logged (propensities 1.0 for a greedy choice), to the agent: into its replay buffer
-        (as several rows when it holds more than ``k_max`` cases), then its gradient steps when ``learned``."""
+        (as several rows when it holds more than ``k_max`` cases), then its gradient steps when ``learned``.
+        Cases deleted since the selection are left out (a decision of deleted cases only is not learned from)."""
+        gone = self._bank.is_deleted(list(ids))
+        if any(gone):
+            keep = [i for i, deleted in enumerate(gone) if not deleted]
+            if not keep:
+                return
+            ids, cases_KD, probs = [ids[i] for i in keep], np.asarray(cases_KD)[keep], [probs[i] for i in keep]
         k = len(ids)
         probs_K = np.asarray(probs, dtype=np.float64)
         positions_K = self._bank.positions_of(list(ids)) if self._featured else np.arange(k)
@@ -531,26 +544,7 @@ class Selector:
             if self._learner.qnet.training:
                 self._learner.qnet.eval()
             candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
-            version = self._agent.version
-            if len(candidates) == 0:
-                ids: list[str] = []
-                probs: list[float] = []
-                set_prob = 1.0
-                cases_KD = np.zeros((0, self.dim), dtype=np.float32)
-            else:
-                rng: Any = LockedGenerator(self._rng, self._rng_lock)  # the same draws, one call at a time
-                selection = self._agent.select(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
-                ids = list(selection.ids)
-                probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
-                set_prob = float(selection.set_prob)
-                cases_KD = candidates.embeddings_CD[candidates.rows_of(ids)]
-            cases = tuple(self._bank.get(ids)) if ids else ()
-            selection_id = uuid.uuid4().hex
-            self._remember(selection_id, _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
-                                                  set_prob=set_prob, mode=mode, policy_version=version, env=env,
-                                                  born=time.monotonic()))
-            return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
-                                   set_prob=set_prob, mode=mode, policy_version=version)
+            return self._choose(state_D, candidates, k, mode, env)
 
     def _remember(self, selection_id: str, pending: PendingSelection) -> None:
         """Keep a selection until its feedback: committed to the pending store (one SQLite transaction; the
@@ -625,6 +619,127 @@ class Selector:
         with self._rw.read():
             self._check_open()
             return self._bank.get(case_id)
+
+    # ------------------------------------------------------------------ forgetting
+
+    def _forget_deleted(self, ids: Sequence[str] | None = None) -> int:
+        """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None): their state vectors
+        are the first ``D`` columns of the case vectors the buffer stores (with or without case features)."""
+        ids = self._bank.deleted_ids() if ids is None else list(ids)
+        if not ids or not len(self._buffer):
+            return 0
+        return int(self._buffer.forget(self._bank.embeddings(ids)))
+
+    def delete_case(self, case_id: str) -> dict[str, Any]:
+        """Forget a case: it is never selected again (committed to the bank, then checkpointed with a save in
+        place before this returns, so a restart finds it deleted and ``memento verify`` passes); the replay
+        slots holding it are masked. Returns ``{"id", "deleted": True, "replay_slots_masked"}``; an unknown or
+        already deleted id raises ``UnknownCaseError``."""
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        self._check_writable()
+        with self._lock:
+            self._check_open()
+            self._bank.delete([case_id])
+            masked = self._forget_deleted([case_id])
+            self._save_in_place()
+        return {"id": case_id, "deleted": True, "replay_slots_masked": masked}
+
+    def replace_case(self, case_id: str, state: str, action: str, reward: float, env: str | None = None,
+                     meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None) -> str:
+        """Supersede a case by a new one (one bank transaction, then a save in place, as :meth:`delete_case`):
+        the old case is never selected again, the new one can be; returns the new case's id (ids are never
+        reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given."""
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        reward = _reward(reward)
+        case = Case(state=state, action=action, reward=reward, env=env, meta={} if meta is None else meta)
+        self._check_writable()
+        state_D = self._state(state if embedding is None else embedding, "case state")  # encoded outside the lock
+        with self._lock:
+            self._check_open()
+            new_id = self._bank.replace(case_id, case, state_D)
+            self._forget_deleted([case_id])
+            self._save_in_place()
+        return new_id
+
+    # ------------------------------------------------------------------ several tasks at once
+
+    def select_many(self, queries: Sequence[str] | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
+                    env: str | None = None) -> list[SelectionResult]:
+        """:meth:`select` for several tasks: the texts are encoded in one ``encode`` call and the candidates of
+        all of them found in one bank search; each result has its own pending selection id (feedback each
+        one). Greedy results equal ``select`` called on each query in turn; sampled ones draw from the same
+        generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors."""
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+            raise DataFormatError(f"k must be a positive integer, got {k!r}")
+        if mode not in _MODES:
+            raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
+        if env is not None and (not isinstance(env, str) or not env.strip()):
+            raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
+        if isinstance(queries, str):
+            raise DataFormatError("select_many takes a list of queries; for one text use select()")
+        k = int(k)
+        self._check_open()
+        states_BD = self._states(queries)
+        if not len(states_BD):
+            return []
+        with self._rw.read():
+            self._check_open()
+            if self._learner.qnet.training:
+                self._learner.qnet.eval()
+            width = max(self.config.candidates, k)
+            scores_BC, positions_BC = self._bank.search_positions(states_BD, width, env=env)
+            results = []
+            for b, state_D in enumerate(states_BD):
+                valid = positions_BC[b] >= 0
+                positions_C = positions_BC[b][valid]
+                candidates = Candidates(ids=self._bank.ids_at(positions_C), positions_C=positions_C,
+                                        scores_C=scores_BC[b][valid],
+                                        embeddings_CD=self._bank.embeddings_at(positions_C))
+                results.append(self._choose(state_D, candidates, k, mode, env))
+            return results
+
+    def _states(self, queries: Sequence[str] | np.ndarray) -> np.ndarray:
+        """Queries as unit float32 state vectors ``[B, D]``: texts encoded in one call, vectors as given."""
+        if isinstance(queries, (np.ndarray, torch.Tensor)):
+            rows = list(queries.detach().cpu().numpy() if isinstance(queries, torch.Tensor) else queries)
+        else:
+            rows = list(queries)
+        if rows and all(isinstance(q, str) for q in rows):
+            for i, text in enumerate(rows):
+                if not text.strip():
+                    raise DataFormatError(f"query {i}: text is empty")
+            rows = list(np.asarray(self.encoder().encode(rows), dtype=np.float32).reshape(len(rows), self.dim))
+        elif any(isinstance(q, str) for q in rows):
+            raise DataFormatError("select_many: queries must be all texts or all vectors")
+        return np.stack([self._state(q, f"query {i}") for i, q in enumerate(rows)]) if rows else np.zeros(
+            (0, self.dim), dtype=np.float32)
+
+    def _choose(self, state_D: np.ndarray, candidates: Candidates, k: int, mode: SelectionMode,
+                env: str | None) -> SelectionResult:
+        """One selection over a candidate set, remembered as pending (for :meth:`select` and
+        :meth:`select_many`; the caller holds the read lock and has put the Q-network in eval mode)."""
+        version = self._agent.version
+        if len(candidates) == 0:
+            ids: list[str] = []
+            probs: list[float] = []
+            set_prob = 1.0
+            cases_KD = np.zeros((0, self.dim), dtype=np.float32)
+        else:
+            rng: Any = LockedGenerator(self._rng, self._rng_lock)  # the same draws, one call at a time
+            selection = self._agent.select(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
+            ids = list(selection.ids)
+            probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
+            set_prob = float(selection.set_prob)
+            cases_KD = candidates.embeddings_CD[candidates.rows_of(ids)]
+        cases = tuple(self._bank.get(ids)) if ids else ()
+        selection_id = uuid.uuid4().hex
+        self._remember(selection_id, _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
+                                              set_prob=set_prob, mode=mode, policy_version=version, env=env,
+                                              born=time.monotonic()))
+        return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
+                               set_prob=set_prob, mode=mode, policy_version=version)
 
     def stats(self) -> dict[str, Any]:
         """Counts and settings: cases, feedbacks, updates, pending selections, dim, learn, and more."""
@@ -719,6 +834,25 @@ class Selector:
         return out
 
     # ------------------------------------------------------------------ saving
+
+    def push_to_hub(self, repo_id: str, *, token: str | None = None, private: bool = False,
+                    commit_message: str = "Upload memento selector", revision: str | None = None) -> Any:
+        """Upload this artifact, as it is on disk, to the Hugging Face Hub model repository ``repo_id``
+        (created if needed; ``private`` then applies); returns ``huggingface_hub``'s commit info.
+
+        ``save()`` first to include the newest learner state: cases and feedback committed since the last
+        save go too (verification accepts appended rows). Dot-named files (``.pending.sqlite``,
+        ``.policy.safetensors``, staging directories) and SQLite sidecars stay local. Anyone loads it with
+        ``memento.load_selector("user/repo")``; the model card carries the front matter the Hub reads.
+        """
+        with self._lock:
+            self._check_open()
+            if not self.read_only:  # the SQLite files' committed rows into the main files (no -wal uploaded)
+                self._bank.flush()
+                checkpoint_sqlite(self.path / BANK_DB)
+                self._feedback.checkpoint()
+            return push_folder(self.path, repo_id, token=token, private=private, commit_message=commit_message,
+                               revision=revision)
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write the artifact: Q-network, learner and replay state, model card and a fresh manifest.

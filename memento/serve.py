@@ -152,7 +152,7 @@ def require_extra(extra: Literal["serve", "mcp"]) -> None:
             __import__(name)
         except ImportError:
             raise MementoError(f"memento {extra} needs the '{extra}' extra ({name} is not installed): "
-                               f"pip install 'memento[{extra}]'") from None
+                               f"pip install 'memento-mdp[{extra}]'") from None
 
 
 # ---------------------------------------------------------------- app and server

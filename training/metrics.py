@@ -11,6 +11,14 @@ All take torch tensors (any device) and return Python floats; no sklearn.
   cases is rewarded; averaged over states. :func:`random_hit_at_k` is the same quantity for a
   uniformly random order, ``1 - C(n - p, K) / C(n, K)`` for a state with ``n`` cases of which
   ``p`` are rewarded (the baseline a learned ranking must beat).
+
+Under DDP the epoch metrics must be global, not an average of per-process values:
+:class:`EpochPairMetrics` accumulates an epoch's (score, label) pairs in torchmetrics states
+(``BinaryAUROC``'s exact, threshold-free state for the AUC; per-bin sums for the ECE), which
+torchmetrics gathers across processes at ``compute()``; it gives the same values as
+:func:`roc_auc` / :func:`expected_calibration_error` on all processes' pairs together.
+``torchmetrics.BinaryCalibrationError`` is not used for the ECE: it needs 0/1 targets (rewards may be
+soft) and gives ``p = 1.0`` a bin of its own, where :func:`expected_calibration_error` closes the last bin.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
-__all__ = ["expected_calibration_error", "hit_at_k", "random_hit_at_k", "roc_auc"]
+__all__ = ["EpochPairMetrics", "expected_calibration_error", "hit_at_k", "random_hit_at_k", "roc_auc"]
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -93,3 +102,75 @@ def random_hit_at_k(labels_SC: torch.Tensor, mask_SC: torch.Tensor, k: int) -> t
         kk = min(k, n)
         out.append(0.0 if n == 0 else 1.0 - math.comb(n - p, kk) / math.comb(n, kk))
     return torch.tensor(out, dtype=torch.float32)
+
+
+def _calibration_metric(n_bins: int) -> nn.Module:
+    """A torchmetrics ``Metric`` summing, per probability bin, the predictions and labels (and the class counts)."""
+    from torchmetrics import Metric
+
+    class BinnedCalibration(Metric):
+        full_state_update = False
+        is_differentiable = False
+        higher_is_better = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.n_bins = n_bins
+            self.add_state("prob_sum_B", default=torch.zeros(n_bins, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state("label_sum_B", default=torch.zeros(n_bins, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state("n_pos", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state("n", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+        def update(self, probs_N: torch.Tensor, labels_N: torch.Tensor, positive_N: torch.Tensor) -> None:
+            probs, labels = _flat(probs_N), _flat(labels_N)
+            bins = (probs.clamp(0.0, 1.0) * self.n_bins).floor().long().clamp(max=self.n_bins - 1)
+            self.prob_sum_B.index_add_(0, bins, probs)
+            self.label_sum_B.index_add_(0, bins, labels)
+            self.n_pos += positive_N.sum().to(torch.float64)
+            self.n += probs.numel()
+
+        def compute(self) -> torch.Tensor:
+            ece = (self.prob_sum_B - self.label_sum_B).abs().sum() / self.n
+            return torch.stack([ece, self.n_pos, self.n])
+
+    return BinnedCalibration()
+
+
+class EpochPairMetrics(nn.Module):
+    """An epoch's AUC and ECE over the (score, label) pairs of all processes (see the module docstring).
+
+    ``update(q_N, labels_N, threshold)`` adds pairs: scores (logits), labels (rewards, maybe soft) and the
+    reward from which a pair counts as rewarded; ``compute()`` returns ``{"auc": ..., "ece": ...}``, without
+    ``"auc"`` when one class is absent (globally) and empty when no process saw a pair; ``reset()`` clears.
+    Under ``torch.distributed`` every process must call ``compute()`` (it gathers).
+    """
+
+    def __init__(self, n_bins: int = 10):
+        super().__init__()
+        from torchmetrics.classification import BinaryAUROC
+
+        self.auroc = BinaryAUROC(thresholds=None, validate_args=False)
+        self.calibration = _calibration_metric(n_bins)
+
+    def update(self, q_N: torch.Tensor, labels_N: torch.Tensor, threshold: float) -> None:
+        q, labels = q_N.detach().float().reshape(-1), labels_N.detach().float().reshape(-1)
+        positive = labels >= threshold
+        self.auroc.update(q, positive.long())
+        self.calibration.update(torch.sigmoid(q), labels, positive)
+
+    def compute(self) -> dict[str, float]:
+        import warnings
+
+        with warnings.catch_warnings():  # no update on this process (a split that collects no pairs)
+            warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
+            ece, n_pos, n = (float(v) for v in self.calibration.compute())
+        if n == 0:
+            return {}
+        metrics = {"ece": ece}
+        if 0 < n_pos < n:
+            metrics["auc"] = float(self.auroc.compute())
+        return metrics
+
+    def reset(self) -> None:
+        self.auroc.reset()
+        self.calibration.reset()

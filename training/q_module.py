@@ -25,7 +25,8 @@ Logged to TensorBoard (``self.log``): ``train/loss`` (per step and per epoch), `
 (expected calibration error of ``sigmoid(Q)``; single-step only), and per held-out state with mixed
 labels ``val/hit@K`` with its random-order baseline ``val/hit@K_random`` and ``val/ranking_states``;
 ``train/alpha`` when the temperature moves, ``train/entropy`` (per epoch) of ``softmax(Q / alpha)``. Under DDP
-the epoch metrics are computed on each process's shard and averaged.
+the AUC and ECE are global (torchmetrics states gathered from every process,
+:class:`~training.metrics.EpochPairMetrics`); hit@K and the entropy are means of per-process means.
 
 **Planner-scored labels** (``source="labels"``, batches of :class:`~training.listwise.ListwiseBatch`): the loss
 is the listwise ``KL(softmax(score / tau) || softmax(Q / alpha))`` over each task's candidates
@@ -53,7 +54,7 @@ from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 from training.data import RankingBatch
 from training.listwise import ListwiseBatch, best_in_top_k, listwise_kl
-from training.metrics import expected_calibration_error, hit_at_k, random_hit_at_k, roc_auc
+from training.metrics import EpochPairMetrics, hit_at_k, random_hit_at_k
 
 __all__ = ["QModule"]
 
@@ -86,6 +87,9 @@ class QModule(L.LightningModule):
         self._generator: torch.Generator | None = None
         self._pending_generator: dict[str, Any] | None = None
         self._last_target_step = 0
+        # torchmetrics states (not in the state dict): the epoch's pairs of each split, gathered across processes
+        self.train_pair_metrics = EpochPairMetrics(ece_bins)
+        self.val_pair_metrics = EpochPairMetrics(ece_bins)
         self._reset_metrics()
 
     @classmethod
@@ -236,12 +240,11 @@ class QModule(L.LightningModule):
 
     def _reset_metrics(self, split: str | None = None) -> None:
         if split in (None, "train"):
-            self._pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
-                **getattr(self, "_pairs", {}), "train": []}
+            self.train_pair_metrics.reset()
             self._n_pairs = {**getattr(self, "_n_pairs", {}), "train": 0}
             self._entropy: list[torch.Tensor] = []
         if split in (None, "val"):
-            self._pairs = {**self._pairs, "val": []}
+            self.val_pair_metrics.reset()
             self._n_pairs = {**self._n_pairs, "val": 0}
             self._hits: dict[int, list[torch.Tensor]] = {k: [] for k in self.hit_k}
             self._hits_random: dict[int, list[torch.Tensor]] = {k: [] for k in self.hit_k}
@@ -250,21 +253,21 @@ class QModule(L.LightningModule):
     def _collect(self, split: str, q_BK: torch.Tensor, batch: ReplayBatch) -> None:
         if self._n_pairs[split] >= _MAX_METRIC_PAIRS:
             return
-        self._pairs[split].append((q_BK.detach(), batch.reward_B.detach(), batch.mask_BK))
+        mask_BK = batch.mask_BK
+        q_N = q_BK.detach()[mask_BK].float()
+        y_N = batch.reward_B.detach().unsqueeze(1).expand_as(mask_BK)[mask_BK].float()
+        self._pair_metrics(split).update(q_N, y_N, self.label_threshold)
         self._n_pairs[split] += q_BK.numel()
 
+    def _pair_metrics(self, split: str) -> EpochPairMetrics:
+        return self.train_pair_metrics if split == "train" else self.val_pair_metrics
+
     def _epoch_metrics(self, split: str) -> dict[str, float]:
-        pairs = self._pairs[split]
-        if not pairs:
-            return {}
-        q = torch.cat([q_BK[m_BK].float() for q_BK, _, m_BK in pairs])
-        y = torch.cat([r_B.unsqueeze(1).expand_as(m_BK)[m_BK].float() for _, r_B, m_BK in pairs])
-        metrics: dict[str, float] = {}
-        auc = roc_auc(q, y >= self.label_threshold)
-        if not math.isnan(auc):
-            metrics[f"{split}/auc"] = auc
-        if self.learner_config.gamma == 0.0:
-            metrics[f"{split}/ece"] = expected_calibration_error(torch.sigmoid(q), y, self.ece_bins)
+        """AUC and ECE of the epoch's pairs on all processes (a collective under DDP: every process calls it)."""
+        values = self._pair_metrics(split).compute()
+        metrics = {f"{split}/auc": values["auc"]} if "auc" in values else {}
+        if "ece" in values and self.learner_config.gamma == 0.0:
+            metrics[f"{split}/ece"] = values["ece"]
         return metrics
 
     def on_train_epoch_end(self) -> None:

@@ -19,7 +19,16 @@ SQLite is the source of truth. Writes commit to SQLite first, then reach the in-
 index; the index file is written on ``flush()``/``close()``. Opening a bank compares the
 index file with SQLite: missing rows (a crash between the commit and the index write)
 are added from SQLite, and an index from another bank, another factory or with more
-rows than SQLite is rebuilt. Cases are never deleted, so positions are dense.
+rows than SQLite is rebuilt. Positions are dense: a case's row is never removed (except by ``truncate``).
+
+**Forgetting.** :meth:`CaseBank.delete` and :meth:`CaseBank.replace` do not remove rows: they add a
+tombstone to a ``deleted (pos, id, time, replaced_by)`` table (created on the first deletion), and every
+search, candidate set and listing (``iter_cases``, ``export_jsonl``) leaves tombstoned positions out (the faiss
+index keeps their vectors and is searched with a filter). So positions stay dense, the index file and the
+artifact's append-only row digests (:mod:`memento.artifact`) stay valid, and logged decisions that chose a
+deleted case can still be replayed (``embeddings``/``positions_of``/``get`` still read its row). The row's
+text stays in ``cases.sqlite``; its usage rows and action vector are removed. A deleted case's id is never
+reused: ``replace`` stores the new content under a new id.
 
 One process writes a bank at a time. Other processes may follow it: ``CaseBank.open(path, read_only=True)``
 never writes the SQLite file, the index files or temporaries (``flush``/``close`` write nothing; the write
@@ -86,6 +95,10 @@ _FEATURE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (step INTEGER NOT NULL, pos INTEGER NOT NULL, reward REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS usage_step ON usage(step);
 CREATE TABLE IF NOT EXISTS action_embeddings (pos INTEGER PRIMARY KEY, embedding BLOB NOT NULL);
+"""
+
+_DELETED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY, id TEXT NOT NULL, time REAL NOT NULL, replaced_by TEXT);
 """
 
 
@@ -163,6 +176,9 @@ class CaseBank:
         self._index_dirty = False
         self._closed = False
         self._usage: tuple[np.ndarray, np.ndarray] | None = None  # (shown_N, reward_sum_N), loaded on first need
+        self._deleted_pos: np.ndarray | None = None  # tombstoned positions (sorted int64), loaded on first need
+        self._deleted_key: int = -1  # MAX(rowid) of the deleted table when loaded (a reader re-checks it)
+        self._live_N: np.ndarray | None = None  # cached ~deleted mask over positions 0..count-1
 
     # ------------------------------------------------------------------ create / open
 
@@ -485,11 +501,13 @@ class CaseBank:
         conn = self._conn
         out: list[str] = [""] * len(cases)
         existing: dict[str, str] = {}
+        tombstones = self._has_deleted_table()
+        live = " AND pos NOT IN (SELECT pos FROM deleted)" if tombstones else ""  # a deleted case is no duplicate
         if not allow_duplicates:
             for chunk in _chunks(list(dict.fromkeys(hashes))):
                 marks = ",".join("?" * len(chunk))
                 existing.update(conn.execute(
-                    f"SELECT hash, MIN(id) FROM cases WHERE hash IN ({marks}) GROUP BY hash", list(chunk)))
+                    f"SELECT hash, MIN(id) FROM cases WHERE hash IN ({marks}){live} GROUP BY hash", list(chunk)))
         planned: list[tuple[int, str]] = []  # (input index, id) of the cases to insert
         for i, (case, digest) in enumerate(zip(cases, hashes)):
             if not allow_duplicates and digest in existing:
@@ -500,6 +518,9 @@ class CaseBank:
                 continue
             case_id = case.id if case.id is not None else (
                 f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{self._count + len(planned)}")
+            if case.id is None and tombstones and conn.execute(
+                    "SELECT 1 FROM deleted WHERE id = ?", (case_id,)).fetchone() is not None:
+                case_id = f"c{digest[:16]}-{self._count + len(planned)}"  # a deleted case's id is never reused
             existing[digest] = case_id
             out[i] = case_id
             planned.append((i, case_id))
@@ -578,10 +599,11 @@ class CaseBank:
         return [self._ids[int(p)] for p in positions]
 
     def _allowed(self, env: str | None, kind: str | None) -> np.ndarray | None:
+        live = self._live_mask()
         if env is None and kind is None:
-            return None
+            return live
         self._ensure_loaded()
-        mask = np.ones(self._count, dtype=bool)
+        mask = np.ones(self._count, dtype=bool) if live is None else live.copy()
         if env is not None:
             mask &= self._env_codes_N[:self._count] == self._env_vocab.get(env, -1)
         if kind is not None:
@@ -683,7 +705,10 @@ class CaseBank:
             if self._has_feature_tables():
                 self._conn.execute("DELETE FROM usage WHERE pos >= ?", (int(n),))
                 self._conn.execute("DELETE FROM action_embeddings WHERE pos >= ?", (int(n),))
+            if self._has_deleted_table():
+                self._conn.execute("DELETE FROM deleted WHERE pos >= ?", (int(n),))
         self._usage = None
+        self._forget_deleted_cache()
         self._count = int(n)
         self._loaded = False
         self._ids, self._env_vocab, self._kind_vocab = [], {}, {}
@@ -803,19 +828,183 @@ class CaseBank:
         if cursor.rowcount == 0:
             raise UnknownCaseError(f"{self.path}: unknown case id {case_id!r}")
 
+    # ------------------------------------------------------------------ forgetting (tombstones)
+
+    def _has_deleted_table(self) -> bool:
+        row = self._conn.execute(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type='table' AND name='deleted'").fetchone()
+        return bool(row[0])
+
+    def _ensure_deleted_table(self) -> None:
+        if not self._has_deleted_table():
+            self._conn.executescript(_DELETED_SCHEMA)  # its own transaction, before the deletion's
+
+    def _forget_deleted_cache(self) -> None:
+        self._deleted_pos, self._deleted_key, self._live_N = None, -1, None
+
+    def _deleted_positions(self) -> np.ndarray:
+        """The tombstoned positions (sorted int64); a read-only bank re-reads them when another process added
+        some (one indexed read per call)."""
+        if self._deleted_pos is not None and not self.read_only:
+            return self._deleted_pos
+        if not self._has_deleted_table():
+            self._deleted_pos, self._deleted_key = np.zeros(0, dtype=np.int64), 0
+            return self._deleted_pos
+        (key,) = self._conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM deleted").fetchone()
+        if self._deleted_pos is None or int(key) != self._deleted_key:
+            rows = self._conn.execute("SELECT pos FROM deleted ORDER BY pos").fetchall()
+            self._deleted_pos = np.asarray([r[0] for r in rows], dtype=np.int64)
+            self._deleted_key, self._live_N = int(key), None
+        return self._deleted_pos
+
+    def _live_mask(self) -> np.ndarray | None:
+        """``~deleted`` over positions ``0..count-1``, or None when no case was deleted."""
+        dead = self._deleted_positions()
+        if not dead.size:
+            return None
+        if self._live_N is None or self._live_N.shape[0] != self._count:
+            live_N = np.ones(self._count, dtype=bool)
+            live_N[dead[dead < self._count]] = False
+            self._live_N = live_N
+        return self._live_N
+
+    @property
+    def num_deleted(self) -> int:
+        """How many cases were deleted (tombstoned); ``len(bank) - num_deleted`` cases can be found."""
+        self._check_open()
+        return int(self._deleted_positions().size)
+
+    def deleted_ids(self) -> list[str]:
+        """The ids of the deleted cases, in position order."""
+        self._check_open()
+        if not self._has_deleted_table():
+            return []
+        return [r[0] for r in self._conn.execute("SELECT id FROM deleted ORDER BY pos")]
+
+    def is_deleted(self, ids: Sequence[str]) -> list[bool]:
+        """Whether each stored case id was deleted; an id never stored raises ``UnknownCaseError``."""
+        self._check_open()
+        positions = self._positions(list(ids))
+        dead = self._deleted_positions()
+        return [bool(x) for x in np.isin(positions, dead)]
+
+    def _live_positions(self, ids: Sequence[str], what: str) -> np.ndarray:
+        ids = list(ids)
+        for i, case_id in enumerate(ids):
+            if not isinstance(case_id, str) or not case_id:
+                raise DataFormatError(f"{what}: case id {i} must be a non-empty string, got {case_id!r}")
+        if len(set(ids)) != len(ids):
+            raise DataFormatError(f"{what}: a case id is given twice")
+        positions_M = self._positions(ids)
+        gone = np.isin(positions_M, self._deleted_positions())
+        if gone.any():
+            raise UnknownCaseError(f"{self.path}: case {ids[int(np.flatnonzero(gone)[0])]!r} was already deleted")
+        return positions_M
+
+    def _tombstone(self, positions_M: np.ndarray, ids: Sequence[str], replaced_by: str | None) -> None:
+        """In the caller's transaction: the tombstones, and the usage rows and action vectors of those cases."""
+        now = time.time()
+        self._conn.executemany("INSERT INTO deleted (pos, id, time, replaced_by) VALUES (?, ?, ?, ?)",
+                               [(int(p), case_id, now, replaced_by) for p, case_id in zip(positions_M, ids)])
+        if self._has_feature_tables():
+            for chunk in _chunks([int(p) for p in positions_M]):
+                marks = ",".join("?" * len(chunk))
+                self._conn.execute(f"DELETE FROM usage WHERE pos IN ({marks})", list(chunk))
+                self._conn.execute(f"DELETE FROM action_embeddings WHERE pos IN ({marks})", list(chunk))
+
+    def _after_tombstone(self, positions_M: np.ndarray) -> None:
+        self._forget_deleted_cache()
+        if self._usage is not None:  # a deleted case was never shown, as far as the statistics go
+            self._load_usage()  # grown to the cases added since
+            self._usage[0][positions_M] = 0
+            self._usage[1][positions_M] = 0.0
+
+    def delete(self, ids: str | Sequence[str]) -> int:
+        """Forget the cases ``ids`` (committed before this returns): they are never found, listed or chosen
+        again; returns how many were deleted. An unknown or already deleted id raises ``UnknownCaseError`` and
+        nothing is deleted. Rows stay (a tombstone; see the module docstring)."""
+        self._check_writable()
+        wanted = [ids] if isinstance(ids, str) else list(ids)
+        if not wanted:
+            return 0
+        positions_M = self._live_positions(wanted, "delete")
+        self._ensure_deleted_table()
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            self._tombstone(positions_M, wanted, None)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        self._after_tombstone(positions_M)
+        logger.info("%s: deleted %d case(s)", self.path, len(wanted))
+        return len(wanted)
+
+    def replace(self, case_id: str, case: Case, embedding: Any) -> str:
+        """Supersede the case ``case_id`` by ``case`` (its unit-norm state vector ``embedding``, ``[D]``), in one
+        transaction: the old case is deleted (:meth:`delete`) and the new one added; returns the new case's id.
+
+        Ids are never reused, so the new case gets a new id (``case.id``, or one derived from its content;
+        the tombstone records which id replaced the old one). If its content is already stored as another
+        live case, that case's id is returned and nothing is added."""
+        self._check_writable()
+        if not isinstance(case, Case):
+            raise DataFormatError(f"replace: expected a memento.Case, got {type(case).__name__}")
+        emb_1D = self._validate_embeddings(embedding, 1)
+        positions_M = self._live_positions([case_id], "replace")
+        self._ensure_deleted_table()
+        digest = case.content_hash
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            self._tombstone(positions_M, [case_id], None)
+            out, planned = self._plan_ids([case], [digest], allow_duplicates=False, warn=True)
+            new_id = out[0]
+            if planned:
+                pos = self._count
+                conn.execute("INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, "
+                             "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (pos, new_id, case.state, case.action, case.reward, case.env, case.kind,
+                              json.dumps(case.meta, ensure_ascii=False, sort_keys=True),
+                              case.created if case.created is not None else time.time(), digest, emb_1D[0].tobytes()))
+            conn.execute("UPDATE deleted SET replaced_by = ? WHERE pos = ?", (new_id, int(positions_M[0])))
+            conn.commit()
+        except sqlite3.IntegrityError as error:
+            conn.rollback()
+            raise DataFormatError(f"{self.path}: the new case violates the bank's constraints ({error})") from None
+        except BaseException:
+            conn.rollback()
+            raise
+        if planned:
+            first_new = self._count
+            self._count += 1
+            if self._loaded:
+                self._append_mirror([new_id], [case.env], [case.kind], emb_1D)
+            if self._index.is_trained:
+                self._index.add(emb_1D)
+            else:
+                self._maybe_train_and_fill(first_new)
+            self._index_dirty = True
+        self._after_tombstone(positions_M)
+        logger.info("%s: replaced case %r by %r", self.path, case_id, new_id)
+        return new_id
+
     def iter_cases(self, batch_size: int = 1000) -> Iterator[Case]:
         """All cases in insertion order, read in batches."""
         self._check_open()
         start = 0
+        dead = set(self._deleted_positions().tolist())  # tombstoned cases are left out
         while True:
             rows = self._conn.execute(
-                "SELECT id, state, action, reward, env, kind, meta, created FROM cases "
+                "SELECT id, state, action, reward, env, kind, meta, created, pos FROM cases "
                 "WHERE pos >= ? ORDER BY pos LIMIT ?", (start, batch_size)).fetchall()
             if not rows:
                 return
             for row in rows:
-                yield self._row_to_case(row)
-            start += len(rows)
+                if row[8] not in dead:
+                    yield self._row_to_case(row[:8])
+            start = rows[-1][8] + 1
 
     def import_jsonl(self, path: str | Path, encoder: Any, *, format: str = "case",
                      allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]:
@@ -853,6 +1042,7 @@ class CaseBank:
                 "index_trained": self._index.is_trained, "index_ntotal": self._index.ntotal,
                 "reward_mean": None if mean_reward is None else float(mean_reward),
                 "reward_positive": int(positives or 0), "by_kind": by_kind, "by_env": by_env,
+                "deleted": self.num_deleted,
                 "encoder": None if self.config.encoder is None else to_dict(self.config.encoder),
                 "files": sizes}
 
@@ -864,7 +1054,8 @@ class CaseBank:
     def refresh(self) -> int:
         """Take in the cases another process committed since this bank was opened (or last refreshed): they
         are appended to the in-memory mirror and the faiss index (in memory; a read-only bank never writes
-        its index file). Returns how many were added. Cases are never deleted, so positions stay dense."""
+        its index file). Returns how many were added. Rows are never removed, so positions stay dense; the
+        deletions another process made are seen by the next search (tombstones, re-read when they changed)."""
         self._check_open()
         top = self.rows_on_disk()
         if top <= self._count:

@@ -4,12 +4,14 @@ Positions are faiss labels: the case stored at position ``p`` of the SQLite tabl
 vector ``p`` of the index (cases are never deleted, so positions are dense). Indexes
 that need training (IVF, PQ, SQ) are trained once the bank holds enough vectors; until
 then searches are exact. On a machine with faiss-gpu and a GPU, the index is mirrored on
-the GPU for search; the CPU copy stays the one that is saved.
+the GPU for search; the CPU copy stays the one that is saved. :func:`use_gpu_for` tells the
+loop and the selector whether their run's device puts the index there.
 """
 
 from __future__ import annotations
 
 import logging
+from importlib import metadata
 
 import faiss
 import numpy as np
@@ -17,7 +19,7 @@ import numpy as np
 from memento.config import IndexConfig
 from memento.errors import BankError, ConfigError
 
-__all__ = ["FaissIndex", "gpu_available", "exact_topk"]
+__all__ = ["FaissIndex", "exact_topk", "faiss_distributions", "gpu_available", "use_gpu_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,45 @@ logger = logging.getLogger(__name__)
 def gpu_available() -> bool:
     """True when this faiss build has GPU support and sees at least one GPU."""
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+_FAISS_DISTRIBUTIONS = ("faiss-cpu", "faiss-gpu", "faiss-gpu-cu11", "faiss-gpu-cu12")
+
+
+def faiss_distributions() -> dict[str, str]:
+    """The installed distributions that ship the ``faiss`` module, name -> version (one, in a sound install)."""
+    found = {}
+    for name in _FAISS_DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def use_gpu_for(device: object) -> bool:
+    """Whether a bank searched for a run on ``device`` mirrors its faiss index on the GPU.
+
+    True when ``device`` is a CUDA device (``"cuda"``, ``"cuda:1"``, a ``torch.device``) and this faiss build
+    has GPU support and sees a GPU. When CUDA was asked for and faiss cannot use it, one warning says why and
+    the index stays on the CPU (searches give the same cases, only slower).
+    """
+    kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
+    if kind != "cuda":
+        return False
+    if gpu_available():
+        return True
+    builds = faiss_distributions()
+    installed = ", ".join(f"{name} {version}" for name, version in builds.items()) or "no faiss distribution"
+    if len(builds) > 1:
+        why = f"{installed} are installed together and each ships the faiss module"
+    elif hasattr(faiss, "StandardGpuResources"):
+        why = f"{installed} sees no GPU"
+    else:
+        why = f"{installed} has no GPU support"
+    logger.warning("device %s: the case bank's faiss index stays on the CPU: %s (GPU faiss: make install-gpu, "
+                   "see docs/install.md)", device, why)
+    return False
 
 
 def exact_topk(vectors_ND: np.ndarray, query_BD: np.ndarray, k: int,

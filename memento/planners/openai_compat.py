@@ -1,9 +1,13 @@
 """A planner behind any OpenAI-compatible HTTP server (vLLM, Ollama, llama.cpp server, OpenAI).
 
-Standard library only (``urllib.request`` and ``json``): no client package is needed. The API
-key is read from an environment variable at every call (optional: local servers need none).
-Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
-(``backoff_s * 2**i``, or the server's ``Retry-After`` when longer, capped at 60 s); other 4xx
+Requests go through one pooled ``httpx`` client per planner (keep-alive: calls reuse their
+connections; up to ``concurrency`` of them), created at the first call and closed by :meth:`close`;
+``httpx`` (or its successor ``httpx2``) comes with the extra ``memento-mdp[openai]`` and is imported
+only when a planner is built. The API key is read from an environment variable at every call
+(optional: local servers need none). ``seed``, ``top_p`` and ``extra_body`` (merged into the body last)
+are sent when set. Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
+(``backoff_s * 2**i``, or the server's ``Retry-After`` -- seconds or an HTTP date -- when longer,
+capped at 60 s); other 4xx
 answers, a body that is not JSON, or one without ``choices`` raise :class:`PlannerError` at once.
 Every error is one line naming the method, the URL and what went wrong, e.g.
 ``POST http://127.0.0.1:8000/v1/chat/completions: HTTP 500 after 4 attempts: <body excerpt>``
@@ -25,15 +29,14 @@ else all but the generated ones) with ``logprobs.text_offset``, so a server whos
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import http.client
+import email.utils
 import json
 import logging
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, get_args
@@ -59,6 +62,34 @@ ApiMode = Literal["chat", "completions"]
 
 _EXCERPT_CHARS = 200
 _MAX_BACKOFF_S = 60.0
+_EXTRA = "memento-mdp[openai]"
+
+
+def _httpx() -> Any:
+    """The ``httpx`` module (or ``httpx2``, its successor with the same API); a one-line error naming the extra."""
+    try:
+        import httpx
+    except ImportError:
+        try:
+            import httpx2 as httpx
+        except ImportError:
+            raise PlannerError(f"OpenAICompatPlanner needs the httpx package: pip install '{_EXTRA}'") from None
+    return httpx
+
+
+def _retry_after(header: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds: a number of seconds or an HTTP date; ``None`` when absent or bad."""
+    if header is None:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _finite(value: Any, low: float, *, low_open: bool = False) -> bool:
@@ -79,7 +110,10 @@ class OpenAICompatConfig:
       ``backoff_s``: the first retry's delay, doubled each retry;
     - ``max_tokens``, ``temperature``, ``stop`` (``None``: the prompt style's stop strings):
       sent with every request;
-    - ``concurrency``: requests in flight at once in ``plan_many``.
+    - ``concurrency``: requests in flight at once in ``plan_many`` (and pooled connections kept alive);
+    - ``seed``, ``top_p``: sent with every generation request when set (``None``: not sent);
+    - ``extra_body``: more JSON fields merged into every generation request's body last (e.g. vLLM's
+      ``{"top_k": 1}`` or ``{"chat_template_kwargs": {...}}``); ``None``: none.
     """
 
     model: str
@@ -94,6 +128,9 @@ class OpenAICompatConfig:
     stop: tuple[str, ...] | None = None
     concurrency: int = 1
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+    seed: int | None = None
+    top_p: float | None = None
+    extra_body: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -117,6 +154,19 @@ class OpenAICompatConfig:
             object.__setattr__(self, "stop", tuple(self.stop))
         check_int(self, "concurrency", 1)
         check(isinstance(self.prompt, PromptConfig), cls, "prompt", self.prompt, "must be a PromptConfig")
+        check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), cls, "seed",
+               self.seed, "must be None or an integer")
+        if self.top_p is not None:
+            check(_finite(self.top_p, 0.0, low_open=True) and self.top_p <= 1.0, cls, "top_p", self.top_p,
+                   "must be None or a number in (0, 1]")
+            object.__setattr__(self, "top_p", float(self.top_p))
+        if self.extra_body is not None:
+            check(isinstance(self.extra_body, dict) and all(isinstance(k, str) for k in self.extra_body), cls,
+                   "extra_body", self.extra_body, "must be None or a JSON object (a dict with string keys)")
+            try:
+                json.dumps(self.extra_body, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                check(False, cls, "extra_body", self.extra_body, f"must be JSON-serialisable ({error})")
         for field in ("timeout_s", "backoff_s", "temperature"):
             object.__setattr__(self, field, float(getattr(self, field)))
 
@@ -170,6 +220,7 @@ class OpenAICompatPlanner:
     ``plan()`` returns the message content (chat) or text (completions), cut at the first stop
     string and stripped, with ``usage.prompt_tokens`` / ``usage.completion_tokens`` when the
     server reports them (0 otherwise). ``attempts`` counts HTTP attempts since construction.
+    The planner holds a pooled HTTP client: :meth:`close` it (or use it as a context manager) when done.
     """
 
     def __init__(
@@ -187,18 +238,48 @@ class OpenAICompatPlanner:
         stop: Sequence[str] | None = None,
         prompt: PromptConfig | None = None,
         concurrency: int = 1,
+        seed: int | None = None,
+        top_p: float | None = None,
+        extra_body: dict[str, Any] | None = None,
     ):
         self.config = OpenAICompatConfig(
             model=model, base_url=base_url, api_key_env=api_key_env, mode=mode, timeout_s=timeout_s,
             max_retries=max_retries, backoff_s=backoff_s, max_tokens=max_tokens, temperature=temperature,
             stop=stop if stop is None or isinstance(stop, str) else tuple(stop), concurrency=concurrency,
-            prompt=prompt or PromptConfig())
+            prompt=prompt or PromptConfig(), seed=seed, top_p=top_p,
+            extra_body=dict(extra_body) if isinstance(extra_body, dict) else extra_body)
+        self._httpx = _httpx()
+        self._client: Any = None
         self.url = self.config.url
         self.completions_url = self.config.base_url.rstrip("/") + "/completions"
         self.stop = self.config.stop_strings
         self.attempts = 0
         self._lock = threading.Lock()
         self._score_max_tokens = 0  # 1 once a server has refused max_tokens=0
+
+    def _http(self) -> Any:
+        """The pooled client (created at the first request; thread-safe, shared by ``plan_many``'s threads)."""
+        with self._lock:
+            if self._client is None:
+                httpx = self._httpx
+                n = self.config.concurrency
+                self._client = httpx.Client(timeout=httpx.Timeout(self.config.timeout_s),
+                                            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                                            follow_redirects=False)
+            return self._client
+
+    def close(self) -> None:
+        """Close the pooled connections (a later call opens new ones)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> OpenAICompatPlanner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @classmethod
     def from_config(cls, config: OpenAICompatConfig) -> OpenAICompatPlanner:
@@ -219,6 +300,12 @@ class OpenAICompatPlanner:
         body["temperature"] = config.temperature
         if self.stop:
             body["stop"] = list(self.stop)
+        if config.top_p is not None:
+            body["top_p"] = config.top_p
+        if config.seed is not None:
+            body["seed"] = config.seed
+        if config.extra_body:
+            body.update(copy.deepcopy(config.extra_body))
         return body
 
     def _headers(self) -> dict[str, str]:
@@ -230,38 +317,25 @@ class OpenAICompatPlanner:
         return headers
 
     def _attempt(self, data: bytes, url: str) -> bytes:
-        request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
+        httpx = self._httpx
+        client = self._http()
         with self._lock:
             self.attempts += 1
         try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-                return response.read()
-        except urllib.error.HTTPError as error:
-            try:
-                body = error.read().decode("utf-8", errors="replace")
-            except (OSError, http.client.HTTPException):
-                body = ""
-            finally:
-                error.close()
-            detail = _excerpt(body)
-            if error.code == 429 or error.code >= 500:
-                retry_after = None
-                header = error.headers.get("Retry-After") if error.headers else None
-                if header is not None:
-                    try:
-                        retry_after = float(header)
-                    except ValueError:
-                        retry_after = None
-                raise _Retryable(f"HTTP {error.code}", detail, retry_after) from None
-            raise _Refused(f"POST {url}: HTTP {error.code}" + (f": {detail}" if detail else ""), error.code) from None
-        except TimeoutError:
+            response = client.post(url, content=data, headers=self._headers())
+        except httpx.TimeoutException:
             raise _Retryable(f"timed out (timeout_s={self.config.timeout_s:g})") from None
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, TimeoutError):
-                raise _Retryable(f"timed out (timeout_s={self.config.timeout_s:g})") from None
-            raise _Retryable("cannot connect", _excerpt(str(error.reason))) from None
-        except (ConnectionError, http.client.HTTPException) as error:
+        except httpx.ConnectError as error:
+            raise _Retryable("cannot connect", _excerpt(str(error) or type(error).__name__)) from None
+        except httpx.TransportError as error:  # the connection dropped, a protocol error
             raise _Retryable("connection failed", _excerpt(f"{type(error).__name__}: {error}")) from None
+        code = response.status_code
+        if code < 300:
+            return response.content
+        detail = _excerpt(response.text)
+        if code == 429 or code >= 500:
+            raise _Retryable(f"HTTP {code}", detail, _retry_after(response.headers.get("Retry-After")))
+        raise _Refused(f"POST {url}: HTTP {code}" + (f": {detail}" if detail else ""), code)
 
     def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
         url = url or self.url

@@ -1,4 +1,5 @@
-"""Planner specs: the ``--planner`` values of the CLI (``gemma``, ``hf:PATH``, ``openai:MODEL@URL``).
+"""Planner specs: the ``--planner`` values of the CLI (``gemma``, ``hf:PATH`` or ``hf:ORG/NAME[@REV]``,
+``openai:MODEL@URL``).
 
 :func:`parse_planner_spec` turns a string into a :class:`PlannerSpec` (a bad one is a one-line
 ``ConfigError``), :func:`check_planner_spec` makes the cheap checks before anything loads, and
@@ -53,7 +54,7 @@ def parse_planner_spec(spec: str) -> PlannerSpec:
         raise ConfigError(f"planner spec {spec!r}: unknown planner; {_SPEC_HELP}")
     if kind == "hf":
         if not rest.strip():
-            raise ConfigError(f"planner spec {spec!r}: hf: needs a model directory (hf:PATH)")
+            raise ConfigError(f"planner spec {spec!r}: hf: needs a model directory or Hub id (hf:PATH, hf:ORG/NAME)")
         return PlannerSpec(kind="hf", path=rest)
     if kind == "openai":
         model, at, url = rest.rpartition("@")
@@ -66,12 +67,14 @@ def parse_planner_spec(spec: str) -> PlannerSpec:
 
 
 def check_planner_spec(spec: PlannerSpec) -> None:
-    """Cheap checks before anything is loaded: an ``hf:`` model directory must exist."""
+    """Cheap checks before anything is loaded: an ``hf:`` model is an existing directory or a Hub id."""
     if spec.kind == "hf":
+        from memento.hub import is_hub_id
+
         path = Path(str(spec.path)).expanduser()
-        if not path.is_dir():
-            raise PlannerError(f"hf:{spec.path}: model directory not found (models are never downloaded; "
-                               "pass a local transformers causal-LM directory)")
+        if not path.is_dir() and (not is_hub_id(str(spec.path)) or str(spec.path).startswith((".", "~", "/"))):
+            raise PlannerError(f"hf:{spec.path}: model directory not found, nor a Hugging Face Hub id "
+                               "(pass a local transformers causal-LM directory or org/name[@revision])")
 
 
 def build_planner(spec: PlannerSpec, **kwargs: Any) -> Planner:

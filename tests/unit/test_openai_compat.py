@@ -1,4 +1,4 @@
-"""OpenAICompatPlanner against a scripted OpenAI-compatible server on 127.0.0.1 (standard library only)."""
+"""OpenAICompatPlanner against a scripted OpenAI-compatible server on 127.0.0.1 (HTTP/1.1, keep-alive)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class FakeServer:
 
     Steps: ``("json", obj)``, ``("status", code, body)`` (``body`` text), ``("raw", text)``
     (status 200, not JSON), ``("sleep", seconds)`` (then a normal reply),
-    ``("retry_after", seconds)`` (429 with a Retry-After header), ``("fn", reply)`` (the JSON
+    ``("retry_after", value)`` (429 with a Retry-After header), ``("fn", reply)`` (the JSON
     ``reply(request_body)`` returns).
     """
 
@@ -52,6 +52,8 @@ class FakeServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: a pooled client reuses its connection
+
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
@@ -59,7 +61,7 @@ class FakeServer:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with server.lock:
                     server.requests.append({"path": self.path, "headers": dict(self.headers),
-                                            "body": json.loads(body)})
+                                            "body": json.loads(body), "client": self.client_address})
                     index = min(len(server.requests), len(server.script)) - 1
                     step = server.script[index]
                 try:
@@ -561,3 +563,97 @@ def test_invalid_config(kwargs: dict[str, Any], field: str):
     options.update(kwargs)
     with pytest.raises(ConfigError, match=f"OpenAICompatConfig.{field}="):
         OpenAICompatPlanner(options.pop("model"), options.pop("base_url"), **options)
+
+
+# ---------------------------------------------------------------- httpx: pooling, pass-through fields
+
+
+def test_calls_reuse_one_pooled_connection(server: FakeServer):
+    server.reset(("json", chat_reply("Rome")), ("status", 500, "hiccup"), ("json", chat_reply("Rome")))
+    with make(server) as planner:
+        for _ in range(4):
+            assert planner.plan(ITALY, []).text == "Rome"
+        planner.score_request_body(ITALY, [])  # no request
+    assert len(server.requests) == 5 and planner.attempts == 5
+    assert len({r["client"] for r in server.requests}) == 1  # one TCP connection for all calls and the retry
+    assert planner.plan(ITALY, []).text == "Rome"  # a closed planner opens a new pool
+    assert len({r["client"] for r in server.requests}) == 2
+    planner.close()
+
+
+def test_concurrent_calls_share_at_most_concurrency_connections(server: FakeServer):
+    planner = make(server, concurrency=2)
+    tasks = [Task(id=str(i), question=f"Question {i}?", answers=["x"]) for i in range(8)]
+    planner.plan_many(tasks, [[]] * 8)
+    planner.plan_many(tasks, [[]] * 8)
+    assert len(server.requests) == 16 and len({r["client"] for r in server.requests}) <= 2
+    planner.close()
+
+
+def test_seed_top_p_and_extra_body_reach_the_request_body(server: FakeServer):
+    extra = {"top_k": 1, "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 9}
+    planner = make(server, seed=7, top_p=0.9, extra_body=extra)
+    planner.plan(ITALY, [])
+    body = server.requests[0]["body"]
+    assert (body["seed"], body["top_p"], body["top_k"]) == (7, 0.9, 1)
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["max_tokens"] == 9  # extra_body is merged last: it may override a field
+    assert body == planner.request_body(ITALY, [])
+    make(server).plan(ITALY, [])
+    assert not {"seed", "top_p", "top_k"} & set(server.requests[-1]["body"])  # unset: not sent
+    data = json.loads(json.dumps(to_dict(planner.config)))
+    assert from_dict(OpenAICompatConfig, data) == planner.config and data["extra_body"] == extra
+
+
+def test_retry_after_seconds_and_http_date_are_honoured(server: FakeServer, monkeypatch: pytest.MonkeyPatch):
+    import email.utils
+
+    delays: list[float] = []
+    monkeypatch.setattr(openai_compat.time, "sleep", delays.append)
+    server.reset(("retry_after", "2.5"), ("json", chat_reply()))
+    assert make(server, backoff_s=0.01).plan(ITALY, []).text == "Rome"
+    assert delays == [2.5]
+    delays.clear()
+    date = email.utils.formatdate(time.time() + 30, usegmt=True)
+    server.reset(("retry_after", date), ("json", chat_reply()))
+    assert make(server, backoff_s=0.01).plan(ITALY, []).text == "Rome"
+    assert len(delays) == 1 and 25 <= delays[0] <= 31
+    delays.clear()
+    server.reset(("retry_after", "soon"), ("json", chat_reply()))  # unreadable: the backoff alone
+    assert make(server, backoff_s=0.01).plan(ITALY, []).text == "Rome" and delays == [0.01]
+
+
+def test_retry_after_really_waits(server: FakeServer):
+    server.reset(("retry_after", "0.3"), ("json", chat_reply()))
+    start = time.perf_counter()
+    assert make(server, backoff_s=0.01).plan(ITALY, []).text == "Rome"
+    assert time.perf_counter() - start >= 0.3
+
+
+def test_missing_httpx_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_httpx(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name in ("httpx", "httpx2"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_httpx)
+    with pytest.raises(PlannerError) as info:
+        OpenAICompatPlanner("m", "http://127.0.0.1:1/v1")
+    assert str(info.value) == "OpenAICompatPlanner needs the httpx package: pip install 'memento-mdp[openai]'"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"seed": 1.5}, "seed"),
+    ({"seed": True}, "seed"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"extra_body": [1]}, "extra_body"),
+    ({"extra_body": {"x": object()}}, "extra_body"),
+])
+def test_invalid_pass_through_fields(kwargs: dict[str, Any], field: str):
+    with pytest.raises(ConfigError, match=f"OpenAICompatConfig.{field}="):
+        OpenAICompatPlanner("m", "http://127.0.0.1:1/v1", **kwargs)

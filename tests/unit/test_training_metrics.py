@@ -71,3 +71,21 @@ def test_hit_at_k_and_its_random_baseline():
     assert random_hit_at_k(labels, mask, 4).tolist() == pytest.approx([1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="q_SC.shape"):
         hit_at_k(q, labels[:2], mask, 1)
+
+
+def test_epoch_pair_metrics_match_the_functions_over_batches():
+    from training.metrics import EpochPairMetrics
+
+    rng = np.random.default_rng(3)
+    q = torch.tensor(rng.integers(-3, 4, 200).astype(np.float32))  # ties
+    y = torch.tensor(rng.choice([0.0, 0.25, 0.5, 1.0], 200).astype(np.float32))  # soft rewards
+    metrics = EpochPairMetrics(n_bins=7)
+    for part in range(0, 200, 64):
+        metrics.update(q[part:part + 64], y[part:part + 64], threshold=0.5)
+    values = metrics.compute()
+    assert values["auc"] == pytest.approx(roc_auc(q, y >= 0.5), abs=1e-6)
+    assert values["ece"] == pytest.approx(expected_calibration_error(torch.sigmoid(q), y, 7), abs=1e-9)
+    metrics.reset()
+    assert metrics.compute() == {}  # no pairs: nothing to log
+    metrics.update(q, torch.ones(200), threshold=0.5)
+    assert set(metrics.compute()) == {"ece"}  # one class: no AUC

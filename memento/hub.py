@@ -1,0 +1,165 @@
+"""Hugging Face Hub ids for encoders and selector artifacts, through ``huggingface_hub``.
+
+- :func:`resolve_snapshot` turns ``"org/name"`` (+ a revision) into a local snapshot directory: downloaded
+  when online, taken from the local Hugging Face cache when offline (``HF_HUB_OFFLINE=1``) or when the Hub
+  cannot be reached; a one-line error naming the id when neither works. The directory's name is the commit
+  hash, which callers record (``EncoderSpec.revision``).
+- :func:`resolve_selector` does the same for a selector artifact pushed with
+  :meth:`memento.Selector.push_to_hub`, then copies the snapshot (whose files are links into the cache's
+  blobs) to real files under ``$MEMENTO_CACHE_DIR/hub/`` once per commit: a selector writes to its
+  directory (feedback, new cases, saves) and loading never follows a link.
+- :func:`push_folder` uploads an artifact, leaving out dot-named files (the pending-selection store, the
+  published policy, staging directories) and SQLite sidecars.
+
+The cache directory and the offline switch are read from the environment at each call (``HF_HUB_CACHE``,
+``HF_HOME``, ``HF_HUB_OFFLINE``), not at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from memento.errors import CheckpointError, EncoderError, MementoError
+
+__all__ = ["PUSH_IGNORE", "hub_cache_dir", "hub_offline", "is_hub_id", "push_folder", "resolve_selector",
+           "resolve_snapshot", "snapshot_of", "split_revision"]
+
+logger = logging.getLogger(__name__)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+PUSH_IGNORE = [".*", "*/.*", "*-wal", "*-shm", "*-journal", "*.creating"]
+"""``ignore_patterns`` of an upload: dot-named files and directories at any depth, SQLite sidecars."""
+
+
+def split_revision(name: str) -> tuple[str, str | None]:
+    """``"org/name@rev"`` -> ``("org/name", "rev")``; without ``@``: ``(name, None)``."""
+    base, sep, revision = name.partition("@")
+    return (base, revision or None) if sep else (name, None)
+
+
+def is_hub_id(name: str) -> bool:
+    """``"org/name"`` (optionally ``@revision``): two plain components, no ``..``, not an absolute path."""
+    base, _ = split_revision(str(name))
+    return bool(_HUB_ID.match(base)) and ".." not in base
+
+
+def hub_cache_dir() -> Path:
+    """``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (read now, not at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set to a true value."""
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def snapshot_of(path: Path) -> tuple[str, str] | None:
+    """``(repo_id, commit)`` when ``path`` is a snapshot directory of a Hub cache
+    (``.../models--org--name/snapshots/<commit>``), else None."""
+    path = Path(path)
+    if path.parent.name != "snapshots" or not _COMMIT.match(path.name):
+        return None
+    repo = path.parent.parent.name
+    if not repo.startswith("models--") or repo.count("--") < 2:
+        return None
+    return repo[len("models--"):].replace("--", "/", 1), path.name
+
+
+def resolve_snapshot(repo_id: str, *, revision: str | None = None, what: str = "encoder",
+                     error: type[MementoError] = EncoderError) -> tuple[Path, str]:
+    """The local snapshot of ``repo_id`` at ``revision`` (default: ``main``) and its commit hash.
+
+    Online: ``snapshot_download`` (which itself falls back to the cache when the Hub cannot be reached);
+    offline, or when that fails: the local cache only. Raises ``error`` naming the id when neither works.
+    """
+    from huggingface_hub import snapshot_download
+
+    cache = hub_cache_dir()
+    reasons: list[str] = []
+    path: str | None = None
+    if not hub_offline():
+        try:
+            path = snapshot_download(repo_id, revision=revision, cache_dir=cache)
+        except Exception as failure:  # network, authentication, unknown repo: try the cache next
+            reasons.append(f"download failed: {type(failure).__name__}: {str(failure).splitlines()[0][:160]}")
+    if path is None:
+        try:
+            path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True)
+        except Exception as failure:
+            reasons.append(f"not in the Hugging Face cache {cache} ({type(failure).__name__})")
+    if path is None:
+        at = f"@{revision}" if revision else ""
+        offline = "; HF_HUB_OFFLINE is set" if hub_offline() else ""
+        raise error(f"{what} {repo_id + at!r}: not a local directory, and as a Hub id: {'; '.join(reasons)}"
+                    f"{offline}")
+    snapshot = Path(path)
+    commit = snapshot.name if _COMMIT.match(snapshot.name) else (revision or "")
+    logger.info("%s %s resolved to %s (revision %s)", what, repo_id, snapshot, commit or "?")
+    return snapshot, commit
+
+
+def _copy_real(src: Path, dst: Path) -> None:
+    """Copy a snapshot's tree with its links dereferenced (links must stay inside the cache)."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel = Path(dirpath).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            source = Path(dirpath) / name
+            if not source.resolve().is_file():
+                raise CheckpointError(f"{source}: not a file in the Hugging Face cache")
+            shutil.copyfile(source, dst / rel / name)
+
+
+def resolve_selector(repo_id: str, *, revision: str | None = None) -> Path:
+    """A selector pushed to the Hub as a local artifact directory of real files (see the module docstring).
+
+    The copy lives under ``$MEMENTO_CACHE_DIR/hub/<org>--<name>/<commit>`` and is reused by later loads
+    of the same commit (with the feedback and cases they recorded there).
+    """
+    from memento.encoders import default_cache_dir
+
+    snapshot, commit = resolve_snapshot(repo_id, revision=revision, what="selector", error=CheckpointError)
+    target = default_cache_dir() / "hub" / repo_id.replace("/", "--") / (commit or "snapshot")
+    if (target / "manifest.json").is_file():
+        return target
+    if not (snapshot / "manifest.json").is_file():
+        raise CheckpointError(f"selector {repo_id!r}: {snapshot} holds no manifest.json (not a selector artifact)")
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _copy_real(snapshot, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("selector %s (revision %s) copied to %s", repo_id, commit or "?", target)
+    return target
+
+
+def push_folder(folder: Path, repo_id: str, *, token: str | None = None, private: bool = False,
+                commit_message: str = "Upload memento selector", revision: str | None = None) -> Any:
+    """Create ``repo_id`` if needed and upload ``folder`` (without :data:`PUSH_IGNORE`); returns the commit info."""
+    from huggingface_hub import HfApi
+
+    if not is_hub_id(repo_id) or "@" in repo_id:
+        raise CheckpointError(f"push_to_hub: {repo_id!r} is not a Hub repository id (expected 'user/name')")
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                             commit_message=commit_message, ignore_patterns=PUSH_IGNORE, revision=revision)
+    logger.info("pushed %s to the Hub as %s", folder, repo_id)
+    return info
