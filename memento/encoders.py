@@ -18,8 +18,9 @@ A sentence-transformers directory is used as its author configured it, without n
 sentence-transformers: ``modules.json`` (Transformer, Pooling, Dense, Normalize),
 ``1_Pooling/config.json`` (cls, mean, max, mean_sqrt_len_tokens, lasttoken; ``include_prompt``),
 ``2_Dense/`` (in/out features, bias, activation, weights) and the default prompt of
-``config_sentence_transformers.json``. Its Pooling module then replaces ``pooling``
-(``modules=False`` ignores ``modules.json``).
+``config_sentence_transformers.json``. Its Pooling module then replaces the default ``pooling``; a pooling
+asked for explicitly (another than the default ``avg``) wins and ``modules.json`` is not used, as with
+``modules=False``.
 
 The cache is one SQLite file keyed by (model fingerprint, pooling, max_length, text
 hash); it stores the raw pooled vectors, so normalised and raw requests share it. A text
@@ -128,6 +129,8 @@ _ST_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens
                       "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                       "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean"}
 _ST_AS_POOLING: dict[tuple[str, ...], Pooling] = {("mean",): "avg", ("cls",): "cls_before_pooler"}
+# an encoder asked for with another pooling than the default uses it, not the modules.json pooling
+_DEFAULT_POOLING: Pooling = next(f.default for f in dataclasses.fields(EncoderConfig) if f.name == "pooling")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,7 +490,11 @@ class Encoder:
             raise EncoderError(f"encoder {model_id!r}: cannot load from {weights}: {error}") from None
         if st_modules is not None and st_modules.pooling is not None:
             chosen = _ST_AS_POOLING.get(st_modules.pooling)
-            if chosen != config.pooling:
+            if chosen != config.pooling and config.pooling != _DEFAULT_POOLING:  # asked for explicitly: it wins
+                logger.info("encoder %s: pooling=%r asked for, so modules.json (%s pooling) is not used", model_id,
+                            config.pooling, "+".join(st_modules.pooling))
+                st_modules = None
+            elif chosen != config.pooling:
                 logger.info("encoder %s: modules.json pools with %s (pooling=%r is not used; modules=False uses it)",
                             model_id, "+".join(st_modules.pooling), config.pooling)
         recorded = saved_pooling(path)
