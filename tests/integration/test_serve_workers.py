@@ -91,12 +91,17 @@ def test_two_processes_select_and_record_everything_then_stop_on_sigterm(artifac
         selects = run_clients(server.url, server.headers, 8, [("POST", "/v1/select", b) for b in bodies],
                               on_response=keep)
         assert (selects["status"] == 200).all(), server.log()
-        for _ in range(40):  # both processes answer on the one port
+        # both processes answer on the one port: which one accepts a new connection is the kernel's choice (not
+        # balanced), so connect until each has answered, pausing between connections (at most about 10 s)
+        for _ in range(1000):
             with HttpClient(server.url, server.headers) as client:
                 code, stats = client.request("GET", "/v1/stats")
             assert code == 200
             process = stats["server"]["process"]
             roles.setdefault(process["pid"], set()).add(process["role"])
+            if len(roles) == 2:
+                break
+            time.sleep(0.01)
         assert {next(iter(r)) for r in roles.values()} == {"learner", "worker"}, roles
         feedbacks = run_clients(server.url, server.headers, 8,
                                 [("POST", "/v1/feedback", {"selection_id": s, "reward": float(i % 2)})
