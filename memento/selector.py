@@ -604,13 +604,18 @@ class Selector:
         ``state`` is encoded with the artifact's encoder unless ``embedding`` (``[D]``) is given. A case
         whose (state, action, env) is already stored is not added again: the stored id is returned.
         """
-        reward = _reward(reward)
-        case = Case(state=state, action=action, reward=reward, env=env, meta={} if meta is None else meta)
-        self._check_writable()
-        state_D = self._state(state if embedding is None else embedding, "case state")  # encoded outside the lock
+        case, state_D = self._new_case(state, action, reward, env, meta, embedding)
         with self._lock:
             self._check_open()
             return self._bank.add([case], state_D[None, :])[0]
+
+    def _new_case(self, state: str, action: str, reward: float, env: str | None, meta: dict[str, Any] | None,
+                  embedding: np.ndarray | None) -> tuple[Case, np.ndarray]:
+        """A case to write and its state vector (``state`` encoded unless ``embedding``), checked and encoded
+        outside the lock."""
+        case = Case(state=state, action=action, reward=_reward(reward), env=env, meta={} if meta is None else meta)
+        self._check_writable()
+        return case, self._state(state if embedding is None else embedding, "case state")
 
     def get_case(self, case_id: str) -> Case:
         """The stored case; an unknown id raises ``UnknownCaseError``."""
@@ -652,10 +657,7 @@ class Selector:
         reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given."""
         if not isinstance(case_id, str) or not case_id:
             raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
-        reward = _reward(reward)
-        case = Case(state=state, action=action, reward=reward, env=env, meta={} if meta is None else meta)
-        self._check_writable()
-        state_D = self._state(state if embedding is None else embedding, "case state")  # encoded outside the lock
+        case, state_D = self._new_case(state, action, reward, env, meta, embedding)
         with self._lock:
             self._check_open()
             new_id = self._bank.replace(case_id, case, state_D)

@@ -455,22 +455,11 @@ class CaseBank:
             return []
         emb_ND = self._validate_embeddings(embeddings, len(cases))
         hashes = [c.content_hash for c in cases]
-        now = time.time()
-        new_rows: list[tuple[Any, ...]] = []
-        new_index: list[int] = []
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             out, planned = self._plan_ids(cases, hashes, allow_duplicates=allow_duplicates, warn=True)
-            for pos, (i, case_id) in enumerate(planned, start=self._count):
-                case = cases[i]
-                new_rows.append((pos, case_id, case.state, case.action, case.reward, case.env, case.kind,
-                                 json.dumps(case.meta, ensure_ascii=False, sort_keys=True),
-                                 case.created if case.created is not None else now, hashes[i],
-                                 emb_ND[i].tobytes()))
-                new_index.append(i)
-            conn.executemany("INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, "
-                             "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+            new_rows = self._insert_planned(cases, hashes, emb_ND, planned)
             conn.commit()
         except sqlite3.IntegrityError as error:
             conn.rollback()
@@ -478,21 +467,38 @@ class CaseBank:
         except BaseException:
             conn.rollback()
             raise
-        if new_rows:
-            first_new = self._count
-            self._count += len(new_rows)
-            if self._loaded:
-                self._append_mirror([r[1] for r in new_rows], [r[5] for r in new_rows], [r[6] for r in new_rows],
-                                    emb_ND[new_index])
-            if self._index.is_trained:
-                self._index.add(emb_ND[new_index])
-            else:
-                self._maybe_train_and_fill(first_new)
-            self._index_dirty = True
+        self._extend_memory(new_rows, emb_ND[[i for i, _ in planned]])
         skipped = len(cases) - len(new_rows)
         if skipped:
             logger.debug("%s: skipped %d duplicate case(s)", self.path, skipped)
         return out
+
+    def _insert_planned(self, cases: Sequence[Case], hashes: Sequence[str], emb_ND: np.ndarray,
+                        planned: Sequence[tuple[int, str]]) -> list[tuple[Any, ...]]:
+        """INSERT the planned cases (``(input index, id)`` from :meth:`_plan_ids`) at the next positions, inside
+        the caller's transaction; returns the rows written."""
+        now = time.time()
+        new_rows = [(pos, case_id, cases[i].state, cases[i].action, cases[i].reward, cases[i].env, cases[i].kind,
+                     json.dumps(cases[i].meta, ensure_ascii=False, sort_keys=True),
+                     cases[i].created if cases[i].created is not None else now, hashes[i], emb_ND[i].tobytes())
+                    for pos, (i, case_id) in enumerate(planned, start=self._count)]
+        self._conn.executemany("INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, "
+                               "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+        return new_rows
+
+    def _extend_memory(self, new_rows: Sequence[tuple[Any, ...]], emb_MD: np.ndarray) -> None:
+        """After the commit of :meth:`_insert_planned`'s rows: the count, the in-memory mirror and the index."""
+        if not new_rows:
+            return
+        first_new = self._count
+        self._count += len(new_rows)
+        if self._loaded:
+            self._append_mirror([r[1] for r in new_rows], [r[5] for r in new_rows], [r[6] for r in new_rows], emb_MD)
+        if self._index.is_trained:
+            self._index.add(emb_MD)
+        else:
+            self._maybe_train_and_fill(first_new)
+        self._index_dirty = True
 
     def _plan_ids(self, cases: Sequence[Case], hashes: Sequence[str], *, allow_duplicates: bool,
                   warn: bool) -> tuple[list[str], list[tuple[int, str]]]:
@@ -961,13 +967,7 @@ class CaseBank:
             self._tombstone(positions_M, [case_id], None)
             out, planned = self._plan_ids([case], [digest], allow_duplicates=False, warn=True)
             new_id = out[0]
-            if planned:
-                pos = self._count
-                conn.execute("INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, "
-                             "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (pos, new_id, case.state, case.action, case.reward, case.env, case.kind,
-                              json.dumps(case.meta, ensure_ascii=False, sort_keys=True),
-                              case.created if case.created is not None else time.time(), digest, emb_1D[0].tobytes()))
+            new_rows = self._insert_planned([case], [digest], emb_1D, planned)
             conn.execute("UPDATE deleted SET replaced_by = ? WHERE pos = ?", (new_id, int(positions_M[0])))
             conn.commit()
         except sqlite3.IntegrityError as error:
@@ -976,16 +976,7 @@ class CaseBank:
         except BaseException:
             conn.rollback()
             raise
-        if planned:
-            first_new = self._count
-            self._count += 1
-            if self._loaded:
-                self._append_mirror([new_id], [case.env], [case.kind], emb_1D)
-            if self._index.is_trained:
-                self._index.add(emb_1D)
-            else:
-                self._maybe_train_and_fill(first_new)
-            self._index_dirty = True
+        self._extend_memory(new_rows, emb_1D[[i for i, _ in planned]])
         self._after_tombstone(positions_M)
         logger.info("%s: replaced case %r by %r", self.path, case_id, new_id)
         return new_id
