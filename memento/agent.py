@@ -127,8 +127,11 @@ class SoftQAgent:
         learner = SoftQLearner(qnet, dataclasses.replace(config.learner, seed=context.learner_seed), device=device,
                                generator=torch.Generator(device=device).manual_seed(context.learner_seed))
         case_dim = qnet.config.case_dim
+        multi_step = config.learner.gamma > 0  # soft TD: the buffer keeps each decision's next state and candidates
         buffer = ReplayBuffer(ReplayConfig(capacity=config.replay_capacity, dim=context.dim, k_max=context.k_max,
-                                           case_dim=None if case_dim == context.dim else case_dim), device=device)
+                                           case_dim=None if case_dim == context.dim else case_dim,
+                                           **({"store_next": True, "c_max": context.c_max} if multi_step else {})),
+                              device=device)
         return cls(config, learner=learner, buffer=buffer, reward_of=context.reward_of, fixed_alpha=fixed_alpha,
                    featurizer=context.featurizer if qnet.config.features != "none" else None)
 
@@ -178,16 +181,17 @@ class SoftQAgent:
         for obs in observations:
             cases_KD = self.case_vectors(obs.candidates.take(obs.chosen_rows()))  # the chosen cases, in draw order
             probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
+            nxt = self._next(obs)
             if obs.case_rewards_K is not None:  # per-case credit: one row per case, each with its own target
                 for k, reward in enumerate(obs.case_rewards()):
                     self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[k:k + 1], reward=float(reward),
                                                propensity_K=probs_K[k:k + 1], step=obs.step,
-                                               policy_version=obs.policy_version))
+                                               policy_version=obs.policy_version, **nxt))
                 continue
             for start in range(0, len(cases_KD), k_max):
                 self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[start:start + k_max],
                                            reward=obs.reward, propensity_K=probs_K[start:start + k_max],
-                                           step=obs.step, policy_version=obs.policy_version))
+                                           step=obs.step, policy_version=obs.policy_version, **nxt))
         losses: list[float] = []
         if learn and observations and self.buffer.added >= max(1, self.config.warmup):
             for _ in range(self.config.updates_per_step * len(observations)):
@@ -195,6 +199,20 @@ class SoftQAgent:
                                                                  self.learner.generator))
                 losses.append(metrics["loss"])
         return {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
+
+    def _next(self, obs: Observation) -> dict[str, Any]:
+        """The Transition fields of a multi-step decision (a buffer with ``store_next``, built for ``gamma > 0``):
+        ``done`` and the next state with the vectors of the candidates the policy would choose from there (after
+        ``positive_only``); an episode's last decision, or one without a next state, stores an empty set."""
+        if not self.buffer.config.store_next:
+            return {"done": bool(obs.done)}
+        width = self.buffer.config.case_width
+        empty_0E = np.zeros((0, width), dtype=np.float32)
+        if obs.done or obs.next_state_D is None or obs.next_candidates is None or not len(obs.next_candidates):
+            next_D = obs.state_D if obs.next_state_D is None else obs.next_state_D
+            return {"done": bool(obs.done), "next_state_D": next_D, "next_cands_CD": empty_0E}
+        pool = self._pool(obs.next_candidates)
+        return {"done": False, "next_state_D": obs.next_state_D, "next_cands_CD": self.case_vectors(pool)}
 
     def checkpoint(self, directory: Path) -> None:
         save_state(directory, self.learner, self.buffer)

@@ -24,6 +24,7 @@ from memento.bench.select import format_table as format_select
 from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_bench
 from memento.bench.train import TrainBenchConfig, run_train_bench
 from memento.bench.train import format_table as format_train
+from memento.cli_games import add_bench_games_parser, add_play_parser, cmd_bench_games, cmd_play
 from memento.compare import comparison_table, run_comparison
 from memento.config import (
     EncoderConfig,
@@ -250,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "refusing a non-empty run directory; lets policies be added to a benchmark later")
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
 
+    add_bench_games_parser(bench_cmds)
+
     bsv = bench_cmds.add_parser(
         "serve", help="memento serve over HTTP at a large bank: select p50/p99 and throughput at 1 and 16 clients "
                       "(and their ratio), feedback/s",
@@ -288,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsv.add_argument("--json", required=True, metavar="OUT", help="results file")
     _add_demo_parser(commands)
     _add_online_parser(commands)
+    add_play_parser(commands)
     _add_export_parsers(commands)
     _add_serve_parsers(commands)
     _add_inspect_parser(commands)
@@ -1097,6 +1101,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
         print(format_online_table(run_online_bench(online_config, out=args.json, workdir=args.workdir)))
         print(f"results written to {args.json}")
+    elif args.bench_command == "games":
+        return cmd_bench_games(args)
     elif args.bench_command == "serve":
         serve_config = ServeBenchConfig(
             size=args.size, data=args.data, factory=args.factory, k=args.k, clients=tuple(args.clients),
@@ -1131,6 +1137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_bench(args)
         if args.command == "online":
             return _cmd_online(args)
+        if args.command == "play":
+            return cmd_play(args)
         if args.command == "demo":
             return _cmd_demo(args, parser)
         if args.command == "train":

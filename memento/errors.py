@@ -17,6 +17,7 @@ __all__ = [
     "DataFormatError",
     "DimensionError",
     "EncoderError",
+    "GameError",
     "MementoError",
     "NotABankError",
     "UnknownCaseError",
@@ -62,6 +63,11 @@ class EncoderError(MementoError):
 
 class CheckpointError(MementoError):
     """A checkpoint or saved artifact is missing, incomplete or inconsistent."""
+
+
+class GameError(MementoError):
+    """A text game cannot be loaded or played: a missing or corrupt game file, a command that is not
+    admissible (under ``not_admissible="error"``), a step after the episode ended."""
 
 
 class BankError(MementoError):

@@ -107,6 +107,7 @@ if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a 
 __all__ = [
     "COMPONENTS",
     "LoopConfig",
+    "encode_checked",
     "OnlineLoop",
     "loop_policy",
     "run_online",
@@ -246,6 +247,22 @@ def torch_seed(seq: np.random.SeedSequence) -> int:
     return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
+    """``encoder.encode(texts)`` as contiguous float32 unit vectors ``(N, dim)``; a wrong shape is a
+    :class:`DimensionError` naming both, NaN/inf/zero vectors a :class:`DataFormatError`."""
+    out = np.asarray(encoder.encode(texts), dtype=np.float32)
+    out_ND = out.reshape(len(texts), -1)
+    if out_ND.shape[1] != dim:
+        raise DimensionError(f"encoder returned vectors of shape {out.shape} for {len(texts)} text(s); "
+                             f"expected dim={dim}")
+    norms_N1 = np.linalg.norm(out_ND, axis=1, keepdims=True)
+    if not np.isfinite(out_ND).all() or (norms_N1 == 0).any():
+        raise DataFormatError("encoder returned NaN, inf or zero vectors")
+    if (np.abs(norms_N1 - 1.0) > 1e-4).any():
+        out_ND = out_ND / norms_N1
+    return np.ascontiguousarray(out_ND, dtype=np.float32)
+
+
 def _entropy(p_C: np.ndarray) -> float:
     p = np.asarray(p_C, dtype=np.float64)
     p = p[p > 0]
@@ -342,17 +359,7 @@ class OnlineLoop:
     # ------------------------------------------------------------------ setup
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        out = np.asarray(self.encoder.encode(texts), dtype=np.float32)
-        out_ND = out.reshape(len(texts), -1)
-        if out_ND.shape[1] != self.dim:
-            raise DimensionError(f"encoder returned vectors of shape {out.shape} for {len(texts)} text(s); "
-                                 f"expected dim={self.dim}")
-        norms_N1 = np.linalg.norm(out_ND, axis=1, keepdims=True)
-        if not np.isfinite(out_ND).all() or (norms_N1 == 0).any():
-            raise DataFormatError("encoder returned NaN, inf or zero vectors")
-        if (np.abs(norms_N1 - 1.0) > 1e-4).any():
-            out_ND = out_ND / norms_N1
-        return np.ascontiguousarray(out_ND, dtype=np.float32)
+        return encode_checked(self.encoder, self.dim, texts)
 
     def _encoder_config(self) -> Any:
         from memento.config import EncoderConfig

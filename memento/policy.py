@@ -100,6 +100,11 @@ class Observation:
     when the choice was made. ``case_rewards_K``, when given, is per-case credit: a target in [0, 1]
     for each chosen case (in draw order) that a learning policy uses instead of the shared ``reward``
     (the online loop's leave-one-out credit, ``LoopConfig.credit``).
+
+    A multi-step decision (the game loop, :mod:`memento.gameloop`) also gives ``done`` (the episode ended with
+    it: no bootstrap) and, when it did not, the next state's embedding ``next_state_D`` and its candidate set
+    ``next_candidates`` (possibly empty), which a soft-Q learner with ``gamma > 0`` uses for its soft TD target.
+    A single-step decision leaves them at ``done=True`` and ``None``.
     """
 
     state_D: np.ndarray
@@ -109,6 +114,9 @@ class Observation:
     step: int
     policy_version: int
     case_rewards_K: np.ndarray | None = None
+    done: bool = True
+    next_state_D: np.ndarray | None = None
+    next_candidates: Candidates | None = None
 
     def case_rewards(self) -> np.ndarray:
         """The target of each chosen case: ``case_rewards_K``, else the shared reward for all of them."""
@@ -135,7 +143,9 @@ class PolicyContext:
     ``qnet_seed`` / ``learner_seed``: torch seeds of the Q-network initialisation and of the learner's
     generator (derived from the run's seed); ``reward_of``: the stored rewards of the bank's cases
     (for positive-only choices); ``featurizer``: the case vectors of a Q-network with case features
-    (:class:`memento.features.CaseFeaturizer` over the run's bank and encoder; ``None``: the run gives none).
+    (:class:`memento.features.CaseFeaturizer` over the run's bank and encoder; ``None``: the run gives none);
+    ``c_max``: the most next-state candidates a multi-step decision logs (the game loop's candidate count; a
+    soft-Q learner with ``gamma > 0`` keeps them in its replay buffer).
     """
 
     dim: int
@@ -145,6 +155,7 @@ class PolicyContext:
     learner_seed: int = 0
     reward_of: RewardFn | None = None
     featurizer: Any | None = None
+    c_max: int = 32
 
 
 PolicyFactory = Callable[[PolicyConfig, PolicyContext], "Policy"]

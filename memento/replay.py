@@ -137,8 +137,8 @@ class Transition:
         if self.next_state_D is not None:
             next_state_D = _vector(self.next_state_D, "next_state_D", 1)
             next_cands_CD = np.asarray(self.next_cands_CD, dtype=np.float32)
-            if next_cands_CD.size == 0:
-                next_cands_CD = next_cands_CD.reshape(0, d)
+            if next_cands_CD.size == 0:  # no next candidates: as wide as the chosen cases (E, not D)
+                next_cands_CD = next_cands_CD.reshape(0, cases_KD.shape[1])
             next_cands_CD = _vector(next_cands_CD, "next_cands_CD", 2)
             e = cases_KD.shape[1]
             if next_state_D.shape != (d,) or next_cands_CD.shape[1] != e:

@@ -7,6 +7,7 @@ reads through it)::
     run.json         what else the run used: encoder, planner, judge, task count and fingerprint, device
     bank/            the case bank (SQLite commits every step)
     steps.jsonl      one record per step: the transition log (memento.formats.StepRecord)
+    episodes.jsonl   one record per episode (game runs, memento.gameloop)
     tb/              TensorBoard event files
     checkpoint/      the last complete checkpoint (state.json, config.json, steps.jsonl, the policy's state)
     summary.json     written at the end
@@ -54,6 +55,7 @@ class RunDir:
     RUN_INFO = "run.json"
     BANK = "bank"
     STEPS = "steps.jsonl"
+    EPISODES = "episodes.jsonl"
     TENSORBOARD = "tb"
     CHECKPOINT = "checkpoint"
     SUMMARY = "summary.json"
@@ -89,6 +91,10 @@ class RunDir:
         return self.path / self.STEPS
 
     @property
+    def episodes(self) -> Path:
+        return self.path / self.EPISODES
+
+    @property
     def tensorboard(self) -> Path:
         return self.path / self.TENSORBOARD
 
@@ -110,7 +116,7 @@ class RunDir:
 
     def files(self) -> list[Path]:
         """The run files that exist (what a fresh run would overwrite)."""
-        names = (self.BANK, self.STEPS, self.TENSORBOARD, self.CHECKPOINT, *self._SWAP, self.SUMMARY,
+        names = (self.BANK, self.STEPS, self.EPISODES, self.TENSORBOARD, self.CHECKPOINT, *self._SWAP, self.SUMMARY,
                  self.SELECTOR, self.CONFIG, self.RUN_INFO)
         return [self.path / name for name in names if (self.path / name).exists()]
 

@@ -72,3 +72,11 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_games(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    """The ``tw-tiny`` TextWorld suite (real generated games, 2 rooms, quests of 2-3 commands), made once."""
+    from tests.game_env import tiny_games as make
+
+    return make(tmp_path_factory.mktemp("tw-tiny"), splits=("train", "test", "ood"))

@@ -4,6 +4,9 @@
   (exact success probabilities, so regret can be measured); not real data.
 - ``regret``: the regret experiment, Memento's Algorithm 1 run on a synthetic bandit with any
   policy (:func:`run_regret`).
+- ``textworld``: TextWorld text games (generated from a seed, admissible commands, score, win) as a
+  multi-step environment, and the game suites with train/test/ood splits; import
+  ``memento.envs.textworld`` directly (TextWorld is the optional extra ``memento-mdp[games]``).
 
 Planned: JSONL task suites (DESIGN §6 Task JSONL).
 """

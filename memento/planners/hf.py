@@ -578,6 +578,119 @@ class HFPlanner:
             scores.append(AnswerScore(**dataclasses.asdict(raw)))
         return scores
 
+    def score_options(self, prompt: str, options: Sequence[str]) -> list[AnswerScore]:
+        """Log-likelihoods of each raw ``options[i]`` right after the one raw ``prompt``: ``score_continuations``
+        on ``[prompt] * N``, sharing the prompt's forward pass.
+
+        The token boundaries are :meth:`score_continuations`' (the same tokenisation and left-truncation).
+        The prompt runs once with ``use_cache=True``; its last position's logits score every option's first
+        token, and the options' remaining tokens run ``batch_size`` at a time (right-padded) on a copy of the
+        prompt's key/value cache repeated along the batch (sliding-window layers keep their window: the mask
+        offsets follow the cache). A cache other than a ``DynamicCache`` of plain or sliding-window layers (or
+        options whose truncation leaves different prompts) falls back to full sequences. ``[]`` gives ``[]``;
+        errors as :meth:`score_continuations`.
+        """
+        if not isinstance(prompt, str) or isinstance(options, str):
+            raise PlannerError(f"{self!r}: score_options takes one prompt string and a list of option strings")
+        options = list(options)
+        if not options:
+            return []
+        sequences = self._score_sequences([prompt] * len(options), options)
+        groups: dict[tuple[int, ...], list[int]] = {}  # options whose (possibly cut) prompt is the same
+        for i, (prompt_ids, _, _) in enumerate(sequences):
+            groups.setdefault(tuple(prompt_ids), []).append(i)
+        results: dict[int, _RawScore] = {}
+        for rows in groups.values():
+            batch = [sequences[i] for i in rows]
+            shared = self._score_shared_prompt(batch)
+            if shared is None:  # the cache cannot be shared: full sequences, as score_continuations
+                shared = []
+                for start in range(0, len(batch), self.batch_size):
+                    shared.extend(self._score_batch(batch[start:start + self.batch_size]))
+            results.update(zip(rows, shared))
+        scores = []
+        for i in range(len(options)):
+            raw = results[i]
+            if not math.isfinite(raw.logprob):
+                raise PlannerError(f"{self!r}: option {i}: the log-likelihood is {raw.logprob} (not finite)")
+            scores.append(AnswerScore(**dataclasses.asdict(raw)))
+        return scores
+
+    def _score_shared_prompt(self, batch: list[tuple[list[int], list[int], int]]) -> list[_RawScore] | None:
+        """Scores of answers that all follow the same prompt ids, from one cached prompt pass (``None``: the
+        model's cache type is not one this knows to copy; the caller scores full sequences)."""
+        import torch
+        from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+        start = time.perf_counter()
+        prompt = batch[0][0]
+        answers = [answer for _, answer, _ in batch]
+        boolean_keep = _keeps_boolean_logits(self._model)
+        with torch.inference_mode():
+            ids_1P = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            extra = {"logits_to_keep": 1} if boolean_keep else {}
+            out = self._model(input_ids=ids_1P, attention_mask=torch.ones_like(ids_1P), use_cache=True, **extra)
+            # transformers >= 5.2x names it "cache" (asking for "past_key_values" there logs a deprecation)
+            cache = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
+            if not isinstance(cache, DynamicCache) or not all(
+                    type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
+                logger.debug("score_options: cache %s cannot be shared; scoring full sequences", type(cache).__name__)
+                return None
+            first_V = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            totals = [float(first_V[answer[0]].double()) for answer in answers]
+            rest = sorted((i for i, answer in enumerate(answers) if len(answer) > 1), key=lambda i: -len(answers[i]))
+            for chunk_start in range(0, len(rest), self.batch_size):
+                rows = rest[chunk_start:chunk_start + self.batch_size]
+                totals_rows = self._score_on_cache(cache, len(prompt), [answers[i] for i in rows], boolean_keep)
+                for i, value in zip(rows, totals_rows):
+                    totals[i] += value
+        elapsed = time.perf_counter() - start
+        logger.debug("scored %d option(s) after a shared prompt of %d tokens in %.2f s", len(batch), len(prompt),
+                     elapsed)
+        return [_RawScore(logprob=value, n_tokens=len(answer), prompt_tokens=len(prompt), truncated_tokens=dropped,
+                          latency_s=elapsed / len(batch))
+                for value, (_, answer, dropped) in zip(totals, batch)]
+
+    def _cache_argument(self) -> str:
+        """The forward keyword taking a key/value cache: ``cache`` (transformers >= 5.2x), else ``past_key_values``."""
+        import inspect
+
+        try:
+            parameters = inspect.signature(self._model.forward).parameters
+        except (TypeError, ValueError):
+            return "past_key_values"
+        return "cache" if "cache" in parameters else "past_key_values"
+
+    def _score_on_cache(self, cache: Any, prompt_len: int, answers: list[list[int]], boolean_keep: bool) -> list[float]:
+        """The log-probs of ``answer[1:]`` given the cached prompt and ``answer[0]``, summed per answer (a batch
+        of right-padded answers on a batch-repeated copy of ``cache``; the caller's ``inference_mode``)."""
+        import torch
+
+        width = max(len(answer) for answer in answers) - 1
+        pad = self._tokenizer.pad_token_id
+        ids_BT = torch.full((len(answers), width), pad, dtype=torch.long)
+        targets_BT = torch.zeros((len(answers), width), dtype=torch.long)
+        valid_BT = torch.zeros((len(answers), width), dtype=torch.bool)
+        for row, answer in enumerate(answers):
+            ids_BT[row, :len(answer) - 1] = torch.tensor(answer[:-1], dtype=torch.long)
+            targets_BT[row, :len(answer) - 1] = torch.tensor(answer[1:], dtype=torch.long)
+            valid_BT[row, :len(answer) - 1] = True
+        mask_BS = torch.cat([torch.ones((len(answers), prompt_len), dtype=torch.long), valid_BT.long()], dim=1)
+        ids_BT, mask_BS, valid_BT = ids_BT.to(self.device), mask_BS.to(self.device), valid_BT.to(self.device)
+        copied = copy.deepcopy(cache)
+        copied.batch_repeat_interleave(len(answers))
+        extra = {"logits_to_keep": valid_BT} if boolean_keep else {}
+        extra[self._cache_argument()] = copied
+        logits = self._model(input_ids=ids_BT, attention_mask=mask_BS, use_cache=True, **extra).logits
+        if logits.ndim == 3:  # the model computed every position's logits
+            logits = logits[valid_BT]
+        targets_N = targets_BT.to(self.device)[valid_BT]
+        if logits.shape[0] != targets_N.shape[0]:
+            raise PlannerError(f"{self!r}: the model returned logits of shape {tuple(logits.shape)} "
+                               f"for {targets_N.shape[0]} option tokens")
+        logprobs_N = torch.log_softmax(logits.float(), dim=-1).gather(1, targets_N[:, None])[:, 0]
+        return [float(chunk.double().sum()) for chunk in logprobs_N.split([len(a) - 1 for a in answers])]
+
     def _score_raw(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[_RawScore]:
         """Unchecked scores in input order; sequences batched longest first (less padding)."""
         if not prompts:
