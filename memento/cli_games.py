@@ -108,6 +108,10 @@ def _games(args: argparse.Namespace) -> list[Path]:
         missing = [g for g in games if not g.is_file()]
         if missing:
             raise GameError(f"{missing[0]}: game file not found")
+        from memento.envs.textworld import TextWorldEnv
+
+        for game in games:  # a corrupt file is one line now, not after the models have loaded
+            TextWorldEnv(game).close()
         return games
     suite = args.suite or "tw-small"
     if suite not in SUITES:
@@ -159,14 +163,16 @@ def add_bench_games_parser(bench_cmds: Any) -> None:
         "games", help="multi-step agents on TextWorld games: no memory, similarity, soft-Q (gamma 0 and > 0)",
         description="Per seed and arm: train on the suite's train split from an empty bank (the policy learns "
                     "after each episode), then evaluate on each --splits split with the bank and Q-network "
-                    "frozen, one episode per game. Success rate, normalised score and steps per episode, mean "
-                    "and 95%% t-interval over seeds, paired differences to none and similarity, and the train "
-                    "phase's success by window. With Gemma 3 270M on 2 cores: ~0.5-1 s a step.")
+                    "frozen, --eval-repeats episodes per game. Success rate, normalised score and steps per "
+                    "episode, mean and 95%% t-interval over seeds, paired differences to none and similarity, "
+                    "and the train phase's success by window. With Gemma 3 270M on 2 cores: ~0.5-1 s a step.")
     d = {f.name: f.default for f in dataclasses.fields(GamesBenchConfig)}
     bg.add_argument("--suite", default=None, help=f"shipped suite (default: {d['suite']})")
     bg.add_argument("--arms", default=None, help=f"comma-separated arms (default: {','.join(d['arms'])})")
     bg.add_argument("--seeds", type=int, nargs="+", default=None, help=f"seeds (default: {list(d['seeds'])})")
     bg.add_argument("--train-episodes", type=int, default=None, help=f"(default: {d['train_episodes']})")
+    bg.add_argument("--eval-repeats", type=int, default=None,
+                    help=f"evaluation episodes per game (default: {d['eval_repeats']})")
     bg.add_argument("--splits", default=None, help=f"evaluation splits (default: {','.join(d['splits'])})")
     bg.add_argument("--max-steps", type=int, default=None, help=f"step limit (default: {d['max_steps']})")
     bg.add_argument("--k", type=int, default=None, help=f"cases per decision (default: {d['k']})")
@@ -182,7 +188,7 @@ def cmd_bench_games(args: argparse.Namespace) -> int:
     from memento.bench.games import GamesBenchConfig, format_games_table, run_games_bench
 
     given: dict[str, Any] = {}
-    for name in ("suite", "train_episodes", "max_steps", "k", "candidates", "planner"):
+    for name in ("suite", "train_episodes", "eval_repeats", "max_steps", "k", "candidates", "planner"):
         if getattr(args, name) is not None:
             given[name] = getattr(args, name)
     if args.arms:

@@ -11,11 +11,12 @@ For each seed and each **arm** (what the frozen actor sees):
 the arm first **trains** on the suite's train split (``train_episodes`` episodes from an empty bank:
 retaining step and episode cases, the policy learning after each episode; the ``none`` arm skips it), then
 is **evaluated** on each of ``splits`` (the test split: new games of the same kinds; ``ood``: larger or
-held-out kinds), one episode per game, with the train run's bank and Q-network frozen (no retention, no
-learning, the actor still sampling). Every arm of a seed plays the same game order. Reported per arm and
-split: success rate (won), normalised score and steps per episode, as the mean over seeds with a 95%
-t-interval over seeds, the per-seed paired difference to ``none`` and to ``similarity`` (mean and t-interval),
-and wall seconds per episode; for the train phase, the success rate by window (which learner learns faster).
+held-out kinds), ``eval_repeats`` episodes per game (in list order), with the train run's bank and Q-network
+frozen (no retention, no learning, the actor still sampling). Every arm of a seed plays the same game order.
+Reported per arm and split: success rate (won), normalised score and steps per episode, as the mean over seeds
+with a 95% t-interval over seeds, the per-seed paired difference to ``none`` and to ``similarity`` (mean and
+t-interval), and wall seconds per episode; for the train phase, the success rate by window (which learner learns
+faster).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class GamesBenchConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     train_episodes: int = 16
     splits: tuple[str, ...] = ("test", "ood")
+    eval_repeats: int = 2
     max_steps: int = 15
     k: int = 2
     candidates: int = 16
@@ -79,6 +81,7 @@ class GamesBenchConfig:
         check(bool(self.seeds) and all(isinstance(s, int) and s >= 0 for s in self.seeds), cls, "seeds",
               self.seeds, "must be non-negative integers")
         check_int(self, "train_episodes", 1)
+        check_int(self, "eval_repeats", 1)
         check_int(self, "max_steps", 1)
         check_int(self, "k", 1)
         check_int(self, "candidates", 1)
@@ -155,7 +158,8 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
                     bank_dir, selector = train_dir / "bank", train_dir / "selector"
                 entry: dict[str, Any] = {"train": train_summary}
                 for split in config.splits:
-                    eval_cfg = dataclasses.replace(base, episodes=len(games[split]), shuffle=False, learn=False,
+                    eval_cfg = dataclasses.replace(base, episodes=config.eval_repeats * len(games[split]),
+                                                   shuffle=False, learn=False,
                                                    cases="none",
                                                    policy=_frozen(policy, selector) if selector else policy)
                     entry[split] = _run(run_games, eval_cfg, run_root / split, config.resume, make_policy=make_policy,

