@@ -173,6 +173,9 @@ def add_bench_games_parser(bench_cmds: Any) -> None:
     bg.add_argument("--train-episodes", type=int, default=None, help=f"(default: {d['train_episodes']})")
     bg.add_argument("--eval-repeats", type=int, default=None,
                     help=f"evaluation episodes per game (default: {d['eval_repeats']})")
+    bg.add_argument("--continual", action="store_true",
+                    help="evaluate as the online loop runs: retain the evaluation episodes and keep learning "
+                         "(results keyed <split>-continual; with --resume the train runs in --workdir are reused)")
     bg.add_argument("--splits", default=None, help=f"evaluation splits (default: {','.join(d['splits'])})")
     bg.add_argument("--max-steps", type=int, default=None, help=f"step limit (default: {d['max_steps']})")
     bg.add_argument("--k", type=int, default=None, help=f"cases per decision (default: {d['k']})")
@@ -197,7 +200,7 @@ def cmd_bench_games(args: argparse.Namespace) -> int:
         given["splits"] = tuple(s.strip() for s in args.splits.split(",") if s.strip())
     if args.seeds:
         given["seeds"] = tuple(args.seeds)
-    config = GamesBenchConfig(resume=args.resume, **given)
+    config = GamesBenchConfig(resume=args.resume, continual=args.continual, **given)
     if args.torch_threads:
         import torch
 

@@ -12,7 +12,11 @@ the arm first **trains** on the suite's train split (``train_episodes`` episodes
 retaining step and episode cases, the policy learning after each episode; the ``none`` arm skips it), then
 is **evaluated** on each of ``splits`` (the test split: new games of the same kinds; ``ood``: larger or
 held-out kinds), ``eval_repeats`` episodes per game (in list order), with the train run's bank and Q-network
-frozen (no retention, no learning, the actor still sampling). Every arm of a seed plays the same game order.
+frozen (no retention, no learning, the actor still sampling); with ``continual`` the evaluation instead goes on
+as the online loop does (Memento's continual setting): the bank retains the evaluation episodes and soft-Q keeps
+learning (from the trained Q-network, with a fresh optimiser and replay buffer), so a later attempt at a game can
+use the cases of an earlier one (``eval_repeats`` >= 2), and the results are keyed ``<split>-continual``.
+Every arm of a seed plays the same game order.
 Reported per arm and split: success rate (won), normalised score and steps per episode, as the mean over seeds
 with a 95% t-interval over seeds, the per-seed paired difference to ``none`` and to ``similarity`` (mean and
 t-interval), and wall seconds per episode; for the train phase, the success rate by window (which learner learns
@@ -67,6 +71,7 @@ class GamesBenchConfig:
     train_episodes: int = 16
     splits: tuple[str, ...] = ("test", "ood")
     eval_repeats: int = 2
+    continual: bool = False
     max_steps: int = 15
     k: int = 2
     candidates: int = 16
@@ -158,13 +163,14 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
                     bank_dir, selector = train_dir / "bank", train_dir / "selector"
                 entry: dict[str, Any] = {"train": train_summary}
                 for split in config.splits:
+                    name = eval_name(split, config)
                     eval_cfg = dataclasses.replace(base, episodes=config.eval_repeats * len(games[split]),
-                                                   shuffle=False, learn=False,
-                                                   cases="none",
+                                                   shuffle=False, learn=config.continual,
+                                                   cases="both" if config.continual else "none",
                                                    policy=_frozen(policy, selector) if selector else policy)
-                    entry[split] = _run(run_games, eval_cfg, run_root / split, config.resume, make_policy=make_policy,
-                                        encoder=encoder, planner=planner, games=games[split], bank_dir=bank_dir,
-                                        progress=progress)
+                    entry[name] = _run(run_games, eval_cfg, run_root / name, config.resume, make_policy=make_policy,
+                                       encoder=encoder, planner=planner, games=games[split], bank_dir=bank_dir,
+                                       progress=progress)
                 results["runs"].setdefault(str(seed), {})[arm] = entry
                 results["summary"] = summarize_games(results["runs"], config)
                 _write(out, results)
@@ -178,24 +184,30 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
 
 
 def _run(run_games: Any, config: Any, out_dir: Path, resume: bool, **kwargs: Any) -> dict[str, Any]:
-    if resume and (out_dir / "summary.json").is_file():
+    if resume and (out_dir / "summary.json").is_file():  # a finished run of this benchmark: reuse it
         from memento.rundir import read_json
 
-        return read_json(out_dir / "summary.json")
-    if out_dir.exists() and not resume:
-        shutil.rmtree(out_dir)
-    summary = run_games(config, out_dir=out_dir, resume=resume, **kwargs)
+        summary = read_json(out_dir / "summary.json")
+    else:
+        if out_dir.exists() and not resume:
+            shutil.rmtree(out_dir)
+        summary = run_games(config, out_dir=out_dir, resume=resume, **kwargs)
     keep = ("arm", "episodes", "steps", "success_rate", "mean_score", "mean_steps", "success_by_window",
             "score_by_window", "by_env", "from_case_share", "invalid", "unusable", "bank_size_end", "updates",
             "s_per_episode", "wall_s", "final_alpha")
     return {k: summary[k] for k in keep if k in summary}
 
 
+def eval_name(split: str, config: GamesBenchConfig) -> str:
+    """The result key and run directory of an evaluation: the split, ``<split>-continual`` with ``continual``."""
+    return f"{split}-continual" if config.continual else split
+
+
 def summarize_games(runs: dict[str, dict[str, Any]], config: GamesBenchConfig) -> dict[str, Any]:
     """Per split and arm: mean and 95% t-interval over seeds, and the paired differences to none/similarity."""
     seeds = sorted(runs, key=int)
     out: dict[str, Any] = {}
-    for split in config.splits:
+    for split in (eval_name(s, config) for s in config.splits):
         table: dict[str, Any] = {}
         for arm in config.arms:
             rows = [runs[s][arm][split] for s in seeds if arm in runs[s]]
