@@ -159,6 +159,9 @@ class GameLoopConfig:
     - ``cases``: what an episode retains (``"step"``, ``"episode"``, ``"both"``, ``"none"``); ``case_gamma``: the
       discount of a step case's stored return;
     - ``learn``: let the policy learn from the episodes (``False``: evaluate a fixed policy);
+    - ``plan``: Memento's planner/executor split: at an episode's first step the planner writes a plan of
+      subgoals from the first state and the chosen cases (one generation), and every step's actor prompt shows it
+      (``Plan: ...`` before the state; the encoded state does not include it);
     - ``game``: the environment's settings (:class:`~memento.envs.textworld.TextWorldConfig`: step limit, state
       text bounds, hidden commands, what a command that is not admissible does); the loop's default is 15 steps,
       one past step in the state text and 700 characters, so a prompt with two cases stays near 300 tokens;
@@ -178,6 +181,7 @@ class GameLoopConfig:
     cases: Retained = "both"
     case_gamma: float = 0.9
     learn: bool = True
+    plan: bool = False
     game: TextWorldConfig = dataclasses.field(default_factory=lambda: TextWorldConfig(
         max_steps=15, history=1, max_state_chars=700))
     actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
@@ -195,7 +199,7 @@ class GameLoopConfig:
         check_int(self, "candidates", 1)
         check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
         check_policy(self)
-        for field in ("memory", "same_env", "learn", "shuffle", "tensorboard"):
+        for field in ("memory", "same_env", "learn", "plan", "shuffle", "tensorboard"):
             check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
         check_choice(self, "retrieval", Retrieval)
         check_choice(self, "cases", Retained)
@@ -322,6 +326,7 @@ class _Episode:
     steps: list[_Step] = dataclasses.field(default_factory=list)
     tried: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     selection: Selection | None = None  # retrieval="episode": the episode's one choice
+    plan: str | None = None  # GameLoopConfig.plan: the planner's plan of subgoals, written at the first step
     start_step: int = 0  # the run's step count when the episode began
     started: float = 0.0  # wall seconds spent on it before this process (a resumed episode)
 
@@ -331,7 +336,8 @@ class _Episode:
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "game": self.game, "steps": [s.to_json() for s in self.steps],
-                "tried": self.tried, "selection": _selection_to_json(self.selection), "start_step": self.start_step,
+                "tried": self.tried, "selection": _selection_to_json(self.selection), "plan": self.plan,
+                "start_step": self.start_step,
                 "wall_s": self.started}
 
     @classmethod
@@ -339,7 +345,8 @@ class _Episode:
         return cls(index=int(data["index"]), game=int(data["game"]),
                    steps=[_Step.from_json(s) for s in data["steps"]],
                    tried={str(k): [str(c) for c in v] for k, v in data["tried"].items()},
-                   selection=_selection_from_json(data["selection"]), start_step=int(data["start_step"]),
+                   selection=_selection_from_json(data["selection"]), plan=data.get("plan"),
+                   start_step=int(data["start_step"]),
                    started=float(data.get("wall_s", 0.0)))
 
 
@@ -669,7 +676,10 @@ class GameLoop:
                 shown = [prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None else []
                 key = _tried_key(state)
                 t0 = clock()
-                choice = self.actor.act(text, state.admissible, shown, rng=self.actor_rng,
+                if cfg.plan and not episode.steps:  # the planner/executor split: one plan per episode
+                    episode.plan = self._plan(text, shown, f"{env.name}#{episode.index}")
+                shown_text = text if not episode.plan else f"Plan: {episode.plan}\n{text}"
+                choice = self.actor.act(shown_text, state.admissible, shown, rng=self.actor_rng,
                                         tried=episode.tried.get(key, ()), task_id=f"{env.name}#{episode.index}")
                 ms["act"] += clock() - t0
                 t0 = clock()
@@ -697,6 +707,16 @@ class GameLoop:
                     self._timed_checkpoint(bank, handles, episode)
             final = state
         self._finish(bank, episode, final, env.name, env.env, ms, handles, version, t_start)
+
+    def _plan(self, text: str, shown: list[Case], task_id: str) -> str:
+        """The planner's plan of subgoals for the episode, from its first state and the chosen cases (one call)."""
+        from memento.types import Task
+
+        task = Task(id=task_id, question=f"{text}\nWrite the plan: the commands that reach the goal, in order.",
+                    answers=("plan",))
+        plan = self.planner.plan(task, shown)
+        out = getattr(plan, "text", plan)
+        return " ".join(str(out).split())[:300]
 
     def _log_step(self, handle: Any, episode: _Episode, game: str, env_name: str, step: _Step, choice: ActorChoice,
                   after: GameState, version: int, alpha: float | None, bank_size: int) -> None:

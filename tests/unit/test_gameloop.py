@@ -186,3 +186,27 @@ def test_config_round_trips_through_json() -> None:
     config = GameLoopConfig(policy=game_policy("soft_q", gamma=0.8), retrieval="step", cases="step")
     assert from_dict(GameLoopConfig, json.loads(json.dumps(to_dict(config)))) == config
     assert config.arm == "soft_q-g0.8" and GameLoopConfig(memory=False).arm == "none"
+
+
+def test_planner_executor_split_plans_once_per_episode(tmp_path: Path, games: list[Path],
+                                                      preferred: list[str]) -> None:
+    class Recording(ScriptedPlanner):
+        def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            self.plans, self.questions = 0, []
+
+        def plan(self, task, cases):  # noqa: ANN001, ANN201
+            self.plans += 1
+            return super().plan(task, cases)
+
+        def score_many(self, tasks, case_sets_per_task, answers=None):  # noqa: ANN001, ANN201
+            self.questions.append(tasks[0].question)
+            return super().score_many(tasks, case_sets_per_task, answers)
+
+    planner = Recording(preferred)
+    config = GameLoopConfig(episodes=3, plan=True, policy=game_policy("similarity"), tensorboard=False)
+    summary = _run(tmp_path / "run", games, preferred, config, planner=planner)
+    assert planner.plans == summary["episodes"] == 3
+    assert planner.questions and all(q.startswith("Plan: ") for q in planner.questions)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert not any(s["state"].startswith("Plan:") for s in steps)  # the encoded state has no plan
