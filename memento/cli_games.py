@@ -176,6 +176,8 @@ def add_bench_games_parser(bench_cmds: Any) -> None:
     bg.add_argument("--continual", action="store_true",
                     help="evaluate as the online loop runs: retain the evaluation episodes and keep learning "
                          "(results keyed <split>-continual; with --resume the train runs in --workdir are reused)")
+    bg.add_argument("--case-weight", type=float, default=None,
+                    help=f"the actor's probability mass on the chosen cases' proposals (default: {d['case_weight']})")
     bg.add_argument("--splits", default=None, help=f"evaluation splits (default: {','.join(d['splits'])})")
     bg.add_argument("--max-steps", type=int, default=None, help=f"step limit (default: {d['max_steps']})")
     bg.add_argument("--k", type=int, default=None, help=f"cases per decision (default: {d['k']})")
@@ -191,7 +193,8 @@ def cmd_bench_games(args: argparse.Namespace) -> int:
     from memento.bench.games import GamesBenchConfig, format_games_table, run_games_bench
 
     given: dict[str, Any] = {}
-    for name in ("suite", "train_episodes", "eval_repeats", "max_steps", "k", "candidates", "planner"):
+    for name in ("suite", "train_episodes", "eval_repeats", "max_steps", "k", "candidates", "planner",
+                 "case_weight"):
         if getattr(args, name) is not None:
             given[name] = getattr(args, name)
     if args.arms:

@@ -72,6 +72,7 @@ class GamesBenchConfig:
     splits: tuple[str, ...] = ("test", "ood")
     eval_repeats: int = 2
     continual: bool = False
+    case_weight: float = 0.5
     max_steps: int = 15
     k: int = 2
     candidates: int = 16
@@ -87,6 +88,8 @@ class GamesBenchConfig:
               self.seeds, "must be non-negative integers")
         check_int(self, "train_episodes", 1)
         check_int(self, "eval_repeats", 1)
+        check(isinstance(self.case_weight, (int, float)) and 0.0 <= self.case_weight <= 1.0, cls, "case_weight",
+              self.case_weight, "must be in [0, 1]")
         check_int(self, "max_steps", 1)
         check_int(self, "k", 1)
         check_int(self, "candidates", 1)
@@ -122,6 +125,7 @@ def _frozen(policy: Any, selector: Path) -> Any:
 def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str | Path | None = None,
                     planner: Any | None = None, encoder: Any | None = None, progress: bool = False) -> dict[str, Any]:
     """Run the benchmark; the JSON at ``out`` is rewritten after every run (a long benchmark shows progress)."""
+    from memento.actor import ActorConfig
     from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
     from memento.gameloop import GameLoopConfig, run_games
     from policies import make_policy
@@ -152,7 +156,8 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
             for arm in config.arms:
                 memory, policy = arm_config(arm)
                 base = GameLoopConfig(k=config.k, candidates=config.candidates, policy=policy, memory=memory,
-                                      game=game, seed=seed, checkpoint_every=0, tensorboard=False)
+                                      game=game, seed=seed, checkpoint_every=0, tensorboard=False,
+                                      actor=ActorConfig(case_weight=float(config.case_weight)))
                 run_root = root / f"seed-{seed}" / arm
                 train_summary, bank_dir, selector = None, None, None
                 if memory:
