@@ -82,7 +82,6 @@ from memento.config import (
     check_float,
     check_int,
     check_policy,
-    from_dict,
     to_dict,
 )
 from memento.envs.textworld import GameState, TextWorldConfig, TextWorldEnv
@@ -90,11 +89,11 @@ from memento.errors import CheckpointError, ConfigError, GameError
 from memento.features import CaseFeaturizer
 from memento.formats import StepRecord
 from memento.io import atomic_write
-from memento.loop import encode_checked, success_by_window, task_order, torch_seed
+from memento.loop import encode_checked, restore_bank, run_bank, success_by_window, task_order, torch_seed
 from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
-from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, read_json, write_json
+from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.types import Case, Selection
 
 __all__ = [
@@ -402,28 +401,12 @@ class GameLoop:
         return encode_checked(self.encoder, self.dim, texts)
 
     def _make_bank(self) -> CaseBank:
-        target = self.run_dir.bank
-        encoder_config = getattr(self.encoder, "config", None)
         from memento.config import EncoderConfig
 
-        encoder_config = encoder_config if isinstance(encoder_config, EncoderConfig) else None
-        if self.bank_dir is not None:
-            with CaseBank.open(self.bank_dir) as seed:
-                if seed.dim != self.dim:
-                    raise GameError(f"{self.bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder "
-                                    f"gives dim={self.dim}")
-                bank = CaseBank.create(target, self.dim, index=seed.config.index,
-                                       encoder=seed.config.encoder or encoder_config, use_gpu=use_gpu_for(self.device))
-                try:
-                    cases = list(seed.iter_cases())
-                    if cases:
-                        bank.add(cases, seed.embeddings_at(np.arange(len(cases))), allow_duplicates=True)
-                except BaseException:
-                    bank.close()
-                    raise
-            return bank
-        return CaseBank.create(target, self.dim, index=self.config.index, encoder=encoder_config,
-                               use_gpu=use_gpu_for(self.device))
+        encoder_config = getattr(self.encoder, "config", None)
+        return run_bank(self.run_dir.bank, self.dim, bank_dir=self.bank_dir, index=self.config.index,
+                        encoder_config=encoder_config if isinstance(encoder_config, EncoderConfig) else None,
+                        device=self.device)
 
     def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank) -> Policy:
         context = PolicyContext(dim=self.dim, k_max=self.config.k, device=self.device,
@@ -464,15 +447,7 @@ class GameLoop:
         state = RunDir.read_state(ckpt)
         if state.get("kind") != CHECKPOINT_KIND:
             raise CheckpointError(f"{ckpt}: a question-answering run's checkpoint, not a game run's")
-        try:
-            saved = from_dict(GameLoopConfig, read_json(ckpt / RunDir.CONFIG))
-        except ConfigError as error:
-            raise CheckpointError(f"{ckpt / RunDir.CONFIG}: not this memento's GameLoopConfig ({error})") from None
-        ours, theirs = to_dict(cfg), to_dict(saved)
-        changed = sorted(f for f in ours if ours[f] != theirs[f] and f not in RESUMABLE_CHANGES)
-        if changed:
-            raise CheckpointError(f"{ckpt}: saved with another configuration; differing field(s): "
-                                  + ", ".join(f"{f}={theirs[f]!r} (now {ours[f]!r})" for f in changed))
+        check_saved_config(ckpt, GameLoopConfig, cfg, RESUMABLE_CHANGES)
         if state["games_fingerprint"] != self.fingerprint:
             raise CheckpointError(f"{ckpt}: saved for other games ({state['n_games']} games, fingerprint "
                                   f"{state['games_fingerprint'][:12]}); now {len(self.games)} games, fingerprint "
@@ -481,16 +456,8 @@ class GameLoop:
         if episode_index > cfg.episodes:
             raise CheckpointError(f"{ckpt}: the checkpoint is at episode {episode_index}, beyond episodes="
                                   f"{cfg.episodes}")
-        if state["bank_uid"] != bank.uid:
-            raise CheckpointError(f"{ckpt}: saved for bank uid {state['bank_uid']}, {bank.path} has uid {bank.uid}")
-        saved_len = int(state["bank_size"])
-        if len(bank) < saved_len:
-            raise CheckpointError(f"{ckpt}: saved with {saved_len} cases in the bank, {bank.path} holds {len(bank)}")
-        removed = bank.truncate(saved_len)
-        if removed:
-            logger.info("resume: dropped %d case(s) retained after the checkpoint", removed)
+        restore_bank(ckpt, state, bank)
         self.step = int(state["step"])
-        bank.truncate_usage(self.step)
         self.episode_index = episode_index
         self.bank_size_start = int(state["bank_size_start"])
         self.counters.update(state["counters"])
@@ -520,13 +487,7 @@ class GameLoop:
         started = time.perf_counter()
         self.fingerprint = games_fingerprint(self.games)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.run_dir.latest_checkpoint() if self.resume else None
-        if ckpt is None:
-            existing = self.run_dir.files()
-            if existing and not self.resume:
-                raise ConfigError(f"{self.out_dir}: already holds a run ({', '.join(p.name for p in existing)}); "
-                                  "resume it or choose another output directory")
-            self.run_dir.clear()
+        ckpt = self.run_dir.start(self.resume)
         seeds = np.random.SeedSequence(cfg.seed).spawn(5)
         self.order = task_order(len(self.games), cfg.episodes, seeds[0], shuffle=cfg.shuffle)
         self.policy_rng = np.random.Generator(np.random.PCG64(seeds[1]))

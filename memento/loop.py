@@ -87,7 +87,6 @@ from memento.config import (
     check_float,
     check_int,
     check_policy,
-    from_dict,
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
@@ -98,7 +97,7 @@ from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
-from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, read_json, write_json
+from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.types import Case, Selection, Task
 
 if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a run plans
@@ -110,6 +109,8 @@ __all__ = [
     "encode_checked",
     "OnlineLoop",
     "loop_policy",
+    "restore_bank",
+    "run_bank",
     "run_online",
     "success_by_window",
     "task_order",
@@ -263,6 +264,44 @@ def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
     return np.ascontiguousarray(out_ND, dtype=np.float32)
 
 
+def run_bank(target: Path, dim: int, *, bank_dir: Path | None, index: str, encoder_config: Any,
+             device: torch.device) -> CaseBank:
+    """A run's fresh bank at ``target``: a copy of the bank at ``bank_dir`` (which is not changed; its index
+    factory and encoder win), or an empty one with ``index``. A seed bank of another dimension is a
+    :class:`DimensionError` naming both."""
+    if bank_dir is None:
+        return CaseBank.create(target, dim, index=index, encoder=encoder_config, use_gpu=use_gpu_for(device))
+    with CaseBank.open(bank_dir) as seed:
+        if seed.dim != dim:
+            raise DimensionError(f"{bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder gives dim={dim}")
+        bank = CaseBank.create(target, dim, index=seed.config.index, encoder=seed.config.encoder or encoder_config,
+                               use_gpu=use_gpu_for(device))
+        try:
+            cases = list(seed.iter_cases())
+            if cases:
+                bank.add(cases, seed.embeddings_at(np.arange(len(cases))), allow_duplicates=True)
+        except BaseException:
+            bank.close()
+            raise
+    return bank
+
+
+def restore_bank(ckpt: Path, state: dict[str, Any], bank: CaseBank) -> None:
+    """Roll the run's bank back to a checkpoint: the same bank (uid), at least as long, truncated to the saved
+    length, and its usage log to the saved step."""
+    if state["bank_uid"] != bank.uid:
+        raise CheckpointError(f"{ckpt}: saved for bank uid {state['bank_uid']}, {bank.path} has uid {bank.uid}")
+    saved_len = int(state["bank_size"])
+    if len(bank) < saved_len:
+        raise CheckpointError(f"{ckpt}: saved with {saved_len} cases in the bank, {bank.path} holds {len(bank)}")
+    removed = bank.truncate(saved_len)
+    if removed:
+        logger.info("resume: dropped %d case(s) retained after the checkpoint", removed)
+    dropped = bank.truncate_usage(int(state["step"]))
+    if dropped:
+        logger.info("resume: dropped %d usage row(s) logged after the checkpoint", dropped)
+
+
 def _entropy(p_C: np.ndarray) -> float:
     p = np.asarray(p_C, dtype=np.float64)
     p = p[p > 0]
@@ -369,25 +408,10 @@ class OnlineLoop:
 
     def _make_bank(self) -> CaseBank:
         """A fresh ``out_dir/bank``: a copy of ``bank_dir``, the encoded seed cases, or empty."""
-        target = self.run_dir.bank
+        bank = run_bank(self.run_dir.bank, self.dim, bank_dir=self.bank_dir, index=self.config.index,
+                        encoder_config=self._encoder_config(), device=self.device)
         if self.bank_dir is not None:
-            with CaseBank.open(self.bank_dir) as seed:
-                if seed.dim != self.dim:
-                    raise DimensionError(f"{self.bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder "
-                                         f"gives dim={self.dim}")
-                bank = CaseBank.create(target, self.dim, index=seed.config.index,
-                                       encoder=seed.config.encoder or self._encoder_config(),
-                                       use_gpu=use_gpu_for(self.device))
-                try:
-                    cases = list(seed.iter_cases())
-                    if cases:
-                        bank.add(cases, seed.embeddings_at(np.arange(len(cases))), allow_duplicates=True)
-                except BaseException:
-                    bank.close()
-                    raise
             return bank
-        bank = CaseBank.create(target, self.dim, index=self.config.index, encoder=self._encoder_config(),
-                               use_gpu=use_gpu_for(self.device))
         try:
             if self.seed_cases:
                 emb_ND = self._encode([case.state for case in self.seed_cases])
@@ -427,15 +451,7 @@ class OnlineLoop:
     def _restore(self, ckpt: Path, bank: CaseBank) -> None:
         cfg = self.config
         state = RunDir.read_state(ckpt)
-        try:
-            saved = from_dict(LoopConfig, read_json(ckpt / RunDir.CONFIG))
-        except ConfigError as error:
-            raise CheckpointError(f"{ckpt / RunDir.CONFIG}: not this memento's LoopConfig ({error})") from None
-        ours, theirs = to_dict(cfg), to_dict(saved)
-        changed = sorted(f for f in ours if ours[f] != theirs[f] and f not in RESUMABLE_CHANGES)
-        if changed:
-            raise CheckpointError(f"{ckpt}: saved with another configuration; differing field(s): "
-                                  + ", ".join(f"{f}={theirs[f]!r} (now {ours[f]!r})" for f in changed))
+        check_saved_config(ckpt, LoopConfig, cfg, RESUMABLE_CHANGES)
         if state["tasks_fingerprint"] != self.fingerprint:
             raise CheckpointError(f"{ckpt}: saved for another task list ({state['n_tasks']} tasks, fingerprint "
                                   f"{state['tasks_fingerprint'][:12]}); now {len(self.tasks)} tasks, "
@@ -443,17 +459,7 @@ class OnlineLoop:
         step = int(state["step"])
         if step > cfg.steps:
             raise CheckpointError(f"{ckpt}: the checkpoint is at step {step}, beyond steps={cfg.steps}")
-        if state["bank_uid"] != bank.uid:
-            raise CheckpointError(f"{ckpt}: saved for bank uid {state['bank_uid']}, {bank.path} has uid {bank.uid}")
-        saved_len = int(state["bank_size"])
-        if len(bank) < saved_len:
-            raise CheckpointError(f"{ckpt}: saved with {saved_len} cases in the bank, {bank.path} holds {len(bank)}")
-        removed = bank.truncate(saved_len)
-        if removed:
-            logger.info("resume: dropped %d case(s) retained after the checkpoint", removed)
-        dropped = bank.truncate_usage(step)
-        if dropped:
-            logger.info("resume: dropped %d usage row(s) logged after the checkpoint", dropped)
+        restore_bank(ckpt, state, bank)
         self.step = step
         self.bank_size_start = int(state["bank_size_start"])
         self.counters.update({k: int(v) if isinstance(v, int) else v for k, v in state["counters"].items()})
@@ -478,13 +484,7 @@ class OnlineLoop:
         started = time.perf_counter()
         self.fingerprint = tasks_fingerprint(self.tasks)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.run_dir.latest_checkpoint() if self.resume else None
-        if ckpt is None:
-            existing = self.run_dir.files()
-            if existing and not self.resume:
-                raise ConfigError(f"{self.out_dir}: already holds a run ({', '.join(p.name for p in existing)}); "
-                                  "resume it or choose another output directory")
-            self.run_dir.clear()  # resume without a checkpoint: start afresh
+        ckpt = self.run_dir.start(self.resume)
 
         seeds = np.random.SeedSequence(cfg.seed).spawn(4)
         order_T = task_order(len(self.tasks), cfg.steps, seeds[0], shuffle=cfg.shuffle)

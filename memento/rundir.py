@@ -28,10 +28,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from memento.errors import CheckpointError
+from memento.config import from_dict, to_dict
+from memento.errors import CheckpointError, ConfigError
 from memento.io import fsync_dir, write_json
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "RunDir", "read_json", "write_json"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "RunDir", "check_saved_config", "read_json",
+           "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,20 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable ({error})") from None
+
+
+def check_saved_config(ckpt: Path, cls: type, config: Any, resumable: tuple[str, ...]) -> None:
+    """A checkpoint's ``config.json`` must parse as ``cls`` and equal ``config`` but for the ``resumable``
+    fields; otherwise a one-line :class:`CheckpointError` naming the differing fields."""
+    try:
+        saved = from_dict(cls, read_json(Path(ckpt) / RunDir.CONFIG))
+    except ConfigError as error:
+        raise CheckpointError(f"{Path(ckpt) / RunDir.CONFIG}: not this memento's {cls.__name__} ({error})") from None
+    ours, theirs = to_dict(config), to_dict(saved)
+    changed = sorted(f for f in ours if ours[f] != theirs[f] and f not in resumable)
+    if changed:
+        raise CheckpointError(f"{ckpt}: saved with another configuration; differing field(s): "
+                              + ", ".join(f"{f}={theirs[f]!r} (now {ours[f]!r})" for f in changed))
 
 
 class RunDir:
@@ -119,6 +135,19 @@ class RunDir:
         names = (self.BANK, self.STEPS, self.EPISODES, self.TENSORBOARD, self.CHECKPOINT, *self._SWAP, self.SUMMARY,
                  self.SELECTOR, self.CONFIG, self.RUN_INFO)
         return [self.path / name for name in names if (self.path / name).exists()]
+
+    def start(self, resume: bool) -> Path | None:
+        """The checkpoint a run continues from: the newest complete one with ``resume``; otherwise (or when there
+        is none) the run starts afresh, clearing the run files, and a directory that already holds a run is refused
+        without ``resume``."""
+        ckpt = self.latest_checkpoint() if resume else None
+        if ckpt is None:
+            existing = self.files()
+            if existing and not resume:
+                raise ConfigError(f"{self.path}: already holds a run ({', '.join(p.name for p in existing)}); "
+                                  "resume it or choose another output directory")
+            self.clear()  # resume without a checkpoint: start afresh
+        return ckpt
 
     def clear(self) -> None:
         """Remove every run file (a resume that found no checkpoint starts afresh)."""
