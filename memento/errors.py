@@ -20,6 +20,8 @@ __all__ = [
     "GameError",
     "MementoError",
     "NotABankError",
+    "ProvenanceError",
+    "ReplyFormatError",
     "UnknownCaseError",
     "UnknownSelectionError",
 ]
@@ -68,6 +70,15 @@ class CheckpointError(MementoError):
 class GameError(MementoError):
     """A text game cannot be loaded or played: a missing or corrupt game file, a command that is not
     admissible (under ``not_admissible="error"``), a step after the episode ended."""
+
+
+class ReplyFormatError(DataFormatError):
+    """An LLM reply that a memory builder cannot read as the structure its template asks for (after the
+    documented tolerant parsing); the builder's documented fallback decides what happens next."""
+
+
+class ProvenanceError(DataFormatError):
+    """An item's provenance links are broken: a link to a case the bank does not hold, or a cycle."""
 
 
 class BankError(MementoError):

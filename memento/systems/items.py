@@ -1,0 +1,186 @@
+"""Items: bank entries of a kind other than ``"case"``, with provenance links to what they were made from.
+
+An item is a :class:`memento.types.Case` whose ``kind`` is one of :data:`memento.config.CASE_KINDS` and whose
+``meta`` holds
+
+- ``sources``: the ids of the bank entries it was made from (trajectories for a tip or a cluster, a cluster for a
+  skill; empty for a focus point, which is made from the environment's description);
+- ``system``: the memory system that built it (``"cfgm"``, ``"lifemem"``);
+- optionally ``group`` and ``version``: an item that a later build supersedes (a cluster whose members or
+  description changed, the skills of a cluster distilled again) is never edited in place: the new version is a
+  new entry of the same ``group`` with a higher ``version``, and only the entries of the highest version of a
+  group are **active** (retrieved and expanded; one version may hold several entries, e.g. a cluster's 3-5
+  skills). The bank stays append-only, so truncating it back to a checkpoint
+  restores every earlier version exactly.
+
+``state`` is the text retrieval keys on (the task a tip is about, a cluster's description, the environment of a
+focus point) and ``action`` the content shown to the planner (the tip, the rule, the guidance).
+
+:class:`ItemGraph` reads the links of a bank (or of a list of cases): children of an entry (``kind`` optional),
+the sources of an item, every raw case an item traces back to, the active versions; :meth:`ItemGraph.check`
+raises :class:`~memento.errors.ProvenanceError` for a link to an id the bank does not hold and for a cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from memento.errors import ProvenanceError
+from memento.types import Case
+
+__all__ = ["ItemGraph", "make_item", "sources_of"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_item(kind: str, state: str, action: str, *, system: str, sources: Sequence[str] = (),
+              env: str | None = None, reward: float = 0.0, group: str | None = None, version: int | None = None,
+              **meta: Any) -> Case:
+    """An item of ``kind`` with its provenance (see the module docstring)."""
+    if kind == "case":
+        raise ProvenanceError("an item's kind must not be 'case' (raw cases are not built)")
+    sources = list(dict.fromkeys(str(s) for s in sources))
+    data: dict[str, Any] = {"sources": sources, "system": system, **meta}
+    if group is not None:
+        data["group"] = group
+        data["version"] = int(version or 0)
+    return Case(state=state, action=action, reward=float(reward), env=env, kind=kind, meta=data)
+
+
+def sources_of(case: Case) -> list[str]:
+    """The ids an item was made from (``meta.sources``; none for a raw case)."""
+    sources = case.meta.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise ProvenanceError(f"case {case.id}: meta.sources must be a list of case ids, got {sources!r}")
+    return list(sources)
+
+
+class ItemGraph:
+    """The provenance links among a bank's entries (see the module docstring)."""
+
+    def __init__(self, cases: Iterable[Case] = ()):
+        self.cases: dict[str, Case] = {}
+        self._children: dict[str, list[str]] = defaultdict(list)
+        self._latest: dict[str, tuple[int, list[str]]] = {}
+        for case in cases:
+            self.add(case)
+
+    @classmethod
+    def from_bank(cls, bank: Any) -> ItemGraph:
+        return cls(bank.iter_cases())
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __contains__(self, case_id: object) -> bool:
+        return case_id in self.cases
+
+    def add(self, case: Case) -> None:
+        """Record a case the bank now holds (its id must be set)."""
+        if case.id is None:
+            raise ProvenanceError("ItemGraph.add: the case has no id (add it to the bank first)")
+        if case.id in self.cases:
+            return
+        self.cases[case.id] = case
+        for source in sources_of(case):
+            self._children[source].append(case.id)
+        group = case.meta.get("group")
+        if isinstance(group, str):
+            version = int(case.meta.get("version", 0))
+            current = self._latest.get(group)
+            if current is None or version > current[0]:
+                self._latest[group] = (version, [case.id])
+            elif version == current[0]:
+                current[1].append(case.id)
+
+    def is_active(self, case_id: str) -> bool:
+        """False only for an item superseded by a later version of its group."""
+        case = self.cases.get(case_id)
+        if case is None:
+            return False
+        group = case.meta.get("group")
+        return not isinstance(group, str) or case_id in self._latest[group][1]
+
+    def active(self, kind: str | None = None, *, env: str | None = None) -> list[Case]:
+        """The active entries (of ``kind``, of ``env``), in insertion order."""
+        return [c for c in self.cases.values() if (kind is None or c.kind == kind)
+                and (env is None or c.env == env) and self.is_active(c.id or "")]
+
+    def latest(self, group: str) -> list[Case]:
+        """The entries of the active version of ``group`` (empty: no such group)."""
+        entry = self._latest.get(group)
+        return [] if entry is None else [self.cases[i] for i in entry[1]]
+
+    def version(self, group: str) -> int:
+        """The active version of ``group`` (-1: no such group)."""
+        entry = self._latest.get(group)
+        return -1 if entry is None else entry[0]
+
+    def children(self, case_id: str, kind: str | None = None, *, active_only: bool = True) -> list[Case]:
+        """The entries made from ``case_id`` (of ``kind``; active versions only by default)."""
+        out = []
+        for child_id in self._children.get(case_id, []):
+            child = self.cases[child_id]
+            if (kind is None or child.kind == kind) and (not active_only or self.is_active(child_id)):
+                out.append(child)
+        return out
+
+    def sources(self, case_id: str) -> list[Case]:
+        """The entries ``case_id`` was made from (those the graph holds)."""
+        case = self.cases.get(case_id)
+        if case is None:
+            return []
+        return [self.cases[s] for s in sources_of(case) if s in self.cases]
+
+    def trace(self, case_id: str) -> list[str]:
+        """Every raw case (``kind == "case"``) that ``case_id`` was made from, directly or through other items."""
+        out: list[str] = []
+        seen: set[str] = set()
+        stack = [case_id]
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            case = self.cases.get(current)
+            if case is None:
+                continue
+            if case.kind == "case" and current != case_id:
+                out.append(current)
+            stack.extend(reversed(sources_of(case)))
+        return out
+
+    def check(self) -> None:
+        """Raise :class:`ProvenanceError` for a missing source or a cycle (named by the ids on it)."""
+        for case_id, case in self.cases.items():
+            missing = [s for s in sources_of(case) if s not in self.cases]
+            if missing:
+                raise ProvenanceError(f"item {case_id} ({case.kind}) links to {missing[:3]}, which the bank does "
+                                      "not hold")
+        white, grey, black = 0, 1, 2
+        colour = dict.fromkeys(self.cases, white)
+        for root in self.cases:
+            if colour[root] != white:
+                continue
+            stack: list[tuple[str, int]] = [(root, 0)]
+            path: list[str] = []
+            while stack:
+                node, index = stack.pop()
+                if index == 0:
+                    colour[node] = grey
+                    path.append(node)
+                srcs = sources_of(self.cases[node])
+                if index < len(srcs):
+                    stack.append((node, index + 1))
+                    nxt = srcs[index]
+                    if colour[nxt] == grey:
+                        cycle = path[path.index(nxt):] + [nxt]
+                        raise ProvenanceError(f"provenance cycle: {' -> '.join(cycle)}")
+                    if colour[nxt] == white:
+                        stack.append((nxt, 0))
+                else:
+                    colour[node] = black
+                    path.pop()
