@@ -36,6 +36,8 @@ __all__ = [
     "PolicyKind",
     "Pooling",
     "CASE_KINDS",
+    "CFGMRetrievalConfig",
+    "LifeMemRetrievalConfig",
     "CASE_SCALARS",
     "QNetAnchor",
     "QNetFeatures",
@@ -516,7 +518,7 @@ class LearnerConfig:
 # ``policies.make_policy(config, context)`` is the one factory. Run configs (the online loop, the regret
 # run) nest one of them; a JSON ``{"kind": ...}`` object converts back to the right class.
 
-PolicyKind = Literal["random", "similarity", "soft_q", "linucb"]
+PolicyKind = Literal["random", "similarity", "soft_q", "linucb", "cfgm", "lifemem"]
 IfNoPositive = Literal["all", "error"]
 LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
 LinUCBMode = Literal["shared", "disjoint"]
@@ -660,11 +662,46 @@ class SoftQConfig:
               "init_qnet", self.init_qnet, "must be a selector directory path or null")
 
 
-PolicyConfig = RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CFGMRetrievalConfig:
+    """CFGM's dual-channel retrieval (``policies.cfgm``): the ``k_tasks`` most similar successful trajectories
+    (paper: k = 2) and, with ``tips``, the tips made from them, after the environment's focus point with
+    ``focus``; at most the decision's K items in all (the prompt budget)."""
+
+    kind: Literal["cfgm"] = "cfgm"
+    k_tasks: int = 2
+    tips: bool = True
+    focus: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["cfgm"])
+        check_int(self, "k_tasks", 1)
+        _check_bool(self, "tips", "focus")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LifeMemRetrievalConfig:
+    """LifeMem's environment-aligned retrieval (``policies.lifemem``): the ``k_trajectories`` most similar
+    trajectories (the loop gives candidates of the same environment) and, with ``skills``, the deduplicated
+    skills of their clusters; at most the decision's K items in all."""
+
+    kind: Literal["lifemem"] = "lifemem"
+    k_trajectories: int = 2
+    skills: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["lifemem"])
+        check_int(self, "k_trajectories", 1)
+        _check_bool(self, "skills")
+
+
+PolicyConfig = (RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig | CFGMRetrievalConfig
+                | LifeMemRetrievalConfig)
 """One selection policy's configuration; ``config.kind`` names the policy."""
 
 POLICY_CONFIGS: dict[str, type] = {"random": RandomConfig, "similarity": SimilarityConfig, "soft_q": SoftQConfig,
-                                   "linucb": LinUCBConfig}
+                                   "linucb": LinUCBConfig, "cfgm": CFGMRetrievalConfig,
+                                   "lifemem": LifeMemRetrievalConfig}
 """The config class of each policy kind (the names of :data:`PolicyKind`)."""
 
 

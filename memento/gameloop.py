@@ -71,6 +71,8 @@ import torch
 
 from memento.actor import ActorChoice, ActorConfig, CommandActor
 from memento.config import (
+    CFGMRetrievalConfig,
+    LifeMemRetrievalConfig,
     LinUCBConfig,
     PolicyConfig,
     PolicyKind,
@@ -140,6 +142,10 @@ def game_policy(kind: PolicyKind, *, gamma: float = 0.0) -> PolicyConfig:
                 learner=dataclasses.replace(soft_q.learner, gamma=float(gamma)))
         case "linucb":
             return LinUCBConfig()
+        case "cfgm":
+            return CFGMRetrievalConfig()
+        case "lifemem":
+            return LifeMemRetrievalConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 

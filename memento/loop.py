@@ -76,6 +76,8 @@ import numpy as np
 import torch
 
 from memento.config import (
+    CFGMRetrievalConfig,
+    LifeMemRetrievalConfig,
     LinUCBConfig,
     PolicyConfig,
     PolicyKind,
@@ -146,6 +148,10 @@ def loop_policy(kind: PolicyKind) -> PolicyConfig:
             return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"))
         case "linucb":
             return LinUCBConfig()
+        case "cfgm":
+            return CFGMRetrievalConfig()
+        case "lifemem":
+            return LifeMemRetrievalConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 

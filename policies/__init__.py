@@ -8,7 +8,10 @@
   :class:`SoftQPolicy` chooses with a given, fixed network;
 - ``linucb``: a LinUCB contextual bandit on (state, case) features, learning in ``observe``.
 
-Later: ``cfgm``, ``lifemem``, ``plugmem``. :func:`make_policy` is the one factory: it builds a
+- ``cfgm``: CFGM's dual-channel retrieval (focus point, similar successful trajectories, their tips);
+- ``lifemem``: LifeMem's environment-aligned retrieval (similar trajectories and their clusters' skills).
+
+Later: ``plugmem``. :func:`make_policy` is the one factory: it builds a
 policy from its config (:data:`memento.config.PolicyConfig`, one class per kind) with an explicit
 ``match`` (no string-to-import registry). The configs live in :mod:`memento.config`, so run configs
 of the core can nest them; this package depends on the core, never the other way round.
@@ -20,6 +23,8 @@ import dataclasses
 
 from memento.config import (
     POLICY_CONFIGS,
+    CFGMRetrievalConfig,
+    LifeMemRetrievalConfig,
     LinUCBConfig,
     PolicyConfig,
     PolicyKind,
@@ -29,6 +34,8 @@ from memento.config import (
 )
 from memento.errors import ConfigError
 from memento.policy import Policy, PolicyContext
+from policies.cfgm import CFGMPolicy
+from policies.lifemem import LifeMemPolicy
 from policies.linucb import LinUCBPolicy
 from policies.random import RandomPolicy
 from policies.similarity import RewardedCandidates, SimilarityPolicy, bank_rewards, with_rewards
@@ -36,6 +43,10 @@ from policies.soft_q import SoftQAgent, SoftQPolicy
 
 __all__ = [
     "POLICY_CONFIGS",
+    "CFGMPolicy",
+    "CFGMRetrievalConfig",
+    "LifeMemPolicy",
+    "LifeMemRetrievalConfig",
     "LinUCBConfig",
     "LinUCBPolicy",
     "PolicyConfig",
@@ -63,6 +74,8 @@ def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
       rewards ``positive_only`` needs);
     - :class:`SoftQConfig` -> :class:`SoftQAgent` (Q-network, learner and replay buffer on
       ``context.device``, seeded with ``context.qnet_seed`` / ``context.learner_seed``);
+    - :class:`CFGMRetrievalConfig` -> :class:`CFGMPolicy`, :class:`LifeMemRetrievalConfig` ->
+      :class:`LifeMemPolicy` (``context.reward_of`` for the successful trajectories);
     - :class:`LinUCBConfig` -> :class:`LinUCBPolicy` (``dim`` from ``context.dim`` when not set).
 
     Anything else raises ``ConfigError``.
@@ -76,6 +89,10 @@ def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
             return SimilarityPolicy(config, reward_of=context.reward_of)
         case SoftQConfig():
             return SoftQAgent.create(config, context)
+        case CFGMRetrievalConfig():
+            return CFGMPolicy(config, reward_of=context.reward_of)
+        case LifeMemRetrievalConfig():
+            return LifeMemPolicy(config, reward_of=context.reward_of)
         case LinUCBConfig():
             if config.dim is None:
                 config = dataclasses.replace(config, dim=context.dim)

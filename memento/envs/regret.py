@@ -49,7 +49,9 @@ import numpy as np
 import torch
 
 from memento.config import (
+    CFGMRetrievalConfig,
     LearnerConfig,
+    LifeMemRetrievalConfig,
     LinUCBConfig,
     PolicyConfig,
     PolicyKind,
@@ -96,6 +98,10 @@ def regret_policy(kind: PolicyKind) -> PolicyConfig:
             return _regret_soft_q()
         case "linucb":
             return LinUCBConfig()
+        case "cfgm":
+            return CFGMRetrievalConfig()
+        case "lifemem":
+            return LifeMemRetrievalConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 

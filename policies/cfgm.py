@@ -1,0 +1,108 @@
+"""CFGM's dual-channel retrieval: similar successful trajectories and their tips, after the focus point.
+
+Over an expanded candidate set (:class:`memento.systems.expand.ItemCandidates`: the bank's nearest entries
+plus the tips, skills and focus points linked to them), the policy takes
+
+1. the environment's **focus point** (``CFGMRetrievalConfig.focus``; the first ``focus`` row);
+2. the ``k_tasks`` raw cases (``kind == "case"``) with stored reward > 0 that are most similar to the state
+   (cosine, ties to the earlier row): the successful trajectories of the most similar tasks; when none has a
+   reward > 0, the most similar raw cases;
+3. with ``tips``, the tips linked to those trajectories, in candidate order;
+
+cut to the decision's K items (the prompt budget), in that order. A plain candidate set (no item kinds) is
+treated as raw cases. The choice is deterministic: ``Selection.greedy`` is True and ``set_prob`` 1; ``probs``
+puts equal mass on the rows this choice would take (for the logs). The policy does not learn.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from memento.config import CFGMRetrievalConfig
+from memento.memory import Candidates
+from memento.policy import RewardFn, StaticPolicy, check_candidates, check_k, make_selection
+from memento.types import Selection
+
+__all__ = ["CFGMPolicy", "CFGMRetrievalConfig", "ranked_rows"]
+
+logger = logging.getLogger(__name__)
+
+
+def ranked_rows(state_D: np.ndarray, candidates: Candidates, rows: list[int]) -> list[int]:
+    """``rows`` sorted by cosine to the state, highest first (ties: the earlier row)."""
+    if not rows:
+        return []
+    emb = np.asarray(candidates.embeddings_CD, dtype=np.float64)[rows]
+    norms = np.maximum(np.linalg.norm(emb, axis=1), np.finfo(np.float64).tiny)
+    cos = emb @ np.asarray(state_D, dtype=np.float64) / norms
+    order = np.argsort(-cos, kind="stable")
+    return [rows[i] for i in order]
+
+
+def _rewards(candidates: Candidates, reward_of: RewardFn | None) -> np.ndarray:
+    rewards = getattr(candidates, "rewards_C", None)
+    if rewards is None:
+        rewards = reward_of(list(candidates.ids)) if reward_of is not None else np.ones(len(candidates))
+    return np.asarray(rewards, dtype=np.float64)
+
+
+def base_rows(state_D: np.ndarray, candidates: Candidates, k: int, reward_of: RewardFn | None) -> list[int]:
+    """The ``k`` most similar raw cases with reward > 0 (all raw cases when none is)."""
+    kinds = getattr(candidates, "kinds", None) or ["case"] * len(candidates)
+    raw = [i for i, kind in enumerate(kinds) if kind == "case"]
+    rewards = _rewards(candidates, reward_of)
+    good = [i for i in raw if rewards[i] > 0]
+    return ranked_rows(state_D, candidates, good or raw)[:k]
+
+
+def linked_rows(candidates: Candidates, kind: str, to: list[int]) -> list[int]:
+    """Rows of ``kind`` linked to any of the rows ``to``, in candidate order."""
+    kinds = getattr(candidates, "kinds", None)
+    links = getattr(candidates, "links", None)
+    if kinds is None or links is None:
+        return []
+    targets = set(to)
+    return [i for i, k in enumerate(kinds) if k == kind and targets.intersection(links[i])]
+
+
+def deterministic_selection(candidates: Candidates, rows: list[int], k: int) -> Selection:
+    """The greedy selection of ``rows`` (deduplicated, cut to ``k``), with ``probs`` uniform over them."""
+    rows = list(dict.fromkeys(rows))[:k]
+    probs_C = np.zeros(len(candidates))
+    probs_C[rows] = 1.0 / len(rows)
+    return make_selection(candidates, probs_C, np.asarray(rows, dtype=np.int64), True)
+
+
+class CFGMPolicy(StaticPolicy):
+    """Focus point, similar successful trajectories and their tips (see the module docstring)."""
+
+    def __init__(self, config: CFGMRetrievalConfig | None = None, *, reward_of: RewardFn | None = None):
+        self.config = config if config is not None else CFGMRetrievalConfig()
+        self.reward_of = reward_of
+
+    def _rows(self, state_D: np.ndarray, candidates: Candidates, k: int) -> list[int]:
+        cfg = self.config
+        kinds = getattr(candidates, "kinds", None) or []
+        focus = [i for i, kind in enumerate(kinds) if kind == "focus"][:1] if cfg.focus else []
+        trajectories = base_rows(state_D, candidates, cfg.k_tasks, self.reward_of)
+        tips = linked_rows(candidates, "tip", trajectories) if cfg.tips else []
+        rows = [*focus, *trajectories, *tips]
+        if not rows:  # only items and no raw case: the most similar of them
+            rows = ranked_rows(state_D, candidates, list(range(len(candidates))))
+        return rows[:k]
+
+    def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        state_D = check_candidates(state_D, candidates)
+        return deterministic_selection(candidates, self._rows(state_D, candidates, len(candidates)),
+                                       len(candidates)).probs_C
+
+    def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
+               greedy: bool = False) -> Selection:
+        state_D = check_candidates(state_D, candidates)
+        k = check_k(k, len(candidates))
+        return deterministic_selection(candidates, self._rows(state_D, candidates, k), k)
+
+    def __repr__(self) -> str:
+        return f"CFGMPolicy({self.config})"

@@ -1,0 +1,51 @@
+"""LifeMem's environment-aligned retrieval: similar trajectories of the same environment and their skills.
+
+Over an expanded candidate set (:class:`memento.systems.expand.ItemCandidates`; the game loop gives candidates
+of the state's own environment, ``GameLoopConfig.same_env``, so the format and command syntax stay valid) the
+policy takes the ``k_trajectories`` most similar raw cases with stored reward > 0 (all raw cases when none is)
+and, with ``skills``, the skills of their clusters (each once: skills of a cluster two trajectories share are
+shown once), cut to the decision's K items. Deterministic (``greedy``, ``set_prob`` 1); it does not learn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memento.config import LifeMemRetrievalConfig
+from memento.memory import Candidates
+from memento.policy import RewardFn, StaticPolicy, check_candidates, check_k
+from memento.types import Selection
+from policies.cfgm import base_rows, deterministic_selection, linked_rows, ranked_rows
+
+__all__ = ["LifeMemPolicy", "LifeMemRetrievalConfig"]
+
+
+class LifeMemPolicy(StaticPolicy):
+    """Same-environment trajectories and their clusters' skills (see the module docstring)."""
+
+    def __init__(self, config: LifeMemRetrievalConfig | None = None, *, reward_of: RewardFn | None = None):
+        self.config = config if config is not None else LifeMemRetrievalConfig()
+        self.reward_of = reward_of
+
+    def _rows(self, state_D: np.ndarray, candidates: Candidates, k: int) -> list[int]:
+        cfg = self.config
+        trajectories = base_rows(state_D, candidates, cfg.k_trajectories, self.reward_of)
+        skills = linked_rows(candidates, "skill", trajectories) if cfg.skills else []
+        rows = [*trajectories, *skills]
+        if not rows:
+            rows = ranked_rows(state_D, candidates, list(range(len(candidates))))
+        return rows[:k]
+
+    def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        state_D = check_candidates(state_D, candidates)
+        return deterministic_selection(candidates, self._rows(state_D, candidates, len(candidates)),
+                                       len(candidates)).probs_C
+
+    def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
+               greedy: bool = False) -> Selection:
+        state_D = check_candidates(state_D, candidates)
+        k = check_k(k, len(candidates))
+        return deterministic_selection(candidates, self._rows(state_D, candidates, k), k)
+
+    def __repr__(self) -> str:
+        return f"LifeMemPolicy({self.config})"
