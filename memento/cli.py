@@ -24,7 +24,14 @@ from memento.bench.select import format_table as format_select
 from memento.bench.serve import ServeBenchConfig, format_serve_table, run_serve_bench
 from memento.bench.train import TrainBenchConfig, run_train_bench
 from memento.bench.train import format_table as format_train
-from memento.cli_games import add_bench_games_parser, add_play_parser, cmd_bench_games, cmd_play
+from memento.cli_games import (
+    add_bench_games_parser,
+    add_bench_stream_parser,
+    add_play_parser,
+    cmd_bench_games,
+    cmd_bench_stream,
+    cmd_play,
+)
 from memento.compare import comparison_table, run_comparison
 from memento.config import (
     EncoderConfig,
@@ -252,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
 
     add_bench_games_parser(bench_cmds)
+    add_bench_stream_parser(bench_cmds)
 
     bsv = bench_cmds.add_parser(
         "serve", help="memento serve over HTTP at a large bank: select p50/p99 and throughput at 1 and 16 clients "
@@ -1103,6 +1111,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"results written to {args.json}")
     elif args.bench_command == "games":
         return cmd_bench_games(args)
+    elif args.bench_command == "stream":
+        return cmd_bench_stream(args)
     elif args.bench_command == "serve":
         serve_config = ServeBenchConfig(
             size=args.size, data=args.data, factory=args.factory, k=args.k, clients=tuple(args.clients),

@@ -13,7 +13,8 @@ from typing import Any, get_args
 
 from memento.config import field_default, from_dict, read_config_json
 
-__all__ = ["add_bench_games_parser", "add_play_parser", "cmd_bench_games", "cmd_play"]
+__all__ = ["add_bench_games_parser", "add_bench_stream_parser", "add_play_parser", "cmd_bench_games",
+           "cmd_bench_stream", "cmd_play"]
 
 _PLANNER_SPECS = "gemma | hf:PATH_OR_HUB_ID[@REV] | openai:MODEL@URL"
 
@@ -62,6 +63,18 @@ def add_play_parser(commands: Any) -> None:
                       help="choose cases at every step or once per episode (default: step)")
     play.add_argument("--max-steps", type=int, default=None,
                       help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
+    play.add_argument("--build", default=None, metavar="SYSTEMS",
+                      help="memory systems that build items: comma-separated cfgm, lifemem (default: none)")
+    play.add_argument("--items", choices=["cases", "all"], default=None,
+                      help="candidates: raw cases only, or with their linked tips, skills and focus points "
+                           "(default: cases)")
+    play.add_argument("--reflect", action="store_true",
+                      help="CFGM's key-information reflection at steps with an anomalous observation")
+    play.add_argument("--retries", type=int, default=None,
+                      help="CFGM's exploration: replay a failed game up to N more times with a reflection "
+                           "(default: 0)")
+    play.add_argument("--templates", metavar="JSON", default=None,
+                      help="a JSON file replacing builder prompt templates (memento.systems.llm.BuilderTemplates)")
     play.add_argument("--bank", metavar="DIR", default=None, help="a starting bank to copy (default: empty)")
     play.add_argument("--no-learn", action="store_true", help="the policy does not learn (evaluation)")
     play.add_argument("--no-retain", action="store_true", help="the bank retains nothing (evaluation)")
@@ -96,6 +109,22 @@ def _play_config(args: argparse.Namespace) -> Any:
         changes["learn"] = False
     if args.no_retain:
         changes["cases"] = "none"
+    systems: dict[str, Any] = {}
+    if args.build is not None:
+        systems["build"] = tuple(b.strip() for b in args.build.split(",") if b.strip())
+    if args.items is not None:
+        systems["items"] = args.items
+    if args.reflect:
+        systems["reflect"] = True
+    if args.retries is not None:
+        systems["retries"] = args.retries
+    if args.templates is not None:
+        from memento.systems.llm import BuilderTemplates
+
+        BuilderTemplates.from_json(args.templates)  # a bad file is one line now, before a model loads
+        systems["templates"] = args.templates
+    if systems:
+        changes["systems"] = dataclasses.replace(base.systems, **systems)
     return dataclasses.replace(base, **changes)
 
 
@@ -210,5 +239,56 @@ def cmd_bench_games(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     results = run_games_bench(config, out=args.json, workdir=args.workdir, progress=sys.stderr.isatty())
     print(format_games_table(results))
+    print(f"results written to {args.json}")
+    return 0
+
+
+def add_bench_stream_parser(bench_cmds: Any) -> None:
+    from memento.bench.stream import STREAM_ARMS, StreamBenchConfig
+
+    bs = bench_cmds.add_parser(
+        "stream", help="lifelong evaluation of memory systems over a stream of environments (OP, BwT)",
+        description="Per seed, stream order (grouped, random) and arm (" + ", ".join(STREAM_ARMS) + "): "
+                    "play the suite's train games as one stream (retaining, building memory items, learning), "
+                    "evaluate each environment's test games at its learned point (its last training game) and "
+                    "after the stream, frozen; report OP (mean final score), BwT (relative change from the "
+                    "learned point), final success and the builders' LLM calls and items per kind.")
+    d = {f.name: f.default for f in dataclasses.fields(StreamBenchConfig)}
+    bs.add_argument("--suite", default=None, help=f"shipped suite (default: {d['suite']})")
+    bs.add_argument("--arms", default=None, help=f"comma-separated arms (default: {','.join(d['arms'])})")
+    bs.add_argument("--orders", default=None, help=f"grouped, random (default: {','.join(d['orders'])})")
+    bs.add_argument("--seeds", type=int, nargs="+", default=None, help=f"seeds (default: {list(d['seeds'])})")
+    bs.add_argument("--eval-repeats", type=int, default=None,
+                    help=f"evaluation episodes per test game (default: {d['eval_repeats']})")
+    bs.add_argument("--max-steps", type=int, default=None, help=f"step limit (default: {d['max_steps']})")
+    bs.add_argument("--k", type=int, default=None, help=f"items per decision, the prompt budget (default: {d['k']})")
+    bs.add_argument("--candidates", type=int, default=None, help=f"candidate set size (default: {d['candidates']})")
+    bs.add_argument("--planner", default=None, metavar="SPEC", help=f"{_PLANNER_SPECS} (default: {d['planner']})")
+    bs.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
+    bs.add_argument("--resume", action="store_true", help="reuse finished runs in --workdir")
+    bs.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
+    bs.add_argument("--json", required=True, metavar="OUT", help="results file")
+
+
+def cmd_bench_stream(args: argparse.Namespace) -> int:
+    from memento.bench.stream import StreamBenchConfig, format_stream_table, run_stream_bench
+
+    given: dict[str, Any] = {}
+    for name in ("suite", "eval_repeats", "max_steps", "k", "candidates", "planner"):
+        if getattr(args, name) is not None:
+            given[name] = getattr(args, name)
+    if args.arms:
+        given["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if args.orders:
+        given["orders"] = tuple(o.strip() for o in args.orders.split(",") if o.strip())
+    if args.seeds:
+        given["seeds"] = tuple(args.seeds)
+    config = StreamBenchConfig(resume=args.resume, **given)
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    results = run_stream_bench(config, out=args.json, workdir=args.workdir, progress=sys.stderr.isatty())
+    print(format_stream_table(results))
     print(f"results written to {args.json}")
     return 0

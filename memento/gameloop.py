@@ -96,6 +96,7 @@ from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.systems.runtime import MemorySystems, SystemsConfig, split_notes
 from memento.types import Case, Selection
 
 __all__ = [
@@ -171,6 +172,9 @@ class GameLoopConfig:
       text bounds, hidden commands, what a command that is not admissible does); the loop's default is 15 steps,
       one past step in the state text and 700 characters, so a prompt with two cases stays near 300 tokens;
     - ``actor``: how the frozen LLM picks a command (:class:`~memento.actor.ActorConfig`);
+    - ``systems``: the memory systems built and shown (:class:`~memento.systems.runtime.SystemsConfig`: CFGM's
+      focus points, tips, reflection and retries, LifeMem's clusters and skills, candidates over raw cases or over
+      every kind); the default builds nothing and shows raw cases, as every earlier run did;
     - ``seed``; ``index``: the faiss factory of a new bank; ``window``: episodes per moving-average window;
       ``checkpoint_every``: steps between checkpoints (0: only at the end); ``tensorboard``: event files
       under ``out_dir/tb``.
@@ -190,6 +194,7 @@ class GameLoopConfig:
     game: TextWorldConfig = dataclasses.field(default_factory=lambda: TextWorldConfig(
         max_steps=15, history=1, max_state_chars=700))
     actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     seed: int = 0
     shuffle: bool = True
     index: str = "Flat"
@@ -211,6 +216,7 @@ class GameLoopConfig:
         check_float(self, "case_gamma", low=0.0, high=1.0)
         check(isinstance(self.game, TextWorldConfig), cls, "game", self.game, "must be a TextWorldConfig")
         check(isinstance(self.actor, ActorConfig), cls, "actor", self.actor, "must be an ActorConfig")
+        check(isinstance(self.systems, SystemsConfig), cls, "systems", self.systems, "must be a SystemsConfig")
         check_int(self, "seed", 0)
         check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
               "must be a non-empty faiss factory string")
@@ -307,19 +313,20 @@ class _Step:
     reward: float
     invalid: bool
     source: str
+    correction: str | None = None  # systems.reflect: the reflection on this step's anomalous observation
     # not saved: recomputed from ``text`` and the (unchanged) bank on resume
     state_D: np.ndarray | None = None
     candidates: Candidates | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "selection": _selection_to_json(self.selection), "command": self.command,
-                "reward": self.reward, "invalid": self.invalid, "source": self.source}
+                "reward": self.reward, "invalid": self.invalid, "source": self.source, "correction": self.correction}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> _Step:
         return cls(text=str(data["text"]), selection=_selection_from_json(data["selection"]),
                    command=str(data["command"]), reward=float(data["reward"]), invalid=bool(data["invalid"]),
-                   source=str(data["source"]))
+                   source=str(data["source"]), correction=data.get("correction"))
 
 
 @dataclasses.dataclass
@@ -333,6 +340,8 @@ class _Episode:
     selection: Selection | None = None  # retrieval="episode": the episode's one choice
     plan: str | None = None  # GameLoopConfig.plan: the planner's plan of subgoals, written at the first step
     start_step: int = 0  # the run's step count when the episode began
+    attempt: int = 0  # systems.retries: 0 for a game's first attempt, then 1, 2, ...
+    reflection: str | None = None  # systems.retries: the reflection on the failed previous attempt
     started: float = 0.0  # wall seconds spent on it before this process (a resumed episode)
 
     @property
@@ -342,7 +351,7 @@ class _Episode:
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "game": self.game, "steps": [s.to_json() for s in self.steps],
                 "tried": self.tried, "selection": _selection_to_json(self.selection), "plan": self.plan,
-                "start_step": self.start_step,
+                "start_step": self.start_step, "attempt": self.attempt, "reflection": self.reflection,
                 "wall_s": self.started}
 
     @classmethod
@@ -351,7 +360,8 @@ class _Episode:
                    steps=[_Step.from_json(s) for s in data["steps"]],
                    tried={str(k): [str(c) for c in v] for k, v in data["tried"].items()},
                    selection=_selection_from_json(data["selection"]), plan=data.get("plan"),
-                   start_step=int(data["start_step"]),
+                   start_step=int(data["start_step"]), attempt=int(data.get("attempt", 0)),
+                   reflection=data.get("reflection"),
                    started=float(data.get("wall_s", 0.0)))
 
 
@@ -509,6 +519,8 @@ class GameLoop:
         else:
             bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=use_gpu_for(self.device))
         try:
+            self.systems = MemorySystems(cfg.systems, planner=self.planner, encode=self._encode,
+                                         cache_path=self.out_dir / "memory_calls.jsonl")
             self.policy = self._build_policy(seeds, bank)
             in_progress = None
             if ckpt is None:
@@ -518,6 +530,7 @@ class GameLoop:
                 self.run_dir.episodes.write_bytes(b"")
             else:
                 in_progress = self._restore(ckpt, bank)
+            self.systems.open(bank)
             self._write_run_info()
             return self._loop(bank, in_progress, started, resumed_from=None if ckpt is None else self.step)
         finally:
@@ -558,9 +571,7 @@ class GameLoop:
                     self.run_dir.episodes.open("a", encoding="utf-8") as episodes_handle:
                 handles = (steps_handle, episodes_handle)
                 while self.episode_index < cfg.episodes:
-                    episode = in_progress or _Episode(index=self.episode_index,
-                                                      game=int(self.order[self.episode_index]),
-                                                      start_step=self.step)
+                    episode = in_progress or self._next_episode()
                     in_progress = None
                     self._play(bank, episode, handles)
                     bar.update(1)
@@ -581,6 +592,15 @@ class GameLoop:
 
     _checkpointed_at_end = False
 
+    def _next_episode(self) -> _Episode:
+        """The next episode: the next game of the order, or (``systems.retries``) the failed game again."""
+        last = self.episode_log[-1] if self.episode_log else None
+        if last is not None and last.get("retry") is not None:
+            return _Episode(index=self.episode_index, game=int(last["game_index"]), start_step=self.step,
+                            attempt=int(last["attempt"]) + 1, reflection=str(last["retry"]))
+        cursor = sum(1 for e in self.episode_log if int(e.get("attempt", 0)) == 0)
+        return _Episode(index=self.episode_index, game=int(self.order[cursor]), start_step=self.step)
+
     def _timed_checkpoint(self, bank: CaseBank, handles: tuple[Any, Any], episode: _Episode | None) -> None:
         t0 = time.perf_counter()
         self._checkpoint(bank, handles, episode)
@@ -593,7 +613,11 @@ class GameLoop:
         """The top-C cases by cosine (of the game's own type with ``same_env``); ``None`` when there is none."""
         if not len(bank):
             return None
-        cands = bank.candidates(state_D, self.config.candidates, env=self._env_name if self.config.same_env else None)
+        env = self._env_name if self.config.same_env else None
+        if self.config.systems.active:
+            cands = self.systems.candidates(bank, state_D, self.config.candidates, env=env)
+        else:
+            cands = bank.candidates(state_D, self.config.candidates, env=env)
         return cands if len(cands) else None
 
     def _decide(self, bank: CaseBank, state_D: np.ndarray, ms: dict[str, float],
@@ -625,6 +649,10 @@ class GameLoop:
             t0 = clock()
             state = env.replay(episode.commands) if episode.steps else env.reset()
             ms["env"] += clock() - t0
+            if not episode.steps and cfg.learn:  # CFGM's focus point, before the environment's first episode
+                t0 = clock()
+                self.systems.before_episode(bank, env.env, state.objective, state.admissible)
+                ms["retain"] += clock() - t0
             if episode.steps:  # resumed mid-episode: the step vectors and candidates from the texts
                 t0 = clock()
                 vectors_TD = self._encode([s.text for s in episode.steps])
@@ -640,12 +668,19 @@ class GameLoop:
                 state_D = self._encode([text])[0]
                 ms["encode"] += clock() - t0
                 cands, sel = self._decide(bank, state_D, ms, episode, first=not episode.steps)
-                shown = [prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None else []
+                shown, notes = split_notes([prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None
+                                           else [])
+                if episode.reflection:
+                    notes.insert(0, f"Reflection: {episode.reflection}")
+                if episode.steps and episode.steps[-1].correction:
+                    notes.append(f"Correction: {episode.steps[-1].correction}")
                 key = _tried_key(state)
                 t0 = clock()
                 if cfg.plan and not episode.steps:  # the planner/executor split: one plan per episode
                     episode.plan = self._plan(text, shown, f"{env.name}#{episode.index}")
                 shown_text = text if not episode.plan else f"Plan: {episode.plan}\n{text}"
+                if notes:
+                    shown_text = "\n".join(notes) + "\n" + shown_text
                 choice = self.actor.act(shown_text, state.admissible, shown, rng=self.actor_rng,
                                         tried=episode.tried.get(key, ()), task_id=f"{env.name}#{episode.index}")
                 ms["act"] += clock() - t0
@@ -655,6 +690,14 @@ class GameLoop:
                 episode.tried.setdefault(key, []).append(choice.command)
                 step = _Step(text=text, selection=sel, command=choice.command, reward=float(result.reward),
                              invalid=bool(result.invalid), source=choice.source, state_D=state_D, candidates=cands)
+                if cfg.systems.reflect and not result.state.done:
+                    t0 = clock()
+                    history = [(s.command, "") for s in episode.steps] + [(choice.command,
+                                                                           result.state.observation)]
+                    step.correction = self.systems.reflect_step(state.objective, history,
+                                                                result.state.admissible,
+                                                                score=float(result.state.score))
+                    ms["act"] += clock() - t0
                 episode.steps.append(step)
                 self.counters["invalid"] += int(result.invalid)
                 self.counters["unusable"] += int(choice.unusable)
@@ -759,7 +802,10 @@ class GameLoop:
         if not new_cases:
             return
         before = len(bank)
-        bank.add(new_cases, np.stack(vectors))
+        ids = bank.add(new_cases, np.stack(vectors))
+        if cfg.cases in ("episode", "both") and ids[-1] not in self.systems.graph:  # a new trajectory
+            self._episode_case_id = ids[-1]
+        self.systems.added(new_cases, ids)
         self.counters["retained"] += len(bank) - before
         self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
 
@@ -778,7 +824,11 @@ class GameLoop:
             for obs in observations:  # the case features' usage statistics: the episode's outcome per showing
                 # logged at the episode's last step (< the next checkpoint's step, >= any checkpoint inside it)
                 bank.record_usage(self.step - 1, list(obs.selection.ids), float(final.normalized_score))
+        self._episode_case_id: str | None = None
         self._retain(bank, episode, final, game, env_name)
+        retry = None
+        if cfg.learn:
+            retry = self._build(bank, episode, final, game, env_name)
         ms["retain"] += clock() - t0
         record = {"episode": episode.index, "game": game, "env": env_name, "won": bool(final.won),
                   "lost": bool(final.lost), "score": int(final.score), "max_score": int(final.max_score),
@@ -787,7 +837,8 @@ class GameLoop:
                   "from_case": sum(s.source == "case" for s in episode.steps),
                   "invalid": sum(s.invalid for s in episode.steps), "bank_size": bank_before,
                   "loss": metrics.get("loss"), "updates": int(self.policy.version), "first_step": episode.start_step,
-                  "wall_s": round(episode.started + clock() - t_start, 4), "commands": episode.commands}
+                  "wall_s": round(episode.started + clock() - t_start, 4), "commands": episode.commands,
+                  "game_index": episode.game, "attempt": episode.attempt, "retry": retry}
         t0 = clock()
         handles[1].write(json.dumps(record, ensure_ascii=False) + "\n")
         handles[1].flush()
@@ -811,6 +862,17 @@ class GameLoop:
         crossed = every and self.step // every > episode.start_step // every
         if self.episode_index == cfg.episodes or crossed:
             self._timed_checkpoint(bank, handles, None)
+
+    def _build(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> str | None:
+        """The memory systems' builds after an episode; returns the reflection for a retry of the game (or None)."""
+        systems = self.systems
+        systems.after_episode(bank, self._episode_case_id)
+        retries = self.config.systems.retries
+        if retries and not final.won and episode.attempt < retries and self.episode_index + 1 < self.config.episodes:
+            history = list(final.history) or [(c, "") for c in episode.commands]
+            return systems.retry_note(final.objective, history, final.admissible)
+        systems.after_attempts(bank, game=game, env=env_name, task=final.objective)
+        return None
 
     def _write_ms(self, ms: dict[str, float]) -> None:
         for name, seconds in ms.items():
@@ -846,6 +908,7 @@ class GameLoop:
             "seed": cfg.seed, "k": cfg.k, "candidates": cfg.candidates, "retrieval": cfg.retrieval,
             "memory": cfg.memory, "learn": cfg.learn, "resumed_from": resumed_from, "wall_s": wall_s,
             "selector": RunDir.SELECTOR if has_model else None,
+            **({"systems": self.systems.stats()} if cfg.systems.active else {}),
         }
 
 

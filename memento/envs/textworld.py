@@ -121,6 +121,18 @@ SUITE_TABLE: dict[str, tuple[str, dict[str, tuple[tuple[GameType, int, int], ...
                     ("treasure", 6, 311), ("treasure", 7, 312), ("treasure", 8, 313)),
         },
     ),
+    "tw-stream": (
+        "A stream of three environments for lifelong evaluation (memento bench stream): coin collector (levels "
+        "4-6), treasure hunter (levels 2-4) and custom quests of 3 commands in 2 rooms; train 3 and test 2 games "
+        "of each.",
+        {
+            "train": (("coin", 4, 401), ("coin", 5, 402), ("coin", 6, 403),
+                      ("treasure", 2, 411), ("treasure", 3, 412), ("treasure", 4, 413),
+                      ("custom", 3, 421), ("custom", 3, 422), ("custom", 3, 423)),
+            "test": (("coin", 5, 501), ("coin", 6, 502), ("treasure", 3, 511), ("treasure", 4, 512),
+                     ("custom", 3, 521), ("custom", 3, 522)),
+        },
+    ),
 }
 
 _CHALLENGE = {"coin": "tw-coin_collector", "treasure": "tw-treasure_hunter", "simple": "tw-simple",

@@ -1,0 +1,291 @@
+"""``memento bench stream``: lifelong evaluation of memory systems over a stream of environments.
+
+For each seed, each stream **order** (``grouped``, ``random``: :func:`memento.lifelong.stream_order` over the
+suite's train games grouped by environment, the game type) and each **arm**:
+
+- ``none``: no memory;
+- ``similarity``: the K nearest raw cases with a stored return > 0 (Memento's non-parametric retrieval);
+- ``cfgm``: CFGM's builders (focus point per environment, contrastive tips per game, key-information reflection
+  at anomalous steps) and its dual-channel retrieval (``policies.cfgm``);
+- ``lifemem``: LifeMem's builders (workflow clusters with adaptive split, skills) and its environment-aligned
+  retrieval (``policies.lifemem``);
+- ``soft_q-all``: both systems' builders and soft-Q (``gamma = 0``) choosing among every kind (raw cases, focus
+  points, tips, skills: the Q-network sees the kind);
+
+the arm **trains** on the stream: one game run (:class:`memento.gameloop.GameLoop`) that plays the stream's
+games in order, one episode each, retaining, building and learning; at each environment's **learned point** (its
+last training game) the run pauses (it is resumed afterwards with the same run directory, exactly) and the
+environment's test games are **evaluated** with the bank and policy of that moment, frozen (no retention, no
+building, no learning; the actor still samples); after the stream, every environment's test games are evaluated
+again. Each arm shows at most K items per decision (the prompt budget), each cut to the same characters.
+Reported per arm and order: OP (mean final normalised score over environments) and BwT (relative change from the
+learned point to the end; :func:`memento.lifelong.lifelong_metrics`), the final success rate, the memory
+builders' LLM calls, seconds and items per kind, as the mean over seeds with a 95% t-interval, and the random
+minus grouped difference (the effect of stream order).
+
+CFGM's exploration retries are off in the stream (every arm plays each training game once, so the arms see the
+same tasks for the same budget); ``memento play`` runs them (``SystemsConfig.retries``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memento.bench.bank import _environment, _write
+from memento.bench.games import _frozen, t_interval
+from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, check, check_int
+from memento.errors import ConfigError
+from memento.lifelong import learned_points, lifelong_metrics, stream_order
+
+__all__ = ["STREAM_ARMS", "StreamBenchConfig", "format_stream_table", "game_env", "run_stream_bench",
+           "stream_arm"]
+
+logger = logging.getLogger(__name__)
+
+STREAM_ARMS = ("none", "similarity", "cfgm", "lifemem", "soft_q-all")
+
+
+def stream_arm(arm: str) -> tuple[bool, Any, Any]:
+    """``(memory, policy config, SystemsConfig)`` of a stream arm (see the module docstring)."""
+    from memento.gameloop import game_policy
+    from memento.systems.runtime import SystemsConfig
+
+    match arm:
+        case "none":
+            return False, game_policy("random"), SystemsConfig()
+        case "similarity":
+            return True, game_policy("similarity"), SystemsConfig()
+        case "cfgm":
+            return True, CFGMRetrievalConfig(), SystemsConfig(build=("cfgm",), items="all", reflect=True)
+        case "lifemem":
+            return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
+        case "soft_q-all":
+            return True, game_policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=True)
+    raise ConfigError(f"stream arm {arm!r}: choose one of {', '.join(STREAM_ARMS)}")
+
+
+def game_env(path: Path) -> str:
+    """A suite game's environment (its game type: the file name's first part, ``coin-l5-s401.z8`` -> coin)."""
+    return path.name.split("-", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StreamBenchConfig:
+    """One stream benchmark (see the module docstring)."""
+
+    suite: str = "tw-stream"
+    arms: tuple[str, ...] = STREAM_ARMS
+    orders: tuple[str, ...] = ("grouped", "random")
+    seeds: tuple[int, ...] = (0,)
+    eval_repeats: int = 1
+    max_steps: int = 15
+    k: int = 4
+    candidates: int = 16
+    case_weight: float = 0.5
+    planner: str = "gemma"
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check(bool(self.arms), cls, "arms", self.arms, "must name at least one arm")
+        for arm in self.arms:
+            stream_arm(arm)
+        check(bool(self.orders) and all(o in ("grouped", "random") for o in self.orders), cls, "orders",
+              self.orders, "must be grouped and/or random")
+        check(bool(self.seeds) and all(isinstance(s, int) and s >= 0 for s in self.seeds), cls, "seeds",
+              self.seeds, "must be non-negative integers")
+        check_int(self, "eval_repeats", 1)
+        check_int(self, "max_steps", 1)
+        check_int(self, "k", 1)
+        check_int(self, "candidates", 1)
+        check(isinstance(self.case_weight, (int, float)) and 0.0 <= self.case_weight <= 1.0, cls, "case_weight",
+              self.case_weight, "must be in [0, 1]")
+
+
+def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str | Path | None = None,
+                     planner: Any | None = None, encoder: Any | None = None, progress: bool = False,
+                     games: dict[str, list[Path]] | None = None) -> dict[str, Any]:
+    """Run the benchmark; the JSON at ``out`` is rewritten after every arm. ``games``: split -> game files
+    (default: the suite's, generated on first use)."""
+    from memento.actor import ActorConfig
+    from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
+    from memento.gameloop import GameLoopConfig, run_games
+    from policies import make_policy
+
+    if games is None:
+        if config.suite not in SUITES:
+            raise ConfigError(f"suite {config.suite!r}: unknown; known: {', '.join(sorted(SUITES))}")
+        games = build_suite(config.suite, splits=("train", "test"), progress=progress)
+    for split in ("train", "test"):
+        if not games.get(split):
+            raise ConfigError(f"the stream needs {split} games")
+    train_by_env: dict[str, list[Path]] = {}
+    for path in games["train"]:
+        train_by_env.setdefault(game_env(Path(path)), []).append(Path(path))
+    test_by_env: dict[str, list[Path]] = {}
+    for path in games["test"]:
+        test_by_env.setdefault(game_env(Path(path)), []).append(Path(path))
+    missing = sorted(set(train_by_env) - set(test_by_env))
+    if missing:
+        raise ConfigError(f"environment(s) {missing} have train games but no test game")
+    if encoder is None:
+        from memento.encoders import Encoder
+
+        encoder = Encoder.from_pretrained()
+    if planner is None:
+        from memento.planners.spec import build_planner, parse_planner_spec
+
+        planner = build_planner(parse_planner_spec(config.planner))
+    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-stream-"))
+    root.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"benchmark": "stream", "config": dataclasses.asdict(config),
+                               "environment": _environment(), "planner": repr(planner),
+                               "envs": {e: len(v) for e, v in train_by_env.items()},
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
+    game = TextWorldConfig(max_steps=config.max_steps)
+    common = dict(make_policy=make_policy, encoder=encoder, planner=planner, progress=progress)
+    try:
+        for seed in config.seeds:
+            for order in config.orders:
+                stream = stream_order(train_by_env, order, np.random.default_rng([seed, 7]))  # type: ignore[arg-type]
+                points = learned_points(stream)
+                stream_games = [path for _, path in stream]
+                for arm in config.arms:
+                    memory, policy, systems = stream_arm(arm)
+                    base = GameLoopConfig(k=config.k, candidates=config.candidates, policy=policy, memory=memory,
+                                          game=game, seed=seed, checkpoint_every=0, tensorboard=False,
+                                          systems=systems, actor=ActorConfig(case_weight=float(config.case_weight)))
+                    run_root = root / f"seed-{seed}" / order / arm
+                    entry = _arm(config, base, run_root, stream, points, stream_games, test_by_env, run_games,
+                                 common)
+                    results["runs"].setdefault(str(seed), {}).setdefault(order, {})[arm] = entry
+                    results["summary"] = summarize_stream(results["runs"], config)
+                    _write(out, results)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    results["summary"] = summarize_stream(results["runs"], config)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    _write(out, results)
+    return results
+
+
+def _eval(config: StreamBenchConfig, base: Any, out_dir: Path, tests: list[Path], bank_dir: Path | None,
+          selector: Path | None, run_games: Any, common: dict[str, Any]) -> dict[str, Any]:
+    if config.resume and (out_dir / "summary.json").is_file():
+        from memento.rundir import read_json
+
+        return read_json(out_dir / "summary.json")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    eval_cfg = dataclasses.replace(base, episodes=config.eval_repeats * len(tests), shuffle=False, learn=False,
+                                   cases="none", policy=_frozen(base.policy, selector) if selector else base.policy)
+    return run_games(eval_cfg, out_dir=out_dir, games=tests, bank_dir=bank_dir, **common)
+
+
+def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tuple[str, Path]],
+         points: dict[str, int], stream_games: list[Path], test_by_env: dict[str, list[Path]], run_games: Any,
+         common: dict[str, Any]) -> dict[str, Any]:
+    train_dir = run_root / "train"
+    learned: dict[str, float] = {}
+    learned_success: dict[str, float] = {}
+    train_summary: dict[str, Any] | None = None
+    if base.memory:
+        ends = sorted(set(points.values()))
+        for end in ends:
+            envs = [env for env, point in points.items() if point == end]
+            train_cfg = dataclasses.replace(base, episodes=end + 1, shuffle=False)
+            resume = (train_dir / "checkpoint").exists() if not config.resume else True
+            if not resume and train_dir.exists():
+                shutil.rmtree(train_dir)
+            train_summary = run_games(train_cfg, out_dir=train_dir, games=stream_games, resume=resume, **common)
+            selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
+            for env in envs:
+                summary = _eval(config, base, run_root / f"learned-{env}", test_by_env[env], train_dir / "bank",
+                                selector, run_games, common)
+                learned[env], learned_success[env] = summary["mean_score"], summary["success_rate"]
+        selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
+        bank_dir: Path | None = train_dir / "bank"
+    else:
+        selector, bank_dir = None, None
+    final: dict[str, float] = {}
+    final_success: dict[str, float] = {}
+    for env, tests in sorted(test_by_env.items()):
+        if env not in points:
+            continue
+        summary = _eval(config, base, run_root / f"final-{env}", tests, bank_dir, selector, run_games, common)
+        final[env], final_success[env] = summary["mean_score"], summary["success_rate"]
+    if not base.memory:  # no memory: nothing is learned, the learned point is the final one
+        learned, learned_success = dict(final), dict(final_success)
+    metrics = lifelong_metrics(learned, final)
+    entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
+             "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
+             "final_success": float(np.mean(list(final_success.values()))),
+             "learned_success": float(np.mean(list(learned_success.values()))),
+             "stream": [f"{env}:{path.stem}" for env, path in stream]}
+    if train_summary is not None:
+        entry["train"] = {k: train_summary.get(k) for k in ("success_rate", "mean_score", "bank_size_end",
+                                                               "s_per_episode", "wall_s", "systems")}
+    return entry
+
+
+def summarize_stream(runs: dict[str, dict[str, dict[str, Any]]], config: StreamBenchConfig) -> dict[str, Any]:
+    """Per order and arm: OP, BwT, final success (mean and 95% t-interval over seeds); random minus grouped."""
+    seeds = sorted(runs, key=int)
+    out: dict[str, Any] = {}
+    for order in config.orders:
+        table: dict[str, Any] = {}
+        for arm in config.arms:
+            rows = [runs[s][order][arm] for s in seeds if arm in runs[s].get(order, {})]
+            if not rows:
+                continue
+            table[arm] = {m: t_interval([r[m] for r in rows if r[m] is not None])
+                          for m in ("op", "bwt", "bwt_abs", "final_success", "learned_success")}
+            calls = [r.get("train", {}).get("systems", {}) or {} for r in rows]
+            llm = [c.get("llm", {}) for c in calls if c.get("llm")]
+            if llm:
+                table[arm]["llm_calls"] = float(np.mean([x["calls"] for x in llm]))
+                table[arm]["llm_s"] = float(np.mean([x["wall_s"] for x in llm]))
+                table[arm]["items"] = calls[0].get("active_by_kind", {})
+        out[order] = table
+    if {"grouped", "random"} <= set(config.orders):
+        diff: dict[str, Any] = {}
+        for arm in config.arms:
+            paired = [runs[s]["random"][arm]["op"] - runs[s]["grouped"][arm]["op"] for s in seeds
+                      if arm in runs[s].get("random", {}) and arm in runs[s].get("grouped", {})]
+            if paired:
+                diff[arm] = t_interval(paired)
+        out["random_minus_grouped_op"] = diff
+    return out
+
+
+def _cell(row: dict[str, Any], metric: str) -> str:
+    v = row.get(metric)
+    return f"{v['mean']:.3f}+-{v['ci95']:.3f}" if v and v.get("n") else "-"
+
+
+def format_stream_table(results: dict[str, Any]) -> str:
+    """A plain-text table of the summary (the JSON holds everything)."""
+    summary = results.get("summary", {})
+    lines = []
+    for order, table in summary.items():
+        if order == "random_minus_grouped_op" or not isinstance(table, dict):
+            continue
+        lines.append(f"{order}:")
+        lines.append(f"  {'arm':<12} {'OP':>14} {'BwT':>14} {'final won':>14} {'LLM calls':>10}")
+        for arm, row in table.items():
+            calls = row.get("llm_calls")
+            lines.append(f"  {arm:<12} {_cell(row, 'op'):>14} {_cell(row, 'bwt'):>14} "
+                         f"{_cell(row, 'final_success'):>14} {'-' if calls is None else f'{calls:.0f}':>10}")
+    diff = summary.get("random_minus_grouped_op")
+    if diff:
+        lines.append("random - grouped OP: " + ", ".join(f"{a} {v['mean']:+.3f}" for a, v in diff.items()))
+    return "\n".join(lines)

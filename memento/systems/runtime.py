@@ -1,0 +1,231 @@
+"""The memory systems inside a run: which builders run when, over the run's bank, with the run's planner.
+
+:class:`SystemsConfig` (``GameLoopConfig.systems``) says what a run builds and shows:
+
+- ``build``: the builders that run (``"cfgm"``: a focus point per environment before its first episode and the
+  tips of each game after its attempts, the first time it has a success; ``"lifemem"``: each new episode
+  trajectory joins a workflow cluster, clusters split and distil skills); ``()`` builds nothing;
+- ``items``: the candidates a policy chooses from: ``"cases"``, the raw cases only (every earlier run's
+  behaviour); ``"all"``, the nearest entries expanded with their linked items
+  (:func:`memento.systems.expand.expand_candidates`);
+- ``reflect``: CFGM's key-information reflection at every step whose observation is anomalous (the correction
+  is shown at the next step);
+- ``retries``: CFGM's exploration: a lost or unfinished episode of a game is played again, up to ``retries``
+  more times, with a reflection on the failed attempt shown at every step (each attempt is one episode of the
+  run);
+- ``cfgm`` / ``lifemem``: the builders' settings; ``templates``: a JSON file replacing builder prompts
+  (:class:`memento.systems.llm.BuilderTemplates`); ``max_new_tokens``: the reply length a builder asks of a
+  transformers planner (its own answer length is usually a few tokens).
+
+:class:`MemorySystems` holds the builders and the provenance graph of one open bank; the LLM's replies are cached
+in the run directory (``memory_calls.jsonl``) so a resumed run does not pay for them twice, and
+:meth:`MemorySystems.stats` reports calls, cache hits, seconds and items built per kind (in ``summary.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from memento.config import check, check_int
+from memento.errors import ConfigError, ReplyFormatError
+from memento.memory import Candidates, CaseBank
+from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point, retry_reflection
+from memento.systems.expand import ItemCandidates, expand_candidates
+from memento.systems.items import ItemGraph
+from memento.systems.lifemem import LifeMemConfig, WorkflowClusters
+from memento.systems.llm import BuilderTemplates, MemoryLLM
+from memento.types import Case
+
+__all__ = ["Builder", "ItemsChoice", "MemorySystems", "SystemsConfig", "split_notes"]
+
+logger = logging.getLogger(__name__)
+
+Builder = Literal["cfgm", "lifemem"]
+ItemsChoice = Literal["cases", "all"]
+
+NOTE_LABELS = {"focus": "Guidance", "tip": "Tip", "skill": "Rule"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SystemsConfig:
+    """What a run builds and shows (see the module docstring)."""
+
+    build: tuple[Builder, ...] = ()
+    items: ItemsChoice = "cases"
+    reflect: bool = False
+    retries: int = 0
+    cfgm: CFGMConfig = dataclasses.field(default_factory=CFGMConfig)
+    lifemem: LifeMemConfig = dataclasses.field(default_factory=LifeMemConfig)
+    templates: str | None = None
+    max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        build = tuple(self.build) if isinstance(self.build, (list, tuple)) else self.build
+        check(isinstance(build, tuple) and all(b in get_args(Builder) for b in build), cls, "build", self.build,
+              f"must be a list of {get_args(Builder)}")
+        object.__setattr__(self, "build", tuple(dict.fromkeys(build)))
+        check(self.items in get_args(ItemsChoice), cls, "items", self.items, f"must be one of {get_args(ItemsChoice)}")
+        check(isinstance(self.reflect, bool), cls, "reflect", self.reflect, "must be true or false")
+        check_int(self, "retries", 0)
+        check_int(self, "max_new_tokens", 1)
+        check(isinstance(self.cfgm, CFGMConfig), cls, "cfgm", self.cfgm, "must be a CFGMConfig")
+        check(isinstance(self.lifemem, LifeMemConfig), cls, "lifemem", self.lifemem, "must be a LifeMemConfig")
+        check(self.templates is None or (isinstance(self.templates, str) and bool(self.templates.strip())), cls,
+              "templates", self.templates, "must be a JSON file path or null")
+
+    @property
+    def active(self) -> bool:
+        """Anything to do beyond the plain loop."""
+        return bool(self.build) or self.items != "cases" or self.reflect or self.retries > 0
+
+    @property
+    def needs_llm(self) -> bool:
+        return bool(self.build) or self.reflect or self.retries > 0
+
+
+def split_notes(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:
+    """The raw cases (demonstrations, proposals) and the notes (focus points, tips, skills) of a selection."""
+    raw, notes = [], []
+    for case in cases:
+        if case.kind == "case":
+            raw.append(case)
+        else:
+            label = NOTE_LABELS.get(case.kind, case.kind.capitalize())
+            lines = [line.strip().lstrip("-").strip() for line in case.action.splitlines() if line.strip()]
+            notes.extend(f"{label}: {line}" for line in lines)
+    return raw, notes
+
+
+def builder_planner(planner: Any, max_new_tokens: int) -> Any:
+    """The planner a builder asks: a transformers planner with a longer answer; any other planner as it is."""
+    replace = getattr(planner, "replace", None)
+    if callable(replace) and hasattr(planner, "config") and hasattr(planner.config, "max_new_tokens"):
+        try:
+            return replace(max_new_tokens=max(max_new_tokens, planner.config.max_new_tokens))
+        except (TypeError, ConfigError):
+            return planner
+    return planner
+
+
+class MemorySystems:
+    """The builders, the LLM and the provenance graph of one run (see the module docstring)."""
+
+    def __init__(self, config: SystemsConfig, *, planner: Any, encode: Callable[[list[str]], np.ndarray],
+                 cache_path: str | Path | None):
+        self.config = config
+        self.encode = encode
+        templates = BuilderTemplates() if config.templates is None else BuilderTemplates.from_json(config.templates)
+        self.llm = MemoryLLM(builder_planner(planner, config.max_new_tokens), templates=templates,
+                             cache_path=cache_path) if config.needs_llm else None
+        self.graph = ItemGraph()
+        self.clusters: WorkflowClusters | None = None
+        self.kir = KeyInfoReflection(self.llm, config=config.cfgm) if config.reflect and self.llm else None
+        self.built: dict[str, int] = {}
+
+    def open(self, bank: CaseBank) -> None:
+        """(Re)read the bank's links (after it was opened, created or truncated back to a checkpoint)."""
+        self.graph = ItemGraph.from_bank(bank)
+        self.graph.check()
+        if "lifemem" in self.config.build and self.llm is not None:
+            self.clusters = WorkflowClusters(self.llm, bank, self.config.lifemem, graph=self.graph)
+
+    def added(self, cases: Sequence[Case], ids: Sequence[str]) -> None:
+        """Record cases the loop added to the bank (the ids ``bank.add`` returned)."""
+        for case, case_id in zip(cases, ids):
+            if case_id not in self.graph:
+                self.graph.add(dataclasses.replace(case, id=case_id))
+
+    def _add_items(self, bank: CaseBank, items: list[Case], vectors_ND: np.ndarray | None = None) -> list[str]:
+        if not items:
+            return []
+        if vectors_ND is None:
+            vectors_ND = self.encode([item.state for item in items])
+        ids = bank.add(items, vectors_ND)
+        self.added(items, ids)
+        for item in items:
+            self.built[item.kind] = self.built.get(item.kind, 0) + 1
+        return ids
+
+    # ------------------------------------------------------------------ candidates
+
+    def candidates(self, bank: CaseBank, state_D: np.ndarray, c: int, *, env: str | None) -> Candidates:
+        """The candidates a policy chooses from (raw cases, or expanded with items)."""
+        if self.config.items == "cases":
+            return bank.candidates(state_D, c, env=env, kind="case")
+        base = bank.candidates(state_D, c, env=env)
+        return expand_candidates(bank, self.graph, state_D, base, env=env)
+
+    # ------------------------------------------------------------------ hooks
+
+    def before_episode(self, bank: CaseBank, env: str, objective: str, admissible: Sequence[str]) -> None:
+        """CFGM: the environment's focus point, once, before its first episode."""
+        if "cfgm" not in self.config.build or self.llm is None or self.graph.active("focus", env=env):
+            return
+        item = focus_point(self.llm, env, objective, [f"> {c}" for c in list(admissible)[:8]], self.config.cfgm)
+        if item is not None:
+            self._add_items(bank, [item])
+
+    def reflect_step(self, goal: str, history: Sequence[tuple[str, str]], candidates: Sequence[str],
+                     score: float | None = None) -> str | None:
+        """CFGM's key-information reflection: a correction when the latest observation is anomalous."""
+        if self.kir is None:
+            return None
+        return self.kir.reflect(goal, history, candidates, score=score)
+
+    def retry_note(self, goal: str, history: Sequence[tuple[str, str]], candidates: Sequence[str]) -> str:
+        """The reflection on a failed attempt, shown while the game is played again."""
+        assert self.llm is not None
+        return retry_reflection(self.llm, goal, history, candidates, self.config.cfgm)
+
+    def after_attempts(self, bank: CaseBank, *, game: str, env: str, task: str) -> None:
+        """CFGM: the tips of ``game`` from its episode cases, once it has a success (first time only)."""
+        if "cfgm" not in self.config.build or self.llm is None:
+            return
+        episodes = [c for c in self.graph.active("case", env=env)
+                    if c.meta.get("granularity") == "episode" and c.meta.get("game") == game]
+        if any(tip.meta.get("task") == game for tip in self.graph.active("tip", env=env)):
+            return
+        successes = [c for c in episodes if c.meta.get("won")]
+        failures = [c for c in episodes if not c.meta.get("won")]
+        if not successes:
+            return
+        tips = build_tips(self.llm, task, env, successes, failures, self.config.cfgm, task_key=game)
+        if tips:
+            self._add_items(bank, tips, np.repeat(bank.embeddings([successes[0].id or ""]), len(tips), axis=0))
+
+    def after_episode(self, bank: CaseBank, episode_case_id: str | None) -> None:
+        """LifeMem: a new trajectory joins (or founds) a workflow cluster."""
+        if self.clusters is None or episode_case_id is None:
+            return
+        try:
+            written = self.clusters.add_trajectory(episode_case_id)
+        except ReplyFormatError as error:  # every builder has its own fallback; this is the last guard
+            logger.warning("lifemem: %s", error)
+            return
+        for item in written:
+            self.built[item.kind] = self.built.get(item.kind, 0) + 1
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"items_built": dict(sorted(self.built.items()))}
+        if self.llm is not None:
+            out["llm"] = self.llm.stats()
+        if self.kir is not None:
+            out["reflection"] = {"fired": int(getattr(self.kir, "fired", 0)),
+                                 "calls": int(getattr(self.kir, "calls", 0))}
+        kinds: dict[str, int] = {}
+        for case in self.graph.cases.values():
+            if self.graph.is_active(case.id or ""):
+                kinds[case.kind] = kinds.get(case.kind, 0) + 1
+        out["active_by_kind"] = dict(sorted(kinds.items()))
+        return out
+
+
+def is_item_candidates(candidates: Any) -> bool:
+    return isinstance(candidates, ItemCandidates)
