@@ -23,7 +23,7 @@ ItemGraph` tells the active one), so the bank truncated to a checkpoint holds ev
 a. *Pending.* While no cluster exists, the pending trajectories are every trajectory the bank holds up to and
    including the one just given (in bank order). Fewer than ``init_size`` (paper: 5): nothing is done.
 b. *Initial clustering.* At ``init_size`` pending trajectories, one ``cluster_init`` call lists them numbered
-   1..n (a trajectory's text: its state's first line and its action, whitespace collapsed, cut to
+   1..n (a trajectory's text: ``"<its state's first line> -> <its action>"``, whitespace collapsed, cut to
    ``trajectory_max_chars``) and :func:`parse_groups` reads ``"1,3: desc; 2: desc"``. A group spanning several
    environments is split by environment (a cluster keeps to one environment), each part keeping the
    description. A trajectory in no group gets its own cluster.
@@ -175,7 +175,7 @@ def mean_resultant_length(x_ND: Any) -> float:
 
     An empty array or a zero row raises :class:`~memento.errors.DataFormatError`."""
     unit_ND = _rows_normalised(x_ND, "mean_resultant_length")
-    return float(min(1.0, np.linalg.norm(unit_ND.mean(axis=0))))
+    return min(1.0, float(np.linalg.norm(unit_ND.mean(axis=0))))
 
 
 def should_split(n: int, r: float, *, size: int = 50, tau: float = 0.95) -> bool:

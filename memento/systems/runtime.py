@@ -6,8 +6,9 @@
   tips of each game after its attempts, the first time it has a success; ``"lifemem"``: each new episode
   trajectory joins a workflow cluster, clusters split and distil skills); ``()`` builds nothing;
 - ``items``: the candidates a policy chooses from: ``"cases"``, the raw cases only (every earlier run's
-  behaviour); ``"all"``, the nearest entries expanded with their linked items
-  (:func:`memento.systems.expand.expand_candidates`);
+  behaviour); ``"all"``, the C nearest raw cases expanded with their linked items
+  (:func:`memento.systems.expand.expand_candidates`: items are reached through the trajectories they were made
+  from, so superseded cluster and skill versions never crowd raw cases out of the top C);
 - ``reflect``: CFGM's key-information reflection at every step whose observation is anomalous (the correction
   is shown at the next step);
 - ``retries``: CFGM's exploration: a lost or unfinished episode of a game is played again, up to ``retries``
@@ -157,9 +158,9 @@ class MemorySystems:
 
     def candidates(self, bank: CaseBank, state_D: np.ndarray, c: int, *, env: str | None) -> Candidates:
         """The candidates a policy chooses from (raw cases, or expanded with items)."""
+        base = bank.candidates(state_D, c, env=env, kind="case")
         if self.config.items == "cases":
-            return bank.candidates(state_D, c, env=env, kind="case")
-        base = bank.candidates(state_D, c, env=env)
+            return base
         return expand_candidates(bank, self.graph, state_D, base, env=env)
 
     # ------------------------------------------------------------------ hooks
