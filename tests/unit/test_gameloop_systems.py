@@ -187,3 +187,19 @@ def test_default_systems_config_keeps_the_plain_loop(tmp_path: Path, games, pref
     assert "systems" not in summary and planner.memory_prompts == []
     assert {c.kind for c in _bank(tmp_path / "run")} == {"case"}
     assert not (tmp_path / "run" / "memory_calls.jsonl").exists()
+
+
+def test_items_and_their_links_survive_export_and_load(tmp_path: Path, games, preferred) -> None:
+    from memento.export import create_selector, load_selector
+
+    policy = dataclasses.replace(game_policy("soft_q"), warmup=2)
+    config = _config(episodes=7, policy=policy,
+                     systems=SystemsConfig(build=("cfgm", "lifemem"), items="all"))
+    _run(tmp_path / "run", games, BuilderPlanner(preferred), config)
+    out = create_selector(tmp_path / "run" / "bank", tmp_path / "selector", trained=tmp_path / "run" / "selector")
+    before = [(c.id, c.kind, c.action, c.meta) for c in _bank(tmp_path / "run")]
+    with load_selector(out) as selector:
+        after = [(c.id, c.kind, c.action, c.meta) for c in selector.bank.iter_cases()]
+        ItemGraph(selector.bank.iter_cases()).check()
+    assert after == before
+    assert {kind for _, kind, _, _ in after} >= {"case", "focus", "cluster", "skill"}
