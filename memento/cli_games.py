@@ -41,7 +41,8 @@ def add_play_parser(commands: Any) -> None:
     play = commands.add_parser("play", help="an agent plays TextWorld games, choosing cases at every step",
                                description=_PLAY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = play.add_mutually_exclusive_group()
-    source.add_argument("--suite", default=None, help="a shipped game suite: tw-tiny, tw-small (default: tw-small)")
+    source.add_argument("--suite", default=None,
+                        help="a shipped game suite: tw-tiny, tw-small, tw-stream (default: tw-small)")
     source.add_argument("--games", nargs="+", metavar="FILE", default=None, help="game files (.z8 or .ulx)")
     play.add_argument("--split", default="train", help="split of --suite: train, test or ood (default: train)")
     play.add_argument("--policy", default="soft_q",

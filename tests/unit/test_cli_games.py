@@ -31,6 +31,9 @@ def test_help_explains_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     (["--suite", "nope"], "--suite 'nope'"),
     (["--suite", "tw-tiny", "--split", "dev"], "--split 'dev'"),
     (["--retrieval", "episode", "--gamma", "0.9"], "retrieval"),
+    (["--build", "plugmem"], "build"),
+    (["--retries", "-1"], "retries"),
+    (["--templates", "missing-templates.json"], "no such templates file"),
 ])
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],
                                message: str) -> None:
@@ -50,3 +53,11 @@ def test_a_corrupt_game_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp
 def test_bench_games_refuses_an_unknown_arm(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, err = _run(capsys, "bench", "games", "--arms", "none,oracle", "--json", str(tmp_path / "x.json"))
     assert code == 2 and "arm 'oracle'" in err
+
+
+def test_bad_templates_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "t.json"
+    bad.write_text('{"tips_success": "{unknown_field}"}')
+    code, err = _run(capsys, "play", "--out", str(tmp_path / "run"), "--templates", str(bad))
+    assert code == 2 and "unknown_field" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
