@@ -778,10 +778,11 @@ class GameLoop:
                                    done=bool(last and terminal), next_state_D=nxt_D, next_candidates=nxt_c))
         return out
 
-    def _retain(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> None:
+    def _retain(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> str | None:
+        """Add the episode's cases to the bank; returns the episode case's id when it is a new trajectory."""
         cfg = self.config
         if cfg.cases == "none" or not episode.steps:
-            return
+            return None
         new_cases, vectors = [], []
         if cfg.cases in ("step", "both"):
             returns_T = discounted_returns([s.reward for s in episode.steps], cfg.case_gamma)
@@ -800,14 +801,14 @@ class GameLoop:
                                         "steps": len(episode.steps), "won": bool(final.won), "policy": cfg.arm}))
             vectors.append(episode.steps[0].state_D)
         if not new_cases:
-            return
+            return None
         before = len(bank)
         ids = bank.add(new_cases, np.stack(vectors))
-        if cfg.cases in ("episode", "both") and ids[-1] not in self.systems.graph:  # a new trajectory
-            self._episode_case_id = ids[-1]
+        new_trajectory = cfg.cases in ("episode", "both") and ids[-1] not in self.systems.graph
         self.systems.added(new_cases, ids)
         self.counters["retained"] += len(bank) - before
         self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
+        return ids[-1] if new_trajectory else None
 
     def _finish(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str,
                 ms: dict[str, float], handles: tuple[Any, Any], version: int, t_start: float) -> None:
@@ -824,11 +825,8 @@ class GameLoop:
             for obs in observations:  # the case features' usage statistics: the episode's outcome per showing
                 # logged at the episode's last step (< the next checkpoint's step, >= any checkpoint inside it)
                 bank.record_usage(self.step - 1, list(obs.selection.ids), float(final.normalized_score))
-        self._episode_case_id: str | None = None
-        self._retain(bank, episode, final, game, env_name)
-        retry = None
-        if cfg.learn:
-            retry = self._build(bank, episode, final, game, env_name)
+        trajectory_id = self._retain(bank, episode, final, game, env_name)
+        retry = self._build(bank, episode, final, game, env_name, trajectory_id) if cfg.learn else None
         ms["retain"] += clock() - t0
         record = {"episode": episode.index, "game": game, "env": env_name, "won": bool(final.won),
                   "lost": bool(final.lost), "score": int(final.score), "max_score": int(final.max_score),
@@ -863,10 +861,12 @@ class GameLoop:
         if self.episode_index == cfg.episodes or crossed:
             self._timed_checkpoint(bank, handles, None)
 
-    def _build(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> str | None:
-        """The memory systems' builds after an episode; returns the reflection for a retry of the game (or None)."""
+    def _build(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str,
+               trajectory_id: str | None) -> str | None:
+        """The memory systems' builds after an episode (``trajectory_id``: its episode case when new); returns the
+        reflection for a retry of the game (or None)."""
         systems = self.systems
-        systems.after_episode(bank, self._episode_case_id)
+        systems.after_episode(bank, trajectory_id)
         retries = self.config.systems.retries
         if retries and not final.won and episode.attempt < retries and self.episode_index + 1 < self.config.episodes:
             history = list(final.history) or [(c, "") for c in episode.commands]

@@ -37,7 +37,7 @@ from memento.config import check, check_int
 from memento.errors import ConfigError, ReplyFormatError
 from memento.memory import Candidates, CaseBank
 from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point, retry_reflection
-from memento.systems.expand import ItemCandidates, expand_candidates
+from memento.systems.expand import expand_candidates
 from memento.systems.items import ItemGraph
 from memento.systems.lifemem import LifeMemConfig, WorkflowClusters
 from memento.systems.llm import BuilderTemplates, MemoryLLM
@@ -128,7 +128,6 @@ class MemorySystems:
         self.graph = ItemGraph()
         self.clusters: WorkflowClusters | None = None
         self.kir = KeyInfoReflection(self.llm, config=config.cfgm) if config.reflect and self.llm else None
-        self.built: dict[str, int] = {}
 
     def open(self, bank: CaseBank) -> None:
         """(Re)read the bank's links (after it was opened, created or truncated back to a checkpoint)."""
@@ -150,8 +149,6 @@ class MemorySystems:
             vectors_ND = self.encode([item.state for item in items])
         ids = bank.add(items, vectors_ND)
         self.added(items, ids)
-        for item in items:
-            self.built[item.kind] = self.built.get(item.kind, 0) + 1
         return ids
 
     # ------------------------------------------------------------------ candidates
@@ -189,10 +186,10 @@ class MemorySystems:
         """CFGM: the tips of ``game`` from its episode cases, once it has a success (first time only)."""
         if "cfgm" not in self.config.build or self.llm is None:
             return
-        episodes = [c for c in self.graph.active("case", env=env)
-                    if c.meta.get("granularity") == "episode" and c.meta.get("game") == game]
         if any(tip.meta.get("task") == game for tip in self.graph.active("tip", env=env)):
             return
+        episodes = [c for c in self.graph.active("case", env=env)
+                    if c.meta.get("granularity") == "episode" and c.meta.get("game") == game]
         successes = [c for c in episodes if c.meta.get("won")]
         failures = [c for c in episodes if not c.meta.get("won")]
         if not successes:
@@ -206,17 +203,18 @@ class MemorySystems:
         if self.clusters is None or episode_case_id is None:
             return
         try:
-            written = self.clusters.add_trajectory(episode_case_id)
+            self.clusters.add_trajectory(episode_case_id)
         except ReplyFormatError as error:  # every builder has its own fallback; this is the last guard
             logger.warning("lifemem: %s", error)
-            return
-        for item in written:
-            self.built[item.kind] = self.built.get(item.kind, 0) + 1
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"items_built": dict(sorted(self.built.items()))}
+        """The builders' LLM accounting, the items they built per kind (what each builder counted: reflections are
+        not bank items; skills carried forward to a new cluster version cost no call and are not counted), and the
+        bank's active entries per kind."""
+        out: dict[str, Any] = {"items_built": {}}
         if self.llm is not None:
             out["llm"] = self.llm.stats()
+            out["items_built"] = {k: v for k, v in out["llm"]["items_by_kind"].items() if k != "reflection"}
         if self.kir is not None:
             out["reflection"] = {"fired": int(getattr(self.kir, "fired", 0)),
                                  "calls": int(getattr(self.kir, "calls", 0))}
@@ -226,7 +224,3 @@ class MemorySystems:
                 kinds[case.kind] = kinds.get(case.kind, 0) + 1
         out["active_by_kind"] = dict(sorted(kinds.items()))
         return out
-
-
-def is_item_candidates(candidates: Any) -> bool:
-    return isinstance(candidates, ItemCandidates)
