@@ -17,6 +17,7 @@ puts equal mass on the rows this choice would take (for the logs). The policy do
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from memento.memory import Candidates
 from memento.policy import RewardFn, StaticPolicy, check_candidates, check_k, make_selection
 from memento.types import Selection
 
-__all__ = ["CFGMPolicy", "CFGMRetrievalConfig", "ranked_rows"]
+__all__ = ["CFGMPolicy", "CFGMRetrievalConfig", "ItemRetrievalPolicy", "ranked_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,21 +76,20 @@ def deterministic_selection(candidates: Candidates, rows: list[int], k: int) -> 
     return make_selection(candidates, probs_C, np.asarray(rows, dtype=np.int64), True)
 
 
-class CFGMPolicy(StaticPolicy):
-    """Focus point, similar successful trajectories and their tips (see the module docstring)."""
+class ItemRetrievalPolicy(StaticPolicy):
+    """The common part of a seed system's deterministic retrieval: a subclass names the rows it takes
+    (:meth:`_take`); with none (only items and no raw case), the most similar candidates; cut to K."""
 
-    def __init__(self, config: CFGMRetrievalConfig | None = None, *, reward_of: RewardFn | None = None):
-        self.config = config if config is not None else CFGMRetrievalConfig()
+    def __init__(self, config: Any, *, reward_of: RewardFn | None = None):
+        self.config = config
         self.reward_of = reward_of
 
+    def _take(self, state_D: np.ndarray, candidates: Candidates) -> list[int]:
+        raise NotImplementedError
+
     def _rows(self, state_D: np.ndarray, candidates: Candidates, k: int) -> list[int]:
-        cfg = self.config
-        kinds = getattr(candidates, "kinds", None) or []
-        focus = [i for i, kind in enumerate(kinds) if kind == "focus"][:1] if cfg.focus else []
-        trajectories = base_rows(state_D, candidates, cfg.k_tasks, self.reward_of)
-        tips = linked_rows(candidates, "tip", trajectories) if cfg.tips else []
-        rows = [*focus, *trajectories, *tips]
-        if not rows:  # only items and no raw case: the most similar of them
+        rows = self._take(state_D, candidates)
+        if not rows:
             rows = ranked_rows(state_D, candidates, list(range(len(candidates))))
         return rows[:k]
 
@@ -105,4 +105,19 @@ class CFGMPolicy(StaticPolicy):
         return deterministic_selection(candidates, self._rows(state_D, candidates, k), k)
 
     def __repr__(self) -> str:
-        return f"CFGMPolicy({self.config})"
+        return f"{type(self).__name__}({self.config})"
+
+
+class CFGMPolicy(ItemRetrievalPolicy):
+    """Focus point, similar successful trajectories and their tips (see the module docstring)."""
+
+    def __init__(self, config: CFGMRetrievalConfig | None = None, *, reward_of: RewardFn | None = None):
+        super().__init__(config if config is not None else CFGMRetrievalConfig(), reward_of=reward_of)
+
+    def _take(self, state_D: np.ndarray, candidates: Candidates) -> list[int]:
+        cfg = self.config
+        kinds = getattr(candidates, "kinds", None) or []
+        focus = [i for i, kind in enumerate(kinds) if kind == "focus"][:1] if cfg.focus else []
+        trajectories = base_rows(state_D, candidates, cfg.k_tasks, self.reward_of)
+        tips = linked_rows(candidates, "tip", trajectories) if cfg.tips else []
+        return [*focus, *trajectories, *tips]

@@ -13,39 +13,20 @@ import numpy as np
 
 from memento.config import LifeMemRetrievalConfig
 from memento.memory import Candidates
-from memento.policy import RewardFn, StaticPolicy, check_candidates, check_k
-from memento.types import Selection
-from policies.cfgm import base_rows, deterministic_selection, linked_rows, ranked_rows
+from memento.policy import RewardFn
+from policies.cfgm import ItemRetrievalPolicy, base_rows, linked_rows
 
 __all__ = ["LifeMemPolicy", "LifeMemRetrievalConfig"]
 
 
-class LifeMemPolicy(StaticPolicy):
+class LifeMemPolicy(ItemRetrievalPolicy):
     """Same-environment trajectories and their clusters' skills (see the module docstring)."""
 
     def __init__(self, config: LifeMemRetrievalConfig | None = None, *, reward_of: RewardFn | None = None):
-        self.config = config if config is not None else LifeMemRetrievalConfig()
-        self.reward_of = reward_of
+        super().__init__(config if config is not None else LifeMemRetrievalConfig(), reward_of=reward_of)
 
-    def _rows(self, state_D: np.ndarray, candidates: Candidates, k: int) -> list[int]:
+    def _take(self, state_D: np.ndarray, candidates: Candidates) -> list[int]:
         cfg = self.config
         trajectories = base_rows(state_D, candidates, cfg.k_trajectories, self.reward_of)
         skills = linked_rows(candidates, "skill", trajectories) if cfg.skills else []
-        rows = [*trajectories, *skills]
-        if not rows:
-            rows = ranked_rows(state_D, candidates, list(range(len(candidates))))
-        return rows[:k]
-
-    def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
-        state_D = check_candidates(state_D, candidates)
-        return deterministic_selection(candidates, self._rows(state_D, candidates, len(candidates)),
-                                       len(candidates)).probs_C
-
-    def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
-               greedy: bool = False) -> Selection:
-        state_D = check_candidates(state_D, candidates)
-        k = check_k(k, len(candidates))
-        return deterministic_selection(candidates, self._rows(state_D, candidates, k), k)
-
-    def __repr__(self) -> str:
-        return f"LifeMemPolicy({self.config})"
+        return [*trajectories, *skills]
