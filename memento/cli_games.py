@@ -219,29 +219,37 @@ def add_bench_games_parser(bench_cmds: Any) -> None:
     bg.add_argument("--json", required=True, metavar="OUT", help="results file")
 
 
-def cmd_bench_games(args: argparse.Namespace) -> int:
-    from memento.bench.games import GamesBenchConfig, format_games_table, run_games_bench
-
-    given: dict[str, Any] = {}
-    for name in ("suite", "train_episodes", "eval_repeats", "max_steps", "k", "candidates", "planner",
-                 "case_weight"):
-        if getattr(args, name) is not None:
-            given[name] = getattr(args, name)
-    if args.arms:
-        given["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    if args.splits:
-        given["splits"] = tuple(s.strip() for s in args.splits.split(",") if s.strip())
+def _bench_fields(args: argparse.Namespace, names: tuple[str, ...], lists: tuple[str, ...]) -> dict[str, Any]:
+    """A bench config's fields given on the command line: ``names`` as they are, ``lists`` comma-separated,
+    ``--seeds``."""
+    given: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    for name in lists:
+        if getattr(args, name):
+            given[name] = tuple(v.strip() for v in getattr(args, name).split(",") if v.strip())
     if args.seeds:
         given["seeds"] = tuple(args.seeds)
-    config = GamesBenchConfig(resume=args.resume, continual=args.continual, **given)
+    return given
+
+
+def _run_bench(args: argparse.Namespace, run: Any, config: Any, table: Any) -> int:
+    """``--torch-threads``, the benchmark, its table and where the results went."""
     if args.torch_threads:
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    results = run_games_bench(config, out=args.json, workdir=args.workdir, progress=sys.stderr.isatty())
-    print(format_games_table(results))
+    results = run(config, out=args.json, workdir=args.workdir, progress=sys.stderr.isatty())
+    print(table(results))
     print(f"results written to {args.json}")
     return 0
+
+
+def cmd_bench_games(args: argparse.Namespace) -> int:
+    from memento.bench.games import GamesBenchConfig, format_games_table, run_games_bench
+
+    given = _bench_fields(args, ("suite", "train_episodes", "eval_repeats", "max_steps", "k", "candidates",
+                                 "planner", "case_weight"), ("arms", "splits"))
+    config = GamesBenchConfig(resume=args.resume, continual=args.continual, **given)
+    return _run_bench(args, run_games_bench, config, format_games_table)
 
 
 def add_bench_stream_parser(bench_cmds: Any) -> None:
@@ -274,22 +282,7 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
 def cmd_bench_stream(args: argparse.Namespace) -> int:
     from memento.bench.stream import StreamBenchConfig, format_stream_table, run_stream_bench
 
-    given: dict[str, Any] = {}
-    for name in ("suite", "eval_repeats", "max_steps", "k", "candidates", "planner"):
-        if getattr(args, name) is not None:
-            given[name] = getattr(args, name)
-    if args.arms:
-        given["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    if args.orders:
-        given["orders"] = tuple(o.strip() for o in args.orders.split(",") if o.strip())
-    if args.seeds:
-        given["seeds"] = tuple(args.seeds)
+    given = _bench_fields(args, ("suite", "eval_repeats", "max_steps", "k", "candidates", "planner"),
+                          ("arms", "orders"))
     config = StreamBenchConfig(resume=args.resume, **given)
-    if args.torch_threads:
-        import torch
-
-        torch.set_num_threads(args.torch_threads)
-    results = run_stream_bench(config, out=args.json, workdir=args.workdir, progress=sys.stderr.isatty())
-    print(format_stream_table(results))
-    print(f"results written to {args.json}")
-    return 0
+    return _run_bench(args, run_stream_bench, config, format_stream_table)

@@ -55,6 +55,15 @@ def test_bench_games_refuses_an_unknown_arm(capsys: pytest.CaptureFixture[str], 
     assert code == 2 and "arm 'oracle'" in err
 
 
+@pytest.mark.parametrize("argv, message", [(["--arms", "none,oracle"], "stream arm 'oracle'"),
+                                           (["--orders", "grouped,sorted"], "orders")])
+def test_bench_stream_refuses_bad_arms_and_orders(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                  argv: list[str], message: str) -> None:
+    code, err = _run(capsys, "bench", "stream", *argv, "--json", str(tmp_path / "x.json"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_bad_templates_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text('{"tips_success": "{unknown_field}"}')
