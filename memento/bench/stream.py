@@ -200,10 +200,10 @@ def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tupl
     train_summary: dict[str, Any] | None = None
     if base.memory:
         ends = sorted(set(points.values()))
-        for end in ends:
+        for segment, end in enumerate(ends):
             envs = [env for env, point in points.items() if point == end]
             train_cfg = dataclasses.replace(base, episodes=end + 1, shuffle=False)
-            resume = (train_dir / "checkpoint").exists() if not config.resume else True
+            resume = segment > 0 or config.resume  # a later segment continues the stream's one run
             if not resume and train_dir.exists():
                 shutil.rmtree(train_dir)
             train_summary = run_games(train_cfg, out_dir=train_dir, games=stream_games, resume=resume, **common)
