@@ -28,9 +28,11 @@ from memento.cli_games import (
     add_bench_games_parser,
     add_bench_stream_parser,
     add_play_parser,
+    add_systems_flags,
     cmd_bench_games,
     cmd_bench_stream,
     cmd_play,
+    systems_from_args,
 )
 from memento.compare import comparison_table, run_comparison
 from memento.config import (
@@ -481,6 +483,8 @@ def _add_online_parser(commands: Any) -> None:
                         help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
                              "selector/ subdirectory) instead of a fresh one")
     _option(online, "--seed", LoopConfig, "seed", "seed of every random stream of the run", type=int)
+    group = online.add_argument_group("memory systems (CFGM, LifeMem; a question's environment is its family)")
+    add_systems_flags(group, games=False)
     online.add_argument("--out", required=True, metavar="DIR", help="output directory")
     online.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
     online.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
@@ -521,6 +525,9 @@ def _cmd_online(args: argparse.Namespace) -> int:
     soft_q = _soft_q_config(args)
     configs = [soft_q if kind == "soft_q" else loop_policy(kind) for kind in policies]  # type: ignore[arg-type]
     config = _loop_config(args, policy=configs[0])
+    systems = systems_from_args(args, config.systems)
+    if systems is not None:
+        config = dataclasses.replace(config, systems=systems)
     if args.late_steps < 1:
         raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
     out = Path(args.out)

@@ -64,18 +64,7 @@ def add_play_parser(commands: Any) -> None:
                       help="choose cases at every step or once per episode (default: step)")
     play.add_argument("--max-steps", type=int, default=None,
                       help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
-    play.add_argument("--build", default=None, metavar="SYSTEMS",
-                      help="memory systems that build items: comma-separated cfgm, lifemem (default: none)")
-    play.add_argument("--items", choices=["cases", "all"], default=None,
-                      help="candidates: raw cases only, or with their linked tips, skills and focus points "
-                           "(default: cases)")
-    play.add_argument("--reflect", action="store_true",
-                      help="CFGM's key-information reflection at steps with an anomalous observation")
-    play.add_argument("--retries", type=int, default=None,
-                      help="CFGM's exploration: replay a failed game up to N more times with a reflection "
-                           "(default: 0)")
-    play.add_argument("--templates", metavar="JSON", default=None,
-                      help="a JSON file replacing builder prompt templates (memento.systems.llm.BuilderTemplates)")
+    add_systems_flags(play, games=True)
     play.add_argument("--bank", metavar="DIR", default=None, help="a starting bank to copy (default: empty)")
     play.add_argument("--no-learn", action="store_true", help="the policy does not learn (evaluation)")
     play.add_argument("--no-retain", action="store_true", help="the bank retains nothing (evaluation)")
@@ -83,6 +72,44 @@ def add_play_parser(commands: Any) -> None:
     play.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     play.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
     play.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_systems_flags(parser: Any, *, games: bool) -> None:
+    """The memory-system flags of ``memento play`` (``games``: with reflection and retries) and ``memento
+    online``."""
+    parser.add_argument("--build", default=None, metavar="SYSTEMS",
+                        help="memory systems that build items: comma-separated cfgm, lifemem (default: none)")
+    parser.add_argument("--items", choices=["cases", "all"], default=None,
+                        help="candidates: raw cases only, or with their linked tips, skills and focus points "
+                             "(default: cases)")
+    if games:
+        parser.add_argument("--reflect", action="store_true",
+                            help="CFGM's key-information reflection at steps with an anomalous observation")
+        parser.add_argument("--retries", type=int, default=None,
+                            help="CFGM's exploration: replay a failed game up to N more times with a reflection "
+                                 "(default: 0)")
+    parser.add_argument("--templates", metavar="JSON", default=None,
+                        help="a JSON file replacing builder prompt templates "
+                             "(memento.systems.llm.BuilderTemplates)")
+
+
+def systems_from_args(args: argparse.Namespace, base: Any) -> Any:
+    """``base`` (a SystemsConfig) with the memory-system flags applied; None when no flag is given."""
+    systems: dict[str, Any] = {}
+    if args.build is not None:
+        systems["build"] = tuple(b.strip() for b in args.build.split(",") if b.strip())
+    if args.items is not None:
+        systems["items"] = args.items
+    if getattr(args, "reflect", False):
+        systems["reflect"] = True
+    if getattr(args, "retries", None) is not None:
+        systems["retries"] = args.retries
+    if args.templates is not None:
+        from memento.systems.llm import BuilderTemplates
+
+        BuilderTemplates.from_json(args.templates)  # a bad file is one line now, before a model loads
+        systems["templates"] = args.templates
+    return dataclasses.replace(base, **systems) if systems else None
 
 
 def _play_config(args: argparse.Namespace) -> Any:
@@ -110,22 +137,9 @@ def _play_config(args: argparse.Namespace) -> Any:
         changes["learn"] = False
     if args.no_retain:
         changes["cases"] = "none"
-    systems: dict[str, Any] = {}
-    if args.build is not None:
-        systems["build"] = tuple(b.strip() for b in args.build.split(",") if b.strip())
-    if args.items is not None:
-        systems["items"] = args.items
-    if args.reflect:
-        systems["reflect"] = True
-    if args.retries is not None:
-        systems["retries"] = args.retries
-    if args.templates is not None:
-        from memento.systems.llm import BuilderTemplates
-
-        BuilderTemplates.from_json(args.templates)  # a bad file is one line now, before a model loads
-        systems["templates"] = args.templates
-    if systems:
-        changes["systems"] = dataclasses.replace(base.systems, **systems)
+    systems = systems_from_args(args, base.systems)
+    if systems is not None:
+        changes["systems"] = systems
     return dataclasses.replace(base, **changes)
 
 

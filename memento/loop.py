@@ -99,6 +99,7 @@ from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
+from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.types import Case, Selection, Task
 
@@ -115,6 +116,7 @@ __all__ = [
     "run_bank",
     "run_online",
     "success_by_window",
+    "task_env",
     "task_order",
     "tasks_fingerprint",
 ]
@@ -179,7 +181,19 @@ class LoopConfig:
       answer (``task.answers[0]``) after the prompt with all K cases and after each prompt with one case left
       out (``planner.score_many``: K + 1 forward passes, no generation); case ``i``'s target is
       ``sigmoid((logp(all) - logp(all but i)) / credit_temperature)``, above 0.5 when the case raised the
-      answer's likelihood. Tasks without a gold answer keep shared credit.
+      answer's likelihood. Tasks without a gold answer keep shared credit;
+    - ``learn``: the policy learns from each round (``False``: a frozen evaluation; the policy still chooses and
+      the usage statistics are still logged);
+    - ``systems``: the memory systems built and shown (:class:`~memento.systems.runtime.SystemsConfig`; default:
+      none, the plain loop). In question answering a question's **environment** is its ``family`` (its ``env``
+      when it has none): CFGM writes one focus point per environment before its first question (from the
+      environment's name and the first questions of that family in the task list, never their answers) and the
+      tips of a question once it has a success (contrasted with a failure of the same question when the bank
+      holds one, e.g. from an earlier pass); LifeMem puts every retained answer (question -> answer: a one-step
+      trajectory) into a workflow cluster and distils skills; with ``items="all"`` the candidates are the C
+      nearest raw cases expanded with their tips, skills and the environment's focus point, and the items
+      chosen are shown as notes (:mod:`memento.planners.prompts`). ``reflect`` and ``retries`` are for
+      multi-step games (a question has no observation to reflect on) and are refused here.
     """
 
     steps: int = 500
@@ -197,6 +211,8 @@ class LoopConfig:
     tensorboard: bool = True
     credit: Credit = "shared"
     credit_temperature: float = 1.0
+    learn: bool = True
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -210,7 +226,7 @@ class LoopConfig:
                   "the online loop is single-step: learner.gamma must be 0")
         check_int(self, "batch_size", 1)
         check_int(self, "seed", 0)
-        for field in ("shuffle", "retain", "tensorboard"):
+        for field in ("shuffle", "retain", "tensorboard", "learn"):
             check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
         check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
               "must be a non-empty faiss factory string")
@@ -219,6 +235,11 @@ class LoopConfig:
         check_int(self, "checkpoint_every", 0)
         check_choice(self, "credit", Credit)
         check_float(self, "credit_temperature", low=0.0, low_open=True)
+        check(isinstance(self.systems, SystemsConfig), cls, "systems", self.systems, "must be a SystemsConfig")
+        check(not self.systems.reflect and self.systems.retries == 0, cls, "systems",
+              f"reflect={self.systems.reflect}, retries={self.systems.retries}",
+              "key-information reflection and retries are for multi-step games (memento play); a question has "
+              "no observation to reflect on")
 
     @property
     def policy_kind(self) -> str:
@@ -247,6 +268,15 @@ def tasks_fingerprint(tasks: Sequence[Task]) -> str:
         digest.update(json.dumps([task.id, task.question, list(task.answers)], ensure_ascii=False).encode("utf-8"))
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+FOCUS_EXAMPLES = 3
+"""Questions of an environment shown to CFGM's focus-point builder (questions only, never their answers)."""
+
+
+def task_env(task: Task) -> str:
+    """A question's environment for the memory systems: its ``family``, else its ``env``, else ``"default"``."""
+    return task.family or task.env or "default"
 
 
 def torch_seed(seq: np.random.SeedSequence) -> int:
@@ -501,12 +531,15 @@ class OnlineLoop:
         self.ms_totals: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.rewards: list[float] = []
         self.successes: list[bool] = []
+        self._env_questions: dict[str, list[str]] = {}
 
         if ckpt is None:
             bank = self._make_bank()
         else:
             bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=use_gpu_for(self.device))
         try:
+            self.systems = MemorySystems(cfg.systems, planner=self.planner, encode=self._encode,
+                                         cache_path=self.out_dir / "memory_calls.jsonl")
             self.policy = self._build_policy(seeds, bank)
             if ckpt is None:
                 self.bank_size_start = len(bank)
@@ -514,6 +547,8 @@ class OnlineLoop:
                 self.run_dir.steps.write_bytes(b"")
             else:
                 self._restore(ckpt, bank)
+            if cfg.systems.active:
+                self.systems.open(bank)  # after the bank was rolled back to the checkpoint
             self._write_run_info()
             return self._loop(bank, order_T, started, resumed_from=None if ckpt is None else self.step)
         finally:
@@ -611,8 +646,11 @@ class OnlineLoop:
         ms["encode"] = clock() - t0
 
         t0 = clock()
+        if self.config.systems.active:
+            for task in tasks:
+                self._ensure_focus(bank, task)
         bank_size = len(bank)
-        cands = [bank.candidates(state_BD[b], self.config.candidates) for b in range(len(tasks))]
+        cands = [self._candidates(bank, state_BD[b], task) for b, task in enumerate(tasks)]
         ms["candidates"] = clock() - t0
 
         t0 = clock()
@@ -641,7 +679,7 @@ class OnlineLoop:
         observations = [Observation(state_D=state_BD[b], candidates=cands[b], selection=sel, reward=judged[b][0],
                                     step=first_step + b, policy_version=version, case_rewards_K=credit[b])
                         for b, sel in enumerate(selections) if sel is not None]
-        loss = self.policy.observe(observations).get("loss")
+        loss = self.policy.observe(observations).get("loss") if self.config.learn else None
         ms["learn"] = clock() - t0
 
         t0 = clock()
@@ -655,6 +693,20 @@ class OnlineLoop:
         return [self._record(b, task, out, judged[b], sel, retained[b], first_step=first_step, version=version,
                              bank_size=bank_size, alpha=alpha, loss=loss, ms=per_task_ms, credit=credit[b])
                 for b, (task, out, sel) in enumerate(zip(tasks, outputs, selections))]
+
+    def _candidates(self, bank: CaseBank, state_D: np.ndarray, task: Task) -> Candidates:
+        """The bank's top-C cases, or (memory systems) the top-C raw cases expanded with their items."""
+        if not self.config.systems.active:
+            return bank.candidates(state_D, self.config.candidates)
+        return self.systems.candidates(bank, state_D, self.config.candidates, env=task_env(task), same_env=False)
+
+    def _ensure_focus(self, bank: CaseBank, task: Task) -> None:
+        """CFGM: the focus point of the task's environment, from its name and its first questions in the list."""
+        env = task_env(task)
+        if env not in self._env_questions:
+            self._env_questions[env] = [t.question for t in self.tasks if task_env(t) == env][:FOCUS_EXAMPLES]
+        self.systems.ensure_focus(bank, env, f"Short-answer questions of the kind '{env}'.",
+                                  self._env_questions[env])
 
     def _select(self, state_BD: np.ndarray, cands: list[Candidates]) -> list[Selection | None]:
         """Every task of the round chooses with the same parameters, in stream order, from one RNG."""
@@ -720,19 +772,34 @@ class OnlineLoop:
                 continue
             if self.retain_judge is not None:
                 reward, _ = _judge_reward(self.retain_judge(task, out.text), self.retain_judge)
-            new_cases.append(Case(state=task.question, action=out.text, reward=reward, env=task.env,
-                                  meta={"task_id": task.id, "step": first_step + b, "policy": self.config.policy_kind}))
+            meta: dict[str, Any] = {"task_id": task.id, "step": first_step + b, "policy": self.config.policy_kind}
+            if self.config.systems.active:  # the builders' view: the judge's verdict and the environment
+                meta.update(success=bool(judged[b][0] >= self.config.success_threshold), family=task_env(task))
+            new_cases.append(Case(state=task.question, action=out.text, reward=reward, env=task.env, meta=meta))
             rows.append(b)
         if new_cases:
             before = len(bank)
             ids = bank.add(new_cases, state_BD[rows])
             fresh = set(bank.ids_at(range(before, len(bank))))
+            new_ids = [case_id for case_id in ids if case_id in fresh]
             for b, case_id in zip(rows, ids):
                 retained[b] = (case_id, case_id not in fresh)
                 fresh.discard(case_id)  # a repeat within the batch is a duplicate too
             self.counters["retained"] += len(bank) - before
             self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
+            if self.config.systems.active:
+                self._build(bank, [tasks[b] for b in rows], new_cases, ids, set(new_ids))
         return retained
+
+    def _build(self, bank: CaseBank, tasks: list[Task], cases: list[Case], ids: list[str], fresh: set[str]) -> None:
+        """The memory systems after a round's answers were retained: each new answer joins a workflow cluster
+        (LifeMem), each question with a success gets its tips (CFGM)."""
+        self.systems.added(cases, ids)
+        for task, case_id in zip(tasks, ids):
+            if case_id in fresh:
+                fresh.discard(case_id)
+                self.systems.after_episode(bank, case_id)
+            self.systems.after_answer(bank, task_id=task.id, env=task_env(task), question=task.question)
 
     def _record(self, b: int, task: Task, out: PlanOutput, judged: tuple[float, str], sel: Selection | None,
                 retained: tuple[str | None, bool], *, first_step: int, version: int, bank_size: int,
@@ -782,6 +849,7 @@ class OnlineLoop:
             "seed": cfg.seed, "batch_size": cfg.batch_size, "k": cfg.k, "candidates": cfg.candidates,
             "resumed_from": resumed_from, "wall_s": wall_s,
             "selector": RunDir.SELECTOR if has_model else None,
+            **({"systems": self.systems.stats()} if cfg.systems.active else {}),
         }
 
 

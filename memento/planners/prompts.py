@@ -21,7 +21,10 @@ completion-style models: transformers causal LMs, ``/v1/completions``) and
   is such a JSON plan is shown as numbered steps; any other action is shown as it is.
 
 Cases are shown in the order given (the policy's draw order), each state and action cut to
-``max_case_chars`` characters. The task text is never cut.
+``max_case_chars`` characters. The task text is never cut. Items of another kind than ``"case"`` (focus
+points, tips, skills: :mod:`memento.systems`) are not demonstrations: they are shown as labelled notes, one a
+line (``"Tip: answer with the name alone"``, :func:`memento.systems.items.split_notes`), before the
+demonstrations in ``few_shot`` and after the task in ``memento_plan``, each line cut to ``max_case_chars``.
 
 :func:`render_answer` gives the text that follows the prompt when the planner answers with a
 given text, formatted as a demonstration's answer is (``" Paris"`` after ``"Answer:"`` in
@@ -38,6 +41,7 @@ from typing import Any, Literal, get_args
 
 from memento.config import check, check_int
 from memento.errors import DataFormatError
+from memento.systems.items import split_notes
 from memento.types import Case, Task
 
 __all__ = [
@@ -149,9 +153,15 @@ def _plan_answer(text: str) -> str:
     return "\n" + format_plan(text)
 
 
+def _notes(config: PromptConfig, notes: list[str]) -> str:
+    return "".join(f"{_cut(_one_line(note), config.max_case_chars)}\n" for note in notes)
+
+
 def _few_shot_body(config: PromptConfig, task: Task, cases: Sequence[Case]) -> str:
     limit = config.max_case_chars
-    parts = [f"Question: {_cut(_one_line(c.state), limit)}\n"
+    cases, notes = split_notes(cases)
+    parts = [_notes(config, notes)] if notes else []
+    parts += [f"Question: {_cut(_one_line(c.state), limit)}\n"
              f"Answer:{_few_shot_answer(_cut(_one_line(c.action), limit))}\n" for c in cases]
     parts.append(f"Question: {_one_line(task.question)}\nAnswer:")
     return "".join(parts)
@@ -166,14 +176,17 @@ def _plan_examples(cases: Sequence[Case], limit: int) -> str:
 
 def _memento_body(config: PromptConfig, task: Task, cases: Sequence[Case]) -> str:
     threshold = config.positive_min_reward
+    cases, notes = split_notes(cases)
     positive = [c for c in cases if c.reward >= threshold]
     negative = [c for c in cases if c.reward < threshold]
     parts = [f"Task: {task.question}\n"]
+    if notes:
+        parts.append(f"Notes:\n{_notes(config, notes)}")
     if positive:
         parts.append(f"Positive examples (reward >= {threshold:g}):\n{_plan_examples(positive, config.max_case_chars)}")
     if negative:
         parts.append(f"Negative examples (reward < {threshold:g}):\n{_plan_examples(negative, config.max_case_chars)}")
-    if cases:
+    if cases or notes:
         parts.append("Based on the examples above, write a plan for the task. Follow the positive examples and "
                      "avoid the patterns of the negative ones.\n")
     else:

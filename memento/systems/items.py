@@ -31,9 +31,26 @@ from typing import Any
 from memento.errors import ProvenanceError
 from memento.types import Case
 
-__all__ = ["ItemGraph", "make_item", "sources_of"]
+__all__ = ["NOTE_LABELS", "ItemGraph", "make_item", "sources_of", "split_notes"]
 
 logger = logging.getLogger(__name__)
+
+NOTE_LABELS = {"focus": "Guidance", "tip": "Tip", "skill": "Rule"}
+"""How an item of each kind is labelled when shown to a planner (other kinds: the kind, capitalised)."""
+
+
+def split_notes(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:
+    """The raw cases (demonstrations, proposals) and the notes (focus points, tips, skills: one line each, labelled
+    by kind, ``"Tip: ..."``) of a selection, each in the order given."""
+    raw, notes = [], []
+    for case in cases:
+        if case.kind == "case":
+            raw.append(case)
+        else:
+            label = NOTE_LABELS.get(case.kind, case.kind.capitalize())
+            lines = [line.strip().lstrip("-").strip() for line in case.action.splitlines() if line.strip()]
+            notes.extend(f"{label}: {line}" for line in lines)
+    return raw, notes
 
 
 def make_item(kind: str, state: str, action: str, *, system: str, sources: Sequence[str] = (),

@@ -38,7 +38,7 @@ from memento.errors import ConfigError, ReplyFormatError
 from memento.memory import Candidates, CaseBank
 from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point, retry_reflection
 from memento.systems.expand import expand_candidates
-from memento.systems.items import ItemGraph
+from memento.systems.items import ItemGraph, split_notes
 from memento.systems.lifemem import LifeMemConfig, WorkflowClusters
 from memento.systems.llm import BuilderTemplates, MemoryLLM
 from memento.types import Case
@@ -49,9 +49,6 @@ logger = logging.getLogger(__name__)
 
 Builder = Literal["cfgm", "lifemem"]
 ItemsChoice = Literal["cases", "all"]
-
-NOTE_LABELS = {"focus": "Guidance", "tip": "Tip", "skill": "Rule"}
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SystemsConfig:
@@ -89,19 +86,6 @@ class SystemsConfig:
     @property
     def needs_llm(self) -> bool:
         return bool(self.build) or self.reflect or self.retries > 0
-
-
-def split_notes(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:
-    """The raw cases (demonstrations, proposals) and the notes (focus points, tips, skills) of a selection."""
-    raw, notes = [], []
-    for case in cases:
-        if case.kind == "case":
-            raw.append(case)
-        else:
-            label = NOTE_LABELS.get(case.kind, case.kind.capitalize())
-            lines = [line.strip().lstrip("-").strip() for line in case.action.splitlines() if line.strip()]
-            notes.extend(f"{label}: {line}" for line in lines)
-    return raw, notes
 
 
 def builder_planner(planner: Any, max_new_tokens: int) -> Any:
@@ -153,9 +137,11 @@ class MemorySystems:
 
     # ------------------------------------------------------------------ candidates
 
-    def candidates(self, bank: CaseBank, state_D: np.ndarray, c: int, *, env: str | None) -> Candidates:
-        """The candidates a policy chooses from (raw cases, or expanded with items)."""
-        base = bank.candidates(state_D, c, env=env, kind="case")
+    def candidates(self, bank: CaseBank, state_D: np.ndarray, c: int, *, env: str | None,
+                   same_env: bool = True) -> Candidates:
+        """The candidates a policy chooses from (raw cases, or expanded with items): the C nearest raw cases (of
+        ``env`` only when ``same_env``), and with ``items="all"`` their linked items and ``env``'s focus point."""
+        base = bank.candidates(state_D, c, env=env if same_env else None, kind="case")
         if self.config.items == "cases":
             return base
         return expand_candidates(bank, self.graph, state_D, base, env=env)
@@ -164,9 +150,13 @@ class MemorySystems:
 
     def before_episode(self, bank: CaseBank, env: str, objective: str, admissible: Sequence[str]) -> None:
         """CFGM: the environment's focus point, once, before its first episode."""
+        self.ensure_focus(bank, env, objective, [f"> {c}" for c in list(admissible)[:8]])
+
+    def ensure_focus(self, bank: CaseBank, env: str, description: str, examples: Sequence[str]) -> None:
+        """CFGM: the focus point of ``env``, written once (asked again while a reply gave none)."""
         if "cfgm" not in self.config.build or self.llm is None or self.graph.active("focus", env=env):
             return
-        item = focus_point(self.llm, env, objective, [f"> {c}" for c in list(admissible)[:8]], self.config.cfgm)
+        item = focus_point(self.llm, env, description, examples, self.config.cfgm)
         if item is not None:
             self._add_items(bank, [item])
 
@@ -186,15 +176,28 @@ class MemorySystems:
         """CFGM: the tips of ``game`` from its episode cases, once it has a success (first time only)."""
         if "cfgm" not in self.config.build or self.llm is None:
             return
-        if any(tip.meta.get("task") == game for tip in self.graph.active("tip", env=env)):
-            return
         episodes = [c for c in self.graph.active("case", env=env)
                     if c.meta.get("granularity") == "episode" and c.meta.get("game") == game]
-        successes = [c for c in episodes if c.meta.get("won")]
-        failures = [c for c in episodes if not c.meta.get("won")]
+        self._tips(bank, key=game, env=env, task=task, attempts=episodes, won=lambda c: bool(c.meta.get("won")))
+
+    def after_answer(self, bank: CaseBank, *, task_id: str, env: str, question: str) -> None:
+        """CFGM in question answering: the tips of question ``task_id`` from its retained answers (``meta.task_id``;
+        a success is ``meta.success``), once it has a success (first time only)."""
+        if "cfgm" not in self.config.build or self.llm is None:
+            return
+        answers = [c for c in self.graph.active("case") if c.meta.get("task_id") == task_id and "success" in c.meta]
+        self._tips(bank, key=task_id, env=env, task=question, attempts=answers,
+                   won=lambda c: bool(c.meta.get("success")))
+
+    def _tips(self, bank: CaseBank, *, key: str, env: str, task: str, attempts: Sequence[Case],
+              won: Callable[[Case], bool]) -> None:
+        if any(tip.meta.get("task") == key for tip in self.graph.active("tip", env=env)):
+            return
+        successes = [c for c in attempts if won(c)]
+        failures = [c for c in attempts if not won(c)]
         if not successes:
             return
-        tips = build_tips(self.llm, task, env, successes, failures, self.config.cfgm, task_key=game)
+        tips = build_tips(self.llm, task, env, successes, failures, self.config.cfgm, task_key=key)
         if tips:
             self._add_items(bank, tips, np.repeat(bank.embeddings([successes[0].id or ""]), len(tips), axis=0))
 
