@@ -274,7 +274,8 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
         description="Per seed, stream order (grouped, random) and arm (" + ", ".join(STREAM_ARMS) + "): "
                     "play the suite's train games as one stream (retaining, building memory items, learning), "
                     "evaluate each environment's test games at its learned point (its last training game) and "
-                    "after the stream, frozen; report OP (mean final score), BwT (relative change from the "
+                    "after the stream, frozen (a question suite such as facts-real: its question families are "
+                    "the environments, answered by the online loop from an empty bank, scored by exact match); report OP (mean final score), BwT (relative change from the "
                     "learned point), final success and the builders' LLM calls and items per kind.")
     d = {f.name: f.default for f in dataclasses.fields(StreamBenchConfig)}
     bs.add_argument("--suite", default=None, help=f"shipped suite (default: {d['suite']})")
@@ -287,6 +288,12 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
     bs.add_argument("--k", type=int, default=None, help=f"items per decision, the prompt budget (default: {d['k']})")
     bs.add_argument("--candidates", type=int, default=None, help=f"candidate set size (default: {d['candidates']})")
     bs.add_argument("--planner", default=None, metavar="SPEC", help=f"{_PLANNER_SPECS} (default: {d['planner']})")
+    bs.add_argument("--envs", default=None, metavar="F[,F...]",
+                    help="question suites: the families in the stream (default: every family of the suite)")
+    bs.add_argument("--train-per-env", type=int, default=None,
+                    help=f"question suites: train questions per family (default: {d['train_per_env']})")
+    bs.add_argument("--test-per-env", type=int, default=None,
+                    help=f"question suites: test questions per family (default: {d['test_per_env']})")
     bs.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     bs.add_argument("--resume", action="store_true", help="reuse finished runs in --workdir")
     bs.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
@@ -296,7 +303,7 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
 def cmd_bench_stream(args: argparse.Namespace) -> int:
     from memento.bench.stream import StreamBenchConfig, format_stream_table, run_stream_bench
 
-    given = _bench_fields(args, ("suite", "eval_repeats", "max_steps", "k", "candidates", "planner"),
-                          ("arms", "orders"))
+    given = _bench_fields(args, ("suite", "eval_repeats", "max_steps", "k", "candidates", "planner",
+                                 "train_per_env", "test_per_env"), ("arms", "orders", "envs"))
     config = StreamBenchConfig(resume=args.resume, **given)
     return _run_bench(args, run_stream_bench, config, format_stream_table)

@@ -703,8 +703,9 @@ class OnlineLoop:
     def _ensure_focus(self, bank: CaseBank, task: Task) -> None:
         """CFGM: the focus point of the task's environment, from its name and its first questions in the list."""
         env = task_env(task)
-        if env not in self._env_questions:
-            self._env_questions[env] = [t.question for t in self.tasks if task_env(t) == env][:FOCUS_EXAMPLES]
+        if env in self._env_questions:  # asked once per family: the same prompt again would be the same reply
+            return
+        self._env_questions[env] = [t.question for t in self.tasks if task_env(t) == env][:FOCUS_EXAMPLES]
         self.systems.ensure_focus(bank, env, f"Short-answer questions of the kind '{env}'.",
                                   self._env_questions[env])
 

@@ -23,6 +23,9 @@ learned point to the end; :func:`memento.lifelong.lifelong_metrics`), the final 
 builders' LLM calls, seconds and items per kind, as the mean over seeds with a 95% t-interval, and the random
 minus grouped difference (the effect of stream order).
 
+On a question suite (a shipped one such as ``facts-real``, or a suite directory) the environments are its
+question families and the online loop answers them (:mod:`memento.bench.stream_qa`).
+
 CFGM's exploration retries are off in the stream (every arm plays each training game once, so the arms see the
 same tasks for the same budget); ``memento play`` runs them (``SystemsConfig.retries``).
 """
@@ -91,10 +94,20 @@ class StreamBenchConfig:
     candidates: int = 16
     case_weight: float = 0.5
     planner: str = "gemma"
+    envs: tuple[str, ...] = ()
+    train_per_env: int = 10
+    test_per_env: int = 8
+    seed_bank: bool = True
     resume: bool = False
 
     def __post_init__(self) -> None:
         cls = type(self)
+        object.__setattr__(self, "envs", tuple(self.envs))
+        check(all(isinstance(e, str) and e for e in self.envs), cls, "envs", self.envs,
+              "must be question family names")
+        check_int(self, "train_per_env", 1)
+        check_int(self, "test_per_env", 1)
+        check(isinstance(self.seed_bank, bool), cls, "seed_bank", self.seed_bank, "must be true or false")
         check(bool(self.arms), cls, "arms", self.arms, "must name at least one arm")
         for arm in self.arms:
             stream_arm(arm)
@@ -120,9 +133,14 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     from memento.gameloop import GameLoopConfig, run_games
     from policies import make_policy
 
+    from memento.envs.tasks import suite_names
+
+    if games is None and (config.suite in suite_names() or (Path(config.suite) / "train.jsonl").is_file()):
+        return _run_qa_stream(config, out=out, workdir=workdir, planner=planner, encoder=encoder, progress=progress)
     if games is None:
         if config.suite not in SUITES:
-            raise ConfigError(f"suite {config.suite!r}: unknown; known: {', '.join(sorted(SUITES))}")
+            raise ConfigError(f"suite {config.suite!r}: unknown; games: {', '.join(sorted(SUITES))}; question "
+                              f"suites: {', '.join(suite_names())}")
         games = build_suite(config.suite, splits=("train", "test"), progress=progress)
     for split in ("train", "test"):
         if not games.get(split):
@@ -136,20 +154,11 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     missing = sorted(set(train_by_env) - set(test_by_env))
     if missing:
         raise ConfigError(f"environment(s) {missing} have train games but no test game")
-    if encoder is None:
-        from memento.encoders import Encoder
-
-        encoder = Encoder.from_pretrained()
-    if planner is None:
-        from memento.planners.spec import build_planner, parse_planner_spec
-
-        planner = build_planner(parse_planner_spec(config.planner))
+    encoder, planner = _models(config, encoder, planner)
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-stream-"))
     root.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"benchmark": "stream", "config": dataclasses.asdict(config),
-                               "environment": _environment(), "planner": repr(planner),
-                               "envs": {e: len(v) for e, v in train_by_env.items()},
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
+    results = _header(config, planner, {e: len(v) for e, v in train_by_env.items()})
+    results["domain"] = "games"
     game = TextWorldConfig(max_steps=config.max_steps)
     common = dict(make_policy=make_policy, encoder=encoder, planner=planner, progress=progress)
     try:
@@ -176,6 +185,65 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     _write(out, results)
     return results
+
+
+def _run_qa_stream(config: StreamBenchConfig, *, out: str | Path, workdir: str | Path | None, planner: Any | None,
+                   encoder: Any | None, progress: bool) -> dict[str, Any]:
+    """The stream over a question suite's families (:mod:`memento.bench.stream_qa`)."""
+    from memento.bench.stream_qa import qa_seed_cases, qa_stream_tasks, run_qa_arm
+    from memento.judges import make_judge
+    from policies import make_policy
+
+    train_by_env, test_by_env = qa_stream_tasks(config.suite, config.envs, config.train_per_env,
+                                                config.test_per_env)
+    encoder, planner = _models(config, encoder, planner)
+    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-stream-"))
+    root.mkdir(parents=True, exist_ok=True)
+    results = _header(config, planner, {e: len(v) for e, v in train_by_env.items()})
+    results["domain"] = "questions"
+    results["test_per_env"] = {e: len(v) for e, v in test_by_env.items()}
+    common = dict(make_policy=make_policy, encoder=encoder, planner=planner, judge=make_judge("exact"),
+                  progress=progress)
+    seeds_cases = qa_seed_cases(config.suite) if config.seed_bank else None
+    if seeds_cases:  # a realistic bank: each stored reward is its answer's own outcome under a lenient judge
+        common["retain_judge"] = make_judge("contains")
+    results["seed_bank"] = len(seeds_cases or [])
+    try:
+        for seed in config.seeds:
+            for order in config.orders:
+                stream = stream_order(train_by_env, order, np.random.default_rng([seed, 7]))  # type: ignore[arg-type]
+                points = learned_points(stream)
+                for arm in config.arms:
+                    entry = run_qa_arm(config, arm, seed, root / f"seed-{seed}" / order / arm, stream, points,
+                                       test_by_env, common, seed_cases=seeds_cases)
+                    results["runs"].setdefault(str(seed), {}).setdefault(order, {})[arm] = entry
+                    results["summary"] = summarize_stream(results["runs"], config)
+                    _write(out, results)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    results["summary"] = summarize_stream(results["runs"], config)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    _write(out, results)
+    return results
+
+
+def _models(config: StreamBenchConfig, encoder: Any | None, planner: Any | None) -> tuple[Any, Any]:
+    """The encoder and planner of the benchmark (the defaults when not given)."""
+    if encoder is None:
+        from memento.encoders import Encoder
+
+        encoder = Encoder.from_pretrained()
+    if planner is None:
+        from memento.planners.spec import build_planner, parse_planner_spec
+
+        planner = build_planner(parse_planner_spec(config.planner))
+    return encoder, planner
+
+
+def _header(config: StreamBenchConfig, planner: Any, envs: dict[str, int]) -> dict[str, Any]:
+    return {"benchmark": "stream", "config": dataclasses.asdict(config), "environment": _environment(),
+            "planner": repr(planner), "envs": envs, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
 
 
 def _eval(config: StreamBenchConfig, base: Any, out_dir: Path, tests: list[Path], bank_dir: Path | None,

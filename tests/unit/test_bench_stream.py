@@ -48,3 +48,70 @@ def test_game_env_and_bad_config() -> None:
         StreamBenchConfig(arms=("nope",))
     with pytest.raises(ConfigError):
         StreamBenchConfig(orders=("sorted",))
+
+
+# ---------------------------------------------------------------- question families as the stream
+
+
+def _qa_suite(root: Path) -> Path:
+    from memento.types import Task
+
+    rows = {"capital": [("Peru", "Lima"), ("Chad", "NDjamena"), ("Chile", "Santiago"), ("Spain", "Madrid"),
+                        ("Italy", "Rome")],
+            "plural": [("mouse", "mice"), ("cat", "cats"), ("goose", "geese"), ("child", "children"),
+                       ("box", "boxes")]}
+    root.mkdir()
+    for split, part in (("train", slice(0, 3)), ("test", slice(3, 5))):
+        lines = []
+        for family, facts in rows.items():
+            for key, answer in facts[part]:
+                question = f"What is the capital of {key}?" if family == "capital" else f"What is the plural of {key}?"
+                task = Task(id=f"{family}-{key}", question=question, answers=(answer,), family=family, env="toy")
+                lines.append(json.dumps({"id": task.id, "question": task.question, "answers": list(task.answers),
+                                         "family": family, "env": "toy"}))
+        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_question_stream_reports_op_and_bwt_over_families(tmp_path: Path) -> None:
+    from memento.planners.base import CallablePlanner
+    from tests.unit.test_loop_systems import REPLIES
+
+    answers = {"Peru": "Lima", "Chad": "NDjamena", "Chile": "Santiago", "Spain": "Madrid", "Italy": "Rome",
+               "mouse": "mice", "cat": "cats", "goose": "geese", "child": "children", "box": "boxes"}
+    seen: list[tuple[str, list[str]]] = []
+
+    def answer(task, cases):  # right only when a demonstration or a note was shown
+        if task.id.startswith("memory:"):
+            return next((reply for key, reply in REPLIES.items() if key in task.question), "")
+        seen.append((task.id, [c.kind for c in cases]))
+        key = task.question.rstrip("?").split()[-1]
+        return answers[key] if cases or task.id.endswith(("Peru", "mouse")) else "I do not know"
+
+    suite = _qa_suite(tmp_path / "toy")
+    config = StreamBenchConfig(suite=str(suite), arms=STREAM_ARMS, orders=("grouped", "random"), k=3, candidates=6,
+                               train_per_env=3, test_per_env=2)
+    results = run_stream_bench(config, out=tmp_path / "stream.json", workdir=tmp_path / "work",
+                               planner=CallablePlanner(answer, name="toy"), encoder=HashingEncoder())
+    assert results["domain"] == "questions" and results["envs"] == {"capital": 3, "plural": 3}
+    for order in ("grouped", "random"):
+        runs = results["runs"]["0"][order]
+        assert runs["none"]["op"] == 0.0  # no memory: every test question unanswered
+        for arm in STREAM_ARMS[1:]:
+            assert runs[arm]["op"] == 1.0, (order, arm)  # the retained answers are shown: all right
+            assert set(runs[arm]["per_env"]) == {"capital", "plural"} and len(runs[arm]["stream"]) == 6
+        assert results["summary"][order]["cfgm"]["llm_calls"] > 0
+        assert results["summary"][order]["soft_q-all"]["items"].get("skill", 0) > 0
+    grouped = [s.split(":")[0] for s in results["runs"]["0"]["grouped"]["similarity"]["stream"]]
+    assert grouped in (["capital"] * 3 + ["plural"] * 3, ["plural"] * 3 + ["capital"] * 3)
+    learned = tmp_path / "work" / "seed-0" / "grouped" / "cfgm" / "learned-capital" / "summary.json"
+    frozen = json.loads(learned.read_text())
+    assert frozen["updates"] == 0 and frozen["retained"] == 0
+    assert "OP" in format_stream_table(results)
+
+
+def test_question_stream_bad_family_is_one_line(tmp_path: Path) -> None:
+    suite = _qa_suite(tmp_path / "toy")
+    config = StreamBenchConfig(suite=str(suite), envs=("capital", "nope"))
+    with pytest.raises(ConfigError, match="nope"):
+        run_stream_bench(config, out=tmp_path / "s.json", planner=object(), encoder=HashingEncoder())

@@ -1,0 +1,159 @@
+"""``memento bench stream`` on a question-answering suite: the question families as a stream of environments.
+
+The same protocol as the game stream (:mod:`memento.bench.stream`), with the online loop
+(:class:`memento.loop.OnlineLoop`) in place of the game loop:
+
+- the **environments** are the suite's question families (``StreamBenchConfig.envs``; all of them when empty),
+  each with its first ``train_per_env`` train questions and its first ``test_per_env`` test questions (file
+  order; never tuned);
+- an arm **trains** on the stream: one online run over the stream's questions in order (one LLM call each),
+  starting from the suite's **seed bank** (``cases.jsonl``, ``StreamBenchConfig.seed_bank``; an empty bank for
+  a suite without one or with ``seed_bank=False``), learning from the exact-match judge's reward and retaining
+  every answer (with a seed bank, stored with its own outcome under the lenient ``contains`` judge, as the seed
+  bank's rewards were: the realistic bank of ``facts-real``; otherwise with the exact-match reward), building
+  the arm's memory items (the seed cases are experience too: LifeMem clusters them), learning (soft-Q); at each family's learned point the run pauses and the family's test
+  questions are answered with the bank and the policy of that moment, **frozen** (no retention, no building, no
+  learning: ``LoopConfig.learn = False``; soft-Q starts from the train run's Q-network and still samples); after
+  the stream every family's test questions are answered again;
+- ``none`` shows no case at all (no bank);
+- a family's score is the success rate under exact match (the mean reward); OP, BwT and the final success are
+  :func:`memento.lifelong.lifelong_metrics` of those, as for games.
+
+The arms (``none``, ``similarity``, ``cfgm``, ``lifemem``, ``soft_q-all``) are the game stream's, with the online
+loop's policies (similarity: positive-only, Memento's non-parametric client; soft-Q: the loop's default,
+anchored on cosine, with case features that include the kind). The memory systems in question answering have no
+key-information reflection and no retries (:class:`memento.loop.LoopConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+from memento.bench.games import _frozen
+from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, RandomConfig
+from memento.errors import ConfigError
+from memento.lifelong import lifelong_metrics
+from memento.types import Case, Task
+
+__all__ = ["qa_seed_cases", "qa_stream_arm", "qa_stream_tasks", "run_qa_arm"]
+
+
+def qa_stream_arm(arm: str) -> tuple[bool, Any, Any]:
+    """``(memory, policy config, SystemsConfig)`` of a stream arm in the online loop."""
+    from memento.loop import loop_policy
+    from memento.systems.runtime import SystemsConfig
+
+    match arm:
+        case "none":
+            return False, RandomConfig(), SystemsConfig()
+        case "similarity":
+            return True, loop_policy("similarity"), SystemsConfig()
+        case "cfgm":
+            return True, CFGMRetrievalConfig(), SystemsConfig(build=("cfgm",), items="all")
+        case "lifemem":
+            return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
+        case "soft_q-all":
+            return True, loop_policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all")
+    raise ConfigError(f"stream arm {arm!r}: unknown")
+
+
+def qa_stream_tasks(suite: str, envs: tuple[str, ...], train_per_env: int,
+                    test_per_env: int) -> tuple[dict[str, list[Task]], dict[str, list[Task]]]:
+    """Per family: the first ``train_per_env`` train and ``test_per_env`` test questions of ``suite``."""
+    from memento.envs.tasks import load_suite
+
+    train: dict[str, list[Task]] = {}
+    test: dict[str, list[Task]] = {}
+    for split, out, limit in (("train", train, train_per_env), ("test", test, test_per_env)):
+        for task in load_suite(suite, split):  # type: ignore[arg-type]
+            family = task.family or task.env or "default"
+            if envs and family not in envs:
+                continue
+            rows = out.setdefault(family, [])
+            if len(rows) < limit:
+                rows.append(task)
+    unknown = sorted(set(envs) - set(train))
+    if unknown:
+        raise ConfigError(f"suite {suite!r} has no train questions of the family(ies) {unknown}; it has "
+                          f"{sorted({t.family or t.env or 'default' for t in load_suite(suite, 'train')})}")
+    missing = sorted(set(train) - set(test))
+    if missing:
+        raise ConfigError(f"family(ies) {missing} of suite {suite!r} have train questions but no test question")
+    return train, test
+
+
+def qa_seed_cases(suite: str) -> list[Case]:
+    """The suite's seed cases (``cases.jsonl``), or ``[]`` when it ships none."""
+    from memento.envs.tasks import seed_cases, suite_dir
+
+    return seed_cases(suite) if (suite_dir(suite) / "cases.jsonl").is_file() else []
+
+
+def _loop_config(config: Any, arm: str, seed: int) -> tuple[bool, Any]:
+    from memento.loop import LoopConfig
+
+    memory, policy, systems = qa_stream_arm(arm)
+    return memory, LoopConfig(k=config.k, candidates=config.candidates, policy=policy, systems=systems, seed=seed,
+                              shuffle=False, checkpoint_every=0, tensorboard=False, window=10)
+
+
+def _eval(config: Any, base: Any, out_dir: Path, tests: list[Task], bank_dir: Path | None, selector: Path | None,
+          run_online: Any, common: dict[str, Any]) -> dict[str, Any]:
+    common = {k: v for k, v in common.items() if k != "retain_judge"}  # nothing is retained
+    if config.resume and (out_dir / "summary.json").is_file():
+        from memento.rundir import read_json
+
+        return read_json(out_dir / "summary.json")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    eval_cfg = dataclasses.replace(base, steps=len(tests), retain=False, learn=False,
+                                   systems=dataclasses.replace(base.systems, build=()),
+                                   policy=_frozen(base.policy, selector) if selector else base.policy)
+    return run_online(eval_cfg, out_dir=out_dir, tasks=tests, bank_dir=bank_dir, **common)
+
+
+def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tuple[str, Task]],
+               points: dict[str, int], test_by_env: dict[str, list[Task]], common: dict[str, Any], *,
+               seed_cases: list[Case] | None = None) -> dict[str, Any]:
+    """One arm of one seed and order (see the module docstring): its entry in the results."""
+    from memento.loop import run_online
+
+    memory, base = _loop_config(config, arm, seed)
+    train_dir = run_root / "train"
+    tasks = [task for _, task in stream]
+    learned: dict[str, float] = {}
+    train_summary: dict[str, Any] | None = None
+    selector: Path | None = None
+    bank_dir: Path | None = None
+    if memory:
+        for segment, end in enumerate(sorted(set(points.values()))):
+            resume = segment > 0 or config.resume  # a later segment continues the stream's one run
+            if not resume and train_dir.exists():
+                shutil.rmtree(train_dir)
+            train_summary = run_online(dataclasses.replace(base, steps=end + 1), out_dir=train_dir, tasks=tasks,
+                                       resume=resume, seed_cases=seed_cases or None, **common)
+            selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
+            for env in (e for e, point in points.items() if point == end):
+                summary = _eval(config, base, run_root / f"learned-{env}", test_by_env[env], train_dir / "bank",
+                                selector, run_online, common)
+                learned[env] = summary["success_rate"]
+        bank_dir = train_dir / "bank"
+    final: dict[str, float] = {}
+    for env in sorted(points):
+        summary = _eval(config, base, run_root / f"final-{env}", test_by_env[env], bank_dir, selector, run_online,
+                        common)
+        final[env] = summary["success_rate"]
+    if not memory:  # no memory: nothing is learned, the learned point is the final one
+        learned = dict(final)
+    metrics = lifelong_metrics(learned, final)
+    entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
+             "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
+             "final_success": metrics["op"], "learned_success": sum(learned.values()) / len(learned),
+             "stream": [f"{env}:{task.id}" for env, task in stream]}
+    if train_summary is not None:
+        entry["train"] = {k: train_summary.get(k) for k in ("success_rate", "bank_size_end", "wall_s", "updates",
+                                                               "llm_calls", "prompt_tokens", "systems")}
+    return entry
