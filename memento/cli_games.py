@@ -294,6 +294,9 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
                     help=f"question suites: train questions per family (default: {d['train_per_env']})")
     bs.add_argument("--test-per-env", type=int, default=None,
                     help=f"question suites: test questions per family (default: {d['test_per_env']})")
+    bs.add_argument("--no-seed-bank", action="store_true",
+                    help="question suites: start every memory arm from an empty bank (default: the suite's seed "
+                         "cases, retained answers stored with the lenient contains judge)")
     bs.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     bs.add_argument("--resume", action="store_true", help="reuse finished runs in --workdir")
     bs.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
@@ -305,5 +308,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
 
     given = _bench_fields(args, ("suite", "eval_repeats", "max_steps", "k", "candidates", "planner",
                                  "train_per_env", "test_per_env"), ("arms", "orders", "envs"))
+    if args.no_seed_bank:
+        given["seed_bank"] = False
     config = StreamBenchConfig(resume=args.resume, **given)
     return _run_bench(args, run_stream_bench, config, format_stream_table)

@@ -279,6 +279,12 @@ def task_env(task: Task) -> str:
     return task.family or task.env or "default"
 
 
+def own_answer(case: Case) -> bool:
+    """An answer this loop retained with the memory systems on (it carries the judge's verdict,
+    ``meta.success``): what LifeMem clusters in question answering (a seed bank's cases are not clustered)."""
+    return "success" in case.meta and "task_id" in case.meta
+
+
 def torch_seed(seq: np.random.SeedSequence) -> int:
     """A non-negative int64 torch seed drawn from a ``SeedSequence``."""
     return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
@@ -539,7 +545,7 @@ class OnlineLoop:
             bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=use_gpu_for(self.device))
         try:
             self.systems = MemorySystems(cfg.systems, planner=self.planner, encode=self._encode,
-                                         cache_path=self.out_dir / "memory_calls.jsonl")
+                                         cache_path=self.out_dir / "memory_calls.jsonl", trajectory=own_answer)
             self.policy = self._build_policy(seeds, bank)
             if ckpt is None:
                 self.bank_size_start = len(bank)

@@ -79,7 +79,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -317,9 +317,12 @@ class WorkflowClusters:
     """LifeMem's workflow clusters and skills over a bank (see the module docstring).
 
     ``graph`` is the bank's :class:`~memento.systems.items.ItemGraph` when the caller keeps one (it is updated
-    with every entry written here); by default it is read from the bank."""
+    with every entry written here); by default it is read from the bank. ``accepts``: which of the bank's
+    trajectories the initial clustering takes (default: all; the question-answering loop clusters its own answers,
+    not a seed bank's cases)."""
 
-    def __init__(self, llm: Any, bank: Any, config: LifeMemConfig | None = None, *, graph: ItemGraph | None = None):
+    def __init__(self, llm: Any, bank: Any, config: LifeMemConfig | None = None, *, graph: ItemGraph | None = None,
+                 accepts: Callable[[Case], bool] | None = None):
         if config is None:
             config = LifeMemConfig()
         if not isinstance(config, LifeMemConfig):
@@ -328,6 +331,7 @@ class WorkflowClusters:
         self.bank = bank
         self.config = config
         self.graph = graph if graph is not None else ItemGraph.from_bank(bank)
+        self.accepts = accepts
         self._written: list[Case] = []
 
     # ------------------------------------------------------------------ views
@@ -367,7 +371,7 @@ class WorkflowClusters:
             return []
         out: list[str] = []
         for case_id, case in self.graph.cases.items():
-            if is_trajectory(case):
+            if is_trajectory(case) and (self.accepts is None or self.accepts(case)):
                 out.append(case_id)
             if case_id == upto:
                 break

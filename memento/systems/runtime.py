@@ -103,8 +103,9 @@ class MemorySystems:
     """The builders, the LLM and the provenance graph of one run (see the module docstring)."""
 
     def __init__(self, config: SystemsConfig, *, planner: Any, encode: Callable[[list[str]], np.ndarray],
-                 cache_path: str | Path | None):
+                 cache_path: str | Path | None, trajectory: Callable[[Case], bool] | None = None):
         self.config = config
+        self.trajectory = trajectory  # which raw cases LifeMem clusters (None: every trajectory of the bank)
         self.encode = encode
         templates = BuilderTemplates() if config.templates is None else BuilderTemplates.from_json(config.templates)
         self.llm = MemoryLLM(builder_planner(planner, config.max_new_tokens), templates=templates,
@@ -118,7 +119,8 @@ class MemorySystems:
         self.graph = ItemGraph.from_bank(bank)
         self.graph.check()
         if "lifemem" in self.config.build and self.llm is not None:
-            self.clusters = WorkflowClusters(self.llm, bank, self.config.lifemem, graph=self.graph)
+            self.clusters = WorkflowClusters(self.llm, bank, self.config.lifemem, graph=self.graph,
+                                             accepts=self.trajectory)
 
     def added(self, cases: Sequence[Case], ids: Sequence[str]) -> None:
         """Record cases the loop added to the bank (the ids ``bank.add`` returned)."""

@@ -115,3 +115,36 @@ def test_question_stream_bad_family_is_one_line(tmp_path: Path) -> None:
     config = StreamBenchConfig(suite=str(suite), envs=("capital", "nope"))
     with pytest.raises(ConfigError, match="nope"):
         run_stream_bench(config, out=tmp_path / "s.json", planner=object(), encoder=HashingEncoder())
+
+
+def test_question_stream_starts_from_the_suite_seed_bank(tmp_path: Path) -> None:
+    from memento.planners.base import CallablePlanner
+
+    suite = _qa_suite(tmp_path / "toy")
+    seeds = [{"id": "seed-1", "state": "What is the capital of France?", "action": "The capital is Paris.",
+              "reward": 1.0, "env": "toy"},
+             {"id": "seed-2", "state": "What is the plural of dog?", "action": "dogs", "reward": 1.0, "env": "toy"}]
+    (suite / "cases.jsonl").write_text("".join(json.dumps(row) + "\n" for row in seeds))
+    stored: dict[str, float] = {}
+
+    def answer(task, cases):  # a sentence: wrong under exact match, right under the lenient retain judge
+        return "It is " + task.answers[0] + "." if not task.id.startswith("memory:") else ""
+
+    config = StreamBenchConfig(suite=str(suite), arms=("none", "similarity"), orders=("grouped",), k=2,
+                               candidates=4, train_per_env=3, test_per_env=2)
+    results = run_stream_bench(config, out=tmp_path / "s.json", workdir=tmp_path / "work",
+                               planner=CallablePlanner(answer, name="toy"), encoder=HashingEncoder())
+    assert results["seed_bank"] == 2
+    from memento.memory import CaseBank
+
+    with CaseBank.open(tmp_path / "work" / "seed-0" / "grouped" / "similarity" / "train" / "bank") as bank:
+        stored = {c.state: c.reward for c in bank.iter_cases()}
+    assert len(stored) == 2 + 6 and stored["What is the capital of France?"] == 1.0
+    assert all(reward == 1.0 for reward in stored.values())  # retained with the lenient judge: "contains"
+    assert results["runs"]["0"]["grouped"]["similarity"]["op"] == 0.0  # the task's own judge is exact match
+    assert results["runs"]["0"]["grouped"]["similarity"]["train"]["bank_size_end"] == 8
+    no_bank = StreamBenchConfig(suite=str(suite), arms=("similarity",), orders=("grouped",), k=2, candidates=4,
+                                train_per_env=3, test_per_env=2, seed_bank=False)
+    results = run_stream_bench(no_bank, out=tmp_path / "s2.json", workdir=tmp_path / "work2",
+                               planner=CallablePlanner(answer, name="toy"), encoder=HashingEncoder())
+    assert results["seed_bank"] == 0 and results["runs"]["0"]["grouped"]["similarity"]["train"]["bank_size_end"] == 6

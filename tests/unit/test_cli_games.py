@@ -70,3 +70,23 @@ def test_bad_templates_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_
     code, err = _run(capsys, "play", "--out", str(tmp_path / "run"), "--templates", str(bad))
     assert code == 2 and "unknown_field" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_bench_stream_on_a_question_suite_refuses_an_unknown_family(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    code, err = _run(capsys, "bench", "stream", "--suite", "facts-real", "--envs", "capital,nope", "--json",
+                     str(tmp_path / "x.json"))
+    assert code == 2 and "'nope'" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [(["--build", "cfgm,nope"], "build"),
+                                           (["--templates", "missing.json"], "no such templates file")])
+def test_online_refuses_bad_memory_system_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                argv: list[str], message: str) -> None:
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "question": "q?", "answers": ["x"]}\n')
+    code, err = _run(capsys, "online", "--tasks", str(tasks), "--planner", "gemma", "--out", str(tmp_path / "run"),
+                     *argv)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "run").exists()

@@ -166,3 +166,15 @@ def test_an_extended_run_equals_an_uninterrupted_one_and_pays_no_call_twice(tmp_
     after = (tmp_path / "part" / "memory_calls.jsonl").read_text().splitlines()
     assert after[:len(cache)] == cache
     assert len(after) == whole["systems"]["llm"]["calls"]  # each prompt paid once across both processes
+
+
+def test_lifemem_clusters_the_run_answers_not_the_seed_bank(tmp_path: Path) -> None:
+    seeds = [Case(state=f"What is the capital of Seedland {i}?", action=f"Seed {i}", reward=1.0, env="facts")
+             for i in range(7)]
+    config = _config(policy=LifeMemRetrievalConfig(), systems=SystemsConfig(build=("lifemem",), items="all"))
+    _, planner = _run(tmp_path / "run", config, seed_cases=seeds)
+    cases = _bank(tmp_path / "run")
+    clustered = {m for c in ItemGraph(cases).active("cluster") for m in c.meta.get("members", [])}
+    own = {c.id for c in cases if c.kind == "case" and "success" in c.meta}
+    assert len(own) == 10 and clustered == own
+    assert not any("Seedland" in p for p in planner.memory_prompts)
