@@ -274,9 +274,10 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
         description="Per seed, stream order (grouped, random) and arm (" + ", ".join(STREAM_ARMS) + "): "
                     "play the suite's train games as one stream (retaining, building memory items, learning), "
                     "evaluate each environment's test games at its learned point (its last training game) and "
-                    "after the stream, frozen (a question suite such as facts-real: its question families are "
-                    "the environments, answered by the online loop from an empty bank, scored by exact match); report OP (mean final score), BwT (relative change from the "
-                    "learned point), final success and the builders' LLM calls and items per kind.")
+                    "after the stream, frozen (on a question suite such as facts-real its question families are "
+                    "the environments, answered by the online loop from the suite's seed bank, scored by exact "
+                    "match); report OP (mean final score), BwT (relative change from the learned point), final "
+                    "success and the builders' LLM calls and items per kind.")
     d = {f.name: f.default for f in dataclasses.fields(StreamBenchConfig)}
     bs.add_argument("--suite", default=None, help=f"shipped suite (default: {d['suite']})")
     bs.add_argument("--arms", default=None, help=f"comma-separated arms (default: {','.join(d['arms'])})")

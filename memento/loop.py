@@ -99,8 +99,8 @@ from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
-from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Case, Selection, Task
 
 if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a run plans

@@ -129,11 +129,10 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     """Run the benchmark; the JSON at ``out`` is rewritten after every arm. ``games``: split -> game files
     (default: the suite's, generated on first use)."""
     from memento.actor import ActorConfig
+    from memento.envs.tasks import suite_names
     from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
     from memento.gameloop import GameLoopConfig, run_games
     from policies import make_policy
-
-    from memento.envs.tasks import suite_names
 
     if games is None and (config.suite in suite_names() or (Path(config.suite) / "train.jsonl").is_file()):
         return _run_qa_stream(config, out=out, workdir=workdir, planner=planner, encoder=encoder, progress=progress)
@@ -161,25 +160,35 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     results["domain"] = "games"
     game = TextWorldConfig(max_steps=config.max_steps)
     common = dict(make_policy=make_policy, encoder=encoder, planner=planner, progress=progress)
+
+    def one_arm(seed: int, order: str, arm: str, stream: list[tuple[str, Any]], points: dict[str, int],
+                run_root: Path) -> dict[str, Any]:
+        memory, policy, systems = stream_arm(arm)
+        base = GameLoopConfig(k=config.k, candidates=config.candidates, policy=policy, memory=memory, game=game,
+                              seed=seed, checkpoint_every=0, tensorboard=False, systems=systems,
+                              actor=ActorConfig(case_weight=float(config.case_weight)))
+        return _arm(config, base, run_root, stream, points, [path for _, path in stream], test_by_env, run_games,
+                    common)
+
+    return _each_arm(config, train_by_env, one_arm, results, root=root, out=out, keep=workdir is not None)
+
+
+def _each_arm(config: StreamBenchConfig, train_by_env: dict[str, list[Any]], one_arm: Any, results: dict[str, Any],
+              *, root: Path, out: str | Path, keep: bool) -> dict[str, Any]:
+    """Every seed, order and arm: ``one_arm(seed, order, arm, stream, learned points, run root) -> entry``; the
+    results are summarised and written after every arm."""
     try:
         for seed in config.seeds:
             for order in config.orders:
                 stream = stream_order(train_by_env, order, np.random.default_rng([seed, 7]))  # type: ignore[arg-type]
                 points = learned_points(stream)
-                stream_games = [path for _, path in stream]
                 for arm in config.arms:
-                    memory, policy, systems = stream_arm(arm)
-                    base = GameLoopConfig(k=config.k, candidates=config.candidates, policy=policy, memory=memory,
-                                          game=game, seed=seed, checkpoint_every=0, tensorboard=False,
-                                          systems=systems, actor=ActorConfig(case_weight=float(config.case_weight)))
-                    run_root = root / f"seed-{seed}" / order / arm
-                    entry = _arm(config, base, run_root, stream, points, stream_games, test_by_env, run_games,
-                                 common)
+                    entry = one_arm(seed, order, arm, stream, points, root / f"seed-{seed}" / order / arm)
                     results["runs"].setdefault(str(seed), {}).setdefault(order, {})[arm] = entry
                     results["summary"] = summarize_stream(results["runs"], config)
                     _write(out, results)
     finally:
-        if workdir is None:
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize_stream(results["runs"], config)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -208,24 +217,12 @@ def _run_qa_stream(config: StreamBenchConfig, *, out: str | Path, workdir: str |
     if seeds_cases:  # a realistic bank: each stored reward is its answer's own outcome under a lenient judge
         common["retain_judge"] = make_judge("contains")
     results["seed_bank"] = len(seeds_cases or [])
-    try:
-        for seed in config.seeds:
-            for order in config.orders:
-                stream = stream_order(train_by_env, order, np.random.default_rng([seed, 7]))  # type: ignore[arg-type]
-                points = learned_points(stream)
-                for arm in config.arms:
-                    entry = run_qa_arm(config, arm, seed, root / f"seed-{seed}" / order / arm, stream, points,
-                                       test_by_env, common, seed_cases=seeds_cases)
-                    results["runs"].setdefault(str(seed), {}).setdefault(order, {})[arm] = entry
-                    results["summary"] = summarize_stream(results["runs"], config)
-                    _write(out, results)
-    finally:
-        if workdir is None:
-            shutil.rmtree(root, ignore_errors=True)
-    results["summary"] = summarize_stream(results["runs"], config)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    _write(out, results)
-    return results
+
+    def one_arm(seed: int, order: str, arm: str, stream: list[tuple[str, Any]], points: dict[str, int],
+                run_root: Path) -> dict[str, Any]:
+        return run_qa_arm(config, arm, seed, run_root, stream, points, test_by_env, common, seed_cases=seeds_cases)
+
+    return _each_arm(config, train_by_env, one_arm, results, root=root, out=out, keep=workdir is not None)
 
 
 def _models(config: StreamBenchConfig, encoder: Any | None, planner: Any | None) -> tuple[Any, Any]:

@@ -11,10 +11,11 @@ The same protocol as the game stream (:mod:`memento.bench.stream`), with the onl
   a suite without one or with ``seed_bank=False``), learning from the exact-match judge's reward and retaining
   every answer (with a seed bank, stored with its own outcome under the lenient ``contains`` judge, as the seed
   bank's rewards were: the realistic bank of ``facts-real``; otherwise with the exact-match reward), building
-  the arm's memory items (the seed cases are experience too: LifeMem clusters them), learning (soft-Q); at each family's learned point the run pauses and the family's test
-  questions are answered with the bank and the policy of that moment, **frozen** (no retention, no building, no
-  learning: ``LoopConfig.learn = False``; soft-Q starts from the train run's Q-network and still samples); after
-  the stream every family's test questions are answered again;
+  the arm's memory items from the run's own answers (LifeMem does not cluster the seed cases), learning
+  (soft-Q); at each family's learned point the run pauses and the family's test questions are answered with
+  the bank and the policy of that moment, **frozen** (no retention, no building, no learning:
+  ``LoopConfig.learn = False``; soft-Q starts from the train run's Q-network and still samples); after the
+  stream every family's test questions are answered again;
 - ``none`` shows no case at all (no bank);
 - a family's score is the success rate under exact match (the mean reward); OP, BwT and the final success are
   :func:`memento.lifelong.lifelong_metrics` of those, as for games.
