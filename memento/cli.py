@@ -34,6 +34,7 @@ from memento.cli_games import (
     cmd_play,
     systems_from_args,
 )
+from memento.cli_ope import add_evaluate_parser, cmd_evaluate
 from memento.compare import comparison_table, run_comparison
 from memento.config import (
     EncoderConfig,
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_parser(commands)
     _add_online_parser(commands)
     add_play_parser(commands)
+    add_evaluate_parser(commands)
     _add_export_parsers(commands)
     _add_serve_parsers(commands)
     _add_inspect_parser(commands)
@@ -1156,6 +1158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_online(args)
         if args.command == "play":
             return cmd_play(args)
+        if args.command == "evaluate":
+            return cmd_evaluate(args, make_policy=make_policy)
         if args.command == "demo":
             return _cmd_demo(args, parser)
         if args.command == "train":

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("memento", "policies", "training")
 COMPOSITION_ROOT = {"memento.cli", "memento.cli_games", "memento.__main__", "memento.bench.online",
                     "memento.bench.select", "memento.bench.serve", "memento.bench.games",
-                    "memento.bench.stream"}
+                    "memento.bench.stream", "memento.bench.stream_qa"}
 """Modules allowed to import every layer (the CLI and the benchmarks that run concrete policies)."""
 
 
