@@ -317,8 +317,9 @@ def summarize_stream(runs: dict[str, dict[str, dict[str, Any]]], config: StreamB
             calls = [r.get("train", {}).get("systems", {}) or {} for r in rows]
             llm = [c.get("llm", {}) for c in calls if c.get("llm")]
             if llm:
-                table[arm]["llm_calls"] = float(np.mean([x["calls"] for x in llm]))
-                table[arm]["llm_s"] = float(np.mean([x["wall_s"] for x in llm]))
+                # the whole train run's calls (a stream's run is resumed at every learned point)
+                table[arm]["llm_calls"] = float(np.mean([x.get("run_calls", x["calls"]) for x in llm]))
+                table[arm]["llm_s"] = float(np.mean([x.get("run_wall_s", x["wall_s"]) for x in llm]))
                 table[arm]["items"] = calls[0].get("active_by_kind", {})
         out[order] = table
     if {"grouped", "random"} <= set(config.orders):

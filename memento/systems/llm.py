@@ -1,8 +1,9 @@
 """The memory builders' LLM calls: replaceable templates, a reply cache, call accounting, tolerant parsing.
 
-Every builder (focus points, tips, reflections, clusters, skills) asks the run's frozen planner through the
-planner protocol only: a template is filled, sent as the question of a :class:`memento.types.Task` with no cases
-(``planner.plan(task, [])``), and the reply text comes back. So Gemma 3 270M, any transformers model or any
+Every builder (focus points, tips, reflections, clusters, skills, PlugMem's structuring, knowledge, abstract
+queries and notes) asks the run's frozen planner through the planner protocol only: a template is filled, sent as
+the question of a :class:`memento.types.Task` with no cases (``planner.plan(task, [])``), and the reply text
+comes back. So Gemma 3 270M, any transformers model or any
 OpenAI-compatible server can build memory. A base model answering a few-shot prompt stops at the end of the line
 (``"\\n"``), so every template asks for its answer on one line, with items separated by ``;``.
 
@@ -17,7 +18,8 @@ for a call twice. A torn last line (a crash mid-write) is ignored on load; any o
 file and line. The planner must be deterministic (greedy) for the cache to be exact.
 
 **Accounting.** :meth:`MemoryLLM.stats` gives calls made, replies served from the cache, the wall time spent in
-the planner, and the same per template; builders add the number of items each call produced, so
+the planner, and the same per template (this process), and ``run_calls`` / ``run_wall_s``: every call the run
+directory's cache file records, earlier processes of a resumed run included (each row keeps its seconds); builders add the number of items each call produced, so
 ``calls / items`` and ``seconds / item`` are reported per item kind.
 
 **Parsing.** :func:`parse_items` reads a list from a reply written as ``a; b; c``, one item a line, numbered
@@ -77,6 +79,21 @@ class BuilderTemplates:
     skills: str = ("Workflow: {description}\nTrajectories:\n{trajectories}\nWrite {min_items} to {max_items} rules "
                    "for this workflow (constraints, dependencies, execution principles). Answer on one line, rules "
                    "separated by ';'.")
+    plug_structure: str = ("Task: {task}\nEarlier actions: {history}\nObservation: {observation}\nAction: {action}\n"
+                           "Outcome of the whole attempt: {outcome}\nInfer the state after this action, the subgoal "
+                           "it serves and its reward (a number from 0 to 1). Answer on one line as "
+                           "'state | subgoal | reward'.")
+    plug_facts: str = ("Task: {task}\nSubgoal: {subgoal}\nSteps:\n{steps}\nWrite at most {max_items} atomic facts "
+                       "these steps show, each followed by its concepts in brackets, for example 'Lima is the "
+                       "capital of Peru [capital cities, Peru]'. Answer on one line, facts separated by ';'.")
+    plug_procedure: str = ("Task: {task}\nSubgoal: {subgoal}\nSteps:\n{steps}\nOutcome: {outcome}\nWhat intent do "
+                           "these steps serve, and how should it be achieved? Answer on one line as "
+                           "'intent => prescription'.")
+    plug_abstract: str = ("Query: {query}\nRelated memory: {hints}\nWrite at most {max_items} abstract queries for "
+                          "this query: the general concepts it is about or the intents it serves. Answer on one "
+                          "line, separated by ';'.")
+    plug_compress: str = ("Task: {query}\nRetrieved memory:\n{memory}\nCompress the memory into one short note of "
+                          "at most {max_tokens} words that keeps only what helps this task. Answer on one line.")
 
     def __post_init__(self) -> None:
         for name, allowed in TEMPLATE_FIELDS.items():
@@ -125,6 +142,11 @@ TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
     "cluster_describe": ("trajectories",),
     "cluster_split": ("trajectories", "min_parts", "max_parts"),
     "skills": ("description", "trajectories", "min_items", "max_items"),
+    "plug_structure": ("task", "history", "observation", "action", "outcome"),
+    "plug_facts": ("task", "subgoal", "steps", "max_items"),
+    "plug_procedure": ("task", "subgoal", "steps", "outcome"),
+    "plug_abstract": ("query", "hints", "max_items"),
+    "plug_compress": ("query", "memory", "max_tokens"),
 }
 """The fields each template may use."""
 
@@ -145,6 +167,8 @@ class MemoryLLM:
         self.cached: dict[str, int] = defaultdict(int)
         self.wall_s: dict[str, float] = defaultdict(float)
         self.items: dict[str, int] = defaultdict(int)
+        self.paid_before = 0  # calls paid by earlier processes of this run (rows of the cache file)
+        self.paid_before_s = 0.0  # their seconds (rows that record them)
         if self.cache_path is not None and self.cache_path.exists():
             self._load()
 
@@ -166,6 +190,10 @@ class MemoryLLM:
                     break
                 raise DataFormatError(f"not a reply-cache row ({error})", path=path, line=number) from None
             self._cache[key] = reply
+            self.paid_before += 1
+            seconds = row.get("wall_s")
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                self.paid_before_s += float(seconds)
 
     def key(self, prompt: str) -> str:
         return hashlib.sha256(f"{self.name}\n{prompt}".encode()).hexdigest()
@@ -197,7 +225,8 @@ class MemoryLLM:
         if self.cache_path is not None:
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
             with self.cache_path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"key": key, "template": template, "reply": reply}) + "\n")
+                handle.write(json.dumps({"key": key, "template": template, "reply": reply,
+                                         "wall_s": round(time.perf_counter() - start, 4)}) + "\n")
                 handle.flush()
         logger.debug("memory llm %s: %d chars of prompt -> %r", template, len(prompt), reply[:120])
         return reply
@@ -213,6 +242,7 @@ class MemoryLLM:
         wall = sum(self.wall_s.values())
         return {
             "calls": calls, "cached": sum(self.cached.values()), "wall_s": round(wall, 3), "items": items,
+            "run_calls": self.paid_before + calls, "run_wall_s": round(self.paid_before_s + wall, 3),
             "calls_per_item": round(calls / items, 3) if items else None,
             "s_per_item": round(wall / items, 3) if items else None,
             "by_template": {name: {"calls": self.calls.get(name, 0), "cached": self.cached.get(name, 0),

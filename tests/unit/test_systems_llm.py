@@ -150,3 +150,22 @@ def test_check_names_a_missing_source_and_a_cycle():
     with pytest.raises(ProvenanceError, match="must be a list"):
         sources_of(Case(state="s", action="a", reward=0.0, id="w", kind="tip", meta={"sources": "x"}))
     ItemGraph([Case(state="s", action="a", reward=0.0, id="q")]).check()
+
+
+def test_run_accounting_counts_the_calls_of_earlier_processes(tmp_path) -> None:
+    from memento.systems.llm import MemoryLLM
+
+    class Echo:
+        def plan(self, task, cases):
+            return "a; b"
+
+    cache = tmp_path / "memory_calls.jsonl"
+    first = MemoryLLM(Echo(), cache_path=cache)
+    first.ask("cluster_describe", trajectories="one")
+    first.ask("cluster_describe", trajectories="two")
+    second = MemoryLLM(Echo(), cache_path=cache)  # a resumed process
+    second.ask("cluster_describe", trajectories="two")  # served from the cache
+    second.ask("cluster_describe", trajectories="three")
+    stats = second.stats()
+    assert stats["calls"] == 1 and stats["cached"] == 1 and stats["run_calls"] == 3
+    assert stats["run_wall_s"] >= stats["wall_s"]
