@@ -78,7 +78,7 @@ def add_systems_flags(parser: Any, *, games: bool) -> None:
     """The memory-system flags of ``memento play`` (``games``: with reflection and retries) and ``memento
     online``."""
     parser.add_argument("--build", default=None, metavar="SYSTEMS",
-                        help="memory systems that build items: comma-separated cfgm, lifemem (default: none)")
+                        help="memory systems that build items: comma-separated cfgm, lifemem, plugmem (default: none)")
     parser.add_argument("--items", choices=["cases", "all"], default=None,
                         help="candidates: raw cases only, or with their linked tips, skills and focus points "
                              "(default: cases)")

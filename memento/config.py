@@ -38,6 +38,7 @@ __all__ = [
     "CASE_KINDS",
     "CFGMRetrievalConfig",
     "LifeMemRetrievalConfig",
+    "PlugMemRetrievalConfig",
     "CASE_SCALARS",
     "QNetAnchor",
     "QNetFeatures",
@@ -518,7 +519,7 @@ class LearnerConfig:
 # ``policies.make_policy(config, context)`` is the one factory. Run configs (the online loop, the regret
 # run) nest one of them; a JSON ``{"kind": ...}`` object converts back to the right class.
 
-PolicyKind = Literal["random", "similarity", "soft_q", "linucb", "cfgm", "lifemem"]
+PolicyKind = Literal["random", "similarity", "soft_q", "linucb", "cfgm", "lifemem", "plugmem"]
 IfNoPositive = Literal["all", "error"]
 LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
 LinUCBMode = Literal["shared", "disjoint"]
@@ -695,13 +696,36 @@ class LifeMemRetrievalConfig:
         _check_bool(self, "skills")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlugMemRetrievalConfig:
+    """PlugMem's retrieval as a policy (``policies.plugmem``), over the expanded candidates: the ``seeds``
+    propositions/prescriptions most similar to the state, then (``route``) the other candidate items that share a
+    concept or an intent with a seed, most similar first, pruned to ``budget_tokens`` words of shown text (first
+    fit, in that order); then ``cases`` raw cases (most similar with reward > 0; 0: none, PlugMem retrieves
+    knowledge, not episodes); at most the decision's K items in all. The LLM's abstract queries and compression
+    are prompt-side (``memento.systems.plugmem.retrieve``), not part of the policy."""
+
+    kind: Literal["plugmem"] = "plugmem"
+    seeds: int = 3
+    route: bool = True
+    budget_tokens: int = 256
+    cases: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["plugmem"])
+        check_int(self, "seeds", 1)
+        _check_bool(self, "route")
+        check_int(self, "budget_tokens", 1)
+        check_int(self, "cases", 0)
+
+
 PolicyConfig = (RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig | CFGMRetrievalConfig
-                | LifeMemRetrievalConfig)
+                | LifeMemRetrievalConfig | PlugMemRetrievalConfig)
 """One selection policy's configuration; ``config.kind`` names the policy."""
 
 POLICY_CONFIGS: dict[str, type] = {"random": RandomConfig, "similarity": SimilarityConfig, "soft_q": SoftQConfig,
                                    "linucb": LinUCBConfig, "cfgm": CFGMRetrievalConfig,
-                                   "lifemem": LifeMemRetrievalConfig}
+                                   "lifemem": LifeMemRetrievalConfig, "plugmem": PlugMemRetrievalConfig}
 """The config class of each policy kind (the names of :data:`PolicyKind`)."""
 
 

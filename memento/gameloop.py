@@ -74,6 +74,7 @@ from memento.config import (
     CFGMRetrievalConfig,
     LifeMemRetrievalConfig,
     LinUCBConfig,
+    PlugMemRetrievalConfig,
     PolicyConfig,
     PolicyKind,
     RandomConfig,
@@ -147,6 +148,8 @@ def game_policy(kind: PolicyKind, *, gamma: float = 0.0) -> PolicyConfig:
             return CFGMRetrievalConfig()
         case "lifemem":
             return LifeMemRetrievalConfig()
+        case "plugmem":
+            return PlugMemRetrievalConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 

@@ -79,6 +79,7 @@ from memento.config import (
     CFGMRetrievalConfig,
     LifeMemRetrievalConfig,
     LinUCBConfig,
+    PlugMemRetrievalConfig,
     PolicyConfig,
     PolicyKind,
     RandomConfig,
@@ -154,6 +155,8 @@ def loop_policy(kind: PolicyKind) -> PolicyConfig:
             return CFGMRetrievalConfig()
         case "lifemem":
             return LifeMemRetrievalConfig()
+        case "plugmem":
+            return PlugMemRetrievalConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 

@@ -9,9 +9,11 @@
 - ``linucb``: a LinUCB contextual bandit on (state, case) features, learning in ``observe``.
 
 - ``cfgm``: CFGM's dual-channel retrieval (focus point, similar successful trajectories, their tips);
-- ``lifemem``: LifeMem's environment-aligned retrieval (similar trajectories and their clusters' skills).
+- ``lifemem``: LifeMem's environment-aligned retrieval (similar trajectories and their clusters' skills);
+- ``plugmem``: PlugMem's retrieval (the most similar propositions/prescriptions, routed through their concepts
+  and intents, pruned to a token budget).
 
-Later: ``plugmem``. :func:`make_policy` is the one factory: it builds a
+:func:`make_policy` is the one factory: it builds a
 policy from its config (:data:`memento.config.PolicyConfig`, one class per kind) with an explicit
 ``match`` (no string-to-import registry). The configs live in :mod:`memento.config`, so run configs
 of the core can nest them; this package depends on the core, never the other way round.
@@ -26,6 +28,7 @@ from memento.config import (
     CFGMRetrievalConfig,
     LifeMemRetrievalConfig,
     LinUCBConfig,
+    PlugMemRetrievalConfig,
     PolicyConfig,
     PolicyKind,
     RandomConfig,
@@ -37,6 +40,7 @@ from memento.policy import Policy, PolicyContext
 from policies.cfgm import CFGMPolicy
 from policies.lifemem import LifeMemPolicy
 from policies.linucb import LinUCBPolicy
+from policies.plugmem import PlugMemPolicy
 from policies.random import RandomPolicy
 from policies.similarity import RewardedCandidates, SimilarityPolicy, bank_rewards, with_rewards
 from policies.soft_q import SoftQAgent, SoftQPolicy
@@ -49,6 +53,8 @@ __all__ = [
     "LifeMemRetrievalConfig",
     "LinUCBConfig",
     "LinUCBPolicy",
+    "PlugMemPolicy",
+    "PlugMemRetrievalConfig",
     "PolicyConfig",
     "PolicyContext",
     "PolicyKind",
@@ -75,7 +81,8 @@ def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
     - :class:`SoftQConfig` -> :class:`SoftQAgent` (Q-network, learner and replay buffer on
       ``context.device``, seeded with ``context.qnet_seed`` / ``context.learner_seed``);
     - :class:`CFGMRetrievalConfig` -> :class:`CFGMPolicy`, :class:`LifeMemRetrievalConfig` ->
-      :class:`LifeMemPolicy` (``context.reward_of`` for the successful trajectories);
+      :class:`LifeMemPolicy`, :class:`PlugMemRetrievalConfig` -> :class:`PlugMemPolicy` (``context.reward_of``
+      for the successful trajectories);
     - :class:`LinUCBConfig` -> :class:`LinUCBPolicy` (``dim`` from ``context.dim`` when not set).
 
     Anything else raises ``ConfigError``.
@@ -93,6 +100,8 @@ def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
             return CFGMPolicy(config, reward_of=context.reward_of)
         case LifeMemRetrievalConfig():
             return LifeMemPolicy(config, reward_of=context.reward_of)
+        case PlugMemRetrievalConfig():
+            return PlugMemPolicy(config, reward_of=context.reward_of)
         case LinUCBConfig():
             if config.dim is None:
                 config = dataclasses.replace(config, dim=context.dim)

@@ -53,6 +53,7 @@ from memento.config import (
     LearnerConfig,
     LifeMemRetrievalConfig,
     LinUCBConfig,
+    PlugMemRetrievalConfig,
     PolicyConfig,
     PolicyKind,
     RandomConfig,
@@ -102,6 +103,8 @@ def regret_policy(kind: PolicyKind) -> PolicyConfig:
             return CFGMRetrievalConfig()
         case "lifemem":
             return LifeMemRetrievalConfig()
+        case "plugmem":
+            return PlugMemRetrievalConfig()
     raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
 
 

@@ -35,7 +35,8 @@ __all__ = ["NOTE_LABELS", "ItemGraph", "make_item", "sources_of", "split_notes"]
 
 logger = logging.getLogger(__name__)
 
-NOTE_LABELS = {"focus": "Guidance", "tip": "Tip", "skill": "Rule"}
+NOTE_LABELS = {"focus": "Guidance", "tip": "Tip", "skill": "Rule", "proposition": "Fact",
+               "prescription": "Procedure"}
 """How an item of each kind is labelled when shown to a planner (other kinds: the kind, capitalised)."""
 
 

@@ -1,11 +1,11 @@
 """The memory builders' LLM calls: replaceable templates, a reply cache, call accounting, tolerant parsing.
 
-Every builder (focus points, tips, reflections, clusters, skills, PlugMem's structuring, knowledge, abstract
-queries and notes) asks the run's frozen planner through the planner protocol only: a template is filled, sent as
-the question of a :class:`memento.types.Task` with no cases (``planner.plan(task, [])``), and the reply text
-comes back. So Gemma 3 270M, any transformers model or any
-OpenAI-compatible server can build memory. A base model answering a few-shot prompt stops at the end of the line
-(``"\\n"``), so every template asks for its answer on one line, with items separated by ``;``.
+Every builder (focus points, tips, reflections, clusters, skills, PlugMem's structuring, knowledge, abstract queries
+and notes) asks the run's frozen planner through the planner protocol only: a template is filled, sent as the
+question of a :class:`memento.types.Task` with no cases (``planner.plan(task, [])``), and the reply text comes back.
+So Gemma 3 270M, any transformers model or any OpenAI-compatible server can build memory. A base model answering a
+few-shot prompt stops at the end of the line (``"\\n"``), so every template asks for its answer on one line, with
+items separated by ``;``.
 
 **Templates** (:class:`BuilderTemplates`) are ``str.format`` strings with named fields; replace any of them with
 a JSON file (``BuilderTemplates.from_json``: an object of template name -> string; a name that is not a template
@@ -19,8 +19,9 @@ file and line. The planner must be deterministic (greedy) for the cache to be ex
 
 **Accounting.** :meth:`MemoryLLM.stats` gives calls made, replies served from the cache, the wall time spent in
 the planner, and the same per template (this process), and ``run_calls`` / ``run_wall_s``: every call the run
-directory's cache file records, earlier processes of a resumed run included (each row keeps its seconds); builders add the number of items each call produced, so
-``calls / items`` and ``seconds / item`` are reported per item kind.
+directory's cache file records, earlier processes of a resumed run included (each row keeps its seconds);
+builders add the number of items each call produced, so ``calls / items`` and ``seconds / item`` are reported
+per item kind.
 
 **Parsing.** :func:`parse_items` reads a list from a reply written as ``a; b; c``, one item a line, numbered
 (``1. a 2) b``) or bulleted (``- a``, ``* a``); it strips quotes and trailing punctuation, drops empty and

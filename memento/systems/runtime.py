@@ -4,17 +4,22 @@
 
 - ``build``: the builders that run (``"cfgm"``: a focus point per environment before its first episode and the
   tips of each game after its attempts, the first time it has a success; ``"lifemem"``: each new episode
-  trajectory joins a workflow cluster, clusters split and distil skills); ``()`` builds nothing;
+  trajectory joins a workflow cluster, clusters split and distil skills; ``"plugmem"``: each new trajectory is
+  structured into steps, segmented by subgoal and distilled into propositions and prescriptions,
+  :mod:`memento.systems.plugmem`); ``()`` builds nothing;
 - ``items``: the candidates a policy chooses from: ``"cases"``, the raw cases only (every earlier run's
   behaviour); ``"all"``, the C nearest raw cases expanded with their linked items
   (:func:`memento.systems.expand.expand_candidates`: items are reached through the trajectories they were made
-  from, so superseded cluster and skill versions never crowd raw cases out of the top C);
+  from, so superseded cluster and skill versions never crowd raw cases out of the top C; when the bank holds
+  plugmem items, also the ``plugmem.seed_k`` most similar of them and the items sharing a concept or intent with
+  one in the set, ``plugmem.route_per_node`` per node);
 - ``reflect``: CFGM's key-information reflection at every step whose observation is anomalous (the correction
   is shown at the next step);
 - ``retries``: CFGM's exploration: a lost or unfinished episode of a game is played again, up to ``retries``
   more times, with a reflection on the failed attempt shown at every step (each attempt is one episode of the
   run);
-- ``cfgm`` / ``lifemem``: the builders' settings; ``templates``: a JSON file replacing builder prompts
+- ``cfgm`` / ``lifemem`` / ``plugmem``: the builders' settings (``plugmem`` also sets the expansion above and
+  the prompt-side retrieval of :meth:`MemorySystems.plugmem_note`); ``templates``: a JSON file replacing builder prompts
   (:class:`memento.systems.llm.BuilderTemplates`); ``max_new_tokens``: the reply length a builder asks of a
   transformers planner (its own answer length is usually a few tokens).
 
@@ -41,13 +46,14 @@ from memento.systems.expand import expand_candidates
 from memento.systems.items import ItemGraph, split_notes
 from memento.systems.lifemem import LifeMemConfig, WorkflowClusters
 from memento.systems.llm import BuilderTemplates, MemoryLLM
+from memento.systems.plugmem import PlugMemBuilder, PlugMemConfig, PlugMemGraph, PlugMemRetrieval, retrieve
 from memento.types import Case
 
 __all__ = ["Builder", "ItemsChoice", "MemorySystems", "SystemsConfig", "split_notes"]
 
 logger = logging.getLogger(__name__)
 
-Builder = Literal["cfgm", "lifemem"]
+Builder = Literal["cfgm", "lifemem", "plugmem"]
 ItemsChoice = Literal["cases", "all"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,6 +66,7 @@ class SystemsConfig:
     retries: int = 0
     cfgm: CFGMConfig = dataclasses.field(default_factory=CFGMConfig)
     lifemem: LifeMemConfig = dataclasses.field(default_factory=LifeMemConfig)
+    plugmem: PlugMemConfig = dataclasses.field(default_factory=PlugMemConfig)
     templates: str | None = None
     max_new_tokens: int = 64
 
@@ -75,6 +82,7 @@ class SystemsConfig:
         check_int(self, "max_new_tokens", 1)
         check(isinstance(self.cfgm, CFGMConfig), cls, "cfgm", self.cfgm, "must be a CFGMConfig")
         check(isinstance(self.lifemem, LifeMemConfig), cls, "lifemem", self.lifemem, "must be a LifeMemConfig")
+        check(isinstance(self.plugmem, PlugMemConfig), cls, "plugmem", self.plugmem, "must be a PlugMemConfig")
         check(self.templates is None or (isinstance(self.templates, str) and bool(self.templates.strip())), cls,
               "templates", self.templates, "must be a JSON file path or null")
 
@@ -105,22 +113,29 @@ class MemorySystems:
     def __init__(self, config: SystemsConfig, *, planner: Any, encode: Callable[[list[str]], np.ndarray],
                  cache_path: str | Path | None, trajectory: Callable[[Case], bool] | None = None):
         self.config = config
-        self.trajectory = trajectory  # which raw cases LifeMem clusters (None: every trajectory of the bank)
+        self.trajectory = trajectory  # which raw cases LifeMem and PlugMem take (None: every trajectory of the bank)
         self.encode = encode
         templates = BuilderTemplates() if config.templates is None else BuilderTemplates.from_json(config.templates)
         self.llm = MemoryLLM(builder_planner(planner, config.max_new_tokens), templates=templates,
                              cache_path=cache_path) if config.needs_llm else None
         self.graph = ItemGraph()
+        self.plug = PlugMemGraph(self.graph)
         self.clusters: WorkflowClusters | None = None
+        self.plugmem: PlugMemBuilder | None = None
+        self._notes = {"notes": 0, "memory_tokens": 0, "memory_tokens_max": 0, "calls": 0}
         self.kir = KeyInfoReflection(self.llm, config=config.cfgm) if config.reflect and self.llm else None
 
     def open(self, bank: CaseBank) -> None:
         """(Re)read the bank's links (after it was opened, created or truncated back to a checkpoint)."""
         self.graph = ItemGraph.from_bank(bank)
         self.graph.check()
+        self.plug = PlugMemGraph(self.graph)
         if "lifemem" in self.config.build and self.llm is not None:
             self.clusters = WorkflowClusters(self.llm, bank, self.config.lifemem, graph=self.graph,
                                              accepts=self.trajectory)
+        if "plugmem" in self.config.build and self.llm is not None:
+            self.plugmem = PlugMemBuilder(self.llm, bank, self.config.plugmem, encode=self.encode, graph=self.plug,
+                                          accepts=self.trajectory)
 
     def added(self, cases: Sequence[Case], ids: Sequence[str]) -> None:
         """Record cases the loop added to the bank (the ids ``bank.add`` returned)."""
@@ -142,11 +157,14 @@ class MemorySystems:
     def candidates(self, bank: CaseBank, state_D: np.ndarray, c: int, *, env: str | None,
                    same_env: bool = True) -> Candidates:
         """The candidates a policy chooses from (raw cases, or expanded with items): the C nearest raw cases (of
-        ``env`` only when ``same_env``), and with ``items="all"`` their linked items and ``env``'s focus point."""
+        ``env`` only when ``same_env``), and with ``items="all"`` their linked items and ``env``'s focus point (and
+        the nearest plugmem items and those routed through their concepts and intents, when the bank holds some)."""
         base = bank.candidates(state_D, c, env=env if same_env else None, kind="case")
         if self.config.items == "cases":
             return base
-        return expand_candidates(bank, self.graph, state_D, base, env=env)
+        plug = self.config.plugmem
+        return expand_candidates(bank, self.graph, state_D, base, env=env, plug=self.plug, seeds=plug.seed_k,
+                                 route=plug.route_per_node, seed_env=env if same_env else None)
 
     # ------------------------------------------------------------------ hooks
 
@@ -204,13 +222,35 @@ class MemorySystems:
             self._add_items(bank, tips, np.repeat(bank.embeddings([successes[0].id or ""]), len(tips), axis=0))
 
     def after_episode(self, bank: CaseBank, episode_case_id: str | None) -> None:
-        """LifeMem: a new trajectory joins (or founds) a workflow cluster."""
-        if self.clusters is None or episode_case_id is None:
+        """A new trajectory: LifeMem adds it to (or founds) a workflow cluster, then PlugMem structures it into
+        propositions and prescriptions."""
+        if episode_case_id is None:
             return
-        try:
-            self.clusters.add_trajectory(episode_case_id)
-        except ReplyFormatError as error:  # every builder has its own fallback; this is the last guard
-            logger.warning("lifemem: %s", error)
+        if self.clusters is not None:
+            try:
+                self.clusters.add_trajectory(episode_case_id)
+            except ReplyFormatError as error:  # every builder has its own fallback; this is the last guard
+                logger.warning("lifemem: %s", error)
+        if self.plugmem is not None:
+            try:
+                self.plugmem.add_trajectory(episode_case_id)
+            except ReplyFormatError as error:
+                logger.warning("plugmem: %s", error)
+
+    def plugmem_note(self, bank: CaseBank, query: str, state_D: np.ndarray, *,
+                     env: str | None = None) -> PlugMemRetrieval:
+        """PlugMem's prompt-side retrieval for ``query`` (:func:`memento.systems.plugmem.retrieve`: abstract
+        queries and compression with the run's LLM when it has one, else their fallbacks); its memory tokens
+        are counted in :meth:`stats` (``plugmem_notes``). The loops do not call it: they show the items a policy
+        chose."""
+        result = retrieve(query, state_D, bank=bank, graph=self.plug, config=self.config.plugmem, llm=self.llm,
+                          encode=self.encode, env=env)
+        notes = self._notes
+        notes["notes"] += 1
+        notes["memory_tokens"] += result.memory_tokens
+        notes["memory_tokens_max"] = max(notes["memory_tokens_max"], result.memory_tokens)
+        notes["calls"] += result.calls
+        return result
 
     def stats(self) -> dict[str, Any]:
         """The builders' LLM accounting, the items they built per kind (what each builder counted: reflections are
@@ -228,4 +268,9 @@ class MemorySystems:
             if self.graph.is_active(case.id or ""):
                 kinds[case.kind] = kinds.get(case.kind, 0) + 1
         out["active_by_kind"] = dict(sorted(kinds.items()))
+        if self._notes["notes"]:
+            n = self._notes["notes"]
+            out["plugmem_notes"] = {"notes": n, "calls": self._notes["calls"],
+                                    "memory_tokens_mean": round(self._notes["memory_tokens"] / n, 2),
+                                    "memory_tokens_max": self._notes["memory_tokens_max"]}
         return out

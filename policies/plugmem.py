@@ -1,0 +1,79 @@
+"""PlugMem's retrieval as a policy: seed items most similar to the state, routed through their concepts and
+intents, pruned to a token budget.
+
+Over an expanded candidate set (:class:`memento.systems.expand.ItemCandidates`: the bank's nearest raw cases,
+the propositions and prescriptions made from them, the plugmem items nearest to the state and those sharing a
+concept or an intent with one in the set; each row carries its high-level ``nodes`` and the ``tokens_C`` of its
+shown text) the policy takes
+
+1. the ``seeds`` propositions/prescriptions most similar to the state (cosine, ties to the earlier row);
+2. with ``route``, the other proposition/prescription rows that share a node (``"concept:..."``,
+   ``"intent:..."``) with a seed, most similar first: routing through the high-level nodes, with the seeds'
+   own concepts and intents as the abstract queries;
+3. those rows pruned to ``budget_tokens`` (:func:`memento.systems.plugmem.prune_to_budget`: first fit in that
+   order, a token being a whitespace-separated word of the item's shown text);
+4. then ``cases`` raw cases (most similar with stored reward > 0; 0 by default: episodic sources are
+   provenance, not retrieval targets), not counted in the budget;
+
+cut to the decision's K items. Without any plugmem row (a plain candidate set, or none built yet), or when no
+item fits the budget, it takes the most similar candidates (as every item policy does). Deterministic
+(``greedy``, ``set_prob`` 1); it does not learn.
+
+**The split with the prompt side.** A policy chooses rows of the candidate set and cannot call the LLM inside
+``select``. PlugMem's LLM steps, abstract queries generated from the task (matched to nodes exactly or by
+embedding) and the compression of what was retrieved into a short task-aligned note, are
+:func:`memento.systems.plugmem.retrieve` (and :meth:`memento.systems.runtime.MemorySystems.plugmem_note`), which
+the loops do not call: with this policy the planner sees the chosen items as ``Fact:`` / ``Procedure:`` notes,
+uncompressed. The policy is the paper's retrieval with its documented fallback for step 2 and without step 5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memento.config import PlugMemRetrievalConfig
+from memento.memory import Candidates
+from memento.policy import RewardFn
+from memento.systems.plugmem import PLUG_KINDS
+from policies.cfgm import ItemRetrievalPolicy, base_rows, ranked_rows
+
+__all__ = ["PlugMemPolicy", "PlugMemRetrievalConfig", "budget_rows"]
+
+
+def budget_rows(rows: list[int], tokens_C: np.ndarray, budget: int) -> list[int]:
+    """``rows`` kept within ``budget`` tokens (``tokens_C`` per candidate row): first fit in the order given."""
+    kept, used = [], 0
+    for row in rows:
+        n = int(tokens_C[row])
+        if used + n <= budget:
+            kept.append(row)
+            used += n
+    return kept
+
+
+class PlugMemPolicy(ItemRetrievalPolicy):
+    """Seeds, routing through their concepts and intents, token budget (see the module docstring)."""
+
+    def __init__(self, config: PlugMemRetrievalConfig | None = None, *, reward_of: RewardFn | None = None):
+        super().__init__(config if config is not None else PlugMemRetrievalConfig(), reward_of=reward_of)
+
+    def _take(self, state_D: np.ndarray, candidates: Candidates) -> list[int]:
+        cfg = self.config
+        n = len(candidates)
+        kinds = getattr(candidates, "kinds", None) or ["case"] * n
+        nodes = getattr(candidates, "nodes", None) or [()] * n
+        tokens_C = getattr(candidates, "tokens_C", None)
+        tokens_C = np.zeros(n, dtype=np.int64) if tokens_C is None else np.asarray(tokens_C)
+        ranked = ranked_rows(state_D, candidates, [i for i, kind in enumerate(kinds) if kind in PLUG_KINDS])
+        if not ranked:
+            return []
+        seeds = ranked[:cfg.seeds]
+        routed: list[int] = []
+        if cfg.route:
+            wanted = {node for row in seeds for node in nodes[row]}
+            routed = [row for row in ranked[cfg.seeds:] if wanted.intersection(nodes[row])]
+        memory = budget_rows([*seeds, *routed], tokens_C, cfg.budget_tokens)
+        if not memory:
+            return []
+        cases = base_rows(state_D, candidates, cfg.cases, self.reward_of) if cfg.cases else []
+        return [*memory, *cases]
