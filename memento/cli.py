@@ -259,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--resume", action="store_true",
                     help="real part: keep the finished runs in --workdir (resume unfinished ones) instead of "
                          "refusing a non-empty run directory; lets policies be added to a benchmark later")
+    bo.add_argument("--no-ope", dest="ope", action="store_false",
+                    help="real part: skip the off-policy estimates (memento evaluate, from each seed's soft_q log) of "
+                         "the greedy learned selector and of similarity next to the measured figures")
+    _option(bo, "--ope-bootstrap", OnlineBenchConfig, "ope_bootstrap",
+            "real part: bootstrap resamples of the off-policy estimates' intervals (0: none)", type=int)
     bo.add_argument("--json", required=True, metavar="OUT", help="results file")
 
     add_bench_games_parser(bench_cmds)
@@ -1103,7 +1108,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench_command == "online":
         given = {name: getattr(args, name) for name in ("steps", "suite", "split", "planner", "late_steps", "window",
                                                          "synthetic_steps", "overhead_bank", "overhead_steps",
-                                                         "best_of_c")
+                                                         "best_of_c", "ope_bootstrap")
                  if getattr(args, name) is not None}
         if args.seeds or args.seed is not None:
             given["seeds"] = tuple(args.seeds) if args.seeds else (args.seed,)
@@ -1111,7 +1116,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),  # type: ignore[arg-type]
             parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()),
             soft_q_candidates=args.soft_q_candidates, retain_judge=args.retain_judge, init_qnet=args.init_qnet,
-            resume=args.resume, **given)
+            resume=args.resume, ope=args.ope, **given)
         if args.torch_threads:
             import torch
 

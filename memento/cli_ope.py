@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,8 +41,10 @@ from memento.ope import (
 from memento.ope_export import ExportRound, write_obp_json, write_vw_cb_adf
 from memento.rundir import RunDir, read_json
 
-__all__ = ["LoggedStep", "TargetSpec", "add_evaluate_parser", "cmd_evaluate", "format_table", "read_log",
-           "parse_target"]
+__all__ = ["Evaluation", "LoggedStep", "TargetSpec", "add_evaluate_parser", "cmd_evaluate", "evaluate_run",
+           "format_table", "read_log", "parse_target"]
+
+logger = logging.getLogger(__name__)
 
 _SUM_TOL = 1e-4
 
@@ -173,11 +176,14 @@ TargetKind = Literal["logged", "similarity", "random", "selector"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TargetSpec:
-    """A ``--policy`` value: its ``name`` as given, its ``kind`` and, for a selector, its ``path``."""
+    """A ``--policy`` value: its ``name`` as given, its ``kind`` and, for a selector, its ``path``; ``policy``: the
+    target's policy config when it is not the kind's default (e.g. ``SimilarityConfig(positive_only=True)``, the
+    similarity a benchmark ran; ``None``: :func:`parse_target`'s meaning of the kind)."""
 
     name: str
     kind: TargetKind
     path: Path | None = None
+    policy: Any = None
 
 
 def parse_target(text: str) -> TargetSpec:
@@ -195,6 +201,8 @@ def parse_target(text: str) -> TargetSpec:
 def _policy_config(spec: TargetSpec, dim: int) -> Any:
     from memento.config import RandomConfig, SimilarityConfig, SoftQConfig
 
+    if spec.policy is not None:
+        return spec.policy
     if spec.kind == "similarity":
         return SimilarityConfig()
     if spec.kind == "random":
@@ -368,63 +376,136 @@ def _export_rounds(data: _Steps) -> list[ExportRound]:
             for step, s_D, c, r_C, d in zip(data.steps, data.state_ND, data.candidates, data.stored, data.logger_d)]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Evaluation:
+    """What :func:`evaluate_run` found: the log (``source``) and ``bank`` it read, its usable ``rounds``, the steps
+    ``skipped`` (no choice), the ``multi_step`` decisions (``done`` false, each evaluated as a one-step round), the
+    largest ``k_max``, the ``observed_mean_reward``, the ``logging_policy`` names, the ``config``, ``seed`` and
+    ``greedy`` it ran with, and ``estimates``: each target's results (:class:`~memento.ope.OPEResult`), by name."""
+
+    source: Path
+    bank: Path
+    rounds: int
+    skipped: int
+    multi_step: int
+    k_max: int
+    observed_mean_reward: float
+    logging_policy: list[str]
+    config: OPEConfig
+    seed: int
+    greedy: bool
+    estimates: dict[str, list[OPEResult]]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document of ``memento evaluate``."""
+        return {"source": str(self.source), "bank": str(self.bank), "rounds": self.rounds, "skipped": self.skipped,
+                "k_max": self.k_max, "observed_mean_reward": self.observed_mean_reward,
+                "logging_policy": self.logging_policy, "bootstrap": self.config.n_boot, "level": self.config.level,
+                "seed": self.seed, "greedy_targets": self.greedy,
+                "targets": {name: {r.estimator: r.to_json() for r in results}
+                            for name, results in self.estimates.items()}}
+
+
+def _targets(targets: Sequence[str | TargetSpec]) -> list[TargetSpec]:
+    """The targets as specs (strings through :func:`parse_target`), one per name (a repeated name: the last)."""
+    specs = [t if isinstance(t, TargetSpec) else parse_target(t) for t in targets]
+    return list({spec.name: spec for spec in specs}.values())
+
+
+def _run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: str | Path | None, config: OPEConfig,
+                    make_policy: Any | None, encoder: Any | None, encoder_path: str | None, greedy: bool, seed: int,
+                    warn: Callable[[str], None]) -> tuple[Evaluation, _Steps]:
+    """Read the log, open the bank, load the encoder (``encoder``, else the one at ``encoder_path``) and estimate
+    every target; also the loaded steps (for the exports). Cheap checks come before the bank and the encoder."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed={seed!r}: must be an integer >= 0")
+    if make_policy is None and any(spec.kind != "logged" for spec in specs):
+        raise ConfigError("the similarity, random and selector targets need make_policy")
+    source = Path(source)
+    steps_path = RunDir(source).steps if source.is_dir() else source
+    bank_path = Path(bank) if bank else steps_path.parent / RunDir.BANK
+    steps, skipped = read_log(steps_path)
+    multi_step = sum(not step.record.done for step in steps)
+    if multi_step:
+        warn(f"{steps_path} holds multi-step decisions (done=false); each is evaluated as a one-step round, so "
+             "later rewards it led to are not credited")
+
+    from memento.loop import encode_checked
+    from memento.memory import CaseBank
+
+    with CaseBank.open(bank_path, read_only=True) as opened:
+        if encoder is None:
+            from memento.encoders import Encoder
+
+            encoder = Encoder.from_pretrained(encoder_path)
+
+        def encode(texts: list[str]) -> np.ndarray:
+            return encode_checked(encoder, opened.dim, texts)
+
+        data = _load_steps(steps, steps_path, opened, encode)
+        estimates = _evaluate_targets(specs, data, bank=opened, encode=encode, make_policy=make_policy,
+                                      config=config, greedy=greedy, seed=seed) if specs else {}
+    evaluation = Evaluation(source=steps_path, bank=bank_path, rounds=len(steps), skipped=skipped,
+                            multi_step=multi_step, k_max=data.k_max, observed_mean_reward=float(np.mean(data.reward_N)),
+                            logging_policy=sorted({step.record.policy for step in steps}), config=config, seed=seed,
+                            greedy=bool(greedy), estimates=estimates)
+    return evaluation, data
+
+
+def evaluate_run(run: str | Path, targets: Sequence[str | TargetSpec], *, make_policy: Any | None = None,
+                 encoder: Any | None = None, encoder_path: str | None = None, bank: str | Path | None = None,
+                 greedy: bool = False, n_boot: int = 1000, level: float = 0.95, folds: int = 5,
+                 seed: int = 0) -> Evaluation:
+    """``memento evaluate`` from Python: estimate each of ``targets`` (``logged``, ``similarity``, ``random``, a
+    selector directory, or a :class:`TargetSpec`) from ``run`` (a run directory or its ``steps.jsonl``; the bank
+    is ``bank`` or the ``bank/`` beside the log). ``make_policy`` (``policies.make_policy``) builds every target
+    but ``logged``; ``encoder`` must be the one the run used (``None``: the one at ``encoder_path``, by default
+    the bundled all-MiniLM-L6-v2); ``greedy``: each target's arg-max choice instead of its sampling distribution;
+    ``n_boot`` bootstrap resamples at ``level``; ``folds`` of the cross-fitted reward model; ``seed`` of the
+    bootstrap, the folds and Monte Carlo moments. A multi-step log is evaluated step by step (a logged
+    warning)."""
+    config = OPEConfig(n_boot=n_boot, level=level, reward_model=RewardModelConfig(folds=folds))
+    evaluation, _ = _run_evaluation(run, _targets(targets), bank=bank, config=config, make_policy=make_policy,
+                                    encoder=encoder, encoder_path=encoder_path, greedy=greedy, seed=seed,
+                                    warn=logger.warning)
+    return evaluation
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"memento: warning: {message}", file=sys.stderr)
+
+
 def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, encoder: Any | None = None) -> int:
-    """Run ``memento evaluate``. ``make_policy`` (``policies.make_policy``, passed in by the composition root)
-    builds the similarity, random and selector targets; ``encoder`` replaces the one ``--encoder`` names (a test
-    hook: tests pass a light one). Everything cheap (flags, targets, the whole log) is checked before the bank
-    is opened and the encoder loaded."""
+    """Run ``memento evaluate`` (:func:`evaluate_run`, then the table, the JSON and the exports). ``make_policy``
+    (``policies.make_policy``, passed in by the composition root) builds the similarity, random and selector
+    targets; ``encoder`` replaces the one ``--encoder`` names (a test hook: tests pass a light one). Everything
+    cheap (flags, targets, the whole log) is checked before the bank is opened and the encoder loaded."""
     if not args.policies and not (args.export_vw or args.export_obp):
         raise ConfigError("nothing to do: give at least one --policy, or --export-vw / --export-obp")
     config = OPEConfig(n_boot=args.bootstrap, level=args.level, reward_model=RewardModelConfig(folds=args.folds))
     if args.seed < 0:
         raise ConfigError(f"--seed={args.seed}: must be >= 0")
-    specs = list({spec.name: spec for spec in map(parse_target, args.policies)}.values())
+    specs = _targets(args.policies)
     if make_policy is None and any(spec.kind != "logged" for spec in specs):
         raise ConfigError("cmd_evaluate: the similarity, random and selector targets need make_policy")
-    source = Path(args.run)
-    steps_path = RunDir(source).steps if source.is_dir() else source
-    bank_path = Path(args.bank) if args.bank else steps_path.parent / RunDir.BANK
-    steps, skipped = read_log(steps_path)
-    if any(not step.record.done for step in steps):
-        print(f"memento: warning: {steps_path} holds multi-step decisions (done=false); each is evaluated as a "
-              "one-step round, so later rewards it led to are not credited", file=sys.stderr)
-
-    from memento.loop import encode_checked
-    from memento.memory import CaseBank
-
-    with CaseBank.open(bank_path, read_only=True) as bank:
-        if encoder is None:
-            from memento.encoders import Encoder
-
-            encoder = Encoder.from_pretrained(args.encoder)
-
-        def encode(texts: list[str]) -> np.ndarray:
-            return encode_checked(encoder, bank.dim, texts)
-
-        data = _load_steps(steps, steps_path, bank, encode)
-        estimates = _evaluate_targets(specs, data, bank=bank, encode=encode, make_policy=make_policy, config=config,
-                                      greedy=args.greedy, seed=args.seed) if specs else {}
+    evaluation, data = _run_evaluation(args.run, specs, bank=args.bank, config=config, make_policy=make_policy,
+                                       encoder=encoder, encoder_path=args.encoder, greedy=args.greedy,
+                                       seed=args.seed, warn=_warn_stderr)
     if args.export_vw:
         write_vw_cb_adf(args.export_vw, _export_rounds(data))
-        print(f"{len(steps)} examples written to {args.export_vw} (Vowpal Wabbit cb_adf)")
+        print(f"{evaluation.rounds} examples written to {args.export_vw} (Vowpal Wabbit cb_adf)")
     if args.export_obp:
         write_obp_json(args.export_obp, _export_rounds(data))
-        print(f"{len(steps)} rounds written to {args.export_obp} (Open Bandit Pipeline bandit feedback)")
+        print(f"{evaluation.rounds} rounds written to {args.export_obp} (Open Bandit Pipeline bandit feedback)")
     if not specs:
         return 0
-    mean_reward = float(np.mean(data.reward_N))
-    policies = sorted({step.record.policy for step in steps})
-    print(f"{steps_path}: {len(steps)} steps ({skipped} without a choice skipped), K up to {data.k_max}, observed "
-          f"mean reward {mean_reward:.4f}, logged by {', '.join(policies)}")
-    print(format_table(estimates, config.level))
+    print(f"{evaluation.source}: {evaluation.rounds} steps ({evaluation.skipped} without a choice skipped), K up to "
+          f"{evaluation.k_max}, observed mean reward {evaluation.observed_mean_reward:.4f}, logged by "
+          f"{', '.join(evaluation.logging_policy)}")
+    print(format_table(evaluation.estimates, config.level))
     if args.json:
         from memento.io import write_json
 
-        write_json(args.json, {"source": str(steps_path), "bank": str(bank_path), "rounds": len(steps),
-                               "skipped": skipped, "k_max": data.k_max, "observed_mean_reward": mean_reward,
-                               "logging_policy": policies, "bootstrap": config.n_boot, "level": config.level,
-                               "seed": args.seed, "greedy_targets": bool(args.greedy),
-                               "targets": {name: {r.estimator: r.to_json() for r in results}
-                                           for name, results in estimates.items()}})
+        write_json(args.json, evaluation.to_json())
         print(f"estimates written to {args.json}")
     return 0

@@ -7,7 +7,10 @@ Three parts, each written into one JSON document:
    rate overall, early (the first ``window`` steps) and late (the last ``late_steps``), as the mean over
    seeds, and its difference to similarity with a 95% confidence interval (a paired bootstrap over the
    steps of each window, resampled within each seed: every policy sees the same task stream per seed);
-   also LLM calls and wall milliseconds per task, so the comparison is fair on cost;
+   also LLM calls and wall milliseconds per task, so the comparison is fair on cost; and, unless ``ope`` is
+   off, off-policy estimates (:func:`memento.cli_ope.evaluate_run`) from each seed's soft_q log of the greedy
+   learned selector and of similarity, next to the measured success of the soft_q and similarity runs
+   (:func:`ope_from_soft_q_run`, :func:`summarize_ope`): how far OPE can be trusted on this domain;
 2. **synthetic**: :func:`memento.envs.regret.run_regret` for each policy on the synthetic bandit with
    a known oracle: mean per-step regret in the first and last fifth of the run;
 3. **overhead**: the loop's milliseconds per step *excluding* the planner and judge calls, on a bank
@@ -28,6 +31,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.bank import _environment, _write, make_vectors
+from memento.cli_ope import TargetSpec, evaluate_run
 from memento.compare import run_comparison
 from memento.config import (
     PolicyConfig,
@@ -43,17 +47,18 @@ from memento.encoders import Encoder
 from memento.envs.regret import RegretConfig, regret_policy, run_regret
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
 from memento.envs.tasks import load_suite, seed_cases
-from memento.errors import ConfigError
+from memento.errors import ConfigError, MementoError
 from memento.formats import read_steps_jsonl
 from memento.judges import make_judge
 from memento.loop import LoopConfig, OnlineLoop, loop_policy
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
+from memento.rundir import RunDir
 from memento.types import Case, Task
 from policies import make_policy
 
-__all__ = ["OnlineBenchConfig", "format_online_table", "run_online_bench"]
+__all__ = ["OnlineBenchConfig", "format_online_table", "ope_from_soft_q_run", "run_online_bench", "summarize_ope"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +146,9 @@ class OnlineBenchConfig:
     cases and ``overhead_steps`` steps for the overhead part; ``parts``; ``soft_q_candidates``: soft-Q variants
     choose among all candidates or the rewarded ones only; ``bootstrap``: resamples of the confidence
     intervals; ``retain_judge``: the judge of a retained case's stored reward (default: exact, as the step's
-    reward; ``contains`` keeps a ``*-real`` suite's bank as lenient as its seed bank)."""
+    reward; ``contains`` keeps a ``*-real`` suite's bank as lenient as its seed bank); ``ope``: after each seed's
+    comparison, estimate off-policy from the soft_q run's log the greedy learned selector and similarity
+    (:func:`ope_from_soft_q_run`), with ``ope_bootstrap`` resamples for their intervals (0: none)."""
 
     steps: int = 600
     policies: tuple[BenchPolicy, ...] = ("soft_q", "similarity")
@@ -161,6 +168,8 @@ class OnlineBenchConfig:
     init_qnet: str | None = None
     best_of_c: int = 16
     resume: bool = False
+    ope: bool = True
+    ope_bootstrap: int = 200
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_bank", "overhead_steps",
@@ -180,6 +189,8 @@ class OnlineBenchConfig:
               self.retain_judge, "must be null or one of exact, f1, contains, numeric")
         check_int(self, "best_of_c", 1)
         check(isinstance(self.resume, bool), type(self), "resume", self.resume, "must be true or false")
+        check(isinstance(self.ope, bool), type(self), "ope", self.ope, "must be true or false")
+        check_int(self, "ope_bootstrap", 0)
         check(self.init_qnet is not None or not any(p in _PRETRAINED for p in self.policies), type(self),
               "init_qnet", self.init_qnet, f"policies {_PRETRAINED} need a trained Q-network directory")
 
@@ -229,6 +240,96 @@ def summarize_real(successes: dict[str, list[np.ndarray]], *, window: int, late_
     return out
 
 
+OPE_LOGGER = "soft_q"
+"""The run whose log the real part's off-policy estimates read."""
+OPE_LEVEL = 0.95
+"""The confidence level of the off-policy estimates' bootstrap intervals."""
+OPE_TARGETS = {"greedy_soft_q": "soft_q", "similarity": "similarity"}
+"""Each off-policy target and the run whose measured success it is shown next to."""
+OPE_NOTE = ("Off-policy estimates (memento evaluate, greedy targets) from the soft_q run's own log: its candidate "
+            "sets, logging probabilities and rewards. greedy_soft_q is the run's final selector/ taking its "
+            "arg-max K cases on every logged step; it neither samples nor learns, whereas the measured soft_q figure "
+            "is the online policy that sampled from softmax(Q / alpha) and learned as it went, so that gap mixes OPE "
+            "error with the difference between the two policies. similarity is the bench's similarity policy "
+            "(deterministic), measured in its own run, whose bank grew with its own successes: its gap is the "
+            "cleaner check of OPE on this domain. With K > 1 the K = 1 estimators (ips, snips, dm, dr) value a "
+            "hybrid policy (first case from the target, the rest from the logger); read the slate estimators "
+            "(inclusion_ips, pi, pi_set), which assume an additive slate reward. Values are mean rewards, which "
+            "are success rates under the exact judge.")
+
+
+def ope_from_soft_q_run(run_dir: str | Path, *, encoder: Any, similarity: PolicyConfig,
+                        measured: dict[str, float | None], bootstrap: int, seed: int) -> dict[str, Any]:
+    """Off-policy estimates from one soft_q run directory (``steps.jsonl``, ``bank/``, ``selector/``) of the
+    greedy learned selector (``greedy_soft_q``) and of ``similarity`` (the benchmark's similarity config), each
+    next to the ``measured`` overall success of the run it corresponds to (:data:`OPE_TARGETS`; ``None`` when
+    that run was not made) and the gap estimate - measured. ``encoder`` must be the one the runs used."""
+    run_dir = Path(run_dir)
+    targets = [TargetSpec(name="greedy_soft_q", kind="selector", path=run_dir / RunDir.SELECTOR),
+               TargetSpec(name="similarity", kind="similarity", policy=similarity)]
+    t0 = time.perf_counter()
+    evaluation = evaluate_run(run_dir, targets, make_policy=make_policy, encoder=encoder, greedy=True,
+                              n_boot=bootstrap, level=OPE_LEVEL, seed=seed)
+    out: dict[str, Any] = {"logged_by": OPE_LOGGER, "rounds": evaluation.rounds, "skipped": evaluation.skipped,
+                           "k_max": evaluation.k_max, "observed_mean_reward": evaluation.observed_mean_reward,
+                           "bootstrap": bootstrap, "level": evaluation.config.level, "targets": {}}
+    for name, results in evaluation.estimates.items():
+        policy = OPE_TARGETS[name]
+        value = measured.get(policy)
+        estimates = {}
+        for r in results:
+            entry = r.to_json()
+            entry["minus_measured"] = None if value is None or entry["value"] is None else entry["value"] - value
+            estimates[r.estimator] = entry
+        out["targets"][name] = {"measured_policy": policy, "measured_overall": value, "estimates": estimates}
+    out["ope_s"] = time.perf_counter() - t0
+    return out
+
+
+def _mean(values: list[Any]) -> float | None:
+    return None if not values or any(v is None for v in values) else float(np.mean(values))
+
+
+def summarize_ope(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per target and estimator, over the seeds of :func:`ope_from_soft_q_run`: the mean estimate, the mean
+    measured figure and their gap (estimate - measured, of the means), with the per-seed values and intervals
+    (``None`` where a seed has no number)."""
+    out: dict[str, Any] = {}
+    seeds = list(per_seed)
+    for name in per_seed[seeds[0]]["targets"]:
+        entries = [per_seed[s]["targets"][name] for s in seeds]
+        measured_S = [e["measured_overall"] for e in entries]
+        measured = _mean(measured_S)
+        estimators = [k for k in entries[0]["estimates"] if all(k in e["estimates"] for e in entries)]
+        estimates = {}
+        for estimator in estimators:
+            results = [e["estimates"][estimator] for e in entries]
+            value = _mean([r["value"] for r in results])
+            ess_S = [r["ess"] for r in results]
+            estimates[estimator] = {
+                "value": value, "minus_measured": None if value is None or measured is None else value - measured,
+                "value_per_seed": [r["value"] for r in results],
+                "ci_per_seed": [[r["ci_low"], r["ci_high"]] for r in results],
+                "ess": _mean(ess_S), "warnings": sorted({w for r in results for w in r["warnings"]})}
+        out[name] = {"measured_policy": entries[0]["measured_policy"], "measured_overall": measured,
+                     "measured_per_seed": measured_S, "estimates": estimates}
+    return out
+
+
+def _real_ope(config: OnlineBenchConfig, encoder: Any, out: Path, seed: int,
+              successes: dict[str, list[np.ndarray]]) -> dict[str, Any]:
+    """One seed's off-policy estimates (:func:`ope_from_soft_q_run`) from ``out/soft_q``; a failure is recorded
+    (``{"error": ...}``), not raised, so the measured figures of a long run are kept."""
+    measured = {policy: float(np.mean(successes[policy][-1])) if policy in successes else None
+                for policy in set(OPE_TARGETS.values())}
+    try:
+        return ope_from_soft_q_run(out / OPE_LOGGER, encoder=encoder, similarity=bench_policy("similarity"),
+                                   measured=measured, bootstrap=config.ope_bootstrap, seed=seed)
+    except MementoError as error:
+        logger.warning("bench online: off-policy estimates of seed %d failed: %s", seed, error)
+        return {"error": str(error)}
+
+
 def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, Any]:
     from memento.envs.tasks import load_suite
     from memento.judges import make_judge
@@ -236,6 +337,7 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
     planner = build_planner(parse_planner_spec(config.planner))
     tasks, cases = load_suite(config.suite, config.split), seed_cases(config.suite)
     per_seed: dict[str, Any] = {}
+    ope_per_seed: dict[str, Any] = {}
     successes: dict[str, list[np.ndarray]] = {name: [] for name in config.policies}
     cost: dict[str, dict[str, list[float]]] = {name: {"llm_calls_per_task": [], "forward_passes_per_task": [],
                                                       "ms_per_task": []} for name in config.policies}
@@ -267,6 +369,8 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
             cost[name]["llm_calls_per_task"].append(run["llm_calls"] / max(1, config.steps))
             cost[name]["forward_passes_per_task"].append(passes[name] / max(1, config.steps))
             cost[name]["ms_per_task"].append(run["ms_per_step"]["total"])
+        if config.ope and OPE_LOGGER in config.policies:
+            ope_per_seed[str(seed)] = _real_ope(config, encoder, out, seed, successes)
     summary = summarize_real(successes, window=config.window, late_steps=config.late_steps,
                              resamples=config.bootstrap)
     for name in config.policies:
@@ -278,7 +382,21 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
               "summary": summary, "per_seed": per_seed}
     if "soft_q" in summary and "similarity" in summary:
         result["late_gap_soft_q_minus_similarity"] = summary["soft_q"]["late"] - summary["similarity"]["late"]
+    if config.ope:
+        result["ope"] = _ope_result(config, ope_per_seed)
     return result
+
+
+def _ope_result(config: OnlineBenchConfig, per_seed: dict[str, Any]) -> dict[str, Any]:
+    head: dict[str, Any] = {"logged_by": OPE_LOGGER, "greedy_targets": True, "bootstrap": config.ope_bootstrap,
+                            "level": OPE_LEVEL, "note": OPE_NOTE}
+    if OPE_LOGGER not in config.policies:
+        return {**head, "skipped": f"no {OPE_LOGGER} run to read a log from (policies {list(config.policies)})"}
+    done = {seed: r for seed, r in per_seed.items() if "error" not in r}
+    out = {**head, "seeds": [int(seed) for seed in done], "per_seed": per_seed}
+    if done:
+        out["summary"] = summarize_ope(done)
+    return out
 
 
 def _synthetic(config: OnlineBenchConfig, workdir: Path) -> dict[str, Any]:
@@ -354,6 +472,35 @@ def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str
     return results
 
 
+def _number(x: float | None, fmt: str = ".3f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _ope_table(ope: dict[str, Any]) -> list[str]:
+    if "skipped" in ope:
+        return [f"off-policy estimates: skipped ({ope['skipped']})", ""]
+    errors = [f"off-policy estimates of seed {seed} failed: {r['error']}" for seed, r in ope["per_seed"].items()
+              if "error" in r]
+    if "summary" not in ope:
+        return errors + [""]
+    seeds = ", ".join(str(s) for s in ope["seeds"])
+    lines = [f"off-policy estimates from the {ope['logged_by']} run's log (greedy targets; mean over seeds {seeds}; "
+             f"{round(ope['level'] * 100)}% bootstrap interval per seed, {ope['bootstrap']} resamples) next to the "
+             "measured overall success:", "",
+             "| target | estimator | OPE estimate | CI per seed | ESS | measured (run) | estimate - measured |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    for target, t in ope["summary"].items():
+        measured = f"{_number(t['measured_overall'])} ({t['measured_policy']})"
+        for estimator, e in t["estimates"].items():
+            cis = "; ".join("—" if lo is None else f"[{lo:.3f}, {hi:.3f}]" for lo, hi in e["ci_per_seed"])
+            gap = "—" if e["minus_measured"] is None else f"{e['minus_measured']:+.3f}"
+            lines.append(f"| {target} | {estimator} | {_number(e['value'])} | {cis} | {_number(e['ess'], '.1f')} | "
+                         f"{measured} | {gap} |")
+    return lines + ["", *errors, "note: greedy_soft_q is the final selector choosing greedily; the measured soft_q "
+                    "run sampled and learned online. With K > 1 read the slate estimators (inclusion_ips, pi, "
+                    "pi_set).", ""]
+
+
 def format_online_table(results: dict[str, Any]) -> str:
     """Markdown tables of the three parts (those present)."""
     lines: list[str] = []
@@ -375,6 +522,8 @@ def format_online_table(results: dict[str, Any]) -> str:
                          f"{gap(r, 'early')} | {r['llm_calls_per_task']:.2f} | "
                          f"{r.get('forward_passes_per_task', r['llm_calls_per_task']):.2f} | {r['ms_per_task']:.0f} |")
         lines.append("")
+        if "ope" in real:
+            lines += _ope_table(real["ope"])
     if "synthetic" in results:
         lines += ["synthetic bandit (mean per-step regret):", "",
                   "| policy | first window | last window | total regret | success rate |", "|---|---:|---:|---:|---:|"]
