@@ -31,7 +31,7 @@ def test_help_explains_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     (["--suite", "nope"], "--suite 'nope'"),
     (["--suite", "tw-tiny", "--split", "dev"], "--split 'dev'"),
     (["--retrieval", "episode", "--gamma", "0.9"], "retrieval"),
-    (["--build", "plugmem"], "build"),
+    (["--build", "memgpt"], "build"),
     (["--retries", "-1"], "retries"),
     (["--templates", "missing-templates.json"], "no such templates file"),
 ])
