@@ -185,22 +185,24 @@ class OPEResult:
 # ---------------------------------------------------------------- input checks
 
 
-def _vector(x: Any, name: str, n: int | None = None) -> np.ndarray:
-    v = np.asarray(x, dtype=np.float64)
-    if v.ndim != 1 or (n is not None and v.shape[0] != n):
-        raise DimensionError(f"{name} must be a vector [{'N' if n is None else n}], got {v.shape=}")
-    if not np.isfinite(v).all():
+def _array(x: Any, name: str, n: int | None, shape: str) -> np.ndarray:
+    """``x`` as finite float64 of ``len(shape.split(","))`` dimensions (``n`` rows when given)."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != shape.count(",") + 1 or (n is not None and a.shape[0] != n):
+        rows = "N" if n is None else str(n)
+        raise DimensionError(f"{name} must be a {'matrix' if ',' in shape else 'vector'} "
+                             f"[{rows}{shape[1:]}], got {a.shape=}")
+    if not np.isfinite(a).all():
         raise DataFormatError(f"{name} holds NaN or inf")
-    return v
+    return a
+
+
+def _vector(x: Any, name: str, n: int | None = None) -> np.ndarray:
+    return _array(x, name, n, "N")
 
 
 def _matrix(x: Any, name: str, n: int | None = None) -> np.ndarray:
-    m = np.asarray(x, dtype=np.float64)
-    if m.ndim != 2 or (n is not None and m.shape[0] != n):
-        raise DimensionError(f"{name} must be a matrix [{'N' if n is None else n}, C], got {m.shape=}")
-    if not np.isfinite(m).all():
-        raise DataFormatError(f"{name} holds NaN or inf")
-    return m
+    return _array(x, name, n, "N, C")
 
 
 def _distributions(x: Any, name: str, n: int) -> np.ndarray:

@@ -51,13 +51,18 @@ class Recorder:
         self.shown_kinds: list[list[str]] = []
         self.answers = {t.question: t.answers[0] for t in _tasks()}
 
+    HELPED = ("tip", "skill")  # the item kinds that make an answer right
+
+    def builder_reply(self, task: Task) -> str:
+        return next((reply for key, reply in REPLIES.items() if key in task.question), "")
+
     def __call__(self, task: Task, cases: list[Case]) -> str:
         if task.id.startswith("memory:"):
             self.memory_prompts.append(task.question)
-            return next((reply for key, reply in REPLIES.items() if key in task.question), "")
+            return self.builder_reply(task)
         self.shown_kinds.append([c.kind for c in cases])
         answer = self.answers[task.question]
-        helped = any(c.kind in ("tip", "skill") for c in cases)
+        helped = any(c.kind in self.HELPED for c in cases)
         even = list(self.answers).index(task.question) % 2 == 0
         return answer if helped or even else f"It is {answer}."
 

@@ -41,6 +41,9 @@ from memento.types import Case, Task
 from policies import PlugMemPolicy, make_policy
 from policies.similarity import bank_rewards
 from tests.loop_env import ExactJudge, HashingEncoder
+from tests.unit.test_loop_systems import Recorder as LoopRecorder
+from tests.unit.test_loop_systems import _bank, _tasks
+from tests.unit.test_loop_systems import _config as loop_config
 
 DIM = 8
 
@@ -458,18 +461,6 @@ def test_memory_systems_build_on_every_new_trajectory_and_report_note_tokens(tmp
 
 # ---------------------------------------------------------------------- the question-answering loop
 
-CAPITALS = {"Peru": "Lima", "Chad": "NDjamena", "Chile": "Santiago", "Spain": "Madrid", "Italy": "Rome"}
-PLURALS = {"mouse": "mice", "cat": "cats", "goose": "geese", "child": "children", "box": "boxes"}
-
-
-def _tasks() -> list[Task]:
-    tasks = [Task(id=f"capital-{k}", question=f"What is the capital of {k}?", answers=(v,), family="capital",
-                  env="facts") for k, v in CAPITALS.items()]
-    tasks += [Task(id=f"plural-{k}", question=f"What is the plural of {k}?", answers=(v,), family="plural",
-                   env="facts") for k, v in PLURALS.items()]
-    return tasks
-
-
 def _family(prompt: str) -> str:
     return "capitals" if "capital" in _field(prompt, "Task") else "plurals"
 
@@ -489,25 +480,14 @@ QA_REPLIES = {
 }
 
 
-class Recorder:
-    """Builder prompts get the scripted replies; a question is answered right when a plugmem item is shown or when
-    its index is even, else in a sentence (wrong under exact match)."""
+class Recorder(LoopRecorder):
+    """As the loop tests' scripted planner, with PlugMem's scripted replies; a plugmem item makes an answer right."""
 
-    def __init__(self) -> None:
-        self.memory_prompts: list[str] = []
-        self.shown_kinds: list[list[str]] = []
-        self.answers = {t.question: t.answers[0] for t in _tasks()}
+    HELPED = ("proposition", "prescription")
 
-    def __call__(self, task: Task, cases: list[Case]) -> str:
-        if task.id.startswith("memory:"):
-            self.memory_prompts.append(task.question)
-            reply = QA_REPLIES.get(task.id.removeprefix("memory:"), "")
-            return reply(task.question) if callable(reply) else reply
-        self.shown_kinds.append([c.kind for c in cases])
-        answer = self.answers[task.question]
-        helped = any(c.kind in ("proposition", "prescription") for c in cases)
-        even = list(self.answers).index(task.question) % 2 == 0
-        return answer if helped or even else f"It is {answer}."
+    def builder_reply(self, task: Task) -> str:
+        reply = QA_REPLIES.get(task.id.removeprefix("memory:"), "")
+        return reply(task.question) if callable(reply) else reply
 
 
 def _run(out: Path, config: LoopConfig, **kwargs) -> tuple[dict, Recorder]:
@@ -518,14 +498,8 @@ def _run(out: Path, config: LoopConfig, **kwargs) -> tuple[dict, Recorder]:
 
 
 def _config(**changes) -> LoopConfig:
-    base = LoopConfig(steps=10, k=4, candidates=8, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,
-                      policy=PlugMemRetrievalConfig(), systems=SystemsConfig(build=("plugmem",), items="all"))
-    return dataclasses.replace(base, **changes)
-
-
-def _bank(out: Path) -> list[Case]:
-    with CaseBank.open(out / "bank") as bank:
-        return list(bank.iter_cases())
+    return loop_config(**{"policy": PlugMemRetrievalConfig(),
+                          "systems": SystemsConfig(build=("plugmem",), items="all"), **changes})
 
 
 def test_online_loop_builds_plugmem_items_and_the_policy_shows_them(tmp_path: Path) -> None:
