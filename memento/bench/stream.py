@@ -44,16 +44,19 @@ import numpy as np
 
 from memento.bench.bank import _environment, _write
 from memento.bench.games import _frozen, t_interval
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, check, check_int
+from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig, check, check_int
 from memento.errors import ConfigError
 from memento.lifelong import learned_points, lifelong_metrics, stream_order
 
-__all__ = ["STREAM_ARMS", "StreamBenchConfig", "format_stream_table", "game_env", "run_stream_bench",
+__all__ = ["EXTRA_ARMS", "STREAM_ARMS", "StreamBenchConfig", "format_stream_table", "game_env", "run_stream_bench",
            "stream_arm"]
 
 logger = logging.getLogger(__name__)
 
 STREAM_ARMS = ("none", "similarity", "cfgm", "lifemem", "soft_q-all")
+EXTRA_ARMS = ("plugmem",)
+"""Arms that run only when named (``--arms ...,plugmem``): PlugMem's builders and retrieval (3 builder calls per
+question, more per game episode)."""
 
 
 def stream_arm(arm: str) -> tuple[bool, Any, Any]:
@@ -72,7 +75,9 @@ def stream_arm(arm: str) -> tuple[bool, Any, Any]:
             return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
         case "soft_q-all":
             return True, game_policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=True)
-    raise ConfigError(f"stream arm {arm!r}: choose one of {', '.join(STREAM_ARMS)}")
+        case "plugmem":
+            return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
+    raise ConfigError(f"stream arm {arm!r}: choose one of {', '.join(STREAM_ARMS + EXTRA_ARMS)}")
 
 
 def game_env(path: Path) -> str:
@@ -314,6 +319,9 @@ def summarize_stream(runs: dict[str, dict[str, dict[str, Any]]], config: StreamB
                 continue
             table[arm] = {m: t_interval([r[m] for r in rows if r[m] is not None])
                           for m in ("op", "bwt", "bwt_abs", "final_success", "learned_success")}
+            tokens = [r["prompt_tokens_per_call"] for r in rows if r.get("prompt_tokens_per_call") is not None]
+            if tokens:
+                table[arm]["prompt_tokens_per_call"] = float(np.mean(tokens))
             calls = [r.get("train", {}).get("systems", {}) or {} for r in rows]
             llm = [c.get("llm", {}) for c in calls if c.get("llm")]
             if llm:
@@ -346,11 +354,12 @@ def format_stream_table(results: dict[str, Any]) -> str:
         if order == "random_minus_grouped_op" or not isinstance(table, dict):
             continue
         lines.append(f"{order}:")
-        lines.append(f"  {'arm':<12} {'OP':>14} {'BwT':>14} {'final won':>14} {'LLM calls':>10}")
+        lines.append(f"  {'arm':<12} {'OP':>14} {'BwT':>14} {'final won':>14} {'LLM calls':>10} {'tokens/call':>11}")
         for arm, row in table.items():
-            calls = row.get("llm_calls")
+            calls, tokens = row.get("llm_calls"), row.get("prompt_tokens_per_call")
             lines.append(f"  {arm:<12} {_cell(row, 'op'):>14} {_cell(row, 'bwt'):>14} "
-                         f"{_cell(row, 'final_success'):>14} {'-' if calls is None else f'{calls:.0f}':>10}")
+                         f"{_cell(row, 'final_success'):>14} {'-' if calls is None else f'{calls:.0f}':>10} "
+                         f"{'-' if tokens is None else f'{tokens:.0f}':>11}")
     diff = summary.get("random_minus_grouped_op")
     if diff:
         lines.append("random - grouped OP: " + ", ".join(f"{a} {v['mean']:+.3f}" for a, v in diff.items()))

@@ -20,7 +20,8 @@ The same protocol as the game stream (:mod:`memento.bench.stream`), with the onl
 - a family's score is the success rate under exact match (the mean reward); OP, BwT and the final success are
   :func:`memento.lifelong.lifelong_metrics` of those, as for games.
 
-The arms (``none``, ``similarity``, ``cfgm``, ``lifemem``, ``soft_q-all``) are the game stream's, with the online
+The arms (``none``, ``similarity``, ``cfgm``, ``lifemem``, ``soft_q-all``, and ``plugmem`` when named) are the
+game stream's, with the online
 loop's policies (similarity: positive-only, Memento's non-parametric client; soft-Q: the loop's default,
 anchored on cosine, with case features that include the kind). The memory systems in question answering have no
 key-information reflection and no retries (:class:`memento.loop.LoopConfig`).
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from memento.bench.games import _frozen
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, RandomConfig
+from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig, RandomConfig
 from memento.errors import ConfigError
 from memento.lifelong import lifelong_metrics
 from memento.types import Case, Task
@@ -58,6 +59,8 @@ def qa_stream_arm(arm: str) -> tuple[bool, Any, Any]:
             return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
         case "soft_q-all":
             return True, loop_policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all")
+        case "plugmem":
+            return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
     raise ConfigError(f"stream arm {arm!r}: unknown")
 
 
@@ -143,17 +146,22 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
                 learned[env] = summary["success_rate"]
         bank_dir = train_dir / "bank"
     final: dict[str, float] = {}
+    tokens, calls = 0, 0
     for env in sorted(points):
         summary = _eval(config, base, run_root / f"final-{env}", test_by_env[env], bank_dir, selector, run_online,
                         common)
         final[env] = summary["success_rate"]
+        tokens, calls = tokens + int(summary.get("prompt_tokens", 0)), calls + int(summary.get("llm_calls", 0))
     if not memory:  # no memory: nothing is learned, the learned point is the final one
         learned = dict(final)
     metrics = lifelong_metrics(learned, final)
     entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
              "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
              "final_success": metrics["op"], "learned_success": sum(learned.values()) / len(learned),
-             "stream": [f"{env}:{task.id}" for env, task in stream]}
+             "stream": [f"{env}:{task.id}" for env, task in stream],
+             # the final evaluations' prompt tokens per answer (the questions are the same for every arm, so the
+             # differences between arms are the memory shown; 0 for a planner that reports no token counts)
+             "prompt_tokens_per_call": tokens / calls if calls else None}
     if train_summary is not None:
         entry["train"] = {k: train_summary.get(k) for k in ("success_rate", "bank_size_end", "wall_s", "updates",
                                                                "llm_calls", "prompt_tokens", "systems")}

@@ -89,7 +89,8 @@ def test_question_stream_reports_op_and_bwt_over_families(tmp_path: Path) -> Non
         return answers[key] if cases or task.id.endswith(("Peru", "mouse")) else "I do not know"
 
     suite = _qa_suite(tmp_path / "toy")
-    config = StreamBenchConfig(suite=str(suite), arms=STREAM_ARMS, orders=("grouped", "random"), k=3, candidates=6,
+    config = StreamBenchConfig(suite=str(suite), arms=STREAM_ARMS + ("plugmem",), orders=("grouped", "random"), k=3,
+                               candidates=6,
                                train_per_env=3, test_per_env=2)
     results = run_stream_bench(config, out=tmp_path / "stream.json", workdir=tmp_path / "work",
                                planner=CallablePlanner(answer, name="toy"), encoder=HashingEncoder())
@@ -97,10 +98,12 @@ def test_question_stream_reports_op_and_bwt_over_families(tmp_path: Path) -> Non
     for order in ("grouped", "random"):
         runs = results["runs"]["0"][order]
         assert runs["none"]["op"] == 0.0  # no memory: every test question unanswered
-        for arm in STREAM_ARMS[1:]:
+        for arm in STREAM_ARMS[1:] + ("plugmem",):
             assert runs[arm]["op"] == 1.0, (order, arm)  # the retained answers are shown: all right
             assert set(runs[arm]["per_env"]) == {"capital", "plural"} and len(runs[arm]["stream"]) == 6
         assert results["summary"][order]["cfgm"]["llm_calls"] > 0
+        assert results["summary"][order]["plugmem"]["llm_calls"] > 0  # structuring calls, even with no reply
+        assert runs["plugmem"]["prompt_tokens_per_call"] == 0  # the scripted planner counts no tokens
         assert results["summary"][order]["soft_q-all"]["items"].get("skill", 0) > 0
     grouped = [s.split(":")[0] for s in results["runs"]["0"]["grouped"]["similarity"]["stream"]]
     assert grouped in (["capital"] * 3 + ["plural"] * 3, ["plural"] * 3 + ["capital"] * 3)
