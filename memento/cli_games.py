@@ -280,7 +280,8 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
                     "success and the builders' LLM calls and items per kind.")
     d = {f.name: f.default for f in dataclasses.fields(StreamBenchConfig)}
     bs.add_argument("--suite", default=None, help=f"shipped suite (default: {d['suite']})")
-    bs.add_argument("--arms", default=None, help=f"comma-separated arms (default: {','.join(d['arms'])})")
+    bs.add_argument("--arms", default=None, help=f"comma-separated arms (default: {','.join(d['arms'])}; also "
+                                                 "plugmem, only when named)")
     bs.add_argument("--orders", default=None, help=f"grouped, random (default: {','.join(d['orders'])})")
     bs.add_argument("--seeds", type=int, nargs="+", default=None, help=f"seeds (default: {list(d['seeds'])})")
     bs.add_argument("--eval-repeats", type=int, default=None,
