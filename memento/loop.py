@@ -540,7 +540,7 @@ class OnlineLoop:
         self.ms_totals: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.rewards: list[float] = []
         self.successes: list[bool] = []
-        self._env_questions: dict[str, list[str]] = {}
+        self._focus_asked: set[str] = set()
 
         if ckpt is None:
             bank = self._make_bank()
@@ -712,11 +712,11 @@ class OnlineLoop:
     def _ensure_focus(self, bank: CaseBank, task: Task) -> None:
         """CFGM: the focus point of the task's environment, from its name and its first questions in the list."""
         env = task_env(task)
-        if env in self._env_questions:  # asked once per family: the same prompt again would be the same reply
+        if env in self._focus_asked:  # asked once per family: the same prompt again would be the same reply
             return
-        self._env_questions[env] = [t.question for t in self.tasks if task_env(t) == env][:FOCUS_EXAMPLES]
-        self.systems.ensure_focus(bank, env, f"Short-answer questions of the kind '{env}'.",
-                                  self._env_questions[env])
+        self._focus_asked.add(env)
+        examples = [t.question for t in self.tasks if task_env(t) == env][:FOCUS_EXAMPLES]
+        self.systems.ensure_focus(bank, env, f"Short-answer questions of the kind '{env}'.", examples)
 
     def _select(self, state_BD: np.ndarray, cands: list[Candidates]) -> list[Selection | None]:
         """Every task of the round chooses with the same parameters, in stream order, from one RNG."""
@@ -791,14 +791,14 @@ class OnlineLoop:
             before = len(bank)
             ids = bank.add(new_cases, state_BD[rows])
             fresh = set(bank.ids_at(range(before, len(bank))))
-            new_ids = [case_id for case_id in ids if case_id in fresh]
+            new_ids = set(fresh)  # the loop below empties fresh
             for b, case_id in zip(rows, ids):
                 retained[b] = (case_id, case_id not in fresh)
                 fresh.discard(case_id)  # a repeat within the batch is a duplicate too
             self.counters["retained"] += len(bank) - before
             self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
             if self.config.systems.active:
-                self._build(bank, [tasks[b] for b in rows], new_cases, ids, set(new_ids))
+                self._build(bank, [tasks[b] for b in rows], new_cases, ids, new_ids)
         return retained
 
     def _build(self, bank: CaseBank, tasks: list[Task], cases: list[Case], ids: list[str], fresh: set[str]) -> None:

@@ -59,22 +59,27 @@ EXTRA_ARMS = ("plugmem",)
 question, more per game episode)."""
 
 
-def stream_arm(arm: str) -> tuple[bool, Any, Any]:
-    """``(memory, policy config, SystemsConfig)`` of a stream arm (see the module docstring)."""
+def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
+    """``(memory, policy config, SystemsConfig)`` of a stream arm (see the module docstring): the game loop's
+    policies, or with ``questions`` the online loop's (no key-information reflection: a question has no
+    observation to reflect on)."""
     from memento.gameloop import game_policy
+    from memento.loop import loop_policy
     from memento.systems.runtime import SystemsConfig
 
+    policy = loop_policy if questions else game_policy
+    reflect = not questions
     match arm:
         case "none":
-            return False, game_policy("random"), SystemsConfig()
+            return False, policy("random"), SystemsConfig()
         case "similarity":
-            return True, game_policy("similarity"), SystemsConfig()
+            return True, policy("similarity"), SystemsConfig()
         case "cfgm":
-            return True, CFGMRetrievalConfig(), SystemsConfig(build=("cfgm",), items="all", reflect=True)
+            return True, CFGMRetrievalConfig(), SystemsConfig(build=("cfgm",), items="all", reflect=reflect)
         case "lifemem":
             return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
         case "soft_q-all":
-            return True, game_policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=True)
+            return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=reflect)
         case "plugmem":
             return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
     raise ConfigError(f"stream arm {arm!r}: choose one of {', '.join(STREAM_ARMS + EXTRA_ARMS)}")
@@ -248,14 +253,22 @@ def _header(config: StreamBenchConfig, planner: Any, envs: dict[str, int]) -> di
             "planner": repr(planner), "envs": envs, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
 
 
-def _eval(config: StreamBenchConfig, base: Any, out_dir: Path, tests: list[Path], bank_dir: Path | None,
-          selector: Path | None, run_games: Any, common: dict[str, Any]) -> dict[str, Any]:
+def finished_or_cleared(config: StreamBenchConfig, out_dir: Path) -> dict[str, Any] | None:
+    """An evaluation run's summary when ``--resume`` finds it finished; else ``None``, ``out_dir`` cleared."""
     if config.resume and (out_dir / "summary.json").is_file():
         from memento.rundir import read_json
 
         return read_json(out_dir / "summary.json")
     if out_dir.exists():
         shutil.rmtree(out_dir)
+    return None
+
+
+def _eval(config: StreamBenchConfig, base: Any, out_dir: Path, tests: list[Path], bank_dir: Path | None,
+          selector: Path | None, run_games: Any, common: dict[str, Any]) -> dict[str, Any]:
+    finished = finished_or_cleared(config, out_dir)
+    if finished is not None:
+        return finished
     eval_cfg = dataclasses.replace(base, episodes=config.eval_repeats * len(tests), shuffle=False, learn=False,
                                    cases="none", policy=_frozen(base.policy, selector) if selector else base.policy)
     return run_games(eval_cfg, out_dir=out_dir, games=tests, bank_dir=bank_dir, **common)

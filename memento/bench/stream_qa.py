@@ -35,45 +35,24 @@ from pathlib import Path
 from typing import Any
 
 from memento.bench.games import _frozen
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig, RandomConfig
 from memento.errors import ConfigError
 from memento.lifelong import lifelong_metrics
 from memento.types import Case, Task
 
-__all__ = ["qa_seed_cases", "qa_stream_arm", "qa_stream_tasks", "run_qa_arm"]
-
-
-def qa_stream_arm(arm: str) -> tuple[bool, Any, Any]:
-    """``(memory, policy config, SystemsConfig)`` of a stream arm in the online loop."""
-    from memento.loop import loop_policy
-    from memento.systems.runtime import SystemsConfig
-
-    match arm:
-        case "none":
-            return False, RandomConfig(), SystemsConfig()
-        case "similarity":
-            return True, loop_policy("similarity"), SystemsConfig()
-        case "cfgm":
-            return True, CFGMRetrievalConfig(), SystemsConfig(build=("cfgm",), items="all")
-        case "lifemem":
-            return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
-        case "soft_q-all":
-            return True, loop_policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all")
-        case "plugmem":
-            return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
-    raise ConfigError(f"stream arm {arm!r}: unknown")
+__all__ = ["qa_seed_cases", "qa_stream_tasks", "run_qa_arm"]
 
 
 def qa_stream_tasks(suite: str, envs: tuple[str, ...], train_per_env: int,
                     test_per_env: int) -> tuple[dict[str, list[Task]], dict[str, list[Task]]]:
     """Per family: the first ``train_per_env`` train and ``test_per_env`` test questions of ``suite``."""
     from memento.envs.tasks import load_suite
+    from memento.loop import task_env
 
     train: dict[str, list[Task]] = {}
     test: dict[str, list[Task]] = {}
     for split, out, limit in (("train", train, train_per_env), ("test", test, test_per_env)):
         for task in load_suite(suite, split):  # type: ignore[arg-type]
-            family = task.family or task.env or "default"
+            family = task_env(task)
             if envs and family not in envs:
                 continue
             rows = out.setdefault(family, [])
@@ -82,7 +61,7 @@ def qa_stream_tasks(suite: str, envs: tuple[str, ...], train_per_env: int,
     unknown = sorted(set(envs) - set(train))
     if unknown:
         raise ConfigError(f"suite {suite!r} has no train questions of the family(ies) {unknown}; it has "
-                          f"{sorted({t.family or t.env or 'default' for t in load_suite(suite, 'train')})}")
+                          f"{sorted({task_env(t) for t in load_suite(suite, 'train')})}")
     missing = sorted(set(train) - set(test))
     if missing:
         raise ConfigError(f"family(ies) {missing} of suite {suite!r} have train questions but no test question")
@@ -97,22 +76,22 @@ def qa_seed_cases(suite: str) -> list[Case]:
 
 
 def _loop_config(config: Any, arm: str, seed: int) -> tuple[bool, Any]:
+    from memento.bench.stream import stream_arm
     from memento.loop import LoopConfig
 
-    memory, policy, systems = qa_stream_arm(arm)
+    memory, policy, systems = stream_arm(arm, questions=True)
     return memory, LoopConfig(k=config.k, candidates=config.candidates, policy=policy, systems=systems, seed=seed,
                               shuffle=False, checkpoint_every=0, tensorboard=False, window=10)
 
 
 def _eval(config: Any, base: Any, out_dir: Path, tests: list[Task], bank_dir: Path | None, selector: Path | None,
           run_online: Any, common: dict[str, Any]) -> dict[str, Any]:
-    common = {k: v for k, v in common.items() if k != "retain_judge"}  # nothing is retained
-    if config.resume and (out_dir / "summary.json").is_file():
-        from memento.rundir import read_json
+    from memento.bench.stream import finished_or_cleared
 
-        return read_json(out_dir / "summary.json")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    common = {k: v for k, v in common.items() if k != "retain_judge"}  # nothing is retained
+    finished = finished_or_cleared(config, out_dir)
+    if finished is not None:
+        return finished
     eval_cfg = dataclasses.replace(base, steps=len(tests), retain=False, learn=False,
                                    systems=dataclasses.replace(base.systems, build=()),
                                    policy=_frozen(base.policy, selector) if selector else base.policy)
