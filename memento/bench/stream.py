@@ -274,45 +274,51 @@ def _eval(config: StreamBenchConfig, base: Any, out_dir: Path, tests: list[Path]
     return run_games(eval_cfg, out_dir=out_dir, games=tests, bank_dir=bank_dir, **common)
 
 
-def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tuple[str, Path]],
-         points: dict[str, int], stream_games: list[Path], test_by_env: dict[str, list[Path]], run_games: Any,
-         common: dict[str, Any]) -> dict[str, Any]:
+def learned_and_final(config: StreamBenchConfig, run_root: Path, points: dict[str, int],
+                      test_by_env: dict[str, list[Any]], *, memory: bool, train: Any,
+                      evaluate: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """The protocol of one arm, for either loop: ``train(end, train_dir, resume) -> summary`` runs the stream's one
+    train run up to position ``end`` (a later segment resumes it), and at each environment's learned point
+    ``evaluate(out_dir, tests, bank_dir, selector) -> summary`` answers its tests frozen; after the stream every
+    environment is evaluated again. Returns the learned and final evaluation summaries by environment (without
+    memory the final ones are the learned ones) and the last train summary."""
     train_dir = run_root / "train"
-    learned: dict[str, float] = {}
-    learned_success: dict[str, float] = {}
+    learned: dict[str, Any] = {}
     train_summary: dict[str, Any] | None = None
-    if base.memory:
-        ends = sorted(set(points.values()))
-        for segment, end in enumerate(ends):
-            envs = [env for env, point in points.items() if point == end]
-            train_cfg = dataclasses.replace(base, episodes=end + 1, shuffle=False)
+    selector: Path | None = None
+    bank_dir: Path | None = None
+    if memory:
+        for segment, end in enumerate(sorted(set(points.values()))):
             resume = segment > 0 or config.resume  # a later segment continues the stream's one run
             if not resume and train_dir.exists():
                 shutil.rmtree(train_dir)
-            train_summary = run_games(train_cfg, out_dir=train_dir, games=stream_games, resume=resume, **common)
+            train_summary = train(end, train_dir, resume)
             selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
-            for env in envs:
-                summary = _eval(config, base, run_root / f"learned-{env}", test_by_env[env], train_dir / "bank",
-                                selector, run_games, common)
-                learned[env], learned_success[env] = summary["mean_score"], summary["success_rate"]
-        selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
-        bank_dir: Path | None = train_dir / "bank"
-    else:
-        selector, bank_dir = None, None
-    final: dict[str, float] = {}
-    final_success: dict[str, float] = {}
-    for env, tests in sorted(test_by_env.items()):
-        if env not in points:
-            continue
-        summary = _eval(config, base, run_root / f"final-{env}", tests, bank_dir, selector, run_games, common)
-        final[env], final_success[env] = summary["mean_score"], summary["success_rate"]
-    if not base.memory:  # no memory: nothing is learned, the learned point is the final one
-        learned, learned_success = dict(final), dict(final_success)
-    metrics = lifelong_metrics(learned, final)
+            for env in (e for e, point in points.items() if point == end):
+                learned[env] = evaluate(run_root / f"learned-{env}", test_by_env[env], train_dir / "bank", selector)
+        bank_dir = train_dir / "bank"
+    final = {env: evaluate(run_root / f"final-{env}", test_by_env[env], bank_dir, selector) for env in sorted(points)}
+    return (learned if memory else dict(final)), final, train_summary
+
+
+def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tuple[str, Path]],
+         points: dict[str, int], stream_games: list[Path], test_by_env: dict[str, list[Path]], run_games: Any,
+         common: dict[str, Any]) -> dict[str, Any]:
+    def train(end: int, train_dir: Path, resume: bool) -> dict[str, Any]:
+        return run_games(dataclasses.replace(base, episodes=end + 1, shuffle=False), out_dir=train_dir,
+                         games=stream_games, resume=resume, **common)
+
+    def evaluate(out_dir: Path, tests: list[Path], bank_dir: Path | None, selector: Path | None) -> dict[str, Any]:
+        return _eval(config, base, out_dir, tests, bank_dir, selector, run_games, common)
+
+    learned_s, final_s, train_summary = learned_and_final(config, run_root, points, test_by_env, memory=base.memory,
+                                                          train=train, evaluate=evaluate)
+    metrics = lifelong_metrics({e: s["mean_score"] for e, s in learned_s.items()},
+                               {e: s["mean_score"] for e, s in final_s.items()})
     entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
              "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
-             "final_success": float(np.mean(list(final_success.values()))),
-             "learned_success": float(np.mean(list(learned_success.values()))),
+             "final_success": float(np.mean([s["success_rate"] for s in final_s.values()])),
+             "learned_success": float(np.mean([s["success_rate"] for s in learned_s.values()])),
              "stream": [f"{env}:{path.stem}" for env, path in stream]}
     if train_summary is not None:
         entry["train"] = {k: train_summary.get(k) for k in ("success_rate", "mean_score", "bank_size_end",

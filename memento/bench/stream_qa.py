@@ -30,7 +30,6 @@ key-information reflection and no retries (:class:`memento.loop.LoopConfig`).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -102,37 +101,25 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
                points: dict[str, int], test_by_env: dict[str, list[Task]], common: dict[str, Any], *,
                seed_cases: list[Case] | None = None) -> dict[str, Any]:
     """One arm of one seed and order (see the module docstring): its entry in the results."""
+    from memento.bench.stream import learned_and_final
     from memento.loop import run_online
 
     memory, base = _loop_config(config, arm, seed)
-    train_dir = run_root / "train"
     tasks = [task for _, task in stream]
-    learned: dict[str, float] = {}
-    train_summary: dict[str, Any] | None = None
-    selector: Path | None = None
-    bank_dir: Path | None = None
-    if memory:
-        for segment, end in enumerate(sorted(set(points.values()))):
-            resume = segment > 0 or config.resume  # a later segment continues the stream's one run
-            if not resume and train_dir.exists():
-                shutil.rmtree(train_dir)
-            train_summary = run_online(dataclasses.replace(base, steps=end + 1), out_dir=train_dir, tasks=tasks,
-                                       resume=resume, seed_cases=seed_cases or None, **common)
-            selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
-            for env in (e for e, point in points.items() if point == end):
-                summary = _eval(config, base, run_root / f"learned-{env}", test_by_env[env], train_dir / "bank",
-                                selector, run_online, common)
-                learned[env] = summary["success_rate"]
-        bank_dir = train_dir / "bank"
-    final: dict[str, float] = {}
-    tokens, calls = 0, 0
-    for env in sorted(points):
-        summary = _eval(config, base, run_root / f"final-{env}", test_by_env[env], bank_dir, selector, run_online,
-                        common)
-        final[env] = summary["success_rate"]
-        tokens, calls = tokens + int(summary.get("prompt_tokens", 0)), calls + int(summary.get("llm_calls", 0))
-    if not memory:  # no memory: nothing is learned, the learned point is the final one
-        learned = dict(final)
+
+    def train(end: int, train_dir: Path, resume: bool) -> dict[str, Any]:
+        return run_online(dataclasses.replace(base, steps=end + 1), out_dir=train_dir, tasks=tasks, resume=resume,
+                          seed_cases=seed_cases or None, **common)
+
+    def evaluate(out_dir: Path, tests: list[Task], bank_dir: Path | None, selector: Path | None) -> dict[str, Any]:
+        return _eval(config, base, out_dir, tests, bank_dir, selector, run_online, common)
+
+    learned_s, final_s, train_summary = learned_and_final(config, run_root, points, test_by_env, memory=memory,
+                                                          train=train, evaluate=evaluate)
+    learned = {env: summary["success_rate"] for env, summary in learned_s.items()}
+    final = {env: summary["success_rate"] for env, summary in final_s.items()}
+    tokens = sum(int(summary.get("prompt_tokens", 0)) for summary in final_s.values())
+    calls = sum(int(summary.get("llm_calls", 0)) for summary in final_s.values())
     metrics = lifelong_metrics(learned, final)
     entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
              "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
