@@ -34,7 +34,7 @@ import numpy as np
 from memento.config import PlugMemRetrievalConfig
 from memento.memory import Candidates
 from memento.policy import RewardFn
-from memento.systems.plugmem import PLUG_KINDS
+from memento.systems.plugmem import PLUG_KINDS, first_fit
 from policies.cfgm import ItemRetrievalPolicy, base_rows, ranked_rows
 
 __all__ = ["PlugMemPolicy", "PlugMemRetrievalConfig", "budget_rows"]
@@ -42,13 +42,7 @@ __all__ = ["PlugMemPolicy", "PlugMemRetrievalConfig", "budget_rows"]
 
 def budget_rows(rows: list[int], tokens_C: np.ndarray, budget: int) -> list[int]:
     """``rows`` kept within ``budget`` tokens (``tokens_C`` per candidate row): first fit in the order given."""
-    kept, used = [], 0
-    for row in rows:
-        n = int(tokens_C[row])
-        if used + n <= budget:
-            kept.append(row)
-            used += n
-    return kept
+    return [rows[i] for i in first_fit([int(tokens_C[row]) for row in rows], budget)]
 
 
 class PlugMemPolicy(ItemRetrievalPolicy):

@@ -115,6 +115,7 @@ __all__ = [
     "parse_facts",
     "parse_procedure",
     "parse_structure",
+    "first_fit",
     "prune_to_budget",
     "raw_steps",
     "retrieve",
@@ -217,12 +218,16 @@ def prune_to_budget(texts: Sequence[str], budget: int) -> list[int]:
     fit is skipped and later, shorter ones are still tried); the kept texts' tokens sum to at most ``budget``."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"prune_to_budget: budget must be an integer >= 0, got {budget!r}")
+    return first_fit([count_tokens(text) for text in texts], budget)
+
+
+def first_fit(tokens: Sequence[int], budget: int) -> list[int]:
+    """The indices kept within ``budget`` when item ``i`` costs ``tokens[i]``: first fit in the order given."""
     kept, used = [], 0
-    for i, text in enumerate(texts):
-        n = count_tokens(text)
-        if used + n <= budget:
+    for i, n in enumerate(tokens):
+        if used + int(n) <= budget:
             kept.append(i)
-            used += n
+            used += int(n)
     return kept
 
 
