@@ -627,6 +627,20 @@ class SlateMoments:
     slot_KC: np.ndarray
     pair_MM: np.ndarray | None
     exact: bool
+    _pinv: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def gram_pinv(self, granularity: Granularity) -> np.ndarray:
+        """The pseudo-inverse of the second-moment matrix of ``granularity`` (slot pairs, or case pairs for
+        ``"set"``), computed once per moments object: a logger's is shared by every target evaluated on it."""
+        if granularity not in self._pinv:
+            if granularity == "slot":
+                if self.pair_MM is None:
+                    raise DataFormatError("pseudo_inverse_vector: the logger's moments lack pairwise probabilities")
+                gamma = self.pair_MM
+            else:
+                gamma = self.pair_inclusion_CC()
+            self._pinv[granularity] = np.linalg.pinv(gamma, rcond=1e-10, hermitian=True)
+        return self._pinv[granularity]
 
     @property
     def inclusion_C(self) -> np.ndarray:
@@ -714,13 +728,8 @@ def pseudo_inverse_vector(logger_m: SlateMoments, target_m: SlateMoments, *,
     if logger_m.slot_KC.shape != target_m.slot_KC.shape:
         raise DimensionError(f"logger moments {logger_m.slot_KC.shape} and target moments "
                              f"{target_m.slot_KC.shape} disagree")
-    if granularity == "slot":
-        gamma, q = logger_m.pair_MM, target_m.slot_KC.ravel()
-        if gamma is None:
-            raise DataFormatError("pseudo_inverse_vector: the logger's moments lack pairwise probabilities")
-    else:
-        gamma, q = logger_m.pair_inclusion_CC(), target_m.inclusion_C
-    return np.linalg.pinv(gamma, rcond=1e-10, hermitian=True) @ q
+    q = target_m.slot_KC.ravel() if granularity == "slot" else target_m.inclusion_C
+    return logger_m.gram_pinv(granularity) @ q
 
 
 def _pi_weight(v: np.ndarray, slate_K: np.ndarray, c: int, granularity: Granularity) -> float:
