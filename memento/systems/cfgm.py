@@ -50,6 +50,8 @@ from typing import Any, Protocol, runtime_checkable
 from memento.config import check_int, from_dict
 from memento.errors import ConfigError, DataFormatError, ProvenanceError, ReplyFormatError
 from memento.systems.items import make_item
+from memento.systems.llm import collapse as _collapse
+from memento.systems.llm import cut as _cut
 from memento.systems.llm import parse_items
 from memento.types import Case
 
@@ -101,14 +103,6 @@ class CFGMConfig:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _collapse(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit].rstrip()
 
 
 def _text(value: Any, what: str, *, allow_empty: bool = False) -> str:

@@ -45,7 +45,7 @@ from typing import Any
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.types import Task
 
-__all__ = ["BuilderTemplates", "MemoryLLM", "parse_choice", "parse_items", "TEMPLATE_FIELDS"]
+__all__ = ["BuilderTemplates", "MemoryLLM", "collapse", "cut", "parse_choice", "parse_items", "TEMPLATE_FIELDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +251,16 @@ class MemoryLLM:
                             for name in sorted(set(self.calls) | set(self.cached))},
             "items_by_kind": dict(sorted(self.items.items())),
         }
+
+
+def collapse(text: str) -> str:
+    """``text`` with every run of whitespace one space, ends stripped."""
+    return " ".join(str(text).split())
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to its first ``limit`` characters (trailing whitespace of the cut dropped)."""
+    return text if len(text) <= limit else text[:limit].rstrip()
 
 
 _NUMBERED = re.compile(r"(?:^|\s)(?:\d{1,2}[.)]|[-*\u2022])\s+")

@@ -99,6 +99,8 @@ from memento.config import check_float, check_int, from_dict
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.systems.items import ItemGraph, make_item
 from memento.systems.lifemem import is_trajectory
+from memento.systems.llm import collapse as _collapse
+from memento.systems.llm import cut as _cut
 from memento.systems.llm import parse_items
 from memento.types import Case
 
@@ -184,14 +186,6 @@ def _config(config: PlugMemConfig | None) -> PlugMemConfig:
 
 
 # ---------------------------------------------------------------------- text
-
-
-def _collapse(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit].rstrip()
 
 
 def _clean(text: str) -> str:
