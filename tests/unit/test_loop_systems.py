@@ -157,13 +157,13 @@ def test_soft_q_over_every_kind_learns_and_frozen_evaluation_does_not(tmp_path: 
     assert any(set(kinds) - {"case"} for kinds in planner.shown_kinds)
 
 
-def test_an_extended_run_equals_an_uninterrupted_one_and_pays_no_call_twice(tmp_path: Path) -> None:
-    systems = SystemsConfig(build=("cfgm", "lifemem"), items="all")
-    whole, _ = _run(tmp_path / "whole", _config(steps=10, policy=CFGMRetrievalConfig(), systems=systems))
-    _run(tmp_path / "part", _config(steps=6, policy=CFGMRetrievalConfig(), systems=systems))
+def check_extended_run(tmp_path: Path, run, config_of) -> None:
+    """A run of 6 steps extended to 10 (``run(out, config, **kwargs)``, ``config_of(steps)``) ends with the bank
+    of an uninterrupted 10-step run, and the reply cache holds each builder prompt once."""
+    whole, _ = run(tmp_path / "whole", config_of(10))
+    run(tmp_path / "part", config_of(6))
     cache = (tmp_path / "part" / "memory_calls.jsonl").read_text().splitlines()
-    _, resumed = _run(tmp_path / "part", _config(steps=10, policy=CFGMRetrievalConfig(), systems=systems),
-                      resume=True)
+    run(tmp_path / "part", config_of(10), resume=True)
     strip = [(c.id, c.kind, c.state, c.action, c.reward, json.dumps(c.meta, sort_keys=True))
              for c in _bank(tmp_path / "whole")]
     assert [(c.id, c.kind, c.state, c.action, c.reward, json.dumps(c.meta, sort_keys=True))
@@ -171,6 +171,12 @@ def test_an_extended_run_equals_an_uninterrupted_one_and_pays_no_call_twice(tmp_
     after = (tmp_path / "part" / "memory_calls.jsonl").read_text().splitlines()
     assert after[:len(cache)] == cache
     assert len(after) == whole["systems"]["llm"]["calls"]  # each prompt paid once across both processes
+
+
+def test_an_extended_run_equals_an_uninterrupted_one_and_pays_no_call_twice(tmp_path: Path) -> None:
+    systems = SystemsConfig(build=("cfgm", "lifemem"), items="all")
+    check_extended_run(tmp_path, _run,
+                       lambda steps: _config(steps=steps, policy=CFGMRetrievalConfig(), systems=systems))
 
 
 def test_lifemem_clusters_the_run_answers_not_the_seed_bank(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from policies import PlugMemPolicy, make_policy
 from policies.similarity import bank_rewards
 from tests.loop_env import ExactJudge, HashingEncoder
 from tests.unit.test_loop_systems import Recorder as LoopRecorder
-from tests.unit.test_loop_systems import _bank, _tasks
+from tests.unit.test_loop_systems import _bank, _tasks, check_extended_run
 from tests.unit.test_loop_systems import _config as loop_config
 
 DIM = 8
@@ -528,17 +528,7 @@ def test_online_loop_builds_plugmem_items_and_the_policy_shows_them(tmp_path: Pa
 
 
 def test_an_extended_run_equals_an_uninterrupted_one_and_pays_no_call_twice(tmp_path: Path) -> None:
-    whole, _ = _run(tmp_path / "whole", _config(steps=10))
-    _run(tmp_path / "part", _config(steps=6))
-    cache = (tmp_path / "part" / "memory_calls.jsonl").read_text().splitlines()
-    _run(tmp_path / "part", _config(steps=10), resume=True)
-    strip = [(c.id, c.kind, c.state, c.action, c.reward, json.dumps(c.meta, sort_keys=True))
-             for c in _bank(tmp_path / "whole")]
-    assert [(c.id, c.kind, c.state, c.action, c.reward, json.dumps(c.meta, sort_keys=True))
-            for c in _bank(tmp_path / "part")] == strip
-    after = (tmp_path / "part" / "memory_calls.jsonl").read_text().splitlines()
-    assert after[:len(cache)] == cache
-    assert len(after) == whole["systems"]["llm"]["calls"]
+    check_extended_run(tmp_path, _run, lambda steps: _config(steps=steps))
 
 
 def test_soft_q_over_every_kind_can_choose_plugmem_items(tmp_path: Path) -> None:
