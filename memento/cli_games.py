@@ -267,7 +267,7 @@ def cmd_bench_games(args: argparse.Namespace) -> int:
 
 
 def add_bench_stream_parser(bench_cmds: Any) -> None:
-    from memento.bench.stream import STREAM_ARMS, StreamBenchConfig
+    from memento.bench.stream import EXTRA_ARMS, STREAM_ARMS, StreamBenchConfig
 
     bs = bench_cmds.add_parser(
         "stream", help="lifelong evaluation of memory systems over a stream of environments (OP, BwT)",
@@ -281,7 +281,7 @@ def add_bench_stream_parser(bench_cmds: Any) -> None:
     d = {f.name: f.default for f in dataclasses.fields(StreamBenchConfig)}
     bs.add_argument("--suite", default=None, help=f"shipped suite (default: {d['suite']})")
     bs.add_argument("--arms", default=None, help=f"comma-separated arms (default: {','.join(d['arms'])}; also "
-                                                 "plugmem, only when named)")
+                                                 f"{', '.join(EXTRA_ARMS)}, only when named)")
     bs.add_argument("--orders", default=None, help=f"grouped, random (default: {','.join(d['orders'])})")
     bs.add_argument("--seeds", type=int, nargs="+", default=None, help=f"seeds (default: {list(d['seeds'])})")
     bs.add_argument("--eval-repeats", type=int, default=None,

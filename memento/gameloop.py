@@ -97,6 +97,7 @@ from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.systems.items import memory_tokens
 from memento.systems.runtime import MemorySystems, SystemsConfig, split_notes
 from memento.types import Case, Selection
 
@@ -514,7 +515,7 @@ class GameLoop:
         self.step = 0
         self.episode_index = 0
         self.counters: dict[str, Any] = {"retained": 0, "duplicates": 0, "invalid": 0, "unusable": 0,
-                                         "from_case": 0, "decisions": 0}
+                                         "from_case": 0, "decisions": 0, "memory_tokens": 0}
         self.ms_totals: dict[str, float] = {c: 0.0 for c in GAME_COMPONENTS}
         self.episode_log: list[dict[str, Any]] = []
         if ckpt is None:
@@ -671,8 +672,11 @@ class GameLoop:
                 state_D = self._encode([text])[0]
                 ms["encode"] += clock() - t0
                 cands, sel = self._decide(bank, state_D, ms, episode, first=not episode.steps)
-                shown, notes = split_notes([prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None
-                                           else [])
+                cases = [prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None else []
+                if cases and cfg.systems.active:
+                    cases = self.systems.prompt_cases(text, cases)
+                self.counters["memory_tokens"] += memory_tokens(cases)
+                shown, notes = split_notes(cases)
                 if episode.reflection:
                     notes.insert(0, f"Reflection: {episode.reflection}")
                 if episode.steps and episode.steps[-1].correction:
@@ -902,6 +906,7 @@ class GameLoop:
             "score_by_window": success_by_window(score_E, cfg.window), "window": cfg.window,
             "by_env": _by_env(log),
             "from_case_share": float(self.counters["from_case"] / max(1, n_steps)),
+            "memory_tokens": int(self.counters.get("memory_tokens", 0)),
             "invalid": int(self.counters["invalid"]), "unusable": int(self.counters["unusable"]),
             "bank_size_start": int(self.bank_size_start), "bank_size_end": len(bank),
             "retained": int(self.counters["retained"]), "duplicates": int(self.counters["duplicates"]),

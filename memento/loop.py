@@ -101,6 +101,7 @@ from memento.memory.index import use_gpu_for
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.systems.items import memory_tokens
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Case, Selection, Task
 
@@ -111,6 +112,7 @@ __all__ = [
     "COMPONENTS",
     "LoopConfig",
     "encode_checked",
+    "leave_one_out_credit",
     "OnlineLoop",
     "loop_policy",
     "restore_bank",
@@ -347,6 +349,25 @@ def restore_bank(ckpt: Path, state: dict[str, Any], bank: CaseBank) -> None:
         logger.info("resume: dropped %d usage row(s) logged after the checkpoint", dropped)
 
 
+def leave_one_out_credit(planner: Any, tasks: Sequence[Task], shown: Sequence[Sequence[Case]],
+                         temperature: float) -> tuple[list[np.ndarray | None], int]:
+    """``LoopConfig.credit="leave_one_out"``: per task with shown cases and a gold answer, each shown case's target
+    ``sigmoid((logp(all) - logp(all but i)) / temperature)`` (``planner.score_many``: K + 1 scored prompts), ``None``
+    for the others; also the number of prompts scored. Used by :class:`OnlineLoop` and by the rollout workers."""
+    credit: list[np.ndarray | None] = [None] * len(tasks)
+    rows = [b for b, cases in enumerate(shown) if cases and tasks[b].answers]
+    if not rows:
+        return credit, 0
+    case_sets = [[list(shown[b])] + [list(shown[b][:i]) + list(shown[b][i + 1:]) for i in range(len(shown[b]))]
+                 for b in rows]
+    scores = planner.score_many([tasks[b] for b in rows], case_sets)
+    for b, task_scores in zip(rows, scores):
+        full = task_scores[0].logprob
+        drop_K = np.asarray([full - s.logprob for s in task_scores[1:]], dtype=np.float64)
+        credit[b] = 1.0 / (1.0 + np.exp(-np.clip(drop_K / temperature, -50.0, 50.0)))
+    return credit, sum(len(sets) for sets in case_sets)
+
+
 def _entropy(p_C: np.ndarray) -> float:
     p = np.asarray(p_C, dtype=np.float64)
     p = p[p > 0]
@@ -536,7 +557,8 @@ class OnlineLoop:
         self.policy_rng = np.random.Generator(np.random.PCG64(seeds[1]))
         self.step = 0
         self.counters: dict[str, Any] = {"llm_calls": 0, "score_calls": 0, "retained": 0, "duplicates": 0,
-                                         "not_retained": 0, "prompt_tokens": 0, "output_tokens": 0}
+                                         "not_retained": 0, "prompt_tokens": 0, "output_tokens": 0,
+                                         "memory_tokens": 0}
         self.ms_totals: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.rewards: list[float] = []
         self.successes: list[bool] = []
@@ -669,7 +691,10 @@ class OnlineLoop:
 
         t0 = clock()
         shown = [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections]
-        outputs = self._plan(tasks, shown)
+        prompts = [self.systems.prompt_cases(task.question, cases) for task, cases in zip(tasks, shown)] \
+            if self.config.systems.active else shown
+        self.counters["memory_tokens"] += sum(memory_tokens(cases) for cases in prompts)
+        outputs = self._plan(tasks, prompts)
         ms["plan"] = clock() - t0
 
         t0 = clock()
@@ -753,20 +778,10 @@ class OnlineLoop:
 
     def _credit(self, tasks: list[Task], shown: list[list[Case]]) -> list[np.ndarray | None]:
         """Leave-one-out credit per shown case (``LoopConfig.credit``), ``None`` for shared credit."""
-        credit: list[np.ndarray | None] = [None] * len(tasks)
         if self.config.credit != "leave_one_out":
-            return credit
-        rows = [b for b, cases in enumerate(shown) if cases and tasks[b].answers]
-        if not rows:
-            return credit
-        case_sets = [[shown[b]] + [shown[b][:i] + shown[b][i + 1:] for i in range(len(shown[b]))] for b in rows]
-        scores = self.planner.score_many([tasks[b] for b in rows], case_sets)  # type: ignore[attr-defined]
-        self.counters["score_calls"] += sum(len(sets) for sets in case_sets)
-        tau = self.config.credit_temperature
-        for b, task_scores in zip(rows, scores):
-            full = task_scores[0].logprob
-            drop_K = np.asarray([full - s.logprob for s in task_scores[1:]], dtype=np.float64)
-            credit[b] = 1.0 / (1.0 + np.exp(-np.clip(drop_K / tau, -50.0, 50.0)))
+            return [None] * len(tasks)
+        credit, score_calls = leave_one_out_credit(self.planner, tasks, shown, self.config.credit_temperature)
+        self.counters["score_calls"] += score_calls
         return credit
 
     def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
@@ -855,6 +870,7 @@ class OnlineLoop:
             "not_retained": int(self.counters["not_retained"]),
             "prompt_tokens": int(self.counters["prompt_tokens"]),
             "output_tokens": int(self.counters["output_tokens"]),
+            "memory_tokens": int(self.counters.get("memory_tokens", 0)),
             "ms_per_step": ms, "updates": int(self.policy.version), "final_alpha": self.policy.alpha,
             "seed": cfg.seed, "batch_size": cfg.batch_size, "k": cfg.k, "candidates": cfg.candidates,
             "resumed_from": resumed_from, "wall_s": wall_s,

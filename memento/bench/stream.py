@@ -11,6 +11,9 @@ suite's train games grouped by environment, the game type) and each **arm**:
   retrieval (``policies.lifemem``);
 - ``soft_q-all``: both systems' builders and soft-Q (``gamma = 0``) choosing among every kind (raw cases, focus
   points, tips, skills: the Q-network sees the kind);
+- only when named in ``arms``: ``plugmem``, PlugMem's builders and retrieval (``policies.plugmem``; the chosen
+  items are compressed into one note per prompt, ``PlugMemConfig.show``), and ``soft_q-every``, the builders of
+  all three systems and soft-Q choosing among every kind, PlugMem's propositions and prescriptions included;
 
 the arm **trains** on the stream: one game run (:class:`memento.gameloop.GameLoop`) that plays the stream's
 games in order, one episode each, retaining, building and learning; at each environment's **learned point** (its
@@ -19,9 +22,10 @@ environment's test games are **evaluated** with the bank and policy of that mome
 building, no learning; the actor still samples); after the stream, every environment's test games are evaluated
 again. Each arm shows at most K items per decision (the prompt budget), each cut to the same characters.
 Reported per arm and order: OP (mean final normalised score over environments) and BwT (relative change from the
-learned point to the end; :func:`memento.lifelong.lifelong_metrics`), the final success rate, the memory
-builders' LLM calls, seconds and items per kind, as the mean over seeds with a 95% t-interval, and the random
-minus grouped difference (the effect of stream order).
+learned point to the end; :func:`memento.lifelong.lifelong_metrics`), the final success rate, the memory tokens
+per planner call of the final evaluations (words of the cases and notes shown,
+:func:`memento.systems.items.memory_tokens`), the memory builders' LLM calls, seconds and items per kind, as the
+mean over seeds with a 95% t-interval, and the random minus grouped difference (the effect of stream order).
 
 On a question suite (a shipped one such as ``facts-real``, or a suite directory) the environments are its
 question families and the online loop answers them (:mod:`memento.bench.stream_qa`).
@@ -54,9 +58,9 @@ __all__ = ["EXTRA_ARMS", "STREAM_ARMS", "StreamBenchConfig", "format_stream_tabl
 logger = logging.getLogger(__name__)
 
 STREAM_ARMS = ("none", "similarity", "cfgm", "lifemem", "soft_q-all")
-EXTRA_ARMS = ("plugmem",)
+EXTRA_ARMS = ("plugmem", "soft_q-every")
 """Arms that run only when named (``--arms ...,plugmem``): PlugMem's builders and retrieval (3 builder calls per
-question, more per game episode)."""
+question, more per game episode), and soft-Q over every kind of all three systems."""
 
 
 def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
@@ -82,6 +86,9 @@ def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
             return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=reflect)
         case "plugmem":
             return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
+        case "soft_q-every":
+            return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem", "plugmem"), items="all",
+                                                         reflect=reflect)
     raise ConfigError(f"stream arm {arm!r}: choose one of {', '.join(STREAM_ARMS + EXTRA_ARMS)}")
 
 
@@ -319,7 +326,9 @@ def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tupl
              "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
              "final_success": float(np.mean([s["success_rate"] for s in final_s.values()])),
              "learned_success": float(np.mean([s["success_rate"] for s in learned_s.values()])),
-             "stream": [f"{env}:{path.stem}" for env, path in stream]}
+             "stream": [f"{env}:{path.stem}" for env, path in stream],
+             # memory tokens the final evaluations' prompts carried per action (cases and notes, words)
+             "memory_tokens_per_call": per_call(final_s, "memory_tokens", "steps")}
     if train_summary is not None:
         entry["train"] = {k: train_summary.get(k) for k in ("success_rate", "mean_score", "bank_size_end",
                                                                "s_per_episode", "wall_s", "systems")}
@@ -338,9 +347,10 @@ def summarize_stream(runs: dict[str, dict[str, dict[str, Any]]], config: StreamB
                 continue
             table[arm] = {m: t_interval([r[m] for r in rows if r[m] is not None])
                           for m in ("op", "bwt", "bwt_abs", "final_success", "learned_success")}
-            tokens = [r["prompt_tokens_per_call"] for r in rows if r.get("prompt_tokens_per_call") is not None]
-            if tokens:
-                table[arm]["prompt_tokens_per_call"] = float(np.mean(tokens))
+            for name in ("prompt_tokens_per_call", "memory_tokens_per_call"):
+                tokens = [r[name] for r in rows if r.get(name) is not None]
+                if tokens:
+                    table[arm][name] = float(np.mean(tokens))
             calls = [r.get("train", {}).get("systems", {}) or {} for r in rows]
             llm = [c.get("llm", {}) for c in calls if c.get("llm")]
             if llm:
@@ -360,6 +370,15 @@ def summarize_stream(runs: dict[str, dict[str, dict[str, Any]]], config: StreamB
     return out
 
 
+def per_call(summaries: dict[str, dict[str, Any]], total: str, calls: str) -> float | None:
+    """``total`` summed over the summaries per ``calls`` summed (``None`` when no call, or no summary has
+    ``total``: a run from before it was counted)."""
+    if not any(total in s for s in summaries.values()):
+        return None
+    n = sum(int(s.get(calls, 0)) for s in summaries.values())
+    return sum(int(s.get(total, 0)) for s in summaries.values()) / n if n else None
+
+
 def _cell(row: dict[str, Any], metric: str) -> str:
     v = row.get(metric)
     return f"{v['mean']:.3f}+-{v['ci95']:.3f}" if v and v.get("n") else "-"
@@ -373,12 +392,13 @@ def format_stream_table(results: dict[str, Any]) -> str:
         if order == "random_minus_grouped_op" or not isinstance(table, dict):
             continue
         lines.append(f"{order}:")
-        lines.append(f"  {'arm':<12} {'OP':>14} {'BwT':>14} {'final won':>14} {'LLM calls':>10} {'tokens/call':>11}")
+        lines.append(f"  {'arm':<12} {'OP':>14} {'BwT':>14} {'final won':>14} {'LLM calls':>10} {'tokens/call':>11} "
+                     f"{'memory/call':>11}")
         for arm, row in table.items():
-            calls, tokens = row.get("llm_calls"), row.get("prompt_tokens_per_call")
+            numbers = [row.get(name) for name in ("llm_calls", "prompt_tokens_per_call", "memory_tokens_per_call")]
+            cells = ["-" if v is None else f"{v:.0f}" for v in numbers]
             lines.append(f"  {arm:<12} {_cell(row, 'op'):>14} {_cell(row, 'bwt'):>14} "
-                         f"{_cell(row, 'final_success'):>14} {'-' if calls is None else f'{calls:.0f}':>10} "
-                         f"{'-' if tokens is None else f'{tokens:.0f}':>11}")
+                         f"{_cell(row, 'final_success'):>14} {cells[0]:>10} {cells[1]:>11} {cells[2]:>11}")
     diff = summary.get("random_minus_grouped_op")
     if diff:
         lines.append("random - grouped OP: " + ", ".join(f"{a} {v['mean']:+.3f}" for a, v in diff.items()))

@@ -20,11 +20,11 @@ The same protocol as the game stream (:mod:`memento.bench.stream`), with the onl
 - a family's score is the success rate under exact match (the mean reward); OP, BwT and the final success are
   :func:`memento.lifelong.lifelong_metrics` of those, as for games.
 
-The arms (``none``, ``similarity``, ``cfgm``, ``lifemem``, ``soft_q-all``, and ``plugmem`` when named) are the
-game stream's, with the online
-loop's policies (similarity: positive-only, Memento's non-parametric client; soft-Q: the loop's default,
-anchored on cosine, with case features that include the kind). The memory systems in question answering have no
-key-information reflection and no retries (:class:`memento.loop.LoopConfig`).
+The arms (``none``, ``similarity``, ``cfgm``, ``lifemem``, ``soft_q-all``, and ``plugmem``, ``soft_q-every``
+when named) are the game stream's, with the online loop's policies (similarity: positive-only, Memento's
+non-parametric client; soft-Q: the loop's default, anchored on cosine, with case features that include the
+kind). The memory systems in question answering have no key-information reflection and no retries
+(:class:`memento.loop.LoopConfig`).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
                points: dict[str, int], test_by_env: dict[str, list[Task]], common: dict[str, Any], *,
                seed_cases: list[Case] | None = None) -> dict[str, Any]:
     """One arm of one seed and order (see the module docstring): its entry in the results."""
-    from memento.bench.stream import learned_and_final
+    from memento.bench.stream import learned_and_final, per_call
     from memento.loop import run_online
 
     memory, base = _loop_config(config, arm, seed)
@@ -118,8 +118,6 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
                                                           train=train, evaluate=evaluate)
     learned = {env: summary["success_rate"] for env, summary in learned_s.items()}
     final = {env: summary["success_rate"] for env, summary in final_s.items()}
-    tokens = sum(int(summary.get("prompt_tokens", 0)) for summary in final_s.values())
-    calls = sum(int(summary.get("llm_calls", 0)) for summary in final_s.values())
     metrics = lifelong_metrics(learned, final)
     entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
              "n_undefined": metrics["n_undefined"], "per_env": metrics["per_env"],
@@ -127,7 +125,9 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
              "stream": [f"{env}:{task.id}" for env, task in stream],
              # the final evaluations' prompt tokens per answer (the questions are the same for every arm, so the
              # differences between arms are the memory shown; 0 for a planner that reports no token counts)
-             "prompt_tokens_per_call": tokens / calls if calls else None}
+             "prompt_tokens_per_call": per_call(final_s, "prompt_tokens", "llm_calls"),
+             # the memory part of those prompts (cases and notes, words: memento.systems.items.memory_tokens)
+             "memory_tokens_per_call": per_call(final_s, "memory_tokens", "llm_calls")}
     if train_summary is not None:
         entry["train"] = {k: train_summary.get(k) for k in ("success_rate", "bank_size_end", "wall_s", "updates",
                                                                "llm_calls", "prompt_tokens", "systems")}

@@ -31,7 +31,7 @@ from typing import Any
 from memento.errors import ProvenanceError
 from memento.types import Case
 
-__all__ = ["NOTE_LABELS", "ItemGraph", "make_item", "sources_of", "split_notes"]
+__all__ = ["NOTE_LABELS", "ItemGraph", "make_item", "memory_tokens", "sources_of", "split_notes"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ def split_notes(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:
             lines = [line.strip().lstrip("-").strip() for line in case.action.splitlines() if line.strip()]
             notes.extend(f"{label}: {line}" for line in lines)
     return raw, notes
+
+
+def memory_tokens(cases: Sequence[Case]) -> int:
+    """The memory tokens a prompt carries for ``cases``: the whitespace-separated words of each raw case's state
+    and action and of each note line (:func:`split_notes`, labels excluded); a tokenizer-free count, the same as
+    :func:`memento.systems.plugmem.count_tokens`."""
+    raw, notes = split_notes(cases)
+    words = sum(len(c.state.split()) + len(c.action.split()) for c in raw)
+    return words + sum(len(note.split(": ", 1)[-1].split()) for note in notes)
 
 
 def make_item(kind: str, state: str, action: str, *, system: str, sources: Sequence[str] = (),

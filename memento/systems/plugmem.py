@@ -60,8 +60,11 @@ memory tokens of the note (what the prompt would carry) and the calls made.
 The *policy* ``policies.plugmem`` cannot call the LLM inside ``select``: it picks, among the expanded candidates
 (:func:`memento.systems.expand.expand_candidates`, which adds the nearest plugmem items and the items sharing a
 node with a candidate item), the most similar items as seeds, routes through the seeds' own concepts/intents
-(the fallback of step 2), and prunes to its token budget, deterministically. Steps 2 and 5 with the LLM are
-available here for the prompt side (:meth:`memento.systems.runtime.MemorySystems.plugmem_note`).
+(the fallback of step 2), and prunes to its token budget, deterministically. The loops then do step 5 on what
+it chose: with ``PlugMemConfig.show = "note"`` (the default) the chosen items reach the prompt as one note
+(:func:`compress`, :meth:`memento.systems.runtime.MemorySystems.prompt_cases`), labelled ``Memory:``. The whole
+prompt-side retrieval with the LLM's abstract queries (step 2) is :func:`retrieve`
+(:meth:`memento.systems.runtime.MemorySystems.plugmem_note`).
 
 **Fallbacks** (each logs; a bad reply never crashes and never writes a malformed item):
 
@@ -91,11 +94,11 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.config import check_float, check_int, from_dict
+from memento.config import check, check_float, check_int, from_dict
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.systems.items import ItemGraph, make_item
 from memento.systems.lifemem import is_trajectory
@@ -105,12 +108,14 @@ from memento.systems.llm import parse_items
 from memento.types import Case
 
 __all__ = [
+    "NOTE_KIND",
     "PLUG_KINDS",
     "PlugMemBuilder",
     "PlugMemConfig",
     "PlugMemGraph",
     "PlugMemRetrieval",
     "Step",
+    "compress",
     "count_tokens",
     "item_nodes",
     "normalise",
@@ -134,12 +139,19 @@ TEXT_MAX_CHARS = 300
 ROUTE_SCAN = 256
 """At most this many (most recent) items of one node are ranked when routing through it."""
 NOT_RECORDED = "(not recorded)"
+PromptShow = Literal["note", "items"]
+"""How a loop's prompt shows the chosen PlugMem items (:attr:`PlugMemConfig.show`)."""
+NOTE_KIND = "memory"
+"""The kind of the transient entry that carries a compressed note to the planner (never stored in a bank)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlugMemConfig:
     """PlugMem's settings: structuring and knowledge (the builder), the candidate expansion (``seed_k``,
-    ``route_per_node``) and the prompt-side retrieval (see the module docstring)."""
+    ``route_per_node``) and the prompt-side retrieval (see the module docstring). ``show``: how a loop's prompt
+    shows the PlugMem items a policy chose: ``"note"`` (default) compresses them into one task-aligned note
+    (:func:`compress`, one ``plug_compress`` call per prompt, labelled ``Memory:``), ``"items"`` shows one line
+    each (``Fact:``, ``Procedure:``)."""
 
     segment_threshold: float = 0.5
     max_steps: int = 50
@@ -153,6 +165,7 @@ class PlugMemConfig:
     match_threshold: float = 0.8
     budget_tokens: int = 256
     note_max_tokens: int = 96
+    show: PromptShow = "note"
 
     def __post_init__(self) -> None:
         check_float(self, "segment_threshold", low=-1.0, high=1.0)
@@ -167,6 +180,8 @@ class PlugMemConfig:
         check_float(self, "match_threshold", low=-1.0, high=1.0)
         check_int(self, "budget_tokens", 1)
         check_int(self, "note_max_tokens", 1)
+        check(self.show in get_args(PromptShow), type(self), "show", self.show,
+              f"must be one of {get_args(PromptShow)}")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -723,6 +738,25 @@ def _match(queries: Sequence[str], names: Sequence[str], threshold: float,
     return list(dict.fromkeys(out))
 
 
+def compress(query: str, texts: Sequence[str], *, llm: Any = None,
+             config: PlugMemConfig | None = None) -> tuple[str, int, bool]:
+    """Step 5: one ``plug_compress`` call writes a short note for ``query`` from ``texts`` (its first line, cut to
+    ``note_max_tokens`` words). Returns the note, the calls made (0 or 1) and whether the fallback was used (no
+    LLM, or no usable line: the texts joined with ``"; "``); no texts: ``("", 0, False)``."""
+    cfg = _config(config)
+    if not texts:
+        return "", 0, False
+    line, calls = None, 0
+    if llm is not None:
+        reply = llm.ask("plug_compress", query=_collapse(query), memory="\n".join(f"- {t}" for t in texts),
+                        max_tokens=cfg.note_max_tokens)
+        calls = 1
+        line = _first_line(reply)
+    if line is None:
+        return "; ".join(texts), calls, True
+    return " ".join(line.split()[:cfg.note_max_tokens]), calls, False
+
+
 def retrieve(query: str, query_D: np.ndarray, *, bank: Any, graph: PlugMemGraph, config: PlugMemConfig | None = None,
              llm: Any = None, encode: Callable[[list[str]], np.ndarray] | None = None,
              env: str | None = None) -> PlugMemRetrieval:
@@ -754,19 +788,10 @@ def retrieve(query: str, query_D: np.ndarray, *, bank: Any, graph: PlugMemGraph,
     all_texts = [_collapse(graph.graph.cases[i].action) for i in ordered]
     keep = prune_to_budget(all_texts, cfg.budget_tokens)
     kept, texts = [ordered[i] for i in keep], [all_texts[i] for i in keep]
-    note = ""
-    if texts:
-        line = None
-        if llm is not None:
-            reply = llm.ask("plug_compress", query=_collapse(query), memory="\n".join(f"- {t}" for t in texts),
-                            max_tokens=cfg.note_max_tokens)
-            calls += 1
-            line = _first_line(reply)
-        if line is None:
-            fallbacks.append("compress")
-            note = "; ".join(texts)
-        else:
-            note = " ".join(line.split()[:cfg.note_max_tokens])
+    note, compress_calls, fell_back = compress(query, texts, llm=llm, config=cfg)
+    calls += compress_calls
+    if fell_back:
+        fallbacks.append("compress")
     tokens = count_tokens(note)
     logger.debug("plugmem retrieval: %d seeds, %d nodes, %d routed, %d kept, %d memory tokens", len(seeds),
                  len(nodes), len(routed), len(kept), tokens)

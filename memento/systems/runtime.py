@@ -18,10 +18,11 @@
 - ``retries``: CFGM's exploration: a lost or unfinished episode of a game is played again, up to ``retries``
   more times, with a reflection on the failed attempt shown at every step (each attempt is one episode of the
   run);
-- ``cfgm`` / ``lifemem`` / ``plugmem``: the builders' settings (``plugmem`` also sets the expansion above and
-  the prompt-side retrieval of :meth:`MemorySystems.plugmem_note`); ``templates``: a JSON file replacing builder prompts
-  (:class:`memento.systems.llm.BuilderTemplates`); ``max_new_tokens``: the reply length a builder asks of a
-  transformers planner (its own answer length is usually a few tokens).
+- ``cfgm`` / ``lifemem`` / ``plugmem``: the builders' settings (``plugmem`` also sets the expansion above, the
+  prompt-side retrieval of :meth:`MemorySystems.plugmem_note` and how a prompt shows the chosen PlugMem items:
+  compressed into one note by default, :meth:`MemorySystems.prompt_cases`); ``templates``: a JSON file
+  replacing builder prompts (:class:`memento.systems.llm.BuilderTemplates`); ``max_new_tokens``: the reply
+  length a builder asks of a transformers planner (its own answer length is usually a few tokens).
 
 :class:`MemorySystems` holds the builders and the provenance graph of one open bank; the LLM's replies are cached
 in the run directory (``memory_calls.jsonl``) so a resumed run does not pay for them twice, and
@@ -45,8 +46,18 @@ from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focu
 from memento.systems.expand import expand_candidates
 from memento.systems.items import ItemGraph, split_notes
 from memento.systems.lifemem import LifeMemConfig, WorkflowClusters
-from memento.systems.llm import BuilderTemplates, MemoryLLM
-from memento.systems.plugmem import PlugMemBuilder, PlugMemConfig, PlugMemGraph, PlugMemRetrieval, retrieve
+from memento.systems.llm import BuilderTemplates, MemoryLLM, collapse
+from memento.systems.plugmem import (
+    NOTE_KIND,
+    PLUG_KINDS,
+    PlugMemBuilder,
+    PlugMemConfig,
+    PlugMemGraph,
+    PlugMemRetrieval,
+    compress,
+    count_tokens,
+    retrieve,
+)
 from memento.types import Case
 
 __all__ = ["Builder", "ItemsChoice", "MemorySystems", "SystemsConfig", "split_notes"]
@@ -237,19 +248,41 @@ class MemorySystems:
             except ReplyFormatError as error:
                 logger.warning("plugmem: %s", error)
 
+    def prompt_cases(self, query: str, cases: Sequence[Case]) -> list[Case]:
+        """What the planner is shown for ``cases`` (a policy's choice, in order): with PlugMem's ``show="note"``
+        the PlugMem items among them become one transient ``memory`` entry at the first one's place, their
+        texts compressed for ``query`` (:func:`memento.systems.plugmem.compress`, the run's LLM when it has one,
+        else the fallback); every other entry as it is. The notes are counted in :meth:`stats`."""
+        plug = [c for c in cases if c.kind in PLUG_KINDS]
+        if not plug or self.config.plugmem.show != "note":
+            return list(cases)
+        note, calls, _ = compress(query, [collapse(c.action) for c in plug], llm=self.llm, config=self.config.plugmem)
+        self._count_note(count_tokens(note), calls)
+        entry = Case(state=query, action=note, reward=0.0, kind=NOTE_KIND, meta={"sources": [c.id for c in plug]})
+        out: list[Case] = []
+        for case in cases:
+            if case.kind not in PLUG_KINDS:
+                out.append(case)
+            elif case is plug[0]:
+                out.append(entry)
+        return out
+
+    def _count_note(self, tokens: int, calls: int) -> None:
+        notes = self._notes
+        notes["notes"] += 1
+        notes["memory_tokens"] += tokens
+        notes["memory_tokens_max"] = max(notes["memory_tokens_max"], tokens)
+        notes["calls"] += calls
+
     def plugmem_note(self, bank: CaseBank, query: str, state_D: np.ndarray, *,
                      env: str | None = None) -> PlugMemRetrieval:
         """PlugMem's prompt-side retrieval for ``query`` (:func:`memento.systems.plugmem.retrieve`: abstract
         queries and compression with the run's LLM when it has one, else their fallbacks); its memory tokens
         are counted in :meth:`stats` (``plugmem_notes``). The loops do not call it: they show the items a policy
-        chose."""
+        chose (:meth:`prompt_cases`)."""
         result = retrieve(query, state_D, bank=bank, graph=self.plug, config=self.config.plugmem, llm=self.llm,
                           encode=self.encode, env=env)
-        notes = self._notes
-        notes["notes"] += 1
-        notes["memory_tokens"] += result.memory_tokens
-        notes["memory_tokens_max"] = max(notes["memory_tokens_max"], result.memory_tokens)
-        notes["calls"] += result.calls
+        self._count_note(result.memory_tokens, result.calls)
         return result
 
     def stats(self) -> dict[str, Any]:

@@ -483,7 +483,7 @@ QA_REPLIES = {
 class Recorder(LoopRecorder):
     """As the loop tests' scripted planner, with PlugMem's scripted replies; a plugmem item makes an answer right."""
 
-    HELPED = ("proposition", "prescription")
+    HELPED = ("proposition", "prescription", "memory")  # items, or the note they were compressed into
 
     def builder_reply(self, task: Task) -> str:
         reply = QA_REPLIES.get(task.id.removeprefix("memory:"), "")
@@ -517,7 +517,8 @@ def test_online_loop_builds_plugmem_items_and_the_policy_shows_them(tmp_path: Pa
     assert plug.intents() == ["answer a capitals question", "answer a plurals question"]
     [procedure] = plug.prescriptions_of("answer a capitals question")
     assert procedure.meta["support"] == 5 and procedure.meta["version"] == 4  # one entry, merged five times
-    assert any({"proposition", "prescription"} & set(kinds) for kinds in planner.shown_kinds)
+    assert any("memory" in kinds for kinds in planner.shown_kinds)  # the items, compressed into one note
+    assert not any({"proposition", "prescription"} & set(kinds) for kinds in planner.shown_kinds)
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     item_ids = {c.id for c in items}
     assert any(set(s["chosen_ids"]) & item_ids for s in steps)
@@ -535,7 +536,7 @@ def test_soft_q_over_every_kind_can_choose_plugmem_items(tmp_path: Path) -> None
     soft_q = dataclasses.replace(loop_policy("soft_q"), warmup=2)
     summary, planner = _run(tmp_path / "run", _config(policy=soft_q))
     assert summary["updates"] > 0
-    assert any({"proposition", "prescription"} & set(kinds) for kinds in planner.shown_kinds)
+    assert any("memory" in kinds for kinds in planner.shown_kinds)
 
 
 # ---------------------------------------------------------------------- the game loop
@@ -587,4 +588,5 @@ def test_game_loop_builds_plugmem_items_from_episodes_and_shows_them(tmp_path: P
     assert len(items) == 2 and all(set(c.meta["sources"]) == episodes for c in items)  # merged over the episodes
     assert items[0].meta["support"] == len(episodes) >= 2  # (a repeated episode is no new trajectory)
     assert summary["systems"]["active_by_kind"]["proposition"] == 1
-    assert any("Fact:" in p or "Procedure:" in p for p in planner.actor_prompts)
+    assert any("Memory: " in p for p in planner.actor_prompts)  # the chosen items, compressed into one note
+    assert summary["memory_tokens"] > 0
