@@ -40,6 +40,11 @@ NOTE_LABELS = {"focus": "Guidance", "tip": "Tip", "skill": "Rule", "proposition"
 """How an item of each kind is labelled when shown to a planner (other kinds: the kind, capitalised)."""
 
 
+INDEXED_META = ("task_id", "game", "task")
+"""The meta fields :meth:`ItemGraph.with_meta` finds entries by: a retained answer's question id, an episode's
+game, a tip's question or game."""
+
+
 def split_notes(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:
     """The raw cases (demonstrations, proposals) and the notes (focus points, tips, skills: one line each, labelled
     by kind, ``"Tip: ..."``) of a selection, each in the order given."""
@@ -92,6 +97,7 @@ class ItemGraph:
         self.cases: dict[str, Case] = {}
         self._children: dict[str, list[str]] = defaultdict(list)
         self._latest: dict[str, tuple[int, list[str]]] = {}
+        self._by_meta: dict[tuple[str, str], list[str]] = defaultdict(list)
         for case in cases:
             self.add(case)
 
@@ -114,6 +120,10 @@ class ItemGraph:
         self.cases[case.id] = case
         for source in sources_of(case):
             self._children[source].append(case.id)
+        for key in INDEXED_META:
+            value = case.meta.get(key)
+            if isinstance(value, str):
+                self._by_meta[(key, value)].append(case.id)
         group = case.meta.get("group")
         if isinstance(group, str):
             version = int(case.meta.get("version", 0))
@@ -135,6 +145,14 @@ class ItemGraph:
         """The active entries (of ``kind``, of ``env``), in insertion order."""
         return [c for c in self.cases.values() if (kind is None or c.kind == kind)
                 and (env is None or c.env == env) and self.is_active(c.id or "")]
+
+    def with_meta(self, key: str, value: str, kind: str | None = None) -> list[Case]:
+        """The active entries (of ``kind``) whose ``meta[key] == value``, in insertion order; ``key`` one of
+        :data:`INDEXED_META` (an index, not a scan of the graph)."""
+        if key not in INDEXED_META:
+            raise ProvenanceError(f"ItemGraph.with_meta: {key!r} is not indexed (one of {INDEXED_META})")
+        return [self.cases[i] for i in self._by_meta.get((key, value), [])
+                if (kind is None or self.cases[i].kind == kind) and self.is_active(i)]
 
     def latest(self, group: str) -> list[Case]:
         """The entries of the active version of ``group`` (empty: no such group)."""

@@ -207,8 +207,8 @@ class MemorySystems:
         """CFGM: the tips of ``game`` from its episode cases, once it has a success (first time only)."""
         if "cfgm" not in self.config.build or self.llm is None:
             return
-        episodes = [c for c in self.graph.active("case", env=env)
-                    if c.meta.get("granularity") == "episode" and c.meta.get("game") == game]
+        episodes = [c for c in self.graph.with_meta("game", game, "case")
+                    if c.env == env and c.meta.get("granularity") == "episode"]
         self._tips(bank, key=game, env=env, task=task, attempts=episodes, won=lambda c: bool(c.meta.get("won")))
 
     def after_answer(self, bank: CaseBank, *, task_id: str, env: str, question: str) -> None:
@@ -216,13 +216,13 @@ class MemorySystems:
         a success is ``meta.success``), once it has a success (first time only)."""
         if "cfgm" not in self.config.build or self.llm is None:
             return
-        answers = [c for c in self.graph.active("case") if c.meta.get("task_id") == task_id and "success" in c.meta]
+        answers = [c for c in self.graph.with_meta("task_id", task_id, "case") if "success" in c.meta]
         self._tips(bank, key=task_id, env=env, task=question, attempts=answers,
                    won=lambda c: bool(c.meta.get("success")))
 
     def _tips(self, bank: CaseBank, *, key: str, env: str, task: str, attempts: Sequence[Case],
               won: Callable[[Case], bool]) -> None:
-        if any(tip.meta.get("task") == key for tip in self.graph.active("tip", env=env)):
+        if any(tip.env == env for tip in self.graph.with_meta("task", key, "tip")):
             return
         successes = [c for c in attempts if won(c)]
         failures = [c for c in attempts if not won(c)]

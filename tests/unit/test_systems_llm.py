@@ -152,6 +152,22 @@ def test_check_names_a_missing_source_and_a_cycle():
     ItemGraph([Case(state="s", action="a", reward=0.0, id="q")]).check()
 
 
+def test_with_meta_finds_active_entries_by_an_indexed_field():
+    def entry(i: str, kind: str, version: int | None = None, **meta) -> Case:
+        group = {"group": "g", "version": version} if version is not None else {}
+        return Case(state="s", action=i, reward=0.0, id=i, kind=kind, meta={**meta, **group})
+
+    graph = ItemGraph([entry("a", "case", task_id="q1"), entry("b", "case", task_id="q2"),
+                       entry("t0", "tip", 0, task="q1"), entry("c", "case", task_id="q1", game="g1")])
+    assert [c.id for c in graph.with_meta("task_id", "q1")] == ["a", "c"]
+    assert [c.id for c in graph.with_meta("task", "q1", "tip")] == ["t0"]
+    graph.add(entry("t1", "tip", 1, task="q1"))  # a later version supersedes t0
+    assert [c.id for c in graph.with_meta("task", "q1")] == ["t1"]
+    assert [c.id for c in graph.with_meta("game", "g1", "case")] == ["c"] and graph.with_meta("game", "g2") == []
+    with pytest.raises(ProvenanceError, match="not indexed"):
+        graph.with_meta("family", "x")
+
+
 def test_run_accounting_counts_the_calls_of_earlier_processes(tmp_path) -> None:
     from memento.systems.llm import MemoryLLM
 
