@@ -104,7 +104,10 @@ class SystemsConfig:
 
     @property
     def needs_llm(self) -> bool:
-        return bool(self.build) or self.reflect or self.retries > 0
+        """Builders, reflections, retries, or PlugMem items that a prompt shows as a compressed note (a frozen
+        evaluation builds nothing but still compresses what its policy chose)."""
+        notes = self.items == "all" and self.plugmem.show == "note"
+        return bool(self.build) or self.reflect or self.retries > 0 or notes
 
 
 def builder_planner(planner: Any, max_new_tokens: int) -> Any:

@@ -14,7 +14,6 @@ from memento.loop import loop_policy
 from memento.planners.base import CallablePlanner
 from memento.planners.prompts import PromptConfig, render_prompt
 from memento.systems.items import make_item, memory_tokens, split_notes
-from memento.systems.llm import MemoryLLM
 from memento.systems.plugmem import NOTE_KIND, PlugMemConfig, compress
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Case, Task
@@ -59,14 +58,17 @@ def test_show_is_validated() -> None:
     with pytest.raises(ConfigError, match="show"):
         PlugMemConfig(show="both")  # type: ignore[arg-type]
     assert PlugMemConfig.from_json(PlugMemConfig(show="items").to_json()).show == "items"
+    # a frozen evaluation builds nothing, yet compresses what its policy chose: it needs the run's LLM
+    assert SystemsConfig(items="all").needs_llm and not SystemsConfig().needs_llm
+    assert not SystemsConfig(items="all", plugmem=PlugMemConfig(show="items")).needs_llm
 
 
 def test_prompt_cases_put_one_note_where_the_first_item_was(tmp_path: Path) -> None:
-    systems = MemorySystems(SystemsConfig(items="all"), planner=None, encode=lambda texts: None,
-                            cache_path=None)  # no builder, no LLM of its own
     asked: list[str] = []
-    systems.llm = MemoryLLM(CallablePlanner(lambda task, cases: asked.append(task.question) or "Peru's capital is "
-                                            "Lima", name="scripted"))
+    planner = CallablePlanner(lambda task, cases: asked.append(task.question) or "Peru's capital is Lima",
+                              name="scripted")
+    systems = MemorySystems(SystemsConfig(items="all"), planner=planner, encode=lambda texts: None,
+                            cache_path=None)  # no builder: the LLM is there for the notes
     cases = [_raw("What is the capital of Chad?", "NDjamena"), _fact("Lima is the capital of Peru", 0),
              _raw("What is the capital of Chile?", "Santiago"), _fact("Rome is the capital of Italy", 1)]
     shown = systems.prompt_cases("What is the capital of Peru?", cases)
