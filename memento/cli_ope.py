@@ -13,17 +13,20 @@ Kept apart from :mod:`memento.cli`; it never imports ``policies``: the compositi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import logging
 import math
+import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from memento.errors import ConfigError, DataFormatError, UnknownCaseError
+from memento.errors import BankError, ConfigError, DataFormatError, UnknownCaseError
 from memento.formats import StepRecord, iter_jsonl
 from memento.ope import (
     OPEConfig,
@@ -132,8 +135,13 @@ def _check_step(record: StepRecord) -> np.ndarray | None:
         raise DataFormatError("candidate_ids repeats a case")
     p = np.asarray([x if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in probs],
                    dtype=np.float64)
-    if not np.isfinite(p).all() or (p < 0).any() or abs(p.sum() - 1.0) > _SUM_TOL:
-        raise DataFormatError(f"candidate_probs must be finite probabilities summing to 1 (sum {p.sum()!r})")
+    bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise DataFormatError(f"candidate_probs[{i}]={probs[i]!r} (case {ids[i]!r}) is not a probability: each must "
+                              "be a finite number >= 0")
+    if abs(p.sum() - 1.0) > _SUM_TOL:
+        raise DataFormatError(f"candidate_probs must sum to 1, got sum {p.sum()!r}")
     if not isinstance(record.reward, (int, float)) or not math.isfinite(record.reward):
         raise DataFormatError(f"reward {record.reward!r} is not a finite number")
     row_of = {case_id: i for i, case_id in enumerate(ids)}
@@ -141,8 +149,11 @@ def _check_step(record: StepRecord) -> np.ndarray | None:
     if missing or len(set(record.chosen_ids)) != len(record.chosen_ids):
         raise DataFormatError(f"chosen_ids must be distinct candidates (not candidates: {missing[:3]})")
     rows = np.asarray([row_of[case_id] for case_id in record.chosen_ids], dtype=np.int64)
-    if not record.greedy and (p[rows] <= 0).any():
-        raise DataFormatError("a chosen case has logging probability 0 in candidate_probs")
+    zero = [int(row) for row in rows if p[row] <= 0] if not record.greedy else []
+    if zero:
+        i = zero[0]
+        raise DataFormatError(f"candidate_probs[{i}]={probs[i]!r} for the chosen case {ids[i]!r}: a case the logging "
+                              "policy drew must have logging probability > 0 (importance weights divide by it)")
     return rows
 
 
@@ -209,6 +220,8 @@ def _policy_config(spec: TargetSpec, dim: int) -> Any:
         return RandomConfig()
     from memento.agent import load_trained_learner
 
+    if spec.path is None:
+        raise ConfigError(f"target {spec.name!r}: a selector target needs its path")
     alpha = float(load_trained_learner(str(spec.path), dim).alpha)
     return SoftQConfig(init_qnet=str(spec.path), alpha=alpha, positive_only=_run_positive_only(Path(spec.path)))
 
@@ -412,6 +425,20 @@ def _targets(targets: Sequence[str | TargetSpec]) -> list[TargetSpec]:
     return list({spec.name: spec for spec in specs}.values())
 
 
+@contextlib.contextmanager
+def _damaged_bank(path: Path, *, rows: bool = False) -> Iterator[None]:
+    """Turn SQLite's "malformed" errors (a bank file damaged past its header, which ``CaseBank.open`` alone does not
+    read) and, with ``rows``, a stored case whose ``meta`` is not JSON, into a one-line :class:`BankError`."""
+    try:
+        yield
+    except sqlite3.DatabaseError as error:
+        raise BankError(f"{path}: damaged bank (cases.sqlite: {error})") from None
+    except json.JSONDecodeError as error:
+        if not rows:
+            raise
+        raise BankError(f"{path}: damaged bank (cases.sqlite: a stored case's meta is not JSON: {error})") from None
+
+
 def _run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: str | Path | None, config: OPEConfig,
                     make_policy: Any | None, encoder: Any | None, encoder_path: str | None, greedy: bool, seed: int,
                     warn: Callable[[str], None]) -> tuple[Evaluation, _Steps]:
@@ -433,7 +460,9 @@ def _run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: st
     from memento.loop import encode_checked
     from memento.memory import CaseBank
 
-    with CaseBank.open(bank_path, read_only=True) as opened:
+    with _damaged_bank(bank_path):
+        opened = CaseBank.open(bank_path, read_only=True)
+    with opened:
         if encoder is None:
             from memento.encoders import Encoder
 
@@ -442,9 +471,11 @@ def _run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: st
         def encode(texts: list[str]) -> np.ndarray:
             return encode_checked(encoder, opened.dim, texts)
 
-        data = _load_steps(steps, steps_path, opened, encode)
-        estimates = _evaluate_targets(specs, data, bank=opened, encode=encode, make_policy=make_policy,
-                                      config=config, greedy=greedy, seed=seed) if specs else {}
+        with _damaged_bank(bank_path, rows=True):  # every candidate's row and vector is read here
+            data = _load_steps(steps, steps_path, opened, encode)
+        with _damaged_bank(bank_path):
+            estimates = _evaluate_targets(specs, data, bank=opened, encode=encode, make_policy=make_policy,
+                                          config=config, greedy=greedy, seed=seed) if specs else {}
     evaluation = Evaluation(source=steps_path, bank=bank_path, rounds=len(steps), skipped=skipped,
                             multi_step=multi_step, k_max=data.k_max, observed_mean_reward=float(np.mean(data.reward_N)),
                             logging_policy=sorted({step.record.policy for step in steps}), config=config, seed=seed,
@@ -475,6 +506,27 @@ def _warn_stderr(message: str) -> None:
     print(f"memento: warning: {message}", file=sys.stderr)
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The output files (``--json``, ``--export-vw``, ``--export-obp``), checked before anything is read or written:
+    distinct, none an existing directory, none the log itself, and ``--json`` only with a ``--policy`` to estimate."""
+    if args.json and not args.policies:
+        raise ConfigError(f"--json {args.json}: holds the estimates, which need at least one --policy")
+    source = Path(args.run)
+    log = (RunDir(source).steps if source.is_dir() else source).resolve()
+    seen: dict[Path, str] = {}
+    for flag, value in (("--json", args.json), ("--export-vw", args.export_vw), ("--export-obp", args.export_obp)):
+        if not value:
+            continue
+        path = Path(value).resolve()
+        if path.is_dir():
+            raise ConfigError(f"{flag} {value}: is a directory, expected a file to write")
+        if path == log:
+            raise ConfigError(f"{flag} {value}: is the log being evaluated; choose another file")
+        if path in seen:
+            raise ConfigError(f"{flag} {value}: the same file as {seen[path]}; give each output its own file")
+        seen[path] = flag
+
+
 def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, encoder: Any | None = None) -> int:
     """Run ``memento evaluate`` (:func:`evaluate_run`, then the table, the JSON and the exports). ``make_policy``
     (``policies.make_policy``, passed in by the composition root) builds the similarity, random and selector
@@ -488,6 +540,7 @@ def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, en
     specs = _targets(args.policies)
     if make_policy is None and any(spec.kind != "logged" for spec in specs):
         raise ConfigError("cmd_evaluate: the similarity, random and selector targets need make_policy")
+    _check_outputs(args)
     evaluation, data = _run_evaluation(args.run, specs, bank=args.bank, config=config, make_policy=make_policy,
                                        encoder=encoder, encoder_path=args.encoder, greedy=args.greedy,
                                        seed=args.seed, warn=_warn_stderr)

@@ -101,7 +101,7 @@ from memento.memory.index import use_gpu_for
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
-from memento.systems.items import memory_tokens
+from memento.systems.items import ItemGraph, memory_tokens
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Case, Selection, Task
 
@@ -111,6 +111,7 @@ if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a 
 __all__ = [
     "COMPONENTS",
     "LoopConfig",
+    "check_seed_bank",
     "encode_checked",
     "leave_one_out_credit",
     "OnlineLoop",
@@ -309,6 +310,13 @@ def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
     if (np.abs(norms_N1 - 1.0) > 1e-4).any():
         out_ND = out_ND / norms_N1
     return np.ascontiguousarray(out_ND, dtype=np.float32)
+
+
+def check_seed_bank(path: str | Path) -> None:
+    """Read a seed bank whole, as a run will (every case and its provenance links), so that a damaged bank is a
+    one-line :class:`~memento.errors.MementoError` before a command writes anything."""
+    with CaseBank.open(path, read_only=True) as bank:
+        ItemGraph(bank.iter_cases()).check()
 
 
 def run_bank(target: Path, dim: int, *, bank_dir: Path | None, index: str, encoder_config: Any,

@@ -578,11 +578,15 @@ class CaseBank:
         """The stored rewards ``[N]`` (float64) of the given case ids, in the order asked."""
         return np.array([case.reward for case in self.get(list(ids))], dtype=np.float64)
 
-    @staticmethod
-    def _row_to_case(row: tuple[Any, ...]) -> Case:
+    def _row_to_case(self, row: tuple[Any, ...]) -> Case:
         case_id, state, action, reward, env, kind, meta, created = row
-        return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind,
-                    meta=json.loads(meta), created=created)
+        try:
+            data = json.loads(meta)
+        except (TypeError, ValueError) as error:
+            raise BankError(f"{self.path}: damaged bank ({DB_NAME}: the meta of case {case_id!r} is not JSON: "
+                            f"{error})") from None
+        return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind, meta=data,
+                    created=created)
 
     def embeddings(self, ids: Sequence[str]) -> np.ndarray:
         """Stored unit vectors ``[N, D]`` of the given case ids."""
@@ -987,9 +991,12 @@ class CaseBank:
         start = 0
         dead = set(self._deleted_positions().tolist())  # tombstoned cases are left out
         while True:
-            rows = self._conn.execute(
-                "SELECT id, state, action, reward, env, kind, meta, created, pos FROM cases "
-                "WHERE pos >= ? ORDER BY pos LIMIT ?", (start, batch_size)).fetchall()
+            try:
+                rows = self._conn.execute(
+                    "SELECT id, state, action, reward, env, kind, meta, created, pos FROM cases "
+                    "WHERE pos >= ? ORDER BY pos LIMIT ?", (start, batch_size)).fetchall()
+            except sqlite3.DatabaseError as error:
+                raise BankError(f"{self.path}: damaged bank ({DB_NAME}: {error})") from None
             if not rows:
                 return
             for row in rows:

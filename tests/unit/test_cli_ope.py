@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +132,127 @@ def test_bad_input_is_a_one_line_error(run: Path, tmp_path: Path, capsys: pytest
     err = _one_line_error(["evaluate", str(run), "--policy", "nonsense"], capsys)
     assert "nonsense" in err and "selector directory" in err
     assert "nothing to do" in _one_line_error(["evaluate", str(run)], capsys)
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing written
+
+
+def _outputs(tmp_path: Path) -> tuple[list[str], list[Path]]:
+    """Every output flag of ``memento evaluate`` (the flags, then the paths none of which may exist after an error)."""
+    paths = [tmp_path / "out" / "ope.json", tmp_path / "out" / "log.vw", tmp_path / "out" / "obp.json"]
+    return ["--json", str(paths[0]), "--export-vw", str(paths[1]), "--export-obp", str(paths[2])], paths
+
+
+def _nothing_written(paths: list[Path]) -> None:
+    assert not any(path.exists() for path in paths) and not paths[0].parent.exists()
+
+
+@pytest.fixture
+def hashing_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memento evaluate`` through ``main`` with the run's encoder (the hashing one) instead of the bundled model."""
+    from memento.encoders import Encoder
+
+    monkeypatch.setattr(Encoder, "from_pretrained", staticmethod(lambda *args, **kwargs: HashingEncoder()))
+
+
+@pytest.mark.parametrize("bad", ["zero", "negative", "nan", "string"])
+def test_a_chosen_case_without_a_positive_propensity_is_refused(run: Path, tmp_path: Path, bad: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows(run / "steps.jsonl")
+    row = rows[2]
+    assert not row["greedy"]
+    probs = row["candidate_probs"]
+    chosen = row["candidate_ids"].index(row["chosen_ids"][0])
+    other = next(i for i, c in enumerate(row["candidate_ids"]) if c not in row["chosen_ids"])
+    value = {"zero": 0.0, "negative": -0.25, "nan": float("nan"), "string": "0.3"}[bad]
+    if isinstance(value, float) and value == value:  # keep the sum at 1: only the chosen case's entry is wrong
+        probs[other] += probs[chosen] - value
+    probs[chosen] = value
+    steps = tmp_path / "log" / "steps.jsonl"
+    steps.parent.mkdir()
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")  # NaN is written as NaN
+    flags, paths = _outputs(tmp_path)
+    err = _one_line_error(["evaluate", str(steps), "--bank", str(run / "bank"), "--policy", "logged", *flags], capsys)
+    assert f"{steps}:3:" in err and f"candidate_probs[{chosen}]=" in err and row["chosen_ids"][0] in err, err
+    assert ("> 0" if bad == "zero" else "not a probability") in err
+    _nothing_written(paths)
+
+
+def _other_dim_selector(run: Path, out: Path, dim: int) -> Path:
+    from memento.learner import SoftQLearner
+    from memento.qnet import build_qnet
+
+    learner = SoftQLearner.load(run / "selector", device="cpu")
+    assert learner.qnet.config.dim == HashingEncoder().dim != dim
+    other = SoftQLearner(build_qnet(dataclasses.replace(learner.qnet.config, dim=dim)), learner.config, device="cpu")
+    return other.save(out)
+
+
+def test_a_selector_over_another_dimension_is_refused(run: Path, tmp_path: Path, hashing_encoder: None,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    selector = _other_dim_selector(run, tmp_path / "wide", 32)
+    flags, paths = _outputs(tmp_path)
+    err = _one_line_error(["evaluate", str(run), "--policy", "logged", "--policy", str(selector), *flags], capsys)
+    assert str(selector) in err and "dim=32" in err and "dim=64" in err, err
+    _nothing_written(paths)
+    # the same selector with its saved config edited to claim the run's dimension: its tensors disagree
+    state = selector / "learner.json"
+    meta = json.loads(state.read_text(encoding="utf-8"))
+    meta["qnet_config"]["dim"] = 64
+    state.write_text(json.dumps(meta), encoding="utf-8")
+    err = _one_line_error(["evaluate", str(run), "--policy", str(selector), *flags], capsys)
+    assert str(selector) in err and "does not fit" in err and "size mismatch" in err, err
+    _nothing_written(paths)
+
+
+def _corrupt_bank(bank: Path, how: str) -> None:
+    """Damage a bank's ``cases.sqlite``: ``garbage`` (the whole file), ``cases_page`` (the root page of its cases
+    table: the header and the meta table still read) or ``meta_json`` (every case's meta column not JSON)."""
+    import sqlite3
+
+    db = bank / "cases.sqlite"
+    if how == "garbage":
+        db.write_bytes(np.random.default_rng(0).bytes(db.stat().st_size))
+        return
+    conn = sqlite3.connect(db)
+    try:
+        if how == "meta_json":
+            conn.execute("UPDATE cases SET meta = '{not json'")
+            conn.commit()
+            return
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        [root] = conn.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = 'cases'").fetchone()
+    finally:
+        conn.close()
+    data = bytearray(db.read_bytes())
+    data[(root - 1) * page_size:root * page_size] = np.random.default_rng(1).bytes(page_size)
+    db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["garbage", "cases_page", "meta_json"])
+def test_a_corrupt_bank_is_refused(run: Path, tmp_path: Path, how: str, hashing_encoder: None,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    bank = tmp_path / "bank"
+    shutil.copytree(run / "bank", bank)
+    _corrupt_bank(bank, how)
+    before = sorted((p.name, p.stat().st_size) for p in bank.iterdir())
+    flags, paths = _outputs(tmp_path)
+    err = _one_line_error(["evaluate", str(run / "steps.jsonl"), "--bank", str(bank), "--policy", "logged",
+                           "--policy", "similarity", "--bootstrap", "10", *flags], capsys)
+    assert str(bank) in err and "cases.sqlite" in err, err
+    _nothing_written(paths)
+    assert sorted((p.name, p.stat().st_size) for p in bank.iterdir()) == before  # read only: not repaired either
+
+
+def test_output_flags_are_checked_before_anything_is_written(run: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    vw = tmp_path / "log.vw"
+    err = _one_line_error(["evaluate", str(run), "--export-vw", str(vw), "--export-obp", str(vw)], capsys)
+    assert "--export-obp" in err and "same file as --export-vw" in err
+    err = _one_line_error(["evaluate", str(run), "--policy", "logged", "--json", str(tmp_path)], capsys)
+    assert "is a directory" in err
+    err = _one_line_error(["evaluate", str(run), "--policy", "logged", "--json", str(run / "steps.jsonl")], capsys)
+    assert "the log being evaluated" in err
+    err = _one_line_error(["evaluate", str(run), "--export-vw", str(vw), "--json", str(tmp_path / "o.json")], capsys)
+    assert "--policy" in err
+    assert not vw.exists() and not (tmp_path / "o.json").exists()

@@ -590,3 +590,59 @@ def test_game_loop_builds_plugmem_items_from_episodes_and_shows_them(tmp_path: P
     assert summary["systems"]["active_by_kind"]["proposition"] == 1
     assert any("Memory: " in p for p in planner.actor_prompts)  # the chosen items, compressed into one note
     assert summary["memory_tokens"] > 0
+
+
+# ---------------------------------------------------------------------- `memento online` over a damaged PlugMem bank
+
+def _damage(bank: Path, how: str) -> None:
+    """Damage a bank holding PlugMem items (its graph is derived from these SQLite rows): ``garbage`` (the whole
+    ``cases.sqlite``), ``cases_page`` (the root page of its cases table; the header and the meta table still
+    read), ``meta_json`` (the items' meta not JSON) or ``provenance`` (the prescriptions' sources not in the bank)."""
+    import sqlite3
+
+    db = bank / "cases.sqlite"
+    if how == "garbage":
+        db.write_bytes(np.random.default_rng(0).bytes(db.stat().st_size))
+        return
+    conn = sqlite3.connect(db)
+    try:
+        if how == "meta_json":
+            conn.execute("UPDATE cases SET meta = '{not json' WHERE kind IN ('proposition', 'prescription')")
+        elif how == "provenance":
+            for case_id, meta in conn.execute("SELECT id, meta FROM cases WHERE kind = 'prescription'").fetchall():
+                conn.execute("UPDATE cases SET meta = ? WHERE id = ?",
+                             (json.dumps({**json.loads(meta), "sources": ["c-not-in-the-bank"]}), case_id))
+        else:
+            page = conn.execute("PRAGMA page_size").fetchone()[0]
+            [root] = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'cases'").fetchone()
+        conn.commit()
+    finally:
+        conn.close()
+    if how == "cases_page":
+        data = bytearray(db.read_bytes())
+        data[(root - 1) * page:root * page] = np.random.default_rng(1).bytes(page)
+        db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["garbage", "cases_page", "meta_json", "provenance"])
+def test_online_over_a_damaged_plugmem_bank_is_one_line_and_writes_nothing(
+        tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import memento.cli as cli
+
+    _run(tmp_path / "seed", _config())
+    bank = tmp_path / "bank"
+    (tmp_path / "seed" / "bank").rename(bank)
+    assert {"proposition", "prescription"} <= {c.kind for c in _bank(tmp_path)}
+    _damage(bank, how)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": t.id, "question": t.question, "answers": list(t.answers),
+                                         "family": t.family, "env": t.env}) + "\n" for t in _tasks()))
+    monkeypatch.setattr(cli, "_load_encoder", lambda config: HashingEncoder())  # the seed run's encoder
+    monkeypatch.setattr(cli, "build_planner", lambda spec, **kwargs: CallablePlanner(Recorder(), name="recorder"))
+    out = tmp_path / "out"
+    code = cli.main(["online", "--tasks", str(tasks), "--planner", "gemma", "--bank", str(bank), "--build", "plugmem",
+                     "--policy", "plugmem", "--steps", "3", "--checkpoint-every", "0", "--no-progress",
+                     "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("memento: error: ") and "\n" not in err, err
+    assert not out.exists()
