@@ -53,12 +53,13 @@ from memento.errors import ConfigError, DataFormatError, DimensionError, Encoder
 from memento.export import create_selector, export_selector, verify
 from memento.formats import CaseFormat, read_case_file, read_tasks_jsonl
 from memento.labels import LabelConfig, label_tasks, read_label_tasks, summary_path
-from memento.loop import Credit, LoopConfig, loop_policy
+from memento.loop import Credit, LoopConfig, check_seed_bank, loop_policy
 from memento.mcp_server import run_mcp
-from memento.memory import CaseBank
+from memento.memory import CaseBank, MilvusOptions, bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 from memento.serve import ServeConfig, check_host, require_extra, resolve_token, serve
+from memento.workers import WorkersConfig
 from policies import make_policy
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -94,15 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    bank = commands.add_parser("bank", help="create, fill, search and inspect case banks",
+    bank = commands.add_parser("bank", help="create, fill, search, copy and inspect case banks",
                                description="A case bank is a directory: cases.sqlite (cases + embeddings) "
-                                           "and index.faiss beside it.")
+                                           "and index.faiss beside it; or a Milvus collection (the 'milvus' "
+                                           "extra): --bank milvus:FILE.db is Milvus Lite in a local file, --bank "
+                                           "milvus:http://host:19530 a server, each with an optional #collection "
+                                           "(default memento_cases).")
     bank_cmds = bank.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
 
     create = bank_cmds.add_parser("create", help="create an empty bank",
                                   description="Create an empty case bank. Its dimension comes from the encoder, "
                                               "or from --dim for a bank filled with your own vectors.")
-    create.add_argument("--bank", required=True, metavar="DIR", help="bank directory to create")
+    create.add_argument("--bank", required=True, metavar="BANK", help="bank to create (a directory or milvus:URI)")
     create.add_argument("--dim", type=int, default=None,
                         help="vector dimension without an encoder (then text search is unavailable)")
     _add_encoder_options(create)
@@ -114,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and leaves the bank unchanged. A missing bank is created (encoder options below).\n\n"
                     "formats:\n" + _CASE_FORMAT_HELP)
     imp.add_argument("file", metavar="FILE", help="JSONL file to import")
-    imp.add_argument("--bank", required=True, metavar="DIR", help="bank directory (created if missing)")
+    imp.add_argument("--bank", required=True, metavar="BANK", help="bank (a directory or milvus:URI; created if "
+                     "missing)")
 
     imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case",
                      help="input format (default: case)")
@@ -124,21 +129,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = bank_cmds.add_parser("export", help="write every case as Case JSONL")
     exp.add_argument("out", metavar="OUT", help="output JSONL file (written atomically)")
-    exp.add_argument("--bank", required=True, metavar="DIR")
+    exp.add_argument("--bank", required=True, metavar="BANK", help="a directory or milvus:URI[#collection]")
 
     search = bank_cmds.add_parser("search", help="nearest cases to a text",
                                   description="Encode TEXT with the bank's encoder and print the k nearest cases "
                                               "by cosine similarity.")
     search.add_argument("text", metavar="TEXT")
-    search.add_argument("--bank", required=True, metavar="DIR")
+    search.add_argument("--bank", required=True, metavar="BANK", help="a directory or milvus:URI[#collection]")
     search.add_argument("-k", type=int, default=4, help="number of cases (default: 4)")
     search.add_argument("--env", default=None, help="only cases of this env")
     search.add_argument("--kind", default=None, help="only cases of this kind")
     search.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     stats = bank_cmds.add_parser("stats", help="counts, rewards, index and file sizes")
-    stats.add_argument("--bank", required=True, metavar="DIR")
+    stats.add_argument("--bank", required=True, metavar="BANK", help="a directory or milvus:URI[#collection]")
     stats.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    copy = bank_cmds.add_parser(
+        "copy", help="copy a bank to a new one (directory <-> Milvus)",
+        description="Copy every case of --bank SRC to a new bank DST, keeping positions, ids, rewards, kinds, "
+                    "meta and embeddings exactly (deleted cases stay deleted). Either side is a directory or "
+                    "milvus:URI[#collection]. DST must not hold a bank; a failed copy leaves nothing at DST.")
+    copy.add_argument("dst", metavar="DST", help="the new bank")
+    copy.add_argument("--bank", required=True, metavar="SRC", help="the bank to copy")
+    copy.add_argument("--index", default=None,
+                      help="DST's index factory (default: SRC's; Milvus takes Flat, IVF<n>,Flat, HNSW<M>,Flat)")
+    copy.add_argument("--connect-timeout", type=float, default=None, metavar="S",
+                      help="give up connecting to a Milvus server after S seconds (default: 5)")
+    for sub in (create, imp, exp, search, stats):
+        sub.add_argument("--connect-timeout", type=float, default=None, metavar="S",
+                         help="give up connecting to a Milvus server after S seconds (default: 5)")
 
     bench = commands.add_parser("bench", help="benchmarks that write JSON results",
                                 description="Benchmarks. Each writes a JSON file of results; compare figures "
@@ -160,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="uniform random unit vectors, or a mixture of clusters like real embeddings")
     bb.add_argument("--ef-search", type=int, nargs="+", default=[64, 128, 256], help="HNSW efSearch values")
     bb.add_argument("--nprobe", type=int, nargs="+", default=[16, 64, 256], help="IVF nprobe values")
+    bb.add_argument("--backends", type=_backends, default=("dir",), metavar="LIST",
+                    help="comma-separated bank backends: dir (SQLite + faiss), milvus (a Milvus Lite file; the "
+                         "'milvus' extra), e.g. dir,milvus (default: dir)")
+    bb.add_argument("--op", choices=["search", "candidates"], default="search",
+                    help="what is timed: search_positions, or candidates (ids + stored vectors) (default: search)")
     bb.add_argument("--seed", type=int, default=0)
     bb.add_argument("--workdir", default=None, help="where the temporary banks go (default: system temp)")
     bb.add_argument("--json", required=True, metavar="OUT", help="results file")
@@ -239,7 +264,17 @@ def build_parser() -> argparse.ArgumentParser:
     _option(bo, "--overhead-bank", OnlineBenchConfig, "overhead_bank", "bank size for the overhead part", type=int)
     _option(bo, "--overhead-steps", OnlineBenchConfig, "overhead_steps", "steps per policy in the overhead part",
             type=int)
-    bo.add_argument("--parts", default="real,synthetic,overhead", help="comma-separated parts to run")
+    bo.add_argument("--parts", default="real,synthetic,overhead",
+                    help="comma-separated parts to run: real, synthetic, overhead, workers (Ray rollout workers: "
+                         "tasks/s with a fixed-latency planner, and the synthetic learning curve, per --workers count)")
+    bo.add_argument("--workers", default=None, metavar="N[,N...]",
+                    help="workers part: the worker counts, side by side in one run (default: 1,2,4)")
+    _option(bo, "--workers-steps", OnlineBenchConfig, "workers_steps", "workers part: tasks per throughput run",
+            type=int)
+    _option(bo, "--workers-latency-ms", OnlineBenchConfig, "workers_latency_ms",
+            "workers part: the fixed planner latency", type=float)
+    _option(bo, "--workers-curve-steps", OnlineBenchConfig, "workers_curve_steps",
+            "workers part: transitions per learning-curve run on the synthetic bandit", type=int)
     bo.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     bo.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: 1)")
     bo_seeds = bo.add_mutually_exclusive_group()
@@ -500,6 +535,15 @@ def _add_online_parser(commands: Any) -> None:
                         help="torch.set_num_threads for this process (default: 0, torch's default)")
     online.add_argument("--no-progress", action="store_true",
                         help="no progress bar (there is none either when stderr is not a terminal)")
+    group = online.add_argument_group("rollout workers (Ray; the 'ray' extra)")
+    group.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="N > 1: N Ray actors, each with its own planner and judge, select (with a snapshot of the "
+                            "policy), plan and judge; this process keeps the bank, the learner and the logs "
+                            "(default: 1, everything in this process)")
+    group.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="join this Ray cluster (e.g. auto, ray://HOST:10001; default: start a local Ray)")
+    _option(group, "--sync-every", WorkersConfig, "sync_every",
+            "learner updates between two policy snapshots sent to the workers", type=int)
     group = online.add_argument_group("encoder")
     group.add_argument("--encoder", metavar="PATH", default=None,
                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
@@ -507,6 +551,28 @@ def _add_online_parser(commands: Any) -> None:
                        help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
     _option(group, "--max-length", EncoderConfig, "max_length", "token limit per text", type=int)
     _option(group, "--index", LoopConfig, "index", "faiss factory of the bank made from --cases")
+
+
+def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
+    """The rollout workers ``--workers N`` (N > 1) asks for, checked (and Ray found) before anything loads; ``None``
+    for the in-process loop."""
+    if args.workers < 1:
+        raise ConfigError(f"--workers={args.workers}: must be >= 1")
+    if args.workers == 1:
+        for flag, value in (("--ray-address", args.ray_address), ("--sync-every", args.sync_every)):
+            if value is not None:
+                raise ConfigError(f"{flag} is for rollout workers: add --workers N with N >= 2")
+        return None
+    from memento.workers import WORKER_KINDS, import_ray
+
+    kinds = [p.strip() for p in args.policy.split(",") if p.strip()]
+    refused = [kind for kind in kinds if kind not in WORKER_KINDS]
+    if refused:
+        raise ConfigError(f"--workers {args.workers}: policy {refused[0]!r} runs in-process only (workers run "
+                          f"{', '.join(WORKER_KINDS)}); use --workers 1 for it")
+    import_ray()
+    given = {"sync_every": args.sync_every} if args.sync_every is not None else {}
+    return WorkersConfig(workers=args.workers, address=args.ray_address, **given)
 
 
 def _cmd_online(args: argparse.Namespace) -> int:
@@ -528,7 +594,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
         raise DataFormatError("no tasks in the file", path=args.tasks)
     seed_cases = read_case_file(args.cases, args.cases_format) if args.cases else None
     if args.bank is not None:
-        CaseBank.open(args.bank).close()  # fails early on a path that is not a bank
+        check_seed_bank(args.bank)  # read whole: a damaged bank fails before --out is made
     soft_q = _soft_q_config(args)
     configs = [soft_q if kind == "soft_q" else loop_policy(kind) for kind in policies]  # type: ignore[arg-type]
     config = _loop_config(args, policy=configs[0])
@@ -537,6 +603,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, systems=systems)
     if args.late_steps < 1:
         raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
+    workers = _workers_config(args)
     out = Path(args.out)
     if not args.resume:
         used = [p for p in policies if (out / p).is_dir() and any((out / p).iterdir())]
@@ -558,15 +625,22 @@ def _cmd_online(args: argparse.Namespace) -> int:
     judge = make_judge(args.judge)
     retain_judge = None if args.retain_judge is None else make_judge(args.retain_judge)
     encoder = _load_encoder(_encoder_config(args))
-    try:
-        planner = build_planner(spec)
-    except ImportError as error:
-        raise PlannerError(f"planner {spec}: not available ({error})") from None
-    comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
-                                make_policy=make_policy, encoder=encoder, planner=planner, judge=judge, tasks=tasks,
-                                seed_cases=seed_cases,
-                                bank_dir=args.bank, device=device, resume=args.resume, retain_judge=retain_judge,
-                                progress=not args.no_progress and sys.stderr.isatty())
+    common: dict[str, Any] = dict(make_policy=make_policy, encoder=encoder, judge=judge, tasks=tasks,
+                                  seed_cases=seed_cases, bank_dir=args.bank, device=device, resume=args.resume,
+                                  retain_judge=retain_judge, progress=not args.no_progress and sys.stderr.isatty())
+    if workers is not None:  # each worker builds its own planner from the spec; the driver loads none
+        from memento.workers import ray_runtime, worker_loop_class
+
+        with ray_runtime(workers):
+            comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+                                        loop_class=worker_loop_class(workers, spec), **common)
+    else:
+        try:
+            planner = build_planner(spec)
+        except ImportError as error:
+            raise PlannerError(f"planner {spec}: not available ({error})") from None
+        comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+                                    planner=planner, **common)
     print(comparison_table(comparison))
     print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
     return EXIT_OK
@@ -996,13 +1070,28 @@ def _encoder_config(args: argparse.Namespace) -> Any:
     return EncoderConfig(model=args.encoder, pooling=pooling, **given)
 
 
+def _backends(text: str) -> tuple[str, ...]:
+    """``--backends dir,milvus``."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names or any(name not in ("dir", "milvus") for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of dir, milvus")
+    return names
+
+
+def _bank_options(args: argparse.Namespace) -> Any:
+    timeout = getattr(args, "connect_timeout", None)
+    return MilvusOptions() if timeout is None else MilvusOptions(connect_timeout_s=timeout)
+
+
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
+    where = parse_bank_uri(args.bank)  # a malformed or unknown bank name: one line, before the encoder loads
     if dim is not None:
-        return CaseBank.create(args.bank, dim, index=args.index or field_default(IndexConfig, "factory")), None
+        return create_bank(where, dim, index=args.index or field_default(IndexConfig, "factory"),
+                           options=_bank_options(args)), None
     config = _encoder_config(args)
     encoder = _load_encoder(config)
-    return CaseBank.create(args.bank, encoder.dim, index=args.index or field_default(IndexConfig, "factory"),
-                           encoder=config), encoder
+    return create_bank(where, encoder.dim, index=args.index or field_default(IndexConfig, "factory"),
+                       encoder=config, options=_bank_options(args)), encoder
 
 
 def _bank_encoder(bank: Any) -> Any:
@@ -1023,10 +1112,15 @@ def _cmd_bank(args: argparse.Namespace) -> int:
             print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
         return EXIT_OK
 
+    if args.bank_command == "copy":
+        n = copy_bank(args.bank, args.dst, index=args.index, options=_bank_options(args))
+        print(f"copied {n} case(s) from {args.bank} to {args.dst}")
+        return EXIT_OK
+
     if args.bank_command == "import":
         cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
-        if Path(args.bank, "cases.sqlite").exists():
-            bank, encoder = CaseBank.open(args.bank), None
+        if bank_exists(args.bank, options=_bank_options(args)):
+            bank, encoder = open_bank(args.bank, options=_bank_options(args)), None
         else:
             bank, encoder = _create_bank(args)
             print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
@@ -1044,7 +1138,7 @@ def _cmd_bank(args: argparse.Namespace) -> int:
                   f"({len(cases) - added} duplicate(s) skipped; {len(bank)} in the bank)")
         return EXIT_OK
 
-    with CaseBank.open(args.bank) as bank:
+    with open_bank(args.bank, options=_bank_options(args)) as bank:
         if args.bank_command == "export":
             n = bank.export_jsonl(args.out)
             print(f"exported {n} case(s) to {args.out}")
@@ -1080,7 +1174,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "bank":
         config = BankBenchConfig(sizes=tuple(args.sizes), factories=tuple(args.factories), dim=args.dim,
                                  queries=args.queries, k=args.k, data=args.data, ef_search=tuple(args.ef_search),
-                                 nprobe=tuple(args.nprobe), seed=args.seed)
+                                 nprobe=tuple(args.nprobe), backends=args.backends, op=args.op, seed=args.seed)
         results = run_bank_bench(config, out=args.json, workdir=args.workdir)
 
         print(format_table(results))
@@ -1108,8 +1202,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench_command == "online":
         given = {name: getattr(args, name) for name in ("steps", "suite", "split", "planner", "late_steps", "window",
                                                          "synthetic_steps", "overhead_bank", "overhead_steps",
-                                                         "best_of_c", "ope_bootstrap")
+                                                         "best_of_c", "ope_bootstrap", "workers_steps",
+                                                         "workers_latency_ms", "workers_curve_steps")
                  if getattr(args, name) is not None}
+        if args.workers is not None:
+            try:
+                given["workers"] = tuple(int(n) for n in args.workers.split(",") if n.strip())
+            except ValueError:
+                raise ConfigError(f"--workers {args.workers!r}: expected worker counts such as 1,2,4") from None
         if args.seeds or args.seed is not None:
             given["seeds"] = tuple(args.seeds) if args.seeds else (args.seed,)
         online_config = OnlineBenchConfig(

@@ -8,7 +8,7 @@ curves; :func:`comparison_table` prints it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -49,7 +49,8 @@ def _named(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, PolicyCo
 
 def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, PolicyConfig], *, config: LoopConfig,
                    out_dir: str | Path,
-                   late_steps: int = 200, **kwargs: Any) -> dict[str, Any]:
+                   late_steps: int = 200, loop_class: Callable[..., OnlineLoop] = OnlineLoop,
+                   **kwargs: Any) -> dict[str, Any]:
     """Run each policy on the same task stream (same seed, same task order) in ``out_dir/<policy>/``.
 
     ``policies``: policy configs, or kinds (a kind takes ``config.policy`` when it is of that kind, else
@@ -59,7 +60,9 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
     :class:`~memento.loop.OnlineLoop`, which also gets ``make_policy`` and the rest of ``kwargs``). Writes
     ``out_dir/comparison.json`` (per policy: overall success, early success over the first ``config.window``
     steps, late success over the last ``late_steps`` steps, LLM calls, milliseconds per step by component)
-    and ``out_dir/learning_curves.png`` (the moving success rate per policy against the step).
+    and ``out_dir/learning_curves.png`` (the moving success rate per policy against the step). ``loop_class``
+    builds each run (default :class:`~memento.loop.OnlineLoop`; ``memento online --workers N`` passes
+    :class:`memento.workers.RayOnlineLoop` with its worker settings bound).
     """
     named = _named(policies if isinstance(policies, Mapping) else list(policies), config)
     if not named:
@@ -74,7 +77,7 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
     curves: dict[str, list[bool]] = {}
     results: dict[str, Any] = {}
     for kind, policy in named:
-        loop = OnlineLoop(dataclasses.replace(config, policy=policy), out_dir=out_dir / kind, **kwargs)
+        loop = loop_class(dataclasses.replace(config, policy=policy), out_dir=out_dir / kind, **kwargs)
         summary = loop.run()
         success_T = np.asarray(loop.successes, dtype=np.float64)
         curves[kind] = list(loop.successes)

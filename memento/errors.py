@@ -24,6 +24,7 @@ __all__ = [
     "ReplyFormatError",
     "UnknownCaseError",
     "UnknownSelectionError",
+    "WorkerError",
 ]
 
 
@@ -79,6 +80,10 @@ class ReplyFormatError(DataFormatError):
 
 class ProvenanceError(DataFormatError):
     """An item's provenance links are broken: a link to a case the bank does not hold, or a cycle."""
+
+
+class WorkerError(MementoError):
+    """A rollout worker (``memento online --workers N``) could not be started or kept running."""
 
 
 class BankError(MementoError):

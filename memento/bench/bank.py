@@ -1,10 +1,12 @@
-"""``memento bench bank``: case-bank add throughput, search latency and recall per faiss index.
+"""``memento bench bank``: case-bank add throughput, search latency and recall per backend and index.
 
-For each size N and factory string, a fresh bank is filled with N random unit vectors
-through ``CaseBank.add`` in chunks (SQLite insert + index add, IVF training included),
-then timed with single-vector queries (the online loop's access pattern). Recall@k is
-measured against exact inner-product search over the same vectors. Everything of one
-size runs in one process, so the figures compare side by side.
+For each size N, backend (``dir``: SQLite + faiss; ``milvus``: a Milvus Lite file, in-process) and factory
+string, a fresh bank is filled with N random unit vectors through ``add`` in chunks (SQLite insert + index add,
+IVF training included; for Milvus the inserts and the flush that seals each chunk into an indexed segment),
+then timed with single-vector queries (the online loop's access pattern): ``search_positions`` (``op="search"``)
+or ``candidates`` (``op="candidates"``: ids, scores and the stored vectors the Q-network needs). Recall@k is
+measured against exact inner-product search over the same vectors. Everything of one size runs in one process,
+so the figures compare side by side.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 
 from memento.errors import ConfigError
 from memento.io import atomic_write_text
-from memento.memory import CaseBank
+from memento.memory import CaseBank, create_bank, open_bank
 from memento.types import Case
 
 __all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "make_vectors", "run_bank_bench"]
@@ -45,6 +47,8 @@ class BankBenchConfig:
     data: Literal["uniform", "clustered"] = "uniform"
     ef_search: tuple[int, ...] = (64, 128, 256)
     nprobe: tuple[int, ...] = (16, 64, 256)
+    backends: tuple[Literal["dir", "milvus"], ...] = ("dir",)
+    op: Literal["search", "candidates"] = "search"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -57,6 +61,10 @@ class BankBenchConfig:
                 raise ConfigError(f"BankBenchConfig.{name}={getattr(self, name)!r}: must be >= 1")
         if self.data not in ("uniform", "clustered"):
             raise ConfigError(f"BankBenchConfig.data={self.data!r}: must be 'uniform' or 'clustered'")
+        if not self.backends or any(b not in ("dir", "milvus") for b in self.backends):
+            raise ConfigError(f"BankBenchConfig.backends={self.backends!r}: need one or more of 'dir', 'milvus'")
+        if self.op not in ("search", "candidates"):
+            raise ConfigError(f"BankBenchConfig.op={self.op!r}: must be 'search' or 'candidates'")
 
 
 def ivf_nlist(n: int) -> int:
@@ -99,16 +107,22 @@ def _exact_topk(base_ND: np.ndarray, queries_QD: np.ndarray, k: int) -> np.ndarr
     return out
 
 
-def _time_queries(bank: Any, queries_QD: np.ndarray, k: int) -> tuple[dict[str, float], np.ndarray]:
+def _time_queries(bank: Any, queries_QD: np.ndarray, k: int,
+                  op: str = "search") -> tuple[dict[str, float], np.ndarray]:
+    def positions_of(q: np.ndarray) -> np.ndarray:
+        if op == "candidates":
+            found_C = bank.candidates(q, k).positions_C
+            return np.pad(found_C, (0, k - len(found_C)), constant_values=-1)
+        return bank.search_positions(q, k)[1][0]
+
     for q in queries_QD[:5]:  # warm-up
-        bank.search_positions(q, k)
+        positions_of(q)
     latencies = np.empty(len(queries_QD))
     found = np.empty((len(queries_QD), k), dtype=np.int64)
     for i, q in enumerate(queries_QD):
         t0 = time.perf_counter()
-        _, positions = bank.search_positions(q, k)
+        found[i] = positions_of(q)
         latencies[i] = time.perf_counter() - t0
-        found[i] = positions[0]
     ms = latencies * 1e3
     return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
             "mean_ms": float(ms.mean())}, found
@@ -119,11 +133,30 @@ def _recall(found_QK: np.ndarray, truth_QK: np.ndarray) -> float:
     return hits / truth_QK.size
 
 
-def _environment() -> dict[str, Any]:
+def _environment(backends: tuple[str, ...] = ("dir",)) -> dict[str, Any]:
     import faiss
 
-    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "faiss": faiss.__version__, "numpy": np.__version__, "faiss_omp_threads": faiss.omp_get_max_threads()}
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+           "faiss": faiss.__version__, "numpy": np.__version__, "faiss_omp_threads": faiss.omp_get_max_threads()}
+    if "milvus" in backends:
+        from importlib import metadata
+
+        for name in ("pymilvus", "milvus-lite"):
+            try:
+                env[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                env[name] = None
+    return env
+
+
+def _milvus_can(factory: str) -> bool:
+    from memento.memory.milvus import milvus_index
+
+    try:
+        milvus_index(factory)
+    except ConfigError:
+        return False
+    return True
 
 
 def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
@@ -132,7 +165,8 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
 
     rng = np.random.default_rng(config.seed)
     results: dict[str, Any] = {"benchmark": "bank", "config": dataclasses.asdict(config),
-                               "environment": _environment(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                               "environment": _environment(config.backends),
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                "results": []}
     root = Path(tempfile.mkdtemp(prefix="memento-bench-", dir=workdir))
     try:
@@ -143,11 +177,16 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
             k = min(config.k, n)
             cases = [Case(state=f"synthetic state {i}", action=f"synthetic action {i}", reward=float(i % 2))
                      for i in range(n)]
-            for template in config.factories:
+            for backend, template in [(b, t) for b in config.backends for t in config.factories]:
                 factory = template.replace("{nlist}", str(ivf_nlist(n)))
+                if backend == "milvus" and not _milvus_can(factory):
+                    logger.warning("bench bank: Milvus has no index for %s; skipped", factory)
+                    continue
                 path = root / f"bank-{n}-{factory.replace(',', '_')}"
-                logger.info("bench bank: n=%d factory=%s", n, factory)
-                bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed)
+                where = str(path) if backend == "dir" else f"milvus:{path}.db#bench"
+                logger.info("bench bank: n=%d backend=%s factory=%s", n, backend, factory)
+                bank = (CaseBank.create(path, config.dim, index=factory, seed=config.seed) if backend == "dir"
+                        else create_bank(where, config.dim, index=factory))
                 t0 = time.perf_counter()
                 for start in range(0, n, _ADD_CHUNK):
                     bank.add(cases[start:start + _ADD_CHUNK], base_ND[start:start + _ADD_CHUNK])
@@ -155,7 +194,8 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
                 t0 = time.perf_counter()
                 bank.flush()
                 flush_s = time.perf_counter() - t0
-                row: dict[str, Any] = {"n": n, "factory": factory, "add_s": add_s, "add_per_s": n / add_s,
+                row: dict[str, Any] = {"n": n, "backend": backend, "factory": factory, "add_s": add_s,
+                                       "add_per_s": n / add_s,
                                        "flush_s": flush_s, "trained": bank.stats()["index_trained"],
                                        "search": []}
                 knob = "ef_search" if "HNSW" in factory else "nprobe" if "IVF" in factory else None
@@ -164,14 +204,15 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
                 for value in values:
                     if knob is not None:
                         bank.set_search_params(**{knob: value})
-                    timing, found = _time_queries(bank, queries_QD, k)
+                    timing, found = _time_queries(bank, queries_QD, k, config.op)
                     row["search"].append({"param": knob, "value": value, **timing,
                                           f"recall@{k}": _recall(found, truth_QK)})
                 bank.close()
                 t0 = time.perf_counter()
-                CaseBank.open(path).close()
+                open_bank(where).close()
                 row["open_s"] = time.perf_counter() - t0
-                shutil.rmtree(path, ignore_errors=True)
+                row["bytes"] = _size(path if backend == "dir" else Path(f"{path}.db"))
+                shutil.rmtree(path if backend == "dir" else Path(f"{path}.db"), ignore_errors=True)
                 results["results"].append(row)
                 logger.info("bench bank: %s", row)
                 if out is not None:
@@ -184,6 +225,10 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
     return results
 
 
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
 def _write(path: str | Path, results: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(results, indent=2) + "\n")
 
@@ -191,12 +236,13 @@ def _write(path: str | Path, results: dict[str, Any]) -> None:
 def format_table(results: dict[str, Any]) -> str:
     """A Markdown table of the results (the form docs/benchmarks.md records)."""
     k = results["config"]["k"]
-    lines = [f"| N | factory | add (cases/s) | param | search p50 (ms) | p99 (ms) | recall@{k} |",
-             "|---:|---|---:|---|---:|---:|---:|"]
+    op = results["config"].get("op", "search")
+    lines = [f"| N | factory | backend | add (cases/s) | param | {op} p50 (ms) | p99 (ms) | recall@{k} |",
+             "|---:|---|---|---:|---|---:|---:|---:|"]
     for row in results["results"]:
         for s in row["search"]:
             param = "" if s["param"] is None else f"{s['param']}={s['value']}"
             recall = next(v for key, v in s.items() if key.startswith("recall@"))
-            lines.append(f"| {row['n']:,} | {row['factory']} | {row['add_per_s']:,.0f} | {param} | "
-                         f"{s['p50_ms']:.3f} | {s['p99_ms']:.3f} | {recall:.3f} |")
+            lines.append(f"| {row['n']:,} | {row['factory']} | {row.get('backend', 'dir')} | {row['add_per_s']:,.0f} | "
+                         f"{param} | {s['p50_ms']:.3f} | {s['p99_ms']:.3f} | {recall:.3f} |")
     return "\n".join(lines)

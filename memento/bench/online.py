@@ -15,16 +15,34 @@ Three parts, each written into one JSON document:
    a known oracle: mean per-step regret in the first and last fifth of the run;
 3. **overhead**: the loop's milliseconds per step *excluding* the planner and judge calls, on a bank
    of ``overhead_bank`` cases (clustered random vectors, HNSW32), with a planner that answers
-   instantly: encode + candidates + select + retain + learn + log.
+   instantly: encode + candidates + select + retain + learn + log;
+4. **workers** (not in the default parts): the online loop with Ray rollout workers
+   (:mod:`memento.workers`), for each count in ``workers``. (a) Throughput: ``workers_steps`` tasks of the suite
+   with the loop's soft-Q policy, the real encoder on the driver and an OpenAI-compatible planner that answers
+   every request after ``workers_latency_ms`` (:func:`fixed_latency_openai`: a loopback HTTP server in its own
+   process; each worker sends its requests through its own ``openai:`` planner); tasks/s in steady state (from
+   the committed transitions' times) and end to end, against the in-process loop (``--workers 1``) and one Ray
+   worker. (b) Learning: the synthetic bandit (:class:`SyntheticTextEnv`: its cases in the bank, its oracle
+   behind a planner that runs in the workers) for ``workers_curve_steps`` transitions per seed of
+   ``workers_curve_seeds``, in-process and with each worker count: the oracle's success probability of the
+   chosen cases per window, and whether the last fifth with N workers is within noise of one worker (the
+   paired difference over seeds within two standard errors).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
+import math
+import multiprocessing
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -58,7 +76,8 @@ from memento.rundir import RunDir
 from memento.types import Case, Task
 from policies import make_policy
 
-__all__ = ["OnlineBenchConfig", "format_online_table", "ope_from_soft_q_run", "run_online_bench", "summarize_ope"]
+__all__ = ["OnlineBenchConfig", "SyntheticTextEnv", "fixed_latency_openai", "format_online_table",
+           "ope_from_soft_q_run", "run_online_bench", "summarize_ope"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,17 +189,32 @@ class OnlineBenchConfig:
     resume: bool = False
     ope: bool = True
     ope_bootstrap: int = 200
+    workers: tuple[int, ...] = (1, 2, 4)
+    workers_steps: int = 120
+    workers_latency_ms: float = 200.0
+    workers_curve_steps: int = 1000
+    workers_curve_seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self) -> None:
         for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_bank", "overhead_steps",
-                     "bootstrap"):
+                     "bootstrap", "workers_steps", "workers_curve_steps"):
             check_int(self, name, 1)
+        check(bool(self.workers) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                         for n in self.workers) and len(set(self.workers)) == len(self.workers),
+              type(self), "workers", self.workers, "must be distinct integers >= 1")
+        check(isinstance(self.workers_latency_ms, (int, float)) and not isinstance(self.workers_latency_ms, bool)
+              and 0 <= self.workers_latency_ms < 60_000, type(self), "workers_latency_ms", self.workers_latency_ms,
+              "must be a number of milliseconds in [0, 60000)")
+        check(bool(self.workers_curve_seeds) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                     for x in self.workers_curve_seeds)
+              and len(set(self.workers_curve_seeds)) == len(self.workers_curve_seeds), type(self),
+              "workers_curve_seeds", self.workers_curve_seeds, "must be distinct integers >= 0")
         known = get_args(BenchPolicy)
         check(bool(self.policies) and all(p in known for p in self.policies)
               and len(set(self.policies)) == len(self.policies), type(self), "policies", self.policies,
               f"must be distinct names from {known}")
-        check(all(p in ("real", "synthetic", "overhead") for p in self.parts), type(self), "parts", self.parts,
-              "must be a subset of ('real', 'synthetic', 'overhead')")
+        check(all(p in ("real", "synthetic", "overhead", "workers") for p in self.parts), type(self), "parts",
+              self.parts, "must be a subset of ('real', 'synthetic', 'overhead', 'workers')")
         check(bool(self.seeds) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.seeds)
               and len(set(self.seeds)) == len(self.seeds), type(self), "seeds", self.seeds,
               "must be distinct integers >= 0")
@@ -442,6 +476,266 @@ def _overhead(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[st
     return out
 
 
+# ---------------------------------------------------------------- the workers part
+
+
+def _chat_reply(text: str) -> dict[str, Any]:
+    return {"id": "fixed", "object": "chat.completion", "model": "fixed-latency",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "text": text,
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 1}}
+
+
+def _fixed_latency_server(latency_ms: float, reply: str) -> ThreadingHTTPServer:
+    """An OpenAI-compatible server on 127.0.0.1 (a free port): every POST (``/chat/completions`` or
+    ``/completions``) is answered with ``reply`` after ``latency_ms``, concurrently (one thread per request)."""
+    delay_s = latency_ms / 1000.0
+    body = json.dumps(_chat_reply(reply)).encode("utf-8")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a real server
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(delay_s)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def _serve_fixed_latency(latency_ms: float, reply: str, port_queue: Any) -> None:
+    """The server process: report the port, serve until terminated."""
+    server = _fixed_latency_server(latency_ms, reply)
+    port_queue.put(server.server_address[1])
+    server.serve_forever(poll_interval=0.1)
+
+
+@contextlib.contextmanager
+def fixed_latency_openai(latency_ms: float, *, reply: str = "I do not know.", process: bool = True
+                         ) -> Iterator[str]:
+    """A planner of fixed latency for the benchmark and the tests: an OpenAI-compatible server on 127.0.0.1 that
+    answers every request with ``reply`` after ``latency_ms``; yields its base URL (``http://127.0.0.1:PORT/v1``,
+    for ``--planner openai:MODEL@URL``). ``process=True`` runs it in its own process (so it never competes with
+    the caller for the GIL), else in a thread of this one."""
+    if not process:
+        server = _fixed_latency_server(latency_ms, reply)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+        finally:
+            server.shutdown()
+            server.server_close()
+        return
+    context = multiprocessing.get_context("spawn")
+    ports = context.Queue()
+    child = context.Process(target=_serve_fixed_latency, args=(latency_ms, reply, ports), daemon=True)
+    child.start()
+    try:
+        port = ports.get(timeout=120)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        child.terminate()
+        child.join(timeout=10)
+
+
+class _LookupEncoder:
+    """Texts -> the synthetic world's vectors (tasks and cases are named by their texts): no model."""
+
+    def __init__(self, vectors: dict[str, np.ndarray], dim: int):
+        self.vectors = vectors
+        self.dim = dim
+
+    def encode(self, texts: str | Sequence[str], **_: Any) -> np.ndarray:
+        if isinstance(texts, str):
+            return self.vectors[texts].copy()
+        return np.stack([self.vectors[t] for t in texts]) if len(texts) else np.zeros((0, self.dim), np.float32)
+
+    def __repr__(self) -> str:
+        return f"LookupEncoder({len(self.vectors)} texts, dim={self.dim})"
+
+
+class SyntheticPlanner:
+    """The bandit's oracle as a planner: answers ``"1"`` when one uniform draw, fixed by the task (its ``meta``
+    ``draw``), falls below the success probability of the cases shown, else ``"0"``; the exact judge turns it into
+    the reward. It rebuilds the (seeded) world where it runs, so a Ray worker needs only its config."""
+
+    def __init__(self, config: SyntheticBanditConfig, latency_ms: float = 0.0):
+        self.config = config
+        self.latency_ms = latency_ms
+        self._env: SyntheticBandit | None = None
+
+    @property
+    def env(self) -> SyntheticBandit:
+        if self._env is None:
+            self._env = SyntheticBandit(self.config)
+        return self._env
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "latency_ms": self.latency_ms, "_env": None}
+
+    def plan(self, task: Task, cases: Sequence[Case]) -> Any:
+        from memento.planners.base import PlanOutput
+
+        if self.latency_ms:
+            time.sleep(self.latency_ms / 1000.0)
+        p = self.env.success_prob(task, self.env.positions([str(c.id) for c in cases]))
+        return PlanOutput(text="1" if float(task.meta["draw"]) < p else "0")
+
+    def plan_many(self, tasks: Sequence[Task], cases: Sequence[Sequence[Case]]) -> list[Any]:
+        return [self.plan(task, c) for task, c in zip(tasks, cases)]
+
+    def __repr__(self) -> str:
+        return f"SyntheticPlanner(seed={self.config.seed}, latency_ms={self.latency_ms:g})"
+
+
+@dataclasses.dataclass
+class SyntheticTextEnv:
+    """The synthetic bandit (:class:`~memento.envs.synthetic.SyntheticBandit`) as an online-loop environment:
+    ``tasks`` (each with its type and its reward draw in ``meta``), the world's cases as seed cases (a bank holds
+    them at the bandit's positions), a lookup ``encoder`` and the oracle ``planner``. The world is
+    ``SyntheticBanditConfig(seed=0)``; ``seed`` draws the tasks and their draws."""
+
+    env: SyntheticBandit
+    tasks: list[Task]
+    seed_cases: list[Case]
+    encoder: _LookupEncoder
+    planner: SyntheticPlanner
+
+    @classmethod
+    def create(cls, n_tasks: int, seed: int, *, latency_ms: float = 0.0,
+               world: SyntheticBanditConfig | None = None) -> SyntheticTextEnv:
+        world = world if world is not None else SyntheticBanditConfig(seed=0)
+        env = SyntheticBandit(world)
+        rng = np.random.default_rng(seed)
+        cases, emb_ND = env.cases()
+        vectors = {case.state: emb_ND[i] for i, case in enumerate(cases)}
+        tasks = []
+        for i in range(n_tasks):
+            sampled, state_D = env.sample_task(rng)
+            t = env.task_type(sampled)
+            question = f"synthetic task {i} of type {t}"
+            vectors[question] = state_D
+            tasks.append(Task(id=f"syn-task-{i:06d}", question=question, answers=("1",), family=f"type-{t}",
+                              meta={"task_type": t, "draw": float(rng.uniform())}))
+        return cls(env=env, tasks=tasks, seed_cases=cases, encoder=_LookupEncoder(vectors, world.dim),
+                   planner=SyntheticPlanner(world, latency_ms))
+
+    def success_probs(self, steps_path: Path) -> np.ndarray:
+        """The oracle's success probability of each logged step's chosen cases (in step order)."""
+        by_id = {task.id: task for task in self.tasks}
+        records = read_steps_jsonl(steps_path)
+        return np.asarray([self.env.success_prob(by_id[r.task_id], self.env.positions(r.chosen_ids))
+                           for r in records], dtype=np.float64)
+
+
+def _steady_rate(steps_path: Path) -> float | None:
+    """Tasks per second between the first and the last committed transition (startup excluded)."""
+    times = [r.time for r in read_steps_jsonl(steps_path)]
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+
+
+def _run_loop(loop_config: LoopConfig, workers: int | None, out: Path, *, planner: Any, encoder: Any,
+              tasks: list[Task], seed_cases: list[Case], sync_every: int = 1) -> dict[str, Any]:
+    """One run in-process (``workers=None``) or with Ray workers; its summary."""
+    from memento.workers import RayOnlineLoop, WorkersConfig
+
+    common: dict[str, Any] = dict(make_policy=make_policy, encoder=encoder, judge=make_judge("exact"), tasks=tasks,
+                                  seed_cases=seed_cases, out_dir=out)
+    if workers is None:
+        return OnlineLoop(loop_config, planner=planner, **common).run()
+    return RayOnlineLoop(loop_config, workers=WorkersConfig(workers=workers, sync_every=sync_every),
+                         planner=planner, **common).run()
+
+
+def _workers(config: OnlineBenchConfig, encoder: Any, workdir: Path, *, out: str | Path,
+             partial: dict[str, Any]) -> dict[str, Any]:
+    from memento.workers import WorkersConfig, ray_runtime
+
+    counts = sorted(config.workers)
+    result: dict[str, Any] = {"counts": counts, "latency_ms": config.workers_latency_ms,
+                              "steps": config.workers_steps, "suite": config.suite, "split": config.split}
+    tasks, cases = load_suite(config.suite, config.split), seed_cases(config.suite)
+    with ray_runtime(WorkersConfig(workers=max(counts))) as ray, \
+            fixed_latency_openai(config.workers_latency_ms) as url:
+        result["ray"] = {"version": ray.__version__, "cpus": ray.cluster_resources().get("CPU")}
+        spec = parse_planner_spec(f"openai:fixed-latency@{url}")
+        loop_config = LoopConfig(steps=config.workers_steps, seed=config.seeds[0], tensorboard=False)
+        runs: dict[str, Any] = {}
+        for label, n in [("in_process", None)] + [(f"ray_{c}", c) for c in counts]:
+            t0 = time.perf_counter()
+            planner = build_planner(spec) if n is None else spec
+            summary = _run_loop(loop_config, n, workdir / "workers" / "throughput" / label, planner=planner,
+                                encoder=encoder, tasks=tasks, seed_cases=cases)
+            wall = time.perf_counter() - t0
+            rate = _steady_rate(workdir / "workers" / "throughput" / label / RunDir.STEPS)
+            runs[label] = {"workers": n, "tasks_per_s": rate, "end_to_end_tasks_per_s": config.workers_steps / wall,
+                           "wall_s": wall, "ms_per_step": summary["ms_per_step"],
+                           **({"staleness_mean": summary["workers"]["staleness_mean"],
+                               "staleness_max": summary["workers"]["staleness_max"],
+                               "snapshots": summary["workers"]["snapshots"]} if n is not None else {})}
+            logger.info("bench online workers: %s %.2f tasks/s", label, rate or float("nan"))
+        base = runs["in_process"]["tasks_per_s"]
+        base_ray = runs["ray_1"]["tasks_per_s"] if 1 in counts else None
+        for run in runs.values():
+            rate = run["tasks_per_s"]
+            run["speedup_vs_in_process"] = rate / base if rate and base else None
+            run["speedup_vs_ray_1"] = rate / base_ray if rate and base_ray else None
+        result["throughput"] = runs
+        _write(out, {**partial, "workers": result})
+
+        result["learning"] = _workers_learning(config, counts, workdir / "workers" / "learning")
+    return result
+
+
+def _workers_learning(config: OnlineBenchConfig, counts: list[int], workdir: Path) -> dict[str, Any]:
+    """The synthetic bandit's learning curve in-process and with each worker count, for the same transitions."""
+    from memento.envs.regret import RegretConfig
+
+    regret = RegretConfig()
+    steps = config.workers_curve_steps
+    window = max(1, steps // 10)
+    late = max(1, steps // 5)
+    curves: dict[str, list[np.ndarray]] = {}
+    for seed in config.workers_curve_seeds:
+        env = SyntheticTextEnv.create(steps, seed)
+        loop_config = LoopConfig(steps=steps, k=regret.k, candidates=regret.candidates, policy=regret_policy("soft_q"),
+                                 seed=seed, shuffle=False, retain=False, checkpoint_every=0, tensorboard=False,
+                                 window=window)
+        for label, n in [("in_process", None)] + [(f"ray_{c}", c) for c in counts]:
+            out = workdir / f"seed-{seed}" / label
+            _run_loop(loop_config, n, out, planner=env.planner, encoder=env.encoder, tasks=env.tasks,
+                      seed_cases=env.seed_cases)
+            curves.setdefault(label, []).append(env.success_probs(out / RunDir.STEPS))
+    reference = "ray_1" if 1 in counts else "in_process"
+    out_curves: dict[str, Any] = {}
+    for label, runs in curves.items():
+        p_ST = np.stack(runs)
+        windows = [float(p_ST[:, a:a + window].mean()) for a in range(0, steps, window)]
+        late_S = p_ST[:, steps - late:].mean(axis=1)
+        entry: dict[str, Any] = {"success_prob_by_window": windows, "late_per_seed": late_S.tolist(),
+                                 "late": float(late_S.mean()), "overall": float(p_ST.mean())}
+        if label != reference:
+            d_S = late_S - np.stack(curves[reference])[:, steps - late:].mean(axis=1)
+            se = float(d_S.std(ddof=1) / math.sqrt(d_S.size)) if d_S.size > 1 else None
+            entry[f"late_minus_{reference}"] = {"mean": float(d_S.mean()), "per_seed": d_S.tolist(), "se": se,
+                                                "within_noise": None if se is None else
+                                                bool(abs(d_S.mean()) <= 2 * se + 1e-12)}
+        out_curves[label] = entry
+    return {"env": "SyntheticBandit(seed=0), regret soft_q config", "steps": steps, "window": window,
+            "late_steps": late, "seeds": list(config.workers_curve_seeds), "reference": reference,
+            "measure": "oracle success probability of the chosen cases", "curves": out_curves}
+
+
 def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str | Path | None = None
                      ) -> dict[str, Any]:
     """Run the selected parts; the JSON at ``out`` is rewritten after each part."""
@@ -460,6 +754,8 @@ def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str
                 results["real"] = _real(config, encoder, root)
             elif part == "synthetic":
                 results["synthetic"] = _synthetic(config, root)
+            elif part == "workers":
+                results["workers"] = _workers(config, encoder, root, out=out, partial=results)
             else:
                 results["overhead"] = _overhead(config, encoder, root)
             results.setdefault("part_s", {})[part] = time.perf_counter() - t0
@@ -501,6 +797,37 @@ def _ope_table(ope: dict[str, Any]) -> list[str]:
                     "pi_set).", ""]
 
 
+def _workers_table(w: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if "throughput" in w:
+        lines += [f"rollout workers: `{w['suite']}/{w['split']}`, {w['steps']} tasks per run, soft_q, a planner that "
+                  f"answers after {w['latency_ms']:g} ms (OpenAI-compatible loopback server); tasks/s between the "
+                  "first and the last committed transition:", "",
+                  "| run | tasks/s | x in-process | x 1 Ray worker | end-to-end tasks/s | staleness mean / max |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for label, r in w["throughput"].items():
+            stale = "—" if "staleness_mean" not in r else f"{r['staleness_mean']:.2f} / {r['staleness_max']}"
+            lines.append(f"| {label} | {_number(r['tasks_per_s'], '.2f')} | "
+                         f"{_number(r['speedup_vs_in_process'], '.2f')} | {_number(r['speedup_vs_ray_1'], '.2f')} | "
+                         f"{r['end_to_end_tasks_per_s']:.2f} | {stale} |")
+        lines.append("")
+    if "learning" in w:
+        lw = w["learning"]
+        ref = lw["reference"]
+        lines += [f"rollout workers, learning: synthetic bandit, {lw['steps']} transitions, seeds "
+                  f"{', '.join(str(x) for x in lw['seeds'])}; {lw['measure']} (mean over seeds):", "",
+                  f"| run | first {lw['window']} | last {lw['late_steps']} | overall | last - {ref} (± 1 s.e.) "
+                  "| within noise |", "|---|---:|---:|---:|---:|---|"]
+        for label, c in lw["curves"].items():
+            d = c.get(f"late_minus_{ref}")
+            diff = "—" if d is None else (f"{d['mean']:+.3f}" + ("" if d["se"] is None else f" ± {d['se']:.3f}"))
+            noise = "—" if d is None or d["within_noise"] is None else ("yes" if d["within_noise"] else "no")
+            lines.append(f"| {label} | {c['success_prob_by_window'][0]:.3f} | {c['late']:.3f} | {c['overall']:.3f} | "
+                         f"{diff} | {noise} |")
+        lines.append("")
+    return lines
+
+
 def format_online_table(results: dict[str, Any]) -> str:
     """Markdown tables of the three parts (those present)."""
     lines: list[str] = []
@@ -531,6 +858,8 @@ def format_online_table(results: dict[str, Any]) -> str:
             lines.append(f"| {policy} | {s['first_window_regret']:.3f} | {s['last_window_regret']:.3f} | "
                          f"{s['total_regret']:.1f} | {s['success_rate']:.3f} |")
         lines.append("")
+    if "workers" in results:
+        lines += _workers_table(results["workers"])
     if "overhead" in results:
         o = results["overhead"]
         lines += [f"loop overhead at {o['bank_cases']:,} cases ({o['bank_index']}), ms per step:", "",

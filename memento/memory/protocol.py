@@ -1,0 +1,167 @@
+"""The operations the loop, the selector, the service and the tools use on a case bank, as one protocol.
+
+Two backends implement :class:`Bank`:
+
+- :class:`memento.memory.bank.CaseBank`, a directory (SQLite in WAL mode + a faiss index), the default;
+- :class:`memento.memory.milvus.MilvusBank`, one Milvus collection (``pymilvus``; Milvus Lite in a local
+  file, or a server), named ``milvus:URI[#collection]`` (:func:`memento.memory.uri.parse_bank_uri`).
+
+Both keep the same case ids (content-hash ids ``c<sha256[:16]>`` unless the case brings its own), the same
+dense positions (a case's position is its insertion index; the faiss label in a directory bank, the primary key
+in a Milvus collection), the same de-duplication (by :func:`memento.types.content_hash` among live cases) and
+the same forgetting (``delete``/``replace`` tombstone a case: it is never found, listed or chosen again, but
+``get``/``embeddings_at``/``positions_of`` still read it, so logged decisions can be replayed).
+
+Operations, and what a Milvus bank does with each:
+
+================================  =======================================================================
+operation                          Milvus bank
+================================  =======================================================================
+``add`` / ``check_ids``            yes; de-duplication by content hash (an in-memory map of the live
+                                   hashes, loaded on first need); inserted in batches of
+                                   ``MilvusOptions.insert_batch`` rows (see *crash* below)
+``get`` / ``rewards``              yes (primary-key reads)
+``embeddings`` / ``embeddings_at``  yes, float32 exactly as added
+``ids_at`` / ``positions_of``      yes
+``search`` / ``search_positions``  yes; ``env``/``kind`` (and ``positive``) become a Milvus filter expression
+``candidates``                     yes; the vectors come back with the hits (``output_fields``)
+``update_reward``                  yes (the row is rewritten with ``upsert``)
+``delete`` / ``replace``           yes (a ``deleted`` flag on the row; searches filter on it)
+``is_deleted`` / ``deleted_ids``    yes
+``iter_cases`` / ``export_jsonl``  yes (position order; deleted cases left out)
+``import_jsonl``                   yes
+``stats``                          yes (the same keys; ``files`` is the Milvus Lite directory's size)
+``truncate``                       yes (a delete by ``pos >= n``)
+``set_search_params``              yes (``nprobe`` for IVF_FLAT, ``ef`` for HNSW)
+``refresh`` / ``rows_on_disk``     yes (a re-count; a Milvus Lite file is locked to one process at a time)
+``flush`` / ``close``              yes (``flush`` seals the rows added since into an indexed segment)
+``record_usage`` / ``usage_at`` /  no: ``BankError`` -- usage statistics and action vectors (the Q-network's
+``truncate_usage`` /               ``usage`` and ``action`` case features) are kept by a directory bank only
+``action_embeddings_at`` /
+``set_action_embeddings``
+================================  =======================================================================
+
+``candidates(..., positive=True)`` (the top-C among cases whose stored reward is > 0, pushed down as
+``reward > 0``) is a Milvus bank's extension; a directory bank filters positives after the search
+(:meth:`memento.memory.bank.Candidates.positive`), so the protocol leaves it out.
+
+*Crash.* A directory bank commits an ``add`` in one SQLite transaction: after ``kill -9`` all of the call's
+cases are there or none. A Milvus Lite bank writes each insert batch to its write-ahead log before the call
+returns (flushed to the OS, not fsynced): after ``kill -9`` every case whose ``add`` returned is there, and a
+call killed half-way may have left a prefix of its batches (re-adding the same cases finds them by content
+hash). A Milvus server's guarantees are the server's (an acknowledged insert is in its log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from memento.config import BankConfig
+from memento.memory.bank import Candidates
+from memento.types import Case
+
+__all__ = ["Bank"]
+
+
+@runtime_checkable
+class Bank(Protocol):
+    """A case bank: cases, their unit-norm state vectors, nearest-neighbour search over them."""
+
+    uid: str
+    config: BankConfig
+    read_only: bool
+
+    @property
+    def path(self) -> Path | str:
+        """Where the bank lives: a directory, or the ``milvus:`` URI it was opened with."""
+        ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def num_deleted(self) -> int: ...
+
+    def __len__(self) -> int:
+        """Rows stored, deleted ones included (positions are ``0..len-1``)."""
+        ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    # ---- writes
+    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False) -> list[str]: ...
+
+    def check_ids(self, cases: Sequence[Case], *, allow_duplicates: bool = False) -> None: ...
+
+    def update_reward(self, case_id: str, reward: float) -> None: ...
+
+    def delete(self, ids: str | Sequence[str]) -> int: ...
+
+    def replace(self, case_id: str, case: Case, embedding: Any) -> str: ...
+
+    def truncate(self, n: int) -> int: ...
+
+    def import_jsonl(self, path: str | Path, encoder: Any, *, format: str = "case",
+                     allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]: ...
+
+    # ---- reads
+    def get(self, ids: Any) -> Any:
+        """``get(id) -> Case``, ``get([ids]) -> list[Case]``; an unknown id raises ``UnknownCaseError``."""
+        ...
+
+    def rewards(self, ids: Sequence[str]) -> np.ndarray: ...
+
+    def embeddings(self, ids: Sequence[str]) -> np.ndarray: ...
+
+    def embeddings_at(self, positions: Sequence[int] | np.ndarray) -> np.ndarray: ...
+
+    def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]: ...
+
+    def positions_of(self, ids: Sequence[str]) -> np.ndarray: ...
+
+    def is_deleted(self, ids: Sequence[str]) -> list[bool]: ...
+
+    def deleted_ids(self) -> list[str]: ...
+
+    def iter_cases(self, batch_size: int = 1000) -> Iterator[Case]: ...
+
+    def export_jsonl(self, path: str | Path) -> int: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    # ---- search
+    def search(self, query: Any, k: int, *, env: str | None = None,
+               kind: str | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def search_positions(self, query: Any, k: int, *, env: str | None = None,
+                         kind: str | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None) -> Candidates: ...
+
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None: ...
+
+    # ---- usage statistics and action vectors (a directory bank only; a Milvus bank raises BankError)
+    def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None: ...
+
+    def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def truncate_usage(self, step: int) -> int: ...
+
+    def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None: ...
+
+    # ---- followers and lifetime
+    def rows_on_disk(self) -> int: ...
+
+    def refresh(self) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...

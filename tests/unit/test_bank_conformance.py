@@ -1,0 +1,362 @@
+"""One conformance suite for every bank backend: the directory bank (SQLite + faiss) and a Milvus Lite bank.
+
+Every test runs on both (``bank_uri`` is parametrised). Milvus Lite starts in-process: one Lite file per test
+module (its in-process server starts once, ~0.2 s), one collection per test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memento.config import EncoderConfig
+from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
+from memento.formats import read_cases_jsonl
+from memento.memory import Bank, CaseBank, MilvusBank, MilvusOptions, bank_exists, create_bank, open_bank
+from memento.memory.uri import parse_bank_uri
+from memento.types import Case, content_hash
+from tests.conftest import unit_vectors
+
+DIM = 16
+BACKENDS = ["dir", "milvus"]
+
+
+@pytest.fixture(scope="module")
+def lite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("milvus") / "banks.db"
+
+
+@pytest.fixture(params=BACKENDS)
+def bank_uri(request: pytest.FixtureRequest, tmp_path: Path, lite_file: Path) -> str:
+    if request.param == "dir":
+        return str(tmp_path / "bank")
+    return f"milvus:{lite_file}#t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def bank(bank_uri: str):
+    b = create_bank(bank_uri, DIM, encoder=EncoderConfig())
+    yield b
+    b.close()
+
+
+def make_cases(n: int, prefix: str = "state", *, start: int = 0) -> list[Case]:
+    """Cases with envs (None, e1, e2), kinds (case, tip) and rewards (0, 1, 0.5) that vary with i."""
+    return [Case(state=f"{prefix} {i}", action=f"action {i}", reward=(0.0, 1.0, 0.5)[i % 3],
+                 env=(None, "e1", "e2")[i % 3] if i % 5 else "e\"q", kind="tip" if i % 4 == 0 else "case",
+                 meta={"i": i, "tag": f"t{i % 2}"}) for i in range(start, start + n)]
+
+
+@pytest.fixture
+def filled(bank: Bank, rng: np.random.Generator):
+    emb = unit_vectors(rng, 30, DIM)
+    cases = make_cases(30)
+    ids = bank.add(cases, emb)
+    return bank, cases, ids, emb
+
+
+def test_both_backends_implement_the_protocol(bank: Bank) -> None:
+    assert isinstance(bank, Bank)
+    assert isinstance(bank, (CaseBank, MilvusBank))
+
+
+def test_add_ids_dedupe_and_allow_duplicates(filled, rng) -> None:
+    bank, cases, ids, emb = filled
+    assert len(bank) == 30 and len(set(ids)) == 30
+    assert ids[0] == "c" + content_hash(cases[0].state, cases[0].action, cases[0].env, cases[0].kind)[:16]
+    again = bank.add(cases[:5], emb[:5])
+    assert again == ids[:5] and len(bank) == 30  # same content: the stored ids, nothing added
+    same = [Case(state="x", action="y", reward=0.0), Case(state="x", action="y", reward=1.0)]
+    within = bank.add(same, unit_vectors(rng, 2, DIM))
+    assert within[0] == within[1] and len(bank) == 31
+    dup = bank.add(cases[:2], emb[:2], allow_duplicates=True)
+    assert len(bank) == 33 and not set(dup) & set(ids)
+    own = bank.add([Case(id="mine", state="own id", action="a", reward=0.0)], unit_vectors(rng, 1, DIM))
+    assert own == ["mine"] and bank.get("mine").state == "own id"
+    with pytest.raises(DataFormatError, match="already used"):
+        bank.add([Case(id="mine", state="other", action="a", reward=0.0)], unit_vectors(rng, 1, DIM))
+    with pytest.raises(DataFormatError, match="used twice"):
+        bank.check_ids([Case(id="z", state=s, action="a", reward=0.0) for s in ("1", "2")])
+    with pytest.raises(DimensionError):
+        bank.add(cases[:2], emb[:1])
+    with pytest.raises(DataFormatError, match="unit-norm"):
+        bank.add([Case(state="n", action="a", reward=0.0)], 2 * emb[:1])
+    assert len(bank) == 34
+
+
+def test_get_rewards_embeddings_positions(filled) -> None:
+    bank, cases, ids, emb = filled
+    got = bank.get([ids[3], ids[1]])
+    assert [c.state for c in got] == [cases[3].state, cases[1].state]
+    one = bank.get(ids[7])
+    assert (one.env, one.kind, one.meta, one.reward) == (cases[7].env, cases[7].kind, cases[7].meta, cases[7].reward)
+    assert one.created is not None
+    rewards = bank.rewards(ids)
+    assert rewards.dtype == np.float64 and rewards.tolist() == [c.reward for c in cases]
+    vectors = bank.embeddings(ids[::-1])
+    assert vectors.dtype == np.float32 and np.array_equal(vectors, emb[::-1])
+    assert np.array_equal(bank.embeddings_at([4, 2]), emb[[4, 2]])
+    assert bank.positions_of([ids[5], ids[0]]).tolist() == [5, 0]
+    assert bank.ids_at([0, 29]) == [ids[0], ids[29]]
+    with pytest.raises(UnknownCaseError, match="nope"):
+        bank.get("nope")
+    with pytest.raises(UnknownCaseError):
+        bank.positions_of(["nope"])
+    with pytest.raises(UnknownCaseError):
+        bank.embeddings_at([30])
+
+
+def _exact(emb: np.ndarray, keep: np.ndarray, q: np.ndarray, c: int) -> list[int]:
+    positions = np.flatnonzero(keep)
+    sims = emb[positions] @ q
+    return positions[np.argsort(-sims, kind="stable")[:c]].tolist()
+
+
+@pytest.mark.parametrize("env,kind", [(None, None), ("e1", None), (None, "tip"), ("e2", "case"), ('e"q', None),
+                                      ("absent", None)])
+def test_candidates_with_filters_return_the_stored_vectors(filled, env, kind) -> None:
+    bank, cases, ids, emb = filled
+    q = emb[11]
+    keep = np.array([(env is None or c.env == env) and (kind is None or c.kind == kind) for c in cases])
+    cands = bank.candidates(q, 8, env=env, kind=kind)
+    assert cands.positions_C.tolist() == _exact(emb, keep, q, 8)
+    assert cands.ids == [ids[p] for p in cands.positions_C]
+    assert cands.embeddings_CD.dtype == np.float32 and cands.embeddings_CD.shape == (len(cands), DIM)
+    assert np.array_equal(cands.embeddings_CD, emb[cands.positions_C])
+    assert np.allclose(cands.scores_C, emb[cands.positions_C] @ q, atol=1e-5)
+
+
+def test_positive_candidates(filled) -> None:
+    bank, cases, ids, emb = filled
+    q = emb[2]
+    cands = bank.candidates(q, 30)
+    positive = cands.positive(bank.rewards(cands.ids))  # the post-filter every backend supports
+    assert all(cases[p].reward > 0 for p in positive.positions_C)
+    if isinstance(bank, MilvusBank):  # pushed down as `reward > 0`: the top-C among positive cases
+        keep = np.array([c.reward > 0 for c in cases])
+        pushed = bank.candidates(q, 5, positive=True)
+        assert pushed.positions_C.tolist() == _exact(emb, keep, q, 5)
+        assert np.array_equal(pushed.embeddings_CD, emb[pushed.positions_C])
+
+
+def test_search_single_and_batch(filled) -> None:
+    bank, cases, ids, emb = filled
+    scores, found = bank.search(emb[4], 3)
+    assert found[0] == ids[4] and scores[0] == pytest.approx(1.0, abs=1e-5)
+    scores_BK, positions_BK = bank.search_positions(emb[:2], 40)
+    assert positions_BK.shape == (2, 40) and (positions_BK[:, 30:] == -1).all()
+    assert np.isneginf(scores_BK[:, 30:]).all()
+    assert positions_BK[:, 0].tolist() == [0, 1]
+    with pytest.raises(DimensionError):
+        bank.search(np.ones(DIM + 1, dtype=np.float32), 3)
+    with pytest.raises(DataFormatError):
+        bank.search(emb[0], 0)
+
+
+def test_update_reward(filled) -> None:
+    bank, cases, ids, emb = filled
+    bank.update_reward(ids[3], 0.25)
+    assert bank.rewards([ids[3]]).tolist() == [0.25]
+    assert np.array_equal(bank.embeddings([ids[3]]), emb[3:4])  # the row is otherwise unchanged
+    assert bank.get(ids[3]).state == cases[3].state
+    with pytest.raises(UnknownCaseError):
+        bank.update_reward("nope", 1.0)
+    with pytest.raises(DataFormatError):
+        bank.update_reward(ids[3], float("nan"))
+
+
+def test_delete_and_replace(filled, rng) -> None:
+    bank, cases, ids, emb = filled
+    assert bank.delete([ids[1], ids[2]]) == 2
+    assert bank.is_deleted([ids[0], ids[1], ids[2]]) == [False, True, True]
+    assert bank.deleted_ids() == [ids[1], ids[2]] and bank.num_deleted == 2
+    assert ids[1] not in bank.candidates(emb[1], 30).ids
+    assert ids[1] not in {c.id for c in bank.iter_cases()}
+    assert bank.get(ids[1]).state == cases[1].state  # still readable (logged decisions replay)
+    with pytest.raises(UnknownCaseError, match="already deleted"):
+        bank.delete(ids[1])
+    again = bank.add(cases[1:2], emb[1:2])  # the content again: a new case, a new id
+    assert again[0] != ids[1] and len(bank) == 31
+    new_vec = unit_vectors(rng, 1, DIM)[0]
+    new_id = bank.replace(ids[5], Case(state="replacement", action="a", reward=1.0), new_vec)
+    assert bank.is_deleted([ids[5], new_id]) == [True, False] and len(bank) == 32
+    assert bank.candidates(new_vec, 1).ids == [new_id]
+    assert bank.search(emb[5], 30)[1].tolist().count(ids[5]) == 0
+    assert bank.replace(ids[6], cases[7], emb[7]) == ids[7]  # content already stored: that case's id
+    assert bank.is_deleted([ids[6]]) == [True]
+
+
+def test_truncate(filled) -> None:
+    bank, cases, ids, emb = filled
+    assert bank.truncate(20) == 10 and len(bank) == 20
+    with pytest.raises(UnknownCaseError):
+        bank.get(ids[25])
+    assert bank.add(cases[25:26], emb[25:26]) == [ids[25]] and bank.positions_of([ids[25]]).tolist() == [20]
+
+
+def test_iteration_export_and_stats(filled, tmp_path) -> None:
+    bank, cases, ids, emb = filled
+    bank.delete(ids[0])
+    listed = list(bank.iter_cases(batch_size=7))
+    assert [c.id for c in listed] == ids[1:]
+    out = tmp_path / "export.jsonl"
+    assert bank.export_jsonl(out) == 29
+    assert [c.to_json() for c in read_cases_jsonl(out)] == [c.to_json() for c in listed]
+    stats = bank.stats()
+    assert stats["cases"] == 30 and stats["dim"] == DIM and stats["deleted"] == 1
+    assert stats["reward_positive"] == sum(c.reward > 0 for c in cases)
+    assert stats["reward_mean"] == pytest.approx(np.mean([c.reward for c in cases]))
+    assert stats["by_kind"] == {"case": 22, "tip": 8}
+    assert stats["by_env"] == {None: 8, "e\"q": 6, "e1": 8, "e2": 8}
+    assert stats["encoder"]["pooling"] == "avg"
+
+
+def test_reopen_after_close_keeps_everything(bank_uri, rng) -> None:
+    emb = unit_vectors(rng, 12, DIM)
+    with create_bank(bank_uri, DIM, encoder=EncoderConfig()) as bank:
+        ids = bank.add(make_cases(12), emb)
+        bank.update_reward(ids[2], 0.75)
+        bank.delete(ids[3])
+        uid, before = bank.uid, [c.to_json() for c in bank.iter_cases()]
+    assert bank_exists(bank_uri)
+    with open_bank(bank_uri, dim=DIM, encoder=EncoderConfig()) as bank:
+        assert bank.uid == uid and len(bank) == 12 and bank.deleted_ids() == [ids[3]]
+        assert [c.to_json() for c in bank.iter_cases()] == before
+        assert np.array_equal(bank.embeddings_at(np.arange(12)), emb)
+        assert bank.rewards([ids[2]]).tolist() == [0.75]
+        assert bank.config.encoder == EncoderConfig()
+    with pytest.raises(BankError, match="closed"):
+        bank.get(ids[0])
+    with open_bank(bank_uri, read_only=True) as reader:
+        with pytest.raises(BankError, match="read-only"):
+            reader.add(make_cases(1, "x"), emb[:1])
+
+
+def test_dim_or_encoder_mismatch_is_one_line_and_writes_nothing(bank_uri, rng) -> None:
+    with create_bank(bank_uri, DIM, encoder=EncoderConfig()) as bank:
+        bank.add(make_cases(3), unit_vectors(rng, 3, DIM))
+    with pytest.raises(DimensionError) as error:
+        open_bank(bank_uri, dim=DIM + 1)
+    assert "dim=16" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(BankError) as error:
+        open_bank(bank_uri, encoder=EncoderConfig(model="/some/simcse", pooling="cls"))
+    assert "encoder" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(BankError, match="already"):
+        create_bank(bank_uri, DIM)
+    with open_bank(bank_uri) as bank:
+        assert len(bank) == 3 and bank.dim == DIM
+
+
+def test_missing_bank_is_not_created(bank_uri) -> None:
+    with pytest.raises(NotABankError):
+        open_bank(bank_uri)
+    assert not bank_exists(bank_uri)
+    where = parse_bank_uri(bank_uri)
+    if where.backend == "dir":
+        assert not where.path.exists()
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from memento.memory import open_bank
+    from memento.types import Case
+    bank = open_bank(sys.argv[1])
+    rng = np.random.default_rng(0)
+    for i in range(100000):
+        x = rng.standard_normal((3, 16)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        ids = bank.add([Case(state=f"step {i} case {j}", action="a", reward=1.0) for j in range(3)], x)
+        print(" ".join(ids), flush=True)  # reported as committed: add returned
+""")
+
+
+def test_kill_9_during_adds_keeps_every_reported_case(bank_uri, tmp_path, rng) -> None:
+    with create_bank(bank_uri, DIM) as bank:
+        bank.add(make_cases(5), unit_vectors(rng, 5, DIM))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, bank_uri], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=env)
+    reported: list[str] = []
+    deadline = time.monotonic() + 120
+    try:
+        assert child.stdout is not None
+        while len(reported) < 3 * 40 and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            reported.extend(line.split())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert len(reported) >= 3 * 40, "the child did not add in time"
+    with open_bank(bank_uri) as bank:
+        assert len(bank) >= 5 + len(reported)
+        assert bank.positions_of(reported).tolist() == list(range(5, 5 + len(reported)))
+        assert [c.id for c in bank.get(reported)] == reported
+        listed = [c.id for c in bank.iter_cases()]
+        assert listed[:5 + len(reported)] == bank.ids_at(range(5 + len(reported)))
+
+
+def test_bank_uris() -> None:
+    assert parse_bank_uri("runs/bank").backend == "dir"
+    assert parse_bank_uri(Path("milvus:x.db")).backend == "dir"  # a Path is always a directory
+    lite = parse_bank_uri("milvus:./b.db")
+    assert (lite.backend, lite.uri, lite.collection, lite.lite) == ("milvus", "./b.db", "memento_cases", True)
+    server = parse_bank_uri("milvus:http://host:19530#cases")
+    assert (server.uri, server.collection, server.lite) == ("http://host:19530", "cases", False)
+    for bad, match in [("s3://bucket/bank", "unknown bank scheme 's3:'"), ("milvus:", "no URI"),
+                       ("milvus:./bank", "ends in .db"), ("milvus:./b.db#9x", "not a Milvus name")]:
+        with pytest.raises(BankError, match=match) as error:
+            parse_bank_uri(bad)
+        assert "\n" not in str(error.value)
+
+
+def test_unreachable_server_gives_up_within_the_timeout() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(BankError, match="cannot reach the Milvus server") as error:
+        open_bank("milvus:http://127.0.0.1:9#cases", options=MilvusOptions(connect_timeout_s=2.0))
+    assert time.monotonic() - t0 < 10 and "\n" not in str(error.value)
+
+
+def test_missing_extra_names_it(monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "pymilvus", None)
+    with pytest.raises(BankError, match="'milvus' extra"):
+        create_bank(f"milvus:{tmp_path}/b.db", DIM)
+    assert not (tmp_path / "b.db").exists()
+
+
+def test_usage_statistics_are_refused_on_milvus(bank, rng) -> None:
+    ids = bank.add(make_cases(2), unit_vectors(rng, 2, DIM))
+    if isinstance(bank, CaseBank):
+        bank.record_usage(0, ids, 1.0)
+        assert bank.usage_at([0])[0].tolist() == [1]
+        return
+    with pytest.raises(BankError, match="usage statistics"):
+        bank.record_usage(0, ids, 1.0)
+    with pytest.raises(BankError, match="action vectors"):
+        bank.action_embeddings_at([0])
+
+
+def test_bench_bank_runs_both_backends_side_by_side(tmp_path) -> None:
+    from memento.bench.bank import BankBenchConfig, format_table, run_bank_bench
+
+    config = BankBenchConfig(sizes=(400,), factories=("Flat", "IVF{nlist},Flat"), dim=DIM, queries=10, k=8,
+                             nprobe=(64,), backends=("dir", "milvus"), op="candidates")
+    results = run_bank_bench(config, out=tmp_path / "bench.json", workdir=tmp_path)
+    rows = {(r["backend"], r["factory"]): r for r in results["results"]}
+    assert set(rows) == {("dir", "Flat"), ("dir", "IVF8,Flat"), ("milvus", "Flat"), ("milvus", "IVF8,Flat")}
+    for key in (("dir", "Flat"), ("milvus", "Flat")):  # exact on both backends
+        assert rows[key]["search"][0]["recall@8"] == 1.0
+    assert all(r["add_per_s"] > 0 and r["bytes"] > 0 for r in rows.values())
+    assert "| 400 | Flat | milvus |" in format_table(results)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("memento-bench-")] == []
