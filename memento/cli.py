@@ -477,7 +477,9 @@ def _add_online_parser(commands: Any) -> None:
     online.add_argument("--tasks", required=True, metavar="FILE", help="Task JSONL {id, question, answers, ...}")
     seed = online.add_mutually_exclusive_group()
     seed.add_argument("--cases", metavar="FILE", default=None, help="seed cases for the bank (JSONL)")
-    seed.add_argument("--bank", metavar="DIR", default=None, help="a seed bank to copy (instead of --cases)")
+    seed.add_argument("--bank", metavar="BANK", default=None,
+                      help="a seed bank to copy into the run (a directory or milvus:URI[#collection]; instead of "
+                           "--cases)")
 
     online.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
                         help="format of --cases (default: case)")

@@ -65,7 +65,8 @@ def add_play_parser(commands: Any) -> None:
     play.add_argument("--max-steps", type=int, default=None,
                       help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
     add_systems_flags(play, games=True)
-    play.add_argument("--bank", metavar="DIR", default=None, help="a starting bank to copy (default: empty)")
+    play.add_argument("--bank", metavar="BANK", default=None,
+                      help="a starting bank to copy (a directory or milvus:URI[#collection]; default: empty)")
     play.add_argument("--no-learn", action="store_true", help="the policy does not learn (evaluation)")
     play.add_argument("--no-retain", action="store_true", help="the bank retains nothing (evaluation)")
     play.add_argument("--out", required=True, metavar="DIR", help="run directory")

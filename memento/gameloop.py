@@ -95,6 +95,7 @@ from memento.io import atomic_write
 from memento.loop import encode_checked, restore_bank, run_bank, success_by_window, task_order, torch_seed
 from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
+from memento.memory.uri import bank_name
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.systems.items import memory_tokens
@@ -409,7 +410,7 @@ class GameLoop:
         self.actor = CommandActor(planner, config.actor)
         self.run_dir = RunDir(out_dir)
         self.out_dir = self.run_dir.path
-        self.bank_dir = None if bank_dir is None else Path(bank_dir)
+        self.bank_dir = None if bank_dir is None else bank_name(bank_dir)  # a directory or milvus:URI
         self.device = torch.device(device)
         self.resume = resume
         self.progress = progress

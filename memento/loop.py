@@ -98,6 +98,7 @@ from memento.formats import StepRecord, read_steps_jsonl
 from memento.io import atomic_write
 from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
+from memento.memory.uri import bank_name, open_bank
 from memento.plots import moving_average
 from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
@@ -315,18 +316,18 @@ def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
 def check_seed_bank(path: str | Path) -> None:
     """Read a seed bank whole, as a run will (every case and its provenance links), so that a damaged bank is a
     one-line :class:`~memento.errors.MementoError` before a command writes anything."""
-    with CaseBank.open(path, read_only=True) as bank:
+    with open_bank(path, read_only=True) as bank:
         ItemGraph(bank.iter_cases()).check()
 
 
-def run_bank(target: Path, dim: int, *, bank_dir: Path | None, index: str, encoder_config: Any,
+def run_bank(target: Path, dim: int, *, bank_dir: Path | str | None, index: str, encoder_config: Any,
              device: torch.device) -> CaseBank:
-    """A run's fresh bank at ``target``: a copy of the bank at ``bank_dir`` (which is not changed; its index
-    factory and encoder win), or an empty one with ``index``. A seed bank of another dimension is a
-    :class:`DimensionError` naming both."""
+    """A run's fresh bank at ``target``: a copy of the bank named ``bank_dir`` (a directory or ``milvus:URI``,
+    :func:`memento.memory.uri.open_bank`; read only, not changed; its index factory and encoder win), or an empty
+    one with ``index``. A seed bank of another dimension is a :class:`DimensionError` naming both."""
     if bank_dir is None:
         return CaseBank.create(target, dim, index=index, encoder=encoder_config, use_gpu=use_gpu_for(device))
-    with CaseBank.open(bank_dir) as seed:
+    with open_bank(bank_dir, read_only=True) as seed:
         if seed.dim != dim:
             raise DimensionError(f"{bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder gives dim={dim}")
         bank = CaseBank.create(target, dim, index=seed.config.index, encoder=seed.config.encoder or encoder_config,
@@ -334,7 +335,7 @@ def run_bank(target: Path, dim: int, *, bank_dir: Path | None, index: str, encod
         try:
             cases = list(seed.iter_cases())
             if cases:
-                bank.add(cases, seed.embeddings_at(np.arange(len(cases))), allow_duplicates=True)
+                bank.add(cases, seed.embeddings([c.id or "" for c in cases]), allow_duplicates=True)  # live ones
         except BaseException:
             bank.close()
             raise
@@ -462,7 +463,7 @@ class OnlineLoop:
         self.tasks = tasks
         self.run_dir = RunDir(out_dir)
         self.out_dir = self.run_dir.path
-        self.bank_dir = None if bank_dir is None else Path(bank_dir)
+        self.bank_dir = None if bank_dir is None else bank_name(bank_dir)  # a directory or milvus:URI
         self.seed_cases = None if seed_cases is None else list(seed_cases)
         self.device = torch.device(device)
         self.resume = resume

@@ -86,6 +86,13 @@ def parse_bank_uri(text: str | Path) -> BankLocation:
     return BankLocation(backend="milvus", text=text, uri=uri, collection=collection)
 
 
+def bank_name(text: str | Path) -> Path | str:
+    """A bank's name as a run keeps it: a directory's :class:`~pathlib.Path`, or a Milvus bank's ``milvus:...``
+    text unchanged (a ``Path`` would fold ``http://`` into ``http:/``); a malformed name raises ``BankError``."""
+    where = parse_bank_uri(text)
+    return where.path if where.backend == "dir" and where.path is not None else where.text
+
+
 def _options(options: Any | None) -> Any:
     from memento.memory.milvus import MilvusOptions
 

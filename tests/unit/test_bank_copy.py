@@ -80,3 +80,34 @@ def test_failed_copies_write_nothing(seed_bank: Path, tmp_path: Path, capsys) ->
                  "--connect-timeout", "1"]) == 2
     assert "cannot reach the Milvus server" in _one_line_error(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_online_runs_from_a_milvus_seed_bank(seed_bank: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys) -> None:
+    """`memento online --bank milvus:...`: the run's own bank starts as a copy of the live seed cases, each with
+    its vector (by id: the seed bank has a deleted case in the middle), and the Milvus bank is not changed."""
+    import json
+
+    import memento.cli as cli
+    from memento.planners.base import CallablePlanner
+
+    lite = f"milvus:{tmp_path}/seed.db"
+    assert main(["bank", "copy", "--bank", str(seed_bank), lite]) == 0
+    tasks = tmp_path / "tasks.jsonl"
+    lines = (suite_dir("facts-real") / "test.jsonl").read_text(encoding="utf-8").splitlines()[:4]
+    tasks.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(cli, "build_planner", lambda spec, **kwargs: CallablePlanner(lambda task, cases: "Paris",
+                                                                                     name="fixed"))
+    out = tmp_path / "run"
+    assert main(["online", "--tasks", str(tasks), "--planner", "gemma", "--bank", lite, "--policy", "similarity",
+                 "--steps", "4", "--checkpoint-every", "0", "--no-progress", "--out", str(out)]) == 0
+    summary = json.loads((out / "similarity" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["bank_size_start"] == 311 and summary["steps"] == 4
+    with open_bank(lite) as seed, open_bank(out / "similarity" / "bank") as run:
+        assert len(seed) == 312  # unchanged
+        live = [c.id for c in seed.iter_cases()]
+        assert run.ids_at(np.arange(311)) == live
+        assert np.array_equal(run.embeddings(live), seed.embeddings(live))
+    assert main(["online", "--tasks", str(tasks), "--planner", "gemma", "--bank", "s3:bucket/bank",
+                 "--policy", "similarity", "--steps", "1", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown bank scheme" in capsys.readouterr().err and not (tmp_path / "x").exists()
