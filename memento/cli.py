@@ -56,6 +56,7 @@ from memento.labels import LabelConfig, label_tasks, read_label_tasks, summary_p
 from memento.loop import Credit, LoopConfig, check_seed_bank, loop_policy
 from memento.mcp_server import run_mcp
 from memento.memory import CaseBank, MilvusOptions, bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
+from memento.memory.uri import bank_name
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 from memento.serve import ServeConfig, check_host, require_extra, resolve_token, serve
@@ -684,7 +685,10 @@ def _add_export_parsers(commands: Any) -> None:
     export.add_argument("--force", action="store_true",
                         help="replace OUT if it is already an exported selector (anything else is never replaced)")
     export.add_argument("--bank", metavar="BANK", default=None,
-                        help="SRC is an offline-trained selector (memento train); serve it over this case bank")
+                        help="SRC is an offline-trained selector (memento train); serve it over this case bank, a "
+                             "directory or milvus:URI[#collection] (copied into OUT's own directory bank)")
+    export.add_argument("--connect-timeout", type=float, default=None, metavar="S",
+                        help="with a milvus:http://... --bank: give up on the server after S seconds (default: 5)")
     export.add_argument("--k", type=int, default=4, help="with --bank: cases shown per task (default: 4)")
     export.add_argument("--candidates", type=int, default=32,
                         help="with --bank: the cosine pre-selection the policy chooses from (default: 32)")
@@ -698,10 +702,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     src = Path(args.source)
     if args.bank is not None:
         out = create_selector(args.bank, args.out, trained=src, k=args.k, candidates=args.candidates,
-                              overwrite=args.force)
+                              overwrite=args.force, bank_options=_bank_options(args))
     elif (src / "selector" / "learner.json").is_file() and not (src / "bank").is_dir():
         raise ConfigError(f"{src}: an offline-trained selector (memento train) has no case bank of its own; "
-                          "pass --bank BANK_DIR")
+                          "pass --bank BANK (a directory or milvus:URI)")
     else:
         out = export_selector(args.source, args.out, overwrite=args.force)
     report = verify(out)
@@ -906,7 +910,7 @@ logprob, mean_logprob, n_tokens, cosine, prompt_tokens, sets / set_logprob when 
 and the cost (forward passes = scored prompts, wall time, seconds per scored candidate) to
 <out stem>.summary.json beside it. A bank built from --cases (or a suite's seed cases) is kept in
 --save-bank (default <out stem>.bank/): train from the labels with
-  memento train --from-labels OUT --bank BANK_DIR --out RUN"""
+  memento train --from-labels OUT --bank BANK --out RUN"""
 
 
 def _add_score_parser(commands: Any) -> None:
@@ -919,7 +923,8 @@ def _add_score_parser(commands: Any) -> None:
     score.add_argument("--split", choices=["train", "test", "all"], default=None,
                        help="split of --suite (default: train)")
     bank = score.add_mutually_exclusive_group()
-    bank.add_argument("--bank", metavar="DIR", default=None, help="the case bank to take candidates from")
+    bank.add_argument("--bank", metavar="BANK", default=None,
+                      help="the case bank to take candidates from (a directory or milvus:URI[#collection])")
     bank.add_argument("--cases", metavar="FILE", default=None,
                       help="cases to build the bank from (default with --suite: the suite's seed cases)")
     score.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
@@ -983,7 +988,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     cases = None
     save_bank = None
     if args.bank is not None:
-        CaseBank.open(args.bank).close()  # fails early on a path that is not a bank
+        open_bank(args.bank, read_only=True).close()  # fails early on a name that is not a bank
     else:
         cases = read_case_file(args.cases, args.cases_format) if args.cases else seed_cases(args.suite)
         if not cases:
@@ -999,10 +1004,10 @@ def _cmd_score(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
 
     if args.bank is not None:
-        bank = CaseBank.open(args.bank)
+        bank = open_bank(args.bank, read_only=True)
         recorded = bank.config.encoder
         encoder_config = _encoder_config(args) if args.encoder or recorded is None else recorded
-        bank_dir = Path(args.bank)
+        bank_dir = bank_name(args.bank)
     else:
         encoder_config = _encoder_config(args)
         bank = None

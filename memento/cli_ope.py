@@ -56,7 +56,7 @@ Estimate, from a run's log, what other case-selection policies would have scored
 (off-policy evaluation; docs/ope.md).
 
 RUN is a run directory (steps.jsonl, bank/, selector/) or a steps.jsonl file (its bank is the
-bank/ beside it, or --bank). Each --policy is a target:
+bank/ beside it, or --bank: a directory or milvus:URI[#collection]). Each --policy is a target:
   logged       the logging policy itself (IPS and SNIPS give the observed mean reward)
   similarity   cosine top-K (deterministic, as the default similarity policy chooses)
   random       uniform over the candidates
@@ -80,8 +80,9 @@ def add_evaluate_parser(commands: Any) -> None:
     ev.add_argument("run", metavar="RUN_DIR_OR_STEPS_JSONL", help="a run directory or its steps.jsonl")
     ev.add_argument("--policy", action="append", default=[], metavar="POLICY", dest="policies",
                     help="a target: logged, similarity, random or a selector directory (repeatable)")
-    ev.add_argument("--bank", metavar="DIR", default=None,
-                    help="the bank the log's candidates come from (default: the run's bank/)")
+    ev.add_argument("--bank", metavar="BANK", default=None,
+                    help="the bank the log's candidates come from, a directory or milvus:URI[#collection] "
+                         "(default: the run's bank/)")
     ev.add_argument("--encoder", metavar="PATH", default=None,
                     help="the encoder the run used (default: bundled all-MiniLM-L6-v2)")
     ev.add_argument("--greedy", action="store_true",
@@ -397,7 +398,7 @@ class Evaluation:
     ``greedy`` it ran with, and ``estimates``: each target's results (:class:`~memento.ope.OPEResult`), by name."""
 
     source: Path
-    bank: Path
+    bank: Path | str
     rounds: int
     skipped: int
     multi_step: int
@@ -426,7 +427,7 @@ def _targets(targets: Sequence[str | TargetSpec]) -> list[TargetSpec]:
 
 
 @contextlib.contextmanager
-def _damaged_bank(path: Path, *, rows: bool = False) -> Iterator[None]:
+def _damaged_bank(path: Path | str, *, rows: bool = False) -> Iterator[None]:
     """Turn SQLite's "malformed" errors (a bank file damaged past its header, which ``CaseBank.open`` alone does not
     read) and, with ``rows``, a stored case whose ``meta`` is not JSON, into a one-line :class:`BankError`."""
     try:
@@ -450,7 +451,10 @@ def _run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: st
         raise ConfigError("the similarity, random and selector targets need make_policy")
     source = Path(source)
     steps_path = RunDir(source).steps if source.is_dir() else source
-    bank_path = Path(bank) if bank else steps_path.parent / RunDir.BANK
+    from memento.memory.uri import bank_name
+
+    # a directory or milvus:URI[#collection]; a malformed name is one line before the log is read
+    bank_path = bank_name(bank) if bank else steps_path.parent / RunDir.BANK
     steps, skipped = read_log(steps_path)
     multi_step = sum(not step.record.done for step in steps)
     if multi_step:
@@ -458,10 +462,10 @@ def _run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: st
              "later rewards it led to are not credited")
 
     from memento.loop import encode_checked
-    from memento.memory import CaseBank
+    from memento.memory import open_bank
 
     with _damaged_bank(bank_path):
-        opened = CaseBank.open(bank_path, read_only=True)
+        opened = open_bank(bank_path, read_only=True)
     with opened:
         if encoder is None:
             from memento.encoders import Encoder

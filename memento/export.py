@@ -52,7 +52,7 @@ from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.io import sqlite_copy
 from memento.learner import SoftQLearner
 from memento.loop import LoopConfig
-from memento.memory import CaseBank
+from memento.memory import CaseBank, bank_exists, copy_bank, parse_bank_uri
 from memento.qnet import build_qnet
 from memento.replay import ReplayBuffer
 from memento.rundir import RunDir, read_json
@@ -309,11 +309,15 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
 def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = None, qnet: QNetConfig | None = None,
                     learner: LearnerConfig | None = None, k: int = 4, candidates: int = 32,
                     replay_capacity: int = 10_000, warmup: int = 16, updates_per_step: int = 1,
-                    overwrite: bool = False, trained: str | Path | None = None, positive_only: bool = False) -> Path:
+                    overwrite: bool = False, trained: str | Path | None = None, positive_only: bool = False,
+                    bank_options: Any | None = None) -> Path:
     """A selector artifact over an existing case bank, with a fresh (untrained) Q-network.
 
     For a bank built without a run (imported cases, Memento memories): load it with ``learn=True`` and it
-    trains from feedback. ``bank`` is a case bank directory (copied; its index factory is kept).
+    trains from feedback. ``bank`` is a case bank directory (copied with its usage statistics and action vectors;
+    its index factory is kept) or a Milvus bank ``milvus:URI[#collection]`` (its rows copied into the artifact's
+    own directory bank by :func:`memento.memory.copy_bank`; ``bank_options``: its
+    :class:`~memento.memory.MilvusOptions`). The artifact always holds its own directory bank.
     ``encoder``: an :class:`EncoderSpec`, a :class:`memento.Encoder` (its description is recorded), or
     ``None`` for the encoder the bank records (if none, the artifact takes vectors only). ``qnet`` and
     ``learner`` default to the online loop's soft-Q settings (``dim`` comes from the bank).
@@ -323,20 +327,29 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     candidates with stored reward > 0 only (:class:`~memento.artifact.SelectorConfig`).
     """
 
-    bank_dir, out = Path(bank), Path(out_dir)
-    db = bank_dir / "cases.sqlite"
-    if not db.is_file():
-        raise CheckpointError(f"{bank_dir}: not a case bank (no cases.sqlite)")
+    where, out = parse_bank_uri(bank), Path(out_dir)
+    bank_dir: Path | str = where.text
+    if where.backend == "dir":
+        assert where.path is not None
+        bank_dir = where.path
+        db = bank_dir / "cases.sqlite"
+        if not db.is_file():
+            raise CheckpointError(f"{bank_dir}: not a case bank (no cases.sqlite)")
+    elif not bank_exists(where, options=bank_options):  # an unreachable server or no such collection: one line
+        raise CheckpointError(f"{where}: not a case bank (no such collection)")
     _prepare_out(out, overwrite)
     tmp = out.parent / f".{out.name}.export-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / BANK_DIR).mkdir(parents=True)
     try:
-        sqlite_copy(db, tmp / BANK_DB)
-        for name in ("index.faiss", "index.json"):
-            if (bank_dir / name).is_file():
-                shutil.copy2(bank_dir / name, tmp / BANK_DIR / name)
+        if isinstance(bank_dir, Path):  # the files as they are: usage statistics and action vectors included
+            sqlite_copy(db, tmp / BANK_DB)
+            for name in ("index.faiss", "index.json"):
+                if (bank_dir / name).is_file():
+                    shutil.copy2(bank_dir / name, tmp / BANK_DIR / name)
+        else:  # a Milvus bank: its rows, ids, positions and vectors, into the artifact's own directory bank
+            copy_bank(where, tmp / BANK_DIR, options=bank_options)
         with CaseBank.open(tmp / BANK_DIR, use_gpu=False) as copy:
             dim, cases, bank_config = copy.dim, len(copy), copy.config
         if isinstance(encoder, EncoderSpec):
@@ -373,7 +386,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
                                 updates_per_step=updates_per_step,
                                 qnet=qnet_config, learner=learner_config, replay=buffer.config,
                                 index=bank_config.index)
-        source = {"kind": "bank", "path": str(bank_dir.resolve()), "bank_cases": cases,
+        source = {"kind": "bank", "path": str(bank_dir.resolve()) if isinstance(bank_dir, Path) else str(bank_dir),
+                  "bank_cases": cases,
                   "learner_updates": trainer.updates, "policy": "soft_q", "summary": None, "comparison": None}
         if trained is not None:
             source.update(kind="trained", trained=str(Path(trained).resolve()))

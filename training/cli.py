@@ -86,8 +86,9 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     data = p.add_argument_group("data")
     data.add_argument("--from-log", metavar="PATH", default=None,
                       help="online-loop run directory or its steps.jsonl transition log")
-    data.add_argument("--bank", metavar="DIR", default=None,
-                      help="the case bank the log's case ids refer to (default: bank/ beside steps.jsonl); "
+    data.add_argument("--bank", metavar="BANK", default=None,
+                      help="the case bank the log's case ids refer to, a directory or milvus:URI[#collection] "
+                           "(default: bank/ beside steps.jsonl); "
                            "with --from-labels, required: the bank the labels were scored on")
     data.add_argument("--from-memento", metavar="FILE", default=None,
                       help="Memento retriever training pairs (training_data.jsonl); label: truth_label")

@@ -340,8 +340,9 @@ class _Builder:
             notes=notes, **extra)
 
 
-def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, Path]:
-    """``(steps.jsonl, bank directory)`` for a run directory or a ``steps.jsonl`` path."""
+def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, Path | str]:
+    """``(steps.jsonl, bank)`` for a run directory or a ``steps.jsonl`` path; the bank is ``bank`` (a directory or
+    ``milvus:URI[#collection]``, see :func:`memento.memory.parse_bank_uri`), else the ``bank/`` beside the log."""
     path = Path(log)
     steps = path / "steps.jsonl" if path.is_dir() else path
     if path.is_dir() and not steps.is_file():
@@ -352,16 +353,18 @@ def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, 
     if not steps.is_file():
         raise DataFormatError("transition log not found (expected a run directory holding steps.jsonl, or the "
                               "steps.jsonl file)", path=steps)
-    bank_dir = Path(bank) if bank is not None else steps.parent / "bank"
+    from memento.memory.uri import bank_name
+
+    bank_dir = bank_name(bank) if bank is not None else steps.parent / "bank"
     return steps, bank_dir
 
 
 def load_transition_log(log: str | Path, encoder: Any, *, bank: str | Path | None = None) -> TrainingData:
     """Decisions of an online-loop transition log, case texts from its bank (see the module docstring)."""
-    from memento.memory import CaseBank
+    from memento.memory import open_bank
 
     steps, bank_dir = resolve_log(log, bank)
-    with CaseBank.open(bank_dir) as case_bank:
+    with open_bank(bank_dir, read_only=True) as case_bank:
         texts = {case.id: case.state for case in case_bank.iter_cases()}
         recorded = case_bank.config.encoder
     used = getattr(encoder, "config", None)
@@ -471,12 +474,13 @@ def load_labels(labels: str | Path, bank: str | Path, encoder: Any, *, features:
     there)."""
     from memento.features import CaseFeaturizer
     from memento.labels import iter_labels
-    from memento.memory import Candidates, CaseBank
+    from memento.memory import Candidates, open_bank
 
     rows = list(iter_labels(labels))  # the whole file is checked first (file:line errors)
     if not rows:
         raise DataFormatError("no label rows in the file", path=labels)
-    with CaseBank.open(bank) as case_bank:
+    # writable: features="case" stores the action vectors it encodes (a Milvus bank refuses them, one line)
+    with open_bank(bank, read_only=features != "case") as case_bank:
         known = set(case_bank.ids_at(np.arange(len(case_bank))))
         for number, row in rows:
             missing = [i for i in row.candidate_ids if i not in known]
@@ -545,7 +549,7 @@ def check_inputs(config: DataConfig) -> None:
         case "log":
             assert config.log is not None
             _, bank_dir = resolve_log(config.log, config.bank)
-            if not (bank_dir / "cases.sqlite").is_file():
+            if isinstance(bank_dir, Path) and not (bank_dir / "cases.sqlite").is_file():
                 raise DataFormatError("no case bank here (the log's case texts come from it; pass --bank DIR)",
                                       path=bank_dir)
         case "memento":
@@ -557,7 +561,9 @@ def check_inputs(config: DataConfig) -> None:
         case "labels":
             need_file(config.labels)
             assert config.bank is not None
-            if not (Path(config.bank) / "cases.sqlite").is_file():
+            from memento.memory import parse_bank_uri
+
+            if parse_bank_uri(config.bank).backend == "dir" and not (Path(config.bank) / "cases.sqlite").is_file():
                 raise DataFormatError("no case bank here (the labels' candidate ids refer to one; pass --bank DIR)",
                                       path=config.bank)
 

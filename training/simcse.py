@@ -123,7 +123,13 @@ _SIGNATURES: tuple[tuple[DataFormatName, frozenset[str]], ...] = (
 
 
 def detect_format(path: str | Path) -> DataFormatName:
-    """The format of a data file from the keys of its first row, or ``"bank"`` for a bank directory."""
+    """The format of a data file from the keys of its first row, or ``"bank"`` for a bank directory or a
+    ``milvus:URI[#collection]`` bank."""
+    if isinstance(path, str) and path.lower().startswith("milvus:"):
+        from memento.memory import parse_bank_uri
+
+        parse_bank_uri(path)  # a malformed name: one line
+        return "bank"
     path = Path(path)
     if path.is_dir():
         from memento.memory.bank import DB_NAME
@@ -143,11 +149,11 @@ def detect_format(path: str | Path) -> DataFormatName:
     raise DataFormatError("no rows", path=path)
 
 
-def _texts_of(path: Path, fmt: DataFormatName, include_actions: bool) -> list[str]:
+def _texts_of(path: Path | str, fmt: DataFormatName, include_actions: bool) -> list[str]:
     if fmt == "bank":
-        from memento.memory.bank import CaseBank
+        from memento.memory import open_bank
 
-        bank = CaseBank.open(path)
+        bank = open_bank(path, read_only=True)
         try:
             cases = list(bank.iter_cases())
         finally:
@@ -178,7 +184,9 @@ def load_texts(paths: Iterable[str | Path], *, include_actions: bool = True) -> 
     """
     texts: dict[str, None] = {}
     for path in paths:
-        path = Path(path)
+        from memento.memory.uri import bank_name
+
+        path = bank_name(path) if isinstance(path, str) and path.lower().startswith("milvus:") else Path(path)
         fmt = detect_format(path)
         found = _texts_of(path, fmt, include_actions)
         before = len(texts)
@@ -247,7 +255,9 @@ def load_pairs(paths: Iterable[str | Path], *, positive_threshold: float = 0.5) 
     sums: dict[tuple[str, str], list[float]] = {}
     rows = 0
     for path in paths:
-        path = Path(path)
+        from memento.memory.uri import bank_name
+
+        path = bank_name(path) if isinstance(path, str) and path.lower().startswith("milvus:") else Path(path)
         fmt = detect_format(path)
         if fmt == "pairs":
             found = [(s, c, r) for s, c, r, _ in _read_pair_rows(path)]
