@@ -608,9 +608,9 @@ class CaseBank:
         self._ensure_loaded()
         return [self._ids[int(p)] for p in positions]
 
-    def _allowed(self, env: str | None, kind: str | None) -> np.ndarray | None:
+    def _allowed(self, env: str | None, kind: str | None, positive: bool = False) -> np.ndarray | None:
         live = self._live_mask()
-        if env is None and kind is None:
+        if env is None and kind is None and not positive:
             return live
         self._ensure_loaded()
         mask = np.ones(self._count, dtype=bool) if live is None else live.copy()
@@ -618,15 +618,21 @@ class CaseBank:
             mask &= self._env_codes_N[:self._count] == self._env_vocab.get(env, -1)
         if kind is not None:
             mask &= self._kind_codes_N[:self._count] == self._kind_vocab.get(kind, -1)
+        if positive:  # read now: rewards change (update_reward, another process) and are not kept in memory
+            rows = self._conn.execute("SELECT pos FROM cases WHERE reward > 0 AND pos < ?", (self._count,))
+            rewarded = np.zeros(self._count, dtype=bool)
+            rewarded[np.fromiter((row[0] for row in rows), dtype=np.int64)] = True
+            mask &= rewarded
         return mask
 
-    def search_positions(self, query: Any, k: int, *, env: str | None = None,
-                         kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match."""
-        return self._search_positions(query, k, env=env, kind=kind, pad=True)
+    def search_positions(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
+                         positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match.
+        ``positive``: only cases whose stored reward is > 0."""
+        return self._search_positions(query, k, env=env, kind=kind, positive=positive, pad=True)
 
     def _search_positions(self, query: Any, k: int, *, env: str | None, kind: str | None,
-                          pad: bool) -> tuple[np.ndarray, np.ndarray]:
+                          pad: bool, positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search_positions`; without ``pad``, the result is at most the bank's size wide (a search for
         more cases than the bank holds finds them all, whatever ``k``)."""
         self._check_open()
@@ -639,7 +645,7 @@ class CaseBank:
                                   f"{len(q_BD) * width} entries, but the bank holds {self._count} cases; "
                                   f"ask for k <= {max(self._count, 1)}")
         k = min(width, self._count)
-        allowed = self._allowed(env, kind)
+        allowed = self._allowed(env, kind, positive)
         if self._count == 0 or (allowed is not None and not allowed.any()):
             return (np.full((len(q_BD), width), -np.inf, dtype=np.float32),
                     np.full((len(q_BD), width), -1, dtype=np.int64))
@@ -660,15 +666,17 @@ class CaseBank:
                                     np.pad(labels_BK, extra, constant_values=-1))
         return scores_BK, labels_BK.astype(np.int64)
 
-    def search(self, query: Any, k: int, *, env: str | None = None,
-               kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
+               positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Nearest cases to ``query_D`` or ``query_BD`` by cosine (queries are normalised).
 
         For one query ``[D]``: ``(scores_K, ids_K)``, trimmed to the cases found. For a batch
         ``[B, D]``: ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a
-        numpy object array of case-id strings. ``env``/``kind`` restrict the search.
+        numpy object array of case-id strings. ``env``/``kind`` restrict the search; ``positive`` keeps the
+        cases whose stored reward is > 0.
         """
-        scores_BK, labels_BK = self._search_positions(query, k, env=env, kind=kind, pad=np.asarray(query).ndim != 1)
+        scores_BK, labels_BK = self._search_positions(query, k, env=env, kind=kind, positive=positive,
+                                                      pad=np.asarray(query).ndim != 1)
         self._ensure_loaded()
         ids_BK = np.empty(labels_BK.shape, dtype=object)
         for b, row in enumerate(labels_BK):
@@ -679,10 +687,13 @@ class CaseBank:
             return scores_BK[0][valid], ids_BK[0][valid]
         return scores_BK, ids_BK
 
-    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None) -> Candidates:
-        """The top-``c`` cases for one state with their stored vectors (the policy's candidate set)."""
+    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None,
+                   positive: bool = False) -> Candidates:
+        """The top-``c`` cases for one state with their stored vectors (the policy's candidate set);
+        ``positive``: among the cases whose stored reward is > 0 only (the top-C of those, not a filtered top-C)."""
         scores_BK, labels_BK = self._search_positions(np.asarray(query_D)[None, :] if np.asarray(query_D).ndim == 1
-                                                      else query_D, c, env=env, kind=kind, pad=False)
+                                                      else query_D, c, env=env, kind=kind, positive=positive,
+                                                      pad=False)
         if labels_BK.shape[0] != 1:
             raise DimensionError(f"candidates takes one state [D], got shape {np.asarray(query_D).shape}")
         valid = labels_BK[0] >= 0

@@ -23,7 +23,7 @@ operation                          Milvus bank
 ``get`` / ``rewards``              yes (primary-key reads)
 ``embeddings`` / ``embeddings_at``  yes, float32 exactly as added
 ``ids_at`` / ``positions_of``      yes
-``search`` / ``search_positions``  yes; ``env``/``kind`` (and ``positive``) become a Milvus filter expression
+``search`` / ``search_positions``  yes; ``env``/``kind``/``positive`` become a Milvus filter expression
 ``candidates``                     yes; the vectors come back with the hits (``output_fields``)
 ``update_reward``                  yes (the row is rewritten with ``upsert``)
 ``delete`` / ``replace``           yes (a ``deleted`` flag on the row; searches filter on it)
@@ -41,9 +41,11 @@ operation                          Milvus bank
 ``set_action_embeddings``
 ================================  =======================================================================
 
-``candidates(..., positive=True)`` (the top-C among cases whose stored reward is > 0, pushed down as
-``reward > 0``) is a Milvus bank's extension; a directory bank filters positives after the search
-(:meth:`memento.memory.bank.Candidates.positive`), so the protocol leaves it out.
+``positive=True`` on ``search``, ``search_positions`` and ``candidates`` is the top-k among the cases whose stored
+reward is > 0 (a pre-filter, not a filtered top-k): a Milvus bank pushes it down as ``reward > 0``; a directory
+bank reads the rewarded positions from SQLite at each call (rewards change, and are not kept in memory) and
+hands faiss that mask with the env/kind/deleted ones. (:meth:`memento.memory.bank.Candidates.positive`, which
+similarity's ``positive_only`` uses, is different: it filters a top-C already found.)
 
 *Crash.* A directory bank commits an ``add`` in one SQLite transaction: after ``kill -9`` all of the call's
 cases are there or none. A Milvus Lite bank writes each insert batch to its write-ahead log before the call
@@ -136,13 +138,14 @@ class Bank(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     # ---- search
-    def search(self, query: Any, k: int, *, env: str | None = None,
-               kind: str | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    def search(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
+               positive: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def search_positions(self, query: Any, k: int, *, env: str | None = None,
-                         kind: str | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    def search_positions(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
+                         positive: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None) -> Candidates: ...
+    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None,
+                   positive: bool = False) -> Candidates: ...
 
     def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None: ...
 

@@ -141,11 +141,23 @@ def test_positive_candidates(filled) -> None:
     cands = bank.candidates(q, 30)
     positive = cands.positive(bank.rewards(cands.ids))  # the post-filter every backend supports
     assert all(cases[p].reward > 0 for p in positive.positions_C)
-    if isinstance(bank, MilvusBank):  # pushed down as `reward > 0`: the top-C among positive cases
-        keep = np.array([c.reward > 0 for c in cases])
-        pushed = bank.candidates(q, 5, positive=True)
-        assert pushed.positions_C.tolist() == _exact(emb, keep, q, 5)
-        assert np.array_equal(pushed.embeddings_CD, emb[pushed.positions_C])
+    keep = np.array([c.reward > 0 for c in cases])  # the pre-filter: the top-C among positive cases
+    pushed = bank.candidates(q, 5, positive=True)
+    assert pushed.positions_C.tolist() == _exact(emb, keep, q, 5)
+    assert np.array_equal(pushed.embeddings_CD, emb[pushed.positions_C])
+    both = bank.candidates(q, 5, env="e1", positive=True)
+    assert both.positions_C.tolist() == _exact(emb, keep & np.array([c.env == "e1" for c in cases]), q, 5)
+    _, found = bank.search(q, 3, positive=True)
+    assert list(found) == [ids[p] for p in _exact(emb, keep, q, 3)]
+    # a reward changed after the add moves a case in or out of the filter at once
+    best = _exact(emb, keep, q, 1)[0]
+    bank.update_reward(ids[best], 0.0)
+    bank.update_reward(ids[0], 2.0)
+    keep[best], keep[0] = False, True
+    assert bank.candidates(q, 5, positive=True).positions_C.tolist() == _exact(emb, keep, q, 5)
+    bank.delete(ids[0])
+    keep[0] = False
+    assert bank.search_positions(q[None, :], 5, positive=True)[1][0].tolist() == _exact(emb, keep, q, 5)
 
 
 def test_search_single_and_batch(filled) -> None:
