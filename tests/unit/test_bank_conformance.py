@@ -1,13 +1,17 @@
-"""One conformance suite for every bank backend: the directory bank (SQLite + faiss) and a Milvus Lite bank.
+"""One conformance suite for every bank backend: the directory bank (SQLite + faiss), a Milvus Lite bank, and a
+Milvus server.
 
-Every test runs on both (``bank_uri`` is parametrised). Milvus Lite starts in-process: one Lite file per test
-module (its in-process server starts once, ~0.2 s), one collection per test.
+Every test runs on all three (``bank_uri`` is parametrised). Milvus Lite starts in-process: one Lite file per test
+module (its in-process server starts once, ~0.2 s), one collection per test. The server is Milvus Lite's gRPC
+server (``milvus-lite server``, the same Milvus API over the network) in a child process, reached as
+``milvus:http://127.0.0.1:PORT#collection``: the path a user's Milvus cluster takes, without Docker.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -27,7 +31,7 @@ from memento.types import Case, content_hash
 from tests.conftest import unit_vectors
 
 DIM = 16
-BACKENDS = ["dir", "milvus"]
+BACKENDS = ["dir", "milvus", "server"]
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +39,49 @@ def lite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("milvus") / "banks.db"
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_milvus_server(data_dir: Path, port: int) -> subprocess.Popen:
+    """``milvus-lite server`` on ``port`` in a child process, once it accepts connections."""
+    child = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data_dir),
+                              "--host", "127.0.0.1", "--port", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"milvus-lite server exited with {child.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return child
+        except OSError:
+            time.sleep(0.1)
+    child.kill()
+    raise RuntimeError("milvus-lite server did not listen within 60 s")
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory: pytest.TempPathFactory):
+    port = _free_port()
+    child = start_milvus_server(tmp_path_factory.mktemp("milvus-server"), port)
+    yield f"http://127.0.0.1:{port}"
+    child.terminate()
+    try:
+        child.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
 @pytest.fixture(params=BACKENDS)
 def bank_uri(request: pytest.FixtureRequest, tmp_path: Path, lite_file: Path) -> str:
     if request.param == "dir":
         return str(tmp_path / "bank")
+    if request.param == "server":
+        return f"milvus:{request.getfixturevalue('server_url')}#t{uuid.uuid4().hex[:12]}"
     return f"milvus:{lite_file}#t{uuid.uuid4().hex[:12]}"
 
 
@@ -317,6 +360,42 @@ def test_kill_9_during_adds_keeps_every_reported_case(bank_uri, tmp_path, rng) -
         assert [c.id for c in bank.get(reported)] == reported
         listed = [c.id for c in bank.iter_cases()]
         assert listed[:5 + len(reported)] == bank.ids_at(range(5 + len(reported)))
+
+
+def test_server_killed_during_adds_keeps_every_reported_case(tmp_path, rng) -> None:
+    """``kill -9`` of the Milvus server (not the client) during adds, then a restart on the same data: every case
+    whose ``add`` returned is there, at its position; the client's add in flight fails with one line."""
+    data, port = tmp_path / "server-data", _free_port()
+    uri = f"milvus:http://127.0.0.1:{port}#killed"
+    server = start_milvus_server(data, port)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        with create_bank(uri, DIM) as bank:
+            bank.add(make_cases(5), unit_vectors(rng, 5, DIM))
+        child = subprocess.Popen([sys.executable, "-c", CHILD, uri], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+        reported: list[str] = []
+        assert child.stdout is not None and child.stderr is not None
+        deadline = time.monotonic() + 120
+        while len(reported) < 3 * 40 and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            reported.extend(line.split())
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=60)
+        out, err = child.communicate(timeout=120)  # the client's next add fails: the server is gone
+        reported.extend(out.split())
+        assert child.returncode != 0 and "BankError" in err, err[-2000:]
+        assert len(reported) >= 3 * 40, "the child did not add in time"
+        server = start_milvus_server(data, port)
+        with open_bank(uri) as bank:
+            assert len(bank) >= 5 + len(reported)
+            assert bank.positions_of(reported).tolist() == list(range(5, 5 + len(reported)))
+            assert [c.id for c in bank.get(reported)] == reported
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_bank_uris() -> None:
