@@ -12,8 +12,11 @@ suite's train games grouped by environment, the game type) and each **arm**:
 - ``soft_q-all``: both systems' builders and soft-Q (``gamma = 0``) choosing among every kind (raw cases, focus
   points, tips, skills: the Q-network sees the kind);
 - only when named in ``arms``: ``plugmem``, PlugMem's builders and retrieval (``policies.plugmem``; the chosen
-  items are compressed into one note per prompt, ``PlugMemConfig.show``), and ``soft_q-every``, the builders of
-  all three systems and soft-Q choosing among every kind, PlugMem's propositions and prescriptions included;
+  items are compressed into one note per prompt, ``PlugMemConfig.show``); ``plugmem-lean``, the same builders
+  with a small budget: the nearest positive raw case plus knowledge pruned to 48 words, compressed into a note of
+  at most 24 words (an attempt at PlugMem's claim, fewer memory tokens at equal success, with a planner whose
+  knowledge items are weak); and ``soft_q-every``, the builders of all three systems and soft-Q choosing among
+  every kind, PlugMem's propositions and prescriptions included;
 
 the arm **trains** on the stream: one game run (:class:`memento.gameloop.GameLoop`) that plays the stream's
 games in order, one episode each, retaining, building and learning; at each environment's **learned point** (its
@@ -58,9 +61,14 @@ __all__ = ["EXTRA_ARMS", "STREAM_ARMS", "StreamBenchConfig", "format_stream_tabl
 logger = logging.getLogger(__name__)
 
 STREAM_ARMS = ("none", "similarity", "cfgm", "lifemem", "soft_q-all")
-EXTRA_ARMS = ("plugmem", "soft_q-every")
+EXTRA_ARMS = ("plugmem", "plugmem-lean", "soft_q-every")
 """Arms that run only when named (``--arms ...,plugmem``): PlugMem's builders and retrieval (3 builder calls per
-question, more per game episode), and soft-Q over every kind of all three systems."""
+question, more per game episode), the same with a small budget, and soft-Q over every kind of all three systems."""
+
+LEAN_BUDGET = 48
+"""``plugmem-lean``: words of knowledge kept after pruning (``PlugMemRetrievalConfig`` and ``PlugMemConfig``)."""
+LEAN_NOTE = 24
+"""``plugmem-lean``: the compressed note's most words (``PlugMemConfig.note_max_tokens``)."""
 
 
 def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
@@ -69,6 +77,7 @@ def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
     observation to reflect on)."""
     from memento.gameloop import game_policy
     from memento.loop import loop_policy
+    from memento.systems.plugmem import PlugMemConfig
     from memento.systems.runtime import SystemsConfig
 
     policy = loop_policy if questions else game_policy
@@ -86,6 +95,10 @@ def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
             return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=reflect)
         case "plugmem":
             return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
+        case "plugmem-lean":
+            return True, PlugMemRetrievalConfig(budget_tokens=LEAN_BUDGET, cases=1), SystemsConfig(
+                build=("plugmem",), items="all",
+                plugmem=PlugMemConfig(budget_tokens=LEAN_BUDGET, note_max_tokens=LEAN_NOTE))
         case "soft_q-every":
             return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem", "plugmem"), items="all",
                                                          reflect=reflect)

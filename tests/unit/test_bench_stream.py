@@ -50,6 +50,21 @@ def test_game_env_and_bad_config() -> None:
         StreamBenchConfig(orders=("sorted",))
 
 
+def test_every_arm_has_its_policy_and_builders() -> None:
+    from memento.bench.stream import EXTRA_ARMS, LEAN_BUDGET, LEAN_NOTE, stream_arm
+
+    assert set(EXTRA_ARMS) == {"plugmem", "plugmem-lean", "soft_q-every"}
+    kinds = {arm: stream_arm(arm, questions=True) for arm in STREAM_ARMS + EXTRA_ARMS}
+    assert kinds["none"][0] is False and all(memory for arm, (memory, _, _) in kinds.items() if arm != "none")
+    assert kinds["soft_q-every"][2].build == ("cfgm", "lifemem", "plugmem")
+    _, default, systems = kinds["plugmem"]
+    _, lean, lean_systems = kinds["plugmem-lean"]
+    assert (default.kind, default.cases) == ("plugmem", 0) and systems.build == lean_systems.build == ("plugmem",)
+    assert (lean.cases, lean.budget_tokens) == (1, LEAN_BUDGET)
+    assert lean_systems.plugmem.note_max_tokens == LEAN_NOTE < systems.plugmem.note_max_tokens
+    assert lean_systems.plugmem.budget_tokens == LEAN_BUDGET < systems.plugmem.budget_tokens
+
+
 # ---------------------------------------------------------------- question families as the stream
 
 
