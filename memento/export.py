@@ -328,10 +328,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     """
 
     where, out = parse_bank_uri(bank), Path(out_dir)
-    bank_dir: Path | str = where.text
-    if where.backend == "dir":
-        assert where.path is not None
-        bank_dir = where.path
+    bank_dir = where.path  # a directory bank's; None for a Milvus bank
+    if bank_dir is not None:
         db = bank_dir / "cases.sqlite"
         if not db.is_file():
             raise CheckpointError(f"{bank_dir}: not a case bank (no cases.sqlite)")
@@ -343,7 +341,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         shutil.rmtree(tmp)
     (tmp / BANK_DIR).mkdir(parents=True)
     try:
-        if isinstance(bank_dir, Path):  # the files as they are: usage statistics and action vectors included
+        if bank_dir is not None:  # the files as they are: usage statistics and action vectors included
             sqlite_copy(db, tmp / BANK_DB)
             for name in ("index.faiss", "index.json"):
                 if (bank_dir / name).is_file():
@@ -362,7 +360,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         else:
             spec = _encoder_spec(bank_config.encoder, None, dim)
         if spec.dim != dim:
-            raise DimensionError(f"create_selector: the encoder gives dim={spec.dim}, bank {bank_dir} holds dim={dim}")
+            raise DimensionError(f"create_selector: the encoder gives dim={spec.dim}, bank {where} holds dim={dim}")
         if trained is not None:
             if qnet is not None or learner is not None:
                 raise ConfigError("create_selector: pass either trained= or qnet=/learner=, not both")
@@ -374,7 +372,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         else:
             qnet_config = qnet if qnet is not None else QNetConfig(dim=dim, hidden=128, dropout=0.0, embed_dim=64)
             if qnet_config.dim != dim:
-                raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {bank_dir} holds dim={dim}")
+                raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {where} holds dim={dim}")
             learner_config = learner if learner is not None else LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0,
                                                                                 batch_size=64, alpha=0.2)
             trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
@@ -386,7 +384,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
                                 updates_per_step=updates_per_step,
                                 qnet=qnet_config, learner=learner_config, replay=buffer.config,
                                 index=bank_config.index)
-        source = {"kind": "bank", "path": str(bank_dir.resolve()) if isinstance(bank_dir, Path) else str(bank_dir),
+        source = {"kind": "bank", "path": str(bank_dir.resolve()) if bank_dir is not None else where.text,
                   "bank_cases": cases,
                   "learner_updates": trainer.updates, "policy": "soft_q", "summary": None, "comparison": None}
         if trained is not None:
@@ -396,6 +394,6 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    logger.info("created selector %s over bank %s (%d cases, dim %d, %s)", out, bank_dir, cases, dim,
+    logger.info("created selector %s over bank %s (%d cases, dim %d, %s)", out, where, cases, dim,
                 "untrained" if trained is None else f"Q-network from {trained}")
     return out

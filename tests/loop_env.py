@@ -175,6 +175,20 @@ class HashingEncoder:
         return f"HashingEncoder(dim={self.dim})"
 
 
+def soft_q_run(out: Path, *, steps: int) -> Path:
+    """A tiny real run of the online loop at ``out`` (``steps`` tasks, K = 2 of C = 6, no shuffle, soft-Q with
+    warm-up 2, no checkpoints or TensorBoard): the logged run the OPE and bank-name tests evaluate."""
+    from memento.loop import LoopConfig, loop_policy, run_online
+    from policies import make_policy
+
+    env = make_env()
+    config = LoopConfig(steps=steps, k=2, candidates=6, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,
+                        policy=dataclasses.replace(loop_policy("soft_q"), warmup=2))
+    run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
+               tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tests.loop_env OUT_DIR CONFIG_JSON [--resume] [--delay S]``: one online run on this env."""
     import argparse

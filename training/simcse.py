@@ -122,15 +122,22 @@ _SIGNATURES: tuple[tuple[DataFormatName, frozenset[str]], ...] = (
 )
 
 
+def _data_input(path: str | Path) -> Path | str:
+    """An input as the readers take it: a Milvus bank's name as given (``milvus:URI[#collection]``; a malformed
+    one raises ``BankError``, one line), anything else a :class:`~pathlib.Path`."""
+    if isinstance(path, str) and path.lower().startswith("milvus:"):
+        from memento.memory.uri import bank_name
+
+        return bank_name(path)
+    return Path(path)
+
+
 def detect_format(path: str | Path) -> DataFormatName:
     """The format of a data file from the keys of its first row, or ``"bank"`` for a bank directory or a
     ``milvus:URI[#collection]`` bank."""
-    if isinstance(path, str) and path.lower().startswith("milvus:"):
-        from memento.memory import parse_bank_uri
-
-        parse_bank_uri(path)  # a malformed name: one line
+    path = _data_input(path)
+    if isinstance(path, str):  # a Milvus bank
         return "bank"
-    path = Path(path)
     if path.is_dir():
         from memento.memory.bank import DB_NAME
 
@@ -184,9 +191,7 @@ def load_texts(paths: Iterable[str | Path], *, include_actions: bool = True) -> 
     """
     texts: dict[str, None] = {}
     for path in paths:
-        from memento.memory.uri import bank_name
-
-        path = bank_name(path) if isinstance(path, str) and path.lower().startswith("milvus:") else Path(path)
+        path = _data_input(path)
         fmt = detect_format(path)
         found = _texts_of(path, fmt, include_actions)
         before = len(texts)
@@ -255,9 +260,7 @@ def load_pairs(paths: Iterable[str | Path], *, positive_threshold: float = 0.5) 
     sums: dict[tuple[str, str], list[float]] = {}
     rows = 0
     for path in paths:
-        from memento.memory.uri import bank_name
-
-        path = bank_name(path) if isinstance(path, str) and path.lower().startswith("milvus:") else Path(path)
+        path = _data_input(path)
         fmt = detect_format(path)
         if fmt == "pairs":
             found = [(s, c, r) for s, c, r, _ in _read_pair_rows(path)]

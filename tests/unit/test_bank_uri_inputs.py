@@ -4,8 +4,6 @@ bank as they take a directory, and give the same results; a bad name is one line
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -13,23 +11,15 @@ import numpy as np
 import pytest
 
 from memento.cli import main
-from memento.cli_ope import add_evaluate_parser, cmd_evaluate
 from memento.export import create_selector, load_selector, verify
-from memento.loop import LoopConfig, loop_policy, run_online
 from memento.memory import copy_bank, open_bank
-from policies import make_policy
-from tests.loop_env import ExactJudge, HashingEncoder, make_env
+from tests.loop_env import HashingEncoder, soft_q_run
+from tests.unit.test_cli_ope import _evaluate
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("uri") / "run"
-    env = make_env()
-    config = LoopConfig(steps=12, k=2, candidates=6, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,
-                        policy=dataclasses.replace(loop_policy("soft_q"), warmup=2))
-    run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
-               tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out)
-    return out
+    return soft_q_run(tmp_path_factory.mktemp("uri") / "run", steps=12)
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +28,6 @@ def lite(run: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     uri = f"milvus:{tmp_path_factory.mktemp('lite')}/bank.db#run"
     copy_bank(run / "bank", uri)
     return uri
-
-
-def _evaluate(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="memento")
-    add_evaluate_parser(parser.add_subparsers(dest="command"))
-    return cmd_evaluate(parser.parse_args(["evaluate", *argv]), make_policy=make_policy, encoder=HashingEncoder())
 
 
 def test_evaluate_reads_a_milvus_bank_as_the_directory(run: Path, lite: str, tmp_path: Path,

@@ -14,10 +14,9 @@ import pytest
 
 from memento.cli import main
 from memento.cli_ope import add_evaluate_parser, cmd_evaluate
-from memento.loop import LoopConfig, loop_policy, run_online
 from memento.ope_export import parse_vw_cb_adf
 from policies import make_policy
-from tests.loop_env import ExactJudge, HashingEncoder, make_env
+from tests.loop_env import HashingEncoder, soft_q_run
 
 K1 = {"ips", "snips", "dm", "dr"}
 SLATE = {"inclusion_ips", "pi", "pi_set"}
@@ -25,13 +24,7 @@ SLATE = {"inclusion_ips", "pi", "pi_set"}
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ope") / "run"
-    env = make_env()
-    config = LoopConfig(steps=16, k=2, candidates=6, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,
-                        policy=dataclasses.replace(loop_policy("soft_q"), warmup=2))
-    run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
-               tasks=env.tasks, seed_cases=env.seed_cases, out_dir=out)
-    return out
+    return soft_q_run(tmp_path_factory.mktemp("ope") / "run", steps=16)
 
 
 def _rows(path: Path) -> list[dict]:
