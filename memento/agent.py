@@ -17,6 +17,12 @@ network, alpha schedule) and a :class:`~memento.replay.ReplayBuffer`, and implem
   decisions made with the same parameters are all recorded before the round's ``B *
   updates_per_step`` steps, and the number of steps per decision does not depend on B.
 
+With online labels (``SoftQConfig.labels``, :class:`~memento.config.OnlineLabelsConfig`) an observation's
+``labels`` (the planner's score of each of its top-``m`` candidates alone) go to a
+:class:`~memento.listwise.LabelBuffer`, and each gradient step also draws ``labels.batch_size`` labelled tasks
+from it and adds ``labels.weight`` times the listwise loss (:meth:`SoftQLearner.update`). The label buffer is part
+of :meth:`checkpoint` (``labels/``), so a resumed run continues exactly.
+
 ``alpha`` follows the learner (fixed, scheduled or tuned) unless ``fixed_alpha`` pins it (a served
 selector whose config names one). The agent lives in the core because the served
 :class:`~memento.selector.Selector` is one; ``policies.soft_q`` re-exports it and
@@ -37,6 +43,7 @@ import torch
 from memento.config import ReplayConfig, SoftQConfig
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.learner import SoftQLearner
+from memento.listwise import LabelBuffer
 from memento.memory import Candidates
 from memento.policy import (
     Observation,
@@ -57,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 LEARNER_DIR = "learner"
 REPLAY_DIR = "replay"
+LABELS_DIR = "labels"
 """Where :meth:`SoftQAgent.checkpoint` puts the learner and the replay buffer (a checkpoint, an artifact)."""
 
 _TINY = np.finfo(np.float32).tiny
@@ -114,6 +122,10 @@ class SoftQAgent:
         self.reward_of = reward_of
         self.fixed_alpha = fixed_alpha
         self.featurizer = featurizer
+        labels = config.labels
+        self.label_buffer = LabelBuffer(capacity=labels.capacity, dim=buffer.config.dim, m=labels.m,
+                                        case_width=buffer.config.case_width, device=learner.device) \
+            if labels.active else None
 
     @classmethod
     def create(cls, config: SoftQConfig, context: PolicyContext, *, fixed_alpha: float | None = None) -> SoftQAgent:
@@ -192,13 +204,29 @@ class SoftQAgent:
                 self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[start:start + k_max],
                                            reward=obs.reward, propensity_K=probs_K[start:start + k_max],
                                            step=obs.step, policy_version=obs.policy_version, **nxt))
+            self._add_labels(obs)
         losses: list[float] = []
+        listwise: list[float] = []
         if learn and observations and self.buffer.added >= max(1, self.config.warmup):
+            cfg = self.config.labels
             for _ in range(self.config.updates_per_step * len(observations)):
-                metrics = self.learner.update(self.buffer.sample(self.learner.config.batch_size,
-                                                                 self.learner.generator))
+                batch = self.buffer.sample(self.learner.config.batch_size, self.learner.generator)
+                labels = self.label_buffer.sample(cfg.batch_size, self.learner.generator) \
+                    if self.label_buffer is not None and len(self.label_buffer) else None
+                metrics = self.learner.update(batch, labels=labels, label_weight=cfg.weight, label_tau=cfg.tau)
                 losses.append(metrics["loss"])
-        return {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
+                if "listwise" in metrics:
+                    listwise.append(metrics["listwise"])
+        out = {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
+        return {**out, "listwise": float(np.mean(listwise))} if listwise else out
+
+    def _add_labels(self, obs: Observation) -> None:
+        """An observation's planner labels into the label buffer (the best ``m`` when it carries more)."""
+        if self.label_buffer is None or obs.labels is None or len(obs.labels.rows_M) < 2:
+            return
+        rows_M = np.asarray(obs.labels.rows_M, dtype=np.int64)[:self.label_buffer.m]
+        score_M = np.asarray(obs.labels.score_M, dtype=np.float64)[:self.label_buffer.m]
+        self.label_buffer.add(obs.state_D, self.case_vectors(obs.candidates.take(rows_M)), score_M)
 
     def _next(self, obs: Observation) -> dict[str, Any]:
         """The Transition fields of a multi-step decision (a buffer with ``store_next``, built for ``gamma > 0``):
@@ -216,11 +244,15 @@ class SoftQAgent:
 
     def checkpoint(self, directory: Path) -> None:
         save_state(directory, self.learner, self.buffer)
+        if self.label_buffer is not None:
+            self.label_buffer.save(Path(directory) / LABELS_DIR)
 
     def restore(self, directory: Path) -> None:
         device = self.learner.device
         self.learner = SoftQLearner.load(Path(directory) / LEARNER_DIR, device=device)
         self.buffer = ReplayBuffer.load(Path(directory) / REPLAY_DIR, device=device)
+        if self.label_buffer is not None:
+            self.label_buffer.load(Path(directory) / LABELS_DIR)
 
     def save_model(self, directory: Path) -> bool:
         self.learner.save(Path(directory))

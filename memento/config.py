@@ -43,6 +43,8 @@ __all__ = [
     "QNetAnchor",
     "QNetFeatures",
     "QNetArch",
+    "LabelTarget",
+    "OnlineLabelsConfig",
     "QNetConfig",
     "RandomConfig",
     "ReplayConfig",
@@ -370,6 +372,11 @@ class QNetConfig:
     - ``features``: ``"none"`` (a case is its state's embedding, D numbers) or ``"case"`` (``mlp``/``mlp_interact``
       only): a case is ``[state embedding | action embedding | stored reward, usage mean, log(1 + shown), kind
       one-hot]`` (:attr:`case_dim` = 2D + :data:`CASE_SCALARS` numbers, :mod:`memento.features`);
+    - ``relation_rank``: R > 0 (``mlp``/``mlp_interact`` only) adds a low-rank bilinear term ``(U s) . (V c)``
+      (``U``, ``V``: D -> R, over the state and the case's question embedding): a multiplicative match between
+      what the question asks and what the case's question asked, which a concatenation MLP can hardly express.
+      ``V`` starts at zero, so a fresh network still scores exactly as without it (an anchored one ranks like
+      cosine); 0 (default): no such term;
     - ``seed``: seeds the parameter initialisation when :func:`memento.qnet.build_qnet` gets no generator.
     """
 
@@ -382,6 +389,7 @@ class QNetConfig:
     anchor: QNetAnchor = "none"
     anchor_scale: float = 20.0
     features: QNetFeatures = "none"
+    relation_rank: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -399,6 +407,10 @@ class QNetConfig:
         check_choice(self, "features", QNetFeatures)
         check(self.features == "none" or self.arch != "two_tower", type(self), "features", self.features,
               "case features need arch 'mlp' or 'mlp_interact' (two_tower keys come from the bank's vectors)")
+        check_int(self, "relation_rank", 0)
+        check(self.relation_rank <= 4096, type(self), "relation_rank", self.relation_rank, "must be <= 4096")
+        check(self.relation_rank == 0 or self.arch != "two_tower", type(self), "relation_rank", self.relation_rank,
+              "a bilinear relation term needs arch 'mlp' or 'mlp_interact' (two_tower is one already)")
         check_int(self, "seed", 0)
 
     @property
@@ -617,6 +629,55 @@ def _online_qnet() -> QNetConfig:
     return QNetConfig(hidden=128, dropout=0.0, embed_dim=64)
 
 
+LabelTarget = Literal["gold", "hindsight"]
+"""What online labels score (``OnlineLabelsConfig.target``): ``"gold"``, the task's gold answer when it has one
+(else the hindsight target); ``"hindsight"``, only the planner's own output when the judge rewarded it."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OnlineLabelsConfig:
+    """Per-candidate planner labels online (EPR / LLM-R brought into the loop; DESIGN §2 "Credit and labels").
+
+    After a task is judged, the run scores the ``m`` candidates the policy ranked highest (by its probabilities
+    over the pool it chose from), each *alone* as the only demonstration, with the frozen planner: the
+    length-normalised log-likelihood of a target answer (``planner.score_many``, no generation; one batch).
+    ``target="gold"`` scores the task's gold answer (``task.answers[0]``) when it has one and otherwise, as
+    ``"hindsight"`` always does, the planner's own output when the judge rewarded it (which case makes a rewarded
+    answer most likely); a task with neither gets no labels. The soft-Q agent keeps the labelled rows in a
+    buffer of ``capacity`` tasks and adds to each gradient step on the shared reward ``weight`` times the
+    listwise loss ``memento train --from-labels`` uses, ``KL(softmax(score / tau) || softmax(Q / alpha))`` over a
+    task's ``m`` candidates, on ``batch_size`` labelled tasks.
+
+    - ``m``: candidates scored per labelled task (0: no labels, the default); ``every``: label every n-th step;
+    - ``target``, ``tau``, ``weight``, ``capacity``, ``batch_size``: as above.
+    """
+
+    m: int = 0
+    every: int = 1
+    target: LabelTarget = "gold"
+    tau: float = 1.0
+    weight: float = 1.0
+    capacity: int = 2048
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check_int(self, "m", 0)
+        check(self.m <= 256, cls, "m", self.m, "must be <= 256 (scored prompts per task)")
+        check_int(self, "every", 1)
+        check_choice(self, "target", LabelTarget)
+        check_float(self, "tau", low=0.0, low_open=True)
+        check_float(self, "weight", low=0.0)
+        check_int(self, "capacity", 1)
+        check(self.capacity <= 1_000_000, cls, "capacity", self.capacity, "must be <= 1000000")
+        check_int(self, "batch_size", 1)
+
+    @property
+    def active(self) -> bool:
+        """Whether the run labels candidates (``m >= 2``: one candidate has nothing to rank)."""
+        return self.m >= 2
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SoftQConfig:
     """The soft-Q agent (:class:`memento.agent.SoftQAgent`): a Q-network, its learner and its replay buffer.
@@ -633,7 +694,9 @@ class SoftQConfig:
     - ``init_qnet``: a trained selector directory (what ``SoftQLearner.save`` writes, e.g. ``memento
       train``'s ``OUT/selector``, or that run directory itself) whose Q-network, architecture included, the
       run starts from instead of a fresh one (the optimiser starts fresh with ``learner``; ``qnet`` is then
-      unused).
+      unused);
+    - ``labels``: per-candidate planner labels online and the listwise loss on them
+      (:class:`OnlineLabelsConfig`; default off).
     """
 
     kind: Literal["soft_q"] = "soft_q"
@@ -645,6 +708,7 @@ class SoftQConfig:
     updates_per_step: int = 1
     positive_only: bool = False
     init_qnet: str | None = None
+    labels: OnlineLabelsConfig = dataclasses.field(default_factory=OnlineLabelsConfig)
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -661,6 +725,7 @@ class SoftQConfig:
         _check_bool(self, "positive_only")
         check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
               "init_qnet", self.init_qnet, "must be a selector directory path or null")
+        check(isinstance(self.labels, OnlineLabelsConfig), cls, "labels", self.labels, "must be an OnlineLabelsConfig")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

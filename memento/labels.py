@@ -53,7 +53,7 @@ from memento.planners.base import PlannerError
 from memento.types import Case, Task
 
 __all__ = ["LABELS_SUMMARY_FORMAT", "LabelConfig", "LabelCost", "LabelRow", "iter_labels", "label_tasks",
-           "read_label_tasks", "read_labels", "score_candidates", "summary_path", "write_labels"]
+           "prompt_name", "read_label_tasks", "read_labels", "score_candidates", "summary_path", "write_labels"]
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ def _same_text(a: str, b: str) -> bool:
     return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
 
 
-def _prompt_name(planner: Any) -> str:
+def prompt_name(planner: Any) -> str:
     """The planner's prompt template name (``PromptConfig.style``), or ``"custom"`` for a planner without one."""
     style = getattr(getattr(planner, "prompt", None), "style", None)
     return style if isinstance(style, str) and style else "custom"
@@ -413,7 +413,7 @@ def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: An
         raise DimensionError(f"encoder {encoder!r} gives dim={dim} vectors, the bank {bank.path} holds dim={bank.dim}")
     cost = cost if cost is not None else LabelCost()
     rng = np.random.default_rng(config.seed)
-    planner_name, prompt_name = repr(planner), _prompt_name(planner)
+    planner_name, prompt = repr(planner), prompt_name(planner)
     limit = config.max_tasks
     total = None
     if isinstance(tasks, Sequence):
@@ -476,7 +476,7 @@ def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: An
                                  mean_logprob=tuple(s.mean_logprob for s in single),
                                  n_tokens=tuple(s.n_tokens for s in single), cosine=tuple(p.cosine),
                                  prompt_tokens=tuple(s.prompt_tokens for s in single), planner=planner_name,
-                                 prompt=prompt_name, **extra))
+                                 prompt=prompt, **extra))
             cost.tasks += 1
         return rows
 
@@ -526,7 +526,7 @@ def label_tasks(tasks: Iterable[Task], bank: Any, encoder: Any, planner: Any, co
     rows = write_labels(out, score_candidates(tasks, bank, encoder, planner, config, progress, cost=cost))
     summary: dict[str, Any] = {
         "format": LABELS_SUMMARY_FORMAT, "format_version": 1, "labels": str(out), "rows": rows,
-        **cost.to_json(), "planner": repr(planner), "prompt": _prompt_name(planner),
+        **cost.to_json(), "planner": repr(planner), "prompt": prompt_name(planner),
         "bank": str(getattr(bank, "path", "")), "bank_cases": len(bank), "encoder": repr(encoder),
         "config": to_dict(config), "time": time.time(), **(meta or {})}
     if meta and "skipped_no_answer" in meta:

@@ -41,6 +41,11 @@ batch holds no other candidates, so they are the K chosen cases at ``s``, scored
 network; rows with a single case carry no signal (with K = 1 alpha stays put). The same entropy
 is reported as the ``entropy`` metric.
 
+**Planner labels** (online, :class:`~memento.config.OnlineLabelsConfig`). :meth:`SoftQLearner.update` may also get
+a :class:`~memento.listwise.ListwiseBatch` of labelled tasks; the step's loss is then the loss above plus
+``weight`` times the listwise ``KL(softmax(score / tau) || softmax(Q / alpha))`` over each task's labelled
+candidates (:func:`memento.listwise.listwise_kl`, the loss of ``memento train --from-labels``).
+
 **Randomness.** The learner owns one ``torch.Generator`` on its device; it draws the dropout
 masks (callers may use it to sample batches too). Its state is part of :meth:`state_dict`, with
 both networks, the optimisers, alpha and the update counter, so a resumed run continues bit for
@@ -66,6 +71,7 @@ from torch import nn
 from memento.config import LearnerConfig, QNetConfig, from_dict, parses_to, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError
 from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
+from memento.listwise import ListwiseBatch, listwise_kl
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 
@@ -200,8 +206,11 @@ class SoftQLearner:
 
     # ------------------------------------------------------------------ one update
 
-    def update(self, batch: ReplayBatch) -> dict[str, float]:
-        """One gradient step on ``batch`` (moved to the learner's device if needed).
+    def update(self, batch: ReplayBatch, *, labels: ListwiseBatch | None = None, label_weight: float = 1.0,
+               label_tau: float = 1.0) -> dict[str, float]:
+        """One gradient step on ``batch`` (moved to the learner's device if needed), plus ``label_weight`` times
+        the listwise loss on ``labels`` (planner-scored candidates; ``label_tau`` sharpens their target) when
+        given; its value is reported as ``listwise``.
 
         Returns floats: ``loss`` (before the step), ``grad_norm`` (before clipping), ``q_mean`` and
         ``target_mean`` over the valid pairs, ``entropy`` (see the module docstring), ``alpha_loss``
@@ -214,6 +223,12 @@ class SoftQLearner:
         out = soft_q_loss(self.qnet, self.target, b, cfg, alpha, generator=self.generator)
         loss, q_BK, target_BK = out.loss, out.q_BK, out.target_BK
         policy_q_BC, policy_mask_BC = out.policy_q_BC, out.policy_mask_BC
+        listwise = torch.zeros((), device=self.device)
+        if labels is not None:
+            lb = labels.to(self.device)
+            q_BC = self.qnet(lb.state_BD, lb.cases_BCD, generator=self.generator)
+            listwise, _ = listwise_kl(q_BC, lb.score_BC, lb.mask_BC, alpha=alpha, tau=label_tau)
+            loss = loss + label_weight * listwise
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -230,7 +245,8 @@ class SoftQLearner:
         names = ["loss", "grad_norm", "q_mean", "target_mean", "entropy", "alpha_loss", "pairs"]
         values = torch.stack([loss.detach(), grad_norm.detach().float(), (q_BK.detach() * valid_BK).sum() / n,
                               (target_BK * valid_BK).sum() / n, entropy, alpha_loss, pairs])
-        return {**dict(zip(names, values.tolist())), "alpha": alpha, "updates": float(self.updates)}
+        return {**dict(zip(names, values.tolist())), "alpha": alpha, "updates": float(self.updates),
+                **({"listwise": float(listwise.detach())} if labels is not None else {})}
 
     # ------------------------------------------------------------------ parts of the update
 

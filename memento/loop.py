@@ -8,6 +8,8 @@ One **step** is one task (one LLM call)::
          -> planner.plan(task, bank.get(selection.ids))   frozen LLM output text
          -> judge(task, output.text)                      reward (+ reason)
          -> bank.add(Case(task.question, output, reward)) Retain: M_{t+1} = M_t ∪ {(s_t, a_t, r_t)}
+         -> planner.score_many(task, top-m alone)        per-candidate labels, when the soft-Q config asks
+                                                          (``SoftQConfig.labels``; ``labels.jsonl``)
          -> policy.observe([Observation(...)])            learn: soft_q's replay + updates after warm-up,
                                                           LinUCB's ridge regression
          -> TensorBoard scalars, steps.jsonl record, checkpoint every N steps
@@ -44,7 +46,9 @@ draws (a ``numpy.random.Generator``), the Q-network initialisation and the learn
 holds ``state.json`` (step, counters, millisecond totals, the bank's length and uid, the policy RNG's
 ``bit_generator.state``, the task-stream fingerprint; written last), ``config.json``, ``steps.jsonl`` (a
 copy of the log so far) and the policy's own state (``policy.checkpoint``: ``learner/`` + ``replay/`` for
-soft_q, ``linucb.safetensors`` + ``linucb.json`` for LinUCB). The bank stays in ``out_dir/bank``;
+soft_q, with ``labels/`` when it learns from online labels; ``linucb.safetensors`` + ``linucb.json`` for
+LinUCB) and ``labels.jsonl`` (a copy of the online labels so far, when the run makes them). The bank stays
+in ``out_dir/bank``;
 ``bank.flush()`` precedes the checkpoint and ``resume`` rolls it back with ``bank.truncate(saved_len)``. A
 resumed run ends in the same state as an uninterrupted run with the same seed (bank contents, Q-network
 weights, per-step rewards), exactly on the CPU, provided the planner and the judge are deterministic. A
@@ -58,6 +62,7 @@ command has ``--torch-threads`` for that.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -100,7 +105,7 @@ from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.memory.uri import bank_name, open_bank
 from memento.plots import moving_average
-from memento.policy import Observation, Policy, PolicyContext, PolicyFactory
+from memento.policy import CandidateLabels, Observation, Policy, PolicyContext, PolicyFactory
 from memento.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.systems.items import ItemGraph, memory_tokens
 from memento.systems.runtime import MemorySystems, SystemsConfig
@@ -131,8 +136,8 @@ logger = logging.getLogger(__name__)
 Credit = Literal["shared", "leave_one_out"]
 """How a task's reward is credited to the K shown cases (``LoopConfig.credit``)."""
 
-COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "credit", "retain", "learn", "usage", "log",
-              "checkpoint")
+COMPONENTS = ("encode", "candidates", "select", "plan", "judge", "credit", "label", "retain", "learn", "usage",
+              "log", "checkpoint")
 """Where a step's time goes; ``summary.json`` reports the mean milliseconds per step of each."""
 
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "tensorboard")
@@ -377,6 +382,20 @@ def leave_one_out_credit(planner: Any, tasks: Sequence[Task], shown: Sequence[Se
     return credit, sum(len(sets) for sets in case_sets)
 
 
+def labels_config(config: LoopConfig) -> Any:
+    """The run's :class:`~memento.config.OnlineLabelsConfig` when its policy learns from online labels, else None."""
+    policy = config.policy
+    return policy.labels if isinstance(policy, SoftQConfig) and policy.labels.active else None
+
+
+def _first_line(text: str) -> str:
+    """The first non-empty line of an output (what the judges read), stripped."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
 def _entropy(p_C: np.ndarray) -> float:
     p = np.asarray(p_C, dtype=np.float64)
     p = p[p > 0]
@@ -451,6 +470,12 @@ class OnlineLoop:
         if config.credit == "leave_one_out" and not callable(getattr(planner, "score_many", None)):
             raise ConfigError(f"LoopConfig.credit='leave_one_out' needs a planner that scores answers "
                               f"(score_many); {planner!r} has none")
+        if labels_config(config) is not None:
+            from memento.planners.base import can_score
+
+            if not can_score(planner):
+                raise ConfigError(f"online labels (SoftQConfig.labels.m={config.policy.labels.m}) need a planner "
+                                  f"that gives log-probabilities (score_many); {planner!r} cannot score")
         dim = getattr(encoder, "dim", None)
         if not callable(getattr(encoder, "encode", None)) or not isinstance(dim, int):
             raise ConfigError(f"OnlineLoop: encoder {encoder!r} needs encode(texts) and an integer dim")
@@ -504,7 +529,7 @@ class OnlineLoop:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint(self, bank: CaseBank, steps_handle: Any) -> None:
+    def _checkpoint(self, bank: CaseBank, steps_handle: Any, labels_handle: Any = None) -> None:
         """Write a complete checkpoint into checkpoint.tmp, then swap it in for checkpoint."""
         cfg = self.config
         tmp = self.run_dir.begin_checkpoint()
@@ -512,6 +537,10 @@ class OnlineLoop:
         steps_handle.flush()
         os.fsync(steps_handle.fileno())
         atomic_write(tmp / RunDir.STEPS, lambda dst: shutil.copyfile(self.run_dir.steps, dst))
+        if labels_handle is not None:
+            labels_handle.flush()
+            os.fsync(labels_handle.fileno())
+            atomic_write(tmp / RunDir.LABELS, lambda dst: shutil.copyfile(self.run_dir.labels, dst))
         self.policy.checkpoint(tmp)
         write_json(tmp / RunDir.CONFIG, to_dict(cfg))
         state = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION, "step": self.step,
@@ -543,6 +572,10 @@ class OnlineLoop:
         self.policy.restore(ckpt)
         # the per-step log: exactly the checkpoint's copy
         atomic_write(self.run_dir.steps, lambda dst: shutil.copyfile(ckpt / RunDir.STEPS, dst))
+        if labels_config(cfg) is not None:  # and the online labels: exactly the checkpoint's copy
+            if not (ckpt / RunDir.LABELS).is_file():
+                raise CheckpointError(f"{ckpt}: no {RunDir.LABELS} in a checkpoint of a run with online labels")
+            atomic_write(self.run_dir.labels, lambda dst: shutil.copyfile(ckpt / RunDir.LABELS, dst))
         records = read_steps_jsonl(self.run_dir.steps)
         self.rewards = [float(record.reward) for record in records]
         self.successes = [bool(record.success) for record in records]
@@ -567,11 +600,14 @@ class OnlineLoop:
         self.step = 0
         self.counters: dict[str, Any] = {"llm_calls": 0, "score_calls": 0, "retained": 0, "duplicates": 0,
                                          "not_retained": 0, "prompt_tokens": 0, "output_tokens": 0,
-                                         "memory_tokens": 0}
+                                         "memory_tokens": 0, "labelled": 0, "labelled_gold": 0,
+                                         "labelled_hindsight": 0, "label_passes": 0}
         self.ms_totals: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.rewards: list[float] = []
         self.successes: list[bool] = []
         self._focus_asked: set[str] = set()
+        self._listwise: float | None = None  # the last round's listwise loss (online labels)
+        self._labels_handle: Any = None
 
         if ckpt is None:
             bank = self._make_bank()
@@ -585,6 +621,7 @@ class OnlineLoop:
                 self.bank_size_start = len(bank)
                 write_json(self.run_dir.config_path, to_dict(cfg))
                 self.run_dir.steps.write_bytes(b"")
+                self.run_dir.labels.write_bytes(b"")
             else:
                 self._restore(ckpt, bank)
             if cfg.systems.active:
@@ -627,7 +664,11 @@ class OnlineLoop:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"online {cfg.policy_kind}", unit="task",
                    disable=not self.progress, dynamic_ncols=True)
         try:
-            with self.run_dir.steps.open("a", encoding="utf-8") as steps_handle:
+            labels_on = labels_config(cfg) is not None
+            with self.run_dir.steps.open("a", encoding="utf-8") as steps_handle, \
+                    (self.run_dir.labels.open("a", encoding="utf-8") if labels_on
+                     else contextlib.nullcontext()) as labels_handle:
+                self._labels_handle = labels_handle
                 while self.step < cfg.steps:
                     # a batch never crosses a multiple of batch_size, so a resumed run batches the same way
                     start = self.step
@@ -647,7 +688,7 @@ class OnlineLoop:
                     every = cfg.checkpoint_every
                     if self.step == cfg.steps or (every and stop // every > start // every):
                         t0 = time.perf_counter()
-                        self._checkpoint(bank, steps_handle)
+                        self._checkpoint(bank, steps_handle, labels_handle)
                         self.ms_totals["checkpoint"] += (time.perf_counter() - t0) * 1000.0
         finally:
             bar.close()
@@ -670,6 +711,8 @@ class OnlineLoop:
             writer.add_scalar("policy/alpha", record.alpha, step)
         if record.loss is not None:
             writer.add_scalar("learner/loss", record.loss, step)
+        if self._listwise is not None:
+            writer.add_scalar("learner/listwise", self._listwise, step)
         for name, value in record.ms.items():
             writer.add_scalar(f"ms/{name}", value, step)
 
@@ -715,14 +758,20 @@ class OnlineLoop:
         ms["credit"] = clock() - t0
 
         t0 = clock()
+        labels = self._labels(bank, tasks, cands, selections, outputs, judged, first_step)
+        ms["label"] = clock() - t0
+
+        t0 = clock()
         retained = self._retain(bank, tasks, outputs, judged, state_BD, first_step)
         ms["retain"] = clock() - t0
 
         t0 = clock()
         observations = [Observation(state_D=state_BD[b], candidates=cands[b], selection=sel, reward=judged[b][0],
-                                    step=first_step + b, policy_version=version, case_rewards_K=credit[b])
+                                    step=first_step + b, policy_version=version, case_rewards_K=credit[b],
+                                    labels=labels[b])
                         for b, sel in enumerate(selections) if sel is not None]
-        loss = self.policy.observe(observations).get("loss") if self.config.learn else None
+        learned = self.policy.observe(observations) if self.config.learn else {}
+        loss, self._listwise = learned.get("loss"), learned.get("listwise")
         ms["learn"] = clock() - t0
 
         t0 = clock()
@@ -792,6 +841,60 @@ class OnlineLoop:
         credit, score_calls = leave_one_out_credit(self.planner, tasks, shown, self.config.credit_temperature)
         self.counters["score_calls"] += score_calls
         return credit
+
+    def _labels(self, bank: CaseBank, tasks: list[Task], cands: list[Candidates], selections: list[Selection | None],
+                outputs: list[PlanOutput], judged: list[tuple[float, str]], first_step: int
+                ) -> list[CandidateLabels | None]:
+        """Online labels (``SoftQConfig.labels``): for each task of the round on a labelled step (every
+        ``labels.every``-th) with a target (the gold answer, or the planner's own rewarded output), the ``m``
+        candidates the policy ranked highest, each scored alone with the planner in one ``score_many`` call;
+        the rows go to ``labels.jsonl`` (the format of ``memento score``)."""
+        lcfg = labels_config(self.config)
+        out: list[CandidateLabels | None] = [None] * len(tasks)
+        if lcfg is None:
+            return out
+        from memento.labels import LabelRow, prompt_name  # not at import: it reaches the planners package
+        rows, case_sets, answers, kinds, picked = [], [], [], [], []
+        for b, (task, sel) in enumerate(zip(tasks, selections)):
+            if sel is None or (first_step + b) % lcfg.every:
+                continue
+            if lcfg.target == "gold" and task.answers:
+                answer, kind = None, "gold"
+            elif judged[b][0] >= self.config.success_threshold and _first_line(outputs[b].text):
+                answer, kind = _first_line(outputs[b].text), "hindsight"
+            else:
+                continue
+            pool_rows_P = cands[b].rows_of(list(sel.candidate_ids))
+            order_P = np.argsort(-np.asarray(sel.probs_C, dtype=np.float64), kind="stable")[:lcfg.m]
+            if order_P.size < 2:
+                continue
+            rows_M = pool_rows_P[order_P]
+            rows.append(b)
+            picked.append(rows_M)
+            case_sets.append([[case] for case in bank.get([cands[b].ids[i] for i in rows_M])])
+            answers.append(answer)
+            kinds.append(kind)
+        if not rows:
+            return out
+        scores = self.planner.score_many([tasks[b] for b in rows], case_sets, answers)
+        planner_name, prompt = repr(self.planner), prompt_name(self.planner)
+        for b, rows_M, task_scores, answer, kind in zip(rows, picked, scores, answers, kinds):
+            score_M = np.asarray([s.logprob / max(1, s.n_tokens) for s in task_scores], dtype=np.float64)
+            out[b] = CandidateLabels(rows_M=rows_M, score_M=score_M)
+            row = LabelRow(task_id=tasks[b].id, state=tasks[b].question,
+                           answer=tasks[b].answers[0] if answer is None else answer,
+                           candidate_ids=tuple(cands[b].ids[i] for i in rows_M),
+                           logprob=tuple(float(s.logprob) for s in task_scores),
+                           mean_logprob=tuple(float(x) for x in score_M),
+                           n_tokens=tuple(int(s.n_tokens) for s in task_scores), planner=planner_name, prompt=prompt,
+                           cosine=tuple(float(cands[b].scores_C[i]) for i in rows_M),
+                           prompt_tokens=tuple(int(s.prompt_tokens) for s in task_scores))
+            self._labels_handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
+            self.counters["labelled"] += 1
+            self.counters[f"labelled_{kind}"] += 1
+            self.counters["label_passes"] += len(task_scores)
+        self._labels_handle.flush()
+        return out
 
     def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
                 state_BD: np.ndarray, first_step: int) -> list[tuple[str | None, bool]]:
@@ -880,12 +983,24 @@ class OnlineLoop:
             "prompt_tokens": int(self.counters["prompt_tokens"]),
             "output_tokens": int(self.counters["output_tokens"]),
             "memory_tokens": int(self.counters.get("memory_tokens", 0)),
+            **({"labels": self._label_summary(steps, ms)} if labels_config(cfg) is not None else {}),
             "ms_per_step": ms, "updates": int(self.policy.version), "final_alpha": self.policy.alpha,
             "seed": cfg.seed, "batch_size": cfg.batch_size, "k": cfg.k, "candidates": cfg.candidates,
             "resumed_from": resumed_from, "wall_s": wall_s,
             "selector": RunDir.SELECTOR if has_model else None,
             **({"systems": self.systems.stats()} if cfg.systems.active else {}),
         }
+
+
+    def _label_summary(self, steps: int, ms: dict[str, float]) -> dict[str, Any]:
+        """What the online labels cost: tasks labelled (by target), scored prompts (forward passes of one
+        sequence) per task, label milliseconds per task and their ratio to a step's planner call."""
+        passes = int(self.counters.get("label_passes", 0))
+        return {"file": RunDir.LABELS, "labelled": int(self.counters.get("labelled", 0)),
+                "gold": int(self.counters.get("labelled_gold", 0)),
+                "hindsight": int(self.counters.get("labelled_hindsight", 0)),
+                "forward_passes": passes, "forward_passes_per_task": passes / max(1, steps),
+                "ms_per_task": ms["label"], "label_over_plan": ms["label"] / ms["plan"] if ms["plan"] > 0 else None}
 
 
 def run_online(config: LoopConfig, **kwargs: Any) -> dict[str, Any]:

@@ -61,6 +61,7 @@ from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = [
+    "CandidateLabels",
     "Observation",
     "Policy",
     "PolicyContext",
@@ -91,6 +92,22 @@ RewardFn = Callable[[Sequence[str]], Any]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class CandidateLabels:
+    """Per-candidate planner labels of one decision (the online loop's, :class:`~memento.config.OnlineLabelsConfig`):
+    ``rows_M``, indices into the observation's ``candidates`` of the labelled ones, and ``score_M``, the planner's
+    length-normalised log-likelihood of the target answer with each as the only demonstration."""
+
+    rows_M: np.ndarray
+    score_M: np.ndarray
+
+    def __post_init__(self) -> None:
+        rows_M, score_M = np.asarray(self.rows_M), np.asarray(self.score_M, dtype=np.float64)
+        if rows_M.ndim != 1 or score_M.shape != rows_M.shape or not np.isfinite(score_M).all():
+            raise DimensionError(f"CandidateLabels: rows_M.shape={rows_M.shape}, score_M.shape={score_M.shape} "
+                                 f"(finite: {bool(np.isfinite(score_M).all())}) must be equal 1-D and finite")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Observation:
     """One decision and its outcome, as a policy learns from it.
 
@@ -100,6 +117,9 @@ class Observation:
     when the choice was made. ``case_rewards_K``, when given, is per-case credit: a target in [0, 1]
     for each chosen case (in draw order) that a learning policy uses instead of the shared ``reward``
     (the online loop's leave-one-out credit, ``LoopConfig.credit``).
+
+    ``labels``, when given, are per-candidate planner labels (:class:`CandidateLabels`) that a learning policy
+    may learn from beside the reward (the soft-Q agent's listwise loss, ``SoftQConfig.labels``).
 
     A multi-step decision (the game loop, :mod:`memento.gameloop`) also gives ``done`` (the episode ended with
     it: no bootstrap) and, when it did not, the next state's embedding ``next_state_D`` and its candidate set
@@ -117,6 +137,7 @@ class Observation:
     done: bool = True
     next_state_D: np.ndarray | None = None
     next_candidates: Candidates | None = None
+    labels: CandidateLabels | None = None
 
     def case_rewards(self) -> np.ndarray:
         """The target of each chosen case: ``case_rewards_K``, else the shared reward for all of them."""

@@ -26,6 +26,12 @@ With ``anchor="cosine"`` (MLPs only) the network is anchored on similarity: ``Q 
 MLP(s, c)``, the MLP's output layer zero at initialisation (``a = anchor_scale``, ``b = 0``), so a fresh
 network's greedy choice is cosine similarity's top-K, and its residual learns where the rewards disagree.
 
+With ``relation_rank = R > 0`` (MLPs only) the network adds a low-rank bilinear term ``(U s) . (V c)`` over the
+state and the case's question embedding (``U``, ``V``: ``D -> R``): a multiplicative match between what two
+questions ask (the question type of the state against the case's), which a concatenation MLP can hardly learn
+from a few hundred rewards. ``V`` starts at zero, so the term is zero at initialisation (an anchored network
+still ranks exactly like cosine) and its gradient is not.
+
 Parameters are initialised from an explicit ``torch.Generator`` (:meth:`QNetwork.reset_parameters`),
 never from torch's global RNG. Dropout, in training mode, draws its masks from the generator
 passed to ``forward`` (or torch's global RNG when none is passed).
@@ -131,6 +137,11 @@ class MLPQNetwork(QNetwork):
             self.cos_in.fan_in = fan_in
         self.hidden_layers = nn.ModuleList([_linear(h, h) for _ in range(config.n_layers - 1)])
         self.out = _linear(h, 1)
+        self.relation = config.relation_rank > 0
+        if self.relation:  # registered after the MLP: without it, the MLP draws the same initial weights
+            self.relation_state = _linear(d, config.relation_rank, bias=False)  # U
+            self.relation_case = _linear(d, config.relation_rank, bias=False)  # V (zero at initialisation)
+            self.relation_state.fan_in = 1  # U s of unit-order entries for a unit s (else V would learn slowly)
         self.anchored = config.anchor == "cosine"
         if self.anchored:
             self.anchor_scale = nn.Parameter(torch.full((), float(config.anchor_scale)))
@@ -145,6 +156,9 @@ class MLPQNetwork(QNetwork):
             with torch.no_grad():
                 usage = 2 * self.config.dim + 1  # [embedding | action embedding | reward, usage mean, log shown ...]
                 self.case_in.weight[:, usage:usage + 2].zero_()
+        if getattr(self, "relation", False):
+            with torch.no_grad():
+                self.relation_case.weight.zero_()
         if getattr(self, "anchored", False):
             with torch.no_grad():
                 self.out.weight.zero_()
@@ -171,6 +185,8 @@ class MLPQNetwork(QNetwork):
         for layer in self.hidden_layers:
             h_BCH = _dropout(F.relu(layer(h_BCH)), self.config.dropout, self.training, generator)
         q_BC = self.out(h_BCH).squeeze(-1)
+        if self.relation:  # (U s) . (V c): how the two questions relate
+            q_BC = q_BC + torch.einsum("br,bcr->bc", self.relation_state(state_BD), self.relation_case(emb_BCD))
         if self.anchored:
             q_BC = q_BC + self.anchor_scale * cos_BC + self.anchor_offset
         return q_BC

@@ -7,6 +7,7 @@ reads through it)::
     run.json         what else the run used: encoder, planner, judge, task count and fingerprint, device
     bank/            the case bank (SQLite commits every step)
     steps.jsonl      one record per step: the transition log (memento.formats.StepRecord)
+    labels.jsonl     the online labels, when the policy learns from them (memento.labels.LabelRow rows)
     episodes.jsonl   one record per episode (game runs, memento.gameloop)
     tb/              TensorBoard event files
     checkpoint/      the last complete checkpoint (state.json, config.json, steps.jsonl, the policy's state)
@@ -71,6 +72,7 @@ class RunDir:
     RUN_INFO = "run.json"
     BANK = "bank"
     STEPS = "steps.jsonl"
+    LABELS = "labels.jsonl"
     EPISODES = "episodes.jsonl"
     TENSORBOARD = "tb"
     CHECKPOINT = "checkpoint"
@@ -107,6 +109,11 @@ class RunDir:
         return self.path / self.STEPS
 
     @property
+    def labels(self) -> Path:
+        """The online labels (``memento score``'s format), when the run's policy learns from them."""
+        return self.path / self.LABELS
+
+    @property
     def episodes(self) -> Path:
         return self.path / self.EPISODES
 
@@ -132,8 +139,8 @@ class RunDir:
 
     def files(self) -> list[Path]:
         """The run files that exist (what a fresh run would overwrite)."""
-        names = (self.BANK, self.STEPS, self.EPISODES, self.TENSORBOARD, self.CHECKPOINT, *self._SWAP, self.SUMMARY,
-                 self.SELECTOR, self.CONFIG, self.RUN_INFO)
+        names = (self.BANK, self.STEPS, self.LABELS, self.EPISODES, self.TENSORBOARD, self.CHECKPOINT, *self._SWAP,
+                 self.SUMMARY, self.SELECTOR, self.CONFIG, self.RUN_INFO)
         return [self.path / name for name in names if (self.path / name).exists()]
 
     def start(self, resume: bool) -> Path | None:

@@ -129,7 +129,7 @@ class DataConfig:
       ``"cases"`` -- a Case JSONL bank (``cases``) plus a rewards file (``rewards``);
       ``"labels"`` -- planner-scored labels (``labels``, written by ``memento score``; :mod:`memento.labels`)
       with the case bank their candidate ids refer to (``bank``, required: the cases' stored embeddings);
-      trained with the listwise loss of :mod:`training.listwise` instead of BCE;
+      trained with the listwise loss of :mod:`memento.listwise` instead of BCE;
     - ``encoder``: how state and case texts become vectors (the cached encoder; each text is encoded
       once per machine);
     - ``val_fraction``: the share of *states* held out for validation (no state text is in both

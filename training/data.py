@@ -27,7 +27,7 @@ Three inputs (:class:`~training.config.DataConfig` ``source``):
   case bank their candidate ids refer to. Each row is one *task*: its state (the question, encoded with
   the encoder), its C candidates (their **stored bank embeddings**, the vectors the online policy scores)
   and their scores ``mean_logprob`` (``TrainingData.score_NK``). These data are trained with the listwise
-  loss of :mod:`training.listwise` and served as :class:`~training.listwise.ListwiseBatch` batches; rewards
+  loss of :mod:`memento.listwise` and served as :class:`~memento.listwise.ListwiseBatch` batches; rewards
   are not used (``reward_N`` is 0) and the split is by state, unstratified.
 
 Every text is encoded once through the cached encoder (:class:`memento.Encoder`, or anything with
@@ -62,9 +62,9 @@ import torch
 from memento.config import CASE_SCALARS
 from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
+from memento.listwise import ListwiseBatch
 from memento.replay import ReplayBatch
 from training.config import DataConfig
-from training.listwise import ListwiseBatch
 
 __all__ = ["EpochSampler", "ListwiseDataset", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset",
            "TrainingData", "check_inputs", "label_warning", "load_cases_rewards", "load_data", "load_labels",
@@ -716,7 +716,7 @@ class RankingDataset(torch.utils.data.Dataset):
 
 
 class ListwiseDataset(torch.utils.data.Dataset):
-    """Rows of planner-scored labels (``TrainingData.score_NK``) as :class:`~training.listwise.ListwiseBatch`
+    """Rows of planner-scored labels (``TrainingData.score_NK``) as :class:`~memento.listwise.ListwiseBatch`
     batches, gathered with tensor indexing like :class:`RowDataset`."""
 
     def __init__(self, tensors: _Tensors, rows: np.ndarray):
@@ -769,7 +769,7 @@ class QDataModule(L.LightningDataModule):
     """Serves :class:`~memento.replay.ReplayBatch` batches of the training states and, for validation,
     batches of the held-out states plus (when any held-out state has mixed labels) :class:`RankingBatch`
     batches for the per-state ``hit@K`` metrics. Planner-scored labels (``source="labels"``) are served as
-    :class:`~training.listwise.ListwiseBatch` batches instead, for training and validation alike.
+    :class:`~memento.listwise.ListwiseBatch` batches instead, for training and validation alike.
 
     ``prepare_data`` (one process per node) reads the files and encodes every text, which fills the
     encoder's cache; ``setup(stage)`` (every process) reads and encodes again (cache hits; on the

@@ -28,9 +28,9 @@ labels ``val/hit@K`` with its random-order baseline ``val/hit@K_random`` and ``v
 the AUC and ECE are global (torchmetrics states gathered from every process,
 :class:`~training.metrics.EpochPairMetrics`); hit@K and the entropy are means of per-process means.
 
-**Planner-scored labels** (``source="labels"``, batches of :class:`~training.listwise.ListwiseBatch`): the loss
+**Planner-scored labels** (``source="labels"``, batches of :class:`~memento.listwise.ListwiseBatch`): the loss
 is the listwise ``KL(softmax(score / tau) || softmax(Q / alpha))`` over each task's candidates
-(:func:`training.listwise.listwise_kl`, the maths in its module docstring) instead of BCE; dropout, AdamW,
+(:func:`memento.listwise.listwise_kl`, the maths in its module docstring) instead of BCE; dropout, AdamW,
 clipping and the Polyak target update are as above (the target network is not used by the loss, but the
 selector carries it). Logged: ``train/loss`` and ``val/loss`` (that KL), ``train/entropy``, and over the
 held-out tasks ``val/hit@K`` -- the share whose planner-best candidate is among Q's top K -- with the same
@@ -50,10 +50,10 @@ from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, from_dict, to_dict
 from memento.learner import SoftQLearner, masked_entropy, polyak_update, soft_q_loss
+from memento.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from memento.qnet import QNetwork, build_qnet
 from memento.replay import ReplayBatch
 from training.data import RankingBatch
-from training.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from training.metrics import EpochPairMetrics, hit_at_k, random_hit_at_k
 
 __all__ = ["QModule"]
@@ -67,7 +67,7 @@ class QModule(L.LightningModule):
     ``qnet`` and ``learner`` are :class:`~memento.config.QNetConfig` / :class:`~memento.config.LearnerConfig`
     as plain dicts (``to_dict``); ``hit_k``: the K of the ranking metrics; ``ece_bins``: calibration bins;
     ``label_threshold``: the reward from which a pair counts as rewarded; ``tau``: the temperature of the
-    listwise targets ``softmax(score / tau)`` (used by :class:`~training.listwise.ListwiseBatch` batches only).
+    listwise targets ``softmax(score / tau)`` (used by :class:`~memento.listwise.ListwiseBatch` batches only).
     """
 
     def __init__(self, qnet: dict[str, Any], learner: dict[str, Any], hit_k: list[int] | None = None,
@@ -185,7 +185,7 @@ class QModule(L.LightningModule):
         return total
 
     def _listwise_step(self, batch: ListwiseBatch) -> torch.Tensor:
-        """The listwise KL of one batch of planner-scored labels (see :mod:`training.listwise`)."""
+        """The listwise KL of one batch of planner-scored labels (see :mod:`memento.listwise`)."""
         alpha = self.alpha
         q_BC = self.qnet(batch.state_BD, batch.cases_BCD, generator=self._dropout_generator(batch.state_BD.device))
         loss, _ = listwise_kl(q_BC, batch.score_BC, batch.mask_BC, alpha=alpha, tau=self.tau)

@@ -41,6 +41,7 @@ __all__ = [
     "ScoreRequest",
     "ScoringPlanner",
     "ScoreFn",
+    "can_score",
     "check_score",
     "group_scores",
     "score_requests",
@@ -125,6 +126,15 @@ class ScoringPlanner(Planner, Protocol):
 
     def score_many(self, tasks: Sequence[Task], case_sets_per_task: Sequence[Sequence[Sequence[Case]]],
                    answers: Sequence[str | None] | None = None) -> list[list[AnswerScore]]: ...
+
+
+def can_score(planner: object) -> bool:
+    """Whether ``planner`` can score answers (``score_many``), as far as can be told without a call: a
+    :class:`CallablePlanner` only with a ``score_fn``. (A server that returns no log-probabilities is found at
+    its first scoring call: a :class:`PlannerError`.)"""
+    if not callable(getattr(planner, "score_many", None)):
+        return False
+    return not (isinstance(planner, CallablePlanner) and planner.score_fn is None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,13 +19,13 @@ from memento.config import CASE_SCALARS, LearnerConfig, QNetConfig
 from memento.errors import ConfigError, DataFormatError
 from memento.labels import LabelConfig, label_tasks
 from memento.learner import SoftQLearner
+from memento.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from memento.memory import CaseBank
 from memento.planners.base import AnswerScore, CallablePlanner
 from memento.types import Case, Task
 from tests.loop_env import HashingEncoder
 from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
 from training.data import ListwiseDataset, QDataModule, TrainingData, load_labels
-from training.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from training.run import train_q
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
