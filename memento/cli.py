@@ -39,6 +39,8 @@ from memento.compare import comparison_table, run_comparison
 from memento.config import (
     EncoderConfig,
     IndexConfig,
+    LabelTarget,
+    OnlineLabelsConfig,
     PolicyKind,
     QNetAnchor,
     QNetArch,
@@ -469,6 +471,12 @@ def _soft_q_config(args: argparse.Namespace) -> SoftQConfig:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, anchor=args.anchor))
     if args.features is not None:
         config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, features=args.features))
+    if args.relation_rank is not None:
+        config = dataclasses.replace(config, qnet=dataclasses.replace(config.qnet, relation_rank=args.relation_rank))
+    labels = {name: getattr(args, f"labels_{name}") for name in ("m", "every", "target")
+              if getattr(args, f"labels_{name}", None) is not None}
+    if labels:
+        config = dataclasses.replace(config, labels=dataclasses.replace(config.labels, **labels))
     return config
 
 
@@ -520,6 +528,22 @@ def _add_online_parser(commands: Any) -> None:
             "soft_q's Q-network: none (a case is its question's embedding), or case (also its answer's embedding, "
             "stored reward, usage statistics from the bank, and kind)", choices=list(get_args(QNetFeatures)),
             shown=_ONLINE_SOFT_Q.qnet.features)
+    _option(online, "--relation-rank", QNetConfig, "relation_rank",
+            "soft_q's Q-network: the rank of a bilinear term (U s).(V c) between the question and a case's "
+            "question (0: none; it starts at 0, so a fresh selector still ranks like similarity)", type=int,
+            shown=_ONLINE_SOFT_Q.qnet.relation_rank)
+    _option(online, "--labels", OnlineLabelsConfig, "m",
+            "per-candidate planner labels online: after each task, score soft_q's top-M candidates each alone (the "
+            "likelihood of --labels-target) and learn from them with the listwise loss of `memento train "
+            "--from-labels` beside the reward; M forward passes per labelled task, written to labels.jsonl; "
+            "needs a planner that gives log-probabilities; 0: off", type=int, dest="labels_m",
+            shown=_ONLINE_SOFT_Q.labels.m)
+    _option(online, "--labels-every", OnlineLabelsConfig, "every", "label every N-th task only", type=int,
+            dest="labels_every")
+    _option(online, "--labels-target", OnlineLabelsConfig, "target",
+            "what the labels score: gold (the task's gold answer; the planner's own output when the judge rewarded "
+            "it where a task has none) or hindsight (only the rewarded outputs: no gold answer used)",
+            choices=list(get_args(LabelTarget)), dest="labels_target")
     _option(online, "--credit", LoopConfig, "credit",
             "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the planner "
             "scores the gold answer with each case left out: K + 1 forward passes; needs a scoring planner)",
@@ -918,7 +942,7 @@ def _add_score_parser(commands: Any) -> None:
                                 description=_SCORE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = score.add_mutually_exclusive_group(required=True)
     source.add_argument("--suite", metavar="NAME|DIR", default=None,
-                        help="a shipped suite (facts, facts-real, arith-real) or a suite directory")
+                        help="a shipped suite (facts, facts-real, arith-real, elements-real) or a suite directory")
     source.add_argument("--tasks", metavar="FILE", default=None, help="Task JSONL {id, question, answers, ...}")
     score.add_argument("--split", choices=["train", "test", "all"], default=None,
                        help="split of --suite (default: train)")

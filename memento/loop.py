@@ -893,6 +893,7 @@ class OnlineLoop:
             self.counters["labelled"] += 1
             self.counters[f"labelled_{kind}"] += 1
             self.counters["label_passes"] += len(task_scores)
+            self.counters["score_calls"] += len(task_scores)
         self._labels_handle.flush()
         return out
 

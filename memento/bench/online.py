@@ -52,6 +52,7 @@ from memento.bench.bank import _environment, _write, make_vectors
 from memento.cli_ope import TargetSpec, evaluate_run
 from memento.compare import run_comparison
 from memento.config import (
+    OnlineLabelsConfig,
     PolicyConfig,
     PolicyKind,
     RandomConfig,
@@ -84,17 +85,26 @@ logger = logging.getLogger(__name__)
 
 SoftQCandidates = Literal["all", "positive"]
 BenchPolicy = Literal["similarity", "random", "uniform_positive", "soft_q", "soft_q_anchored", "soft_q_features",
+                      "soft_q_labels", "soft_q_labels_relation", "soft_q_hindsight", "soft_q_hindsight_relation",
                       "soft_q_pretrained", "soft_q_pretrained_frozen", "linucb", "best_of_c"]
 """The policies the benchmark compares: the four kinds, plus ``uniform_positive`` (uniform among the rewarded
 candidates: the floor for a choice within similarity's pool), ``soft_q_anchored`` (soft-Q whose Q-network
 is anchored on cosine similarity, ``QNetConfig.anchor="cosine"``), ``soft_q_features`` (anchored, and the
-Q-network sees the case features: ``QNetConfig.features="case"``), ``soft_q_pretrained`` (soft-Q starting from
+Q-network sees the case features: ``QNetConfig.features="case"``), ``soft_q_labels`` (``soft_q_features`` that
+also learns from per-candidate planner labels online against the gold answer, :data:`BENCH_LABELS`),
+``soft_q_hindsight`` (the same with hindsight targets only: the planner's own rewarded outputs, never the gold
+answer), ``soft_q_labels_relation`` / ``soft_q_hindsight_relation`` (either with the Q-network's bilinear
+relation term, ``QNetConfig.relation_rank`` = :data:`BENCH_RELATION_RANK`), ``soft_q_pretrained`` (soft-Q starting from
 the trained Q-network ``OnlineBenchConfig.init_qnet``, e.g. ``memento train --from-labels`` on the train split,
 learning on), ``soft_q_pretrained_frozen`` (the same without online updates) and ``best_of_c`` (not a
 policy: an upper bound that scores the ``best_of_c`` positive-only nearest cases one by one with the planner's
 likelihood of the *gold* answer and shows the best K)."""
 
 _PRETRAINED = ("soft_q_pretrained", "soft_q_pretrained_frozen")
+BENCH_LABELS = OnlineLabelsConfig(m=8)
+"""The online labels of the ``soft_q_labels*`` / ``soft_q_hindsight*`` arms (their ``target`` set per arm)."""
+BENCH_RELATION_RANK = 16
+"""The bilinear relation term's rank in the ``*_relation`` arms."""
 
 
 def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_qnet: str | None = None
@@ -110,6 +120,12 @@ def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_
             return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine"))
         case "soft_q_features":
             return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"))
+        case "soft_q_labels" | "soft_q_labels_relation" | "soft_q_hindsight" | "soft_q_hindsight_relation":
+            rank = BENCH_RELATION_RANK if name.endswith("_relation") else 0
+            target = "hindsight" if name.startswith("soft_q_hindsight") else "gold"
+            return dataclasses.replace(
+                soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case", relation_rank=rank),
+                labels=dataclasses.replace(BENCH_LABELS, target=target))
         case "soft_q_pretrained" | "soft_q_pretrained_frozen":
             if init_qnet is None:
                 raise ConfigError(f"bench policy {name!r} needs a trained Q-network (--init-qnet DIR)")
