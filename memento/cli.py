@@ -666,11 +666,28 @@ def _cmd_online(args: argparse.Namespace) -> int:
             planner = build_planner(spec)
         except ImportError as error:
             raise PlannerError(f"planner {spec}: not available ({error})") from None
+        if any(isinstance(c, SoftQConfig) and c.labels.active for c in configs):
+            _check_label_scoring(planner, tasks)  # before --out is written: one line, exit 2
         comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
                                     planner=planner, **common)
     print(comparison_table(comparison))
     print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
     return EXIT_OK
+
+
+def _check_label_scoring(planner: Any, tasks: list[Any]) -> None:
+    """``--labels``: the planner must give log-probabilities; one scored prompt (the first task with an answer,
+    no case) finds out before anything is written (a server without echo/logprobs answers a PlannerError)."""
+    from memento.planners.base import can_score
+
+    if not can_score(planner):
+        raise ConfigError(f"--labels needs a planner that gives log-probabilities; {planner!r} cannot score")
+    task = next((t for t in tasks if t.answers), None)
+    if task is not None:
+        try:
+            planner.score_many([task], [[[]]])
+        except PlannerError as error:
+            raise PlannerError(f"--labels needs a planner that gives log-probabilities: {_one_line(error)}") from None
 
 
 _EXPORT_DESCRIPTION = """\

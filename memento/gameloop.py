@@ -227,6 +227,9 @@ class GameLoopConfig:
               "must be a non-empty faiss factory string")
         check_int(self, "window", 1)
         check_int(self, "checkpoint_every", 0)
+        if isinstance(self.policy, SoftQConfig) and self.policy.labels.active:
+            check(False, cls, "policy", f"labels.m={self.policy.labels.m}",
+                  "online labels score a question's answer; the game loop has none (use labels.m = 0)")
         if isinstance(self.policy, SoftQConfig) and self.policy.learner.gamma > 0 and self.retrieval == "episode":
             check(False, cls, "retrieval", self.retrieval, "a per-episode choice is one decision per episode "
                   "(single-step): soft_q needs learner.gamma = 0 with it")

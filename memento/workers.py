@@ -458,6 +458,9 @@ class RayOnlineLoop(OnlineLoop):
             if config.systems.active:
                 raise ConfigError("--workers: the memory systems (CFGM, LifeMem, PlugMem) run in-process only; "
                                   "use --workers 1 with them")
+            if isinstance(config.policy, SoftQConfig) and config.policy.labels.active:
+                raise ConfigError("--workers: online labels (--labels) run in-process only; use --workers 1 with "
+                                  "them")
         import_ray()  # one line naming the extra before anything is written
         self.workers_config = workers
         self.planner_source = planner

@@ -167,3 +167,32 @@ def test_labels_config_bounds() -> None:
     with pytest.raises(ConfigError, match="every"):
         OnlineLabelsConfig(every=0)
     assert not OnlineLabelsConfig().active and not OnlineLabelsConfig(m=1).active and OnlineLabelsConfig(m=2).active
+
+
+def test_game_loop_refuses_labels() -> None:
+    from memento.gameloop import GameLoopConfig
+
+    with pytest.raises(ConfigError, match="labels"):
+        GameLoopConfig(policy=_labels_policy())
+
+
+def test_cli_labels_with_a_server_without_logprobs_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+    from memento.cli import main
+    from tests.unit.test_openai_compat import FakeServer
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": t.id, "question": t.question, "answers": list(t.answers)}) + "\n"
+                             for t in TASKS[:4]), encoding="utf-8")
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join(json.dumps({"id": f"c{i}", "state": c.state, "action": c.action, "reward": c.reward})
+                             + "\n" for i, c in enumerate(SEEDS[:6])), encoding="utf-8")
+    server = FakeServer()  # answers every POST with a chat reply: no prompt logprobs
+    try:
+        code = main(["online", "--tasks", str(tasks), "--cases", str(cases), "--planner",
+                     f"openai:m@{server.base_url}", "--policy", "soft_q", "--labels", "4", "--steps", "2",
+                     "--out", str(tmp_path / "out"), "--no-progress"])
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--labels needs a planner" in err, err
+    assert not (tmp_path / "out").exists()
