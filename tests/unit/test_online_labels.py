@@ -196,3 +196,12 @@ def test_cli_labels_with_a_server_without_logprobs_is_one_line_and_writes_nothin
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--labels needs a planner" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_runs_online_labels_train_a_selector_offline(tmp_path) -> None:
+    pytest.importorskip("lightning")
+    from training.data import load_labels
+
+    loop = _run(tmp_path, "run", _labels_policy(), steps=24)
+    data = load_labels(loop.run_dir.labels, loop.run_dir.bank, HashingEncoder(dim=256), features="case")
+    assert data.listwise and data.n_rows == 24  # the run's own bank resolves every candidate id
