@@ -660,6 +660,11 @@ class CaseBank:
                 result = exact_topk(self._embeddings_ND[positions], q_BD, k, positions)
         scores_BK, labels_BK = result
         scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
+        # equal scores (cases with the same question, hence the same vector) in position order: faiss leaves the
+        # order of ties to its kernels, which differ between CPUs, and a seeded run must not
+        order_BK = np.lexsort((np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK), -scores_BK), axis=1)
+        scores_BK = np.take_along_axis(scores_BK, order_BK, axis=1)
+        labels_BK = np.take_along_axis(labels_BK, order_BK, axis=1)
         if width > k:  # pad to the width asked for
             extra = ((0, 0), (0, width - k))
             scores_BK, labels_BK = (np.pad(scores_BK, extra, constant_values=-np.inf),
