@@ -134,7 +134,7 @@ def test_max_tasks_and_own_question_excluded(bank, tmp_path):
     assert make_cases()[3].id not in rows[0].candidate_ids and len(rows[0].candidate_ids) == 4
     assert cost.excluded_self == 1 and cost.tasks == 3 and cost.forward_passes == 12
     kept = list(score_candidates([own], bank, encoder, planner(), LabelConfig(candidates=4, exclude_self=False)))
-    assert kept[0].candidate_ids[0] == make_cases()[3].id
+    assert make_cases()[3].id in kept[0].candidate_ids  # kept (it ties with the other capital cases here)
 
 
 def test_a_planner_that_cannot_score_says_so_in_one_line(bank, tmp_path):
