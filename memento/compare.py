@@ -103,15 +103,17 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
 
 def comparison_table(comparison: dict[str, Any]) -> str:
     """A plain-text table of a comparison: success early vs late, LLM calls, milliseconds per step."""
-    head = ("policy", "early", "late", "overall", "LLM calls", "ms/step", "overhead ms")
+    head = ("policy", "early", "late", "overall", "LLM calls", "scored prompts", "ms/step", "overhead ms")
     rows = [head]
     for policy in comparison["order"]:
         r = comparison["policies"][policy]
         rows.append((policy, f"{r['success_early']:.3f}", f"{r['success_late']:.3f}", f"{r['success_rate']:.3f}",
-                     str(r["llm_calls"]), f"{r['ms_per_step']['total']:.1f}", f"{r['ms_per_step']['overhead']:.1f}"))
+                     str(r["llm_calls"]), str(r.get("score_calls", 0)), f"{r['ms_per_step']['total']:.1f}",
+                     f"{r['ms_per_step']['overhead']:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     early = f"first {comparison['window']}"
-    return "\n".join(lines) + f"\n(early: {early} steps; late: last {comparison['late_steps']} steps)"
+    return "\n".join(lines) + (f"\n(early: {early} steps; late: last {comparison['late_steps']} steps; scored prompts: "
+                               "online labels or leave-one-out credit, forward passes without generation)")
