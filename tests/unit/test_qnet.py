@@ -239,3 +239,34 @@ def test_the_anchor_is_for_mlps_and_checked() -> None:
     b = build_qnet(QNetConfig(dim=4, hidden=8, anchor="cosine", seed=1))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert {"anchor_scale", "anchor_offset"} <= set(a.state_dict())
+
+
+def test_relation_term_starts_at_zero_and_can_learn_a_question_match() -> None:
+    """``relation_rank``: a fresh network scores exactly as one without the term (the same initial weights, the
+    bilinear term zero), and the term alone can fit a match that is a product of two question types."""
+    import dataclasses as dc
+
+    base = QNetConfig(dim=16, hidden=8, anchor="cosine", dropout=0.0)
+    plain, related = build_qnet(base), build_qnet(dc.replace(base, relation_rank=4))
+    gen = torch.Generator().manual_seed(0)
+    state_BD = torch.nn.functional.normalize(torch.randn(3, 16, generator=gen), dim=-1)
+    cases_BCD = torch.nn.functional.normalize(torch.randn(3, 5, 16, generator=gen), dim=-1)
+    assert torch.equal(plain(state_BD, cases_BCD), related(state_BD, cases_BCD))
+    assert related.relation_case.weight.abs().sum() == 0 and related.relation_state.weight.abs().sum() > 0
+    # a type in dims 0-1 of the state must match a type in dims 2-3 of the case: cross-dimension, not s * c
+    types_B, ctypes_BC = torch.randint(0, 2, (64,), generator=gen), torch.randint(0, 2, (64, 6), generator=gen)
+    s_BD = torch.zeros(64, 16)
+    s_BD[torch.arange(64), types_B] = 1.0
+    c_BCD = torch.zeros(64, 6, 16)
+    c_BCD[torch.arange(64)[:, None], torch.arange(6)[None, :], 2 + ctypes_BC] = 1.0
+    target_BC = (types_B[:, None] == ctypes_BC).float()
+    net = build_qnet(dc.replace(base, relation_rank=4, anchor="none", hidden=1))
+    with torch.no_grad():
+        net.out.weight.zero_()
+    opt = torch.optim.Adam([net.relation_state.weight, net.relation_case.weight], lr=0.05)
+    for _ in range(300):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(s_BD, c_BCD), target_BC)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert ((net(s_BD, c_BCD) > 0).float() == target_BC).float().mean() > 0.95
