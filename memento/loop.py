@@ -101,6 +101,7 @@ from memento.errors import CheckpointError, ConfigError, DataFormatError, Dimens
 from memento.features import CaseFeaturizer
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.io import atomic_write
+from memento.judges import first_line
 from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
 from memento.memory.uri import bank_name, open_bank
@@ -386,14 +387,6 @@ def labels_config(config: LoopConfig) -> Any:
     """The run's :class:`~memento.config.OnlineLabelsConfig` when its policy learns from online labels, else None."""
     policy = config.policy
     return policy.labels if isinstance(policy, SoftQConfig) and policy.labels.active else None
-
-
-def _first_line(text: str) -> str:
-    """The first non-empty line of an output (what the judges read), stripped."""
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
 
 
 def _entropy(p_C: np.ndarray) -> float:
@@ -860,8 +853,8 @@ class OnlineLoop:
                 continue
             if lcfg.target == "gold" and task.answers:
                 answer, kind = None, "gold"
-            elif judged[b][0] >= self.config.success_threshold and _first_line(outputs[b].text):
-                answer, kind = _first_line(outputs[b].text), "hindsight"
+            elif judged[b][0] >= self.config.success_threshold and first_line(outputs[b].text):
+                answer, kind = first_line(outputs[b].text), "hindsight"  # what the judges read
             else:
                 continue
             pool_rows_P = cands[b].rows_of(list(sel.candidate_ids))
