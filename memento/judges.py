@@ -45,13 +45,15 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
 from memento.errors import ConfigError, DataFormatError
-from memento.planners.base import Planner
 from memento.types import Task
+
+if TYPE_CHECKING:  # the judges module is imported by the loop; planners stay out of selector-only processes
+    from memento.planners.base import Planner
 
 __all__ = [
     "DEFAULT_LLM_JUDGE_PROMPT",
