@@ -9,8 +9,6 @@ policy take the factory ``policies.make_policy`` as an argument. The soft-Q agen
 """
 
 from memento._version import __version__
-from memento.agent import SoftQAgent
-from memento.compare import run_comparison
 from memento.config import (
     BankConfig,
     EncoderConfig,
@@ -39,15 +37,17 @@ from memento.errors import (
     UnknownCaseError,
     UnknownSelectionError,
 )
-from memento.export import export_selector, load_selector
-from memento.learner import SoftQLearner
-from memento.loop import LoopConfig, OnlineLoop, run_online
+from memento.learn.agent import SoftQAgent
+from memento.learn.learner import SoftQLearner
+from memento.learn.policy import Observation, Policy, PolicyContext
+from memento.learn.qnet import QNetwork, build_qnet
+from memento.learn.replay import ReplayBatch, ReplayBuffer, Transition
 from memento.memory import Candidates, CaseBank
-from memento.policy import Observation, Policy, PolicyContext
-from memento.qnet import QNetwork, build_qnet
-from memento.replay import ReplayBatch, ReplayBuffer, Transition
-from memento.rundir import RunDir
-from memento.selector import SelectionResult, Selector
+from memento.runs.compare import run_comparison
+from memento.runs.qa import LoopConfig, OnlineLoop, run_online
+from memento.runs.rundir import RunDir
+from memento.selector.export import export_selector, load_selector
+from memento.selector.runtime import SelectionResult, Selector
 from memento.types import Case, Selection, Task
 
 __all__ = [

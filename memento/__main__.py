@@ -1,6 +1,6 @@
-"""``python -m memento``: the ``memento`` command (:func:`memento.cli.main`)."""
+"""``python -m memento``: the ``memento`` command (:func:`memento.cli.entry.main`)."""
 
-from memento.cli import main
+from memento.cli.entry import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

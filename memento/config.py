@@ -309,12 +309,13 @@ def load_json(cls: type[T], path: str | Path) -> T:
 
 
 # ---------------------------------------------------------------- learning core: Q-network, replay, learner
-# QNetConfig, ReplayConfig and LearnerConfig configure memento.qnet, memento.replay and memento.learner.
+# QNetConfig, ReplayConfig and LearnerConfig configure memento.learn.qnet, memento.learn.replay and
+# memento.learn.learner.
 
 QNetArch = Literal["mlp", "mlp_interact", "two_tower"]
 QNetFeatures = Literal["none", "case"]
 """What the Q-network sees of a case: ``"none"``, its state's embedding only; ``"case"``, also its case features
-(:mod:`memento.features`: the action's embedding, stored reward, usage statistics, kind)."""
+(:mod:`memento.learn.features`: the action's embedding, stored reward, usage statistics, kind)."""
 
 CASE_KINDS = ("case", "focus", "tip", "cluster", "skill", "proposition", "prescription")
 """The item kinds a bank holds (DESIGN §6); a case feature vector one-hot encodes these and "other"."""
@@ -354,7 +355,7 @@ def check_float(obj: Any, field: str, *, low: float | None = None, high: float |
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QNetConfig:
-    """A Q-network scoring (state, case) pairs: ``Q(s, c)`` is a logit (see :mod:`memento.qnet`).
+    """A Q-network scoring (state, case) pairs: ``Q(s, c)`` is a logit (see :mod:`memento.learn.qnet`).
 
     - ``arch``: ``"mlp"`` (Memento: concat(s, c) -> hidden -> 1), ``"mlp_interact"`` (adds
       ``s*c`` and ``|s-c|`` to the concat) or ``"two_tower"`` (``f(s) . g(c) + bias``, case
@@ -371,13 +372,13 @@ class QNetConfig:
       similarity does and learning can only move away from it where rewards say so;
     - ``features``: ``"none"`` (a case is its state's embedding, D numbers) or ``"case"`` (``mlp``/``mlp_interact``
       only): a case is ``[state embedding | action embedding | stored reward, usage mean, log(1 + shown), kind
-      one-hot]`` (:attr:`case_dim` = 2D + :data:`CASE_SCALARS` numbers, :mod:`memento.features`);
+      one-hot]`` (:attr:`case_dim` = 2D + :data:`CASE_SCALARS` numbers, :mod:`memento.learn.features`);
     - ``relation_rank``: R > 0 (``mlp``/``mlp_interact`` only) adds a low-rank bilinear term ``(U s) . (V c)``
       (``U``, ``V``: D -> R, over the state and the case's question embedding): a multiplicative match between
       what the question asks and what the case's question asked, which a concatenation MLP can hardly express.
       ``V`` starts at zero, so a fresh network still scores exactly as without it (an anchored one ranks like
       cosine); 0 (default): no such term;
-    - ``seed``: seeds the parameter initialisation when :func:`memento.qnet.build_qnet` gets no generator.
+    - ``seed``: seeds the parameter initialisation when :func:`memento.learn.qnet.build_qnet` gets no generator.
     """
 
     arch: QNetArch = "mlp"
@@ -429,7 +430,7 @@ class QNetConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
-    """A replay buffer of preallocated tensors (see :mod:`memento.replay`).
+    """A replay buffer of preallocated tensors (see :mod:`memento.learn.replay`).
 
     - ``capacity``: transitions held; the oldest is overwritten when full (ring);
     - ``dim``: D; ``k_max``: most cases chosen per decision (rows with fewer are masked);
@@ -467,7 +468,7 @@ class ReplayConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LearnerConfig:
-    """The soft-Q learner's hyperparameters (see :mod:`memento.learner`).
+    """The soft-Q learner's hyperparameters (see :mod:`memento.learn.learner`).
 
     - ``gamma``: 0 is Memento's single-step case (binary rewards, BCE on logits); > 0 is soft TD
       with the Huber (``td_loss="huber"``, threshold ``huber_delta``) or squared loss;
@@ -680,7 +681,7 @@ class OnlineLabelsConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SoftQConfig:
-    """The soft-Q agent (:class:`memento.agent.SoftQAgent`): a Q-network, its learner and its replay buffer.
+    """The soft-Q agent (:class:`memento.learn.agent.SoftQAgent`): a Q-network, its learner and its replay buffer.
 
     - ``qnet``: the Q-network (``dim`` comes from the encoder; the init seed from the run's seed);
     - ``learner``: the soft-Q learner (``learner.batch_size`` is the replay mini-batch); single-step runs

@@ -1,4 +1,4 @@
-"""Selection policies, one module each, all behind ``memento.policy.Policy``.
+"""Selection policies, one module each, all behind ``memento.learn.policy.Policy``.
 
 - ``random``: uniform over the candidates (the floor);
 - ``similarity``: cosine top-K, the non-parametric CBR baseline (optionally softmax sampling,
@@ -36,7 +36,7 @@ from memento.config import (
     SoftQConfig,
 )
 from memento.errors import ConfigError
-from memento.policy import Policy, PolicyContext
+from memento.learn.policy import Policy, PolicyContext
 from policies.cfgm import CFGMPolicy
 from policies.lifemem import LifeMemPolicy
 from policies.linucb import LinUCBPolicy
@@ -88,7 +88,8 @@ def make_policy(config: PolicyConfig, context: PolicyContext) -> Policy:
     Anything else raises ``ConfigError``.
     """
     if not isinstance(context, PolicyContext):
-        raise ConfigError(f"make_policy: context={type(context).__name__}: must be a memento.policy.PolicyContext")
+        raise ConfigError(f"make_policy: context={type(context).__name__}: "
+                          "must be a memento.learn.policy.PolicyContext")
     match config:
         case RandomConfig():
             return RandomPolicy(positive_only=config.positive_only, reward_of=context.reward_of)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from memento.config import LifeMemRetrievalConfig
+from memento.learn.policy import RewardFn
 from memento.memory import Candidates
-from memento.policy import RewardFn
 from policies.cfgm import ItemRetrievalPolicy, base_rows, linked_rows
 
 __all__ = ["LifeMemPolicy", "LifeMemRetrievalConfig"]

@@ -31,7 +31,7 @@ its bonus, so rewards far above ``exploration`` make the policy stop exploring.
 Credit for a K-case selection: :meth:`LinUCBPolicy.update_selection` gives the set's reward
 to every chosen case (the same task-level credit Memento's data carries); call
 :meth:`LinUCBPolicy.update` per case when finer credit is known. ``observe`` (the
-:class:`~memento.policy.Policy` protocol) does ``update_selection`` for each decision of a round
+:class:`~memento.learn.policy.Policy` protocol) does ``update_selection`` for each decision of a round
 and logs every (state, case, reward, case id) it was updated with: ``checkpoint`` writes that log
 (``linucb.safetensors`` + ``linucb.json``) and ``restore`` replays it in order, so a resumed run ends
 with the same matrices as an uninterrupted one.
@@ -51,8 +51,8 @@ import numpy as np
 from memento.config import LinUCBConfig, LinUCBFeatures, LinUCBMode
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
 from memento.io import atomic_write, atomic_write_text, read_safetensors
+from memento.learn.policy import Observation, StaticPolicy, check_candidates, check_k, make_selection, softmax, top_k
 from memento.memory import Candidates
-from memento.policy import Observation, StaticPolicy, check_candidates, check_k, make_selection, softmax, top_k
 from memento.types import Selection
 
 __all__ = ["LinUCBConfig", "LinUCBFeatures", "LinUCBMode", "LinUCBPolicy", "linucb_features"]

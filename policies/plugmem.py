@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from memento.config import PlugMemRetrievalConfig
+from memento.learn.policy import RewardFn
 from memento.memory import Candidates
-from memento.policy import RewardFn
 from memento.systems.plugmem import PLUG_KINDS, first_fit
 from policies.cfgm import ItemRetrievalPolicy, base_rows, ranked_rows
 

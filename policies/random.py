@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from memento.errors import ConfigError
-from memento.memory import Candidates
-from memento.policy import (
+from memento.learn.policy import (
     RewardFn,
     StaticPolicy,
     check_candidates,
@@ -20,6 +19,7 @@ from memento.policy import (
     make_selection,
     positive_pool,
 )
+from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = ["RandomPolicy"]

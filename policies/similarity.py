@@ -32,8 +32,7 @@ import numpy as np
 
 from memento.config import IfNoPositive, SimilarityConfig
 from memento.errors import DataFormatError, DimensionError
-from memento.memory import Candidates
-from memento.policy import (
+from memento.learn.policy import (
     RewardFn,
     StaticPolicy,
     check_candidates,
@@ -43,6 +42,7 @@ from memento.policy import (
     softmax,
     top_k,
 )
+from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = [

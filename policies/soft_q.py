@@ -2,7 +2,7 @@
 
 ``mu(c | s) = softmax(Q(s, c) / alpha)`` over the candidate set, where ``Q`` is any
 ``torch.nn.Module`` with ``forward(state_BD, cases_BCD) -> q_BC`` (the interface of
-``memento.qnet``). A non-greedy ``select`` draws K cases without replacement by Gumbel-top-k
+``memento.learn.qnet``). A non-greedy ``select`` draws K cases without replacement by Gumbel-top-k
 and records the exact Plackett-Luce propensity (computed in log space, so it stays exact
 when ``alpha`` is tiny); ``greedy=True`` returns the top-K by Q (ties go to the earlier
 candidate) with ``set_prob = 1.0``, for evaluation.
@@ -14,7 +14,7 @@ parameterless one) unless ``device`` pins one. While scoring, the network is put
 ``eval()`` mode and its previous mode is restored afterwards. No learning happens here: that
 is the learner's job.
 
-:class:`~memento.agent.SoftQAgent` (re-exported here) is the learning soft-Q policy: it owns its
+:class:`~memento.learn.agent.SoftQAgent` (re-exported here) is the learning soft-Q policy: it owns its
 Q-network, learner and replay buffer and chooses with the same rule; ``policies.make_policy`` builds
 it from a :class:`~memento.config.SoftQConfig`.
 """
@@ -27,10 +27,10 @@ import numbers
 import numpy as np
 import torch
 
-from memento.agent import SoftQAgent
 from memento.errors import ConfigError
+from memento.learn.agent import SoftQAgent
+from memento.learn.policy import StaticPolicy, boltzmann_select, q_values, softmax
 from memento.memory import Candidates
-from memento.policy import StaticPolicy, boltzmann_select, q_values, softmax
 from memento.types import Selection
 
 __all__ = ["SoftQAgent", "SoftQPolicy"]

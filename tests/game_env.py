@@ -1,4 +1,4 @@
-"""Test doubles and a driver for the game loop (memento.gameloop) on real, tiny TextWorld games.
+"""Test doubles and a driver for the game loop (memento.runs.games) on real, tiny TextWorld games.
 
 - ``ScriptedPlanner``: a deterministic stand-in for the frozen LLM (a test double: the games, the engine,
   the bank and the learner are real). It scores a command 0.0 when it is one of ``preferred`` (e.g. the
@@ -7,7 +7,7 @@
   preferred command that is admissible in the prompt text, else "wait" (for the generate mode).
 - ``tiny_games(directory)``: the ``tw-tiny`` suite's train games, generated once into ``directory``.
 - ``main``: ``python -m tests.game_env OUT GAMES_DIR CONFIG_JSON [--resume] [--delay S]`` runs
-  :func:`memento.gameloop.run_games` with the hashing encoder and the scripted planner (the SIGKILL test).
+  :func:`memento.runs.games.run_games` with the hashing encoder and the scripted planner (the SIGKILL test).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from memento.config import from_dict
-    from memento.gameloop import GameLoopConfig, run_games
+    from memento.runs.games import GameLoopConfig, run_games
     from policies import make_policy
 
     parser = argparse.ArgumentParser()

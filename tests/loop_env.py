@@ -19,7 +19,7 @@ planner reads the format from the action text, so retained cases (whose actions 
 own outputs) count as bare or verbose too.
 
 Also: a deterministic hashing encoder (no model to load) for subprocess drivers, and ``main`` -- a
-driver that runs ``memento.loop.run_online`` on this environment (used by the kill/resume test).
+driver that runs ``memento.runs.qa.run_online`` on this environment (used by the kill/resume test).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class HashingEncoder:
 def soft_q_run(out: Path, *, steps: int) -> Path:
     """A tiny real run of the online loop at ``out`` (``steps`` tasks, K = 2 of C = 6, no shuffle, soft-Q with
     warm-up 2, no checkpoints or TensorBoard): the logged run the OPE and bank-name tests evaluate."""
-    from memento.loop import LoopConfig, loop_policy, run_online
+    from memento.runs.qa import LoopConfig, loop_policy, run_online
     from policies import make_policy
 
     env = make_env()
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from memento.config import from_dict
-    from memento.loop import LoopConfig, run_online
+    from memento.runs.qa import LoopConfig, run_online
     from policies import make_policy
 
     parser = argparse.ArgumentParser()

@@ -5,8 +5,8 @@ Q-network training from logs (``memento train``):
 - :mod:`training.config` -- ``TrainConfig`` (data, Q-network, learner, trainer sub-configs), saved as
   ``config.json`` in every run;
 - :mod:`training.data` -- readers of transition logs, Memento training pairs and Case JSONL + rewards
-  files, encoded once, split by state; ``QDataModule`` serves ``memento.replay.ReplayBatch`` batches;
-- :mod:`training.q_module` -- ``QModule``, the ``LightningModule`` around ``memento.learner.soft_q_loss``;
+  files, encoded once, split by state; ``QDataModule`` serves ``memento.learn.replay.ReplayBatch`` batches;
+- :mod:`training.q_module` -- ``QModule``, the ``LightningModule`` around ``memento.learn.learner.soft_q_loss``;
 - :mod:`training.metrics` -- AUC, expected calibration error, per-state hit@K;
 - :mod:`training.run` -- ``train_q``: one run (Trainer, early stopping, checkpoints, TensorBoard, the
   selector directory); :mod:`training.cli` -- the ``memento train`` command;

@@ -1,6 +1,6 @@
 """``memento train``: offline Q-network training with Lightning (the parser and the handler).
 
-``memento.cli`` calls :func:`add_train_parser` while it builds its parser and :func:`run_train`
+``memento.cli.entry`` calls :func:`add_train_parser` while it builds its parser and :func:`run_train`
 for the command; this module imports only the standard library and ``memento``/``training.config``
 at module level (Lightning is imported when a run starts).
 

@@ -127,9 +127,9 @@ class DataConfig:
       ``"memento"`` -- Memento reference retriever pairs (``memento_pairs``) with the case memory
       they refer to (``memento_memory``); the pair's label is its task-level ``truth_label``;
       ``"cases"`` -- a Case JSONL bank (``cases``) plus a rewards file (``rewards``);
-      ``"labels"`` -- planner-scored labels (``labels``, written by ``memento score``; :mod:`memento.labels`)
+      ``"labels"`` -- planner-scored labels (``labels``, written by ``memento score``; :mod:`memento.learn.labels`)
       with the case bank their candidate ids refer to (``bank``, required: the cases' stored embeddings);
-      trained with the listwise loss of :mod:`memento.listwise` instead of BCE;
+      trained with the listwise loss of :mod:`memento.learn.listwise` instead of BCE;
     - ``encoder``: how state and case texts become vectors (the cached encoder; each text is encoded
       once per machine);
     - ``val_fraction``: the share of *states* held out for validation (no state text is in both

@@ -2,7 +2,7 @@
 
 Three inputs (:class:`~training.config.DataConfig` ``source``):
 
-- ``"log"`` -- the online loop's transition log ``steps.jsonl`` (see :mod:`memento.loop`). Each
+- ``"log"`` -- the online loop's transition log ``steps.jsonl`` (see :mod:`memento.runs.qa`). Each
   record with a non-empty ``chosen_ids`` is one decision: the state text ``state``, the K chosen
   case ids ``chosen_ids`` with their logged ``propensities`` (each case's first-draw probability,
   in ``(0, 1]``), and the set's ``reward``. Case texts come from the run's case bank
@@ -23,17 +23,17 @@ Three inputs (:class:`~training.config.DataConfig` ``source``):
 
   ``propensity`` is optional (default 1.0, i.e. no importance weight); no other keys are allowed.
   Each line is one decision with K = 1.
-- ``"labels"`` -- planner-scored labels (:mod:`memento.labels`, written by ``memento score``) with the
+- ``"labels"`` -- planner-scored labels (:mod:`memento.learn.labels`, written by ``memento score``) with the
   case bank their candidate ids refer to. Each row is one *task*: its state (the question, encoded with
   the encoder), its C candidates (their **stored bank embeddings**, the vectors the online policy scores)
   and their scores ``mean_logprob`` (``TrainingData.score_NK``). These data are trained with the listwise
-  loss of :mod:`memento.listwise` and served as :class:`~memento.listwise.ListwiseBatch` batches; rewards
+  loss of :mod:`memento.learn.listwise` and served as :class:`~memento.learn.listwise.ListwiseBatch` batches; rewards
   are not used (``reward_N`` is 0) and the split is by state, unstratified.
 
 Every text is encoded once through the cached encoder (:class:`memento.Encoder`, or anything with
 ``encode(texts) -> [N, D]`` and ``dim``); the rows then hold indices into one state table and one
 case table (:class:`TrainingData`), and a batch is gathered from them as a
-:class:`memento.replay.ReplayBatch` (``state_BD``, ``cases_BKD``, ``reward_B``, ``propensity_BK``,
+:class:`memento.learn.replay.ReplayBatch` (``state_BD``, ``cases_BKD``, ``reward_B``, ``propensity_BK``,
 ``mask_BK``, ...). Bad rows raise ``DataFormatError`` with ``file:line``.
 
 **Labels per state.** A (state, case) pair's label is the mean reward of the decisions that showed
@@ -62,8 +62,8 @@ import torch
 from memento.config import CASE_SCALARS
 from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
-from memento.listwise import ListwiseBatch
-from memento.replay import ReplayBatch
+from memento.learn.listwise import ListwiseBatch
+from memento.learn.replay import ReplayBatch
 from training.config import DataConfig
 
 __all__ = ["EpochSampler", "ListwiseDataset", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset",
@@ -466,14 +466,14 @@ def load_cases_rewards(cases: str | Path, rewards: str | Path, encoder: Any) -> 
 
 
 def load_labels(labels: str | Path, bank: str | Path, encoder: Any, *, features: str = "none") -> TrainingData:
-    """Planner-scored labels (:mod:`memento.labels`) with the bank their candidate ids refer to: one row per task,
+    """Planner-scored labels (:mod:`memento.learn.labels`) with the bank their candidate ids refer to: one row per task,
     the candidates' stored bank embeddings, the states encoded with ``encoder``, ``score_NK = mean_logprob``.
 
-    With ``features="case"`` each candidate is its case vector (:mod:`memento.features`: embedding, action
+    With ``features="case"`` each candidate is its case vector (:mod:`memento.learn.features`: embedding, action
     embedding, stored reward, usage statistics, kind; action vectors missing from the bank are encoded and stored
     there)."""
-    from memento.features import CaseFeaturizer
-    from memento.labels import iter_labels
+    from memento.learn.features import CaseFeaturizer
+    from memento.learn.labels import iter_labels
     from memento.memory import Candidates, open_bank
 
     rows = list(iter_labels(labels))  # the whole file is checked first (file:line errors)
@@ -716,7 +716,7 @@ class RankingDataset(torch.utils.data.Dataset):
 
 
 class ListwiseDataset(torch.utils.data.Dataset):
-    """Rows of planner-scored labels (``TrainingData.score_NK``) as :class:`~memento.listwise.ListwiseBatch`
+    """Rows of planner-scored labels (``TrainingData.score_NK``) as :class:`~memento.learn.listwise.ListwiseBatch`
     batches, gathered with tensor indexing like :class:`RowDataset`."""
 
     def __init__(self, tensors: _Tensors, rows: np.ndarray):
@@ -766,10 +766,10 @@ def _batch_itself(batch: Any) -> Any:
 
 
 class QDataModule(L.LightningDataModule):
-    """Serves :class:`~memento.replay.ReplayBatch` batches of the training states and, for validation,
+    """Serves :class:`~memento.learn.replay.ReplayBatch` batches of the training states and, for validation,
     batches of the held-out states plus (when any held-out state has mixed labels) :class:`RankingBatch`
     batches for the per-state ``hit@K`` metrics. Planner-scored labels (``source="labels"``) are served as
-    :class:`~memento.listwise.ListwiseBatch` batches instead, for training and validation alike.
+    :class:`~memento.learn.listwise.ListwiseBatch` batches instead, for training and validation alike.
 
     ``prepare_data`` (one process per node) reads the files and encodes every text, which fills the
     encoder's cache; ``setup(stage)`` (every process) reads and encodes again (cache hits; on the

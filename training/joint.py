@@ -3,8 +3,8 @@
 The Memento reference fine-tunes its whole retriever backbone on (query, case, label) pairs. This
 module makes the same possible here: the transformer encoder (pooled by
 :meth:`memento.encoders.Encoder.pool`, unit-normalised as in a bank) feeds a
-:class:`~memento.qnet.QNetwork`, and the loss is the one copy of the soft-Q loss,
-:func:`memento.learner.soft_q_loss`, on a :class:`~memento.replay.ReplayBatch` built from the
+:class:`~memento.learn.qnet.QNetwork`, and the loss is the one copy of the soft-Q loss,
+:func:`memento.learn.learner.soft_q_loss`, on a :class:`~memento.learn.replay.ReplayBatch` built from the
 pooled vectors *with* their gradients: each pair is a decision with one shown case (K = 1),
 propensity 1, single-step (``gamma`` must be 0: pairs carry no next state), so the loss is
 binary cross-entropy of ``Q(s, c)`` against the reward. Both parameter sets get AdamW steps,
@@ -13,7 +13,7 @@ the encoder with its own (small) learning rate.
 :func:`train_joint` saves ``OUT/config.json`` (the :class:`~training.config.JointConfig`, which
 :func:`~training.config.joint_config_from_dict` reads back), ``OUT/encoder/`` (as
 :mod:`training.simcse` does: loadable by ``Encoder.from_pretrained``) and ``OUT/selector/`` (a saved
-:class:`~memento.learner.SoftQLearner` whose Q-network scores vectors of that encoder). A Q head
+:class:`~memento.learn.learner.SoftQLearner` whose Q-network scores vectors of that encoder). A Q head
 trained this way is only valid with the encoder it was trained with.
 """
 
@@ -37,9 +37,9 @@ from memento.config import save_json, to_dict
 from memento.encoders import Encoder
 from memento.errors import DataFormatError, DimensionError
 from memento.io import atomic_write_text
-from memento.learner import SoftQLearner, polyak_update, soft_q_loss
-from memento.qnet import QNetwork, build_qnet
-from memento.replay import ReplayBatch
+from memento.learn.learner import SoftQLearner, polyak_update, soft_q_loss
+from memento.learn.qnet import QNetwork, build_qnet
+from memento.learn.replay import ReplayBatch
 from training.config import JointConfig
 from training.run import trainer_kwargs
 from training.simcse import ENCODER_DIR, ListDataset, PairData, load_pairs, save_encoder, tokenize

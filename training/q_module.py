@@ -1,8 +1,8 @@
 """The Lightning module of offline Q training: the online learner's network and loss under a ``Trainer``.
 
-:class:`QModule` holds a :class:`memento.qnet.QNetwork` (``build_qnet``), its target copy and the
-temperature, and computes its loss with :func:`memento.learner.soft_q_loss` -- the one copy of the
-loss the online :class:`~memento.learner.SoftQLearner` uses too: binary cross-entropy on the logit
+:class:`QModule` holds a :class:`memento.learn.qnet.QNetwork` (``build_qnet``), its target copy and the
+temperature, and computes its loss with :func:`memento.learn.learner.soft_q_loss` -- the one copy of the
+loss the online :class:`~memento.learn.learner.SoftQLearner` uses too: binary cross-entropy on the logit
 ``Q(s, c)`` for single-step rewards (``gamma == 0``), soft TD towards the target network when the
 batches carry next states (``gamma > 0``), optionally weighted by logged propensities
 (``importance_weights="inverse_propensity"``). What ``SoftQLearner.update`` does around the loss is
@@ -13,7 +13,7 @@ done the Lightning way with the same settings (:class:`~memento.config.LearnerCo
 - gradient-norm clipping of the Q-network's parameters at ``max_grad_norm``
   (:meth:`configure_gradient_clipping`);
 - the Polyak target update every ``target_every`` optimiser steps
-  (:func:`memento.learner.polyak_update`); the target network stays in eval mode;
+  (:func:`memento.learn.learner.polyak_update`); the target network stays in eval mode;
 - dropout masks from one ``torch.Generator`` seeded with ``learner.seed``, whose state is saved in
   Lightning checkpoints, so a resumed run continues bit for bit on the same device.
 
@@ -28,9 +28,9 @@ labels ``val/hit@K`` with its random-order baseline ``val/hit@K_random`` and ``v
 the AUC and ECE are global (torchmetrics states gathered from every process,
 :class:`~training.metrics.EpochPairMetrics`); hit@K and the entropy are means of per-process means.
 
-**Planner-scored labels** (``source="labels"``, batches of :class:`~memento.listwise.ListwiseBatch`): the loss
+**Planner-scored labels** (``source="labels"``, batches of :class:`~memento.learn.listwise.ListwiseBatch`): the loss
 is the listwise ``KL(softmax(score / tau) || softmax(Q / alpha))`` over each task's candidates
-(:func:`memento.listwise.listwise_kl`, the maths in its module docstring) instead of BCE; dropout, AdamW,
+(:func:`memento.learn.listwise.listwise_kl`, the maths in its module docstring) instead of BCE; dropout, AdamW,
 clipping and the Polyak target update are as above (the target network is not used by the loss, but the
 selector carries it). Logged: ``train/loss`` and ``val/loss`` (that KL), ``train/entropy``, and over the
 held-out tasks ``val/hit@K`` -- the share whose planner-best candidate is among Q's top K -- with the same
@@ -49,10 +49,10 @@ import torch
 from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, from_dict, to_dict
-from memento.learner import SoftQLearner, masked_entropy, polyak_update, soft_q_loss
-from memento.listwise import ListwiseBatch, best_in_top_k, listwise_kl
-from memento.qnet import QNetwork, build_qnet
-from memento.replay import ReplayBatch
+from memento.learn.learner import SoftQLearner, masked_entropy, polyak_update, soft_q_loss
+from memento.learn.listwise import ListwiseBatch, best_in_top_k, listwise_kl
+from memento.learn.qnet import QNetwork, build_qnet
+from memento.learn.replay import ReplayBatch
 from training.data import RankingBatch
 from training.metrics import EpochPairMetrics, hit_at_k, random_hit_at_k
 
@@ -67,7 +67,7 @@ class QModule(L.LightningModule):
     ``qnet`` and ``learner`` are :class:`~memento.config.QNetConfig` / :class:`~memento.config.LearnerConfig`
     as plain dicts (``to_dict``); ``hit_k``: the K of the ranking metrics; ``ece_bins``: calibration bins;
     ``label_threshold``: the reward from which a pair counts as rewarded; ``tau``: the temperature of the
-    listwise targets ``softmax(score / tau)`` (used by :class:`~memento.listwise.ListwiseBatch` batches only).
+    listwise targets ``softmax(score / tau)`` (used by :class:`~memento.learn.listwise.ListwiseBatch` batches only).
     """
 
     def __init__(self, qnet: dict[str, Any], learner: dict[str, Any], hit_k: list[int] | None = None,
@@ -185,7 +185,7 @@ class QModule(L.LightningModule):
         return total
 
     def _listwise_step(self, batch: ListwiseBatch) -> torch.Tensor:
-        """The listwise KL of one batch of planner-scored labels (see :mod:`memento.listwise`)."""
+        """The listwise KL of one batch of planner-scored labels (see :mod:`memento.learn.listwise`)."""
         alpha = self.alpha
         q_BC = self.qnet(batch.state_BD, batch.cases_BCD, generator=self._dropout_generator(batch.state_BD.device))
         loss, _ = listwise_kl(q_BC, batch.score_BC, batch.mask_BC, alpha=alpha, tau=self.tau)
@@ -294,7 +294,7 @@ class QModule(L.LightningModule):
     # ------------------------------------------------------------------ export
 
     def to_learner(self, device: str | torch.device = "cpu") -> SoftQLearner:
-        """A :class:`~memento.learner.SoftQLearner` holding this module's Q-network, target, temperature and
+        """A :class:`~memento.learn.learner.SoftQLearner` holding this module's Q-network, target, temperature and
         step count (``SoftQLearner.save`` then writes the selector directory the online loop and export load)."""
         qnet = build_qnet(self.qnet_config)
         qnet.load_state_dict({k: v.detach().float().cpu() for k, v in self.qnet.state_dict().items()})

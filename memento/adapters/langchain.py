@@ -8,7 +8,7 @@
 
 Each ``Document``: ``page_content`` ``"Task: <state>\\nAction: <action>"``, ``id`` the case id, ``metadata``
 ``{id, reward, env, kind, prob, selection_id, mode, policy_version}``. ``on_select`` (optional) is called with each
-:class:`memento.selector.SelectionResult`, e.g. to keep selection ids for later feedback.
+:class:`memento.selector.runtime.SelectionResult`, e.g. to keep selection ids for later feedback.
 """
 
 from __future__ import annotations

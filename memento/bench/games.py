@@ -98,7 +98,7 @@ class GamesBenchConfig:
 def arm_config(arm: str) -> tuple[bool, Any]:
     """``(memory, policy config)`` of an arm name (``none``, ``similarity``, ``random``, ``linucb``, ``soft_q``,
     ``soft_q-g<gamma>``)."""
-    from memento.gameloop import game_policy
+    from memento.runs.games import game_policy
 
     if arm == "none":
         return False, game_policy("random")
@@ -125,9 +125,9 @@ def _frozen(policy: Any, selector: Path) -> Any:
 def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str | Path | None = None,
                     planner: Any | None = None, encoder: Any | None = None, progress: bool = False) -> dict[str, Any]:
     """Run the benchmark; the JSON at ``out`` is rewritten after every run (a long benchmark shows progress)."""
-    from memento.actor import ActorConfig
     from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
-    from memento.gameloop import GameLoopConfig, run_games
+    from memento.planners.actor import ActorConfig
+    from memento.runs.games import GameLoopConfig, run_games
     from policies import make_policy
 
     if config.suite not in SUITES:
@@ -190,7 +190,7 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
 
 def _run(run_games: Any, config: Any, out_dir: Path, resume: bool, **kwargs: Any) -> dict[str, Any]:
     if resume and (out_dir / "summary.json").is_file():  # a finished run of this benchmark: reuse it
-        from memento.rundir import read_json
+        from memento.runs.rundir import read_json
 
         summary = read_json(out_dir / "summary.json")
     else:

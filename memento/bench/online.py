@@ -2,22 +2,22 @@
 
 Three parts, each written into one JSON document:
 
-1. **real**: :func:`memento.compare.run_comparison` on a shipped suite's split with the seed case
+1. **real**: :func:`memento.runs.compare.run_comparison` on a shipped suite's split with the seed case
    bank and a real planner (Gemma 3 270M by default), once per seed of ``seeds``: per policy the success
    rate overall, early (the first ``window`` steps) and late (the last ``late_steps``), as the mean over
    seeds, and its difference to similarity with a 95% confidence interval (a paired bootstrap over the
    steps of each window, resampled within each seed: every policy sees the same task stream per seed);
    also LLM calls and wall milliseconds per task, so the comparison is fair on cost; and, unless ``ope`` is
-   off, off-policy estimates (:func:`memento.cli_ope.evaluate_run`) from each seed's soft_q log of the greedy
+   off, off-policy estimates (:func:`memento.cli.evaluate.evaluate_run`) from each seed's soft_q log of the greedy
    learned selector and of similarity, next to the measured success of the soft_q and similarity runs
    (:func:`ope_from_soft_q_run`, :func:`summarize_ope`): how far OPE can be trusted on this domain;
-2. **synthetic**: :func:`memento.envs.regret.run_regret` for each policy on the synthetic bandit with
+2. **synthetic**: :func:`memento.runs.regret.run_regret` for each policy on the synthetic bandit with
    a known oracle: mean per-step regret in the first and last fifth of the run;
 3. **overhead**: the loop's milliseconds per step *excluding* the planner and judge calls, on a bank
    of ``overhead_bank`` cases (clustered random vectors, HNSW32), with a planner that answers
    instantly: encode + candidates + select + retain + learn + log;
 4. **workers** (not in the default parts): the online loop with Ray rollout workers
-   (:mod:`memento.workers`), for each count in ``workers``. (a) Throughput: ``workers_steps`` tasks of the suite
+   (:mod:`memento.runs.ray`), for each count in ``workers``. (a) Throughput: ``workers_steps`` tasks of the suite
    with the loop's soft-Q policy, the real encoder on the driver and an OpenAI-compatible planner that answers
    every request after ``workers_latency_ms`` (:func:`fixed_latency_openai`: a loopback HTTP server in its own
    process; each worker sends its requests through its own ``openai:`` planner); tasks/s in steady state (from
@@ -49,8 +49,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.bank import _environment, _write, make_vectors
-from memento.cli_ope import TargetSpec, evaluate_run
-from memento.compare import run_comparison
+from memento.cli.evaluate import TargetSpec, evaluate_run
 from memento.config import (
     OnlineLabelsConfig,
     PolicyConfig,
@@ -63,17 +62,18 @@ from memento.config import (
     check_int,
 )
 from memento.encoders import Encoder
-from memento.envs.regret import RegretConfig, regret_policy, run_regret
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
 from memento.envs.tasks import load_suite, seed_cases
 from memento.errors import ConfigError, MementoError
 from memento.formats import read_steps_jsonl
 from memento.judges import make_judge
-from memento.loop import LoopConfig, OnlineLoop, loop_policy
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
-from memento.rundir import RunDir
+from memento.runs.compare import run_comparison
+from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
+from memento.runs.regret import RegretConfig, regret_policy, run_regret
+from memento.runs.rundir import RunDir
 from memento.types import Case, Task
 from policies import make_policy
 
@@ -663,7 +663,7 @@ def _steady_rate(steps_path: Path) -> float | None:
 def _run_loop(loop_config: LoopConfig, workers: int | None, out: Path, *, planner: Any, encoder: Any,
               tasks: list[Task], seed_cases: list[Case], sync_every: int = 1) -> dict[str, Any]:
     """One run in-process (``workers=None``) or with Ray workers; its summary."""
-    from memento.workers import RayOnlineLoop, WorkersConfig
+    from memento.runs.ray import RayOnlineLoop, WorkersConfig
 
     common: dict[str, Any] = dict(make_policy=make_policy, encoder=encoder, judge=make_judge("exact"), tasks=tasks,
                                   seed_cases=seed_cases, out_dir=out)
@@ -675,7 +675,7 @@ def _run_loop(loop_config: LoopConfig, workers: int | None, out: Path, *, planne
 
 def _workers(config: OnlineBenchConfig, encoder: Any, workdir: Path, *, out: str | Path,
              partial: dict[str, Any]) -> dict[str, Any]:
-    from memento.workers import WorkersConfig, ray_runtime
+    from memento.runs.ray import WorkersConfig, ray_runtime
 
     counts = sorted(config.workers)
     result: dict[str, Any] = {"counts": counts, "latency_ms": config.workers_latency_ms,
@@ -715,7 +715,7 @@ def _workers(config: OnlineBenchConfig, encoder: Any, workdir: Path, *, out: str
 
 def _workers_learning(config: OnlineBenchConfig, counts: list[int], workdir: Path) -> dict[str, Any]:
     """The synthetic bandit's learning curve in-process and with each worker count, for the same transitions."""
-    from memento.envs.regret import RegretConfig
+    from memento.runs.regret import RegretConfig
 
     regret = RegretConfig()
     steps = config.workers_curve_steps

@@ -41,9 +41,9 @@ from memento.bench.bank import _exact_topk, _write, make_vectors
 from memento.config import IndexConfig, QNetArch, QNetConfig
 from memento.encoders import Encoder
 from memento.errors import ConfigError
+from memento.learn.qnet import build_qnet
 from memento.memory import CaseBank
 from memento.memory.index import FaissIndex
-from memento.qnet import build_qnet
 from memento.types import Case
 from policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 

@@ -2,7 +2,7 @@
 
 A selector artifact with a bank of ``size`` cases is built once (random unit vectors, not encoded
 texts: ``make_vectors`` of ``memento bench bank``, clustered by default; the bank records the real
-encoder, all-MiniLM-L6-v2, and the index is ``factory``; ``memento.export.create_selector`` adds a freshly
+encoder, all-MiniLM-L6-v2, and the index is ``factory``; ``memento.selector.export.create_selector`` adds a freshly
 initialised Q-network, since latency does not depend on the weights), or reused from ``--artifact``.
 Then a real ``memento serve`` runs in a subprocess (uvicorn on 127.0.0.1, bearer token) and client
 threads in this process (one keep-alive ``http.client`` connection per thread) measure, end to end
@@ -49,9 +49,9 @@ import numpy as np
 from memento.bench.bank import _write, make_vectors
 from memento.bench.select import _environment as base
 from memento.config import EncoderConfig, check, check_float, check_int
-from memento.export import create_selector
 from memento.memory import CaseBank
-from memento.serve import TOKEN_ENV, require_extra
+from memento.selector.export import create_selector
+from memento.serve.app import TOKEN_ENV, require_extra
 from memento.types import Case
 
 __all__ = ["HttpClient", "ServeBenchConfig", "ServerProcess", "build_random_artifact", "format_serve_table",
@@ -102,7 +102,7 @@ class ServerProcess:
         if self.token is not None:
             env[TOKEN_ENV] = self.token
             auth = []
-        cmd = [sys.executable, "-m", "memento.cli", "serve", str(self.artifact), "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "memento.cli.entry", "serve", str(self.artifact), "--host", "127.0.0.1",
                "--port", "0", *auth, *self.args]
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as log:
@@ -331,7 +331,7 @@ def build_random_artifact(out: str | Path, *, size: int, factory: str = "HNSW32,
 
     The bank records the real encoder (all-MiniLM-L6-v2, dim 384), so text queries are encoded for
     real; its cases are ``make_vectors`` rows with short synthetic texts (encoding 100k texts would
-    take minutes and change nothing the service measures). :func:`memento.export.create_selector`
+    take minutes and change nothing the service measures). :func:`memento.selector.export.create_selector`
     makes the artifact (the latency does not depend on the Q-network's weights).
     """
 

@@ -1,6 +1,6 @@
 """``memento bench stream``: lifelong evaluation of memory systems over a stream of environments.
 
-For each seed, each stream **order** (``grouped``, ``random``: :func:`memento.lifelong.stream_order` over the
+For each seed, each stream **order** (``grouped``, ``random``: :func:`memento.runs.lifelong.stream_order` over the
 suite's train games grouped by environment, the game type) and each **arm**:
 
 - ``none``: no memory;
@@ -18,14 +18,14 @@ suite's train games grouped by environment, the game type) and each **arm**:
   knowledge items are weak); and ``soft_q-every``, the builders of all three systems and soft-Q choosing among
   every kind, PlugMem's propositions and prescriptions included;
 
-the arm **trains** on the stream: one game run (:class:`memento.gameloop.GameLoop`) that plays the stream's
+the arm **trains** on the stream: one game run (:class:`memento.runs.games.GameLoop`) that plays the stream's
 games in order, one episode each, retaining, building and learning; at each environment's **learned point** (its
 last training game) the run pauses (it is resumed afterwards with the same run directory, exactly) and the
 environment's test games are **evaluated** with the bank and policy of that moment, frozen (no retention, no
 building, no learning; the actor still samples); after the stream, every environment's test games are evaluated
 again. Each arm shows at most K items per decision (the prompt budget), each cut to the same characters.
 Reported per arm and order: OP (mean final normalised score over environments) and BwT (relative change from the
-learned point to the end; :func:`memento.lifelong.lifelong_metrics`), the final success rate, the memory tokens
+learned point to the end; :func:`memento.runs.lifelong.lifelong_metrics`), the final success rate, the memory tokens
 per planner call of the final evaluations (words of the cases and notes shown,
 :func:`memento.systems.items.memory_tokens`), the memory builders' LLM calls, seconds and items per kind, as the
 mean over seeds with a 95% t-interval, and the random minus grouped difference (the effect of stream order).
@@ -53,7 +53,7 @@ from memento.bench.bank import _environment, _write
 from memento.bench.games import _frozen, t_interval
 from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig, check, check_int
 from memento.errors import ConfigError
-from memento.lifelong import learned_points, lifelong_metrics, stream_order
+from memento.runs.lifelong import learned_points, lifelong_metrics, stream_order
 
 __all__ = ["EXTRA_ARMS", "STREAM_ARMS", "StreamBenchConfig", "format_stream_table", "game_env", "run_stream_bench",
            "stream_arm"]
@@ -75,8 +75,8 @@ def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
     """``(memory, policy config, SystemsConfig)`` of a stream arm (see the module docstring): the game loop's
     policies, or with ``questions`` the online loop's (no key-information reflection: a question has no
     observation to reflect on)."""
-    from memento.gameloop import game_policy
-    from memento.loop import loop_policy
+    from memento.runs.games import game_policy
+    from memento.runs.qa import loop_policy
     from memento.systems.plugmem import PlugMemConfig
     from memento.systems.runtime import SystemsConfig
 
@@ -158,10 +158,10 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
                      games: dict[str, list[Path]] | None = None) -> dict[str, Any]:
     """Run the benchmark; the JSON at ``out`` is rewritten after every arm. ``games``: split -> game files
     (default: the suite's, generated on first use)."""
-    from memento.actor import ActorConfig
     from memento.envs.tasks import suite_names
     from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
-    from memento.gameloop import GameLoopConfig, run_games
+    from memento.planners.actor import ActorConfig
+    from memento.runs.games import GameLoopConfig, run_games
     from policies import make_policy
 
     if games is None and (config.suite in suite_names() or (Path(config.suite) / "train.jsonl").is_file()):
@@ -276,7 +276,7 @@ def _header(config: StreamBenchConfig, planner: Any, envs: dict[str, int]) -> di
 def finished_or_cleared(config: StreamBenchConfig, out_dir: Path) -> dict[str, Any] | None:
     """An evaluation run's summary when ``--resume`` finds it finished; else ``None``, ``out_dir`` cleared."""
     if config.resume and (out_dir / "summary.json").is_file():
-        from memento.rundir import read_json
+        from memento.runs.rundir import read_json
 
         return read_json(out_dir / "summary.json")
     if out_dir.exists():

@@ -1,7 +1,7 @@
 """``memento bench stream`` on a question-answering suite: the question families as a stream of environments.
 
 The same protocol as the game stream (:mod:`memento.bench.stream`), with the online loop
-(:class:`memento.loop.OnlineLoop`) in place of the game loop:
+(:class:`memento.runs.qa.OnlineLoop`) in place of the game loop:
 
 - the **environments** are the suite's question families (``StreamBenchConfig.envs``; all of them when empty),
   each with its first ``train_per_env`` train questions and its first ``test_per_env`` test questions (file
@@ -18,13 +18,13 @@ The same protocol as the game stream (:mod:`memento.bench.stream`), with the onl
   stream every family's test questions are answered again;
 - ``none`` shows no case at all (no bank);
 - a family's score is the success rate under exact match (the mean reward); OP, BwT and the final success are
-  :func:`memento.lifelong.lifelong_metrics` of those, as for games.
+  :func:`memento.runs.lifelong.lifelong_metrics` of those, as for games.
 
 The arms (``none``, ``similarity``, ``cfgm``, ``lifemem``, ``soft_q-all``, and ``plugmem``, ``soft_q-every``
 when named) are the game stream's, with the online loop's policies (similarity: positive-only, Memento's
 non-parametric client; soft-Q: the loop's default, anchored on cosine, with case features that include the
 kind). The memory systems in question answering have no key-information reflection and no retries
-(:class:`memento.loop.LoopConfig`).
+(:class:`memento.runs.qa.LoopConfig`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from memento.bench.games import _frozen
 from memento.errors import ConfigError
-from memento.lifelong import lifelong_metrics
+from memento.runs.lifelong import lifelong_metrics
 from memento.types import Case, Task
 
 __all__ = ["qa_seed_cases", "qa_stream_tasks", "run_qa_arm"]
@@ -45,7 +45,7 @@ def qa_stream_tasks(suite: str, envs: tuple[str, ...], train_per_env: int,
                     test_per_env: int) -> tuple[dict[str, list[Task]], dict[str, list[Task]]]:
     """Per family: the first ``train_per_env`` train and ``test_per_env`` test questions of ``suite``."""
     from memento.envs.tasks import load_suite
-    from memento.loop import task_env
+    from memento.runs.qa import task_env
 
     train: dict[str, list[Task]] = {}
     test: dict[str, list[Task]] = {}
@@ -76,7 +76,7 @@ def qa_seed_cases(suite: str) -> list[Case]:
 
 def _loop_config(config: Any, arm: str, seed: int) -> tuple[bool, Any]:
     from memento.bench.stream import stream_arm
-    from memento.loop import LoopConfig
+    from memento.runs.qa import LoopConfig
 
     memory, policy, systems = stream_arm(arm, questions=True)
     return memory, LoopConfig(k=config.k, candidates=config.candidates, policy=policy, systems=systems, seed=seed,
@@ -102,7 +102,7 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
                seed_cases: list[Case] | None = None) -> dict[str, Any]:
     """One arm of one seed and order (see the module docstring): its entry in the results."""
     from memento.bench.stream import learned_and_final, per_call
-    from memento.loop import run_online
+    from memento.runs.qa import run_online
 
     memory, base = _loop_config(config, arm, seed)
     tasks = [task for _, task in stream]

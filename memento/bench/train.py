@@ -2,12 +2,12 @@
 
 Training: a replay buffer is filled with random decisions (unit-norm state and K case vectors,
 binary rewards, propensities), then for each Q-network architecture a fresh
-:class:`~memento.learner.SoftQLearner` (single-step BCE, ``gamma = 0``, target update every
+:class:`~memento.learn.learner.SoftQLearner` (single-step BCE, ``gamma = 0``, target update every
 step) runs ``steps`` iterations of ``buffer.sample(B)`` + ``learner.update(batch)`` after a few
 warm-up steps. Throughput counts (state, case, reward) samples: each decision of a batch
 contributes its K pairs, so one step trains ``B * K`` samples (decisions/s is reported too).
 
-Replay: the p50/p99 latency (microseconds) of ``add`` of one :class:`~memento.replay.Transition`
+Replay: the p50/p99 latency (microseconds) of ``add`` of one :class:`~memento.learn.replay.Transition`
 (and of building that checked Transition), ``add_batch`` of B decisions and ``sample(B)``.
 
 Everything runs on ``device`` (``auto``: CUDA when present, else CPU), which is recorded. Each
@@ -31,9 +31,9 @@ import numpy as np
 from memento.bench.bank import _write
 from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig
 from memento.errors import ConfigError
-from memento.learner import SoftQLearner
-from memento.qnet import build_qnet
-from memento.replay import ReplayBuffer, Transition
+from memento.learn.learner import SoftQLearner
+from memento.learn.qnet import build_qnet
+from memento.learn.replay import ReplayBuffer, Transition
 
 __all__ = ["Trainer", "TrainBenchConfig", "format_table", "run_train_bench"]
 

@@ -2,8 +2,6 @@
 
 - ``synthetic``: SYNTHETIC contextual bandits over a generated case bank with a known oracle
   (exact success probabilities, so regret can be measured); not real data.
-- ``regret``: the regret experiment, Memento's Algorithm 1 run on a synthetic bandit with any
-  policy (:func:`run_regret`).
 - ``textworld``: TextWorld text games (generated from a seed, admissible commands, score, win) as a
   multi-step environment, and the game suites with train/test/ood splits; import
   ``memento.envs.textworld`` directly (TextWorld is the optional extra ``memento-mdp[games]``).
@@ -11,7 +9,6 @@
 Planned: JSONL task suites (DESIGN §6 Task JSONL).
 """
 
-from memento.envs.regret import RegretConfig, RegretResult, run_regret
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
 
-__all__ = ["RegretConfig", "RegretResult", "SyntheticBandit", "SyntheticBanditConfig", "run_regret"]
+__all__ = ["SyntheticBandit", "SyntheticBanditConfig"]

@@ -6,7 +6,7 @@ A bank is a directory::
     index.faiss    the faiss index over the embeddings (position p = case at position p)
     index.json     which bank and how many positions the index file covers
 
-Two optional tables serve the Q-network's case features (:mod:`memento.features`), created on first
+Two optional tables serve the Q-network's case features (:mod:`memento.learn.features`), created on first
 write, so a bank that never uses them is left byte for byte as it was:
 
 - ``usage (step, pos, reward)``: one row per time a case was shown (``record_usage``), so the usage
@@ -25,7 +25,7 @@ rows than SQLite is rebuilt. Positions are dense: a case's row is never removed 
 tombstone to a ``deleted (pos, id, time, replaced_by)`` table (created on the first deletion), and every
 search, candidate set and listing (``iter_cases``, ``export_jsonl``) leaves tombstoned positions out (the faiss
 index keeps their vectors and is searched with a filter). So positions stay dense, the index file and the
-artifact's append-only row digests (:mod:`memento.artifact`) stay valid, and logged decisions that chose a
+artifact's append-only row digests (:mod:`memento.selector.artifact`) stay valid, and logged decisions that chose a
 deleted case can still be replayed (``embeddings``/``positions_of``/``get`` still read its row). The row's
 text stays in ``cases.sqlite``; its usage rows and action vector are removed. A deleted case's id is never
 reused: ``replace`` stores the new content under a new id.

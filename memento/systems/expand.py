@@ -22,7 +22,7 @@ plugmem items) and ``tokens_C`` (the words of its ``action``, what the prompt sh
 
 Every policy chooses from the same expanded set, so "similarity over raw cases", the seed systems' own retrieval
 (``policies.cfgm``, ``policies.lifemem``, ``policies.plugmem``) and soft-Q over all kinds see the same items; a
-Q-network with case features sees each row's kind (:mod:`memento.features`). For Memento's positive-only pool an
+Q-network with case features sees each row's kind (:mod:`memento.learn.features`). For Memento's positive-only pool an
 item counts as positive (an item has no outcome of its own: its stored reward is 0).
 """
 

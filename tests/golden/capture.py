@@ -60,7 +60,7 @@ def _tensor_digest(directory: Path) -> str:
 
 def online_runs(root: Path) -> dict[str, Any]:
     from memento.config import LearnerConfig, LinUCBConfig, RandomConfig, SimilarityConfig, SoftQConfig
-    from memento.loop import LoopConfig, run_online
+    from memento.runs.qa import LoopConfig, run_online
     from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
@@ -92,8 +92,8 @@ def online_runs(root: Path) -> dict[str, Any]:
 def regret_runs(root: Path) -> dict[str, Any]:
     import dataclasses
 
-    from memento.envs.regret import RegretConfig, regret_policy, run_regret
     from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
+    from memento.runs.regret import RegretConfig, regret_policy, run_regret
     from policies import make_policy
 
     out: dict[str, Any] = {}
@@ -112,8 +112,8 @@ def regret_runs(root: Path) -> dict[str, Any]:
 
 def selector_run(root: Path) -> dict[str, Any]:
     from memento.config import SoftQConfig
-    from memento.export import export_selector, load_selector
-    from memento.loop import LoopConfig, run_online
+    from memento.runs.qa import LoopConfig, run_online
+    from memento.selector.export import export_selector, load_selector
     from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from memento.config import SoftQConfig
-from memento.export import export_selector
-from memento.loop import LoopConfig, run_online
+from memento.runs.qa import LoopConfig, run_online
+from memento.selector.export import export_selector
 from policies import make_policy
 from tests.loop_env import ExactJudge, make_env
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memento.actor import ActorConfig, CommandActor
 from memento.planners import HFPlanner
+from memento.planners.actor import ActorConfig, CommandActor
 from memento.types import Case, Task
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def test_gemma_plays_a_tiny_game_with_per_step_cases_and_soft_td(gemma, encoder,
     import dataclasses
     import json
 
-    from memento.gameloop import GameLoopConfig, game_policy, run_games
+    from memento.runs.games import GameLoopConfig, game_policy, run_games
     from policies import make_policy
 
     policy = dataclasses.replace(game_policy("soft_q", gamma=0.9), warmup=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from memento.cli import main
+from memento.cli.entry import main
 
 
 def test_bench_online_synthetic_and_overhead(tmp_path, capsys):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memento.cli import main
+from memento.cli.entry import main
 
 pytestmark = pytest.mark.slow
 

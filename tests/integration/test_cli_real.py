@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _memento(*args: str) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("memento")
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "memento.cli"]
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "memento"]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy())
 
 

@@ -22,15 +22,15 @@ import pytest
 import torch
 
 from memento.config import SoftQConfig
-from memento.export import export_selector, load_selector, verify
-from memento.loop import LoopConfig, run_online
+from memento.runs.qa import LoopConfig, run_online
+from memento.selector.export import export_selector, load_selector, verify
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("lightning", "pytorch_lightning", "lightning_fabric", "training", "openai", "anthropic", "fastapi",
-           "uvicorn", "starlette", "mcp", "memento.planners", "memento.serve", "memento._serve_http",
-           "memento.mcp_server")
+           "uvicorn", "starlette", "mcp", "memento.planners", "memento.serve.app", "memento.serve.http",
+           "memento.serve.mcp")
 
 _DRIVER = """
 import importlib.abc, json, sys
@@ -109,7 +109,7 @@ def test_load_select_learn_save_without_lightning_or_llm_clients(hashing_artifac
 
 @pytest.mark.slow
 def test_real_encoder_text_query_in_a_fresh_process(encoder, tmp_path: Path) -> None:
-    from memento.learner import SoftQLearner
+    from memento.learn.learner import SoftQLearner
     from memento.memory import CaseBank
     from policies import SoftQPolicy
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from memento.cli import main
+from memento.cli.entry import main
 from memento.envs.tasks import suite_dir
 
 pytestmark = pytest.mark.slow

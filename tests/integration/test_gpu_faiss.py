@@ -22,9 +22,9 @@ def _needs_faiss_gpu() -> None:
 
 
 def test_selector_on_cuda_searches_on_the_gpu(tmp_path: Path) -> None:
-    from memento.export import create_selector
     from memento.memory import CaseBank
-    from memento.selector import Selector
+    from memento.selector.export import create_selector
+    from memento.selector.runtime import Selector
     from memento.types import Case
 
     _needs_faiss_gpu()
@@ -41,7 +41,7 @@ def test_selector_on_cuda_searches_on_the_gpu(tmp_path: Path) -> None:
 
 
 def test_the_loop_on_cuda_searches_on_the_gpu(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from memento.loop import LoopConfig, OnlineLoop
+    from memento.runs.qa import LoopConfig, OnlineLoop
     from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 

@@ -14,8 +14,8 @@ import pytest
 
 from memento.config import EncoderConfig, LearnerConfig, QNetConfig
 from memento.envs.tasks import load_suite, seed_cases
-from memento.labels import LabelConfig, label_tasks, read_labels, summary_path
-from memento.learner import SoftQLearner
+from memento.learn.labels import LabelConfig, label_tasks, read_labels, summary_path
+from memento.learn.learner import SoftQLearner
 from memento.memory import CaseBank
 from memento.planners import HFPlanner
 from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig

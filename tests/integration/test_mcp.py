@@ -33,7 +33,7 @@ def test_mcp_tools_over_stdio(artifact: Path, tmp_path: Path) -> None:
         before = selector.stats()
     env = {key: os.environ[key] for key in ("HOME", "MEMENTO_CACHE_DIR") if key in os.environ}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
-    params = StdioServerParameters(command=sys.executable, args=["-m", "memento.cli", "mcp", str(artifact)],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "memento", "mcp", str(artifact)],
                                    env=env, cwd=str(ROOT))
     seen: dict[str, Any] = {}
 

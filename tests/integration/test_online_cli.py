@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memento.cli import main
+from memento.cli.entry import main
 
 TASKS = [
     {"id": "t1", "question": "What is the capital of France?", "answers": ["Paris"], "family": "capital"},

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from memento.config import PolicyKind, QNetConfig, SoftQConfig, from_dict
-from memento.envs import RegretConfig, RegretResult, SyntheticBandit, SyntheticBanditConfig, run_regret
-from memento.envs.regret import regret_policy
+from memento.envs import SyntheticBandit, SyntheticBanditConfig
 from memento.errors import BankError, ConfigError
 from memento.memory import CaseBank
+from memento.runs.regret import RegretConfig, RegretResult, regret_policy, run_regret
 from policies import make_policy
 
 # The default world: 8 task types, 400 cases (30 % tight look-alike distractors), dim 32, mean aggregate.

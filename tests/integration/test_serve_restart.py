@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from memento.bench.serve import HttpClient, ServerProcess
-from memento.pending import PENDING_NAME
+from memento.selector.pending import PENDING_NAME
 from tests.integration.serve_helpers import make_real_artifact
 from tests.loop_env import HashingEncoder
 

@@ -33,7 +33,7 @@ def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
 
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
-    from memento.export import create_selector
+    from memento.selector.export import create_selector
 
     rng = np.random.default_rng(0)
     with CaseBank.create(tmp_path / "bank", DIM, index="Flat") as bank:

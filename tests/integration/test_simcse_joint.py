@@ -1,4 +1,4 @@
-"""Joint mode: one Lightning step through memento.learner.soft_q_loss updates the real encoder and the Q head."""
+"""Joint mode: one Lightning step through memento.learn.learner.soft_q_loss updates the real encoder and the Q head."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 import training.joint
 from memento.config import QNetConfig
 from memento.encoders import Encoder
-from memento.learner import SoftQLearner
-from memento.qnet import build_qnet
+from memento.learn.learner import SoftQLearner
+from memento.learn.qnet import build_qnet
 from training.config import LightningConfig
 from training.joint import JointConfig, train_joint
 from training.simcse import load_pairs

@@ -142,7 +142,7 @@ def test_seeded_runs_are_identical(tmp_path: Path) -> None:
 
 
 def test_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     out = tmp_path / "run"
     code = main(["train-encoder", "--data", str(SIMCSE / "pairs.jsonl"), "--mode", "sup", "--out", str(out),

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from memento.cli import main
+from memento.cli.entry import main
 from memento.config import RandomConfig, SoftQConfig
-from memento.export import load_selector
-from memento.learner import SoftQLearner
-from memento.loop import LoopConfig, run_online
+from memento.learn.learner import SoftQLearner
 from memento.memory import CaseBank
+from memento.runs.qa import LoopConfig, run_online
+from memento.selector.export import load_selector
 from policies import SimilarityConfig, SimilarityPolicy, SoftQPolicy, bank_rewards, make_policy
 from tests.loop_env import ExactJudge, make_env
 
@@ -163,7 +163,7 @@ def test_ddp_on_two_cpu_processes(tmp_path):
 
     out = tmp_path / "run"
     root = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "-m", "memento.cli", "train", "--from-memento", str(FIXTURES / "training_data.jsonl"),
+    command = [sys.executable, "-m", "memento", "train", "--from-memento", str(FIXTURES / "training_data.jsonl"),
                "--memory", str(FIXTURES / "memory.jsonl"), "--out", str(out), "--max-epochs", "2", "--batch-size",
                "64", "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", "--no-progress"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from memento.learner import SoftQLearner
+from memento.learn.learner import SoftQLearner
 from tests.unit.test_training_data import synthetic_data
 from tests.unit.test_training_module import _config
 from training.run import resolve_precision, train_q

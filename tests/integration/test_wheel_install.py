@@ -144,7 +144,7 @@ from pathlib import Path
 
 import memento
 from memento.envs.tasks import load_suite
-from memento.shipped import shipped_selector
+from memento.selector.shipped import shipped_selector
 
 # the shipped selector (data/facts-real/selector over the suite's seed cases), built here on first use
 path = shipped_selector("facts-real", Path(sys.argv[1]) / "selector")

@@ -1,4 +1,4 @@
-"""The command actor (memento.actor) with fake planners, and HFPlanner.score_options on tiny random models."""
+"""The command actor (memento.planners.actor) with fake planners, and HFPlanner.score_options on tiny random models."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento.actor import ActorChoice, ActorConfig, CommandActor, case_proposals, match_command
 from memento.errors import ConfigError, GameError
 from memento.planners import CallablePlanner, HFPlanner, PlannerError
+from memento.planners.actor import ActorChoice, ActorConfig, CommandActor, case_proposals, match_command
 from memento.planners.base import AnswerScore
 from memento.types import Case, Task
 

@@ -13,8 +13,8 @@ import pytest
 
 import memento
 from memento.errors import MementoError
-from memento.export import load_selector
 from memento.memory import CaseBank
+from memento.selector.export import load_selector
 from tests.loop_env import HashingEncoder, make_env
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -27,7 +27,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env, encoder = make_env(), HashingEncoder()
     with CaseBank.create(root / "bank", encoder.dim, index="Flat") as bank:
         bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
-    return memento.export.create_selector(root / "bank", root / "selector", k=3, warmup=1)
+    return memento.selector.export.create_selector(root / "bank", root / "selector", k=3, warmup=1)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """An artifact never reaches outside its directory: no symbolic link is followed, no manifest entry escapes.
 
 A small artifact (8 cases, dim 16, a few feedbacks, one save) is built once per module with
-:func:`memento.export.create_selector`; every test works on a copy. A planted link points to a copy of
+:func:`memento.selector.export.create_selector`; every test works on a copy. A planted link points to a copy of
 what it replaces (so its checksum still matches) or to a directory of sentinel files, and the test
 checks that loading, verifying and saving refuse with one ``CheckpointError`` line naming the entry and
 that nothing outside the artifact changed.
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from memento.artifact import (
+from memento.errors import CheckpointError
+from memento.memory import CaseBank
+from memento.selector.artifact import (
     BANK_DB,
     DERIVED_FILES,
     FEEDBACK_NAME,
@@ -29,9 +31,7 @@ from memento.artifact import (
     bank_rows_digest,
     feedback_rows_digest,
 )
-from memento.errors import CheckpointError
-from memento.export import create_selector, load_selector, verify
-from memento.memory import CaseBank
+from memento.selector.export import create_selector, load_selector, verify
 from tests.loop_env import HashingEncoder, make_env
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento.cli import main
+from memento.cli.entry import main
 from memento.envs.tasks import suite_dir
 from memento.memory import open_bank
 
@@ -88,7 +88,7 @@ def test_online_runs_from_a_milvus_seed_bank(seed_bank: Path, tmp_path: Path, mo
     its vector (by id: the seed bank has a deleted case in the middle), and the Milvus bank is not changed."""
     import json
 
-    import memento.cli as cli
+    import memento.cli.entry as cli
     from memento.planners.base import CallablePlanner
 
     lite = f"milvus:{tmp_path}/seed.db"

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento.cli import main
-from memento.export import create_selector, load_selector, verify
+from memento.cli.entry import main
 from memento.memory import copy_bank, open_bank
+from memento.selector.export import create_selector, load_selector, verify
 from tests.loop_env import HashingEncoder, soft_q_run
 from tests.unit.test_cli_ope import _evaluate
 

@@ -1,4 +1,4 @@
-"""memento.batching: the dynamic text-encoding batcher, the reader-writer lock and the thread-safe fronts."""
+"""memento.selector.batching: the dynamic text-encoding batcher, the reader-writer lock and the thread-safe fronts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memento.batching import (
+from memento.errors import ConfigError, DataFormatError
+from memento.selector.batching import (
     BatchedEncoder,
     BatcherClosedError,
     EncodeBatcher,
@@ -18,7 +19,6 @@ from memento.batching import (
     ReadWriteLock,
     SerialEncoder,
 )
-from memento.errors import ConfigError, DataFormatError
 from tests.loop_env import HashingEncoder
 
 

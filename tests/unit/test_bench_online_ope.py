@@ -1,5 +1,5 @@
 """The off-policy step of ``memento bench online``'s real part (memento.bench.online): per seed, after the comparison
-(memento.compare.run_comparison), ``memento evaluate``'s estimates of the greedy learned selector and of similarity
+(memento.runs.compare.run_comparison), ``memento evaluate``'s estimates of the greedy learned selector and of similarity
 from the soft_q run's log, next to the measured figures. On the synthetic text environment of tests/loop_env.py
 (a ``CallablePlanner``, the hashing encoder), patched in where the bench loads the planner, the suite and the encoder.
 """
@@ -16,7 +16,7 @@ import pytest
 import memento.bench.online as online
 import memento.envs.tasks
 from memento.bench.online import OnlineBenchConfig, format_online_table, run_online_bench
-from memento.cli import main
+from memento.cli.entry import main
 from memento.errors import ConfigError
 from memento.formats import read_steps_jsonl
 from tests.loop_env import HashingEncoder, make_env
@@ -143,7 +143,7 @@ def test_the_cli_flags(flags: list[str], ope: bool, resamples: int, tmp_path: Pa
         seen.append(config)
         return {"benchmark": "online"}
 
-    monkeypatch.setattr("memento.cli.run_online_bench", fake)
+    monkeypatch.setattr("memento.cli.entry.run_online_bench", fake)
     assert main(["bench", "online", "--parts", "real", "--torch-threads", "0", "--json", str(tmp_path / "o.json"),
                  *flags]) == 0
     capsys.readouterr()

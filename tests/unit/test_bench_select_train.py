@@ -9,7 +9,7 @@ import torch
 
 from memento.bench.select import SelectBenchConfig, format_table, run_select_bench
 from memento.bench.train import TrainBenchConfig, run_train_bench
-from memento.cli import main
+from memento.cli.entry import main
 from memento.errors import ConfigError
 
 ARCHS = ["mlp", "mlp_interact", "two_tower"]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from memento.cli import build_parser, main
+from memento.cli.entry import build_parser, main
 from memento.memory import CaseBank
 from memento.types import Case
 from tests.conftest import unit_vectors

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from memento.cli import main
+from memento.cli.entry import main
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

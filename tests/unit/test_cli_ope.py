@@ -1,4 +1,4 @@
-"""``memento evaluate`` (memento.cli_ope) on a tiny real run of the online loop: a soft-Q logger on the synthetic
+"""``memento evaluate`` (memento.cli.evaluate) on a tiny real run of the online loop: a soft-Q logger on the synthetic
 text environment of tests/loop_env.py, the hashing encoder injected through ``cmd_evaluate``'s ``encoder``."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento.cli import main
-from memento.cli_ope import add_evaluate_parser, cmd_evaluate
-from memento.ope_export import parse_vw_cb_adf
+from memento.cli.entry import main
+from memento.cli.evaluate import add_evaluate_parser, cmd_evaluate
+from memento.ope.export import parse_vw_cb_adf
 from policies import make_policy
 from tests.loop_env import HashingEncoder, soft_q_run
 
@@ -172,8 +172,8 @@ def test_a_chosen_case_without_a_positive_propensity_is_refused(run: Path, tmp_p
 
 
 def _other_dim_selector(run: Path, out: Path, dim: int) -> Path:
-    from memento.learner import SoftQLearner
-    from memento.qnet import build_qnet
+    from memento.learn.learner import SoftQLearner
+    from memento.learn.qnet import build_qnet
 
     learner = SoftQLearner.load(run / "selector", device="cpu")
     assert learner.qnet.config.dim == HashingEncoder().dim != dim

@@ -14,9 +14,9 @@ import pytest
 
 from memento.config import SoftQConfig
 from memento.errors import CheckpointError
-from memento.export import export_selector, load_selector, verify
-from memento.loop import LoopConfig, OnlineLoop
-from memento.rundir import RunDir
+from memento.runs.qa import LoopConfig, OnlineLoop
+from memento.runs.rundir import RunDir
+from memento.selector.export import export_selector, load_selector, verify
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 

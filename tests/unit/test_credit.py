@@ -19,8 +19,8 @@ import torch
 
 from memento.config import SoftQConfig
 from memento.errors import ConfigError
-from memento.loop import LoopConfig, OnlineLoop
 from memento.planners.base import CallablePlanner, PlannerError
+from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.types import Case, Task
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder

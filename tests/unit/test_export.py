@@ -19,20 +19,7 @@ import pytest
 import torch
 
 import memento
-from memento.artifact import (
-    BANK_DB,
-    DERIVED_FILES,
-    FEEDBACK_NAME,
-    READY_DIR,
-    REQUIRED_FILES,
-    STAGING_DIR,
-    SelectorConfig,
-    bank_rows_digest,
-    hash_files,
-    listed_files,
-)
-from memento.cli import main
-from memento.compare import run_comparison
+from memento.cli.entry import main
 from memento.config import LearnerConfig, QNetConfig, ReplayConfig, SoftQConfig, load_json, save_json, to_dict
 from memento.errors import (
     CheckpointError,
@@ -44,13 +31,26 @@ from memento.errors import (
     UnknownCaseError,
     UnknownSelectionError,
 )
-from memento.export import export_selector, load_selector, verify
-from memento.learner import SoftQLearner
-from memento.loop import LoopConfig
+from memento.learn.learner import SoftQLearner
+from memento.learn.qnet import build_qnet
+from memento.learn.replay import ReplayBuffer
 from memento.memory import CaseBank
-from memento.qnet import build_qnet
-from memento.replay import ReplayBuffer
-from memento.selector import Selector, write_qnet
+from memento.runs.compare import run_comparison
+from memento.runs.qa import LoopConfig
+from memento.selector.artifact import (
+    BANK_DB,
+    DERIVED_FILES,
+    FEEDBACK_NAME,
+    READY_DIR,
+    REQUIRED_FILES,
+    STAGING_DIR,
+    SelectorConfig,
+    bank_rows_digest,
+    hash_files,
+    listed_files,
+)
+from memento.selector.export import export_selector, load_selector, verify
+from memento.selector.runtime import Selector, write_qnet
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
@@ -413,7 +413,7 @@ def test_learning_changes_the_policy_version(artifact: Path) -> None:
 
 
 def test_interrupted_saves_are_finished_or_dropped(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memento.artifact as artifact_module
+    import memento.selector.artifact as artifact_module
 
     with load_selector(artifact, learn=True) as selector:
         for query in _queries():
@@ -575,7 +575,7 @@ def test_create_selector_over_a_bank_learns_from_feedback(tmp_path: Path) -> Non
     encoder = HashingEncoder()
     with CaseBank.create(tmp_path / "bank", encoder.dim, index="HNSW32,Flat") as bank:
         bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
-    out = memento.export.create_selector(tmp_path / "bank", tmp_path / "selector", k=2, warmup=1)
+    out = memento.selector.export.create_selector(tmp_path / "bank", tmp_path / "selector", k=2, warmup=1)
     report = verify(out)
     assert report["cases"] == len(env.seed_cases) and report["manifest"]["source"]["kind"] == "bank"
     assert "not trained by a run" in (out / "README.md").read_text()
@@ -588,9 +588,9 @@ def test_create_selector_over_a_bank_learns_from_feedback(tmp_path: Path) -> Non
         assert selector.stats()["replay_added"] == 2
         selector.save()
     with pytest.raises(DimensionError):
-        memento.export.create_selector(tmp_path / "bank", tmp_path / "other", qnet=QNetConfig(dim=8))
+        memento.selector.export.create_selector(tmp_path / "bank", tmp_path / "other", qnet=QNetConfig(dim=8))
     with pytest.raises(CheckpointError, match="not a case bank"):
-        memento.export.create_selector(tmp_path, tmp_path / "other")
+        memento.selector.export.create_selector(tmp_path, tmp_path / "other")
     assert not (tmp_path / "other").exists()
 
 
@@ -601,7 +601,7 @@ def test_positive_only_selector_shows_only_rewarded_cases(tmp_path: Path) -> Non
     with CaseBank.create(tmp_path / "bank", encoder.dim) as bank:
         bank.add(cases, encoder.encode([c.state for c in cases]))
         rewarded = {c.id for c in bank.iter_cases() if c.reward > 0}
-    out = memento.export.create_selector(tmp_path / "bank", tmp_path / "selector", positive_only=True)
+    out = memento.selector.export.create_selector(tmp_path / "bank", tmp_path / "selector", positive_only=True)
     assert load_json(SelectorConfig, out / "config.json").positive_only
     with load_selector(out, encoder=encoder) as selector:
         for task in env.tasks[:10]:

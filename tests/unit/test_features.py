@@ -1,4 +1,4 @@
-"""Case features (memento.features): the bank's usage log and action vectors, the Q-network that sees them, the
+"""Case features (memento.learn.features): the bank's usage log and action vectors, the Q-network that sees them, the
 soft-Q agent and the online loop with them (exact resume), and a known-answer test: two cases with the same
 question but different answers are indistinguishable to a Q-network without features and learnable with them."""
 
@@ -14,14 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memento.agent import SoftQAgent
 from memento.config import CASE_KINDS, CASE_SCALARS, LearnerConfig, QNetConfig, SoftQConfig
 from memento.errors import ConfigError, DimensionError
-from memento.features import CaseFeaturizer, case_scalars
-from memento.loop import LoopConfig, run_online
+from memento.learn.agent import SoftQAgent
+from memento.learn.features import CaseFeaturizer, case_scalars
+from memento.learn.policy import Observation, PolicyContext
+from memento.learn.qnet import build_qnet
 from memento.memory import CaseBank
-from memento.policy import Observation, PolicyContext
-from memento.qnet import build_qnet
+from memento.runs.qa import LoopConfig, run_online
 from memento.types import Case
 from policies import make_policy
 from tests.conftest import unit_vectors
@@ -220,7 +220,7 @@ def test_loop_with_features_logs_usage_and_resumes_exactly(tmp_path):
 
 
 def test_exported_selector_with_features_counts_usage_from_its_feedback_log(tmp_path):
-    from memento.export import export_selector, load_selector, verify
+    from memento.selector.export import export_selector, load_selector, verify
 
     _run(tmp_path / "run", steps=20)
     artifact = export_selector(tmp_path / "run", tmp_path / "artifact")
@@ -240,7 +240,7 @@ def test_exported_selector_with_features_counts_usage_from_its_feedback_log(tmp_
 
 
 def test_create_selector_over_a_bank_with_a_features_qnet(tmp_path):
-    from memento.export import create_selector, load_selector
+    from memento.selector.export import create_selector, load_selector
 
     bank = _bank(tmp_path)
     bank.close()

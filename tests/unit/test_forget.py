@@ -11,9 +11,9 @@ import pytest
 
 import memento
 from memento.errors import DataFormatError, UnknownCaseError
-from memento.export import load_selector, verify
 from memento.memory import CaseBank
-from memento.selector import Selector
+from memento.selector.export import load_selector, verify
+from memento.selector.runtime import Selector
 from memento.types import Case
 from tests.loop_env import HashingEncoder, make_env
 
@@ -32,7 +32,7 @@ def _bank(path: Path, index: str = "Flat") -> tuple[CaseBank, list[Case], Hashin
 def artifact(tmp_path: Path) -> tuple[Path, HashingEncoder]:
     bank, _, encoder = _bank(tmp_path / "bank", "HNSW32,Flat")
     bank.close()
-    out = memento.export.create_selector(tmp_path / "bank", tmp_path / "selector", k=2, warmup=1)
+    out = memento.selector.export.create_selector(tmp_path / "bank", tmp_path / "selector", k=2, warmup=1)
     return out, encoder
 
 
@@ -161,7 +161,7 @@ def test_http_delete_and_replace_a_case(artifact: tuple[Path, HashingEncoder]) -
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from memento.serve import create_app
+    from memento.serve.app import create_app
 
     out, encoder = artifact
     query = make_env().tasks[0].question

@@ -24,7 +24,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from memento.artifact import SelectorConfig
 from memento.config import load_json
 from memento.errors import ConfigError, MementoError
 from memento.formats import (
@@ -37,8 +36,9 @@ from memento.formats import (
     read_steps_jsonl,
     read_tasks_jsonl,
 )
-from memento.labels import read_label_tasks, read_labels
-from memento.loop import LoopConfig
+from memento.learn.labels import read_label_tasks, read_labels
+from memento.runs.qa import LoopConfig
+from memento.selector.artifact import SelectorConfig
 
 FUZZ = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
@@ -255,7 +255,7 @@ def test_rewards_jsonl_loads_or_refuses_in_one_line(workdir: Path, rewards_cases
 
 def _config_bases() -> list[tuple[type, dict[str, Any]]]:
     from memento.config import IndexConfig, LearnerConfig, QNetConfig, ReplayConfig, to_dict
-    from memento.loop import loop_policy
+    from memento.runs.qa import loop_policy
     from training.config import DataConfig, TrainConfig
 
     qnet = QNetConfig(dim=16)
@@ -294,8 +294,8 @@ def http(workdir: Path) -> Iterator[Any]:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from memento.export import load_selector
-    from memento.serve import create_app
+    from memento.selector.export import load_selector
+    from memento.serve.app import create_app
     from tests.loop_env import HashingEncoder
 
     art = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "artifacts" / "v1-selector",
@@ -348,7 +348,7 @@ def bank_dir(workdir: Path) -> Path:
                             ("memento-training", _PAIR)]).flatmap(lambda j: st.tuples(st.just(j[0]), _files_for(j[1]))))
 def test_bank_import_refuses_in_one_line_and_changes_nothing(workdir: Path, bank_dir: Path, capsys: Any,
                                                              job: tuple[str, bytes]) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     fmt, content = job
 

@@ -1,4 +1,4 @@
-"""The game loop (memento.gameloop) on real tiny TextWorld games with a scripted planner and a hashing encoder."""
+"""The game loop (memento.runs.games) on real tiny TextWorld games with a scripted planner and a hashing encoder."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from memento.config import SimilarityConfig, from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, GameError
-from memento.gameloop import GameLoop, GameLoopConfig, discounted_returns, game_policy, run_games
+from memento.learn.replay import ReplayBuffer
 from memento.memory import CaseBank
-from memento.replay import ReplayBuffer
+from memento.runs.games import GameLoop, GameLoopConfig, discounted_returns, game_policy, run_games
 from policies import make_policy
 from tests.game_env import HashingEncoder, ScriptedPlanner, walkthrough_commands
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig
-from memento.gameloop import GameLoop, GameLoopConfig, game_policy, run_games
 from memento.memory import CaseBank
 from memento.planners.base import PlanOutput
+from memento.runs.games import GameLoop, GameLoopConfig, game_policy, run_games
 from memento.systems.items import ItemGraph
 from memento.systems.runtime import SystemsConfig, split_notes
 from memento.types import Case
@@ -190,7 +190,7 @@ def test_default_systems_config_keeps_the_plain_loop(tmp_path: Path, games, pref
 
 
 def test_items_and_their_links_survive_export_and_load(tmp_path: Path, games, preferred) -> None:
-    from memento.export import create_selector, load_selector
+    from memento.selector.export import create_selector, load_selector
 
     policy = dataclasses.replace(game_policy("soft_q"), warmup=2)
     config = _config(episodes=7, policy=policy,

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 import memento
-from memento.artifact import EncoderSpec, read_encoder_spec
 from memento.encoders import Encoder, default_model_path
 from memento.errors import CheckpointError, EncoderError
-from memento.export import create_selector, load_selector, verify
 from memento.memory import CaseBank
+from memento.selector.artifact import EncoderSpec, read_encoder_spec
+from memento.selector.export import create_selector, load_selector, verify
 from memento.types import Case
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -127,7 +127,7 @@ def test_encoder_files_must_stay_inside_the_artifact(tmp_path: Path) -> None:
 
 
 def test_hub_and_bundled_encoders_are_stored_by_name(tmp_path: Path, hub_cache: Path) -> None:
-    from memento.artifact import write_encoder_spec
+    from memento.selector.artifact import write_encoder_spec
 
     snapshot = _cache_repo(hub_cache, "org/mini", default_model_path())
     for model, expected in ((str(snapshot), ("org/mini", COMMIT)), (f"org/mini@{COMMIT}", ("org/mini", COMMIT)),
@@ -198,7 +198,7 @@ def test_the_model_card_front_matter_is_what_the_hub_reads(tmp_path: Path) -> No
     assert front["library_name"] == "memento-mdp"
     assert front["tags"] == ["memento", "case-based-reasoning", "retrieval", "soft-q"]
     assert front["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
-    from memento.artifact import card_front_matter
+    from memento.selector.artifact import card_front_matter
 
     manifest = {"source": {"policy": "soft_q", "suite": "facts", "summary": {"success_rate": 0.75}}}
     front = yaml.safe_load("\n".join(card_front_matter(manifest, EncoderSpec(model="BAAI/bge-small-en-v1.5",

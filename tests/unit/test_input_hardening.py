@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from memento import io as memento_io
-from memento.cli import main
+from memento.cli.entry import main
 from memento.config import EncoderConfig, load_json
 from memento.errors import ConfigError, DataFormatError
 from memento.formats import (
@@ -28,8 +28,8 @@ from memento.formats import (
     read_tasks_jsonl,
 )
 from memento.io import atomic_write, atomic_write_text
-from memento.loop import LoopConfig
 from memento.memory import CaseBank
+from memento.runs.qa import LoopConfig
 from memento.types import Case
 from tests.conftest import unit_vectors
 
@@ -263,7 +263,7 @@ def test_import_jsonl_checks_ids_before_encoding(tmp_path: Path, rng: Any) -> No
 def _searchable_bank(path: Path, rng: Any, monkeypatch: pytest.MonkeyPatch, n: int = 5) -> None:
     with CaseBank.create(path, DIM, encoder=EncoderConfig()) as bank:
         bank.add([Case(state=f"s{i}", action=f"a{i}", reward=1.0) for i in range(n)], unit_vectors(rng, n, DIM))
-    monkeypatch.setattr("memento.cli._load_encoder", lambda config: _CountingEncoder())
+    monkeypatch.setattr("memento.cli.entry._load_encoder", lambda config: _CountingEncoder())
 
 
 def test_bank_search_with_a_huge_k_finds_every_case(tmp_path: Path, rng: Any, capsys: Any,
@@ -422,7 +422,7 @@ def http() -> Any:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from memento.serve import create_app
+    from memento.serve.app import create_app
     from tests.unit.test_serve import AUTH, TOKEN, FakeSelector
 
     with TestClient(create_app(FakeSelector(), token=TOKEN)) as client:

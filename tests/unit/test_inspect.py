@@ -14,9 +14,9 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from memento.config import SoftQConfig  # noqa: E402
-from memento.inspect import Inspector, inspect_app, svg_line_chart  # noqa: E402
-from memento.loop import LoopConfig, run_online  # noqa: E402
 from memento.memory import CaseBank  # noqa: E402
+from memento.runs.qa import LoopConfig, run_online  # noqa: E402
+from memento.serve.inspector import Inspector, inspect_app, svg_line_chart  # noqa: E402
 from memento.types import Case  # noqa: E402
 from policies import make_policy  # noqa: E402
 from tests.loop_env import ExactJudge, HashingEncoder, make_env  # noqa: E402
@@ -173,7 +173,7 @@ def test_token(run_dir):
 
 
 def test_mounted_under_serve():
-    from memento.serve import create_app
+    from memento.serve.app import create_app
     from tests.unit.test_serve import TOKEN as SERVE_TOKEN
     from tests.unit.test_serve import FakeSelector
 
@@ -197,8 +197,8 @@ def test_not_a_run(tmp_path):
 
 
 def test_selector_artifact_and_its_feedback_log(tmp_path):
-    from memento.export import export_selector
-    from memento.selector import Selector
+    from memento.selector.export import export_selector
+    from memento.selector.runtime import Selector
 
     make_run(tmp_path / "run", steps=8)
     artifact = export_selector(tmp_path / "run", tmp_path / "selector")

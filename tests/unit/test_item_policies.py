@@ -7,9 +7,9 @@ import pytest
 
 from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, check_policy
 from memento.errors import ConfigError
-from memento.gameloop import game_policy
+from memento.learn.policy import PolicyContext
 from memento.memory import CaseBank
-from memento.policy import PolicyContext
+from memento.runs.games import game_policy
 from memento.systems.expand import ItemCandidates, expand_candidates
 from memento.systems.items import ItemGraph, make_item
 from memento.types import Case
@@ -105,7 +105,7 @@ def test_lifemem_takes_trajectories_and_their_clusters_skills_once(world):
 
 
 def test_soft_q_with_case_features_chooses_among_every_kind(world):
-    from memento.features import CaseFeaturizer
+    from memento.learn.features import CaseFeaturizer
 
     bank, graph, ids = world
     state = _unit(1, 0.1, 0, 0)

@@ -1,4 +1,4 @@
-"""memento.labels and `memento score`: planner-scored labels with a CallablePlanner of known scores.
+"""memento.learn.labels and `memento score`: planner-scored labels with a CallablePlanner of known scores.
 
 The planner here is a function whose log-likelihoods are known in advance, so every label can be checked
 exactly; texts are encoded with the hashing encoder of tests/loop_env.py (no model is loaded).
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento import cli
+from memento.cli import entry as cli
 from memento.errors import ConfigError, DataFormatError
-from memento.labels import (
+from memento.learn.labels import (
     LabelConfig,
     LabelCost,
     LabelRow,

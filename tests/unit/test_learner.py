@@ -14,9 +14,9 @@ from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
-from memento.learner import SoftQLearner, masked_entropy, polyak_update, soft_value
-from memento.qnet import build_qnet
-from memento.replay import ReplayBatch, ReplayBuffer
+from memento.learn.learner import SoftQLearner, masked_entropy, polyak_update, soft_value
+from memento.learn.qnet import build_qnet
+from memento.learn.replay import ReplayBatch, ReplayBuffer
 
 
 def _batch(b: int, k: int, d: int, *, seed: int = 0, c: int | None = None, mask_BK=None, reward_B=None,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from memento.errors import ConfigError, DataFormatError
-from memento.lifelong import learned_points, lifelong_metrics, stream_order
+from memento.runs.lifelong import learned_points, lifelong_metrics, stream_order
 
 TASKS = {"coin": ["c1", "c2", "c3"], "treasure": ["t1", "t2"], "qa": ["q1"]}
 

@@ -1,4 +1,4 @@
-"""The online loop (memento.loop) on a SYNTHETIC text environment (tests/loop_env.py).
+"""The online loop (memento.runs.qa) on a SYNTHETIC text environment (tests/loop_env.py).
 
 The main learning test runs the real encoder, a real SQLite + faiss bank, the real policies, replay
 buffer and learner, with a format-copying ``CallablePlanner`` and an exact-match judge. On that
@@ -23,7 +23,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memento.compare import comparison_table, run_comparison
 from memento.config import (
     POLICY_CONFIGS,
     LearnerConfig,
@@ -37,11 +36,12 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError
-from memento.loop import COMPONENTS, LoopConfig, OnlineLoop, loop_policy, run_online, success_by_window, task_order
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
 from memento.planners.spec import PlannerSpec, parse_planner_spec
 from memento.plots import moving_average, plot_learning_curves
+from memento.runs.compare import comparison_table, run_comparison
+from memento.runs.qa import COMPONENTS, LoopConfig, OnlineLoop, loop_policy, run_online, success_by_window, task_order
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, Judged, make_env
 

@@ -11,9 +11,9 @@ import pytest
 
 from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig
 from memento.errors import ConfigError
-from memento.loop import LoopConfig, loop_policy, run_online, task_env
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
+from memento.runs.qa import LoopConfig, loop_policy, run_online, task_env
 from memento.systems.items import ItemGraph
 from memento.systems.runtime import SystemsConfig
 from memento.types import Case, Task

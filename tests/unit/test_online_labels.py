@@ -24,9 +24,9 @@ import torch
 
 from memento.config import OnlineLabelsConfig, SoftQConfig
 from memento.errors import ConfigError
-from memento.labels import read_labels
-from memento.loop import LoopConfig, OnlineLoop, loop_policy
+from memento.learn.labels import read_labels
 from memento.planners.base import CallablePlanner
+from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
 from memento.types import Case, Task
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder
@@ -170,14 +170,14 @@ def test_labels_config_bounds() -> None:
 
 
 def test_game_loop_refuses_labels() -> None:
-    from memento.gameloop import GameLoopConfig
+    from memento.runs.games import GameLoopConfig
 
     with pytest.raises(ConfigError, match="labels"):
         GameLoopConfig(policy=_labels_policy())
 
 
 def test_cli_labels_with_a_server_without_logprobs_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
     from tests.unit.test_openai_compat import FakeServer
 
     tasks = tmp_path / "tasks.jsonl"

@@ -1,5 +1,6 @@
-"""Off-policy evaluation (memento.ope) on the SYNTHETIC bandit, whose oracle gives every target's true value exactly,
-and the exports (memento.ope_export)."""
+"""Off-policy evaluation (memento.ope.estimators) on the SYNTHETIC bandit,
+whose oracle gives every target's true value exactly,
+and the exports (memento.ope.export)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from memento.envs import SyntheticBandit, SyntheticBanditConfig
 from memento.errors import ConfigError, DataFormatError
-from memento.ope import (
+from memento.ope.estimators import (
     OPEConfig,
     OPEResult,
     RewardModelConfig,
@@ -35,7 +36,7 @@ from memento.ope import (
     snips,
     support_violation,
 )
-from memento.ope_export import ExportRound, obp_bandit_feedback, parse_vw_cb_adf, write_obp_json, write_vw_cb_adf
+from memento.ope.export import ExportRound, obp_bandit_feedback, parse_vw_cb_adf, write_obp_json, write_vw_cb_adf
 
 
 def _softmax(x_MC: np.ndarray) -> np.ndarray:
@@ -149,13 +150,13 @@ def test_support_violation_warns_and_is_recorded(caplog: pytest.LogCaptureFixtur
     p_log_NC = np.array([[0.5, 0.5, 0.0], [0.2, 0.8, 0.0], [0.4, 0.6, 0.0]])
     uniform_NC = np.full((3, 3), 1 / 3)
     np.testing.assert_allclose(support_violation(p_log_NC, uniform_NC), [1 / 3, 1 / 3, 1 / 3])
-    with caplog.at_level(logging.WARNING, logger="memento.ope"):
+    with caplog.at_level(logging.WARNING, logger="memento.ope.estimators"):
         results = estimate_k1([1.0, 0.0, 1.0], [0, 1, 0], p_log_NC, uniform_NC, config=OPEConfig(n_boot=0))
     assert any("support violation" in record.getMessage() for record in caplog.records)
     assert all(any("support violation: in 3 of 3 rounds" in w for w in r.warnings) for r in results)
     inside_NC = np.array([[0.9, 0.1, 0.0]] * 3)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="memento.ope"):
+    with caplog.at_level(logging.WARNING, logger="memento.ope.estimators"):
         results = estimate_k1([1.0, 0.0, 1.0], [0, 1, 0], p_log_NC, inside_NC, config=OPEConfig(n_boot=0))
     assert not caplog.records and not any(r.warnings for r in results)
     assert results[0].ci_low is None and results[0].ci_high is None  # no resamples, no interval
@@ -415,7 +416,7 @@ def test_vw_cb_adf_is_read_by_vowpal_wabbit_when_installed(world: World) -> None
     """A cross-check against VW's own parser (the ``ope`` extra, in the development install: never skipped)."""
     from vowpalwabbit import pyvw
 
-    from memento.ope_export import vw_cb_adf_lines
+    from memento.ope.export import vw_cb_adf_lines
 
     rounds = _export_rounds(world, n=4)
     lines = list(vw_cb_adf_lines(rounds))

@@ -165,12 +165,12 @@ def _recorder(monkeypatch: pytest.MonkeyPatch, module: object) -> list[object]:
 
 
 def test_the_loop_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memento.loop
-    from memento.loop import LoopConfig, run_online
+    import memento.runs.qa
+    from memento.runs.qa import LoopConfig, run_online
     from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
-    calls = _recorder(monkeypatch, memento.loop)
+    calls = _recorder(monkeypatch, memento.runs.qa)
     env = make_env()
     for resume, steps in ((False, 4), (True, 6)):
         run_online(LoopConfig(steps=steps, checkpoint_every=2, tensorboard=False), make_policy=make_policy,
@@ -180,9 +180,9 @@ def test_the_loop_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pyt
 
 
 def test_the_selector_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memento.selector
-    from memento.export import create_selector
+    import memento.selector.runtime
     from memento.memory import CaseBank
+    from memento.selector.export import create_selector
     from memento.types import Case
     from tests.conftest import unit_vectors
 
@@ -190,7 +190,7 @@ def test_the_selector_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch:
     with CaseBank.create(tmp_path / "bank", 16) as bank:
         bank.add([Case(state=f"s{i}", action="a", reward=1.0) for i in range(8)], unit_vectors(rng, 8, 16))
     out = create_selector(tmp_path / "bank", tmp_path / "selector")
-    calls = _recorder(monkeypatch, memento.selector)
-    memento.selector.Selector.load(out, "cpu").close()
-    memento.selector.Selector.load(out).close()
+    calls = _recorder(monkeypatch, memento.selector.runtime)
+    memento.selector.runtime.Selector.load(out, "cpu").close()
+    memento.selector.runtime.Selector.load(out).close()
     assert calls == [torch.device("cpu")] * 2

@@ -1,4 +1,4 @@
-"""Pending selections on disk (memento.pending.PendingStore) and a Selector answering them after a restart.
+"""Pending selections on disk (memento.selector.pending.PendingStore) and a Selector answering them after a restart.
 
 The store: exact round trips (arrays bit for bit), expiry on an injected clock, the cap, concurrent puts,
 take-once and put-back, the crash reconciliation with the feedback log, refused links and foreign files,
@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import torch
 
-from memento.artifact import FEEDBACK_NAME, FeedbackLog
 from memento.config import SoftQConfig
 from memento.errors import CheckpointError, UnknownSelectionError
-from memento.export import export_selector, load_selector, verify
-from memento.loop import LoopConfig, run_online
-from memento.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
+from memento.runs.qa import LoopConfig, run_online
+from memento.selector.artifact import FEEDBACK_NAME, FeedbackLog
+from memento.selector.export import export_selector, load_selector, verify
+from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 

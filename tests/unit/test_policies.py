@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from memento.errors import ConfigError, DataFormatError, DimensionError
+from memento.learn.policy import Observation, Policy, PolicyContext, plackett_luce_prob, softmax
 from memento.memory import Candidates, CaseBank
-from memento.policy import Observation, Policy, PolicyContext, plackett_luce_prob, softmax
 from memento.types import Case, Selection
 from policies import (
     LinUCBConfig,

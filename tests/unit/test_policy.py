@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from memento.errors import DataFormatError, DimensionError
-from memento.memory import Candidates
-from memento.policy import (
+from memento.learn.policy import (
     check_candidates,
     check_k,
     gumbel_top_k,
@@ -21,6 +20,7 @@ from memento.policy import (
     softmax,
     top_k,
 )
+from memento.memory import Candidates
 from tests.conftest import unit_vectors
 
 # chi-square critical values at significance 0.001 (used when scipy is absent)

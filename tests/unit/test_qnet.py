@@ -9,7 +9,7 @@ import torch
 
 from memento.config import QNetConfig, from_dict, to_dict
 from memento.errors import ConfigError, DimensionError
-from memento.qnet import MLPQNetwork, QNetwork, TwoTowerQNetwork, build_qnet
+from memento.learn.qnet import MLPQNetwork, QNetwork, TwoTowerQNetwork, build_qnet
 
 ARCHS = ("mlp", "mlp_interact", "two_tower")
 
@@ -205,8 +205,8 @@ def test_a_fresh_anchored_network_ranks_exactly_like_cosine(arch: str) -> None:
 def test_the_anchored_residual_learns_against_similarity() -> None:
     """Two cases; the more similar one always fails, the other always succeeds: BCE moves the ranking."""
     from memento.config import LearnerConfig
-    from memento.learner import SoftQLearner
-    from memento.replay import ReplayBatch
+    from memento.learn.learner import SoftQLearner
+    from memento.learn.replay import ReplayBatch
 
     torch.manual_seed(0)
     net = build_qnet(QNetConfig(dim=4, hidden=16, dropout=0.0, anchor="cosine", anchor_scale=2.0))

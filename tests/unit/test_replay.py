@@ -10,7 +10,7 @@ import torch
 
 from memento.config import ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, MementoError
-from memento.replay import ReplayBatch, ReplayBuffer, Transition
+from memento.learn.replay import ReplayBatch, ReplayBuffer, Transition
 
 D = 4
 
@@ -349,7 +349,7 @@ def test_buffer_on_cuda_samples_on_cuda(tmp_path) -> None:
 
 
 def test_transition_keeps_underflowing_propensities_positive():
-    from memento.replay import Transition
+    from memento.learn.replay import Transition
 
     t = Transition(state_D=np.ones(4), cases_KD=np.ones((2, 4)), reward=1.0, propensity_K=np.array([0.5, 1e-60]))
     assert t.propensity_K.dtype == np.float32 and (t.propensity_K > 0).all()

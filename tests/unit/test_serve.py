@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from memento.errors import ConfigError, DataFormatError, DimensionError, UnknownCaseError, UnknownSelectionError
-from memento.serve import (
+from memento.serve.app import (
     TOKEN_ENV,
     ServeConfig,
     ServerUnavailableError,
@@ -411,7 +411,7 @@ def test_serve_config_validation() -> None:
 
 
 def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
@@ -438,7 +438,7 @@ def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None
 def test_cli_serve_refuses_bad_auth_settings_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str], argv: list[str],
                                                          env: dict[str, str], message: str) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     for key, value in env.items():
@@ -456,7 +456,7 @@ def test_cli_serve_refuses_bad_auth_settings_in_one_line(tmp_path: Path, monkeyp
 @pytest.mark.parametrize(("command", "module"), [("serve", "fastapi"), ("serve", "uvicorn"), ("mcp", "mcp")])
 def test_cli_missing_extra_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str], command: str, module: str) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
@@ -467,7 +467,7 @@ def test_cli_missing_extra_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
 
 @pytest.mark.slow  # a fresh interpreter importing torch: 1.5-3 s
 def test_serve_and_mcp_modules_import_without_the_extras() -> None:
-    code = ("import sys, json, memento, memento.serve, memento.mcp_server\n"
+    code = ("import sys, json, memento, memento.serve.app, memento.serve.mcp\n"
             "print(json.dumps([m for m in ('fastapi', 'uvicorn', 'mcp', 'starlette') if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == []
@@ -480,7 +480,7 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
     import anyio
     from mcp import Client
 
-    from memento.mcp_server import build_mcp_server
+    from memento.serve.mcp import build_mcp_server
 
     writer = Writer(selector).start()
     server = build_mcp_server(selector, writer)
@@ -547,8 +547,8 @@ def real_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A selector over the 28 seed cases of tests/loop_env.py (hashing encoder), a Q-network with heavy dropout
     (a forward in training mode would show), learning from the first feedback."""
     from memento.config import QNetConfig
-    from memento.export import create_selector
     from memento.memory import CaseBank
+    from memento.selector.export import create_selector
     from tests.loop_env import HashingEncoder, make_env
 
     root = tmp_path_factory.mktemp("real-serve")
@@ -581,7 +581,7 @@ def _tasks() -> list[str]:
 def test_16_threads_select_in_parallel_with_feedback_in_between_and_lose_nothing(real_selector: Any) -> None:
     """Selects by text (batched) and by vector from 16 threads while the single writer records and learns from
     feedback: no error, and every acknowledged feedback is in the feedback log."""
-    from memento.artifact import FeedbackLog
+    from memento.selector.artifact import FeedbackLog
     from tests.loop_env import HashingEncoder
 
     tasks = _tasks()

@@ -17,7 +17,7 @@ import torch
 
 from memento.errors import BankError, CheckpointError, MementoError, UnknownSelectionError
 from memento.memory import CaseBank
-from memento.pending import PendingSelection, PendingStore
+from memento.selector.pending import PendingSelection, PendingStore
 from memento.types import Case
 
 TOKEN = "test-token-0123456789abcdef"
@@ -137,7 +137,7 @@ def test_shared_pending_store_enforces_the_cap_over_all_processes(tmp_path: Path
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from memento.config import QNetConfig
-    from memento.export import create_selector
+    from memento.selector.export import create_selector
 
     root = tmp_path_factory.mktemp("workers")
     rng = np.random.default_rng(4)
@@ -149,7 +149,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def pair(artifact: Path, tmp_path: Path):
     """A learner (shared) and a read-only selector over one copy of the artifact."""
-    from memento.selector import Selector
+    from memento.selector.runtime import Selector
 
     path = Path(shutil.copytree(artifact, tmp_path / "selector"))
     learner = Selector.load(path, learn=True, seed=0, shared=True)
@@ -212,7 +212,7 @@ def test_read_only_selector_refuses_writes_and_feedback_is_answered_once(pair: A
 
 
 def test_learner_save_keeps_the_readers_files_valid_and_verify_ignores_the_policy(pair: Any) -> None:
-    from memento.export import verify
+    from memento.selector.export import verify
 
     learner, reader = pair
     rng = np.random.default_rng(7)
@@ -251,8 +251,8 @@ def served(pair: Any):
     import uvicorn
     from fastapi.testclient import TestClient
 
-    from memento.selector import Selector
-    from memento.serve import LearnerLink, ServeConfig, Writer, create_app
+    from memento.selector.runtime import Selector
+    from memento.serve.app import LearnerLink, ServeConfig, Writer, create_app
 
     learner, reader = pair
     config = ServeConfig(publish_every_s=0.0, workers=3)
@@ -268,7 +268,7 @@ def served(pair: Any):
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
     other = Selector.load(learner.path, learn=False, seed=2, verify=False, read_only=True)
-    from memento._serve_http import build_app
+    from memento.serve.http import build_app
 
     workers = [TestClient(build_app(sel, token=TOKEN, config=config, writer=None,
                                     link=LearnerLink(socket_path, sel, index=i + 1, workers=3)))
@@ -336,7 +336,7 @@ def test_an_unreachable_learner_is_503(served: Any) -> None:
 
 def test_serve_config_workers_and_publish_interval_are_validated() -> None:
     from memento.errors import ConfigError
-    from memento.serve import ServeConfig
+    from memento.serve.app import ServeConfig
 
     assert ServeConfig().workers == 1 and ServeConfig().publish_every_s == 1.0
     assert ServeConfig(workers=4, publish_every_s=0.0).workers == 4
@@ -346,7 +346,7 @@ def test_serve_config_workers_and_publish_interval_are_validated() -> None:
 
 
 def test_cli_serve_help_documents_workers(capsys: pytest.CaptureFixture[str]) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

@@ -250,7 +250,7 @@ def test_sup_collate_masks_known_positives() -> None:
 
 
 def _args(argv: list[str]):
-    from memento.cli import build_parser
+    from memento.cli.entry import build_parser
 
     return build_parser().parse_args(argv)
 
@@ -276,7 +276,7 @@ def test_cli_flags_build_the_config(tmp_path: Path) -> None:
 
 
 def test_cli_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["train-encoder", "--help"])
@@ -288,7 +288,7 @@ def test_cli_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_cli_bad_data_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from memento.cli import main
+    from memento.cli.entry import main
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"state": "q", "case": "c", "reward": 1}\n{"state": "q", "case": "d"}\n')

@@ -14,11 +14,11 @@ import pytest
 
 from memento.config import PlugMemRetrievalConfig, check_policy
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
-from memento.gameloop import game_policy
-from memento.loop import LoopConfig, loop_policy, run_online
+from memento.learn.policy import PolicyContext
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlanOutput
-from memento.policy import PolicyContext
+from memento.runs.games import game_policy
+from memento.runs.qa import LoopConfig, loop_policy, run_online
 from memento.systems.expand import ItemCandidates, expand_candidates
 from memento.systems.items import ItemGraph, make_item, split_notes
 from memento.systems.llm import MemoryLLM
@@ -554,7 +554,7 @@ GAME_LOOP_REPLIES = {
 
 
 def test_game_loop_builds_plugmem_items_from_episodes_and_shows_them(tmp_path: Path, tiny_games) -> None:
-    from memento.gameloop import GameLoopConfig, run_games
+    from memento.runs.games import GameLoopConfig, run_games
     from tests.game_env import ScriptedPlanner, walkthrough_commands
 
     class Planner(ScriptedPlanner):
@@ -627,7 +627,7 @@ def _damage(bank: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["garbage", "cases_page", "meta_json", "provenance"])
 def test_online_over_a_damaged_plugmem_bank_is_one_line_and_writes_nothing(
         tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import memento.cli as cli
+    import memento.cli.entry as cli
 
     _run(tmp_path / "seed", _config())
     bank = tmp_path / "bank"

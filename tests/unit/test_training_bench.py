@@ -8,7 +8,7 @@ import pytest
 
 import training.q_module  # noqa: F401  (imports Lightning at collection, not inside the first test)
 from memento.bench.train import TrainBenchConfig, format_table
-from memento.cli import main
+from memento.cli.entry import main
 from training.bench import run_train_bench_lightning
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import training.data  # noqa: F401  (imports Lightning once, at collection, not inside the first test)
-from memento.cli import build_parser, main
+from memento.cli.entry import build_parser, main
 from memento.config import QNetConfig, to_dict
 from training.cli import build_train_config
 from training.config import TrainerConfig

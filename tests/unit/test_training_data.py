@@ -14,8 +14,8 @@ import pytest
 
 from memento.config import EncoderConfig, LearnerConfig, QNetConfig, RandomConfig, to_dict
 from memento.errors import ConfigError, DataFormatError
-from memento.loop import LoopConfig, run_online
-from memento.replay import ReplayBatch
+from memento.learn.replay import ReplayBatch
+from memento.runs.qa import LoopConfig, run_online
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 from training.config import (

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from memento import cli
+from memento.cli import entry as cli
 from memento.config import CASE_SCALARS, LearnerConfig, QNetConfig
 from memento.errors import ConfigError, DataFormatError
-from memento.labels import LabelConfig, label_tasks
-from memento.learner import SoftQLearner
-from memento.listwise import ListwiseBatch, best_in_top_k, listwise_kl
+from memento.learn.labels import LabelConfig, label_tasks
+from memento.learn.learner import SoftQLearner
+from memento.learn.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from memento.memory import CaseBank
 from memento.planners.base import AnswerScore, CallablePlanner
 from memento.types import Case, Task

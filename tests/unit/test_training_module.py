@@ -19,9 +19,9 @@ import torch
 
 from memento.config import LearnerConfig, QNetConfig, to_dict
 from memento.errors import CheckpointError
-from memento.learner import SoftQLearner
-from memento.qnet import build_qnet
-from memento.replay import ReplayBatch
+from memento.learn.learner import SoftQLearner
+from memento.learn.qnet import build_qnet
+from memento.learn.replay import ReplayBatch
 from tests.unit.test_training_data import synthetic_data
 from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
 from training.data import TrainingData

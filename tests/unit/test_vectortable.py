@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 
 from memento.config import ReplayConfig, to_dict
 from memento.errors import CheckpointError
-from memento.replay import ReplayBuffer
-from memento.vectortable import VectorTable
+from memento.learn.replay import ReplayBuffer
+from memento.learn.vectortable import VectorTable
 
 CPU = torch.device("cpu")
 

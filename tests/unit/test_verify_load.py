@@ -21,10 +21,10 @@ import pytest
 import torch
 from safetensors.torch import load, save_file
 
-from memento.artifact import BANK_DB, FEEDBACK_NAME, MANIFEST_NAME, REQUIRED_FILES
-from memento.cli import main
+from memento.cli.entry import main
 from memento.errors import CheckpointError, DimensionError, MementoError
-from memento.export import load_selector, verify
+from memento.selector.artifact import BANK_DB, FEEDBACK_NAME, MANIFEST_NAME, REQUIRED_FILES
+from memento.selector.export import load_selector, verify
 from tests.unit.test_artifact_security import build_artifact, rehash
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

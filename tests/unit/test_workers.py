@@ -1,4 +1,4 @@
-"""Ray rollout workers of the online loop (``memento online --workers N``, :mod:`memento.workers`).
+"""Ray rollout workers of the online loop (``memento online --workers N``, :mod:`memento.runs.ray`).
 
 One local Ray for the module. The runs use the synthetic text environment of ``tests/loop_env.py`` (a planner that
 copies the format of the cases it is shown, a hashing encoder) or, through the CLI, the shipped suite with an
@@ -21,19 +21,19 @@ from pathlib import Path
 import pytest
 import ray  # the dev extra (`make test`) installs it: these tests run in CI, they never skip
 
-from memento.cli import main
+from memento.cli.entry import main
 from memento.config import from_dict, to_dict
 from memento.errors import ConfigError
 from memento.formats import read_steps_jsonl
-from memento.loop import LoopConfig, loop_policy
 from memento.planners.base import CallablePlanner
-from memento.rundir import RunDir
-from memento.workers import RayOnlineLoop, WorkersConfig, import_ray, read_workers_log
+from memento.runs.qa import LoopConfig, loop_policy
+from memento.runs.ray import RayOnlineLoop, WorkersConfig, import_ray, read_workers_log
+from memento.runs.rundir import RunDir
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 ROOT = Path(__file__).resolve().parents[2]
-VOLATILE = ("time", "ms")  # what a rerun does not reproduce (module docstring of memento.workers)
+VOLATILE = ("time", "ms")  # what a rerun does not reproduce (module docstring of memento.runs.ray)
 CONFIG = LoopConfig(steps=24, k=2, candidates=8, checkpoint_every=6, tensorboard=False, seed=3, window=6,
                     policy=loop_policy("soft_q"))
 

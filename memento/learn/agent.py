@@ -1,0 +1,263 @@
+"""The soft-Q agent: Memento's parametric case-based reasoning as one object that chooses and learns.
+
+:class:`SoftQAgent` owns a Q-network, its :class:`~memento.learn.learner.SoftQLearner` (optimiser, target
+network, alpha schedule) and a :class:`~memento.learn.replay.ReplayBuffer`, and implements the
+:class:`~memento.learn.policy.Policy` protocol:
+
+- ``select``: optionally keep only the candidates with stored reward > 0 (``positive_only``; all of
+  them when none is), then draw ``k`` of them from ``softmax(Q(s, c) / alpha)`` (Gumbel-top-k with the
+  exact Plackett-Luce propensity; ``greedy`` takes the top ``k`` by Q);
+- ``observe(round)``: each decision enters the replay buffer as a
+  :class:`~memento.learn.replay.Transition` (state, the chosen cases' vectors in draw order, reward, each
+  case's first-draw propensity, clipped to the smallest float32 above 0); a decision of more than
+  ``k_max`` cases takes several rows; with per-case credit (``Observation.case_rewards_K``) each chosen case
+  is its own row with its own target. Then, with ``learn`` and once ``warmup`` decisions are logged
+  (at least one), ``updates_per_step`` gradient steps per decision of the round, each on a uniform
+  mini-batch of ``learner.batch_size`` rows (the target-network update is inside the learner). So B
+  decisions made with the same parameters are all recorded before the round's ``B *
+  updates_per_step`` steps, and the number of steps per decision does not depend on B.
+
+With online labels (``SoftQConfig.labels``, :class:`~memento.config.OnlineLabelsConfig`) an observation's
+``labels`` (the planner's score of each of its top-``m`` candidates alone) go to a
+:class:`~memento.learn.listwise.LabelBuffer`, and each gradient step also draws ``labels.batch_size`` labelled tasks
+from it and adds ``labels.weight`` times the listwise loss (:meth:`SoftQLearner.update`). The label buffer is part
+of :meth:`checkpoint` (``labels/``), so a resumed run continues exactly.
+
+``alpha`` follows the learner (fixed, scheduled or tuned) unless ``fixed_alpha`` pins it (a served
+selector whose config names one). The agent lives in the core because the served
+:class:`~memento.selector.runtime.Selector` is one; ``policies.soft_q`` re-exports it and
+``policies.make_policy`` builds it from a :class:`~memento.config.SoftQConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from memento.config import ReplayConfig, SoftQConfig
+from memento.errors import CheckpointError, ConfigError, DimensionError
+from memento.learn.learner import SoftQLearner
+from memento.learn.listwise import LabelBuffer
+from memento.learn.policy import (
+    Observation,
+    PolicyContext,
+    RewardFn,
+    boltzmann_select,
+    positive_pool,
+    q_values,
+    softmax,
+)
+from memento.learn.qnet import build_qnet
+from memento.learn.replay import ReplayBuffer, Transition
+from memento.memory import Candidates
+from memento.types import Selection
+
+__all__ = ["LEARNER_DIR", "REPLAY_DIR", "SoftQAgent", "load_trained_learner", "save_state"]
+
+logger = logging.getLogger(__name__)
+
+LEARNER_DIR = "learner"
+REPLAY_DIR = "replay"
+LABELS_DIR = "labels"
+"""Where :meth:`SoftQAgent.checkpoint` puts the learner and the replay buffer (a checkpoint, an artifact)."""
+
+_TINY = np.finfo(np.float32).tiny
+
+
+def load_trained_learner(path: str | Path, dim: int) -> SoftQLearner:
+    """The :class:`~memento.learn.learner.SoftQLearner` of a trained selector directory (``SoftQLearner.save``), or of
+    a run holding one in ``selector/`` (``memento train``), on the CPU.
+
+    Raises :class:`~memento.errors.DimensionError` when its Q-network scores ``dim'``-dimensional vectors and
+    the caller's encoder or bank gives ``dim``, and :class:`~memento.errors.CheckpointError` when ``path``
+    holds no selector.
+    """
+    path = Path(path)
+    if not (path / "learner.json").is_file() and (path / "selector" / "learner.json").is_file():
+        path = path / "selector"
+    if not (path / "learner.json").is_file():
+        raise CheckpointError(f"{path}: not a trained selector directory (no learner.json; expected what "
+                              "SoftQLearner.save or `memento train` writes)")
+    learner = SoftQLearner.load(path, device="cpu")
+    if learner.qnet.config.dim != dim:
+        raise DimensionError(f"{path}: the Q-network takes dim={learner.qnet.config.dim}, the encoder gives "
+                             f"dim={dim}")
+    logger.info("trained Q-network from %s (arch=%s)", path, learner.qnet.config.arch)
+    return learner
+
+
+def save_state(directory: str | Path, learner: SoftQLearner, buffer: ReplayBuffer) -> None:
+    """A soft-Q agent's learning state: ``learner/`` and ``replay/`` in ``directory`` (a checkpoint, an artifact)."""
+    learner.save(Path(directory) / LEARNER_DIR)
+    buffer.save(Path(directory) / REPLAY_DIR)
+
+
+class SoftQAgent:
+    """The learning soft-Q policy (see the module docstring). Build it with :meth:`create`."""
+
+    kind = "soft_q"
+
+    def __init__(self, config: SoftQConfig, *, learner: SoftQLearner, buffer: ReplayBuffer,
+                 reward_of: RewardFn | None = None, fixed_alpha: float | None = None, featurizer: Any | None = None):
+        if not isinstance(config, SoftQConfig):
+            raise ConfigError(f"SoftQAgent: config={type(config).__name__}: must be a SoftQConfig")
+        if config.positive_only and reward_of is None:
+            raise ConfigError("SoftQConfig.positive_only=True needs the bank's rewards (PolicyContext.reward_of)")
+        if learner.qnet.config.features != "none" and featurizer is None:
+            raise ConfigError(f"SoftQAgent: the Q-network sees case features (features="
+                              f"{learner.qnet.config.features!r}); the run must give a featurizer "
+                              "(PolicyContext.featurizer)")
+        if buffer.config.case_width != learner.qnet.config.case_dim:
+            raise DimensionError(f"SoftQAgent: the replay buffer stores cases of {buffer.config.case_width} numbers, "
+                                 f"the Q-network takes {learner.qnet.config.case_dim}")
+        self.config = config
+        self.learner = learner
+        self.buffer = buffer
+        self.reward_of = reward_of
+        self.fixed_alpha = fixed_alpha
+        self.featurizer = featurizer
+        labels = config.labels
+        self.label_buffer = LabelBuffer(capacity=labels.capacity, dim=buffer.config.dim, m=labels.m,
+                                        case_width=buffer.config.case_width, device=learner.device) \
+            if labels.active else None
+
+    @classmethod
+    def create(cls, config: SoftQConfig, context: PolicyContext, *, fixed_alpha: float | None = None) -> SoftQAgent:
+        """A fresh agent (or one whose Q-network comes from ``config.init_qnet``) on ``context.device``."""
+        device = torch.device(context.device)
+        if config.init_qnet is not None:
+            qnet = load_trained_learner(config.init_qnet, context.dim).qnet
+        else:
+            qnet = build_qnet(config.qnet.for_dim(context.dim, seed=context.qnet_seed),
+                              torch.Generator().manual_seed(context.qnet_seed))
+        learner = SoftQLearner(qnet, dataclasses.replace(config.learner, seed=context.learner_seed), device=device,
+                               generator=torch.Generator(device=device).manual_seed(context.learner_seed))
+        case_dim = qnet.config.case_dim
+        multi_step = config.learner.gamma > 0  # soft TD: the buffer keeps each decision's next state and candidates
+        buffer = ReplayBuffer(ReplayConfig(capacity=config.replay_capacity, dim=context.dim, k_max=context.k_max,
+                                           case_dim=None if case_dim == context.dim else case_dim,
+                                           **({"store_next": True, "c_max": context.c_max} if multi_step else {})),
+                              device=device)
+        return cls(config, learner=learner, buffer=buffer, reward_of=context.reward_of, fixed_alpha=fixed_alpha,
+                   featurizer=context.featurizer if qnet.config.features != "none" else None)
+
+    # ------------------------------------------------------------------ the Policy protocol
+
+    @property
+    def qnet(self) -> torch.nn.Module:
+        return self.learner.qnet
+
+    @property
+    def version(self) -> int:
+        return int(self.learner.updates)
+
+    @property
+    def alpha(self) -> float:
+        return self.fixed_alpha if self.fixed_alpha is not None else self.learner.alpha
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        return (0.0, 1.0)  # Q(s, c) estimates P(success): binary cross-entropy needs rewards in [0, 1]
+
+    def _pool(self, candidates: Candidates) -> Candidates:
+        return positive_pool(candidates, self.reward_of) if self.config.positive_only else candidates
+
+    def case_vectors(self, candidates: Candidates) -> np.ndarray:
+        """What the Q-network sees of each candidate: its embedding, or its case vector with case features."""
+        if self.featurizer is None:
+            return np.asarray(candidates.embeddings_CD)
+        return self.featurizer.case_vectors(candidates)
+
+    def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        """``Q(s, c)`` for every candidate (float64 ``q_C``)."""
+        cases_CE = None if self.featurizer is None else self.case_vectors(candidates)
+        return q_values(self.learner.qnet, state_D, candidates, cases_CE=cases_CE)
+
+    def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+        """``softmax(Q / alpha)`` over the candidates (before any positive-only restriction)."""
+        return softmax(self.q_values(state_D, candidates), self.alpha)
+
+    def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
+               greedy: bool = False) -> Selection:
+        pool = self._pool(candidates)
+        return boltzmann_select(self.q_values(state_D, pool), pool, k, self.alpha, rng=rng, greedy=greedy)
+
+    def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
+        k_max = self.buffer.config.k_max
+        for obs in observations:
+            cases_KD = self.case_vectors(obs.candidates.take(obs.chosen_rows()))  # the chosen cases, in draw order
+            probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
+            nxt = self._next(obs)
+            if obs.case_rewards_K is not None:  # per-case credit: one row per case, each with its own target
+                for k, reward in enumerate(obs.case_rewards()):
+                    self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[k:k + 1], reward=float(reward),
+                                               propensity_K=probs_K[k:k + 1], step=obs.step,
+                                               policy_version=obs.policy_version, **nxt))
+                continue
+            for start in range(0, len(cases_KD), k_max):
+                self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[start:start + k_max],
+                                           reward=obs.reward, propensity_K=probs_K[start:start + k_max],
+                                           step=obs.step, policy_version=obs.policy_version, **nxt))
+            self._add_labels(obs)
+        losses: list[float] = []
+        listwise: list[float] = []
+        if learn and observations and self.buffer.added >= max(1, self.config.warmup):
+            cfg = self.config.labels
+            for _ in range(self.config.updates_per_step * len(observations)):
+                batch = self.buffer.sample(self.learner.config.batch_size, self.learner.generator)
+                labels = self.label_buffer.sample(cfg.batch_size, self.learner.generator) \
+                    if self.label_buffer is not None and len(self.label_buffer) else None
+                metrics = self.learner.update(batch, labels=labels, label_weight=cfg.weight, label_tau=cfg.tau)
+                losses.append(metrics["loss"])
+                if "listwise" in metrics:
+                    listwise.append(metrics["listwise"])
+        out = {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
+        return {**out, "listwise": float(np.mean(listwise))} if listwise else out
+
+    def _add_labels(self, obs: Observation) -> None:
+        """An observation's planner labels into the label buffer (the best ``m`` when it carries more)."""
+        if self.label_buffer is None or obs.labels is None or len(obs.labels.rows_M) < 2:
+            return
+        rows_M = np.asarray(obs.labels.rows_M, dtype=np.int64)[:self.label_buffer.m]
+        score_M = np.asarray(obs.labels.score_M, dtype=np.float64)[:self.label_buffer.m]
+        self.label_buffer.add(obs.state_D, self.case_vectors(obs.candidates.take(rows_M)), score_M)
+
+    def _next(self, obs: Observation) -> dict[str, Any]:
+        """The Transition fields of a multi-step decision (a buffer with ``store_next``, built for ``gamma > 0``):
+        ``done`` and the next state with the vectors of the candidates the policy would choose from there (after
+        ``positive_only``); an episode's last decision, or one without a next state, stores an empty set."""
+        if not self.buffer.config.store_next:
+            return {"done": bool(obs.done)}
+        width = self.buffer.config.case_width
+        empty_0E = np.zeros((0, width), dtype=np.float32)
+        if obs.done or obs.next_state_D is None or obs.next_candidates is None or not len(obs.next_candidates):
+            next_D = obs.state_D if obs.next_state_D is None else obs.next_state_D
+            return {"done": bool(obs.done), "next_state_D": next_D, "next_cands_CD": empty_0E}
+        pool = self._pool(obs.next_candidates)
+        return {"done": False, "next_state_D": obs.next_state_D, "next_cands_CD": self.case_vectors(pool)}
+
+    def checkpoint(self, directory: Path) -> None:
+        save_state(directory, self.learner, self.buffer)
+        if self.label_buffer is not None:
+            self.label_buffer.save(Path(directory) / LABELS_DIR)
+
+    def restore(self, directory: Path) -> None:
+        device = self.learner.device
+        self.learner = SoftQLearner.load(Path(directory) / LEARNER_DIR, device=device)
+        self.buffer = ReplayBuffer.load(Path(directory) / REPLAY_DIR, device=device)
+        if self.label_buffer is not None:
+            self.label_buffer.load(Path(directory) / LABELS_DIR)
+
+    def save_model(self, directory: Path) -> bool:
+        self.learner.save(Path(directory))
+        return True
+
+    def __repr__(self) -> str:
+        return (f"SoftQAgent(arch={self.learner.qnet.config.arch}, alpha={self.alpha!r}, updates={self.version}, "
+                f"replay={len(self.buffer)})")

@@ -1,0 +1,261 @@
+"""Q-networks that score one state against many cases in one batched call.
+
+Every network maps ``(state_BD, cases_BCD)`` to ``q_BC``: the logit ``Q(s_b, c_bc)`` of each of
+the ``C`` cases of row ``b``. With binary rewards ``sigmoid(Q)`` reads as ``P(success | s, c)``;
+the retrieval policy is ``softmax(Q / alpha)`` over a row's candidates.
+
+Architectures (``QNetConfig.arch``):
+
+- ``"mlp"`` -- Memento's parametric memory: ``concat(s, c) -> Linear(2D, H) -> ReLU -> Dropout
+  -> Linear(H, 1)`` (``n_layers`` hidden layers). The first layer ``W [s; c] + b`` is stored split
+  as ``state_in`` (``W_s``, ``b``) and ``case_in`` (``W_c``, no bias) and applied as
+  ``W_s s + W_c c + b``: the same function, with the state half computed once per row instead
+  of once per case (initialised as one ``Linear(2D, H)`` would be);
+- ``"mlp_interact"`` -- the same with ``s * c`` and ``|s - c|`` added to the concat (4D input);
+- ``"two_tower"`` -- ``Q(s, c) = f(s) . g(c) + b`` with two small MLP towers ``f``, ``g`` and a
+  learnable scalar ``b``. The case side does not depend on the state, so keys can be
+  precomputed for a whole bank: ``encode_cases(cases_ND) -> keys_NE`` and
+  ``encode_states(state_BD) -> queries_BE``; ``forward`` equals ``queries . keys + bias``.
+
+With ``features="case"`` (MLPs only) a case vector is ``[state embedding (D) | case features]``
+(:mod:`memento.learn.features`: the action's embedding, stored reward, usage statistics, kind; ``case_dim`` numbers in
+all): the whole vector enters ``W_c``, and the cosine similarity of the case's state embedding to the state is
+one more input of the first layer.
+
+With ``anchor="cosine"`` (MLPs only) the network is anchored on similarity: ``Q = a * cos(s, c) + b +
+MLP(s, c)``, the MLP's output layer zero at initialisation (``a = anchor_scale``, ``b = 0``), so a fresh
+network's greedy choice is cosine similarity's top-K, and its residual learns where the rewards disagree.
+
+With ``relation_rank = R > 0`` (MLPs only) the network adds a low-rank bilinear term ``(U s) . (V c)`` over the
+state and the case's question embedding (``U``, ``V``: ``D -> R``): a multiplicative match between what two
+questions ask (the question type of the state against the case's), which a concatenation MLP can hardly learn
+from a few hundred rewards. ``V`` starts at zero, so the term is zero at initialisation (an anchored network
+still ranks exactly like cosine) and its gradient is not.
+
+Parameters are initialised from an explicit ``torch.Generator`` (:meth:`QNetwork.reset_parameters`),
+never from torch's global RNG. Dropout, in training mode, draws its masks from the generator
+passed to ``forward`` (or torch's global RNG when none is passed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memento.config import QNetConfig
+from memento.errors import ConfigError, DimensionError
+
+__all__ = ["MLPQNetwork", "QNetwork", "TwoTowerQNetwork", "build_qnet"]
+
+logger = logging.getLogger(__name__)
+
+
+def _linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
+    """An uninitialised Linear (no draw from the global RNG); :meth:`QNetwork.reset_parameters` fills it."""
+    return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool, generator: torch.Generator | None) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    if generator is None:
+        return F.dropout(x, p, training=True)
+    keep = torch.empty_like(x).uniform_(generator=generator).ge_(p).mul_(1.0 / (1.0 - p))  # 0 or 1/(1-p)
+    return x * keep
+
+
+class QNetwork(nn.Module):
+    """Base class: ``forward(state_BD, cases_BCD) -> q_BC`` logits, input shapes checked."""
+
+    config: QNetConfig
+
+    def __init__(self, config: QNetConfig):
+        super().__init__()
+        self.config = config
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """(Re)initialise every Linear as torch does by default, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
+        drawing from ``generator`` (a CPU generator; ``None``: one seeded with ``config.seed``).
+
+        Values are drawn on the CPU and copied, so a seed gives the same network on every device.
+        """
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.config.seed)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    bound = 1.0 / math.sqrt(getattr(module, "fan_in", module.in_features))
+                    for param in (module.weight, module.bias):
+                        if param is None:
+                            continue
+                        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-bound, bound,
+                                                                                          generator=generator)
+                        param.copy_(values)
+            for name, param in self.named_parameters():
+                if name == "bias":  # the two-tower scalar
+                    param.zero_()
+
+    def _check_inputs(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> None:
+        d, e = self.config.dim, self.config.case_dim
+        if state_BD.ndim != 2 or cases_BCD.ndim != 3 or state_BD.shape[0] != cases_BCD.shape[0] \
+                or state_BD.shape[1] != d or cases_BCD.shape[2] != e:
+            what = "" if e == d else f", features={self.config.features!r}"
+            raise DimensionError(
+                f"{type(self).__name__} (dim={d}{what}) expects state_BD of shape (B, {d}) and cases_BCD of shape "
+                f"(B, C, {e}); got state_BD.shape={tuple(state_BD.shape)}, cases_BCD.shape={tuple(cases_BCD.shape)}")
+
+    def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class MLPQNetwork(QNetwork):
+    """``"mlp"`` and ``"mlp_interact"``: an MLP on the concatenation of state and case (features)."""
+
+    def __init__(self, config: QNetConfig):
+        super().__init__(config)
+        if config.arch not in ("mlp", "mlp_interact"):
+            raise ValueError(f"MLPQNetwork takes arch 'mlp' or 'mlp_interact', not {config.arch!r}")
+        self.interact = config.arch == "mlp_interact"
+        d, h = config.dim, config.hidden
+        self.features = config.features == "case"
+        case_width = config.case_dim + (2 * d if self.interact else 0)  # [c (+ features) | s*c | |s-c|]
+        self.state_in = _linear(d, h)  # W_s and the first layer's bias
+        self.case_in = _linear(case_width, h, bias=False)  # W_c
+        fan_in = d + case_width + (1 if self.features else 0)  # as one Linear over the whole concat
+        self.state_in.fan_in = self.case_in.fan_in = fan_in
+        if self.features:  # cosine similarity to the state is one more input of the first layer
+            self.cos_in = _linear(1, h, bias=False)
+            self.cos_in.fan_in = fan_in
+        self.hidden_layers = nn.ModuleList([_linear(h, h) for _ in range(config.n_layers - 1)])
+        self.out = _linear(h, 1)
+        self.relation = config.relation_rank > 0
+        if self.relation:  # registered after the MLP: without it, the MLP draws the same initial weights
+            self.relation_state = _linear(d, config.relation_rank, bias=False)  # U
+            self.relation_case = _linear(d, config.relation_rank, bias=False)  # V (zero at initialisation)
+            self.relation_state.fan_in = 1  # U s of unit-order entries for a unit s (else V would learn slowly)
+        self.anchored = config.anchor == "cosine"
+        if self.anchored:
+            self.anchor_scale = nn.Parameter(torch.full((), float(config.anchor_scale)))
+            self.anchor_offset = nn.Parameter(torch.zeros(()))
+        self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """As :meth:`QNetwork.reset_parameters`; an anchored network then zeroes its residual's output layer
+        and resets ``a = anchor_scale``, ``b = 0`` (so it ranks as cosine similarity)."""
+        super().reset_parameters(generator)
+        if getattr(self, "features", False):  # the usage statistics' weights start at 0 (memento.learn.features)
+            with torch.no_grad():
+                usage = 2 * self.config.dim + 1  # [embedding | action embedding | reward, usage mean, log shown ...]
+                self.case_in.weight[:, usage:usage + 2].zero_()
+        if getattr(self, "relation", False):
+            with torch.no_grad():
+                self.relation_case.weight.zero_()
+        if getattr(self, "anchored", False):
+            with torch.no_grad():
+                self.out.weight.zero_()
+                self.out.bias.zero_()
+                self.anchor_scale.fill_(float(self.config.anchor_scale))
+                self.anchor_offset.zero_()
+
+    def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        self._check_inputs(state_BD, cases_BCD)
+        d = self.config.dim
+        h_BH = self.state_in(state_BD)
+        emb_BCD = cases_BCD[..., :d]  # the case's state embedding (the rest: its features)
+        if self.interact:
+            s_B1D = state_BD.unsqueeze(1)
+            h_BCH = self.case_in(torch.cat([cases_BCD, s_B1D * emb_BCD, (s_B1D - emb_BCD).abs()], dim=-1))
+        else:
+            h_BCH = self.case_in(cases_BCD)
+        if self.features or self.anchored:
+            cos_BC = F.cosine_similarity(emb_BCD, state_BD.unsqueeze(1), dim=-1)
+        if self.features:
+            h_BCH = h_BCH + self.cos_in(cos_BC.unsqueeze(-1))
+        h_BCH = _dropout(F.relu(h_BCH + h_BH.unsqueeze(1)), self.config.dropout, self.training, generator)
+        for layer in self.hidden_layers:
+            h_BCH = _dropout(F.relu(layer(h_BCH)), self.config.dropout, self.training, generator)
+        q_BC = self.out(h_BCH).squeeze(-1)
+        if self.relation:  # (U s) . (V c): how the two questions relate
+            q_BC = q_BC + torch.einsum("br,bcr->bc", self.relation_state(state_BD), self.relation_case(emb_BCD))
+        if self.anchored:
+            q_BC = q_BC + self.anchor_scale * cos_BC + self.anchor_offset
+        return q_BC
+
+
+class _Tower(nn.Module):
+    def __init__(self, config: QNetConfig):
+        super().__init__()
+        widths = [config.dim] + [config.hidden] * config.n_layers
+        self.layers = nn.ModuleList([_linear(a, b) for a, b in zip(widths[:-1], widths[1:])])
+        self.out = _linear(config.hidden, config.embed_dim)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        for layer in self.layers:
+            x = _dropout(F.relu(layer(x)), self.dropout, self.training, generator)
+        return self.out(x)
+
+
+class TwoTowerQNetwork(QNetwork):
+    """``"two_tower"``: ``Q(s, c) = f(s) . g(c) + bias``; ``g(c)`` can be precomputed per case."""
+
+    def __init__(self, config: QNetConfig):
+        super().__init__(config)
+        if config.arch != "two_tower":
+            raise ValueError(f"TwoTowerQNetwork takes arch 'two_tower', not {config.arch!r}")
+        self.state_tower = _Tower(config)
+        self.case_tower = _Tower(config)
+        self.bias = nn.Parameter(torch.zeros(()))
+        self.reset_parameters()
+
+    def _check_last(self, name: str, x: torch.Tensor, ndim: int) -> None:
+        if x.ndim != ndim or x.shape[-1] != self.config.dim:
+            lead = "(B, " if ndim == 2 else "(N, " if name == "cases_ND" else "(B, C, "
+            raise DimensionError(f"TwoTowerQNetwork (dim={self.config.dim}) expects {name} of shape "
+                                 f"{lead}{self.config.dim}); got {name}.shape={tuple(x.shape)}")
+
+    def encode_states(self, state_BD: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Queries ``f(s)``: ``(B, D) -> (B, E)``."""
+        self._check_last("state_BD", state_BD, 2)
+        return self.state_tower(state_BD, generator)
+
+    def encode_cases(self, cases_ND: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Keys ``g(c)``: ``(N, D) -> (N, E)`` (any leading shape works; N is the usual one)."""
+        if cases_ND.ndim < 2 or cases_ND.shape[-1] != self.config.dim:
+            raise DimensionError(f"TwoTowerQNetwork (dim={self.config.dim}) expects cases_ND of shape "
+                                 f"(N, {self.config.dim}); got cases_ND.shape={tuple(cases_ND.shape)}")
+        return self.case_tower(cases_ND, generator)
+
+    def forward(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        self._check_inputs(state_BD, cases_BCD)
+        queries_BE = self.state_tower(state_BD, generator)
+        keys_BCE = self.case_tower(cases_BCD, generator)
+        return torch.einsum("be,bce->bc", queries_BE, keys_BCE) + self.bias
+
+
+def build_qnet(config: QNetConfig, generator: torch.Generator | None = None) -> QNetwork:
+    """The Q-network ``config.arch`` names, initialised from ``generator`` (default: seeded with ``config.seed``)."""
+    if config.dim is None:
+        raise ConfigError("QNetConfig.dim=None: give the embedding dimension (QNetConfig.for_dim) before building")
+    match config.arch:
+        case "mlp" | "mlp_interact":
+            net: QNetwork = MLPQNetwork(config)
+        case "two_tower":
+            net = TwoTowerQNetwork(config)
+        case _:  # pragma: no cover - QNetConfig rejects other values
+            raise ValueError(f"unknown Q-network arch {config.arch!r}")
+    if generator is not None:
+        net.reset_parameters(generator)
+    logger.debug("built %s Q-network: %d parameters", config.arch, sum(p.numel() for p in net.parameters()))
+    return net

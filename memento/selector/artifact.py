@@ -1,0 +1,1113 @@
+"""The selector artifact on disk (DESIGN §6): layout, configs, manifest, checksums, the feedback log.
+
+An exported selector is a directory::
+
+    manifest.json        written last: format and version, library versions, creation and save times, the
+                         source run, sha256 and size of every other file, row counts and row digests of the
+                         two live SQLite files
+    config.json          SelectorConfig: K, candidate set size C, alpha, warm-up, the Q-network, learner,
+                         replay and index configs, and the source run's full LoopConfig
+    encoder.json         EncoderSpec: how query texts become vectors (model, pooling, dim, normalisation)
+    qnet.safetensors     the Q-network's weights (metadata: its QNetConfig), for consumers that only score
+    learner/             SoftQLearner.save: both networks, optimiser state, alpha, update counter, generator
+    replay/              ReplayBuffer.save: the decisions the learner samples from
+    bank/                the case bank: cases.sqlite (cases + float32 embeddings), index.faiss, index.json
+    feedback.sqlite      the feedback log: one row per Selector.feedback (live, see below)
+    README.md            a model card generated from the source run and the artifact's own counts
+
+**Checksums.** :func:`verify_artifact` compares every file listed in the manifest with its recorded size
+and sha256; a missing, truncated or changed file is a ``CheckpointError`` naming it. Two files are
+*live*: ``bank/cases.sqlite`` (``Selector.add_case`` commits new cases there) and ``feedback.sqlite``
+(``Selector.feedback`` commits there), so both may legitimately grow after the last save. For them the
+manifest also records the row count and a chained sha256 over the rows in order. A live file whose
+hash no longer matches is accepted only if it holds *more* rows than were saved and its first rows
+still have the recorded digest (the saved content is intact; the rest was appended since); the same
+row count with another hash, or fewer rows, is rejected. The faiss index files are derived from
+``cases.sqlite`` and checked byte for byte unless cases were appended since the save (the bank then
+checks the index against SQLite and adds what is missing).
+
+**Saving in place** is crash-safe: the new state files and manifest are written to ``.save.tmp/``, the
+directory is renamed to ``.save.ready/`` (the commit point), and its files are then moved over the old
+ones, manifest last. :func:`recover` (run by the loader) finishes a move that a crash interrupted, or
+drops an incomplete ``.save.tmp/``.
+
+**Confinement.** Loading, verifying and saving never follow a symbolic link: :func:`check_tree` refuses a
+link (or a FIFO, socket or device) anywhere below the root, dot-named entries and SQLite sidecars included,
+before anything is read, moved or written; :func:`check_entry` refuses manifest entries that are absolute,
+hold ``..``, ``.``, empty or dot-named components, backslashes or NUL. See ``docs/security.md``.
+
+Nothing here is unpickled: JSON, safetensors and SQLite only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import stat as _stat
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from memento.config import (
+    BankConfig,
+    EncoderConfig,
+    IndexConfig,
+    LearnerConfig,
+    Pooling,
+    QNetConfig,
+    ReplayConfig,
+    check,
+    check_choice,
+    check_float,
+    check_int,
+    from_dict,
+    to_dict,
+)
+from memento.errors import CheckpointError, ConfigError
+from memento.io import atomic_write_text, fsync_dir, read_versioned_json
+from memento.learn.agent import LEARNER_DIR, REPLAY_DIR
+from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
+
+__all__ = [
+    "BANK_DB",
+    "DERIVED_FILES",
+    "ENCODER_FORMAT",
+    "FEEDBACK_NAME",
+    "LIVE_FILES",
+    "MANIFEST_NAME",
+    "REQUIRED_FILES",
+    "SELECTOR_FORMAT",
+    "SELECTOR_FORMAT_VERSION",
+    "EncoderKind",
+    "EncoderSpec",
+    "FeedbackLog",
+    "FeedbackRow",
+    "SelectorConfig",
+    "bank_rows_digest",
+    "check_bank_file",
+    "check_entry",
+    "check_feedback_file",
+    "check_tree",
+    "feedback_rows_digest",
+    "file_sha256",
+    "library_versions",
+    "read_encoder_spec",
+    "read_manifest",
+    "recover",
+    "verify_artifact",
+    "write_encoder_spec",
+]
+
+logger = logging.getLogger(__name__)
+
+SELECTOR_FORMAT = "memento-selector"
+SELECTOR_FORMAT_VERSION = 1
+ENCODER_FORMAT = "memento-encoder"
+ENCODER_FORMAT_VERSION = 1
+FEEDBACK_FORMAT = "memento-feedback"
+FEEDBACK_FORMAT_VERSION = 1
+QNET_FORMAT = "memento-qnet"
+
+MANIFEST_NAME = "manifest.json"
+CONFIG_NAME = "config.json"
+ENCODER_NAME = "encoder.json"
+QNET_NAME = "qnet.safetensors"
+CARD_NAME = "README.md"
+# LEARNER_DIR, REPLAY_DIR: the soft-Q agent's own layout (memento.learn.agent), the same in a checkpoint and here
+BANK_DIR = "bank"
+FEEDBACK_NAME = "feedback.sqlite"
+BANK_DB = f"{BANK_DIR}/cases.sqlite"
+STAGING_DIR = ".save.tmp"
+READY_DIR = ".save.ready"
+
+REQUIRED_FILES = (CONFIG_NAME, ENCODER_NAME, QNET_NAME, f"{LEARNER_DIR}/learner.safetensors",
+                  f"{LEARNER_DIR}/learner.json", f"{LEARNER_DIR}/config.json", f"{REPLAY_DIR}/replay.safetensors",
+                  f"{REPLAY_DIR}/replay.json", BANK_DB, FEEDBACK_NAME, CARD_NAME)
+"""Files every artifact's manifest must list."""
+LIVE_FILES = (BANK_DB, FEEDBACK_NAME)
+"""SQLite files that grow between saves (new cases, feedback)."""
+DERIVED_FILES = (f"{BANK_DIR}/index.faiss", f"{BANK_DIR}/index.json")
+"""Rebuilt from cases.sqlite by the bank when stale; they change when cases are added."""
+
+_SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
+_GENESIS = hashlib.sha256(b"memento-rows").hexdigest()
+_HASH_CHUNK = 1 << 20
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+# ---------------------------------------------------------------- configs
+
+
+EncoderKind = Literal["transformers", "none"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderSpec:
+    """``encoder.json``: how a query text becomes the state vector the selector was trained on.
+
+    - ``kind``: ``"transformers"`` (a :class:`memento.Encoder`: ``model`` is a Hugging Face Hub id,
+      ``None`` for the bundled all-MiniLM-L6-v2, or ``None`` with ``files``) or ``"none"`` (the run used
+      a custom encoder that cannot be rebuilt from a file: pass vectors, or an encoder object to the loader);
+    - ``revision``: the Hub commit ``model`` resolved to at training time (loads the same weights anywhere);
+    - ``files``: the encoder's files inside the artifact (``"encoder"``; listed and hashed in the manifest):
+      :func:`write_encoder_spec` copies a local encoder directory there, so the artifact works on any machine;
+    - ``model_id``, ``fingerprint``: what :meth:`memento.Encoder.describe` reported at training time;
+    - ``pooling``, ``max_length``, ``normalize``: as in :class:`memento.config.EncoderConfig`;
+    - ``dim``: D, which must equal the bank's, the Q-network's and the replay buffer's;
+    - ``description``: free text (for ``"none"``: the training encoder's ``repr``).
+    """
+
+    kind: EncoderKind = "transformers"
+    model: str | None = None
+    model_id: str | None = None
+    pooling: Pooling = "avg"
+    max_length: int = 256
+    normalize: bool = True
+    dim: int
+    fingerprint: str | None = None
+    description: str | None = None
+    revision: str | None = None
+    files: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", EncoderKind)
+        check_int(self, "dim", 1)
+        check_int(self, "max_length", 8)
+        check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
+
+    def encoder_config(self) -> EncoderConfig:
+        """The :class:`EncoderConfig` that loads this encoder (``kind="transformers"`` only): the artifact's own
+        copy (``files``, as :func:`read_encoder_spec` resolved it), else ``model`` at ``revision``."""
+        model = self.model
+        if self.files is not None:
+            located = getattr(self, "_files_dir", None)
+            if located is None:
+                raise CheckpointError(f"{ENCODER_NAME}: the encoder lives in the artifact ({self.files}/); "
+                                      "read the spec with read_encoder_spec (load_selector does)")
+            model = str(located)
+        elif model is not None and self.revision and "@" not in model and not Path(model).expanduser().is_dir():
+            model = f"{model}@{self.revision}"
+        return EncoderConfig(model=model, pooling=self.pooling, max_length=self.max_length,
+                             normalize=self.normalize)
+
+
+SelectorPolicy = Literal["soft_q"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectorConfig:
+    """``config.json`` of a selector artifact: how the loaded :class:`memento.Selector` chooses and learns.
+
+    - ``policy``: ``"soft_q"`` (``softmax(Q / alpha)`` over the candidates, Gumbel-top-k sampling);
+    - ``k``: the number of cases the selector was trained to choose (the replay buffer's ``k_max``; a
+      selection of more cases enters the buffer as several rows); ``candidates``: C, the cosine
+      pre-selection the policy chooses from (a call asking for more than C cases uses C = k);
+    - ``alpha``: the temperature; ``None`` follows the learner's (fixed or scheduled) alpha;
+    - ``positive_only``: choose among the candidates with stored reward > 0 only (all of them when none
+      is), as a run with ``LoopConfig.soft_q_positive_only`` did;
+    - ``warmup``: decisions in the replay buffer before feedback triggers gradient steps;
+      ``updates_per_step``: gradient steps per feedback after that (``learn=True`` only);
+    - ``max_pending``: selections kept for feedback (the oldest are dropped beyond it);
+      ``pending_ttl_s``: seconds a selection accepts feedback (``None``: no limit; default one hour: long
+      enough for an agent that calls back after a restart or deploy, short enough to keep the on-disk
+      store of pending selections, ``.pending.sqlite`` (about 8 KB each at D=384, k=4), small);
+    - ``qnet``, ``learner``, ``replay``, ``index``: the component configs (``learner.gamma`` must be 0:
+      feedback is single-step);
+    - ``run``: the full ``LoopConfig`` of the run it was trained in (``None`` when unknown).
+    """
+
+    policy: SelectorPolicy = "soft_q"
+    k: int = 4
+    candidates: int = 32
+    alpha: float | None = None
+    positive_only: bool = False
+    warmup: int = 16
+    updates_per_step: int = 1
+    max_pending: int = 100_000
+    pending_ttl_s: float | None = 3_600.0
+    qnet: QNetConfig
+    learner: LearnerConfig
+    replay: ReplayConfig
+    index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
+    run: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        check_choice(self, "policy", SelectorPolicy)
+        check_int(self, "k", 1)
+        check_int(self, "candidates", 1)
+        if self.alpha is not None:
+            check_float(self, "alpha", low=0.0, low_open=True)
+        check(isinstance(self.positive_only, bool), cls, "positive_only", self.positive_only, "must be true or false")
+        check_int(self, "warmup", 0)
+        check_int(self, "updates_per_step", 0)
+        check_int(self, "max_pending", 1)
+        if self.pending_ttl_s is not None:
+            check_float(self, "pending_ttl_s", low=0.0, low_open=True)
+        for field, kind in (("qnet", QNetConfig), ("learner", LearnerConfig), ("replay", ReplayConfig),
+                            ("index", IndexConfig)):
+            check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
+                   f"must be a {kind.__name__}")
+        check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",
+               "a selector learns single-step from feedback: learner.gamma must be 0")
+        check(self.qnet.dim == self.replay.dim, cls, "replay", f"dim={self.replay.dim}",
+               f"must equal qnet.dim={self.qnet.dim}")
+        check(self.run is None or isinstance(self.run, dict), cls, "run", self.run, "must be an object or null")
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of the libraries an artifact's files depend on (recorded in the manifest)."""
+    from importlib import metadata
+
+    import numpy
+    import torch
+
+    from memento._version import __version__
+
+    versions: dict[str, str | None] = {"memento": __version__, "python": sys.version.split()[0],
+                                       "torch": torch.__version__, "numpy": numpy.__version__,
+                                       "sqlite": sqlite3.sqlite_version}
+    for dist in ("faiss-cpu", "faiss-gpu", "safetensors", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a regular file; a symbolic link is refused (``CheckpointError``), never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW)
+    except OSError as error:
+        if os.path.islink(path):
+            raise CheckpointError(f"{path}: a symbolic link; an artifact's files are never read through "
+                                  "links") from None
+        raise CheckpointError(f"{path}: cannot read ({error.strerror})") from None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _chain(previous: str, rows: Iterable[tuple[Any, ...]]) -> str:
+    """Extend a chained digest: ``h = sha256(h || sha256(row))`` per row; a row's last column is raw bytes."""
+    h = bytes.fromhex(previous)
+    for row in rows:
+        head, blob = row[:-1], row[-1]
+        body = json.dumps(list(head), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        row_digest = hashlib.sha256(body + b"\x00" + (blob or b"")).digest()
+        h = hashlib.sha256(h + row_digest).digest()
+    return h.hex()
+
+
+def bank_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0, previous: str | None = None) -> str:
+    """Chained sha256 of the bank's cases at positions ``start <= pos < stop`` (content and embedding)."""
+    conn = db if isinstance(db, sqlite3.Connection) else _connect(db)
+    try:
+        rows = conn.execute("SELECT pos, id, state, action, reward, env, kind, meta, created, hash, embedding "
+                            "FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos", (start, stop))
+        return _chain(previous or _GENESIS, rows)
+    finally:
+        if not isinstance(db, sqlite3.Connection):
+            conn.close()
+
+
+def feedback_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0,
+                         previous: str | None = None) -> str:
+    """Chained sha256 of feedback rows ``start < seq <= stop`` (seq counts from 1)."""
+    conn = db if isinstance(db, sqlite3.Connection) else _connect(db)
+    try:
+        rows = conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? AND seq <= ? ORDER BY seq",
+                            (start, stop))
+        return _chain(previous or _GENESIS, rows)
+    finally:
+        if not isinstance(db, sqlite3.Connection):
+            conn.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        return sqlite3.connect(path, timeout=30.0, check_same_thread=False)
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: cannot open ({error})") from None
+
+
+def _count_rows(path: Path, table: str) -> int:
+    conn = _connect(path)
+    try:
+        return int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: unreadable SQLite file ({error})") from None
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- encoder.json
+
+
+ENCODER_FILES_DIR = "encoder"
+"""Where an artifact keeps its own copy of a local encoder (``EncoderSpec.files``)."""
+_ENCODER_SKIP_DIRS = ("onnx", "openvino", "coreml", "tf_model", "flax_model")
+_ENCODER_SKIP_SUFFIXES = (".h5", ".msgpack", ".ot", ".onnx", ".tflite", ".mlmodel", ".gguf")
+
+
+def _copy_encoder_files(src: Path, dst: Path) -> int:
+    """Copy what loading an encoder needs (configs, tokenizer, weights, sentence-transformers modules) as real
+    files: no dot-named entries, no other frameworks' weights, ``pytorch_model.bin`` only without safetensors."""
+    copied = 0
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _ENCODER_SKIP_DIRS)
+        rel = Path(dirpath).relative_to(src)
+        for name in sorted(filenames):
+            source = Path(dirpath) / name
+            if name.startswith(".") or name.endswith(_ENCODER_SKIP_SUFFIXES) or (
+                    name == "pytorch_model.bin" and (source.parent / "model.safetensors").exists()):
+                continue
+            if not source.resolve().is_file():
+                raise CheckpointError(f"{source}: not a regular file; cannot copy the encoder into the artifact")
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, dst / rel / name)
+            copied += 1
+    return copied
+
+
+def _portable_spec(directory: Path, spec: EncoderSpec) -> EncoderSpec:
+    """``spec`` as it can be written into ``directory`` and read on another machine (see :class:`EncoderSpec`)."""
+    from memento.encoders import Encoder
+    from memento.hub import split_revision
+
+    if spec.kind != "transformers":
+        return spec
+    if spec.files is not None:
+        source = getattr(spec, "_files_dir", None)
+        target = directory / spec.files
+        if source is not None and Path(source).resolve() != target.resolve() and not (
+                directory.resolve().parent == Path(source).resolve().parent):  # not a staged save in place
+            if not target.exists():
+                _copy_encoder_files(Path(source), target)
+        elif source is None and not target.is_dir():
+            raise CheckpointError(f"{directory / ENCODER_NAME}: files={spec.files!r} but {target} does not exist")
+        return spec
+    if spec.model is None:
+        return spec
+    local = Path(spec.model).expanduser()
+    if not local.is_dir():  # a Hub id (optionally id@revision): stored as the id and its commit
+        repo_id, revision = split_revision(spec.model)
+        return dataclasses.replace(spec, model=repo_id, revision=spec.revision or revision)
+    path, model_id, revision = Encoder.resolve(str(local))
+    if revision:  # a snapshot of the Hub cache
+        return dataclasses.replace(spec, model=model_id, model_id=model_id, revision=revision)
+    if model_id != str(path):  # the bundled model
+        return dataclasses.replace(spec, model=None, model_id=model_id)
+    count = _copy_encoder_files(path, directory / ENCODER_FILES_DIR)
+    logger.info("copied encoder %s into %s (%d files)", path, directory / ENCODER_FILES_DIR, count)
+    return dataclasses.replace(spec, model=None, files=ENCODER_FILES_DIR, model_id=spec.model_id or str(path))
+
+
+def write_encoder_spec(path: Path, spec: EncoderSpec) -> None:
+    """Write ``encoder.json``, portable: a Hub id with its commit, the bundled model, or (for a local encoder
+    directory) the encoder's files copied into ``encoder/`` beside it (``files``)."""
+    spec = _portable_spec(Path(path).parent, spec)
+    payload = {"format": ENCODER_FORMAT, "format_version": ENCODER_FORMAT_VERSION, **to_dict(spec)}
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def read_encoder_spec(path: Path) -> EncoderSpec:
+    """Read ``encoder.json``; ``files`` must name a real directory inside the artifact (never outside it)."""
+    meta = read_versioned_json(path, format=ENCODER_FORMAT, version=ENCODER_FORMAT_VERSION, what="encoder spec")
+    body = {k: v for k, v in meta.items() if k not in ("format", "format_version")}
+    try:
+        spec = from_dict(EncoderSpec, body)
+    except ConfigError as error:
+        raise CheckpointError(f"{path}: {error}") from None
+    if spec.files is not None:
+        check_entry(spec.files, path)
+        root = Path(path).parent
+        located = root / spec.files
+        if located.is_symlink() or not located.is_dir():
+            raise CheckpointError(f"{path}: files={spec.files!r}: no such directory inside the artifact")
+        check_tree(located)
+        if not located.resolve().is_relative_to(root.resolve()):
+            raise CheckpointError(f"{path}: files={spec.files!r} leaves the artifact")
+        object.__setattr__(spec, "_files_dir", located.resolve())  # not a field: never written back
+    return spec
+
+
+# ---------------------------------------------------------------- the feedback log
+
+_FEEDBACK_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS feedback (
+    seq INTEGER PRIMARY KEY,
+    selection_id TEXT NOT NULL UNIQUE,
+    reward REAL NOT NULL,
+    time REAL NOT NULL,
+    mode TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    env TEXT,
+    ids TEXT NOT NULL,
+    probs TEXT NOT NULL,
+    set_prob REAL NOT NULL,
+    learned INTEGER NOT NULL,
+    state BLOB
+);
+"""
+_FEEDBACK_COLUMNS = "seq, selection_id, reward, time, mode, policy_version, env, ids, probs, set_prob, learned, state"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FeedbackRow:
+    """One recorded feedback: the selection it rewards (state vector, chosen ids, propensities) and the reward.
+
+    ``learned`` says whether the selector that recorded it was learning (``learn=True``): replaying the
+    row after a restart then repeats the gradient steps it triggered.
+    """
+
+    seq: int
+    selection_id: str
+    reward: float
+    time: float
+    mode: str
+    policy_version: int
+    env: str | None
+    ids: list[str]
+    probs: list[float]
+    set_prob: float
+    learned: bool
+    state: bytes | None
+
+
+class FeedbackLog:
+    """``feedback.sqlite`` (WAL): each :meth:`append` is committed before it returns."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path = path
+        self._conn = conn
+        self._count = int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
+
+    @classmethod
+    def create(cls, path: str | Path) -> FeedbackLog:
+        path = Path(path)
+        if path.exists():
+            raise CheckpointError(f"{path}: a feedback log already exists here")
+        tmp = path.with_name(path.name + ".creating")
+        tmp.unlink(missing_ok=True)
+        conn = sqlite3.connect(tmp)
+        try:
+            conn.executescript(_FEEDBACK_SCHEMA)
+            with conn:
+                conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                 [("format", FEEDBACK_FORMAT), ("format_version", str(FEEDBACK_FORMAT_VERSION))])
+        finally:
+            conn.close()
+        os.replace(tmp, path)
+        return cls.open(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> FeedbackLog:
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing feedback log")
+        conn = _connect(path)
+        try:
+            try:
+                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            except sqlite3.DatabaseError as error:
+                raise CheckpointError(f"{path}: not a feedback log ({error})") from None
+            if meta.get("format") != FEEDBACK_FORMAT:
+                raise CheckpointError(f"{path}: not a feedback log (format {meta.get('format')!r})")
+            if _meta_version(meta, path, "feedback log") > FEEDBACK_FORMAT_VERSION:
+                raise CheckpointError(f"{path}: feedback log format {meta['format_version']} is newer than this "
+                                      f"memento reads ({FEEDBACK_FORMAT_VERSION})")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            return cls(path, conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._conn
+
+    def append(self, *, selection_id: str, reward: float, mode: str, policy_version: int, env: str | None,
+               ids: list[str], probs: list[float], set_prob: float, learned: bool, state: bytes | None) -> int:
+        """Commit one feedback row; returns its ``seq`` (1, 2, ...)."""
+        seq = self._count + 1
+        try:
+            with self._conn:
+                self._conn.execute(
+                    f"INSERT INTO feedback ({_FEEDBACK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (seq, selection_id, float(reward), time.time(), mode, int(policy_version), env,
+                     json.dumps(ids), json.dumps(probs), float(set_prob), int(learned), state))
+        except sqlite3.IntegrityError as error:
+            raise CheckpointError(f"{self.path}: cannot record feedback for {selection_id!r} ({error})") from None
+        self._count = seq
+        return seq
+
+    def rows(self, after: int = 0) -> Iterator[FeedbackRow]:
+        """Rows with ``seq > after``, in order."""
+        for row in self._conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? ORDER BY seq",
+                                      (after,)).fetchall():
+            seq, sid, reward, when, mode, version, env, ids, probs, set_prob, learned, state = row
+            yield FeedbackRow(seq=seq, selection_id=sid, reward=reward, time=when, mode=mode, policy_version=version,
+                              env=env, ids=json.loads(ids), probs=json.loads(probs), set_prob=set_prob,
+                              learned=bool(learned), state=state)
+
+    def checkpoint(self) -> None:
+        """Move the WAL into the main file (so its bytes are what a checksum sees)."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def check_feedback_file(path: Path, dim: int) -> int:
+    """``feedback.sqlite`` as the loader replays it: a feedback log of a readable version whose rows hold
+    ``dim``-float state vectors and JSON lists of ids and probabilities. Returns its row count."""
+    log = FeedbackLog.open(path)
+    try:
+        (bad,) = log.connection.execute(
+            "SELECT COUNT(*) FROM feedback"
+            " WHERE (state IS NOT NULL AND (typeof(state) != 'blob' OR length(state) != ?))"
+            " OR CASE WHEN json_valid(ids) THEN json_type(ids) != 'array' ELSE 1 END"
+            " OR CASE WHEN json_valid(probs) THEN json_type(probs) != 'array' ELSE 1 END", (4 * dim,)).fetchone()
+        if bad:
+            raise CheckpointError(f"{path}: {bad} feedback row(s) do not hold a {dim}-float state vector and JSON "
+                                  "lists of ids and probabilities")
+        return len(log)
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: unreadable feedback log ({error})") from None
+    finally:
+        log.close()
+
+
+def check_bank_file(path: Path) -> dict[str, int]:
+    """``bank/cases.sqlite`` as the loader opens it, read without changing it: a case bank of a readable
+    version with a valid config and uid, dense positions and embeddings of one length. Returns ``cases``,
+    ``dim`` (the bank's config) and, when it holds cases, ``embedding_dim`` (the stored vectors' length)."""
+    conn = _connect(path)
+    try:
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            if meta.get("format") != BANK_FORMAT:
+                raise CheckpointError(f"{path}: not a case bank (format {meta.get('format')!r})")
+            if _meta_version(meta, path, "case bank") > BANK_FORMAT_VERSION:
+                raise CheckpointError(f"{path}: bank format version {meta['format_version']} is newer than this "
+                                      f"memento reads ({BANK_FORMAT_VERSION})")
+            if not isinstance(meta.get("uid"), str) or not isinstance(meta.get("config"), str):
+                raise CheckpointError(f"{path}: damaged case bank (no config or uid in its meta table)")
+            try:
+                config = from_dict(BankConfig, json.loads(meta["config"]))
+            except (ValueError, ConfigError) as error:
+                raise CheckpointError(f"{path}: damaged case bank config ({error})") from None
+            n, low, high, short, long, blobs = conn.execute(
+                "SELECT COUNT(*), MIN(pos), MAX(pos), MIN(length(embedding)), MAX(length(embedding)), "
+                "SUM(typeof(embedding) = 'blob') FROM cases").fetchone()
+        except sqlite3.Error as error:
+            raise CheckpointError(f"{path}: not a case bank ({error})") from None
+    finally:
+        conn.close()
+    found = {"cases": int(n), "dim": config.dim}
+    if n:
+        if (low, high) != (0, n - 1):
+            raise CheckpointError(f"{path}: case positions are not 0..{n - 1} (found {low}..{high})")
+        if blobs != n or short != long or long % 4:
+            raise CheckpointError(f"{path}: case embeddings are not all float32 vectors of one length "
+                                  f"({short}..{long} bytes)")
+        found["embedding_dim"] = long // 4
+    return found
+
+
+def checkpoint_sqlite(path: Path) -> None:
+    """``PRAGMA wal_checkpoint(TRUNCATE)`` on a SQLite file another connection of this process writes."""
+    conn = _connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def _meta_version(meta: dict[str, Any], path: Path, what: str) -> int:
+    """The ``format_version`` of a SQLite file's meta table (a decimal string; absent reads as 0)."""
+    raw = meta.get("format_version", "0")
+    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
+        raise CheckpointError(f"{path}: {what} format_version {raw!r} is not a version number")
+    return int(raw)
+
+
+def check_tree(root: Path) -> None:
+    """Refuse an artifact that holds a symbolic link (or a FIFO, socket or device) anywhere below ``root``.
+
+    Every entry is looked at with ``lstat``, dot-named ones (``.save.tmp``, ``.save.ready``) and SQLite
+    sidecars (``-wal``, ``-shm``) included: loading, verifying and saving never follow a link, so a planted
+    link cannot make them read, move or write files outside the artifact. ``root`` itself may be a link.
+    """
+    pending = [Path(root)]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                found = sorted(entries, key=lambda entry: entry.name)
+        except OSError as error:
+            raise CheckpointError(f"{directory}: cannot list ({error.strerror})") from None
+        for entry in found:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                raise CheckpointError(f"{path}: a symbolic link inside the artifact; links are never followed "
+                                      "(replace it with the file or directory itself)")
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+            elif not entry.is_file(follow_symlinks=False):
+                raise CheckpointError(f"{path}: not a regular file or directory (an artifact holds only files)")
+
+
+def check_entry(rel: Any, where: Path) -> str:
+    """A manifest entry must name a file inside the artifact: a relative POSIX path of plain components.
+
+    Refused (``CheckpointError`` naming the entry and ``where``, the manifest): a non-string, an empty
+    name, an absolute path, a backslash or NUL, an empty, ``.`` or ``..`` component, and dot-named
+    components (staging directories and temporaries are never listed).
+    """
+    if not isinstance(rel, str) or not rel:
+        raise CheckpointError(f"{where}: manifest entry {rel!r} is not a file name")
+    reason = None
+    if rel.startswith("/"):
+        reason = "an absolute path"
+    elif "\\" in rel or "\x00" in rel:
+        reason = "a backslash or NUL in the name"
+    elif any(part in ("", ".", "..") for part in rel.split("/")):
+        reason = "an empty, '.' or '..' component"
+    elif any(part.startswith(".") for part in rel.split("/")):
+        reason = "a dot-named component"
+    if reason is not None:
+        raise CheckpointError(f"{where}: manifest entry {rel!r} does not name a file inside the artifact ({reason})")
+    return rel
+
+
+def _check_file_entry(rel: str, entry: Any, where: Path) -> None:
+    if (not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or len(entry["sha256"]) != 64
+            or isinstance(entry.get("bytes"), bool) or not isinstance(entry.get("bytes"), int) or entry["bytes"] < 0):
+        raise CheckpointError(f"{where}: damaged manifest entry for {rel} ({entry!r}; expected sha256 and bytes)")
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """``manifest.json``, checked: format and version, the listed names (:func:`check_entry`), the entries,
+    the live-file records; the whole tree first (:func:`check_tree`: no links)."""
+    root = Path(root)
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a selector artifact (not a directory)")
+    if not os.path.lexists(path):
+        raise CheckpointError(f"{root}: not a selector artifact (no {MANIFEST_NAME})")
+    check_tree(root)
+    if not path.is_file():
+        raise CheckpointError(f"{root}: not a selector artifact ({MANIFEST_NAME} is not a file)")
+    manifest = read_versioned_json(path, format=SELECTOR_FORMAT, version=SELECTOR_FORMAT_VERSION,
+                                   what="selector manifest")
+    files, live = manifest.get("files"), manifest.get("live")
+    if not isinstance(files, dict) or not isinstance(live, dict):
+        raise CheckpointError(f"{path}: damaged manifest (no files or live sections)")
+    for rel, entry in files.items():
+        check_entry(rel, path)
+        _check_file_entry(rel, entry, path)
+    missing = [name for name in REQUIRED_FILES if name not in files]
+    if missing:
+        raise CheckpointError(f"{path}: the manifest does not list {missing[0]} (every artifact has "
+                              f"{', '.join(REQUIRED_FILES)})")
+    for name in LIVE_FILES:
+        entry = live.get(name)
+        if (not isinstance(entry, dict) or isinstance(entry.get("rows"), bool) or not isinstance(entry.get("rows"), int)
+                or entry["rows"] < 0 or not isinstance(entry.get("digest"), str)):
+            raise CheckpointError(f"{path}: damaged manifest (live entry for {name}: {entry!r})")
+    for key, low in (("dim", 1), ("saves", 1), ("learner_updates", 0)):
+        value = manifest.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CheckpointError(f"{path}: damaged manifest ({key}={value!r}; expected an integer >= {low})")
+    if "dim" not in manifest:
+        raise CheckpointError(f"{path}: damaged manifest (no dim)")
+    return manifest
+
+
+def listed_files(root: Path) -> dict[str, Path]:
+    """Every file of an artifact that a manifest lists: all regular files except the manifest itself,
+    SQLite sidecars, and dot-named files or directories (staging, temporaries). A symbolic link anywhere
+    in the walk is a ``CheckpointError`` (a save never hashes or lists a file through a link)."""
+    found: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise CheckpointError(f"{Path(dirpath) / name}: a symbolic link inside the artifact; links are "
+                                      "never followed")
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or name.endswith(_SQLITE_SIDECARS) or name.endswith(".creating"):
+                continue
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if rel != MANIFEST_NAME:
+                found[rel] = path
+    return found
+
+
+def hash_files(files: dict[str, Path], cache: dict[str, tuple[int, int, str]] | None = None
+               ) -> dict[str, dict[str, Any]]:
+    """``{rel: {"sha256", "bytes"}}``; ``cache`` (rel -> (size, mtime_ns, sha256)) skips unchanged files."""
+    out: dict[str, dict[str, Any]] = {}
+    for rel, path in sorted(files.items()):
+        stat = path.lstat()
+        if not _stat.S_ISREG(stat.st_mode):
+            raise CheckpointError(f"{path}: not a regular file (a symbolic link?); an artifact lists files only")
+        hit = None if cache is None else cache.get(rel)
+        if hit is not None and hit[0] == stat.st_size and hit[1] == stat.st_mtime_ns:
+            sha = hit[2]
+        else:
+            sha = file_sha256(path)
+        if cache is not None:  # a staged file keeps its size and mtime when it is moved into place
+            cache[rel] = (stat.st_size, stat.st_mtime_ns, sha)
+        out[rel] = {"sha256": sha, "bytes": stat.st_size}
+    return out
+
+
+def _has_tombstones(db: Path) -> bool:
+    """The bank records deleted cases (``CaseBank.delete``): its file changes without new rows."""
+    conn = _connect(db)
+    try:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deleted'").fetchone() \
+            is not None and conn.execute("SELECT 1 FROM deleted LIMIT 1").fetchone() is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def _wal_has_frames(db: Path) -> bool:
+    wal = db.with_name(db.name + "-wal")
+    return wal.is_file() and wal.stat().st_size > 0
+
+
+def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] | None = None) -> dict[str, Any]:
+    """Check an artifact against its manifest (see the module docstring); returns a report.
+
+    The report: ``manifest``, ``files`` (how many were checked), ``rows`` (current rows of each live
+    file), ``appended`` (rows added since the save, per live file). Any problem raises a one-line
+    ``CheckpointError`` naming the file.
+    """
+    root = Path(root)
+    manifest = read_manifest(root)  # refuses links anywhere in the tree, and names outside it
+    if (root / READY_DIR).is_dir():
+        raise CheckpointError(f"{root}: a save was interrupted after it completed ({READY_DIR}/ is still there); "
+                              "loading the artifact finishes it")
+    files: dict[str, Any] = manifest["files"]
+    rows: dict[str, int] = {}
+    appended: dict[str, int] = {}
+    # live files first: whether cases were appended decides how the derived index files are checked
+    for rel in LIVE_FILES:
+        path = root / rel
+        entry, saved = files[rel], manifest["live"][rel]
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST_NAME})")
+        table = "cases" if rel == BANK_DB else "feedback"
+        intact = _matches(path, entry, rel, cache)
+        if intact and not _wal_has_frames(path):
+            rows[rel], appended[rel] = saved["rows"], 0
+            continue
+        n = _count_rows(path, table)
+        if n < saved["rows"]:
+            raise CheckpointError(f"{path}: holds {n} {table} row(s), {MANIFEST_NAME} records {saved['rows']} "
+                                  "(truncated or rolled back)")
+        if n == saved["rows"] and not intact and not (table == "cases" and _has_tombstones(path)):
+            raise CheckpointError(f"{path}: changed after it was saved (size or sha256 differs from {MANIFEST_NAME}, "
+                                  "and no rows were appended)")
+        # rows appended, or cases deleted (tombstones) since the save: the saved rows themselves must be intact
+        digest = (bank_rows_digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
+        if digest != saved["digest"]:
+            raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
+                                  f"(row digest differs from {MANIFEST_NAME})")
+        rows[rel], appended[rel] = n, n - saved["rows"]
+    cases_appended = appended[BANK_DB] > 0
+    encoder_dir = root / ENCODER_FILES_DIR
+    if encoder_dir.is_dir():  # the encoder's files are loaded as a model: every one must be listed and hashed
+        for rel in listed_files(root):
+            if rel.startswith(ENCODER_FILES_DIR + "/") and rel not in files:
+                raise CheckpointError(f"{root / rel}: a file in the artifact's {ENCODER_FILES_DIR}/ that "
+                                      f"{MANIFEST_NAME} does not list (the encoder is loaded from there)")
+    checked = len(LIVE_FILES)
+    for rel, entry in sorted(files.items()):
+        if rel in LIVE_FILES:
+            continue
+        path = root / rel
+        derived_may_differ = rel in DERIVED_FILES and cases_appended
+        if not path.is_file():
+            if derived_may_differ:
+                continue
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST_NAME})")
+        if not _matches(path, entry, rel, cache):
+            if derived_may_differ:
+                continue
+            size = path.stat().st_size
+            if isinstance(entry, dict) and size != entry.get("bytes"):
+                raise CheckpointError(f"{path}: {size} bytes, {MANIFEST_NAME} records {entry.get('bytes')} "
+                                      "(truncated or changed)")
+            raise CheckpointError(f"{path}: sha256 differs from {MANIFEST_NAME} (the file was changed after it "
+                                  "was saved)")
+        checked += 1
+    return {"manifest": manifest, "files": checked, "rows": rows, "appended": appended}
+
+
+def _matches(path: Path, entry: Any, rel: str, cache: dict[str, tuple[int, int, str]] | None) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+        raise CheckpointError(f"{path}: damaged manifest entry {entry!r}")
+    stat = path.stat()
+    if stat.st_size != entry.get("bytes"):
+        return False
+    sha = file_sha256(path)
+    if cache is not None:
+        cache[rel] = (stat.st_size, stat.st_mtime_ns, sha)
+    return sha == entry["sha256"]
+
+
+# ---------------------------------------------------------------- crash-safe in-place saves
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (before a rename makes them the committed state)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise CheckpointError(f"{Path(dirpath) / name}: a symbolic link in a staged save; refusing it")
+        for name in filenames:
+            with open(Path(dirpath) / name, "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(Path(dirpath))
+
+
+def _real_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory (not a link to one); a link or another kind of file is refused."""
+    if not os.path.lexists(path):
+        return False
+    if os.path.islink(path) or not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory (a symbolic link?); an artifact's save directories are "
+                              "never followed through links")
+    return True
+
+
+def _inside(root: Path, rel: Path) -> Path:
+    """``root / rel``, after checking that no component of it below ``root`` is a symbolic link."""
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if os.path.islink(here):
+            raise CheckpointError(f"{here}: a symbolic link inside the artifact; refusing to write through it")
+    return here
+
+
+def commit_staged(root: Path) -> None:
+    """Rename ``.save.tmp`` to ``.save.ready`` (the commit point), then move its files into place."""
+    stage, ready = root / STAGING_DIR, root / READY_DIR
+    if not _real_dir(stage):
+        raise CheckpointError(f"{stage}: no staged save to commit")
+    fsync_tree(stage)
+    if _real_dir(ready):
+        shutil.rmtree(ready)
+    os.replace(stage, ready)
+    fsync_dir(root)
+    _apply_ready(root)
+
+
+def _apply_ready(root: Path) -> None:
+    ready = root / READY_DIR
+    if not _real_dir(ready):
+        return
+    staged: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(ready):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if os.path.islink(path):
+                raise CheckpointError(f"{path}: a symbolic link in a completed save; refusing to move it into "
+                                      "the artifact")
+            if name in filenames and not path.is_file():
+                raise CheckpointError(f"{path}: not a regular file; refusing to move it into the artifact")
+        staged += [Path(dirpath) / name for name in filenames]
+    moves = sorted(staged, key=lambda p: p.name == MANIFEST_NAME)
+    for src in moves:  # the manifest last: until it moves, the old manifest describes the old files
+        dst = _inside(root, src.relative_to(ready))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        _inside(root, src.relative_to(ready))  # the directories made just now are plain ones
+        os.replace(src, dst)
+    fsync_dir(root)
+    shutil.rmtree(ready, ignore_errors=True)
+
+
+def recover(root: Path) -> None:
+    """Finish an in-place save that a crash interrupted after its commit point; drop an incomplete one.
+
+    The whole tree is checked first (:func:`check_tree`): a link named ``.save.ready`` or ``.save.tmp``
+    (or anywhere else) is refused, never followed.
+    """
+    root = Path(root)
+    check_tree(root)
+    if _real_dir(root / READY_DIR):
+        logger.warning("%s: finishing a save that was interrupted", root)
+        _apply_ready(root)
+    if _real_dir(root / STAGING_DIR):
+        logger.warning("%s: dropping an incomplete save", root)
+        shutil.rmtree(root / STAGING_DIR, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the model card
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if not isinstance(x, (int, float)) else f"{100.0 * x:.1f}%"
+
+
+def _yaml_str(value: Any) -> str:
+    """A YAML scalar: JSON's string quoting is valid YAML."""
+    return json.dumps(str(value))
+
+
+def card_front_matter(manifest: dict[str, Any], spec: EncoderSpec) -> list[str]:
+    """The YAML front matter the Hugging Face Hub reads from a model card: library name, tags, the base
+    encoder (its Hub id when known), the task suite as the dataset, the run's figures as metrics."""
+    source = manifest.get("source") or {}
+    summary = source.get("summary") or {}
+    lines = ["---", "library_name: memento-mdp", "tags:"]
+    lines += [f"- {tag}" for tag in ("memento", "case-based-reasoning", "retrieval", "soft-q")]
+    base = None
+    if spec.kind == "transformers" and spec.files is None:
+        base = spec.model if spec.model is not None else "sentence-transformers/all-MiniLM-L6-v2"
+    if base is not None and "/" in base and not base.startswith(("/", ".", "~")):
+        lines.append(f"base_model: {_yaml_str(base)}")
+    run = (manifest.get("run") or {}) if isinstance(manifest.get("run"), dict) else {}
+    suite = source.get("suite") or source.get("tasks") or run.get("suite")
+    if isinstance(suite, str) and suite:
+        lines += ["datasets:", f"- {_yaml_str(suite)}"]
+    metrics = [(name, summary.get(key)) for name, key in (("success_rate", "success_rate"),
+                                                          ("moving_success_rate", "moving_success_rate"))]
+    metrics = [(name, value) for name, value in metrics if isinstance(value, (int, float))
+               and not isinstance(value, bool)]
+    if metrics:
+        lines.append("metrics:")
+        lines += [f"- {name}" for name, _ in metrics]
+        lines += ["model-index:", f"- name: {_yaml_str(source.get('policy') or 'memento-selector')}",
+                  "  results:", "  - task:", "      type: case-selection"]
+        if isinstance(suite, str) and suite:
+            lines += [f"    dataset: {{name: {_yaml_str(suite)}, type: {_yaml_str(suite)}}}"]
+        lines.append("    metrics:")
+        for name, value in metrics:
+            lines += [f"    - type: {name}", f"      value: {float(value):.6g}"]
+    lines += ["---", ""]
+    return lines
+
+
+def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spec: EncoderSpec, *,
+               cases: int, feedbacks: int, updates: int, alpha: float) -> str:
+    """``README.md`` of an artifact: what it is, what it was trained on (figures from the run), how to load it.
+    It opens with the YAML front matter the Hugging Face Hub reads (:func:`card_front_matter`)."""
+    source = manifest.get("source") or {}
+    summary = source.get("summary") or {}
+    q = config.qnet
+    name = spec.model_id or spec.model or "sentence-transformers/all-MiniLM-L6-v2"
+    where = (f", files in `{spec.files}/`" if spec.files else f", revision `{spec.revision}`" if spec.revision
+             else "")
+    encoder = (f"`{name}` "
+               f"(pooling {spec.pooling}, max_length {spec.max_length}, dim {spec.dim}, "
+               f"{'unit-normalised' if spec.normalize else 'raw'}{where})" if spec.kind == "transformers"
+               else f"none stored (trained with {spec.description or 'a custom encoder'}; pass {spec.dim}-d vectors)")
+    lines = card_front_matter(manifest, spec) + [
+        f"# memento selector: {root.name}",
+        "",
+        "A trained case selector (Memento's parametric case-based reasoning): for a task, it picks which past "
+        "cases a frozen LLM planner should see. It scores the top-C cosine candidates from its case bank with a "
+        "Q-network that estimates P(success | task, case) and samples K of them from softmax(Q / alpha).",
+        "",
+        "## What it holds",
+        "",
+        f"- policy: `{config.policy}`, K = {config.k} cases by default, C = {config.candidates} candidates, "
+        f"alpha = {alpha:g}" + (" (the learner's)" if config.alpha is None else ""),
+        f"- Q-network: `{q.arch}`, dim {q.dim}, hidden {q.hidden} x {q.n_layers} layer(s)"
+        + (f", tower width {q.embed_dim}" if q.arch == "two_tower" else "") + f"; {updates} learner update(s)",
+        f"- encoder: {encoder}",
+        f"- case bank: {cases} case(s), faiss index `{config.index.factory}`",
+        f"- replay buffer: capacity {config.replay.capacity}; feedback recorded: {feedbacks}",
+        f"- format `{SELECTOR_FORMAT}` version {SELECTOR_FORMAT_VERSION}, memento "
+        f"{(manifest.get('versions') or {}).get('memento', '?')}; created {manifest.get('created', '?')}, "
+        f"saved {manifest.get('saved', '?')} (save {manifest.get('saves', 1)})",
+        "",
+        "## Training",
+        "",
+    ]
+    if source.get("kind") == "bank":
+        lines.append(f"- not trained by a run: a fresh Q-network over the case bank `{source.get('path')}`; "
+                     "load it with `learn=True` to train it from feedback")
+    elif source:
+        lines += [
+            f"- source: `{source.get('path')}` ({source.get('kind')}), policy `{source.get('policy')}`",
+            f"- planner: {source.get('planner', 'n/a')}; judge: {source.get('judge', 'n/a')}; "
+            f"tasks: {source.get('n_tasks', 'n/a')}",
+            f"- steps (LLM calls): {source.get('step', 'n/a')} of {source.get('steps', 'n/a')} planned; "
+            f"bank {summary.get('bank_size_start', 'n/a')} -> {source.get('bank_cases', 'n/a')} case(s)",
+        ]
+        if summary:
+            lines.append(f"- success rate: {_pct(summary.get('success_rate'))} overall, "
+                         f"{_pct(summary.get('moving_success_rate'))} over the last {summary.get('window')} steps")
+            windows = summary.get("success_by_window") or []
+            if windows:
+                lines += ["", "| steps | success rate |", "|---|---|"]
+                lines += [f"| {w['start']}-{w['end']} | {_pct(w['rate'])} |" for w in windows]
+        comparison = source.get("comparison")
+        if comparison:
+            lines += ["", "Compared on the same task stream (same seed, same order):", "",
+                      "| policy | early | late | overall |", "|---|---|---|---|"]
+            for name in comparison.get("order", []):
+                r = comparison["policies"][name]
+                lines.append(f"| {name} | {_pct(r.get('success_early'))} | {_pct(r.get('success_late'))} | "
+                             f"{_pct(r.get('success_rate'))} |")
+            lines.append(f"\n(early: the first {comparison.get('window')} steps; late: the last "
+                         f"{comparison.get('late_steps')} steps)")
+    else:
+        lines.append("- no source run recorded")
+    lines += [
+        "",
+        "## How to use it",
+        "",
+        "```python",
+        "import memento",
+        "",
+        f'selector = memento.load_selector("{root.name}")            # checks checksums and dimensions first',
+        ('result = selector.select("What is the capital of Peru?", k=4)  # ids, cases, probabilities, selection id'
+         if spec.kind == "transformers" else
+         f"result = selector.select(state_vector, k=4)  # a unit {spec.dim}-d vector; ids, cases, probabilities"),
+        "selector.feedback(result.selection_id, reward=1.0)        # learn=True keeps training; save() persists",
+        "```",
+        "",
+        f"Over HTTP: `memento serve {root.name}`; as MCP tools: `memento mcp {root.name}`. "
+        f"Check the files: `memento verify {root.name}`.",
+        "",
+        "## Files",
+        "",
+        "`manifest.json` (versions, sha256 of every file), `config.json` (selector, Q-network, learner, replay and "
+        "index configs, the training run's config), `encoder.json`, `qnet.safetensors`, `learner/`, `replay/`, "
+        "`bank/` (cases.sqlite + index.faiss), `feedback.sqlite` (feedback log), this card. Nothing is pickled.",
+        "",
+    ]
+    return "\n".join(lines)

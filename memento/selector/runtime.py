@@ -1,0 +1,1197 @@
+"""A loaded selector artifact: choose cases for a task, take feedback, keep learning, save again.
+
+Load one with :func:`memento.load_selector` (it verifies checksums, the format version and that the
+encoder, bank, Q-network and replay buffer agree on the dimension before anything is used)::
+    selector = memento.load_selector("checkpoints/selector", learn=True)
+    result = selector.select("What is the capital of Peru?", k=4)      # SelectionResult
+    selector.feedback(result.selection_id, reward=1.0)                 # recorded, then learned from
+    selector.add_case("What is the capital of Peru?", "Lima", reward=1.0)
+    selector.save()                                                    # atomically, in place
+
+**Selecting.** A text query is encoded with the artifact's encoder (loaded on first use; see
+``encoder.json``), a vector query is used as given (normalised). The bank returns the top-C cosine
+candidates (C = ``config.candidates``, at least k), optionally restricted to one ``env``, and the soft-Q
+policy picks k of them: ``mode="sample"`` draws without replacement from ``softmax(Q / alpha)``
+(Gumbel-top-k, with the exact Plackett-Luce probability of the ordered set), ``mode="greedy"`` takes the
+top k by Q (probabilities 1.0). Draws come from one ``numpy.random.Generator`` seeded with ``seed``: two
+selectors loaded with the same seed make the same choices for the same calls.
+
+**Choosing and learning** is the soft-Q agent's (:class:`memento.learn.agent.SoftQAgent`, the same one the online
+loop runs): the selector calls only its ``select`` and ``observe``.
+
+**Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept on disk by
+:class:`memento.selector.pending.PendingStore` in the artifact's ``.pending.sqlite``, committed before ``select``
+returns: at most ``config.max_pending`` of them, each for ``config.pending_ttl_s`` seconds; an unknown,
+answered or expired id raises :class:`~memento.errors.UnknownSelectionError`), commits one row to
+``feedback.sqlite`` and only then returns (SQLite WAL with ``synchronous=NORMAL``, like the bank: a killed
+process loses nothing acknowledged; an operating-system crash or power cut may lose the last commits). The
+decision (state vector, chosen case vectors, propensities, reward) enters the replay buffer; with
+``learn=True`` the soft-Q learner then takes ``config.updates_per_step`` gradient steps once
+``config.warmup`` decisions are in the buffer (the same learner and rule as the online loop), and the next
+selection uses the new weights.
+``add_case`` commits the case to the bank's SQLite before it returns.
+
+**Restarts.** ``save()`` writes the Q-network, learner and replay state and a fresh manifest. Feedback
+recorded after the last save is replayed on load, in order, into the replay buffer, repeating the
+gradient steps it triggered, so a selector that crashed after acknowledging feedback comes back with the
+same counts (and, on the CPU, the same weights) as if it had saved just before the crash. Pending
+selections survive a restart (SIGTERM or a killed process; not a power cut, see :mod:`memento.selector.pending`):
+feedback for a selection made before it is accepted and learned from exactly as without the restart, with
+the propensities and policy version logged at select time even if the policy changed since. The store is
+volatile state of the running service: not in the manifest, not copied by ``save(path)``.
+
+**Threads.** A selector can be shared by threads. Reads (``select``, ``get_case``, ``stats``) run in
+parallel; writes (``feedback`` with its learning, ``add_case``, ``save``, ``close``) run one at a time and
+alone (:class:`memento.selector.batching.ReadWriteLock`; a waiting write lets no new read in). Text is encoded
+before the lock is taken, one call at a time, or, after :meth:`Selector.batch_encoding`, by a dynamic
+batcher that groups concurrent texts into one forward pass (:class:`memento.selector.batching.EncodeBatcher`).
+Sampling draws from the one seeded generator one call at a time, so a single caller's choices are exactly
+those of a selector without threads; concurrent callers share the stream in arrival order.
+
+**Processes** (``memento serve --workers``). One process, the learner, writes the artifact; others open it
+with ``read_only=True``: no recovery, no save, no feedback or new cases (those raise ``MementoError``), the
+bank opened read-only, the pending store shared (their selections go into the same ``.pending.sqlite``, where
+the learner's ``feedback`` finds them; load the learner with ``shared=True``). The learner publishes its
+Q-network with :meth:`Selector.publish_policy` (``.policy.safetensors``, dot-named: volatile, not in the
+manifest); a read-only selector's :meth:`Selector.sync` loads the newest published weights (its
+``policy_version`` then is the learner's update count they were published at), takes in the cases and, for
+case features, the usage of the feedbacks the learner committed since, and re-reads the manifest after a save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import numbers
+import os
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from memento.config import QNetConfig, SoftQConfig, load_json, parses_to, save_json, to_dict
+from memento.encoders import Encoder
+from memento.errors import (
+    CheckpointError,
+    ConfigError,
+    DataFormatError,
+    DimensionError,
+    EncoderError,
+    MementoError,
+    UnknownSelectionError,
+)
+from memento.hub import is_hub_id, push_folder, resolve_selector, split_revision
+from memento.io import atomic_write, atomic_write_text, read_safetensors, sqlite_copy
+from memento.learn.agent import SoftQAgent, save_state
+from memento.learn.features import CaseFeaturizer
+from memento.learn.learner import SoftQLearner
+from memento.learn.policy import Observation
+from memento.learn.replay import ReplayBuffer
+from memento.memory import Candidates, CaseBank
+from memento.memory.index import use_gpu_for
+from memento.selector.artifact import (
+    BANK_DB,
+    BANK_DIR,
+    CARD_NAME,
+    CONFIG_NAME,
+    ENCODER_NAME,
+    FEEDBACK_NAME,
+    LEARNER_DIR,
+    MANIFEST_NAME,
+    QNET_FORMAT,
+    QNET_NAME,
+    REPLAY_DIR,
+    SELECTOR_FORMAT,
+    SELECTOR_FORMAT_VERSION,
+    STAGING_DIR,
+    EncoderSpec,
+    FeedbackLog,
+    FeedbackRow,
+    SelectorConfig,
+    bank_rows_digest,
+    check_bank_file,
+    check_feedback_file,
+    check_tree,
+    checkpoint_sqlite,
+    commit_staged,
+    feedback_rows_digest,
+    fsync_tree,
+    hash_files,
+    library_versions,
+    listed_files,
+    model_card,
+    read_encoder_spec,
+    read_manifest,
+    recover,
+    verify_artifact,
+    write_encoder_spec,
+)
+from memento.selector.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
+from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
+from memento.types import Case, Selection
+
+__all__ = ["POLICY_FORMAT", "POLICY_NAME", "SelectionMode", "SelectionResult", "Selector", "SelectorConfig",
+           "agent_config", "read_policy", "swap_in", "write_artifact", "write_qnet"]
+
+logger = logging.getLogger(__name__)
+
+SelectionMode = Literal["sample", "greedy"]
+_MODES = ("sample", "greedy")
+
+POLICY_NAME = ".policy.safetensors"
+"""The Q-network a learner publishes for read-only selectors (dot-named: volatile, never in the manifest)."""
+POLICY_FORMAT = "memento-policy"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectionResult:
+    """What :meth:`Selector.select` chose.
+
+    - ``selection_id``: a uuid4 hex string; pass it to :meth:`Selector.feedback` with the reward;
+    - ``ids`` / ``cases``: the chosen cases in draw order (k of them, or fewer if fewer match);
+    - ``probs``: each case's first-draw probability under the policy (1.0 for greedy);
+    - ``set_prob``: the Plackett-Luce probability of drawing exactly this ordered set (1.0 for greedy);
+    - ``mode``: ``"sample"`` or ``"greedy"``; ``policy_version``: learner updates made before this choice.
+    """
+
+    selection_id: str
+    ids: tuple[str, ...]
+    cases: tuple[Case, ...]
+    probs: tuple[float, ...]
+    set_prob: float
+    mode: SelectionMode
+    policy_version: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``selection_id``, ``mode``, ``policy_version``, ``set_prob`` and
+        ``cases: [{id, state, action, reward, env, prob}]``."""
+        return {"selection_id": self.selection_id, "mode": self.mode, "policy_version": self.policy_version,
+                "set_prob": self.set_prob,
+                "cases": [{"id": case.id, "state": case.state, "action": case.action, "reward": case.reward,
+                           "env": case.env, "prob": prob} for case, prob in zip(self.cases, self.probs)]}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Pending(PendingSelection):
+    """A selection waiting for its reward, as ``select`` makes it; the :class:`~memento.selector.pending.PendingStore`
+    keeps its :class:`~memento.selector.pending.PendingSelection` fields on disk (``created``: wall clock, from which
+    it expires) and hands back a ``PendingSelection``. ``born`` (``time.monotonic()`` at select) is not
+    stored: monotonic time does not survive a restart."""
+
+    born: float
+
+
+def _reward(reward: Any) -> float:
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise DataFormatError(f"reward must be a finite number in [0, 1], got {reward!r}")
+    if not 0.0 <= float(reward) <= 1.0:
+        raise DataFormatError(f"reward must lie in [0, 1] (the soft-Q learner estimates P(success)), got {reward!r}")
+    return float(reward)
+
+
+class Selector:
+    """A selector artifact, loaded (see the module docstring). Build it with :meth:`load` or
+    :func:`memento.load_selector`; ``close()`` it (or use ``with``) when done."""
+
+    def __init__(self, *, path: Path, config: SelectorConfig, encoder_spec: EncoderSpec, manifest: dict[str, Any],
+                 bank: CaseBank, feedback_log: FeedbackLog, learner: SoftQLearner, buffer: ReplayBuffer,
+                 device: torch.device, learn: bool, seed: int, encoder: Any = None,
+                 encoder_device: str | None = None, hash_cache: dict[str, tuple[int, int, str]] | None = None):
+        self.path = path
+        self.config = config
+        self.encoder_spec = encoder_spec
+        self.device = device
+        self.learn = learn
+        self.seed = seed
+        self._manifest = manifest
+        self._bank = bank
+        self._feedback = feedback_log
+        self._featured = learner.qnet.config.features != "none"
+        featurizer = (CaseFeaturizer(bank, self._encode_actions, usage_at=self._usage_at, store=False)
+                      if self._featured else None)
+        self._fb_shown: dict[int, int] = {}  # usage since the saved bank: from the feedback log
+        self._fb_reward: dict[int, float] = {}
+        self._agent = SoftQAgent(agent_config(config), learner=learner, buffer=buffer, reward_of=bank.rewards,
+                                 fixed_alpha=config.alpha, featurizer=featurizer)
+        self._encoder = encoder
+        self._encoder_device = encoder_device
+        self._hash_cache = hash_cache if hash_cache is not None else {}
+        self._rng = np.random.default_rng(seed)
+        self._pending = PendingStore.open(path / PENDING_NAME, dim=encoder_spec.dim, answered=answered_in(feedback_log))
+        # reads in parallel, writes alone; ``_lock`` is the exclusive side (re-entrant, like the RLock it replaced)
+        self._rw = ReadWriteLock()
+        self._lock = self._rw.write_lock
+        self._rng_lock = threading.Lock()  # draws from self._rng, one call at a time
+        self._encoder_lock = threading.Lock()  # loading the encoder, switching batching on or off
+        self._encoder_front: SerialEncoder | BatchedEncoder | None = None
+        self._batcher: EncodeBatcher | None = None
+        self._closed = False
+        self.read_only = False  # set by load(read_only=True)
+        self._feedback_seen = len(feedback_log)  # read-only: the feedback rows taken in (see sync)
+        self._policy_key: tuple[int, int, int] | None = None  # read-only: the published policy file loaded
+        self._manifest_key: tuple[int, int, int] | None = None
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
+             seed: int = 0, verify: bool = True, encoder: Any = None, read_only: bool = False,
+             shared: bool = False, revision: str | None = None) -> Selector:
+        """Load an artifact directory, or a Hub id ``"user/repo"`` at ``revision`` (see :func:`memento.load_selector`).
+
+        ``read_only``: another process writes this artifact (see "Processes" in the module docstring);
+        ``shared``: this selector writes it while read-only selectors in other processes select over it.
+        """
+        if isinstance(path, str) and not os.path.lexists(Path(path).expanduser()) and is_hub_id(path):
+            repo_id, at = split_revision(path)
+            path = resolve_selector(repo_id, revision=revision or at)
+        path = Path(path)
+        if not isinstance(learn, bool):
+            raise ConfigError(f"load_selector: learn={learn!r}: must be true or false")
+        if read_only and learn:
+            raise ConfigError("load_selector: a read_only selector cannot learn (learn=True)")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"load_selector: seed={seed!r}: must be an integer >= 0")
+        if encoder is not None and (not callable(getattr(encoder, "encode", None))
+                                    or not isinstance(getattr(encoder, "dim", None), int)):
+            raise ConfigError(f"load_selector: encoder={encoder!r} needs encode(texts) and an integer dim")
+        if path.is_dir() and os.path.lexists(path / MANIFEST_NAME) and not read_only:
+            recover(path)  # refuses a symbolic link anywhere in the artifact before it moves anything
+        cache: dict[str, tuple[int, int, str]] = {}
+        where = torch.device(device) if device is not None else torch.device("cpu")
+        checked = check_artifact(path, verify=verify, device=where, cache=cache)  # the checks `memento verify` runs
+        manifest, config, spec = checked.manifest, checked.config, checked.spec
+        learner, buffer, dims = checked.learner, checked.buffer, dict(checked.dims)
+        if encoder is not None:
+            dims["the encoder passed in"] = int(encoder.dim)
+        _check_dims(path, dims)
+        bank = CaseBank.open(path / BANK_DIR, use_gpu=use_gpu_for(where), read_only=read_only)
+        feedback_log: FeedbackLog | None = None
+        try:
+            dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank.dim
+            _check_dims(path, dims)
+            feedback_log = FeedbackLog.open(path / FEEDBACK_NAME)
+            selector = cls(path=path, config=config, encoder_spec=spec, manifest=manifest, bank=bank,
+                           feedback_log=feedback_log, learner=learner, buffer=buffer, device=where, learn=learn,
+                           seed=int(seed), encoder=encoder,
+                           encoder_device=None if device is None else str(device), hash_cache=cache)
+            if read_only or shared:
+                selector._pending.shared = True
+                selector.read_only = read_only
+                selector._manifest_key = _stat_key(path / MANIFEST_NAME)
+            selector._replay_unsaved_feedback()
+            selector._forget_deleted()  # deleted cases leave the replay rows the feedback replay brought back
+            if len(bank):  # read the bank's vectors now, not in the first select (about 2 s at 100k cases)
+                bank.embeddings_at([0])
+        except BaseException:
+            bank.close()
+            if feedback_log is not None:
+                feedback_log.close()
+            raise
+        logger.info("loaded selector %s: %d cases, %d feedback(s), %d learner update(s), learn=%s", path,
+                    len(bank), len(feedback_log), learner.updates, learn)
+        return selector
+
+    def _saved_rows(self, rel: str) -> int:
+        return int(self._manifest["live"][rel]["rows"])
+
+    def _encode_actions(self, texts: list[str]) -> np.ndarray:
+        """Action vectors for the case features (the selector's text encoder)."""
+        return np.asarray(self.encoder().encode(texts), dtype=np.float32).reshape(len(texts), self.dim)
+
+    def _usage_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Usage statistics: the saved bank's log plus the feedbacks this artifact recorded."""
+        shown_C, reward_C = self._bank.usage_at(positions_C)
+        for i, pos in enumerate(np.asarray(positions_C).tolist()):
+            shown_C[i] += self._fb_shown.get(pos, 0)
+            reward_C[i] += self._fb_reward.get(pos, 0.0)
+        return shown_C, reward_C
+
+    def _count_usage(self, ids: Sequence[str], reward: float) -> None:
+        if not self._featured or not ids:
+            return
+        for pos in self._bank.positions_of(list(ids)).tolist():
+            self._fb_shown[pos] = self._fb_shown.get(pos, 0) + 1
+            self._fb_reward[pos] = self._fb_reward.get(pos, 0.0) + float(reward)
+
+    def _replay_unsaved_feedback(self) -> None:
+        """Feed the rows recorded after the last save into the replay buffer (and learner) again, in order."""
+        saved = self._saved_rows(FEEDBACK_NAME)
+        if self._featured:  # the usage statistics of the saved feedbacks (not in the saved bank's log)
+            for row in self._feedback.rows(after=0):
+                if row.seq > saved:
+                    break
+                self._count_usage(list(row.ids), row.reward)
+        replayed = 0
+        for row in self._feedback.rows(after=saved):
+            if not self.read_only:  # a read-only selector takes the learner's published weights instead (sync)
+                self._learn_from_row(row)
+            self._count_usage(list(row.ids), row.reward)
+            self._feedback_seen = max(self._feedback_seen, row.seq)
+            replayed += 1
+        if replayed:
+            logger.info("%s: replayed %d feedback(s) recorded after the last save (%d learner updates now)",
+                        self.path, replayed, self._learner.updates)
+
+    def _learn_from_row(self, row: FeedbackRow) -> None:
+        if not row.ids:
+            return
+        if row.state is None:
+            raise CheckpointError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq} has no state vector")
+        state_D = np.frombuffer(row.state, dtype=np.float32).copy()
+        if state_D.shape != (self.dim,):
+            raise DimensionError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq} has a state of shape "
+                                 f"{state_D.shape}, the selector has dim={self.dim}")
+        try:
+            cases_KD = self._bank.embeddings(row.ids)
+        except MementoError as error:
+            raise CheckpointError(f"{self.path / FEEDBACK_NAME}: feedback {row.seq}: {error}") from None
+        self._learn(state_D, list(row.ids), cases_KD, row.probs, row.set_prob, row.reward, row.seq,
+                    row.policy_version, row.learned)
+
+    def _learn(self, state_D: np.ndarray, ids: list[str], cases_KD: np.ndarray, probs: list[float], set_prob: float,
+               reward: float, seq: int, version: int, learned: bool) -> None:
+        """One decision, as logged (propensities 1.0 for a greedy choice), to the agent: into its replay buffer
+        (as several rows when it holds more than ``k_max`` cases), then its gradient steps when ``learned``.
+        Cases deleted since the selection are left out (a decision of deleted cases only is not learned from)."""
+        gone = self._bank.is_deleted(list(ids))
+        if any(gone):
+            keep = [i for i, deleted in enumerate(gone) if not deleted]
+            if not keep:
+                return
+            ids, cases_KD, probs = [ids[i] for i in keep], np.asarray(cases_KD)[keep], [probs[i] for i in keep]
+        k = len(ids)
+        probs_K = np.asarray(probs, dtype=np.float64)
+        positions_K = self._bank.positions_of(list(ids)) if self._featured else np.arange(k)
+        candidates = Candidates(ids=list(ids), positions_C=positions_K, scores_C=np.zeros(k),
+                                embeddings_CD=np.asarray(cases_KD))
+        selection = Selection(ids=list(ids), positions_K=np.arange(k), probs_K=probs_K, set_prob=float(set_prob),
+                              candidate_ids=list(ids), probs_C=probs_K, greedy=False)
+        self._agent.observe([Observation(state_D=state_D, candidates=candidates, selection=selection, reward=reward,
+                                         step=seq, policy_version=version)], learn=learned)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dim(self) -> int:
+        return self.encoder_spec.dim
+
+    @property
+    def alpha(self) -> float:
+        """The temperature the policy uses now."""
+        return self._agent.alpha
+
+    @property
+    def _learner(self) -> SoftQLearner:
+        return self._agent.learner
+
+    @property
+    def _buffer(self) -> ReplayBuffer:
+        return self._agent.buffer
+
+    @property
+    def agent(self) -> SoftQAgent:
+        """The soft-Q agent that chooses and learns."""
+        return self._agent
+
+    @property
+    def bank(self) -> CaseBank:
+        """The case bank (read it; write through :meth:`add_case`)."""
+        return self._bank
+
+    @property
+    def learner(self) -> SoftQLearner:
+        return self._learner
+
+    @property
+    def replay(self) -> ReplayBuffer:
+        return self._buffer
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest of the last save (or of the loaded artifact)."""
+        return self._manifest
+
+    @property
+    def policy_version(self) -> int:
+        """Learner updates done so far."""
+        return self._learner.updates
+
+    def __enter__(self) -> Selector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Selector({str(self.path)!r}, cases={len(self._bank)}, dim={self.dim}, "
+                f"updates={self._learner.updates}, learn={self.learn})")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MementoError(f"{self.path}: selector is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise MementoError(f"{self.path}: this selector is read-only (another process writes the artifact: "
+                               "send feedback, new cases and saves there)")
+
+    # ------------------------------------------------------------------ encoding
+
+    def encoder(self) -> Any:
+        """The text encoder (loaded on first use from ``encoder.json``), behind a front that threads may share:
+        its ``encode`` runs through the dynamic batcher after :meth:`batch_encoding`, else one call at a time
+        (the front's other attributes, and ``.encoder``, are the encoder's own)."""
+        with self._encoder_lock:
+            if self._encoder is None:
+                spec = self.encoder_spec
+                if spec.kind == "none":
+                    raise EncoderError(f"{self.path}: this selector stores no text encoder ({ENCODER_NAME}: kind "
+                                       f"'none', trained with {spec.description or 'a custom encoder'}); pass a "
+                                       f"{spec.dim}-d vector, or load_selector(..., encoder=...)")
+
+                encoder = Encoder.from_config(spec.encoder_config(), device=self._encoder_device)
+                if encoder.dim != spec.dim:
+                    raise DimensionError(f"{self.path / ENCODER_NAME}: dim={spec.dim}, but encoder "
+                                         f"{encoder.model_id} gives dim={encoder.dim}")
+                if spec.fingerprint and spec.fingerprint != encoder.describe().get("fingerprint"):
+                    logger.info("%s: encoder %s has another fingerprint than at training time (other files or "
+                                "install)", self.path, encoder.model_id)
+                self._encoder = encoder
+            if self._encoder_front is None or self._encoder_front.encoder is not self._encoder:
+                self._encoder_front = (SerialEncoder(self._encoder) if self._batcher is None
+                                       else BatchedEncoder(self._encoder, self._batcher))
+            return self._encoder_front
+
+    def batch_encoding(self, max_texts: int | None = 32, wait_ms: float = 2.0) -> EncodeBatcher | None:
+        """From now on encode texts (queries, new cases' states, action texts of case features) through a
+        dynamic batcher: concurrent calls are grouped, up to ``max_texts`` texts or until ``wait_ms`` ms after
+        the first, into one forward pass in the batcher's thread (:class:`memento.selector.batching.EncodeBatcher`).
+        Returns the batcher (its ``stats()`` count the forwards). ``max_texts=None`` switches batching off
+        again; the old batcher encodes what it holds and stops."""
+        batcher = (None if max_texts is None else
+                   EncodeBatcher(self._encode_batch, max_texts=max_texts, wait_ms=wait_ms,
+                                 name=f"memento-encode-{self.path.name}"))
+        with self._encoder_lock:
+            old, self._batcher = self._batcher, batcher
+            self._encoder_front = None
+        if old is not None:
+            old.close()
+        return batcher
+
+    def _encode_batch(self, texts: list[str]) -> np.ndarray:
+        """The batcher's forward pass: the encoder itself (called in the batcher's thread only)."""
+        return self.encoder().encoder.encode(texts)
+
+    def _state(self, query: Any, what: str = "query") -> np.ndarray:
+        """A query text or vector as a unit float32 vector ``[D]``."""
+        if isinstance(query, str):
+            if not query.strip():
+                raise DataFormatError(f"{what} text is empty")
+            vec = np.asarray(self.encoder().encode([query]), dtype=np.float32).reshape(-1)
+        elif isinstance(query, (np.ndarray, list, tuple, torch.Tensor)):
+            if isinstance(query, torch.Tensor):
+                query = query.detach().cpu().numpy()
+            vec = np.asarray(query)
+            if vec.dtype == object or not np.issubdtype(vec.dtype, np.number) or np.issubdtype(vec.dtype,
+                                                                                                np.complexfloating):
+                raise DataFormatError(f"{what} vector must hold real numbers, got dtype {vec.dtype}")
+            vec = vec.astype(np.float32)
+        else:
+            raise DataFormatError(f"{what} must be a text or a vector, got {type(query).__name__}")
+        if vec.shape != (self.dim,):
+            raise DimensionError(f"{what} vector has shape {vec.shape}, this selector expects ({self.dim},)")
+        if not np.isfinite(vec).all():
+            raise DataFormatError(f"{what} vector contains NaN or inf")
+        norm = float(np.linalg.norm(vec))
+        if norm == 0.0:
+            raise DataFormatError(f"{what} vector has zero norm")
+        if abs(norm - 1.0) > 1e-4:  # as the online loop does: a unit vector is used exactly as given
+            vec = vec / norm
+        return np.ascontiguousarray(vec, dtype=np.float32)
+
+    # ------------------------------------------------------------------ select / feedback
+
+    def select(self, query: str | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
+               env: str | None = None) -> SelectionResult:
+        """Choose ``k`` cases for a task text or state vector (see the module docstring)."""
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+            raise DataFormatError(f"k must be a positive integer, got {k!r}")
+        if mode not in _MODES:
+            raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
+        if env is not None and (not isinstance(env, str) or not env.strip()):
+            raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
+        k = int(k)
+        self._check_open()
+        state_D = self._state(query)  # text is encoded outside the lock (batched with other callers' when on)
+        with self._rw.read():
+            self._check_open()
+            # parallel readers must see the network in eval mode: q_values puts back the training flag it found,
+            # and a learner update leaves it in training mode (dropout), so set it before any reader scores
+            if self._learner.qnet.training:
+                self._learner.qnet.eval()
+            candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
+            return self._choose(state_D, candidates, k, mode, env)
+
+    def _remember(self, selection_id: str, pending: PendingSelection) -> None:
+        """Keep a selection until its feedback: committed to the pending store (one SQLite transaction; the
+        expired ones and the oldest beyond ``max_pending`` are dropped). A selection ``_take_pending`` handed
+        out is put back (its feedback was not recorded)."""
+        self._pending.put(selection_id, pending, max_pending=self.config.max_pending,
+                          ttl_s=self.config.pending_ttl_s)
+
+    def _take_pending(self, selection_id: str) -> PendingSelection | None:
+        """The selection waiting under ``selection_id``, handed out once (``None`` when unknown, answered or
+        expired); its row leaves the store after the feedback was committed (see :mod:`memento.selector.pending`)."""
+        self._purge_expired()
+        return self._pending.take(selection_id, ttl_s=self.config.pending_ttl_s)
+
+    def _purge_expired(self) -> None:
+        self._pending.purge(self.config.pending_ttl_s)
+
+    def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
+        """Record the reward of a selection (committed before this returns) and learn from it when ``learn``.
+
+        Returns ``{"selection_id", "reward", "recorded": True, "updates"}`` (``updates``: learner updates
+        done so far). Raises ``UnknownSelectionError`` for an unknown, already answered or expired id and
+        ``DataFormatError`` for a reward outside [0, 1].
+        """
+        reward = _reward(reward)
+        self._check_writable()
+        if not isinstance(selection_id, str) or not selection_id:
+            raise UnknownSelectionError(f"unknown selection id {selection_id!r}")
+        with self._lock:
+            self._check_open()
+            pending = self._take_pending(selection_id)
+            if pending is None:
+                raise UnknownSelectionError(f"unknown selection id {selection_id!r}: never issued by this artifact's "
+                                            "service, already answered, or expired (pending_ttl_s="
+                                            f"{self.config.pending_ttl_s})")
+            try:
+                seq = self._feedback.append(selection_id=selection_id, reward=reward, mode=pending.mode,
+                                            policy_version=pending.policy_version, env=pending.env, ids=pending.ids,
+                                            probs=pending.probs, set_prob=pending.set_prob, learned=self.learn,
+                                            state=pending.state_D.tobytes())
+            except BaseException:
+                self._remember(selection_id, pending)  # not recorded: the caller may retry
+                raise
+            if pending.ids:
+                self._learn(pending.state_D, pending.ids, pending.cases_KD, pending.probs, pending.set_prob, reward,
+                            seq, pending.policy_version, self.learn)
+                self._count_usage(pending.ids, reward)
+            return {"selection_id": selection_id, "reward": reward, "recorded": True,
+                    "updates": int(self._learner.updates)}
+
+    # ------------------------------------------------------------------ cases
+
+    def add_case(self, state: str, action: str, reward: float, env: str | None = None,
+                 meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None) -> str:
+        """Add a case to the bank (committed before this returns); returns its id.
+
+        ``state`` is encoded with the artifact's encoder unless ``embedding`` (``[D]``) is given. A case
+        whose (state, action, env) is already stored is not added again: the stored id is returned.
+        """
+        case, state_D = self._new_case(state, action, reward, env, meta, embedding)
+        with self._lock:
+            self._check_open()
+            return self._bank.add([case], state_D[None, :])[0]
+
+    def _new_case(self, state: str, action: str, reward: float, env: str | None, meta: dict[str, Any] | None,
+                  embedding: np.ndarray | None) -> tuple[Case, np.ndarray]:
+        """A case to write and its state vector (``state`` encoded unless ``embedding``), checked and encoded
+        outside the lock."""
+        case = Case(state=state, action=action, reward=_reward(reward), env=env, meta={} if meta is None else meta)
+        self._check_writable()
+        return case, self._state(state if embedding is None else embedding, "case state")
+
+    def get_case(self, case_id: str) -> Case:
+        """The stored case; an unknown id raises ``UnknownCaseError``."""
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        with self._rw.read():
+            self._check_open()
+            return self._bank.get(case_id)
+
+    # ------------------------------------------------------------------ forgetting
+
+    def _forget_deleted(self, ids: Sequence[str] | None = None) -> int:
+        """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None): their state vectors
+        are the first ``D`` columns of the case vectors the buffer stores (with or without case features)."""
+        ids = self._bank.deleted_ids() if ids is None else list(ids)
+        if not ids or not len(self._buffer):
+            return 0
+        return int(self._buffer.forget(self._bank.embeddings(ids)))
+
+    def delete_case(self, case_id: str) -> dict[str, Any]:
+        """Forget a case: it is never selected again (committed to the bank, then checkpointed with a save in
+        place before this returns, so a restart finds it deleted and ``memento verify`` passes); the replay
+        slots holding it are masked. Returns ``{"id", "deleted": True, "replay_slots_masked"}``; an unknown or
+        already deleted id raises ``UnknownCaseError``."""
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        self._check_writable()
+        with self._lock:
+            self._check_open()
+            self._bank.delete([case_id])
+            masked = self._forget_deleted([case_id])
+            self._save_in_place()
+        return {"id": case_id, "deleted": True, "replay_slots_masked": masked}
+
+    def replace_case(self, case_id: str, state: str, action: str, reward: float, env: str | None = None,
+                     meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None) -> str:
+        """Supersede a case by a new one (one bank transaction, then a save in place, as :meth:`delete_case`):
+        the old case is never selected again, the new one can be; returns the new case's id (ids are never
+        reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given."""
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        case, state_D = self._new_case(state, action, reward, env, meta, embedding)
+        with self._lock:
+            self._check_open()
+            new_id = self._bank.replace(case_id, case, state_D)
+            self._forget_deleted([case_id])
+            self._save_in_place()
+        return new_id
+
+    # ------------------------------------------------------------------ several tasks at once
+
+    def select_many(self, queries: Sequence[str] | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
+                    env: str | None = None) -> list[SelectionResult]:
+        """:meth:`select` for several tasks: the texts are encoded in one ``encode`` call and the candidates of
+        all of them found in one bank search; each result has its own pending selection id (feedback each
+        one). Greedy results equal ``select`` called on each query in turn; sampled ones draw from the same
+        generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors."""
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+            raise DataFormatError(f"k must be a positive integer, got {k!r}")
+        if mode not in _MODES:
+            raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
+        if env is not None and (not isinstance(env, str) or not env.strip()):
+            raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
+        if isinstance(queries, str):
+            raise DataFormatError("select_many takes a list of queries; for one text use select()")
+        k = int(k)
+        self._check_open()
+        states_BD = self._states(queries)
+        if not len(states_BD):
+            return []
+        with self._rw.read():
+            self._check_open()
+            if self._learner.qnet.training:
+                self._learner.qnet.eval()
+            width = max(self.config.candidates, k)
+            scores_BC, positions_BC = self._bank.search_positions(states_BD, width, env=env)
+            results = []
+            for b, state_D in enumerate(states_BD):
+                valid = positions_BC[b] >= 0
+                positions_C = positions_BC[b][valid]
+                candidates = Candidates(ids=self._bank.ids_at(positions_C), positions_C=positions_C,
+                                        scores_C=scores_BC[b][valid],
+                                        embeddings_CD=self._bank.embeddings_at(positions_C))
+                results.append(self._choose(state_D, candidates, k, mode, env))
+            return results
+
+    def _states(self, queries: Sequence[str] | np.ndarray) -> np.ndarray:
+        """Queries as unit float32 state vectors ``[B, D]``: texts encoded in one call, vectors as given."""
+        if isinstance(queries, (np.ndarray, torch.Tensor)):
+            rows = list(queries.detach().cpu().numpy() if isinstance(queries, torch.Tensor) else queries)
+        else:
+            rows = list(queries)
+        if rows and all(isinstance(q, str) for q in rows):
+            for i, text in enumerate(rows):
+                if not text.strip():
+                    raise DataFormatError(f"query {i}: text is empty")
+            rows = list(np.asarray(self.encoder().encode(rows), dtype=np.float32).reshape(len(rows), self.dim))
+        elif any(isinstance(q, str) for q in rows):
+            raise DataFormatError("select_many: queries must be all texts or all vectors")
+        return np.stack([self._state(q, f"query {i}") for i, q in enumerate(rows)]) if rows else np.zeros(
+            (0, self.dim), dtype=np.float32)
+
+    def _choose(self, state_D: np.ndarray, candidates: Candidates, k: int, mode: SelectionMode,
+                env: str | None) -> SelectionResult:
+        """One selection over a candidate set, remembered as pending (for :meth:`select` and
+        :meth:`select_many`; the caller holds the read lock and has put the Q-network in eval mode)."""
+        version = self._agent.version
+        if len(candidates) == 0:
+            ids: list[str] = []
+            probs: list[float] = []
+            set_prob = 1.0
+            cases_KD = np.zeros((0, self.dim), dtype=np.float32)
+        else:
+            rng: Any = LockedGenerator(self._rng, self._rng_lock)  # the same draws, one call at a time
+            selection = self._agent.select(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
+            ids = list(selection.ids)
+            probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
+            set_prob = float(selection.set_prob)
+            cases_KD = candidates.embeddings_CD[candidates.rows_of(ids)]
+        cases = tuple(self._bank.get(ids)) if ids else ()
+        selection_id = uuid.uuid4().hex
+        self._remember(selection_id, _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
+                                              set_prob=set_prob, mode=mode, policy_version=version, env=env,
+                                              born=time.monotonic()))
+        return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
+                               set_prob=set_prob, mode=mode, policy_version=version)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and settings: cases, feedbacks, updates, pending selections, dim, learn, and more."""
+        with self._rw.read():
+            self._check_open()
+            self._purge_expired()
+            spec = self.encoder_spec
+            return {
+                "path": str(self.path), "cases": len(self._bank), "feedbacks": self._feedbacks(),
+                "updates": int(self._learner.updates), "policy_version": self.policy_version,
+                "read_only": self.read_only, "pending": len(self._pending),
+                "expired": self._pending.expired + self._pending.dropped, "dim": self.dim, "learn": self.learn,
+                "k": self.config.k, "candidates": self.config.candidates, "alpha": self.alpha,
+                "replay": len(self._buffer), "replay_added": self._buffer.added,
+                "cases_since_save": len(self._bank) - self._saved_rows(BANK_DB),
+                "feedbacks_since_save": self._feedbacks() - self._saved_rows(FEEDBACK_NAME),
+                "saves": int(self._manifest.get("saves", 1)), "saved": self._manifest.get("saved"),
+                "device": str(self.device), "index": self.config.index.factory, "qnet": self.config.qnet.arch,
+                "encoder": None if spec.kind == "none" else (spec.model_id or spec.model),
+                "format_version": SELECTOR_FORMAT_VERSION,
+            }
+
+    # ------------------------------------------------------------------ several processes
+
+    def _feedbacks(self) -> int:
+        """Feedback rows: this selector's log, or for a read-only one those it took in (:meth:`sync`)."""
+        return self._feedback_seen if self.read_only else len(self._feedback)
+
+    def publish_policy(self) -> int:
+        """Write the Q-network (and the learner's temperature and update count) to ``.policy.safetensors``
+        atomically, for the read-only selectors of other processes (:meth:`sync`); returns the version
+        (learner updates) published. Call it from the thread that makes the updates (the serve writer)."""
+        self._check_writable()
+        from safetensors.torch import save_file
+
+        with self._rw.read():
+            self._check_open()
+            learner = self._learner
+            tensors = {f"qnet.{name}": value.detach().to("cpu").clone().contiguous()
+                       for name, value in learner.qnet.state_dict().items()}
+            tensors["log_alpha"] = learner.log_alpha.detach().to("cpu").clone().reshape(-1)
+            version = int(learner.updates)
+        metadata = {"format": POLICY_FORMAT, "version": str(version),
+                    "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
+        atomic_write(self.path / POLICY_NAME, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        return version
+
+    def sync(self) -> dict[str, int]:
+        """A read-only selector catches up with the process that writes the artifact: the newest published
+        Q-network (when ``.policy.safetensors`` changed), the cases added since (bank mirror and index), the
+        usage of the feedbacks recorded since (case features) and, after a save, the new manifest. Cheap when
+        nothing changed (two ``stat`` calls and two indexed SQLite reads). Returns what it took in:
+        ``{"policy": 0|1, "cases": n, "feedbacks": n}``. A published file that is a symbolic link, or damaged,
+        raises ``CheckpointError`` (the weights in use stay)."""
+        if not self.read_only:
+            raise MementoError(f"{self.path}: sync() is for a read_only selector (this one writes the artifact)")
+        self._check_open()
+        out = {"policy": 0, "cases": 0, "feedbacks": 0}
+        policy = self.path / POLICY_NAME
+        key = _stat_key(policy)
+        if key is not None and key != self._policy_key:
+            self._policy_key = key  # a damaged file is reported once, not at every call
+            tensors, version = read_policy(policy, self._learner)  # outside the lock: selects go on meanwhile
+            with self._lock:
+                self._check_open()
+                self._learner.qnet.load_state_dict(tensors["qnet"], strict=True)
+                if "log_alpha" in tensors:
+                    self._learner.log_alpha.copy_(tensors["log_alpha"].reshape(self._learner.log_alpha.shape))
+                self._learner.updates = version
+            out["policy"] = 1
+        cases = self._bank.rows_on_disk()
+        (feedbacks,) = self._feedback.connection.execute("SELECT COALESCE(MAX(seq), 0) FROM feedback").fetchone()
+        if cases > len(self._bank) or feedbacks > self._feedback_seen:
+            with self._lock:
+                self._check_open()
+                out["cases"] = self._bank.refresh()
+                rows = list(self._feedback.rows(after=self._feedback_seen)) if self._featured else []
+                for row in rows:
+                    self._count_usage(list(row.ids), row.reward)
+                out["feedbacks"] = int(feedbacks) - self._feedback_seen
+                self._feedback_seen = max(self._feedback_seen, int(feedbacks))
+        manifest_key = _stat_key(self.path / MANIFEST_NAME)
+        if manifest_key is not None and manifest_key != self._manifest_key:
+            self._manifest_key = manifest_key
+            try:
+                manifest = read_manifest(self.path)
+            except MementoError as error:
+                logger.warning("%s: kept the previous manifest (%s)", self.path, error)
+            else:
+                with self._lock:
+                    self._manifest = manifest
+        return out
+
+    # ------------------------------------------------------------------ saving
+
+    def push_to_hub(self, repo_id: str, *, token: str | None = None, private: bool = False,
+                    commit_message: str = "Upload memento selector", revision: str | None = None) -> Any:
+        """Upload this artifact, as it is on disk, to the Hugging Face Hub model repository ``repo_id``
+        (created if needed; ``private`` then applies); returns ``huggingface_hub``'s commit info.
+
+        ``save()`` first to include the newest learner state: cases and feedback committed since the last
+        save go too (verification accepts appended rows). Dot-named files (``.pending.sqlite``,
+        ``.policy.safetensors``, staging directories) and SQLite sidecars stay local. Anyone loads it with
+        ``memento.load_selector("user/repo")``; the model card carries the front matter the Hub reads.
+        """
+        with self._lock:
+            self._check_open()
+            if not self.read_only:  # the SQLite files' committed rows into the main files (no -wal uploaded)
+                self._bank.flush()
+                checkpoint_sqlite(self.path / BANK_DB)
+                self._feedback.checkpoint()
+            return push_folder(self.path, repo_id, token=token, private=private, commit_message=commit_message,
+                               revision=revision)
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the artifact: Q-network, learner and replay state, model card and a fresh manifest.
+
+        ``None`` (or the artifact's own path) saves in place, crash-safely (see :mod:`memento.selector.artifact`);
+        another path writes a complete copy there (it must not exist, or be an empty directory) and this
+        selector keeps working on its own directory. Returns the path written.
+        """
+        self._check_writable()
+        with self._lock:
+            self._check_open()
+            if path is None or (Path(path).exists() and Path(path).resolve() == self.path.resolve()):
+                self._save_in_place()
+                return self.path
+            return self._save_copy(Path(path))
+
+    def _write_state(self, directory: Path) -> None:
+        """config.json, encoder.json, qnet.safetensors, learner/ and replay/ into ``directory``."""
+        _write_parts(directory, self.config, self.encoder_spec, self._learner, self._buffer)
+
+    def _live_entries(self, bank_db: sqlite3.Connection | Path, feedback_db: sqlite3.Connection | Path
+                      ) -> dict[str, dict[str, Any]]:
+        """Row counts and digests of the live files, extending the last save's digests over new rows."""
+        previous = self._manifest["live"]
+        n_cases, n_feedback = len(self._bank), len(self._feedback)
+        old_cases, old_feedback = previous[BANK_DB], previous[FEEDBACK_NAME]
+        return {
+            BANK_DB: {"rows": n_cases, "digest": bank_rows_digest(bank_db, n_cases, start=old_cases["rows"],
+                                                                  previous=old_cases["digest"])},
+            FEEDBACK_NAME: {"rows": n_feedback,
+                            "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],
+                                                           previous=old_feedback["digest"])},
+        }
+
+    def _new_manifest(self, files: dict[str, dict[str, Any]], live: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        manifest = {key: value for key, value in self._manifest.items() if key not in ("files", "live")}
+        manifest.update({"format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION,
+                         "versions": library_versions(), "saved": _now_iso(), "saved_unix": time.time(),
+                         "saves": int(self._manifest.get("saves", 1)) + 1, "dim": self.dim,
+                         "learner_updates": int(self._learner.updates), "files": files, "live": live})
+        return manifest
+
+    def _card(self, root: Path, manifest: dict[str, Any]) -> str:
+        return model_card(root, manifest, self.config, self.encoder_spec, cases=len(self._bank),
+                          feedbacks=len(self._feedback), updates=int(self._learner.updates), alpha=self.alpha)
+
+    def _save_in_place(self) -> None:
+        root = self.path
+        stage = root / STAGING_DIR
+        check_tree(root)  # no symbolic link was planted since loading: nothing is read or written through one
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.mkdir()
+        self._write_state(stage)
+        self._bank.flush()
+        checkpoint_sqlite(root / BANK_DB)
+        self._feedback.checkpoint()
+        live = self._live_entries(root / BANK_DB, self._feedback.connection)
+        draft = self._new_manifest({}, live)
+        atomic_write_text(stage / CARD_NAME, self._card(root, draft))
+        files = listed_files(root)
+        files.update(listed_files(stage))
+        manifest = self._new_manifest(hash_files(files, self._hash_cache), live)
+        atomic_write_text(stage / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        commit_staged(root)
+        self._manifest = manifest
+        logger.info("saved selector %s (%d cases, %d feedbacks, %d updates)", root, live[BANK_DB]["rows"],
+                    live[FEEDBACK_NAME]["rows"], self._learner.updates)
+
+    def _save_copy(self, target: Path) -> Path:
+        if target.is_symlink():
+            raise CheckpointError(f"{target}: a symbolic link; save() writes a new artifact directory there, not "
+                                  "through a link")
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
+                                  "artifact there (save() without a path saves in place)")
+        check_tree(self.path)  # the files copied from are read through no symbolic link
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        if tmp.is_symlink():
+            tmp.unlink()
+        elif tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        try:
+            self._write_state(tmp)
+            self._bank.flush()
+            (tmp / BANK_DIR).mkdir()
+            sqlite_copy(self.path / BANK_DB, tmp / BANK_DB)
+            for name in ("index.faiss", "index.json"):
+                if (self.path / BANK_DIR / name).is_file():
+                    shutil.copy2(self.path / BANK_DIR / name, tmp / BANK_DIR / name)
+            sqlite_copy(self.path / FEEDBACK_NAME, tmp / FEEDBACK_NAME)
+            live = self._live_entries(tmp / BANK_DB, tmp / FEEDBACK_NAME)
+            draft = self._new_manifest({}, live)
+            atomic_write_text(tmp / CARD_NAME, self._card(target, draft))
+            manifest = self._new_manifest(hash_files(listed_files(tmp)), live)
+            atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            fsync_tree(tmp)
+            if target.exists():
+                target.rmdir()
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        logger.info("saved a copy of selector %s to %s", self.path, target)
+        return target
+
+    def close(self) -> None:
+        """Flush the bank's index and close the files. Does not save (call :meth:`save`). Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._pending.close()
+            finally:
+                try:
+                    self._bank.close()
+                finally:
+                    self._feedback.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    """What tells a replaced file from the one seen before (inode, mtime, size); ``None`` when it is missing."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def read_policy(path: Path, learner: SoftQLearner) -> tuple[dict[str, Any], int]:
+    """The Q-network a learner published (:meth:`Selector.publish_policy`), checked against ``learner``'s:
+    ``({"qnet": state_dict, "log_alpha": tensor}, version)``. Opened without following a symbolic link; any
+    problem is a one-line ``CheckpointError`` naming the file."""
+    import errno
+    import stat as stat_
+
+    from safetensors.torch import load as load_safetensors
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        what = "a symbolic link; refusing it" if error.errno == errno.ELOOP else f"cannot open it ({error.strerror})"
+        raise CheckpointError(f"{path}: {what}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat_.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise CheckpointError(f"{path}: not a regular file; refusing it")
+        data = handle.read()
+    try:
+        (size,) = np.frombuffer(data[:8], dtype="<u8")
+        metadata = json.loads(data[8:8 + int(size)]).get("__metadata__") or {}
+        tensors = load_safetensors(data)
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: not a readable safetensors file ({' '.join(str(error).split())})") from None
+    if metadata.get("format") != POLICY_FORMAT or not str(metadata.get("version", "")).isdigit():
+        raise CheckpointError(f"{path}: not a published memento policy (format {metadata.get('format')!r})")
+    try:
+        config = json.loads(metadata.get("qnet_config", ""))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+    if not parses_to(QNetConfig, config, learner.qnet.config):
+        raise CheckpointError(f"{path}: Q-network {config} differs from this selector's "
+                              f"{to_dict(learner.qnet.config)}")
+    state = {name[len("qnet."):]: value for name, value in tensors.items() if name.startswith("qnet.")}
+    own = learner.qnet.state_dict()
+    if set(state) != set(own) or any(tuple(state[n].shape) != tuple(v.shape) for n, v in own.items()):
+        raise CheckpointError(f"{path}: its tensors do not fit this selector's Q-network")
+    out: dict[str, Any] = {"qnet": state}
+    if "log_alpha" in tensors:
+        out["log_alpha"] = tensors["log_alpha"]
+    return out, int(metadata["version"])
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _check_dims(path: Path, dims: dict[str, int]) -> None:
+    if len(set(dims.values())) > 1:
+        listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
+        raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedArtifact:
+    """What :func:`check_artifact` read: the manifest, configs, the learner and replay buffer (on the
+    device asked for), the embedding dimension each part records, and :func:`verify_artifact`'s report
+    (``None`` when checksums were not checked)."""
+
+    manifest: dict[str, Any]
+    config: SelectorConfig
+    spec: EncoderSpec
+    learner: SoftQLearner
+    buffer: ReplayBuffer
+    dims: dict[str, int]
+    report: dict[str, Any] | None
+
+
+def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch.device = "cpu",
+                   cache: dict[str, tuple[int, int, str]] | None = None) -> CheckedArtifact:
+    """Every check of an artifact that does not need its encoder, bank index or feedback replay: the one
+    function both :meth:`Selector.load` and :func:`memento.selector.export.verify` run, so they accept and refuse
+    the same artifacts.
+
+    In order: no symbolic link or special file anywhere in the tree, manifest names confined to the
+    artifact, checksums (``verify``), ``config.json``, ``encoder.json``, the learner (``learner.json``,
+    every tensor of ``learner.safetensors``, ``learner/config.json``) and the replay buffer (``replay.json``,
+    ``replay.safetensors``) loaded on ``device``, ``qnet.safetensors`` against the learner, the bank's
+    ``cases.sqlite`` (format, version, config, embeddings) and ``feedback.sqlite`` (format, version, rows),
+    and the embedding dimension of every part. Any problem is a one-line ``CheckpointError`` (or
+    ``DimensionError``) naming the file.
+    """
+    path = Path(path)
+    report = verify_artifact(path, cache=cache) if verify else None
+    manifest = report["manifest"] if report is not None else read_manifest(path)
+    try:
+        config = load_json(SelectorConfig, path / CONFIG_NAME)
+    except ConfigError as error:
+        raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
+    spec = read_encoder_spec(path / ENCODER_NAME)
+    learner = SoftQLearner.load(path / LEARNER_DIR, device=device)
+    _check_learner_config(path / LEARNER_DIR / CONFIG_NAME, learner)
+    buffer = ReplayBuffer.load(path / REPLAY_DIR, device=device)
+    qnet_config = to_dict(learner.qnet.config)
+    if qnet_config != to_dict(config.qnet):
+        raise CheckpointError(f"{path / LEARNER_DIR}: Q-network {qnet_config} differs from {CONFIG_NAME}'s "
+                              f"{to_dict(config.qnet)}")
+    _check_qnet_file(path / QNET_NAME, learner)
+    bank = check_bank_file(path / BANK_DB)
+    dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
+            f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim,
+            f"{BANK_DIR}/": bank["dim"]}
+    if "embedding_dim" in bank:
+        dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank["embedding_dim"]
+    dims[MANIFEST_NAME] = manifest["dim"]
+    _check_dims(path, dims)
+    check_feedback_file(path / FEEDBACK_NAME, spec.dim)
+    return CheckedArtifact(manifest=manifest, config=config, spec=spec, learner=learner, buffer=buffer, dims=dims,
+                           report=report)
+
+
+def _check_learner_config(path: Path, learner: SoftQLearner) -> None:
+    """``learner/config.json`` must describe the learner that ``learner.json`` holds."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({' '.join(str(error).split())})") from None
+    if (not isinstance(saved, dict) or not parses_to(QNetConfig, saved.get("qnet"), learner.qnet.config)
+            or not parses_to(type(learner.config), saved.get("learner"), learner.config)):
+        raise CheckpointError(f"{path}: does not describe the learner of {LEARNER_DIR}/learner.json (Q-network "
+                              f"{to_dict(learner.qnet.config)})")
+
+
+def write_qnet(path: Path, learner: SoftQLearner) -> None:
+    """``qnet.safetensors``: the online Q-network's tensors, with its QNetConfig in the metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
+    metadata = {"format": QNET_FORMAT, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
+    """qnet.safetensors must hold the learner's Q-network (same config, same tensors)."""
+    tensors, header = read_safetensors(path)
+    if header.get("format") != QNET_FORMAT:
+        raise CheckpointError(f"{path}: not a memento Q-network file")
+    try:
+        config = json.loads(header.get("qnet_config", ""))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+    if not parses_to(QNetConfig, config, learner.qnet.config):
+        raise CheckpointError(f"{path}: Q-network {config} differs from the learner's {to_dict(learner.qnet.config)}")
+    state = learner.qnet.state_dict()
+    if set(tensors) != set(state):
+        raise CheckpointError(f"{path}: tensors {sorted(tensors)} differ from the Q-network's {sorted(state)}")
+    for name, value in state.items():
+        if tuple(tensors[name].shape) != tuple(value.shape):
+            raise DimensionError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, the learner's "
+                                 f"{tuple(value.shape)}")
+        if not torch.equal(tensors[name], value.detach().to("cpu")):
+            raise CheckpointError(f"{path}: {name} differs from the learner's Q-network ({LEARNER_DIR}/)")
+
+
+def _write_parts(directory: Path, config: SelectorConfig, spec: EncoderSpec, learner: SoftQLearner,
+                 buffer: ReplayBuffer) -> None:
+    """The parts of an artifact besides the bank, the feedback log, the card and the manifest: config.json,
+    encoder.json, qnet.safetensors and the agent's learner/ and replay/ (its checkpoint layout)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    save_json(config, directory / CONFIG_NAME)
+    write_encoder_spec(directory / ENCODER_NAME, spec)
+    write_qnet(directory / QNET_NAME, learner)
+    save_state(directory, learner, buffer)
+
+
+def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: ReplayBuffer, config: SelectorConfig,
+                   spec: EncoderSpec, cases: int, source: dict[str, Any]) -> None:
+    """A new artifact: everything but the bank into ``tmp`` (which holds ``bank/`` with ``cases`` rows already),
+    an empty feedback log, the model card and the manifest last; then ``tmp`` is swapped in for ``out``.
+
+    The one writer of a new artifact (``memento.selector.export`` resolves where its parts come from); a loaded
+    :class:`Selector` saves itself with :meth:`Selector.save`, through the same parts writer.
+    """
+    _write_parts(tmp, config, spec, learner, buffer)
+    FeedbackLog.create(tmp / FEEDBACK_NAME).close()
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    manifest: dict[str, Any] = {
+        "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
+        "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
+        "source": source, "dim": spec.dim, "learner_updates": learner.updates,
+        "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
+                 FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
+    }
+    atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
+                                                  updates=learner.updates, alpha=learner.alpha))
+    manifest["files"] = hash_files(listed_files(tmp))
+    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    fsync_tree(tmp)
+    swap_in(tmp, out)
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def agent_config(config: SelectorConfig) -> SoftQConfig:
+    """The soft-Q agent a selector config describes (its Q-network, learner, replay size and learning rule)."""
+    return SoftQConfig(qnet=config.qnet, learner=config.learner, replay_capacity=config.replay.capacity,
+                       warmup=config.warmup, updates_per_step=config.updates_per_step,
+                       positive_only=config.positive_only)

@@ -1,0 +1,363 @@
+"""The FastAPI layer of ``memento serve`` (imported only through ``memento.serve.app.create_app``).
+
+This module imports FastAPI at module level; ``memento.serve.app`` imports it lazily, so the core
+package never needs the ``serve`` extra. What it shares with ``memento.serve.app`` (the config, the
+writer, the request helpers) comes from ``memento.serve.common``, never from ``memento.serve.app``,
+which imports this module. No ``from __future__ import annotations`` here: the request models are
+built per app (their limits come from the ServeConfig) and FastAPI reads the endpoint
+annotations as objects.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
+from memento.formats import json_value_problem
+from memento.selector.batching import BatcherClosedError
+from memento.serve.common import (
+    LearnerLink,
+    ServeConfig,
+    ServerUnavailableError,
+    Writer,
+    json_safe,
+    thread_limiter,
+    token_matches,
+)
+
+logger = logging.getLogger("memento.serve.app")
+
+_ENV_CHARS = 256
+
+
+class _Problem(Exception):
+    """An error answered as ``{"detail": ...}`` with a status (and the field for 422)."""
+
+    def __init__(self, status: int, message: str, *, field: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field, self.headers = status, message, field, headers
+
+    def response(self) -> JSONResponse:
+        if self.status == 422:  # the same shape as FastAPI's own validation errors
+            loc = ["body"] if self.field is None else ["body", self.field]
+            detail: Any = [{"loc": loc, "msg": self.message, "type": "value_error"}]
+        else:
+            detail = self.message
+        return JSONResponse({"detail": detail}, status_code=self.status, headers=self.headers)
+
+
+def _problem_from(error: BaseException, *, field: str | None = None) -> _Problem:
+    """The HTTP answer to an error the selector or the writer raised."""
+    if isinstance(error, (ServerUnavailableError, BatcherClosedError)):
+        return _Problem(503, str(error), headers={"Retry-After": "1"})
+    if isinstance(error, KeyError):  # UnknownSelectionError, UnknownCaseError
+        message = str(error.args[0]) if error.args else str(error)
+        return _Problem(404, message)
+    if isinstance(error, DimensionError):
+        return _Problem(422, str(error), field=field or "embedding")
+    if isinstance(error, (DataFormatError, ValueError)):
+        return _Problem(422, str(error), field=field)
+    if isinstance(error, MementoError):
+        return _Problem(400, str(error))
+    raise error
+
+
+class _BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with 413, before anything parses them.
+
+    The Content-Length header is checked first; a body without one (chunked) is read up to the
+    limit and replayed to the app.
+    """
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
+        response = JSONResponse({"detail": f"request body larger than {self.max_bytes} bytes"}, status_code=413,
+                                headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await self._too_large(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _json_value(value: Any) -> Any:
+    """A string or object that can be stored and sent back as UTF-8 JSON (no lone surrogate, no NaN, no
+    nesting deeper than 100 levels)."""
+    problem = json_value_problem(value, finite=True)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
+    """The request bodies. Strict: a JSON number is never read from a string or a bool (``"k": true`` is
+    refused, not taken as 1); an integer is accepted where a float is expected."""
+    max_text, max_dim, max_k = config.max_text_chars, config.max_embedding_dim, config.max_k
+    Text = Annotated[str, Field(min_length=1, max_length=max_text), AfterValidator(_json_value)]
+    Env = Annotated[str, Field(min_length=1, max_length=_ENV_CHARS), AfterValidator(_json_value)]
+    Finite = Annotated[float, Field(allow_inf_nan=False)]
+    Meta = Annotated[dict[str, Any], AfterValidator(_json_value)]
+
+    class SelectRequest(BaseModel):
+        """Choose ``k`` cases for a task, given as text (``query``) or as a state embedding."""
+
+        model_config = ConfigDict(extra="forbid", strict=True)
+        query: Text | None = Field(None, description="the task text (encoded with the artifact's encoder)")
+        embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
+                                                  description="a state embedding of the artifact's dim")
+        k: int = Field(4, ge=1, le=max_k, description="cases to select")
+        mode: Literal["sample", "greedy"] = Field("sample", description="sample from the policy or take its argmax")
+        env: Env | None = Field(None, description="only cases of this env")
+
+        @model_validator(mode="after")
+        def _one_query(self) -> "SelectRequest":
+            if (self.query is None) == (self.embedding is None):
+                raise ValueError("give exactly one of 'query' (text) or 'embedding' (list of floats)")
+            return self
+
+    class FeedbackRequest(BaseModel):
+        """The reward of the outcome of an earlier selection."""
+
+        model_config = ConfigDict(extra="forbid", strict=True)
+        selection_id: Annotated[str, AfterValidator(_json_value)] = Field(
+            min_length=1, max_length=128, description="from the /v1/select answer")
+        reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="in [0, 1]")
+
+    class CaseRequest(BaseModel):
+        """A new case for the bank."""
+
+        model_config = ConfigDict(extra="forbid", strict=True)
+        state: Text = Field(description="the task")
+        action: Text = Field(description="what was done (answer, plan, tip)")
+        reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="its reward, in [0, 1]")
+        env: Env | None = None
+        meta: Meta | None = None
+        embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
+                                               description="the state's embedding (default: the server encodes it)")
+
+    return SelectRequest, FeedbackRequest, CaseRequest
+
+
+def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: Writer | None,
+              link: LearnerLink | None = None, process: dict[str, Any] | None = None) -> FastAPI:
+    """The app; with ``link`` (a worker process of ``memento serve --workers``) there is no writer: feedback and
+    new cases are forwarded to the learner, whose answer is returned as it came, and each select first lets
+    the selector follow the learner (``link.sync()``). ``process`` is reported by /v1/stats."""
+    from memento._version import __version__
+
+    SelectRequest, FeedbackRequest, CaseRequest = _models(config)
+    limit_threads = thread_limiter(config.threads)
+    started = time.time()
+    owned = writer is None and link is None
+    if link is not None:
+        process = link.process
+    state: dict[str, Any] = {"writer": writer, "batcher": None}
+    batching = bool(config.batch_max_texts) and callable(getattr(selector, "batch_encoding", None))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        if batching:  # concurrent texts share forward passes (selects, and new cases the writer encodes)
+            state["batcher"] = selector.batch_encoding(config.batch_max_texts, config.batch_wait_ms)
+        if owned:
+            state["writer"] = Writer(selector, config).start()
+        try:
+            yield
+        finally:
+            loop = asyncio.get_running_loop()
+            try:
+                if owned:  # drain the queue and save, off the event loop
+                    await loop.run_in_executor(None, state["writer"].stop)
+            finally:
+                if batching:  # back to encoding in the calling thread, for writes still queued in a given writer
+                    await loop.run_in_executor(None, selector.batch_encoding, None)
+
+    app = FastAPI(title="memento selector", version=__version__, lifespan=lifespan, redoc_url=None,
+                  description="Choose past cases for a frozen LLM with a trained soft-Q selector; report outcomes "
+                              "to keep it learning. Every /v1 endpoint needs `Authorization: Bearer TOKEN` "
+                              "unless the server runs with --no-auth.")
+    app.add_middleware(_BodyLimit, max_bytes=config.max_body_bytes)
+    bearer = HTTPBearer(auto_error=False, description="the server's token ($MEMENTO_SERVE_TOKEN or --token-file)")
+
+    def authorize(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+        if token is not None and not token_matches(request.headers.get("authorization"), token):
+            raise _Problem(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(_Problem)
+    async def _problem(request: Request, error: _Problem) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        # FastAPI's shape, without echoing the input back (it may be large, or NaN, which JSON cannot carry)
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in error.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    def current_writer() -> Writer:
+        w = state["writer"]
+        if w is None:
+            raise _Problem(503, "the server is not ready", headers={"Retry-After": "1"})
+        return w
+
+    async def write(submit: Any, field: str | None = None) -> Any:
+        try:
+            future = submit(current_writer())
+            return await asyncio.wrap_future(future)
+        except _Problem:
+            raise
+        except Exception as error:  # noqa: BLE001 - mapped to 4xx/5xx, re-raised when unexpected
+            raise _problem_from(error, field=field) from None
+
+    auth = [Depends(authorize)]
+
+    @app.get("/healthz", tags=["meta"], summary="liveness (no auth)")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__}
+
+    @app.post("/v1/select", dependencies=auth, tags=["selector"], summary="choose k cases for a task")
+    def select(request_body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body  # a model class made per app: mypy cannot see its fields
+        query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
+        limit_threads()
+        if link is not None:  # the learner's newest weights and cases (cheap when nothing changed)
+            link.sync()
+        try:
+            result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
+        except Exception as error:  # noqa: BLE001
+            raise _problem_from(error, field="embedding" if body.query is None else "query") from None
+        # rendered here: FastAPI's own response validation and serialisation would cost more than the select
+        return JSONResponse(json_safe(result.to_dict()))  # type: ignore[return-value]
+
+    async def forwarded(request: Request, path: str) -> Any:
+        """A write, validated here, answered by the learner (status and body as it sent them)."""
+        assert link is not None
+        raw = await request.body()
+        status, headers, content = await asyncio.get_running_loop().run_in_executor(
+            None, link.forward, "POST", path, raw, request.headers.get("authorization"))
+        if 200 <= status < 300:
+            await asyncio.get_running_loop().run_in_executor(None, link.sync)  # a new case is selectable here now
+        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
+        return Response(content, status_code=status, headers=kept,
+                        media_type=headers.get("content-type", "application/json"))
+
+    @app.post("/v1/feedback", dependencies=auth, tags=["selector"],
+              summary="record the reward of a selection (answered once committed)")
+    async def feedback(request_body: FeedbackRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body
+        if link is not None:
+            return await forwarded(request, "/v1/feedback")  # type: ignore[no-any-return]
+        result = await write(lambda w: w.submit_feedback(body.selection_id, body.reward), field="reward")
+        return json_safe(result)
+
+    @app.post("/v1/cases", dependencies=auth, tags=["cases"], summary="add a case (answered once committed)")
+    async def add_case(request_body: CaseRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body
+        if link is not None:
+            return await forwarded(request, "/v1/cases")  # type: ignore[no-any-return]
+        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
+        case_id = await write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
+                                                      meta=body.meta, embedding=embedding))
+        return {"id": case_id}
+
+    async def forwarded_to(request: Request, method: str, path: str) -> Any:
+        """A write other than POST, answered by the learner (as :func:`forwarded`)."""
+        assert link is not None
+        raw = await request.body()
+        status, headers, content = await asyncio.get_running_loop().run_in_executor(
+            None, link.forward, method, path, raw, request.headers.get("authorization"))
+        if 200 <= status < 300:
+            await asyncio.get_running_loop().run_in_executor(None, link.sync)
+        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
+        return Response(content, status_code=status, headers=kept,
+                        media_type=headers.get("content-type", "application/json"))
+
+    @app.delete("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
+                summary="delete a case: never selected again (answered once committed and checkpointed)")
+    async def delete_case(case_id: str, request: Request) -> dict[str, Any]:
+        if link is not None:
+            return await forwarded_to(request, "DELETE", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+        return json_safe(await write(lambda w: w.submit_delete(case_id)))
+
+    @app.put("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
+             summary="replace a case by a new one (a new id; the old one is deleted; answered once committed)")
+    async def replace_case(case_id: str, request_body: CaseRequest, request: Request  # type: ignore[valid-type]
+                           ) -> dict[str, Any]:
+        body: Any = request_body
+        if link is not None:
+            return await forwarded_to(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
+        new_id = await write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward, env=body.env,
+                                                        meta=body.meta, embedding=embedding))
+        return {"id": new_id, "replaced": case_id}
+
+    @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"], summary="one case by id")
+    def get_case(case_id: str) -> dict[str, Any]:
+        try:
+            case = selector.get_case(case_id)
+        except (UnknownCaseError, KeyError) as error:
+            raise _problem_from(error) from None
+        return json_safe(case.to_json())
+
+    @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
+    def stats() -> dict[str, Any]:
+        w = state["writer"]
+        server = {"uptime_s": time.time() - started, "auth": token is not None,
+                  "max_body_bytes": config.max_body_bytes, **(w.stats() if w is not None else {})}
+        if state["batcher"] is not None:
+            server["encode_batching"] = state["batcher"].stats()
+        if process is not None:
+            server["process"] = {**process, "pid": os.getpid()}
+        if link is not None:
+            server["forwarding"] = link.stats()
+        return json_safe({**selector.stats(), "server": server})
+
+    from memento.serve.inspector import (  # the HTML inspector (memento inspect), behind the same token
+        Inspector,
+        inspect_app,
+    )
+
+    app.mount("/inspect", inspect_app(Inspector.for_selector(selector), token=token))
+    return app
