@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from memento.bench.bank import _write
+from memento.bench.common import finish, timestamp, write_results
 from memento.bench.train import (
     TrainBenchConfig,
     _environment,
@@ -115,7 +114,7 @@ def run_train_bench_lightning(config: TrainBenchConfig, *, out: str | Path | Non
         rng = np.random.default_rng(config.seed)
         results: dict[str, Any] = {"benchmark": "train", "trainers": ["plain", "lightning"],
                                    "config": dataclasses.asdict(config), "environment": _environment(device),
-                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": [], "replay": None}
+                                   "started": timestamp(), "results": [], "replay": None}
         import lightning
 
         results["environment"]["lightning"] = lightning.__version__
@@ -129,14 +128,10 @@ def run_train_bench_lightning(config: TrainBenchConfig, *, out: str | Path | Non
                                        "batch_size": config.batch_size, "k": config.k, "steps": config.steps,
                                        **timing})
             if out is not None:
-                _write(out, results)
+                write_results(out, results)
         results["replay"] = _time_replay(buffer, config, device, rng)
     finally:
         torch.set_num_threads(default_threads)
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    results["environment"]["loadavg_end"] = list(os.getloadavg())
-    if out is not None:
-        _write(out, results)
-    return results
+    return finish(results, out)

@@ -12,11 +12,8 @@ so the figures compare side by side.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
-import platform
 import shutil
 import tempfile
 import time
@@ -25,12 +22,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from memento.bench.common import environment, exact_topk, finish, make_vectors, timestamp, write_results
 from memento.errors import ConfigError
-from memento.io import atomic_write_text
 from memento.memory import CaseBank, create_bank, open_bank
 from memento.types import Case
 
-__all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "make_vectors", "run_bank_bench"]
+__all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "run_bank_bench"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,38 +72,6 @@ def ivf_nlist(n: int) -> int:
     return nlist
 
 
-def make_vectors(rng: np.random.Generator, n: int, dim: int, data: str) -> np.ndarray:
-    """``n`` unit vectors, seeded by ``rng``.
-
-    ``uniform``: uniform on the sphere, the worst case for any approximate index (no structure).
-    ``clustered``: like real sentence embeddings, low intrinsic dimension: 1,000 clusters in a
-    32-dimensional latent space, spread within each cluster, mapped into ``dim`` dimensions by a
-    fixed random rotation, plus a little ambient noise. The rotation and centres are drawn from
-    a generator seeded with 0, so base vectors and queries share them.
-    """
-    if data == "uniform":
-        x = rng.standard_normal((n, dim), dtype=np.float32)
-    else:
-        latent = min(32, dim)
-        shared = np.random.default_rng(0)
-        basis, _ = np.linalg.qr(shared.standard_normal((dim, latent)))
-        centers = shared.standard_normal((1000, latent)).astype(np.float32)
-        z = centers[rng.integers(0, len(centers), size=n)] + 0.5 * rng.standard_normal((n, latent), dtype=np.float32)
-        x = z @ basis.T.astype(np.float32) + 0.02 * rng.standard_normal((n, dim), dtype=np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x.astype(np.float32, copy=False)
-
-
-def _exact_topk(base_ND: np.ndarray, queries_QD: np.ndarray, k: int) -> np.ndarray:
-    out = np.empty((len(queries_QD), k), dtype=np.int64)
-    for start in range(0, len(queries_QD), 64):
-        sims = queries_QD[start:start + 64] @ base_ND.T
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1)
-        out[start:start + 64] = np.take_along_axis(top, order, axis=1)
-    return out
-
-
 def _time_queries(bank: Any, queries_QD: np.ndarray, k: int,
                   op: str = "search") -> tuple[dict[str, float], np.ndarray]:
     def positions_of(q: np.ndarray) -> np.ndarray:
@@ -133,11 +98,8 @@ def _recall(found_QK: np.ndarray, truth_QK: np.ndarray) -> float:
     return hits / truth_QK.size
 
 
-def _environment(backends: tuple[str, ...] = ("dir",)) -> dict[str, Any]:
-    import faiss
-
-    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-           "faiss": faiss.__version__, "numpy": np.__version__, "faiss_omp_threads": faiss.omp_get_max_threads()}
+def _environment(backends: tuple[str, ...]) -> dict[str, Any]:
+    env = environment()
     if "milvus" in backends:
         from importlib import metadata
 
@@ -166,14 +128,14 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
     rng = np.random.default_rng(config.seed)
     results: dict[str, Any] = {"benchmark": "bank", "config": dataclasses.asdict(config),
                                "environment": _environment(config.backends),
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                               "started": timestamp(),
                                "results": []}
     root = Path(tempfile.mkdtemp(prefix="memento-bench-", dir=workdir))
     try:
         for n in config.sizes:
             base_ND = make_vectors(rng, n, config.dim, config.data)
             queries_QD = make_vectors(rng, config.queries, config.dim, config.data)
-            truth_QK = _exact_topk(base_ND, queries_QD, min(config.k, n))
+            truth_QK = exact_topk(base_ND, queries_QD, min(config.k, n))
             k = min(config.k, n)
             cases = [Case(state=f"synthetic state {i}", action=f"synthetic action {i}", reward=float(i % 2))
                      for i in range(n)]
@@ -216,21 +178,14 @@ def run_bank_bench(config: BankBenchConfig, *, out: str | Path | None = None,
                 results["results"].append(row)
                 logger.info("bench bank: %s", row)
                 if out is not None:
-                    _write(out, results)
+                    write_results(out, results)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    if out is not None:
-        _write(out, results)
-    return results
+    return finish(results, out)
 
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
-
-
-def _write(path: str | Path, results: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(results, indent=2) + "\n")
 
 
 def format_table(results: dict[str, Any]) -> str:

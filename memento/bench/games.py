@@ -30,17 +30,16 @@ import logging
 import math
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memento.bench.bank import _environment, _write
+from memento.bench.common import default_models, environment, finish, timestamp, write_results
 from memento.config import SoftQConfig, check, check_int
 from memento.errors import ConfigError
 
-__all__ = ["GamesBenchConfig", "arm_config", "format_games_table", "run_games_bench", "t_interval"]
+__all__ = ["GamesBenchConfig", "arm_config", "format_games_table", "frozen_policy", "run_games_bench", "t_interval"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ def arm_config(arm: str) -> tuple[bool, Any]:
                       "0 < gamma < 1 (e.g. soft_q-g0.9)")
 
 
-def _frozen(policy: Any, selector: Path) -> Any:
+def frozen_policy(policy: Any, selector: Path) -> Any:
     """The evaluation copy of a trained policy config: soft-Q starts from the train run's Q-network."""
     if isinstance(policy, SoftQConfig) and (selector / "learner.json").is_file():
         return dataclasses.replace(policy, init_qnet=str(selector))
@@ -136,20 +135,13 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
         if split not in SUITES[config.suite].splits:
             raise ConfigError(f"suite {config.suite!r} has no split {split!r} "
                               f"(it has {', '.join(SUITES[config.suite].splits)})")
-    if encoder is None:
-        from memento.encoders import Encoder
-
-        encoder = Encoder.from_pretrained()
-    if planner is None:
-        from memento.planners.spec import build_planner, parse_planner_spec
-
-        planner = build_planner(parse_planner_spec(config.planner))
+    encoder, planner = default_models(config.planner, encoder, planner)
     games = build_suite(config.suite, splits=("train", *config.splits), progress=progress)
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-games-"))
     root.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"benchmark": "games", "config": dataclasses.asdict(config),
-                               "environment": _environment(), "planner": repr(planner),
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
+                               "environment": environment(), "planner": repr(planner),
+                               "started": timestamp(), "runs": {}}
     game = TextWorldConfig(max_steps=config.max_steps)
     try:
         for seed in config.seeds:
@@ -172,20 +164,18 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
                     eval_cfg = dataclasses.replace(base, episodes=config.eval_repeats * len(games[split]),
                                                    shuffle=False, learn=config.continual,
                                                    cases="both" if config.continual else "none",
-                                                   policy=_frozen(policy, selector) if selector else policy)
+                                                   policy=frozen_policy(policy, selector) if selector else policy)
                     entry[name] = _run(run_games, eval_cfg, run_root / name, config.resume, make_policy=make_policy,
                                        encoder=encoder, planner=planner, games=games[split], bank_dir=bank_dir,
                                        progress=progress)
                 results["runs"].setdefault(str(seed), {})[arm] = entry
                 results["summary"] = summarize_games(results["runs"], config)
-                _write(out, results)
+                write_results(out, results)
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize_games(results["runs"], config)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    _write(out, results)
-    return results
+    return finish(results, out)
 
 
 def _run(run_games: Any, config: Any, out_dir: Path, resume: bool, **kwargs: Any) -> dict[str, Any]:

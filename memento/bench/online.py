@@ -48,7 +48,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.bank import _environment, _write, make_vectors
+from memento.bench.common import environment, make_vectors, write_results
 from memento.cli.evaluate import TargetSpec, evaluate_run
 from memento.config import (
     OnlineLabelsConfig,
@@ -707,7 +707,7 @@ def _workers(config: OnlineBenchConfig, encoder: Any, workdir: Path, *, out: str
             run["speedup_vs_in_process"] = rate / base if rate and base else None
             run["speedup_vs_ray_1"] = rate / base_ray if rate and base_ray else None
         result["throughput"] = runs
-        _write(out, {**partial, "workers": result})
+        write_results(out, {**partial, "workers": result})
 
         result["learning"] = _workers_learning(config, counts, workdir / "workers" / "learning")
     return result
@@ -757,7 +757,7 @@ def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str
     """Run the selected parts; the JSON at ``out`` is rewritten after each part."""
 
     results: dict[str, Any] = {"benchmark": "online", "config": dataclasses.asdict(config),
-                               "environment": _environment(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                               "environment": environment(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-online-"))
     root.mkdir(parents=True, exist_ok=True)
     encoder = Encoder.from_pretrained()
@@ -775,12 +775,12 @@ def run_online_bench(config: OnlineBenchConfig, *, out: str | Path, workdir: str
             else:
                 results["overhead"] = _overhead(config, encoder, root)
             results.setdefault("part_s", {})[part] = time.perf_counter() - t0
-            _write(out, results)
+            write_results(out, results)
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    _write(out, results)
+    write_results(out, results)
     return results
 
 

@@ -37,7 +37,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.bank import _exact_topk, _write, make_vectors
+from memento.bench.common import exact_topk, finish, make_vectors, timestamp, write_results
 from memento.config import IndexConfig, QNetArch, QNetConfig
 from memento.encoders import Encoder
 from memento.errors import ConfigError
@@ -279,7 +279,7 @@ def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, r
     base_ND = make_vectors(rng, n, config.dim, config.data)
     queries_QD = make_vectors(rng, config.queries, config.dim, config.data)
     c = min(config.candidates, n)
-    truth_QC = _exact_topk(base_ND, queries_QD, c)
+    truth_QC = exact_topk(base_ND, queries_QD, c)
     factory = config.factory_for(n)
     path = root / f"bank-{n}"
     logger.info("bench select: n=%d factory=%s: building", n, factory)
@@ -328,7 +328,7 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     results: dict[str, Any] = {
         "benchmark": "select", "config": dataclasses.asdict(config), "environment": _environment(),
         "index_rule": f"Flat (exact) for N <= {config.exact_max:,}, else {config.factory}",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": [], "reference": None}
+        "started": timestamp(), "results": [], "reference": None}
     policies = _make_policies(config)
     root = Path(tempfile.mkdtemp(prefix="memento-bench-", dir=workdir))
     default_threads = torch.get_num_threads()
@@ -339,7 +339,7 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
         for n in config.measured_sizes:
             results["results"].append(_measure_size(n, config, rng, root, policies))
             if out is not None:
-                _write(out, results)
+                write_results(out, results)
     finally:
         torch.set_num_threads(default_threads)
         shutil.rmtree(root, ignore_errors=True)
@@ -351,11 +351,7 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
         reference["soft_q_p50_ms"] = soft_q
         reference["ratio"] = {arch: reference["p50_ms"] / ms for arch, ms in soft_q.items()}
         results["reference"] = reference
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    results["environment"]["loadavg_end"] = list(os.getloadavg())
-    if out is not None:
-        _write(out, results)
-    return results
+    return finish(results, out)
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memento.bench.bank import _write, make_vectors
+from memento.bench.common import finish, make_vectors, timestamp, write_results
 from memento.bench.select import _environment as base
 from memento.config import EncoderConfig, check, check_float, check_int
 from memento.memory import CaseBank
@@ -501,7 +501,7 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
     require_extra("serve")
     rng = np.random.default_rng(config.seed)
     results: dict[str, Any] = {"benchmark": "serve", "config": dataclasses.asdict(config),
-                               "environment": _environment(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                               "environment": _environment(), "started": timestamp()}
     root = Path(tempfile.mkdtemp(prefix="memento-bench-serve-", dir=workdir))
     try:
         path = Path(artifact) if artifact is not None else root / "artifact"
@@ -521,7 +521,7 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
                                        log_path=root / "serve.log", rng=rng, workers=first)
         results["scaling"] = scaling(results["record"], config.clients)
         if out is not None:
-            _write(out, results)
+            write_results(out, results)
         if others:  # the same runs with other --workers counts
             results["by_workers"] = {str(first): {"record": results["record"], "scaling": results["scaling"]}}
             for workers in others:
@@ -529,17 +529,13 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
                                  log_path=root / f"serve-{workers}.log", rng=rng, workers=workers)
                 results["by_workers"][str(workers)] = {"record": run, "scaling": scaling(run, config.clients)}
                 if out is not None:
-                    _write(out, results)
+                    write_results(out, results)
         if config.learn:
             results["learn"] = _serve_run(config, path, queries_QD, learn=True, token=token,
                                           log_path=root / "serve-learn.log", rng=rng, workers=first)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    results["environment"]["loadavg_end"] = list(os.getloadavg())
-    if out is not None:
-        _write(out, results)
-    return results
+    return finish(results, out)
 
 
 SCALING_TARGETS = {"select_text": 3.0, "select_embedding": 1.5}

@@ -31,7 +31,8 @@ per planner call of the final evaluations (words of the cases and notes shown,
 mean over seeds with a 95% t-interval, and the random minus grouped difference (the effect of stream order).
 
 On a question suite (a shipped one such as ``facts-real``, or a suite directory) the environments are its
-question families and the online loop answers them (:mod:`memento.bench.stream_qa`).
+question families and the online loop answers them (:mod:`memento.bench.stream_qa`). What the two share, the arms
+and the protocol of one arm, is :mod:`memento.bench.stream_arms`.
 
 CFGM's exploration retries are off in the stream (every arm plays each training game once, so the arms see the
 same tasks for the same budget); ``memento play`` runs them (``SystemsConfig.retries``).
@@ -43,67 +44,32 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memento.bench.bank import _environment, _write
-from memento.bench.games import _frozen, t_interval
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig, check, check_int
+from memento.bench.common import default_models, environment, finish, timestamp, write_results
+from memento.bench.games import frozen_policy, t_interval
+from memento.bench.stream_arms import (
+    EXTRA_ARMS,
+    LEAN_BUDGET,
+    LEAN_NOTE,
+    STREAM_ARMS,
+    finished_or_cleared,
+    learned_and_final,
+    per_call,
+    stream_arm,
+)
+from memento.bench.stream_qa import qa_seed_cases, qa_stream_tasks, run_qa_arm
+from memento.config import check, check_int
 from memento.errors import ConfigError
 from memento.runs.lifelong import learned_points, lifelong_metrics, stream_order
 
-__all__ = ["EXTRA_ARMS", "STREAM_ARMS", "StreamBenchConfig", "format_stream_table", "game_env", "run_stream_bench",
-           "stream_arm"]
+__all__ = ["EXTRA_ARMS", "LEAN_BUDGET", "LEAN_NOTE", "STREAM_ARMS", "StreamBenchConfig", "format_stream_table",
+           "game_env", "run_stream_bench", "stream_arm", "summarize_stream"]
 
 logger = logging.getLogger(__name__)
-
-STREAM_ARMS = ("none", "similarity", "cfgm", "lifemem", "soft_q-all")
-EXTRA_ARMS = ("plugmem", "plugmem-lean", "soft_q-every")
-"""Arms that run only when named (``--arms ...,plugmem``): PlugMem's builders and retrieval (3 builder calls per
-question, more per game episode), the same with a small budget, and soft-Q over every kind of all three systems."""
-
-LEAN_BUDGET = 48
-"""``plugmem-lean``: words of knowledge kept after pruning (``PlugMemRetrievalConfig`` and ``PlugMemConfig``)."""
-LEAN_NOTE = 24
-"""``plugmem-lean``: the compressed note's most words (``PlugMemConfig.note_max_tokens``)."""
-
-
-def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
-    """``(memory, policy config, SystemsConfig)`` of a stream arm (see the module docstring): the game loop's
-    policies, or with ``questions`` the online loop's (no key-information reflection: a question has no
-    observation to reflect on)."""
-    from memento.runs.games import game_policy
-    from memento.runs.qa import loop_policy
-    from memento.systems.plugmem import PlugMemConfig
-    from memento.systems.runtime import SystemsConfig
-
-    policy = loop_policy if questions else game_policy
-    reflect = not questions
-    match arm:
-        case "none":
-            return False, policy("random"), SystemsConfig()
-        case "similarity":
-            return True, policy("similarity"), SystemsConfig()
-        case "cfgm":
-            return True, CFGMRetrievalConfig(), SystemsConfig(build=("cfgm",), items="all", reflect=reflect)
-        case "lifemem":
-            return True, LifeMemRetrievalConfig(), SystemsConfig(build=("lifemem",), items="all")
-        case "soft_q-all":
-            return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=reflect)
-        case "plugmem":
-            return True, PlugMemRetrievalConfig(), SystemsConfig(build=("plugmem",), items="all")
-        case "plugmem-lean":
-            return True, PlugMemRetrievalConfig(budget_tokens=LEAN_BUDGET, cases=1), SystemsConfig(
-                build=("plugmem",), items="all",
-                plugmem=PlugMemConfig(budget_tokens=LEAN_BUDGET, note_max_tokens=LEAN_NOTE))
-        case "soft_q-every":
-            return True, policy("soft_q"), SystemsConfig(build=("cfgm", "lifemem", "plugmem"), items="all",
-                                                         reflect=reflect)
-    raise ConfigError(f"stream arm {arm!r}: choose one of {', '.join(STREAM_ARMS + EXTRA_ARMS)}")
-
 
 def game_env(path: Path) -> str:
     """A suite game's environment (its game type: the file name's first part, ``coin-l5-s401.z8`` -> coin)."""
@@ -183,7 +149,7 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     missing = sorted(set(train_by_env) - set(test_by_env))
     if missing:
         raise ConfigError(f"environment(s) {missing} have train games but no test game")
-    encoder, planner = _models(config, encoder, planner)
+    encoder, planner = default_models(config.planner, encoder, planner)
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-stream-"))
     root.mkdir(parents=True, exist_ok=True)
     results = _header(config, planner, {e: len(v) for e, v in train_by_env.items()})
@@ -216,26 +182,23 @@ def _each_arm(config: StreamBenchConfig, train_by_env: dict[str, list[Any]], one
                     entry = one_arm(seed, order, arm, stream, points, root / f"seed-{seed}" / order / arm)
                     results["runs"].setdefault(str(seed), {}).setdefault(order, {})[arm] = entry
                     results["summary"] = summarize_stream(results["runs"], config)
-                    _write(out, results)
+                    write_results(out, results)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize_stream(results["runs"], config)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    _write(out, results)
-    return results
+    return finish(results, out)
 
 
 def _run_qa_stream(config: StreamBenchConfig, *, out: str | Path, workdir: str | Path | None, planner: Any | None,
                    encoder: Any | None, progress: bool) -> dict[str, Any]:
     """The stream over a question suite's families (:mod:`memento.bench.stream_qa`)."""
-    from memento.bench.stream_qa import qa_seed_cases, qa_stream_tasks, run_qa_arm
     from memento.judges import make_judge
     from policies import make_policy
 
     train_by_env, test_by_env = qa_stream_tasks(config.suite, config.envs, config.train_per_env,
                                                 config.test_per_env)
-    encoder, planner = _models(config, encoder, planner)
+    encoder, planner = default_models(config.planner, encoder, planner)
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="memento-bench-stream-"))
     root.mkdir(parents=True, exist_ok=True)
     results = _header(config, planner, {e: len(v) for e, v in train_by_env.items()})
@@ -255,70 +218,20 @@ def _run_qa_stream(config: StreamBenchConfig, *, out: str | Path, workdir: str |
     return _each_arm(config, train_by_env, one_arm, results, root=root, out=out, keep=workdir is not None)
 
 
-def _models(config: StreamBenchConfig, encoder: Any | None, planner: Any | None) -> tuple[Any, Any]:
-    """The encoder and planner of the benchmark (the defaults when not given)."""
-    if encoder is None:
-        from memento.encoders import Encoder
-
-        encoder = Encoder.from_pretrained()
-    if planner is None:
-        from memento.planners.spec import build_planner, parse_planner_spec
-
-        planner = build_planner(parse_planner_spec(config.planner))
-    return encoder, planner
-
-
 def _header(config: StreamBenchConfig, planner: Any, envs: dict[str, int]) -> dict[str, Any]:
-    return {"benchmark": "stream", "config": dataclasses.asdict(config), "environment": _environment(),
-            "planner": repr(planner), "envs": envs, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": {}}
-
-
-def finished_or_cleared(config: StreamBenchConfig, out_dir: Path) -> dict[str, Any] | None:
-    """An evaluation run's summary when ``--resume`` finds it finished; else ``None``, ``out_dir`` cleared."""
-    if config.resume and (out_dir / "summary.json").is_file():
-        from memento.runs.rundir import read_json
-
-        return read_json(out_dir / "summary.json")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    return None
+    return {"benchmark": "stream", "config": dataclasses.asdict(config), "environment": environment(),
+            "planner": repr(planner), "envs": envs, "started": timestamp(), "runs": {}}
 
 
 def _eval(config: StreamBenchConfig, base: Any, out_dir: Path, tests: list[Path], bank_dir: Path | None,
           selector: Path | None, run_games: Any, common: dict[str, Any]) -> dict[str, Any]:
-    finished = finished_or_cleared(config, out_dir)
+    finished = finished_or_cleared(out_dir, resume=config.resume)
     if finished is not None:
         return finished
+    policy = frozen_policy(base.policy, selector) if selector else base.policy
     eval_cfg = dataclasses.replace(base, episodes=config.eval_repeats * len(tests), shuffle=False, learn=False,
-                                   cases="none", policy=_frozen(base.policy, selector) if selector else base.policy)
+                                   cases="none", policy=policy)
     return run_games(eval_cfg, out_dir=out_dir, games=tests, bank_dir=bank_dir, **common)
-
-
-def learned_and_final(config: StreamBenchConfig, run_root: Path, points: dict[str, int],
-                      test_by_env: dict[str, list[Any]], *, memory: bool, train: Any,
-                      evaluate: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-    """The protocol of one arm, for either loop: ``train(end, train_dir, resume) -> summary`` runs the stream's one
-    train run up to position ``end`` (a later segment resumes it), and at each environment's learned point
-    ``evaluate(out_dir, tests, bank_dir, selector) -> summary`` answers its tests frozen; after the stream every
-    environment is evaluated again. Returns the learned and final evaluation summaries by environment (without
-    memory the final ones are the learned ones) and the last train summary."""
-    train_dir = run_root / "train"
-    learned: dict[str, Any] = {}
-    train_summary: dict[str, Any] | None = None
-    selector: Path | None = None
-    bank_dir: Path | None = None
-    if memory:
-        for segment, end in enumerate(sorted(set(points.values()))):
-            resume = segment > 0 or config.resume  # a later segment continues the stream's one run
-            if not resume and train_dir.exists():
-                shutil.rmtree(train_dir)
-            train_summary = train(end, train_dir, resume)
-            selector = train_dir / "selector" if (train_dir / "selector").is_dir() else None
-            for env in (e for e, point in points.items() if point == end):
-                learned[env] = evaluate(run_root / f"learned-{env}", test_by_env[env], train_dir / "bank", selector)
-        bank_dir = train_dir / "bank"
-    final = {env: evaluate(run_root / f"final-{env}", test_by_env[env], bank_dir, selector) for env in sorted(points)}
-    return (learned if memory else dict(final)), final, train_summary
 
 
 def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tuple[str, Path]],
@@ -331,8 +244,8 @@ def _arm(config: StreamBenchConfig, base: Any, run_root: Path, stream: list[tupl
     def evaluate(out_dir: Path, tests: list[Path], bank_dir: Path | None, selector: Path | None) -> dict[str, Any]:
         return _eval(config, base, out_dir, tests, bank_dir, selector, run_games, common)
 
-    learned_s, final_s, train_summary = learned_and_final(config, run_root, points, test_by_env, memory=base.memory,
-                                                          train=train, evaluate=evaluate)
+    learned_s, final_s, train_summary = learned_and_final(run_root, points, test_by_env, resume=config.resume,
+                                                          memory=base.memory, train=train, evaluate=evaluate)
     metrics = lifelong_metrics({e: s["mean_score"] for e, s in learned_s.items()},
                                {e: s["mean_score"] for e, s in final_s.items()})
     entry = {"op": metrics["op"], "bwt": metrics["bwt"], "bwt_abs": metrics["bwt_abs"],
@@ -381,15 +294,6 @@ def summarize_stream(runs: dict[str, dict[str, dict[str, Any]]], config: StreamB
                 diff[arm] = t_interval(paired)
         out["random_minus_grouped_op"] = diff
     return out
-
-
-def per_call(summaries: dict[str, dict[str, Any]], total: str, calls: str) -> float | None:
-    """``total`` summed over the summaries per ``calls`` summed (``None`` when no call, or no summary has
-    ``total``: a run from before it was counted)."""
-    if not any(total in s for s in summaries.values()):
-        return None
-    n = sum(int(s.get(calls, 0)) for s in summaries.values())
-    return sum(int(s.get(total, 0)) for s in summaries.values()) / n if n else None
 
 
 def _cell(row: dict[str, Any], metric: str) -> str:

@@ -33,7 +33,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from memento.bench.games import _frozen
+from memento.bench.games import frozen_policy
+from memento.bench.stream_arms import finished_or_cleared, learned_and_final, per_call, stream_arm
 from memento.errors import ConfigError
 from memento.runs.lifelong import lifelong_metrics
 from memento.types import Case, Task
@@ -75,7 +76,6 @@ def qa_seed_cases(suite: str) -> list[Case]:
 
 
 def _loop_config(config: Any, arm: str, seed: int) -> tuple[bool, Any]:
-    from memento.bench.stream import stream_arm
     from memento.runs.qa import LoopConfig
 
     memory, policy, systems = stream_arm(arm, questions=True)
@@ -85,15 +85,13 @@ def _loop_config(config: Any, arm: str, seed: int) -> tuple[bool, Any]:
 
 def _eval(config: Any, base: Any, out_dir: Path, tests: list[Task], bank_dir: Path | None, selector: Path | None,
           run_online: Any, common: dict[str, Any]) -> dict[str, Any]:
-    from memento.bench.stream import finished_or_cleared
-
     common = {k: v for k, v in common.items() if k != "retain_judge"}  # nothing is retained
-    finished = finished_or_cleared(config, out_dir)
+    finished = finished_or_cleared(out_dir, resume=config.resume)
     if finished is not None:
         return finished
     eval_cfg = dataclasses.replace(base, steps=len(tests), retain=False, learn=False,
                                    systems=dataclasses.replace(base.systems, build=()),
-                                   policy=_frozen(base.policy, selector) if selector else base.policy)
+                                   policy=frozen_policy(base.policy, selector) if selector else base.policy)
     return run_online(eval_cfg, out_dir=out_dir, tasks=tests, bank_dir=bank_dir, **common)
 
 
@@ -101,7 +99,6 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
                points: dict[str, int], test_by_env: dict[str, list[Task]], common: dict[str, Any], *,
                seed_cases: list[Case] | None = None) -> dict[str, Any]:
     """One arm of one seed and order (see the module docstring): its entry in the results."""
-    from memento.bench.stream import learned_and_final, per_call
     from memento.runs.qa import run_online
 
     memory, base = _loop_config(config, arm, seed)
@@ -114,8 +111,8 @@ def run_qa_arm(config: Any, arm: str, seed: int, run_root: Path, stream: list[tu
     def evaluate(out_dir: Path, tests: list[Task], bank_dir: Path | None, selector: Path | None) -> dict[str, Any]:
         return _eval(config, base, out_dir, tests, bank_dir, selector, run_online, common)
 
-    learned_s, final_s, train_summary = learned_and_final(config, run_root, points, test_by_env, memory=memory,
-                                                          train=train, evaluate=evaluate)
+    learned_s, final_s, train_summary = learned_and_final(run_root, points, test_by_env, resume=config.resume,
+                                                          memory=memory, train=train, evaluate=evaluate)
     learned = {env: summary["success_rate"] for env, summary in learned_s.items()}
     final = {env: summary["success_rate"] for env, summary in final_s.items()}
     metrics = lifelong_metrics(learned, final)

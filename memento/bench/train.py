@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.bank import _write
+from memento.bench.common import finish, timestamp, write_results
 from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig
 from memento.errors import ConfigError
 from memento.learn.learner import SoftQLearner
@@ -316,7 +316,7 @@ def run_train_bench(config: TrainBenchConfig, *, out: str | Path | None = None) 
         rng = np.random.default_rng(config.seed)
         results: dict[str, Any] = {"benchmark": "train", "config": dataclasses.asdict(config),
                                    "environment": _environment(device),
-                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": [], "replay": None}
+                                   "started": timestamp(), "results": [], "replay": None}
         buffer, fill_s = _filled_buffer(config, device, rng)
         results["buffer"] = {"decisions": len(buffer), "fill_s": fill_s, "fill_per_s": len(buffer) / fill_s}
         for trainer in config.trainers:
@@ -324,15 +324,11 @@ def run_train_bench(config: TrainBenchConfig, *, out: str | Path | None = None) 
                 logger.info("bench train: %s %s on %s", trainer, arch, device)
                 results["results"].append(_time_training(trainer, arch, buffer, config, device))
                 if out is not None:
-                    _write(out, results)
+                    write_results(out, results)
         results["replay"] = _time_replay(buffer, config, device, rng)
     finally:
         torch.set_num_threads(default_threads)
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    results["environment"]["loadavg_end"] = list(os.getloadavg())
-    if out is not None:
-        _write(out, results)
-    return results
+    return finish(results, out)
 
 
 def format_table(results: dict[str, Any]) -> str:

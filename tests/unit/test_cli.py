@@ -151,7 +151,7 @@ def test_ivf_nlist_trains():
 
 
 def test_bench_vectors_are_unit_and_seeded():
-    from memento.bench.bank import make_vectors
+    from memento.bench.common import make_vectors
 
     for data in ("uniform", "clustered"):
         a = make_vectors(np.random.default_rng(3), 50, 12, data)

@@ -1,0 +1,99 @@
+"""What the benchmarks share: the results document's file and timestamps, the machine, random unit vectors, exact top-k.
+
+Every ``memento bench ...`` writes one JSON document (:func:`write_results`, rewritten as it goes) with
+``started``/``finished`` timestamps (:func:`timestamp`, :func:`finish`) and an ``environment`` describing the
+machine (:func:`environment`). The vector benchmarks draw their bank and query vectors with
+:func:`make_vectors` and measure recall against :func:`exact_topk`; the LLM benchmarks take their encoder and
+planner from :func:`default_models`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memento.io import atomic_write_text
+
+__all__ = ["default_models", "environment", "exact_topk", "finish", "make_vectors", "timestamp", "write_results"]
+
+
+def timestamp() -> str:
+    """The local time as the results documents record it (``2024-01-31T12:00:00``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def write_results(path: str | Path, results: dict[str, Any]) -> None:
+    """Write the results document (indented JSON) atomically."""
+    atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+
+
+def finish(results: dict[str, Any], out: str | Path | None) -> dict[str, Any]:
+    """Stamp ``finished`` (and ``loadavg_end`` where the environment recorded ``loadavg_start``), write the
+    document to ``out`` when given; returns ``results``."""
+    results["finished"] = timestamp()
+    if "loadavg_start" in results.get("environment", {}):
+        results["environment"]["loadavg_end"] = list(os.getloadavg())
+    if out is not None:
+        write_results(out, results)
+    return results
+
+
+def environment() -> dict[str, Any]:
+    """Python, the machine, its CPUs, and the faiss and numpy versions with faiss's thread count."""
+    import faiss
+
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "faiss": faiss.__version__, "numpy": np.__version__, "faiss_omp_threads": faiss.omp_get_max_threads()}
+
+
+def make_vectors(rng: np.random.Generator, n: int, dim: int, data: str) -> np.ndarray:
+    """``n`` unit vectors, seeded by ``rng``.
+
+    ``uniform``: uniform on the sphere, the worst case for any approximate index (no structure).
+    ``clustered``: like real sentence embeddings, low intrinsic dimension: 1,000 clusters in a
+    32-dimensional latent space, spread within each cluster, mapped into ``dim`` dimensions by a
+    fixed random rotation, plus a little ambient noise. The rotation and centres are drawn from
+    a generator seeded with 0, so base vectors and queries share them.
+    """
+    if data == "uniform":
+        x = rng.standard_normal((n, dim), dtype=np.float32)
+    else:
+        latent = min(32, dim)
+        shared = np.random.default_rng(0)
+        basis, _ = np.linalg.qr(shared.standard_normal((dim, latent)))
+        centers = shared.standard_normal((1000, latent)).astype(np.float32)
+        z = centers[rng.integers(0, len(centers), size=n)] + 0.5 * rng.standard_normal((n, latent), dtype=np.float32)
+        x = z @ basis.T.astype(np.float32) + 0.02 * rng.standard_normal((n, dim), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.astype(np.float32, copy=False)
+
+
+def exact_topk(base_ND: np.ndarray, queries_QD: np.ndarray, k: int) -> np.ndarray:
+    """The positions of each query's ``k`` highest inner products in ``base_ND``, best first (Q x k)."""
+    out = np.empty((len(queries_QD), k), dtype=np.int64)
+    for start in range(0, len(queries_QD), 64):
+        sims = queries_QD[start:start + 64] @ base_ND.T
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1)
+        out[start:start + 64] = np.take_along_axis(top, order, axis=1)
+    return out
+
+
+def default_models(planner_spec: str, encoder: Any | None, planner: Any | None) -> tuple[Any, Any]:
+    """The encoder and planner of a benchmark: the default encoder when ``encoder`` is ``None``, the planner of
+    ``planner_spec`` when ``planner`` is ``None``."""
+    if encoder is None:
+        from memento.encoders import Encoder
+
+        encoder = Encoder.from_pretrained()
+    if planner is None:
+        from memento.planners.spec import build_planner, parse_planner_spec
+
+        planner = build_planner(parse_planner_spec(planner_spec))
+    return encoder, planner
