@@ -33,23 +33,22 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args, overload
 
 import numpy as np
 
+from memento import sqlite
 from memento.config import EncoderConfig, Pooling
 from memento.errors import CheckpointError, DataFormatError, EncoderError
-from memento.hub import is_hub_id, resolve_snapshot, snapshot_of, split_revision
+from memento.hub import default_cache_dir, is_hub_id, resolve_snapshot, snapshot_of, split_revision
 from memento.io import read_versioned_json
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "EmbeddingCache", "Encoder", "STModules", "default_cache_dir",
+__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "EmbeddingCache", "Encoder", "STModules",
            "default_model_path", "read_st_modules", "saved_pooling"]
 
 logger = logging.getLogger(__name__)
@@ -59,12 +58,6 @@ ENCODER_META_NAME = "memento_encoder.json"  # written beside a fine-tuned model 
 ENCODER_META_FORMAT = "memento-encoder"
 ENCODER_META_VERSION = 1
 _AUTO_PROGRESS_THRESHOLD = 512  # show a progress bar by default when more texts than this need encoding
-
-
-def default_cache_dir() -> Path:
-    """``$MEMENTO_CACHE_DIR`` if set, else ``~/.cache/memento``."""
-    env = os.environ.get("MEMENTO_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "memento"
 
 
 def default_model_path() -> Path:
@@ -339,9 +332,8 @@ class EmbeddingCache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn = sqlite.connect(self.path, timeout=60.0, error=EncoderError)
+        sqlite.use_wal(self._conn)
         self._conn.execute("CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)")
         self._conn.commit()
         self.hits = 0

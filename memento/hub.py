@@ -26,8 +26,8 @@ from typing import Any
 
 from memento.errors import CheckpointError, EncoderError, MementoError
 
-__all__ = ["PUSH_IGNORE", "hub_cache_dir", "hub_offline", "is_hub_id", "push_folder", "resolve_selector",
-           "resolve_snapshot", "snapshot_of", "split_revision"]
+__all__ = ["PUSH_IGNORE", "default_cache_dir", "hub_cache_dir", "hub_offline", "is_hub_id", "push_folder",
+           "resolve_selector", "resolve_snapshot", "snapshot_of", "split_revision"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,13 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PUSH_IGNORE = [".*", "*/.*", "*-wal", "*-shm", "*-journal", "*.creating"]
 """``ignore_patterns`` of an upload: dot-named files and directories at any depth, SQLite sidecars."""
+
+
+def default_cache_dir() -> Path:
+    """memento's own cache (encoded texts, Hub selectors, games, planner weights): ``$MEMENTO_CACHE_DIR``
+    if set, else ``~/.cache/memento`` (read now, not at import)."""
+    env = os.environ.get("MEMENTO_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "memento"
 
 
 def split_revision(name: str) -> tuple[str, str | None]:
@@ -130,8 +137,6 @@ def resolve_selector(repo_id: str, *, revision: str | None = None) -> Path:
     The copy lives under ``$MEMENTO_CACHE_DIR/hub/<org>--<name>/<commit>`` and is reused by later loads
     of the same commit (with the feedback and cases they recorded there).
     """
-    from memento.encoders import default_cache_dir
-
     snapshot, commit = resolve_snapshot(repo_id, revision=revision, what="selector", error=CheckpointError)
     target = default_cache_dir() / "hub" / repo_id.replace("/", "--") / (commit or "snapshot")
     if (target / "manifest.json").is_file():

@@ -14,20 +14,26 @@ table; :func:`check_format` reads them back with the file named in every error.
   into place, so a store appears whole or not at all.
 - :func:`read_meta`, :func:`write_meta`, :func:`format_version`, :func:`check_format`, and :func:`open_store`
   which does connect, read, check and WAL in one go.
+- :func:`checkpoint`: the WAL moved into the main file; :func:`chain_digest`: the chained sha256 of rows a
+  selector's manifest records for its live files.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError, MementoError
 
-__all__ = ["check_format", "connect", "create", "format_version", "open_store", "read_meta", "use_wal",
-           "write_meta"]
+__all__ = ["chain_digest", "check_format", "checkpoint", "connect", "create", "format_version", "open_store",
+           "read_meta", "use_wal", "write_meta"]
+
+_GENESIS = hashlib.sha256(b"memento-rows").hexdigest()
 
 def connect(path: str | Path, *, timeout: float = 30.0, read_only: bool = False, check_same_thread: bool = False,
             autocommit: bool = False, error: type[MementoError] = CheckpointError) -> sqlite3.Connection:
@@ -121,3 +127,24 @@ def create(path: str | Path, schema: str, meta: Mapping[str, str]) -> None:
     finally:
         conn.close()
     os.replace(tmp, path)
+
+
+def checkpoint(path: str | Path) -> None:
+    """``PRAGMA wal_checkpoint(TRUNCATE)`` on a SQLite file another connection of this process writes."""
+    conn = connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+def chain_digest(rows: Iterable[tuple[Any, ...]], previous: str | None = None) -> str:
+    """Extend a chained digest (from the genesis ``sha256(b"memento-rows")`` when ``previous`` is None):
+    ``h = sha256(h || sha256(json(row[:-1]) || 0x00 || row[-1]))`` per row; a row's last column is raw bytes."""
+    h = bytes.fromhex(previous or _GENESIS)
+    for row in rows:
+        head, blob = row[:-1], row[-1]
+        body = json.dumps(list(head), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        row_digest = hashlib.sha256(body + b"\x00" + (blob or b"")).digest()
+        h = hashlib.sha256(h + row_digest).digest()
+    return h.hex()

@@ -51,10 +51,11 @@ import sqlite3
 import stat as _stat
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from memento import sqlite
 from memento.config import (
     BankConfig,
     EncoderConfig,
@@ -73,6 +74,7 @@ from memento.config import (
 from memento.errors import CheckpointError, ConfigError
 from memento.io import atomic_write_text, fsync_dir, read_versioned_json
 from memento.learn.agent import LEARNER_DIR, REPLAY_DIR
+from memento.memory import rows as bank_rows
 from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 
 __all__ = [
@@ -90,7 +92,6 @@ __all__ = [
     "FeedbackLog",
     "FeedbackRow",
     "SelectorConfig",
-    "bank_rows_digest",
     "check_bank_file",
     "check_entry",
     "check_feedback_file",
@@ -137,7 +138,6 @@ DERIVED_FILES = (f"{BANK_DIR}/index.faiss", f"{BANK_DIR}/index.json")
 """Rebuilt from cases.sqlite by the bank when stale; they change when cases are added."""
 
 _SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
-_GENESIS = hashlib.sha256(b"memento-rows").hexdigest()
 _HASH_CHUNK = 1 << 20
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -301,57 +301,31 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _chain(previous: str, rows: Iterable[tuple[Any, ...]]) -> str:
-    """Extend a chained digest: ``h = sha256(h || sha256(row))`` per row; a row's last column is raw bytes."""
-    h = bytes.fromhex(previous)
-    for row in rows:
-        head, blob = row[:-1], row[-1]
-        body = json.dumps(list(head), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        row_digest = hashlib.sha256(body + b"\x00" + (blob or b"")).digest()
-        h = hashlib.sha256(h + row_digest).digest()
-    return h.hex()
-
-
-def bank_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0, previous: str | None = None) -> str:
-    """Chained sha256 of the bank's cases at positions ``start <= pos < stop`` (content and embedding)."""
-    conn = db if isinstance(db, sqlite3.Connection) else _connect(db)
-    try:
-        rows = conn.execute("SELECT pos, id, state, action, reward, env, kind, meta, created, hash, embedding "
-                            "FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos", (start, stop))
-        return _chain(previous or _GENESIS, rows)
-    finally:
-        if not isinstance(db, sqlite3.Connection):
-            conn.close()
-
-
 def feedback_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0,
                          previous: str | None = None) -> str:
-    """Chained sha256 of feedback rows ``start < seq <= stop`` (seq counts from 1)."""
-    conn = db if isinstance(db, sqlite3.Connection) else _connect(db)
+    """Chained sha256 (:func:`memento.sqlite.chain_digest`) of feedback rows ``start < seq <= stop`` (seq counts
+    from 1); the bank's rows are digested by :func:`memento.memory.rows.digest`."""
+    conn = db if isinstance(db, sqlite3.Connection) else sqlite.connect(db)
     try:
         rows = conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? AND seq <= ? ORDER BY seq",
                             (start, stop))
-        return _chain(previous or _GENESIS, rows)
+        return sqlite.chain_digest(rows, previous)
     finally:
         if not isinstance(db, sqlite3.Connection):
             conn.close()
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        return sqlite3.connect(path, timeout=30.0, check_same_thread=False)
-    except sqlite3.Error as error:
-        raise CheckpointError(f"{path}: cannot open ({error})") from None
-
-
 def _count_rows(path: Path, table: str) -> int:
-    conn = _connect(path)
     try:
-        return int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+        if table == "cases":
+            return bank_rows.count(path)
+        conn = sqlite.connect(path)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
+        finally:
+            conn.close()
     except sqlite3.Error as error:
         raise CheckpointError(f"{path}: unreadable SQLite file ({error})") from None
-    finally:
-        conn.close()
 
 
 # ---------------------------------------------------------------- encoder.json
@@ -502,17 +476,8 @@ class FeedbackLog:
         path = Path(path)
         if path.exists():
             raise CheckpointError(f"{path}: a feedback log already exists here")
-        tmp = path.with_name(path.name + ".creating")
-        tmp.unlink(missing_ok=True)
-        conn = sqlite3.connect(tmp)
-        try:
-            conn.executescript(_FEEDBACK_SCHEMA)
-            with conn:
-                conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
-                                 [("format", FEEDBACK_FORMAT), ("format_version", str(FEEDBACK_FORMAT_VERSION))])
-        finally:
-            conn.close()
-        os.replace(tmp, path)
+        sqlite.create(path, _FEEDBACK_SCHEMA,
+                      {"format": FEEDBACK_FORMAT, "format_version": str(FEEDBACK_FORMAT_VERSION)})
         return cls.open(path)
 
     @classmethod
@@ -520,19 +485,8 @@ class FeedbackLog:
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path}: missing feedback log")
-        conn = _connect(path)
+        conn, _ = sqlite.open_store(path, format=FEEDBACK_FORMAT, version=FEEDBACK_FORMAT_VERSION, what="feedback log")
         try:
-            try:
-                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-            except sqlite3.DatabaseError as error:
-                raise CheckpointError(f"{path}: not a feedback log ({error})") from None
-            if meta.get("format") != FEEDBACK_FORMAT:
-                raise CheckpointError(f"{path}: not a feedback log (format {meta.get('format')!r})")
-            if _meta_version(meta, path, "feedback log") > FEEDBACK_FORMAT_VERSION:
-                raise CheckpointError(f"{path}: feedback log format {meta['format_version']} is newer than this "
-                                      f"memento reads ({FEEDBACK_FORMAT_VERSION})")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
             return cls(path, conn)
         except BaseException:
             conn.close()
@@ -601,57 +555,30 @@ def check_bank_file(path: Path) -> dict[str, int]:
     """``bank/cases.sqlite`` as the loader opens it, read without changing it: a case bank of a readable
     version with a valid config and uid, dense positions and embeddings of one length. Returns ``cases``,
     ``dim`` (the bank's config) and, when it holds cases, ``embedding_dim`` (the stored vectors' length)."""
-    conn = _connect(path)
     try:
-        try:
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-            if meta.get("format") != BANK_FORMAT:
-                raise CheckpointError(f"{path}: not a case bank (format {meta.get('format')!r})")
-            if _meta_version(meta, path, "case bank") > BANK_FORMAT_VERSION:
-                raise CheckpointError(f"{path}: bank format version {meta['format_version']} is newer than this "
-                                      f"memento reads ({BANK_FORMAT_VERSION})")
-            if not isinstance(meta.get("uid"), str) or not isinstance(meta.get("config"), str):
-                raise CheckpointError(f"{path}: damaged case bank (no config or uid in its meta table)")
-            try:
-                config = from_dict(BankConfig, json.loads(meta["config"]))
-            except (ValueError, ConfigError) as error:
-                raise CheckpointError(f"{path}: damaged case bank config ({error})") from None
-            n, low, high, short, long, blobs = conn.execute(
-                "SELECT COUNT(*), MIN(pos), MAX(pos), MIN(length(embedding)), MAX(length(embedding)), "
-                "SUM(typeof(embedding) = 'blob') FROM cases").fetchone()
-        except sqlite3.Error as error:
-            raise CheckpointError(f"{path}: not a case bank ({error})") from None
-    finally:
-        conn.close()
-    found = {"cases": int(n), "dim": config.dim}
+        found = bank_rows.facts(path)
+    except sqlite3.Error as error:
+        raise CheckpointError(f"{path}: not a case bank ({error})") from None
+    sqlite.check_format(found.meta, path, format=BANK_FORMAT, version=BANK_FORMAT_VERSION, what="case bank")
+    if not isinstance(found.meta.get("uid"), str) or not isinstance(found.meta.get("config"), str):
+        raise CheckpointError(f"{path}: damaged case bank (no config or uid in its meta table)")
+    try:
+        config = from_dict(BankConfig, json.loads(found.meta["config"]))
+    except (ValueError, ConfigError) as error:
+        raise CheckpointError(f"{path}: damaged case bank config ({error})") from None
+    n, short, long = found.cases, found.shortest, found.longest
+    out = {"cases": n, "dim": config.dim}
     if n:
-        if (low, high) != (0, n - 1):
-            raise CheckpointError(f"{path}: case positions are not 0..{n - 1} (found {low}..{high})")
-        if blobs != n or short != long or long % 4:
+        if (found.low, found.high) != (0, n - 1):
+            raise CheckpointError(f"{path}: case positions are not 0..{n - 1} (found {found.low}..{found.high})")
+        if found.blobs != n or short != long or long % 4:
             raise CheckpointError(f"{path}: case embeddings are not all float32 vectors of one length "
                                   f"({short}..{long} bytes)")
-        found["embedding_dim"] = long // 4
-    return found
-
-
-def checkpoint_sqlite(path: Path) -> None:
-    """``PRAGMA wal_checkpoint(TRUNCATE)`` on a SQLite file another connection of this process writes."""
-    conn = _connect(path)
-    try:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
+        out["embedding_dim"] = long // 4
+    return out
 
 
 # ---------------------------------------------------------------- manifest
-
-
-def _meta_version(meta: dict[str, Any], path: Path, what: str) -> int:
-    """The ``format_version`` of a SQLite file's meta table (a decimal string; absent reads as 0)."""
-    raw = meta.get("format_version", "0")
-    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
-        raise CheckpointError(f"{path}: {what} format_version {raw!r} is not a version number")
-    return int(raw)
 
 
 def check_tree(root: Path) -> None:
@@ -787,18 +714,6 @@ def hash_files(files: dict[str, Path], cache: dict[str, tuple[int, int, str]] | 
     return out
 
 
-def _has_tombstones(db: Path) -> bool:
-    """The bank records deleted cases (``CaseBank.delete``): its file changes without new rows."""
-    conn = _connect(db)
-    try:
-        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deleted'").fetchone() \
-            is not None and conn.execute("SELECT 1 FROM deleted LIMIT 1").fetchone() is not None
-    except sqlite3.Error:
-        return False
-    finally:
-        conn.close()
-
-
 def _wal_has_frames(db: Path) -> bool:
     wal = db.with_name(db.name + "-wal")
     return wal.is_file() and wal.stat().st_size > 0
@@ -834,11 +749,11 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         if n < saved["rows"]:
             raise CheckpointError(f"{path}: holds {n} {table} row(s), {MANIFEST_NAME} records {saved['rows']} "
                                   "(truncated or rolled back)")
-        if n == saved["rows"] and not intact and not (table == "cases" and _has_tombstones(path)):
+        if n == saved["rows"] and not intact and not (table == "cases" and bank_rows.has_tombstones(path)):
             raise CheckpointError(f"{path}: changed after it was saved (size or sha256 differs from {MANIFEST_NAME}, "
                                   "and no rows were appended)")
         # rows appended, or cases deleted (tombstones) since the save: the saved rows themselves must be intact
-        digest = (bank_rows_digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
+        digest = (bank_rows.digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
         if digest != saved["digest"]:
             raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
                                   f"(row digest differs from {MANIFEST_NAME})")

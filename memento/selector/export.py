@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import sqlite3
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +43,7 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
 from memento.memory import CaseBank, bank_exists, copy_bank, parse_bank_uri
+from memento.memory import rows as bank_rows
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
 from memento.selector.artifact import (
@@ -203,12 +203,7 @@ def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
             truncated = bank.truncate(src.bank_cases) > 0  # cases retained after the checkpoint
         config, cases = bank.config, len(bank)
     if truncated:  # drop the freed pages, so the removed cases do not linger in the file
-        conn = sqlite3.connect(dst / "cases.sqlite")
-        try:
-            conn.execute("VACUUM")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            conn.close()
+        bank_rows.vacuum(dst / "cases.sqlite")
     return config, cases
 
 

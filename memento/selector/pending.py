@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from memento import sqlite
 from memento.errors import CheckpointError, MementoError
 
 __all__ = ["PENDING_FORMAT", "PENDING_FORMAT_VERSION", "PENDING_NAME", "PendingSelection", "PendingStore",
@@ -84,6 +85,8 @@ PENDING_FORMAT = "memento-pending"
 PENDING_FORMAT_VERSION = 1
 
 _SIDECARS = ("-wal", "-shm", "-journal")
+_WHAT = "pending-selection store"
+_REMOVE_IT = "; remove it to start with no pending selections"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
@@ -211,7 +214,7 @@ class PendingStore:
         try:
             while not self._stop.wait(_CHECKPOINT_S):
                 if conn is None:
-                    conn = sqlite3.connect(self.path, timeout=0.0, check_same_thread=False, isolation_level=None)
+                    conn = sqlite.connect(self.path, timeout=0.0, autocommit=True)
                     now = os.lstat(self.path)
                     if (now.st_dev, now.st_ino) != self._inode:
                         raise CheckpointError(f"{self.path}: replaced since it was opened")
@@ -242,10 +245,7 @@ class PendingStore:
             if not stat.S_ISREG(info.st_mode):
                 raise CheckpointError(f"{path}: not a regular file; the pending-selection store opens only a "
                                       "regular file")
-            try:
-                conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
-            except sqlite3.Error as error:
-                raise CheckpointError(f"{path}: cannot open the pending-selection store ({error})") from None
+            conn = sqlite.connect(path, timeout=30.0, autocommit=True)
             now = os.lstat(path)
             if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):  # swapped between the check and the open
                 conn.close()
@@ -267,26 +267,18 @@ class PendingStore:
             if tables - {"meta", "pending"}:
                 raise CheckpointError(f"{path}: not a pending-selection store (tables {sorted(tables)}); remove it "
                                       "to start with no pending selections")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            sqlite.use_wal(conn)
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpoint thread does it (see _checkpoint_loop)
             conn.executescript(_SCHEMA)
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            meta = sqlite.read_meta(conn, path, what=_WHAT)
             if not meta:
-                conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
-                                 [("format", PENDING_FORMAT), ("format_version", str(PENDING_FORMAT_VERSION)),
-                                  ("dim", str(self.dim))])
-                meta = {"format": PENDING_FORMAT, "format_version": str(PENDING_FORMAT_VERSION),
-                        "dim": str(self.dim)}
-            if meta.get("format") != PENDING_FORMAT:
-                raise CheckpointError(f"{path}: not a pending-selection store (format {meta.get('format')!r})")
-            if meta.get("format_version") != str(PENDING_FORMAT_VERSION):
-                raise CheckpointError(f"{path}: pending-selection store format {meta.get('format_version')!r}, "
-                                      f"this memento reads {PENDING_FORMAT_VERSION}; remove it to start with no "
-                                      "pending selections")
+                meta = {"format": PENDING_FORMAT, "format_version": str(PENDING_FORMAT_VERSION), "dim": str(self.dim)}
+                sqlite.write_meta(conn, meta)
+            sqlite.check_format(meta, path, format=PENDING_FORMAT, version=PENDING_FORMAT_VERSION, what=_WHAT,
+                                exact=True, hint=_REMOVE_IT)
             if meta.get("dim") != str(self.dim):
                 dropped = conn.execute("DELETE FROM pending").rowcount
-                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('dim', ?)", (str(self.dim),))
+                sqlite.write_meta(conn, {"dim": str(self.dim)})
                 logger.warning("%s: dropped %d pending selection(s) of dim %s (this selector has dim %d)", path,
                                dropped, meta.get("dim"), self.dim)
             self._rows = int(conn.execute("SELECT COUNT(*) FROM pending").fetchone()[0])
@@ -300,8 +292,7 @@ class PendingStore:
                     self._rows -= len(done)
                     logger.info("%s: %d pending selection(s) were answered before the restart", path, len(done))
         except sqlite3.DatabaseError as error:
-            raise CheckpointError(f"{path}: not a pending-selection store ({error}); remove it to start with no "
-                                  "pending selections") from None
+            raise CheckpointError(f"{path}: not a {_WHAT} ({error}){_REMOVE_IT}") from None
         if self._rows:
             logger.info("%s: %d pending selection(s) from before the restart", path, self._rows)
 

@@ -78,6 +78,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from memento import sqlite
 from memento.config import QNetConfig, SoftQConfig, load_json, parses_to, save_json, to_dict
 from memento.encoders import Encoder
 from memento.errors import (
@@ -97,6 +98,7 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
 from memento.memory import Candidates, CaseBank
+from memento.memory import rows as bank_rows
 from memento.memory.index import use_gpu_for
 from memento.selector.artifact import (
     BANK_DB,
@@ -117,11 +119,9 @@ from memento.selector.artifact import (
     FeedbackLog,
     FeedbackRow,
     SelectorConfig,
-    bank_rows_digest,
     check_bank_file,
     check_feedback_file,
     check_tree,
-    checkpoint_sqlite,
     commit_staged,
     feedback_rows_digest,
     fsync_tree,
@@ -851,7 +851,7 @@ class Selector:
             self._check_open()
             if not self.read_only:  # the SQLite files' committed rows into the main files (no -wal uploaded)
                 self._bank.flush()
-                checkpoint_sqlite(self.path / BANK_DB)
+                sqlite.checkpoint(self.path / BANK_DB)
                 self._feedback.checkpoint()
             return push_folder(self.path, repo_id, token=token, private=private, commit_message=commit_message,
                                revision=revision)
@@ -875,14 +875,14 @@ class Selector:
         """config.json, encoder.json, qnet.safetensors, learner/ and replay/ into ``directory``."""
         _write_parts(directory, self.config, self.encoder_spec, self._learner, self._buffer)
 
-    def _live_entries(self, bank_db: sqlite3.Connection | Path, feedback_db: sqlite3.Connection | Path
+    def _live_entries(self, bank_db: Path, feedback_db: sqlite3.Connection | Path
                       ) -> dict[str, dict[str, Any]]:
         """Row counts and digests of the live files, extending the last save's digests over new rows."""
         previous = self._manifest["live"]
         n_cases, n_feedback = len(self._bank), len(self._feedback)
         old_cases, old_feedback = previous[BANK_DB], previous[FEEDBACK_NAME]
         return {
-            BANK_DB: {"rows": n_cases, "digest": bank_rows_digest(bank_db, n_cases, start=old_cases["rows"],
+            BANK_DB: {"rows": n_cases, "digest": bank_rows.digest(bank_db, n_cases, start=old_cases["rows"],
                                                                   previous=old_cases["digest"])},
             FEEDBACK_NAME: {"rows": n_feedback,
                             "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],
@@ -910,7 +910,7 @@ class Selector:
         stage.mkdir()
         self._write_state(stage)
         self._bank.flush()
-        checkpoint_sqlite(root / BANK_DB)
+        sqlite.checkpoint(root / BANK_DB)
         self._feedback.checkpoint()
         live = self._live_entries(root / BANK_DB, self._feedback.connection)
         draft = self._new_manifest({}, live)
@@ -1170,7 +1170,7 @@ def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: Repla
         "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
         "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
         "source": source, "dim": spec.dim, "learner_updates": learner.updates,
-        "live": {BANK_DB: {"rows": cases, "digest": bank_rows_digest(tmp / BANK_DB, cases)},
+        "live": {BANK_DB: {"rows": cases, "digest": bank_rows.digest(tmp / BANK_DB, cases)},
                  FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
     }
     atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,

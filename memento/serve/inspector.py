@@ -39,7 +39,9 @@ from urllib.parse import parse_qs, urlencode
 
 import numpy as np
 
+from memento import sqlite
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
+from memento.memory import rows as bank_rows
 from memento.memory.bank import CaseBank
 from memento.plots import moving_average
 from memento.runs.rundir import RunDir, read_json
@@ -94,9 +96,6 @@ class _BankView:
     encoder: Callable[[], Any]
     feedback: Path | None = None
     refresh: bool = False
-
-    def connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10.0)
 
 
 @dataclass
@@ -291,34 +290,12 @@ class Inspector:
 
     def filters(self, view: _BankView) -> tuple[list[str], list[str]]:
         """The envs and kinds the bank holds (for the filter menus)."""
-        with view.connect() as conn:
-            envs = [r[0] for r in conn.execute("SELECT DISTINCT env FROM cases WHERE env IS NOT NULL ORDER BY env")]
-            kinds = [r[0] for r in conn.execute("SELECT DISTINCT kind FROM cases ORDER BY kind")]
-        return envs, kinds
+        return bank_rows.distinct(view.db, "env"), bank_rows.distinct(view.db, "kind")
 
     def list_cases(self, view: _BankView, *, env: str | None, kind: str | None, reward: str | None,
                    page: int) -> tuple[list[dict[str, Any]], int]:
         """A page of cases in bank order under the filters, and how many match."""
-        where, params = [], []
-        if env:
-            where.append("env = ?")
-            params.append(env)
-        if kind:
-            where.append("kind = ?")
-            params.append(kind)
-        if reward == "positive":
-            where.append("reward > 0")
-        elif reward == "zero":
-            where.append("reward <= 0")
-        with view.connect() as conn:
-            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deleted'").fetchone():
-                where.append("pos NOT IN (SELECT pos FROM deleted)")  # deleted cases (CaseBank.delete) are gone
-            clause = (" WHERE " + " AND ".join(where)) if where else ""
-            total = int(conn.execute(f"SELECT COUNT(*) FROM cases{clause}", params).fetchone()[0])
-            rows = conn.execute(f"SELECT pos, id, state, action, reward, env, kind FROM cases{clause} "
-                                "ORDER BY pos LIMIT ? OFFSET ?", [*params, PAGE_SIZE, page * PAGE_SIZE]).fetchall()
-        keys = ("pos", "id", "state", "action", "reward", "env", "kind")
-        return [dict(zip(keys, row)) for row in rows], total
+        return bank_rows.page(view.db, env=env, kind=kind, reward=reward, offset=page * PAGE_SIZE, limit=PAGE_SIZE)
 
     def search(self, view: _BankView, text: str, *, env: str | None, kind: str | None, reward: str | None,
                page: int) -> tuple[list[dict[str, Any]], int]:
@@ -370,7 +347,7 @@ class Inspector:
     @staticmethod
     def _feedback_rows(path: Path, case_id: str) -> dict[str, Any]:
         """The feedback log's rows whose selection held ``case_id`` (read-only; the server may be writing)."""
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        conn = sqlite.connect(path, read_only=True, timeout=10.0, error=DataFormatError)
         try:
             total = int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
             rows = conn.execute(

@@ -20,6 +20,7 @@ import pytest
 
 from memento.errors import CheckpointError
 from memento.memory import CaseBank
+from memento.memory.rows import digest as bank_rows_digest
 from memento.selector.artifact import (
     BANK_DB,
     DERIVED_FILES,
@@ -28,7 +29,6 @@ from memento.selector.artifact import (
     READY_DIR,
     REQUIRED_FILES,
     STAGING_DIR,
-    bank_rows_digest,
     feedback_rows_digest,
 )
 from memento.selector.export import create_selector, load_selector, verify

@@ -35,6 +35,7 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
 from memento.memory import CaseBank
+from memento.memory.rows import digest as bank_rows_digest
 from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig
 from memento.selector.artifact import (
@@ -45,7 +46,6 @@ from memento.selector.artifact import (
     REQUIRED_FILES,
     STAGING_DIR,
     SelectorConfig,
-    bank_rows_digest,
     hash_files,
     listed_files,
 )
