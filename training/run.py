@@ -76,6 +76,61 @@ def _floats(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+_IGNORED_WARNINGS = (
+    r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",
+    r".*module\(s\) in eval mode.*",  # the target network, on purpose
+    r".*overridden `transfer_batch_to_device`.*",  # ours moves ReplayBatch / RankingBatch
+    r".*LeafSpec.*",  # Lightning's own use of a deprecated torch API
+    r".*smaller than the logging interval.*",  # short epochs (per process under DDP)
+    # DDP: train/loss per epoch is each process's mean (no collective per step), and the final
+    # validate() may repeat a few held-out rows to give every process the same count
+    r".*recommended to use `self.log\('train/loss'.*sync_dist=True.*",
+    r".*Using `DistributedSampler` with the dataloaders. During `trainer.validate\(\)`.*",
+)
+"""Lightning warnings :func:`train_q` silences: expected in these runs, not a sign of trouble."""
+
+
+def _data_module(config: TrainConfig, out: Path, encoder: Any, data: Any) -> tuple[Any, dict[str, Any]]:
+    """The fitted-for ``QDataModule`` and its statistics (written to ``out/data.json`` by rank zero)."""
+    from training.data import QDataModule
+
+    dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, data=data,
+                     seed=config.learner.seed, gamma=config.learner.gamma, features=config.qnet.features)
+    dm.prepare_data()
+    dm.setup("fit")
+    stats = dm.stats()
+    if launched_rank_zero():
+        write_json(out / "data.json", stats)
+    if stats["dim"] != config.qnet.dim:
+        raise ConfigError(f"TrainConfig.qnet.dim={config.qnet.dim}: the data's vectors have dim={stats['dim']}")
+    return dm, stats
+
+
+def _trainer(config: TrainConfig, out: Path, lightning: dict[str, Any], train_rows: int,
+             callbacks: list[Any] | None) -> tuple[Any, Any, list[Any]]:
+    """The ``lightning.Trainer`` (``lightning``: :func:`trainer_kwargs`), its best-checkpoint callback and every
+    callback (early stopping included)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    tc = config.trainer
+    checkpoint = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="best-{epoch:03d}-{step}", monitor="val/loss",
+                                 mode="min", save_top_k=tc.save_top_k, save_last=True, auto_insert_metric_name=False)
+    all_callbacks: list[Any] = [checkpoint, *(callbacks or [])]
+    if tc.patience > 0:
+        all_callbacks.append(EarlyStopping(monitor="val/loss", mode="min", patience=tc.patience,
+                                           min_delta=tc.min_delta))
+    steps_per_epoch = max(1, -(-train_rows // config.learner.batch_size))
+    trainer = L.Trainer(
+        **{**lightning, "log_every_n_steps": min(lightning["log_every_n_steps"], steps_per_epoch)},
+        max_epochs=tc.max_epochs, max_steps=tc.max_steps, callbacks=all_callbacks,
+        logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
+        default_root_dir=str(out), enable_progress_bar=tc.progress_bar, enable_model_summary=False,
+        num_sanity_val_steps=0)
+    return trainer, checkpoint, all_callbacks
+
+
 def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, data: Any = None,
             resume: bool = False, callbacks: list[Any] | None = None) -> dict[str, Any]:
     """Train a Q-network offline as ``config`` says; returns the summary (also ``out_dir/summary.json``).
@@ -84,11 +139,8 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     :class:`~training.data.TrainingData` (skips the files); ``resume``: continue from
     ``out_dir/checkpoints/last.ckpt``; ``callbacks``: extra Lightning callbacks.
     """
-    import lightning as L
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.callbacks import EarlyStopping
 
-    from training.data import QDataModule
     from training.q_module import QModule
 
     out = Path(out_dir)
@@ -99,44 +151,14 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     if launched_rank_zero():
         save_train_config(config, out / "config.json")
 
-    tc = config.trainer
-    dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, data=data,
-                     seed=config.learner.seed, gamma=config.learner.gamma, features=config.qnet.features)
-    dm.prepare_data()
-    dm.setup("fit")
-    stats = dm.stats()
-    if launched_rank_zero():
-        write_json(out / "data.json", stats)
-    if stats["dim"] != config.qnet.dim:
-        raise ConfigError(f"TrainConfig.qnet.dim={config.qnet.dim}: the data's vectors have dim={stats['dim']}")
-
+    dm, stats = _data_module(config, out, encoder, data)
     module = QModule.from_config(config)
-    lightning = trainer_kwargs(tc.lightning)
+    lightning = trainer_kwargs(config.trainer.lightning)
     precision = lightning["precision"]
-    checkpoint = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="best-{epoch:03d}-{step}", monitor="val/loss",
-                                 mode="min", save_top_k=tc.save_top_k, save_last=True, auto_insert_metric_name=False)
-    all_callbacks: list[Any] = [checkpoint, *(callbacks or [])]
-    if tc.patience > 0:
-        all_callbacks.append(EarlyStopping(monitor="val/loss", mode="min", patience=tc.patience,
-                                           min_delta=tc.min_delta))
-    steps_per_epoch = max(1, -(-len(dm.train_rows) // config.learner.batch_size))  # type: ignore[arg-type]
-    trainer = L.Trainer(
-        **{**lightning, "log_every_n_steps": min(lightning["log_every_n_steps"], steps_per_epoch)},
-        max_epochs=tc.max_epochs, max_steps=tc.max_steps, callbacks=all_callbacks,
-        logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
-        default_root_dir=str(out), enable_progress_bar=tc.progress_bar, enable_model_summary=False,
-        num_sanity_val_steps=0)
+    trainer, checkpoint, all_callbacks = _trainer(config, out, lightning, len(dm.train_rows), callbacks)
     started = time.perf_counter()
     with warnings.catch_warnings():
-        for message in (r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",
-                        r".*module\(s\) in eval mode.*",  # the target network, on purpose
-                        r".*overridden `transfer_batch_to_device`.*",  # ours moves ReplayBatch / RankingBatch
-                        r".*LeafSpec.*",  # Lightning's own use of a deprecated torch API
-                        r".*smaller than the logging interval.*",  # short epochs (per process under DDP)
-                        # DDP: train/loss per epoch is each process's mean (no collective per step), and the final
-                        # validate() may repeat a few held-out rows to give every process the same count
-                        r".*recommended to use `self.log\('train/loss'.*sync_dist=True.*",
-                        r".*Using `DistributedSampler` with the dataloaders. During `trainer.validate\(\)`.*"):
+        for message in _IGNORED_WARNINGS:
             warnings.filterwarnings("ignore", message=message)
         trainer.fit(module, datamodule=dm, ckpt_path=str(last) if resume else None, weights_only=True)
         fit_s = time.perf_counter() - started

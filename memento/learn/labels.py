@@ -393,6 +393,94 @@ class _Pending:
     sets: list[tuple[int, ...]]
 
 
+class _Scorer:
+    """One labelling run's two steps per batch: the candidates and K-sets of each task, then their scores."""
+
+    def __init__(self, bank: Any, encoder: Any, planner: Any, config: LabelConfig, cost: LabelCost):
+        self.bank, self.encoder, self.planner, self.config, self.cost = bank, encoder, planner, config, cost
+        self.rng = np.random.default_rng(config.seed)
+        self.planner_name, self.prompt = repr(planner), prompt_name(planner)
+        self.fetch = config.candidates * 2 if config.exclude_self else config.candidates
+
+    def candidates_of(self, batch: list[Task]) -> list[_Pending]:
+        """Each task's candidates (itself excluded when configured) and K-sets; a task without any is skipped."""
+        config, cost = self.config, self.cost
+        state_BD = _encode(self.encoder, [task.question for task in batch], self.bank.dim)
+        pending = []
+        for task, state_D in zip(batch, state_BD):
+            found = self.bank.candidates(state_D, self.fetch)
+            keep = list(range(len(found.ids)))
+            cases = self.bank.get(found.ids) if found.ids else []
+            if config.exclude_self:
+                keep = [i for i in keep if not _same_text(cases[i].state, task.question)]
+                cost.excluded_self += len(found.ids) - len(keep)
+            keep = keep[:config.candidates]
+            if not keep:
+                cost.skipped_no_candidates += 1
+                continue
+            if len(keep) < config.candidates:
+                cost.short_tasks += 1
+            sets = _draw_sets(len(keep), config.k, config.sets_per_task, self.rng)
+            pending.append(_Pending(task=task, ids=[found.ids[i] for i in keep], cases=[cases[i] for i in keep],
+                                    cosine=[float(found.scores_C[i]) for i in keep], sets=sets))
+        return pending
+
+    def score(self, pending: list[_Pending]) -> list[LabelRow]:
+        """One ``score_many`` call over every pending task's single cases and K-sets; a row per task."""
+        case_sets = [[[case] for case in p.cases] + [[p.cases[i] for i in s] for s in p.sets] for p in pending]
+        t0 = time.perf_counter()
+        scores = self.planner.score_many([p.task for p in pending], case_sets)
+        self.cost.score_s += time.perf_counter() - t0
+        self.cost.score_calls += 1
+        if len(scores) != len(pending):
+            raise PlannerError(f"planner {self.planner_name}: score_many returned {len(scores)} lists for "
+                               f"{len(pending)} tasks")
+        return [self._row(p, task_scores) for p, task_scores in zip(pending, scores)]
+
+    def _row(self, p: _Pending, task_scores: Sequence[Any]) -> LabelRow:
+        cost = self.cost
+        n = len(p.cases)
+        if len(task_scores) != n + len(p.sets):
+            raise PlannerError(f"planner {self.planner_name}: task {p.task.id!r}: {len(task_scores)} scores for "
+                               f"{n + len(p.sets)} case sets")
+        single, multi = task_scores[:n], task_scores[n:]
+        cost.single_passes += n
+        cost.set_passes += len(multi)
+        cost.prompt_tokens += sum(s.prompt_tokens for s in task_scores)
+        cost.truncated_prompts += sum(1 for s in task_scores if s.truncated_tokens)
+        extra: dict[str, Any] = {}
+        if self.config.k > 1:
+            extra = {"sets": tuple(tuple(p.ids[i] for i in s) for s in p.sets),
+                     "set_logprob": tuple(s.logprob for s in multi)}
+        row = LabelRow(task_id=p.task.id, state=p.task.question, answer=p.task.answers[0],
+                       candidate_ids=tuple(p.ids), logprob=tuple(s.logprob for s in single),
+                       mean_logprob=tuple(s.mean_logprob for s in single),
+                       n_tokens=tuple(s.n_tokens for s in single), cosine=tuple(p.cosine),
+                       prompt_tokens=tuple(s.prompt_tokens for s in single), planner=self.planner_name,
+                       prompt=self.prompt, **extra)
+        cost.tasks += 1
+        return row
+
+
+def _task_batches(tasks: Iterable[Task], config: LabelConfig, cost: LabelCost) -> Iterator[list[Task]]:
+    """The tasks with a known answer (at most ``config.max_tasks``), in batches of ``config.batch_size``."""
+    batch: list[Task] = []
+    taken = 0
+    for task in tasks:
+        if config.max_tasks is not None and taken >= config.max_tasks:
+            break
+        if not task.answers or not task.answers[0].strip():
+            cost.skipped_no_answer += 1
+            continue
+        batch.append(task)
+        taken += 1
+        if len(batch) == config.batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: Any, config: LabelConfig,
                      progress: bool = False, *, cost: LabelCost | None = None) -> Iterator[LabelRow]:
     """Label each task with a known answer (see the module docstring); rows come in task order, lazily.
@@ -412,96 +500,20 @@ def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: An
     if dim != bank.dim:
         raise DimensionError(f"encoder {encoder!r} gives dim={dim} vectors, the bank {bank.path} holds dim={bank.dim}")
     cost = cost if cost is not None else LabelCost()
-    rng = np.random.default_rng(config.seed)
-    planner_name, prompt = repr(planner), prompt_name(planner)
-    limit = config.max_tasks
-    total = None
-    if isinstance(tasks, Sequence):
-        total = len(tasks) if limit is None else min(limit, len(tasks))
+    scorer = _Scorer(bank, encoder, planner, config, cost)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
+        total = None
+        if isinstance(tasks, Sequence):
+            total = len(tasks) if config.max_tasks is None else min(config.max_tasks, len(tasks))
         bar = tqdm(total=total, desc="score", unit="task")
     started = time.perf_counter()
-    fetch = config.candidates * 2 if config.exclude_self else config.candidates
-
-    def candidates_of(batch: list[Task]) -> list[_Pending]:
-        state_BD = _encode(encoder, [task.question for task in batch], bank.dim)
-        pending = []
-        for task, state_D in zip(batch, state_BD):
-            found = bank.candidates(state_D, fetch)
-            keep = list(range(len(found.ids)))
-            cases = bank.get(found.ids) if found.ids else []
-            if config.exclude_self:
-                keep = [i for i in keep if not _same_text(cases[i].state, task.question)]
-                cost.excluded_self += len(found.ids) - len(keep)
-            keep = keep[:config.candidates]
-            if not keep:
-                cost.skipped_no_candidates += 1
-                continue
-            if len(keep) < config.candidates:
-                cost.short_tasks += 1
-            sets = _draw_sets(len(keep), config.k, config.sets_per_task, rng)
-            pending.append(_Pending(task=task, ids=[found.ids[i] for i in keep], cases=[cases[i] for i in keep],
-                                    cosine=[float(found.scores_C[i]) for i in keep], sets=sets))
-        return pending
-
-    def score(pending: list[_Pending]) -> list[LabelRow]:
-        case_sets = [[[case] for case in p.cases] + [[p.cases[i] for i in s] for s in p.sets] for p in pending]
-        t0 = time.perf_counter()
-        scores = planner.score_many([p.task for p in pending], case_sets)
-        cost.score_s += time.perf_counter() - t0
-        cost.score_calls += 1
-        if len(scores) != len(pending):
-            raise PlannerError(f"planner {planner_name}: score_many returned {len(scores)} lists for "
-                               f"{len(pending)} tasks")
-        rows = []
-        for p, task_scores in zip(pending, scores):
-            n = len(p.cases)
-            if len(task_scores) != n + len(p.sets):
-                raise PlannerError(f"planner {planner_name}: task {p.task.id!r}: {len(task_scores)} scores for "
-                                   f"{n + len(p.sets)} case sets")
-            single, multi = task_scores[:n], task_scores[n:]
-            cost.single_passes += n
-            cost.set_passes += len(multi)
-            cost.prompt_tokens += sum(s.prompt_tokens for s in task_scores)
-            cost.truncated_prompts += sum(1 for s in task_scores if s.truncated_tokens)
-            extra: dict[str, Any] = {}
-            if config.k > 1:
-                extra = {"sets": tuple(tuple(p.ids[i] for i in s) for s in p.sets),
-                         "set_logprob": tuple(s.logprob for s in multi)}
-            rows.append(LabelRow(task_id=p.task.id, state=p.task.question, answer=p.task.answers[0],
-                                 candidate_ids=tuple(p.ids), logprob=tuple(s.logprob for s in single),
-                                 mean_logprob=tuple(s.mean_logprob for s in single),
-                                 n_tokens=tuple(s.n_tokens for s in single), cosine=tuple(p.cosine),
-                                 prompt_tokens=tuple(s.prompt_tokens for s in single), planner=planner_name,
-                                 prompt=prompt, **extra))
-            cost.tasks += 1
-        return rows
-
-    batch: list[Task] = []
-    taken = 0
     try:
-        for task in tasks:
-            if limit is not None and taken >= limit:
-                break
-            if not task.answers or not task.answers[0].strip():
-                cost.skipped_no_answer += 1
-                continue
-            batch.append(task)
-            taken += 1
-            if len(batch) == config.batch_size:
-                pending = candidates_of(batch)
-                rows = score(pending) if pending else []
-                if bar is not None:
-                    bar.update(len(batch))
-                batch = []
-                cost.wall_s = time.perf_counter() - started
-                yield from rows
-        if batch:
-            pending = candidates_of(batch)
-            rows = score(pending) if pending else []
+        for batch in _task_batches(tasks, config, cost):
+            pending = scorer.candidates_of(batch)
+            rows = scorer.score(pending) if pending else []
             if bar is not None:
                 bar.update(len(batch))
             cost.wall_s = time.perf_counter() - started
