@@ -93,7 +93,7 @@ class EncoderConfig:
 
     model: str | None = None
     pooling: Pooling = "avg"
-    max_length: int = 256
+    max_length: int = dataclasses.field(default=256, metadata={"help": "token limit per text"})
     batch_size: int = 64
     normalize: bool = True
 
@@ -116,7 +116,8 @@ class IndexConfig:
     ``nprobe`` are the search-time knobs of HNSW and IVF indexes.
     """
 
-    factory: str = "Flat"
+    factory: str = dataclasses.field(
+        default="Flat", metadata={"help": 'faiss index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat"'})
     ef_search: int = 128
     nprobe: int = 32
 
@@ -381,16 +382,22 @@ class QNetConfig:
     - ``seed``: seeds the parameter initialisation when :func:`memento.learn.qnet.build_qnet` gets no generator.
     """
 
-    arch: QNetArch = "mlp"
+    arch: QNetArch = dataclasses.field(default="mlp", metadata={"help": "architecture"})
     dim: int | None = None
-    hidden: int = 512
-    n_layers: int = 1
-    dropout: float = 0.1
-    embed_dim: int = 128
-    anchor: QNetAnchor = "none"
+    hidden: int = dataclasses.field(default=512, metadata={"help": "hidden width"})
+    n_layers: int = dataclasses.field(default=1, metadata={"help": "hidden layers"})
+    dropout: float = dataclasses.field(default=0.1, metadata={"help": "dropout"})
+    embed_dim: int = dataclasses.field(default=128, metadata={"help": "two_tower output width"})
+    anchor: QNetAnchor = dataclasses.field(default="none", metadata={"help": (
+        "none, or cosine: Q = a*cos + b + a residual that starts at 0, so a "
+        "fresh network ranks like similarity")})
     anchor_scale: float = 20.0
-    features: QNetFeatures = "none"
-    relation_rank: int = 0
+    features: QNetFeatures = dataclasses.field(default="none", metadata={"help": (
+        "none (a case is its question's embedding), or case (also its answer's "
+        "embedding, stored reward, usage statistics from the bank, and kind)")})
+    relation_rank: int = dataclasses.field(default=0, metadata={"help": (
+        "the rank of a bilinear term (U s).(V c) between the question and a "
+        "case's question (0: none; it starts at 0, so a fresh network still scores as without it)")})
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -486,22 +493,24 @@ class LearnerConfig:
     - ``seed``: seeds the learner's generator (dropout masks) when none is passed.
     """
 
-    gamma: float = 0.0
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 10.0
-    batch_size: int = 256
-    target_every: int = 1
-    target_beta: float = 0.995
-    td_loss: TDLoss = "huber"
+    gamma: float = dataclasses.field(
+        default=0.0, metadata={"help": "0: single-step BCE; > 0: soft TD (logs with next states only)"})
+    lr: float = dataclasses.field(default=1e-3, metadata={"help": "AdamW learning rate"})
+    weight_decay: float = dataclasses.field(default=0.01, metadata={"help": "AdamW weight decay"})
+    max_grad_norm: float | None = dataclasses.field(default=10.0, metadata={"help": "gradient-norm clip"})
+    batch_size: int = dataclasses.field(default=256, metadata={"help": "decisions per batch"})
+    target_every: int = dataclasses.field(default=1, metadata={"help": "updates between Polyak steps"})
+    target_beta: float = dataclasses.field(default=0.995, metadata={"help": "Polyak beta"})
+    td_loss: TDLoss = dataclasses.field(default="huber", metadata={"help": "soft-TD loss"})
     huber_delta: float = 1.0
-    alpha: float = 1.0
-    alpha_schedule: AlphaSchedule = "fixed"
+    alpha: float = dataclasses.field(default=1.0, metadata={"help": "soft-max temperature"})
+    alpha_schedule: AlphaSchedule = dataclasses.field(default="fixed", metadata={"help": "temperature schedule"})
     alpha_final: float = 0.1
     alpha_decay_steps: int = 10_000
     target_entropy_ratio: float = 0.5
     alpha_lr: float = 3e-4
-    importance_weights: ImportanceWeights = "none"
+    importance_weights: ImportanceWeights = dataclasses.field(
+        default="none", metadata={"help": "weight pairs by capped inverse logged propensity"})
     importance_cap: float = 100.0
     seed: int = 0
 
@@ -654,7 +663,7 @@ class OnlineLabelsConfig:
     """
 
     m: int = 0
-    every: int = 1
+    every: int = dataclasses.field(default=1, metadata={"help": "label every N-th task only"})
     target: LabelTarget = "gold"
     tau: float = 1.0
     weight: float = 1.0
@@ -705,8 +714,10 @@ class SoftQConfig:
     learner: LearnerConfig = dataclasses.field(default_factory=_online_learner)
     alpha: float | None = None
     replay_capacity: int = 10_000
-    warmup: int = 16
-    updates_per_step: int = 1
+    warmup: int = dataclasses.field(default=16, metadata={"help": "decisions before the first soft-Q update"})
+    updates_per_step: int = dataclasses.field(default=1, metadata={"help": (
+        "soft-Q gradient steps per decision after warm-up (0: the Q-network is "
+        "not updated online, e.g. a pre-trained selector used as it is)")})
     positive_only: bool = False
     init_qnet: str | None = None
     labels: OnlineLabelsConfig = dataclasses.field(default_factory=OnlineLabelsConfig)

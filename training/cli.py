@@ -1,7 +1,7 @@
 """``memento train``: offline Q-network training with Lightning (the parser and the handler).
 
-``memento.cli.entry`` calls :func:`add_train_parser` while it builds its parser and :func:`run_train`
-for the command; this module imports only the standard library and ``memento``/``training.config``
+``memento.cli.entry`` calls :func:`add_parser` while it builds its parser and :func:`run` for the
+command; this module imports only the standard library and ``memento``/``training.config``
 at module level (Lightning is imported when a run starts).
 
 The run configuration is built in three layers: the defaults of :class:`~training.config.TrainConfig`,
@@ -19,11 +19,11 @@ import logging
 import math
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from memento.errors import ConfigError
 
-__all__ = ["add_train_parser", "build_train_config", "run_train"]
+__all__ = ["add_parser", "build_train_config", "run"]
 
 _DESCRIPTION = """\
 Train a case selector's Q-network offline from logged (state, case, reward) data, with a
@@ -48,25 +48,14 @@ which the online loop and the export step load. Mixed-label statistics are print
 warning when few states have both rewarded and unrewarded cases."""
 
 
-def add_train_parser(commands: Any) -> argparse.ArgumentParser:
+def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``train`` subcommand to ``commands`` (an ``add_subparsers()`` result).
 
-    The default each help line shows is read from the config classes (:func:`~training.config.help_default`).
+    The options for config fields are derived from the config classes (:func:`memento.flags.config_option`): their
+    types, choices, defaults and, where the field has one, their help.
     """
-    from memento.config import (
-        AlphaSchedule,
-        EncoderConfig,
-        ImportanceWeights,
-        LearnerConfig,
-        Pooling,
-        QNetAnchor,
-        QNetArch,
-        QNetConfig,
-        QNetFeatures,
-        TDLoss,
-    )
-    from training.config import Accelerator, DataConfig, LightningConfig, Precision, TrainerConfig
-    from training.config import help_default as default
+    from memento.config import EncoderConfig, LearnerConfig
+    from memento.flags import config_option
 
     p = commands.add_parser("train", help="train a Q-network offline from logs or labelled pairs (Lightning)",
                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,14 +65,26 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from checkpoints/last.ckpt (its config.json is the base; only "
                         "trainer flags may change)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of the Q-network initialisation, the dropout masks, the batch order and the split "
-                        f"(default: {default(LearnerConfig, 'seed')})")
+    config_option(p, LearnerConfig, "seed", "seed of the Q-network initialisation, the dropout masks, the batch "
+                  "order and the split")
     p.add_argument("--torch-threads", type=int, default=0,
                    help="torch.set_num_threads for this process (default: %(default)s, torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
     data = p.add_argument_group("data")
+    _add_data_options(data)
+    data.add_argument("--encoder", metavar="PATH", default=None,
+                      help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    config_option(data, EncoderConfig, "pooling", "encoder pooling")
+    config_option(data, EncoderConfig, "max_length", "encoder token limit per text")
+    _add_model_options(p)
+    _add_trainer_options(p.add_argument_group("trainer (Lightning)"))
+    return p
+
+
+def _add_data_options(data: Any) -> None:
+    from memento.flags import config_option
+    from training.config import DataConfig
+
     data.add_argument("--from-log", metavar="PATH", default=None,
                       help="online-loop run directory or its steps.jsonl transition log")
     data.add_argument("--bank", metavar="BANK", default=None,
@@ -99,92 +100,42 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
                       help='rewards JSONL {"state", "case_id", "reward", "propensity"?}; needed with --cases')
     data.add_argument("--from-labels", metavar="FILE", default=None,
                       help="planner-scored labels (memento score --out FILE); needs --bank")
-    data.add_argument("--tau", type=float, default=None,
-                      help="with --from-labels: temperature of the targets softmax(mean_logprob / tau) "
-                           f"(default: {default(DataConfig, 'tau')})")
-    data.add_argument("--val-fraction", type=float, default=None,
-                      help="share of the states held out for validation "
-                           f"(default: {default(DataConfig, 'val_fraction')})")
-    data.add_argument("--label-threshold", type=float, default=None,
-                      help="reward from which a (state, case) pair counts as rewarded "
-                           f"(default: {default(DataConfig, 'label_threshold')})")
-    data.add_argument("--num-workers", type=int, default=None,
-                      help=f"DataLoader workers (default: {default(DataConfig, 'num_workers')})")
-    data.add_argument("--encoder", metavar="PATH", default=None,
-                      help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
-    data.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
-                      help=f"encoder pooling (default: {default(EncoderConfig, 'pooling')})")
-    data.add_argument("--max-length", type=int, default=None,
-                      help=f"encoder token limit per text (default: {default(EncoderConfig, 'max_length')})")
+    for name, text in (("tau", "with --from-labels: temperature of the targets softmax(mean_logprob / tau)"),
+                       ("val_fraction", "share of the states held out for validation"),
+                       ("label_threshold", "reward from which a (state, case) pair counts as rewarded"),
+                       ("num_workers", "DataLoader workers")):
+        config_option(data, DataConfig, name, text)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The Q-network's and the learner's fields (their help from the config classes)."""
+    from memento.config import LearnerConfig, QNetConfig
+    from memento.flags import config_option, field_help
 
     net = p.add_argument_group("Q-network")
-    net.add_argument("--arch", choices=list(get_args(QNetArch)), default=None,
-                     help=f"architecture (default: {default(QNetConfig, 'arch')})")
-    net.add_argument("--hidden", type=int, default=None,
-                     help=f"hidden width (default: {default(QNetConfig, 'hidden')})")
-    net.add_argument("--n-layers", type=int, default=None,
-                     help=f"hidden layers (default: {default(QNetConfig, 'n_layers')})")
-    net.add_argument("--dropout", type=float, default=None, help=f"dropout (default: {default(QNetConfig, 'dropout')})")
-    net.add_argument("--embed-dim", type=int, default=None,
-                     help=f"two_tower output width (default: {default(QNetConfig, 'embed_dim')})")
-    net.add_argument("--anchor", choices=list(get_args(QNetAnchor)), default=None,
-                     help="cosine: Q = a*cos + b + residual, ranking like similarity before training "
-                          f"(default: {default(QNetConfig, 'anchor')})")
-    net.add_argument("--features", choices=list(get_args(QNetFeatures)), default=None,
-                     help="case: the Q-network also sees each case's action embedding, stored reward, usage "
-                          f"statistics and kind (--from-labels only; default: {default(QNetConfig, 'features')})")
-
+    for name in ("arch", "hidden", "n_layers", "dropout", "embed_dim", "anchor"):
+        config_option(net, QNetConfig, name)
+    config_option(net, QNetConfig, "features", f"{field_help(QNetConfig, 'features')}; --from-labels only")
     learn = p.add_argument_group("learner (the online learner's settings)")
-    learn.add_argument("--batch-size", type=int, default=None,
-                       help=f"decisions per batch (default: {default(LearnerConfig, 'batch_size')})")
-    learn.add_argument("--lr", type=float, default=None,
-                       help=f"AdamW learning rate (default: {default(LearnerConfig, 'lr')})")
-    learn.add_argument("--weight-decay", type=float, default=None,
-                       help=f"AdamW weight decay (default: {default(LearnerConfig, 'weight_decay')})")
-    learn.add_argument("--max-grad-norm", type=float, default=None,
-                       help=f"gradient-norm clip (default: {default(LearnerConfig, 'max_grad_norm')})")
-    learn.add_argument("--gamma", type=float, default=None,
-                       help="0: single-step BCE; > 0: soft TD (logs with next states only) "
-                            f"(default: {default(LearnerConfig, 'gamma')})")
-    learn.add_argument("--td-loss", choices=list(get_args(TDLoss)), default=None,
-                       help=f"soft-TD loss (default: {default(LearnerConfig, 'td_loss')})")
-    learn.add_argument("--alpha", type=float, default=None,
-                       help=f"soft-max temperature (default: {default(LearnerConfig, 'alpha')})")
-    learn.add_argument("--alpha-schedule", choices=list(get_args(AlphaSchedule)), default=None,
-                       help=f"temperature schedule (default: {default(LearnerConfig, 'alpha_schedule')})")
-    learn.add_argument("--target-every", type=int, default=None,
-                       help=f"updates between Polyak steps (default: {default(LearnerConfig, 'target_every')})")
-    learn.add_argument("--target-beta", type=float, default=None,
-                       help=f"Polyak beta (default: {default(LearnerConfig, 'target_beta')})")
-    learn.add_argument("--importance-weights", choices=list(get_args(ImportanceWeights)), default=None,
-                       help="weight pairs by capped inverse logged propensity "
-                            f"(default: {default(LearnerConfig, 'importance_weights')})")
+    for name in ("batch_size", "lr", "weight_decay", "max_grad_norm", "gamma", "td_loss", "alpha", "alpha_schedule",
+                 "target_every", "target_beta", "importance_weights"):
+        config_option(learn, LearnerConfig, name)
 
-    tr = p.add_argument_group("trainer (Lightning)")
-    tr.add_argument("--max-epochs", type=int, default=None,
-                    help=f"epochs at most (default: {default(TrainerConfig, 'max_epochs')})")
-    tr.add_argument("--max-steps", type=int, default=None,
-                    help=f"optimiser steps at most (default: {default(TrainerConfig, 'max_steps')}, no limit)")
-    tr.add_argument("--patience", type=int, default=None,
-                    help="early stopping: validation epochs without improvement "
-                         f"(default: {default(TrainerConfig, 'patience')}; 0: off)")
-    tr.add_argument("--accelerator", choices=list(get_args(Accelerator)), default=None,
-                    help=f"Lightning accelerator (default: {default(LightningConfig, 'accelerator')}: "
-                         "a GPU when present)")
-    tr.add_argument("--devices", default=None,
-                    help=f"auto, a count, -1 (all) or a list like 0,1 (default: {default(LightningConfig, 'devices')})")
-    tr.add_argument("--num-nodes", type=int, default=None,
-                    help=f"machines for multi-node DDP (default: {default(LightningConfig, 'num_nodes')})")
-    tr.add_argument("--strategy", default=None,
-                    help=f"auto, ddp, ddp_spawn, fsdp, ... (default: {default(LightningConfig, 'strategy')})")
-    tr.add_argument("--precision", choices=list(get_args(Precision)), default=None,
-                    help="auto: bf16-mixed on a CUDA GPU, 32-true on the CPU "
-                         f"(default: {default(LightningConfig, 'precision')})")
-    tr.add_argument("--log-every-n-steps", type=int, default=None,
-                    help=f"TensorBoard step scalars (default: {default(LightningConfig, 'log_every_n_steps')})")
-    tr.add_argument("--hit-k", type=int, nargs="+", default=None,
-                    help=f"K of the hit@K metrics (default: {default(TrainerConfig, 'hit_k')})")
-    return p
+
+def _add_trainer_options(tr: Any) -> None:
+    from memento.flags import config_option
+    from training.config import LightningConfig, TrainerConfig
+
+    config_option(tr, TrainerConfig, "max_epochs", "epochs at most")
+    config_option(tr, TrainerConfig, "max_steps", "optimiser steps at most (-1: no limit)")
+    config_option(tr, TrainerConfig, "patience", "early stopping: validation epochs without improvement (0: off)")
+    config_option(tr, LightningConfig, "accelerator", "Lightning accelerator (auto: a GPU when present)")
+    config_option(tr, LightningConfig, "devices", "auto, a count, -1 (all) or a list like 0,1")
+    config_option(tr, LightningConfig, "num_nodes", "machines for multi-node DDP")
+    config_option(tr, LightningConfig, "strategy", "auto, ddp, ddp_spawn, fsdp, ...")
+    config_option(tr, LightningConfig, "precision", "auto: bf16-mixed on a CUDA GPU, 32-true on the CPU")
+    config_option(tr, LightningConfig, "log_every_n_steps", "TensorBoard step scalars")
+    config_option(tr, TrainerConfig, "hit_k", "K of the hit@K metrics")
 
 
 _SOURCE_FLAGS = {"from_log": ("log", "log"), "from_memento": ("memento", "memento_pairs"),
@@ -361,7 +312,7 @@ def _print_stats(stats: dict[str, Any]) -> None:
         print(f"memento: warning: {warning}", file=sys.stderr)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """The ``memento train`` command; returns the exit status (errors are raised as ``MementoError``)."""
     from training.run import launched_rank_zero
 

@@ -13,8 +13,8 @@ import logging
 import sys
 from typing import Any, get_args
 
-from memento.config import Pooling
-from training.config import Accelerator, LightningConfig, SimCSEConfig, SimCSEMode
+from memento.flags import config_option
+from training.config import Accelerator, LightningConfig, SimCSEConfig
 from training.config import help_default as default
 
 __all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
@@ -52,70 +52,52 @@ _PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")  # what --precision 
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
-    """Add ``train-encoder`` to an argparse subparsers object; returns the new parser."""
+    """Add ``train-encoder`` to an argparse subparsers object; returns the new parser. The options for
+    :class:`~training.config.SimCSEConfig` fields are derived from it (:func:`memento.flags.config_option`)."""
     p = commands.add_parser("train-encoder", help="fine-tune the encoder with SimCSE (unsupervised or from rewards)",
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", action="append", metavar="FILE", default=None,
                    help="input file or bank directory; repeat for several (required unless --config lists them)")
-    p.add_argument("--mode", choices=list(get_args(SimCSEMode)), default=None,
-                   help=f"SimCSE objective (default: {default(SimCSEConfig, 'mode')})")
+    config_option(p, SimCSEConfig, "mode", "SimCSE objective")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created; its encoder/ is replaced)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="a SimCSEConfig JSON (e.g. an earlier OUT/config.json); flags given here override it")
     model = p.add_argument_group("model")
-    model.add_argument("--model", metavar="PATH", default=None,
-                       help="local transformers encoder directory to start from (default: bundled all-MiniLM-L6-v2)")
-    model.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
-                       help=f"SimCSE pooling, as the encoder uses it (default: {default(SimCSEConfig, 'pooling')}, "
-                            "MiniLM's)")
-    model.add_argument("--max-length", type=int, default=None,
-                       help=f"token limit per text in training (default: {default(SimCSEConfig, 'max_length')})")
-    model.add_argument("--dropout", type=float, default=None,
-                       help="hidden and attention dropout during training, SimCSE's noise (default: the model's, "
-                            "0.1 for MiniLM)")
-    train = p.add_argument_group("training")
-    train.add_argument("--epochs", type=int, default=None,
-                       help=f"passes over the data (default: {default(SimCSEConfig, 'epochs')})")
-    train.add_argument("--max-steps", type=int, default=None,
-                       help="stop after this many optimiser steps, even mid-epoch (default: no limit)")
-    train.add_argument("--batch-size", type=int, default=None,
-                       help="texts (unsup) or anchors (sup) per step and device; the in-batch negatives "
-                            f"(default: {default(SimCSEConfig, 'batch_size')})")
-    train.add_argument("--lr", type=float, default=None,
-                       help=f"AdamW learning rate (default: {default(SimCSEConfig, 'lr')})")
-    train.add_argument("--weight-decay", type=float, default=None,
-                       help=f"AdamW weight decay (default: {default(SimCSEConfig, 'weight_decay')})")
-    train.add_argument("--warmup-ratio", type=float, default=None,
-                       help="share of the steps with a linear warm-up; then linear decay to 0 "
-                            f"(default: {default(SimCSEConfig, 'warmup_ratio')})")
-    train.add_argument("--temperature", type=float, default=None,
-                       help=f"InfoNCE temperature tau (default: {default(SimCSEConfig, 'temperature')})")
-    train.add_argument("--no-actions", action="store_true", default=None,
-                       help="unsup: train on case states only, not on their actions")
-    train.add_argument("--positive-threshold", type=float, default=None,
-                       help="sup: a pair with reward >= this is a positive, below a negative "
-                            f"(default: {default(SimCSEConfig, 'positive_threshold')})")
-    train.add_argument("--no-hard-negatives", action="store_true", default=None,
-                       help="sup: in-batch negatives only (no reward-0 cases in the denominator)")
-    train.add_argument("--eval-size", type=int, default=None,
-                       help="size of the fixed batch whose loss is reported before and after "
-                            f"(default: {default(SimCSEConfig, 'eval_size')})")
-    train.add_argument("--seed", type=int, default=None,
-                       help=f"data order, hard negatives, dropout masks (default: {default(SimCSEConfig, 'seed')})")
+    config_option(model, SimCSEConfig, "model", "local transformers encoder directory to start from",
+                  metavar="PATH", shown_default="bundled all-MiniLM-L6-v2")
+    config_option(model, SimCSEConfig, "pooling", "SimCSE pooling, as the encoder uses it (MiniLM's)")
+    config_option(model, SimCSEConfig, "max_length", "token limit per text in training")
+    config_option(model, SimCSEConfig, "dropout", "hidden and attention dropout during training, SimCSE's noise",
+                  shown_default="the model's, 0.1 for MiniLM")
+    _add_training_options(p.add_argument_group("training"))
     hw = p.add_argument_group("hardware (passed to lightning.Trainer)")
-    hw.add_argument("--accelerator", default=None,
-                    help=f"{' | '.join(get_args(Accelerator))} (default: {default(LightningConfig, 'accelerator')})")
-    hw.add_argument("--devices", default=None,
-                    help='"auto", a device count ("2", "-1" for all) or a list of indices ("0,1") '
-                         f"(default: {default(LightningConfig, 'devices')})")
-    hw.add_argument("--strategy", default=None,
-                    help=f"auto | ddp | ... (default: {default(LightningConfig, 'strategy')})")
-    hw.add_argument("--precision", choices=list(_PRECISIONS), default=None,
-                    help="auto: bf16-mixed on a GPU that supports it, else 32-true "
-                         f"(default: {default(LightningConfig, 'precision')})")
+    config_option(hw, LightningConfig, "accelerator", " | ".join(get_args(Accelerator)), choices=None)
+    config_option(hw, LightningConfig, "devices", '"auto", a device count ("2", "-1" for all) or a list of indices '
+                  '("0,1")')
+    config_option(hw, LightningConfig, "strategy", "auto | ddp | ...")
+    config_option(hw, LightningConfig, "precision", "auto: bf16-mixed on a GPU that supports it, else 32-true",
+                  choices=list(_PRECISIONS))
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show Lightning's progress bar (default: when stderr is a terminal)")
     return p
+
+
+def _add_training_options(train: Any) -> None:
+    for name, text in (("epochs", "passes over the data"),
+                       ("max_steps", "stop after this many optimiser steps, even mid-epoch"),
+                       ("batch_size", "texts (unsup) or anchors (sup) per step and device; the in-batch negatives"),
+                       ("lr", "AdamW learning rate"), ("weight_decay", "AdamW weight decay"),
+                       ("warmup_ratio", "share of the steps with a linear warm-up; then linear decay to 0"),
+                       ("temperature", "InfoNCE temperature tau")):
+        config_option(train, SimCSEConfig, name, text, **({"shown_default": "no limit"} if name == "max_steps" else {}))
+    train.add_argument("--no-actions", action="store_true", default=None,
+                       help="unsup: train on case states only, not on their actions")
+    config_option(train, SimCSEConfig, "positive_threshold",
+                  "sup: a pair with reward >= this is a positive, below a negative")
+    train.add_argument("--no-hard-negatives", action="store_true", default=None,
+                       help="sup: in-batch negatives only (no reward-0 cases in the denominator)")
+    config_option(train, SimCSEConfig, "eval_size", "size of the fixed batch whose loss is reported before and after")
+    config_option(train, SimCSEConfig, "seed", "data order, hard negatives, dropout masks")
 
 
 _FLAGS = {  # argparse dest -> its field's path in the SimCSEConfig JSON

@@ -88,7 +88,7 @@ def test_online_runs_from_a_milvus_seed_bank(seed_bank: Path, tmp_path: Path, mo
     its vector (by id: the seed bank has a deleted case in the middle), and the Milvus bank is not changed."""
     import json
 
-    import memento.cli.entry as cli
+    import memento.cli.online as cli
     from memento.planners.base import CallablePlanner
 
     lite = f"milvus:{tmp_path}/seed.db"

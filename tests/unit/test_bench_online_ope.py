@@ -143,7 +143,7 @@ def test_the_cli_flags(flags: list[str], ope: bool, resamples: int, tmp_path: Pa
         seen.append(config)
         return {"benchmark": "online"}
 
-    monkeypatch.setattr("memento.cli.entry.run_online_bench", fake)
+    monkeypatch.setattr("memento.cli.bench.run_online_bench", fake)
     assert main(["bench", "online", "--parts", "real", "--torch-threads", "0", "--json", str(tmp_path / "o.json"),
                  *flags]) == 0
     capsys.readouterr()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from memento.cli.entry import main
-from memento.cli.evaluate import add_evaluate_parser, cmd_evaluate
+from memento.cli.evaluate import add_parser, cmd_evaluate
 from memento.ope.export import parse_vw_cb_adf
 from policies import make_policy
 from tests.loop_env import HashingEncoder, soft_q_run
@@ -33,7 +33,7 @@ def _rows(path: Path) -> list[dict]:
 
 def _evaluate(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="memento")
-    add_evaluate_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     return cmd_evaluate(parser.parse_args(["evaluate", *argv]), make_policy=make_policy, encoder=HashingEncoder())
 
 

@@ -263,7 +263,7 @@ def test_import_jsonl_checks_ids_before_encoding(tmp_path: Path, rng: Any) -> No
 def _searchable_bank(path: Path, rng: Any, monkeypatch: pytest.MonkeyPatch, n: int = 5) -> None:
     with CaseBank.create(path, DIM, encoder=EncoderConfig()) as bank:
         bank.add([Case(state=f"s{i}", action=f"a{i}", reward=1.0) for i in range(n)], unit_vectors(rng, n, DIM))
-    monkeypatch.setattr("memento.cli.entry._load_encoder", lambda config: _CountingEncoder())
+    monkeypatch.setattr("memento.cli.bank.load_encoder", lambda config: _CountingEncoder())
 
 
 def test_bank_search_with_a_huge_k_finds_every_case(tmp_path: Path, rng: Any, capsys: Any,

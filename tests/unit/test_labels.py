@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from memento.cli import entry as cli
+from memento.cli import score as score_cli
 from memento.errors import ConfigError, DataFormatError
 from memento.learn.labels import (
     LabelConfig,
@@ -241,8 +242,8 @@ def fake_models(monkeypatch):
         built.append(str(spec))
         return planner()
 
-    monkeypatch.setattr(cli, "_load_encoder", lambda config: HashingEncoder(DIM))
-    monkeypatch.setattr(cli, "build_planner", build)
+    monkeypatch.setattr(score_cli, "load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(score_cli, "build_planner", build)
     return built
 
 
@@ -302,8 +303,8 @@ def test_score_command_bad_input_is_one_line(tmp_path, fake_models, capsys, argv
 
 
 def test_score_command_with_a_planner_that_cannot_score(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_load_encoder", lambda config: HashingEncoder(DIM))
-    monkeypatch.setattr(cli, "build_planner", lambda spec, **kw: CallablePlanner(lambda t, c: "x", name="plain"))
+    monkeypatch.setattr(score_cli, "load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(score_cli, "build_planner", lambda spec, **kw: CallablePlanner(lambda t, c: "x", name="plain"))
     code = cli.main(["score", "--suite", "facts", "--max-tasks", "2", "--out", str(tmp_path / "labels.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1

@@ -628,6 +628,7 @@ def _damage(bank: Path, how: str) -> None:
 def test_online_over_a_damaged_plugmem_bank_is_one_line_and_writes_nothing(
         tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import memento.cli.entry as cli
+    import memento.cli.online as online_cli
 
     _run(tmp_path / "seed", _config())
     bank = tmp_path / "bank"
@@ -637,8 +638,8 @@ def test_online_over_a_damaged_plugmem_bank_is_one_line_and_writes_nothing(
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": t.id, "question": t.question, "answers": list(t.answers),
                                          "family": t.family, "env": t.env}) + "\n" for t in _tasks()))
-    monkeypatch.setattr(cli, "_load_encoder", lambda config: HashingEncoder())  # the seed run's encoder
-    monkeypatch.setattr(cli, "build_planner", lambda spec, **kwargs: CallablePlanner(Recorder(), name="recorder"))
+    monkeypatch.setattr(online_cli, "load_encoder", lambda config: HashingEncoder())  # the seed run's encoder
+    monkeypatch.setattr(online_cli, "build_planner", lambda spec, **kw: CallablePlanner(Recorder(), name="recorder"))
     out = tmp_path / "out"
     code = cli.main(["online", "--tasks", str(tasks), "--planner", "gemma", "--bank", str(bank), "--build", "plugmem",
                      "--policy", "plugmem", "--steps", "3", "--checkpoint-every", "0", "--no-progress",

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from memento.cli import entry as cli
+from memento.cli import score as score_cli
 from memento.config import CASE_SCALARS, LearnerConfig, QNetConfig
 from memento.errors import ConfigError, DataFormatError
 from memento.learn.labels import LabelConfig, label_tasks
@@ -221,8 +222,8 @@ def test_score_then_train_from_labels_then_export(tmp_path, monkeypatch, capsys)
 
     bank_dir, tasks = _bank_and_tasks(tmp_path)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
-    monkeypatch.setattr(cli, "_load_encoder", lambda config: HashingEncoder(DIM))
-    monkeypatch.setattr(cli, "build_planner", lambda spec, **kw: blue_planner())
+    monkeypatch.setattr(score_cli, "load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(score_cli, "build_planner", lambda spec, **kw: blue_planner())
     monkeypatch.setattr(training.cli, "_load_encoder", lambda config: HashingEncoder(DIM))
     labels = tmp_path / "labels.jsonl"
     assert cli.main(["score", "--tasks", str(tmp_path / "tasks.jsonl"), "--bank", str(bank_dir), "--candidates", "6",

@@ -1,0 +1,197 @@
+"""``memento bank``: create, fill, search, copy and inspect case banks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from typing import Any, get_args
+
+from memento.cli.options import (
+    BANK,
+    EXIT_OK,
+    add_bank_option,
+    add_command,
+    add_connect_timeout,
+    add_encoder_options,
+    add_json_flag,
+    bank_options,
+    encoder_config,
+    index_factory,
+    load_encoder,
+)
+from memento.errors import DataFormatError, DimensionError, EncoderError
+from memento.formats import CaseFormat, read_case_file
+from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
+
+CASE_FORMAT_HELP = """\
+case               Case JSONL {"id", "state", "action", "reward", "env"?, "kind"?, "meta"?}
+memento-memory     Memento case memory {"case", "plan", "case_label": positive|negative}
+memento-np-memory  Memento non-parametric memory {"question", "plan", "reward": 0|1}
+memento-training   Memento retriever pairs {"query", "case", "case_label", "plan", "truth_label"}
+                   (imports the unique cases they mention)"""
+
+_DESCRIPTION = ("A case bank is a directory: cases.sqlite (cases + embeddings) and index.faiss beside it; or a Milvus "
+                "collection (the 'milvus' extra): --bank milvus:FILE.db is Milvus Lite in a local file, --bank "
+                "milvus:http://host:19530 a server, each with an optional #collection (default memento_cases).")
+
+_IMPORT_DESCRIPTION = ("Read a case file, encode the states and add every case in one transaction.\n"
+                       "The whole file is checked first: a bad line prints FILE:LINE: reason, exits 2,\n"
+                       "and leaves the bank unchanged. A missing bank is created (encoder options below).\n\n"
+                       "formats:\n" + CASE_FORMAT_HELP)
+
+
+def add_parser(commands: Any) -> None:
+    bank = add_command(commands, "bank", "create, fill, search, copy and inspect case banks", _DESCRIPTION, raw=False)
+    actions = bank.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
+    create = add_command(actions, "create", "create an empty bank", raw=False,
+                         description="Create an empty case bank. Its dimension comes from the encoder, or from --dim "
+                                     "for a bank filled with your own vectors.")
+    add_bank_option(create, "bank to create (a directory or milvus:URI)", required=True)
+    create.add_argument("--dim", type=int, default=None,
+                        help="vector dimension without an encoder (then text search is unavailable)")
+    add_encoder_options(create.add_argument_group("encoder (used when the bank is created)"))
+
+    imp = add_command(actions, "import", "import cases from a JSONL file", _IMPORT_DESCRIPTION)
+    imp.add_argument("file", metavar="FILE", help="JSONL file to import")
+    add_bank_option(imp, "bank (a directory or milvus:URI; created if missing)", required=True)
+    imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case",
+                     help="input format (default: case)")
+    imp.add_argument("--allow-duplicates", action="store_true",
+                     help="store cases whose content is already in the bank")
+    add_encoder_options(imp.add_argument_group("encoder (used when the bank is created)"))
+
+    exp = add_command(actions, "export", "write every case as Case JSONL", raw=False)
+    exp.add_argument("out", metavar="OUT", help="output JSONL file (written atomically)")
+    add_bank_option(exp, BANK, required=True)
+
+    search = add_command(actions, "search", "nearest cases to a text", raw=False,
+                         description="Encode TEXT with the bank's encoder and print the k nearest cases by cosine "
+                                     "similarity.")
+    search.add_argument("text", metavar="TEXT")
+    add_bank_option(search, BANK, required=True)
+    search.add_argument("-k", type=int, default=4, help="number of cases (default: 4)")
+    search.add_argument("--env", default=None, help="only cases of this env")
+    search.add_argument("--kind", default=None, help="only cases of this kind")
+    add_json_flag(search)
+
+    stats = add_command(actions, "stats", "counts, rewards, index and file sizes", raw=False)
+    add_bank_option(stats, BANK, required=True)
+    add_json_flag(stats)
+
+    copy = add_command(actions, "copy", "copy a bank to a new one (directory <-> Milvus)", raw=False,
+                       description="Copy every case of --bank SRC to a new bank DST, keeping positions, ids, rewards, "
+                                   "kinds, meta and embeddings exactly (deleted cases stay deleted). Either side is a "
+                                   "directory or milvus:URI[#collection]. DST must not hold a bank; a failed copy "
+                                   "leaves nothing at DST.")
+    copy.add_argument("dst", metavar="DST", help="the new bank")
+    add_bank_option(copy, "the bank to copy", required=True, metavar="SRC")
+    copy.add_argument("--index", default=None,
+                      help="DST's index factory (default: SRC's; Milvus takes Flat, IVF<n>,Flat, HNSW<M>,Flat)")
+    for action in (copy, create, imp, exp, search, stats):
+        add_connect_timeout(action)
+
+
+def run(args: argparse.Namespace) -> int:
+    return _ACTIONS[args.bank_command](args)
+
+
+def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
+    where = parse_bank_uri(args.bank)  # a malformed or unknown bank name: one line, before the encoder loads
+    if dim is not None:
+        return create_bank(where, dim, index=index_factory(args), options=bank_options(args)), None
+    config = encoder_config(args)
+    encoder = load_encoder(config)
+    return create_bank(where, encoder.dim, index=index_factory(args), encoder=config,
+                       options=bank_options(args)), encoder
+
+
+def bank_encoder(bank: Any) -> Any:
+    """The encoder ``bank`` records, loaded and checked against the bank's dimension."""
+    if bank.config.encoder is None:
+        raise EncoderError(f"{bank.path}: this bank records no encoder (created with --dim); "
+                           "it can only be searched with vectors from Python")
+    encoder = load_encoder(bank.config.encoder)
+    if encoder.dim != bank.dim:
+        raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, "
+                             f"bank {bank.path} holds dim={bank.dim}")
+    return encoder
+
+
+def _create(args: argparse.Namespace) -> int:
+    bank, _ = _create_bank(args, args.dim)
+    with bank:
+        print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
+    return EXIT_OK
+
+
+def _copy(args: argparse.Namespace) -> int:
+    n = copy_bank(args.bank, args.dst, index=args.index, options=bank_options(args))
+    print(f"copied {n} case(s) from {args.bank} to {args.dst}")
+    return EXIT_OK
+
+
+def _import(args: argparse.Namespace) -> int:
+    cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
+    if bank_exists(args.bank, options=bank_options(args)):
+        bank, encoder = open_bank(args.bank, options=bank_options(args)), None
+    else:
+        bank, encoder = _create_bank(args)
+        print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
+    with bank:
+        try:  # ids used by other cases of the bank: refused before the encoder runs
+            bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
+        except DataFormatError as error:
+            raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
+        encoder = encoder or bank_encoder(bank)
+        before = len(bank)
+        vectors = encoder.encode([c.state for c in cases], normalize=True).reshape(len(cases), bank.dim)
+        bank.add(cases, vectors, allow_duplicates=args.allow_duplicates)
+        added = len(bank) - before
+        print(f"imported {added} case(s) from {args.file} into {bank.path} "
+              f"({len(cases) - added} duplicate(s) skipped; {len(bank)} in the bank)")
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    with open_bank(args.bank, options=bank_options(args)) as bank:
+        n = bank.export_jsonl(args.out)
+    print(f"exported {n} case(s) to {args.out}")
+    return EXIT_OK
+
+
+def _search(args: argparse.Namespace) -> int:
+    with open_bank(args.bank, options=bank_options(args)) as bank:
+        if args.k < 1:
+            raise DataFormatError(f"-k must be a positive integer, got {args.k}")
+        encoder = bank_encoder(bank)
+        k = min(args.k, max(len(bank), 1))  # more than the bank holds finds them all
+        scores, ids = bank.search(encoder.encode(args.text), k, env=args.env, kind=args.kind)
+        cases = bank.get(list(ids))
+    if args.json:
+        print(json.dumps([{"score": float(s), **c.to_json()} for s, c in zip(scores, cases)],
+                         ensure_ascii=False, indent=2))
+        return EXIT_OK
+    if not cases:
+        print("no cases found")
+    for rank, (score, case) in enumerate(zip(scores, cases), start=1):
+        print(f"{rank}. [{score:.4f}] {case.id}  reward={case.reward:g}  kind={case.kind}"
+              + (f"  env={case.env}" if case.env else ""))
+        print(textwrap.indent(textwrap.shorten(case.state, 200), "   state:  "))
+        print(textwrap.indent(textwrap.shorten(case.action, 200), "   action: "))
+    return EXIT_OK
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with open_bank(args.bank, options=bank_options(args)) as bank:
+        stats = bank.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        for key, value in stats.items():
+            print(f"{key:>16}: {value}")
+    return EXIT_OK
+
+
+_ACTIONS = {"create": _create, "import": _import, "export": _export, "search": _search, "stats": _stats,
+            "copy": _copy}

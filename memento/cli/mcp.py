@@ -1,0 +1,39 @@
+"""``memento mcp``: an exported selector as MCP tools over stdio (the 'mcp' extra)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memento.cli.options import add_command
+from memento.serve.app import ServeConfig, require_extra
+from memento.serve.mcp import run_mcp
+
+DESCRIPTION = """\
+Serve an exported selector (a directory written by `memento export`) as MCP tools over stdio, for
+agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install 'memento-mdp[mcp]'.
+
+tools:
+  select_cases(task, k=4)              choose k past cases for the task -> {selection_id, cases: [...]}
+  record_outcome(selection_id, reward) the reward in [0, 1] of the task solved with them (committed when answered)
+  add_case(state, action, reward)      store a new case -> {id}
+
+client configuration, e.g.:
+  {"mcpServers": {"memento": {"command": "memento", "args": ["mcp", "/path/to/selector"]}}}
+The server runs until the client closes stdin; then pending writes are drained and the artifact saved."""
+
+
+def add_parser(commands: Any) -> None:
+    mcp = add_command(commands, "mcp", "serve an exported selector as MCP tools over stdio", DESCRIPTION)
+    mcp.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export)")
+    mcp.add_argument("--learn", action="store_true", help="keep learning from record_outcome (default: record only)")
+    mcp.add_argument("--save-every-n", type=int, default=100, metavar="N",
+                     help="checkpoint after N writes (default: 100; 0: only at exit)")
+    mcp.add_argument("--device", default=None, metavar="D", help="torch device, e.g. cpu or cuda (default: cpu)")
+    mcp.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default: 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    require_extra("mcp")
+    return run_mcp(args.dir, learn=args.learn, device=args.device, seed=args.seed,
+                   config=ServeConfig(save_every_n=args.save_every_n, save_every_s=0))

@@ -1,0 +1,281 @@
+"""``memento online``: the online continual-learning loop for one or more policies on the same task stream."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, get_args
+
+from memento.cli.options import (
+    EXIT_OK,
+    JUDGES,
+    add_bank_option,
+    add_cases_format,
+    add_command,
+    add_encoder_options,
+    add_no_progress,
+    add_planner_option,
+    add_systems_flags,
+    add_torch_threads,
+    check_torch_threads,
+    comma_list,
+    encoder_config,
+    load_encoder,
+    one_line,
+    progress,
+    set_torch_threads,
+    systems_from_args,
+)
+from memento.config import OnlineLabelsConfig, PolicyKind, QNetConfig, SoftQConfig
+from memento.errors import ConfigError, DataFormatError
+from memento.flags import config_option, field_help
+from memento.formats import read_case_file, read_tasks_jsonl
+from memento.planners.base import PlannerError
+from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
+from memento.runs.compare import comparison_table, run_comparison
+from memento.runs.qa import LoopConfig, check_seed_bank, loop_policy
+from memento.runs.ray import WorkersConfig
+from policies import make_policy
+
+DESCRIPTION = """\
+Run the online continual-learning loop (Memento's Algorithm 1): for each task, choose K cases
+from the bank with a policy, let the frozen planner answer with them, judge the answer, retain
+(question, answer, reward) in the bank, and learn. Each policy runs on the same task stream (same
+seed, same order) from a copy of the same seed bank, in OUT/<policy>/; then OUT/comparison.json and
+OUT/learning_curves.png are written and a table is printed.
+
+planners:
+  gemma              Gemma 3 270M (the bundled GGUF, converted once to a cached transformers model)
+  hf:PATH            any local transformers causal-LM directory, or a Hub id (org/name[@revision]) from the
+                     local Hugging Face cache (downloaded when online)
+  openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI)
+
+Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
+uninterrupted run with the same seed on the CPU)."""
+
+SOFT_Q = loop_policy("soft_q")
+"""The soft_q config `memento online` starts from (the loop's default; flags override its fields)."""
+
+_LOOP_FIELDS = {  # LoopConfig field -> the help of its flag (the run configs carry no help metadata)
+    "steps": "tasks (LLM calls) per policy", "k": "cases shown per task", "candidates": "candidate set size C",
+    "batch_size": "tasks selected with the same policy parameters and planned together",
+    "checkpoint_every": "steps between checkpoints; 0: only at the end", "window": "steps per success-rate window",
+}
+_SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet", "updates_per_step")
+_QNET_FLAGS = ("anchor", "features", "relation_rank")
+
+
+def add_parser(commands: Any) -> None:
+    online = add_command(commands, "online", "run the online learning loop for one or more policies", DESCRIPTION)
+    online.add_argument("--tasks", required=True, metavar="FILE", help="Task JSONL {id, question, answers, ...}")
+    seed = online.add_mutually_exclusive_group()
+    seed.add_argument("--cases", metavar="FILE", default=None, help="seed cases for the bank (JSONL)")
+    add_bank_option(seed, "a seed bank to copy into the run (a directory or milvus:URI[#collection]; instead of "
+                          "--cases)")
+    add_cases_format(online)
+    add_planner_option(online, required=True)
+    online.add_argument("--policy", default="soft_q,similarity", metavar="P[,P...]",
+                        help=f"comma-separated policies: {', '.join(get_args(PolicyKind))} "
+                             "(default: soft_q,similarity)")
+    online.add_argument("--judge", choices=JUDGES, default="exact",
+                        help="how an answer is scored: the reward the policy learns from (default: exact)")
+    online.add_argument("--retain-judge", choices=JUDGES, default=None,
+                        help="how a retained case's stored reward is judged (default: as --judge); a lenient judge "
+                             "(contains, f1) stores each case's own outcome as a real bank does (facts-real)")
+    for name, text in _LOOP_FIELDS.items():
+        config_option(online, LoopConfig, name, text)
+    online.add_argument("--late-steps", type=int, default=200,
+                        help="the last steps that make the 'late' success rate (default: 200)")
+    _add_soft_q_options(online)
+    config_option(online, LoopConfig, "credit",
+                  "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the "
+                  "planner scores the gold answer with each case left out: K + 1 forward passes; needs a scoring "
+                  "planner)")
+    online.add_argument("--init-qnet", metavar="DIR", default=None,
+                        help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
+                             "selector/ subdirectory) instead of a fresh one")
+    config_option(online, LoopConfig, "seed", "seed of every random stream of the run")
+    add_systems_flags(online.add_argument_group("memory systems (CFGM, LifeMem; a question's environment is its "
+                                                "family)"), games=False)
+    online.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    online.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
+    online.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
+                        help="where the Q-network learns (default: cpu; exact resume holds on the CPU)")
+    add_torch_threads(online)
+    add_no_progress(online, "no progress bar (there is none either when stderr is not a terminal)")
+    _add_worker_options(online.add_argument_group("rollout workers (Ray; the 'ray' extra)"))
+    add_encoder_options(online.add_argument_group("encoder"),
+                        index=(LoopConfig, "index", "faiss factory of the bank made from --cases"))
+
+
+def _add_soft_q_options(online: Any) -> None:
+    """The soft_q policy's flags (unset: :data:`SOFT_Q`'s fields)."""
+    config_option(online, SoftQConfig, "alpha", "soft-Q temperature", shown_default=SOFT_Q.learner.alpha)
+    config_option(online, SoftQConfig, "warmup")
+    config_option(online, SoftQConfig, "updates_per_step")
+    config_option(online, SoftQConfig, "positive_only",
+                  "the candidates soft_q chooses from: all C, or only those with stored reward > 0 (the pool of "
+                  "similarity's positive-only retrieval; all when none is)", flag="--soft-q-candidates",
+                  choices=["all", "positive"], dest="soft_q_candidates",
+                  shown_default="positive" if SOFT_Q.positive_only else "all")
+    for name in _QNET_FLAGS:
+        config_option(online, QNetConfig, name, "soft_q's Q-network: " + str(field_help(QNetConfig, name)),
+                      shown_default=getattr(SOFT_Q.qnet, name))
+    config_option(online, OnlineLabelsConfig, "m",
+                  "per-candidate planner labels online: after each task, score soft_q's top-M candidates each alone "
+                  "(the likelihood of --labels-target) and learn from them with the listwise loss of `memento train "
+                  "--from-labels` beside the reward; M forward passes per labelled task, written to labels.jsonl; "
+                  "needs a planner that gives log-probabilities; 0: off", flag="--labels", dest="labels_m",
+                  shown_default=SOFT_Q.labels.m)
+    config_option(online, OnlineLabelsConfig, "every", flag="--labels-every", dest="labels_every")
+    config_option(online, OnlineLabelsConfig, "target",
+                  "what the labels score: gold (the task's gold answer; the planner's own output when the judge "
+                  "rewarded it where a task has none) or hindsight (only the rewarded outputs: no gold answer used)",
+                  flag="--labels-target", dest="labels_target")
+
+
+def _add_worker_options(group: Any) -> None:
+    group.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="N > 1: N Ray actors, each with its own planner and judge, select (with a snapshot of the "
+                            "policy), plan and judge; this process keeps the bank, the learner and the logs "
+                            "(default: 1, everything in this process)")
+    group.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="join this Ray cluster (e.g. auto, ray://HOST:10001; default: start a local Ray)")
+    config_option(group, WorkersConfig, "sync_every",
+                  "learner updates between two policy snapshots sent to the workers")
+
+
+def loop_config(args: argparse.Namespace, **fixed: Any) -> LoopConfig:
+    """The LoopConfig the flags describe (unset flags keep LoopConfig's defaults)."""
+    names = (*_LOOP_FIELDS, "seed", "index", "credit")
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return LoopConfig(**{**given, **fixed})
+
+
+def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
+    """The SoftQConfig the soft-Q flags describe (unset flags keep :data:`SOFT_Q`'s fields)."""
+    given: dict[str, Any] = {name: getattr(args, name) for name in _SOFT_Q_FLAGS if getattr(args, name) is not None}
+    if args.soft_q_candidates is not None:
+        given["positive_only"] = args.soft_q_candidates == "positive"
+    qnet = {name: getattr(args, name) for name in _QNET_FLAGS if getattr(args, name) is not None}
+    if qnet:
+        given["qnet"] = dataclasses.replace(SOFT_Q.qnet, **qnet)
+    labels = {name: getattr(args, f"labels_{name}") for name in ("m", "every", "target")
+              if getattr(args, f"labels_{name}", None) is not None}
+    if labels:
+        given["labels"] = dataclasses.replace(SOFT_Q.labels, **labels)
+    return dataclasses.replace(SOFT_Q, **given)
+
+
+def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
+    """The rollout workers ``--workers N`` (N > 1) asks for, checked (and Ray found) before anything loads; ``None``
+    for the in-process loop."""
+    if args.workers < 1:
+        raise ConfigError(f"--workers={args.workers}: must be >= 1")
+    if args.workers == 1:
+        for flag, value in (("--ray-address", args.ray_address), ("--sync-every", args.sync_every)):
+            if value is not None:
+                raise ConfigError(f"{flag} is for rollout workers: add --workers N with N >= 2")
+        return None
+    from memento.runs.ray import WORKER_KINDS, import_ray
+
+    refused = [kind for kind in comma_list(args.policy) if kind not in WORKER_KINDS]
+    if refused:
+        raise ConfigError(f"--workers {args.workers}: policy {refused[0]!r} runs in-process only (workers run "
+                          f"{', '.join(WORKER_KINDS)}); use --workers 1 for it")
+    import_ray()
+    given = {"sync_every": args.sync_every} if args.sync_every is not None else {}
+    return WorkersConfig(workers=args.workers, address=args.ray_address, **given)
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    policies = list(comma_list(args.policy))
+    known = get_args(PolicyKind)
+    unknown = [p for p in policies if p not in known]
+    if not policies or unknown:
+        raise ConfigError(f"--policy {args.policy!r}: unknown policy {unknown[0] if unknown else ''!r}; "
+                          f"choose from {', '.join(known)}")
+    if len(set(policies)) != len(policies):
+        raise ConfigError(f"--policy {args.policy!r}: a policy is listed twice")
+    return policies
+
+
+def _judges(args: argparse.Namespace) -> tuple[Any, Any]:
+    try:
+        from memento.judges import make_judge
+    except ImportError as error:
+        raise ConfigError(f"--judge {args.judge}: judges are not available ({error})") from None
+    return make_judge(args.judge), None if args.retain_judge is None else make_judge(args.retain_judge)
+
+
+def run(args: argparse.Namespace) -> int:
+    # everything cheap is checked before a model is loaded or a file written
+    policies = _policies(args)
+    spec = parse_planner_spec(args.planner)
+    check_planner_spec(spec)
+    check_torch_threads(args)
+    tasks = read_tasks_jsonl(args.tasks)
+    if not tasks:
+        raise DataFormatError("no tasks in the file", path=args.tasks)
+    seed_cases = read_case_file(args.cases, args.cases_format) if args.cases else None
+    if args.bank is not None:
+        check_seed_bank(args.bank)  # read whole: a damaged bank fails before --out is made
+    soft_q = soft_q_config(args)
+    configs = [soft_q if kind == "soft_q" else loop_policy(kind) for kind in policies]  # type: ignore[arg-type]
+    config = loop_config(args, policy=configs[0])
+    systems = systems_from_args(args, config.systems)
+    if systems is not None:
+        config = dataclasses.replace(config, systems=systems)
+    if args.late_steps < 1:
+        raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
+    workers = _workers_config(args)
+    out = Path(args.out)
+    if not args.resume:
+        used = [p for p in policies if (out / p).is_dir() and any((out / p).iterdir())]
+        if used:
+            raise ConfigError(f"{out / used[0]}: already holds a run; pass --resume or choose another --out")
+    set_torch_threads(args.torch_threads)
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    judge, retain_judge = _judges(args)
+    encoder = load_encoder(encoder_config(args))
+    common: dict[str, Any] = dict(make_policy=make_policy, encoder=encoder, judge=judge, tasks=tasks,
+                                  seed_cases=seed_cases, bank_dir=args.bank, device=device, resume=args.resume,
+                                  retain_judge=retain_judge, progress=progress(args))
+    if workers is not None:  # each worker builds its own planner from the spec; the driver loads none
+        from memento.runs.ray import ray_runtime, worker_loop_class
+
+        with ray_runtime(workers):
+            comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+                                        loop_class=worker_loop_class(workers, spec), **common)
+    else:
+        try:
+            planner = build_planner(spec)
+        except ImportError as error:
+            raise PlannerError(f"planner {spec}: not available ({error})") from None
+        if any(isinstance(c, SoftQConfig) and c.labels.active for c in configs):
+            _check_label_scoring(planner, tasks)  # before --out is written: one line, exit 2
+        comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+                                    planner=planner, **common)
+    print(comparison_table(comparison))
+    print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
+    return EXIT_OK
+
+
+def _check_label_scoring(planner: Any, tasks: list[Any]) -> None:
+    """``--labels``: the planner must give log-probabilities; one scored prompt (the first task with an answer,
+    no case) finds out before anything is written (a server without echo/logprobs answers a PlannerError)."""
+    from memento.planners.base import can_score
+
+    if not can_score(planner):
+        raise ConfigError(f"--labels needs a planner that gives log-probabilities; {planner!r} cannot score")
+    task = next((t for t in tasks if t.answers), None)
+    if task is not None:
+        try:
+            planner.score_many([task], [[[]]])
+        except PlannerError as error:
+            raise PlannerError(f"--labels needs a planner that gives log-probabilities: {one_line(error)}") from None

@@ -1,0 +1,207 @@
+"""What several ``memento`` commands share: option groups written once (bank, planner, encoder, seed, torch
+threads, progress, results file...) and the few things commands do with them (load the encoder, set torch's
+threads, Milvus options). Options for config fields come from :func:`memento.flags.config_option`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any, get_args
+
+from memento.config import EncoderConfig, IndexConfig, Pooling, field_default
+from memento.encoders import Encoder, saved_pooling
+from memento.errors import ConfigError
+from memento.flags import config_option
+from memento.formats import CaseFormat
+from memento.memory import MilvusOptions
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+PLANNER_SPECS = "gemma | hf:PATH_OR_HUB_ID[@REV] | openai:MODEL@URL"
+JUDGES = ["exact", "f1", "contains", "numeric"]
+BANK = "a directory or milvus:URI[#collection]"
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+def add_command(commands: Any, name: str, help: str, description: str | None = None, *,
+                raw: bool = True) -> argparse.ArgumentParser:
+    """A subcommand's parser (its description shown as written when ``raw``)."""
+    return commands.add_parser(name, help=help, description=description, formatter_class=RAW if raw else
+                               argparse.HelpFormatter)
+
+
+# ---------------------------------------------------------------- option groups
+
+
+def add_bank_option(parser: Any, help: str = BANK, *, required: bool = False, metavar: str = "BANK") -> None:
+    """``--bank``: a case bank, a directory or a Milvus URI."""
+    parser.add_argument("--bank", required=required, metavar=metavar, default=None, help=help)
+
+
+def add_connect_timeout(parser: Any, help: str = "give up connecting to a Milvus server after S seconds") -> None:
+    parser.add_argument("--connect-timeout", type=float, default=None, metavar="S", help=f"{help} (default: 5)")
+
+
+def add_planner_option(parser: Any, config: type | None = None, *, required: bool = False,
+                       default: str | None = None) -> None:
+    """``--planner SPEC``: required, with a fixed ``default``, or (``config``) the config class's default."""
+    if config is not None:
+        config_option(parser, config, "planner", PLANNER_SPECS, metavar="SPEC")
+        return
+    shown = f" (default: {default})" if default is not None else ""
+    parser.add_argument("--planner", required=required, default=default, metavar="SPEC", help=PLANNER_SPECS + shown)
+
+
+def add_encoder_options(group: Any, *, index: tuple[type, str, str] | None = (IndexConfig, "factory", 'faiss '
+                        'index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat"')) -> None:
+    """``--encoder``, ``--pooling``, ``--max-length`` and (``index``: its config class, field and help) ``--index``,
+    read by :func:`encoder_config`."""
+    group.add_argument("--encoder", metavar="PATH", default=None,
+                       help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    group.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
+                       help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
+    config_option(group, EncoderConfig, "max_length")
+    if index is not None:
+        cls, field, text = index
+        config_option(group, cls, field, text, flag="--index", dest="index")
+
+
+def add_cases_format(parser: Any) -> None:
+    parser.add_argument("--cases-format", choices=list(get_args(CaseFormat)), default="case",
+                        help="format of --cases (default: case)")
+
+
+def add_seed(parser: Any, help: str | None = None, *, default: int | None = 0) -> None:
+    parser.add_argument("--seed", type=int, default=default, help=help)
+
+
+def add_torch_threads(parser: Any, default: int = 0,
+                      help: str = "torch.set_num_threads for this process (default: 0, torch's default)") -> None:
+    parser.add_argument("--torch-threads", type=int, default=default, help=help)
+
+
+def add_no_progress(parser: Any, help: str = "no progress bar") -> None:
+    parser.add_argument("--no-progress", action="store_true", help=help)
+
+
+def add_json_flag(parser: Any, help: str = "print JSON instead of text") -> None:
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def add_results_file(parser: Any) -> None:
+    """``--json OUT``: a benchmark's results file (required)."""
+    parser.add_argument("--json", required=True, metavar="OUT", help="results file")
+
+
+def add_workdir(parser: Any, help: str = "where the temporary banks go (default: system temp)") -> None:
+    parser.add_argument("--workdir", default=None, help=help)
+
+
+def add_listen_options(parser: Any, *, port: int, loopback_note: str) -> None:
+    """``--host`` and ``--port`` of a server command."""
+    parser.add_argument("--host", default="127.0.0.1", help=f"address to listen on (default: 127.0.0.1{loopback_note})")
+    parser.add_argument("--port", type=int, default=port, help=f"port (default: {port}; 0 picks a free port)")
+
+
+# ---------------------------------------------------------------- what commands do with them
+
+
+def check_torch_threads(args: argparse.Namespace) -> None:
+    if args.torch_threads < 0:
+        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+
+
+def set_torch_threads(threads: int) -> None:
+    """``torch.set_num_threads`` when ``threads`` > 0: process-wide, on purpose (the library never does this)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def progress(args: argparse.Namespace) -> bool:
+    """A progress bar unless ``--no-progress``, and only on a terminal."""
+    import sys
+
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def load_encoder(config: Any) -> Any:
+    """The encoder, without transformers' per-load progress bar (the CLI shows its own output)."""
+    from transformers.utils import logging as hf_logging
+
+    if logging.getLogger().level > logging.INFO:
+        hf_logging.disable_progress_bar()
+    return Encoder.from_config(config)
+
+
+def encoder_config(args: argparse.Namespace) -> EncoderConfig:
+    """The EncoderConfig of ``--encoder``, ``--pooling`` and ``--max-length``."""
+    pooling = args.pooling or (saved_pooling(args.encoder) if args.encoder else None) or field_default(
+        EncoderConfig, "pooling")
+    given = {} if args.max_length is None else {"max_length": args.max_length}
+    return EncoderConfig(model=args.encoder, pooling=pooling, **given)
+
+
+def index_factory(args: argparse.Namespace) -> str:
+    """``--index``, else IndexConfig's default factory."""
+    return args.index or field_default(IndexConfig, "factory")
+
+
+def bank_options(args: argparse.Namespace) -> MilvusOptions:
+    """The Milvus options of ``--connect-timeout``."""
+    timeout = getattr(args, "connect_timeout", None)
+    return MilvusOptions() if timeout is None else MilvusOptions(connect_timeout_s=timeout)
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """``a,b,c`` as its non-empty items."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def one_line(message: object) -> str:
+    """An error message on one line (a message with line breaks would read as several errors)."""
+    return " ".join(str(message).splitlines())
+
+
+# ---------------------------------------------------------------- memory systems (memento online, memento play)
+
+
+def add_systems_flags(parser: Any, *, games: bool) -> None:
+    """The memory-system flags of ``memento play`` (``games``: with reflection and retries) and ``memento
+    online``, read by :func:`systems_from_args`."""
+    parser.add_argument("--build", default=None, metavar="SYSTEMS",
+                        help="memory systems that build items: comma-separated cfgm, lifemem, plugmem (default: none)")
+    parser.add_argument("--items", choices=["cases", "all"], default=None,
+                        help="candidates: raw cases only, or with their linked tips, skills and focus points "
+                             "(default: cases)")
+    if games:
+        parser.add_argument("--reflect", action="store_true",
+                            help="CFGM's key-information reflection at steps with an anomalous observation")
+        parser.add_argument("--retries", type=int, default=None,
+                            help="CFGM's exploration: replay a failed game up to N more times with a reflection "
+                                 "(default: 0)")
+    parser.add_argument("--templates", metavar="JSON", default=None,
+                        help="a JSON file replacing builder prompt templates "
+                             "(memento.systems.llm.BuilderTemplates)")
+
+
+def systems_from_args(args: argparse.Namespace, base: Any) -> Any:
+    """``base`` (a SystemsConfig) with the memory-system flags applied; None when no flag is given."""
+    import dataclasses
+
+    systems: dict[str, Any] = {}
+    if args.build is not None:
+        systems["build"] = comma_list(args.build)
+    if args.items is not None:
+        systems["items"] = args.items
+    if getattr(args, "reflect", False):
+        systems["reflect"] = True
+    if getattr(args, "retries", None) is not None:
+        systems["retries"] = args.retries
+    if args.templates is not None:
+        from memento.systems.llm import BuilderTemplates
+
+        BuilderTemplates.from_json(args.templates)  # a bad file is one line now, before a model loads
+        systems["templates"] = args.templates
+    return dataclasses.replace(base, **systems) if systems else None

@@ -1,0 +1,159 @@
+"""``memento play``: the multi-step agent on TextWorld games (:mod:`memento.runs.games`).
+
+The games extra (``textworld``) is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, get_args
+
+from memento.cli.options import (
+    PLANNER_SPECS,
+    add_bank_option,
+    add_command,
+    add_no_progress,
+    add_systems_flags,
+    add_torch_threads,
+    check_torch_threads,
+    progress,
+    set_torch_threads,
+    systems_from_args,
+)
+from memento.config import PolicyKind, field_default, from_dict, read_config_json
+from memento.flags import config_option
+
+DESCRIPTION = """\
+Play text games with a frozen LLM actor that sees the cases a policy chooses at each step.
+
+Games come from a shipped suite (--suite, generated into the cache on first use with a progress
+bar: ~5 s a game) or from game files (--games, .z8/.ulx with their .json). Each step the state
+(objective, observation, inventory, recent history) is encoded, the policy chooses --k of the
+--candidates nearest cases of the bank, and the actor (Gemma 3 270M by default) scores every
+admissible command after a prompt holding those cases, and samples one (a command a chosen case
+with a stored return > 0 proposes gets part of the mass). After each episode the policy learns
+(soft-Q: cross-entropy on the step's reward with --gamma 0, soft TD with the target network with
+--gamma > 0) and the bank retains the episode's step cases and one episode case.
+
+OUT gets config.json, run.json, bank/, steps.jsonl (one line per command), episodes.jsonl, tb/,
+checkpoint/, summary.json and, for soft_q, selector/. --resume continues an interrupted run from
+its checkpoint (mid-episode too: the game is replayed to the saved step)."""
+
+_GAME_FIELDS = {  # GameLoopConfig field -> the help of its flag (the run configs carry no help metadata)
+    "episodes": "episodes to play", "k": "cases per decision", "candidates": "candidate set size C",
+    "checkpoint_every": "steps between checkpoints; 0: at the end", "seed": "seed of every random stream",
+    "retrieval": "choose cases at every step or once per episode",
+}
+
+
+def add_parser(commands: Any) -> None:
+    from memento.runs.games import GameLoopConfig
+
+    play = add_command(commands, "play", "an agent plays TextWorld games, choosing cases at every step", DESCRIPTION)
+    source = play.add_mutually_exclusive_group()
+    source.add_argument("--suite", default=None,
+                        help="a shipped game suite: tw-tiny, tw-small, tw-stream (default: tw-small)")
+    source.add_argument("--games", nargs="+", metavar="FILE", default=None, help="game files (.z8 or .ulx)")
+    play.add_argument("--split", default="train", help="split of --suite: train, test or ood (default: train)")
+    play.add_argument("--policy", default="soft_q",
+                      help=f"{', '.join(get_args(PolicyKind))}, or none (no memory) (default: soft_q)")
+    play.add_argument("--gamma", type=float, default=0.0,
+                      help="soft_q's discount: 0 = cross-entropy on each step's reward, > 0 = soft TD (default: 0)")
+    play.add_argument("--planner", default="gemma", metavar="SPEC", help=f"{PLANNER_SPECS} (default: gemma)")
+    play.add_argument("--config", metavar="JSON", default=None,
+                      help="a GameLoopConfig JSON file (flags given on the command line override its fields)")
+    for name, text in _GAME_FIELDS.items():
+        config_option(play, GameLoopConfig, name, text)
+    play.add_argument("--max-steps", type=int, default=None,
+                      help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
+    add_systems_flags(play, games=True)
+    add_bank_option(play, "a starting bank to copy (a directory or milvus:URI[#collection]; default: empty)")
+    play.add_argument("--no-learn", action="store_true", help="the policy does not learn (evaluation)")
+    play.add_argument("--no-retain", action="store_true", help="the bank retains nothing (evaluation)")
+    play.add_argument("--out", required=True, metavar="DIR", help="run directory")
+    play.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    add_torch_threads(play, 0, "torch.set_num_threads (default: torch's)")
+    add_no_progress(play)
+
+
+def _play_config(args: argparse.Namespace) -> Any:
+    from memento.errors import ConfigError
+    from memento.runs.games import GameLoopConfig, game_policy
+
+    base = from_dict(GameLoopConfig, read_config_json(args.config)) if args.config else GameLoopConfig()
+    known = (*get_args(PolicyKind), "none")
+    if args.policy not in known:
+        raise ConfigError(f"--policy {args.policy!r}: choose from {', '.join(known)}")
+    if not 0.0 <= args.gamma < 1.0:
+        raise ConfigError(f"--gamma={args.gamma}: must be in [0, 1)")
+    if args.gamma > 0 and args.policy != "soft_q":
+        raise ConfigError(f"--gamma={args.gamma}: only soft_q learns with a discount")
+    changes: dict[str, Any] = {name: getattr(args, name) for name in _GAME_FIELDS if getattr(args, name) is not None}
+    if not args.config or args.policy != "soft_q" or args.gamma:
+        changes["policy"] = game_policy("random" if args.policy == "none" else args.policy, gamma=args.gamma)
+    changes["memory"] = args.policy != "none" and base.memory
+    if args.max_steps is not None:
+        changes["game"] = dataclasses.replace(base.game, max_steps=args.max_steps)
+    if args.no_learn:
+        changes["learn"] = False
+    if args.no_retain:
+        changes["cases"] = "none"
+    systems = systems_from_args(args, base.systems)
+    if systems is not None:
+        changes["systems"] = systems
+    return dataclasses.replace(base, **changes)
+
+
+def _games(args: argparse.Namespace) -> list[Path]:
+    from memento.envs.textworld import SUITES, build_suite
+    from memento.errors import ConfigError, GameError
+
+    if args.games:
+        games = [Path(g) for g in args.games]
+        missing = [g for g in games if not g.is_file()]
+        if missing:
+            raise GameError(f"{missing[0]}: game file not found")
+        from memento.envs.textworld import TextWorldEnv
+
+        for game in games:  # a corrupt file is one line now, not after the models have loaded
+            TextWorldEnv(game).close()
+        return games
+    suite = args.suite or "tw-small"
+    if suite not in SUITES:
+        raise ConfigError(f"--suite {suite!r}: unknown; known: {', '.join(sorted(SUITES))}")
+    if args.split not in SUITES[suite].splits:
+        raise ConfigError(f"--split {args.split!r}: {suite} has {', '.join(SUITES[suite].splits)}")
+    return build_suite(suite, splits=[args.split], progress=not args.no_progress)[args.split]
+
+
+def run(args: argparse.Namespace) -> int:
+    from memento.errors import ConfigError
+
+    config = _play_config(args)  # everything cheap is checked before a model loads or a game is generated
+    out = Path(args.out)
+    if not args.resume and out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"{out}: already holds a run; pass --resume or choose another --out")
+    check_torch_threads(args)
+    from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
+
+    spec = parse_planner_spec(args.planner)
+    check_planner_spec(spec)
+    games = _games(args)
+    set_torch_threads(args.torch_threads)
+    from memento.encoders import Encoder
+    from memento.runs.games import run_games
+    from policies import make_policy
+
+    encoder = Encoder.from_pretrained()
+    planner = build_planner(spec)
+    summary = run_games(config, make_policy=make_policy, encoder=encoder, planner=planner, games=games, out_dir=out,
+                        bank_dir=args.bank, resume=args.resume,
+                        progress=progress(args))
+    print(f"{summary['arm']}: {summary['episodes']} episodes, won {summary['success_rate']:.3f}, normalised score "
+          f"{summary['mean_score']:.3f}, {summary['mean_steps']:.1f} steps/episode, "
+          f"{summary['s_per_episode']:.1f} s/episode; bank {summary['bank_size_start']} -> "
+          f"{summary['bank_size_end']} cases")
+    print(f"results in {out} (summary.json, episodes.jsonl, steps.jsonl, tb/)")
+    return 0

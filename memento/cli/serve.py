@@ -1,0 +1,106 @@
+"""``memento serve``: an exported selector over HTTP (FastAPI + uvicorn; the 'serve' extra)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memento.cli.options import add_command, add_listen_options, set_torch_threads
+from memento.errors import ConfigError
+from memento.serve.app import ServeConfig, check_host, require_extra, resolve_token, serve
+
+DESCRIPTION = """\
+Serve an exported selector (a directory written by `memento export`) over HTTP with FastAPI and
+uvicorn. Needs the 'serve' extra: pip install 'memento-mdp[serve]'.
+
+endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKEN'):
+  POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null}
+                      -> {"selection_id", "cases": [{"id", "state", "action", "reward", "prob"}, ...], ...}
+  POST /v1/feedback   {"selection_id": ID, "reward": 0..1}  (answered once committed to disk)
+  POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?} -> {"id"}  (answered once committed)
+  GET  /v1/cases/ID   GET /v1/stats   GET /healthz (no auth)   GET /openapi.json (the spec, no auth)
+Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413.
+
+auth: the bearer token is read from --token-file FILE, else from the environment variable
+MEMENTO_SERVE_TOKEN (at least 16 characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))').
+--no-auth serves without a token and is refused unless --host is a loopback address.
+
+Selects run in parallel; one writer thread records feedback and new cases (and, with --learn, makes
+the learner's updates), alone while it writes. Query texts of concurrent selects are encoded together
+in one forward pass (--batch-max-texts, --batch-wait-ms). The artifact is checkpointed atomically
+every --save-every-s seconds or --save-every-n writes.
+--workers N runs N processes on the one port: this one (the learner: writes, learning, checkpoints)
+and N-1 read-only workers that answer selects and reads and forward feedback and new cases to it;
+the learner publishes its Q-network to them at most every --publish-every-s seconds.
+SIGTERM or Ctrl-C stops accepting connections, finishes the requests in flight, drains the writes,
+saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:PORT ...' is printed."""
+
+
+def add_parser(commands: Any) -> None:
+    serve = add_command(commands, "serve", "serve an exported selector over HTTP (FastAPI + uvicorn)", DESCRIPTION)
+    serve.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export)")
+    add_listen_options(serve, port=8080, loopback_note=", loopback")
+    auth = serve.add_mutually_exclusive_group()
+    auth.add_argument("--token-file", metavar="FILE", default=None,
+                      help="file holding the bearer token (default: the MEMENTO_SERVE_TOKEN environment variable)")
+    auth.add_argument("--no-auth", action="store_true",
+                      help="serve without a token (only allowed when --host is loopback)")
+    serve.add_argument("--learn", action="store_true",
+                       help="keep learning from feedback (soft-Q updates in the writer thread); "
+                            "default: record feedback only")
+    serve.add_argument("--save-every-s", type=float, default=60.0, metavar="S",
+                       help="checkpoint when S seconds passed since the last one and something changed "
+                            "(default: 60; 0: off)")
+    serve.add_argument("--save-every-n", type=int, default=1000, metavar="N",
+                       help="checkpoint after N writes (feedback + cases) (default: 1000; 0: off)")
+    serve.add_argument("--device", default=None, metavar="D",
+                       help="torch device of the Q-network and encoder, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="B",
+                       help="largest request body accepted; larger ones get 413 (default: 1048576)")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default: 0)")
+    serve.add_argument("--threads", type=int, default=1, metavar="N",
+                       help="torch threads (torch.set_num_threads) and faiss OpenMP threads per request thread "
+                            "(default: 1: a request scores a few dozen candidates, and idle threads of concurrent "
+                            "requests spin against each other; 0: the libraries' defaults)")
+    serve.add_argument("--batch-max-texts", type=int, default=32, metavar="N",
+                       help="dynamic batching of text encoding: concurrent query texts are encoded together, up "
+                            "to N in one forward pass (default: 32; 0: off, each request encodes its own text, "
+                            "one at a time)")
+    serve.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
+                       help="how long the first text of a batch waits for others, in ms (default: 2; 0: only "
+                            "the texts already queued; under load the queue fills while a batch runs)")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="server processes accepting on the port: this one, which records feedback and new "
+                            "cases, learns and saves, and N-1 read-only workers that answer selects and reads "
+                            "and forward writes to it (default: 1; each worker loads its own copy of the "
+                            "bank's vectors, index and encoder)")
+    serve.add_argument("--publish-every-s", type=float, default=1.0, metavar="S",
+                       help="with --workers > 1: publish the learner's Q-network to the workers at most every S "
+                            "seconds after it changed, and at every checkpoint (default: 1; 0: after every "
+                            "update)")
+
+
+
+def run(args: argparse.Namespace) -> int:
+    require_extra("serve")  # before anything is loaded: a missing extra is one line
+    check_host(args.host, no_auth=args.no_auth)
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
+    token = resolve_token(token_file=args.token_file, no_auth=args.no_auth)
+    if args.threads < 0:
+        raise ConfigError(f"--threads={args.threads}: must be >= 0")
+    set_torch_threads(args.threads)
+    config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
+                         max_body_bytes=args.max_body_bytes, threads=args.threads,
+                         batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms,
+                         workers=args.workers, publish_every_s=args.publish_every_s)
+
+    def ready(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        workers = f"; workers: {args.workers}" if args.workers > 1 else ""
+        print(f"memento serve: {args.dir} on http://{shown}:{port} (auth: {'bearer token' if token else 'none'}; "
+              f"learn: {'on' if args.learn else 'off'}{workers}); SIGTERM or Ctrl-C saves and stops", flush=True)
+
+    return serve(args.dir, host=args.host, port=args.port, token=token, no_auth=args.no_auth, learn=args.learn,
+                 device=args.device, config=config, seed=args.seed,
+                 log_level="info" if args.verbose else "warning", access_log=args.verbose >= 2, on_ready=ready)

@@ -1,0 +1,89 @@
+"""Command-line options derived from the frozen config dataclasses (standard library only).
+
+:func:`config_option` adds ``--flag`` for one field of a config class and reads everything it can from the field:
+its type (``int``, ``float``, ``str``; a ``Literal`` gives the choices; ``X | None`` is ``X``; ``tuple[X, ...]``
+takes one or more values), its help (``field(metadata={"help": ...})``, unless the command passes a text of its
+own), and the default the help shows. The option itself defaults to ``None``: a flag left out keeps the config's
+default (or a ``--config`` file's value), so every default is written once, in the config.
+
+It lives in the core (not in :mod:`memento.cli`) because the ``training`` commands derive their options the same
+way and may not import the composition root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+from memento.config import field_default
+from memento.errors import ConfigError
+
+__all__ = ["config_option", "field_help", "field_type", "shown"]
+
+
+def shown(value: Any) -> str:
+    """A default as ``--help`` shows it: a float in ``%g`` form, a tuple as its items with spaces."""
+    if isinstance(value, float):
+        return format(value, "g")
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def _field(cls: type, name: str) -> dataclasses.Field[Any]:
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if field.name == name:
+            return field
+    raise ConfigError(f"{cls.__name__} has no field {name!r}")
+
+
+def field_help(cls: type, name: str) -> str | None:
+    """The help text of field ``name`` of ``cls`` (its ``metadata["help"]``), ``None`` when it has none."""
+    return _field(cls, name).metadata.get("help")
+
+
+def field_type(cls: type, name: str) -> Any:
+    """The resolved annotation of field ``name`` of ``cls`` (string annotations evaluated in ``cls``'s module)."""
+    tp = _field(cls, name).type
+    if isinstance(tp, str):
+        tp = eval(tp, vars(sys.modules[cls.__module__]), dict(vars(typing)))  # noqa: S307 -- our own annotation
+    return tp
+
+
+def _argparse_kwargs(tp: Any) -> dict[str, Any]:
+    """``type``/``choices``/``nargs`` for an annotation: ``X | None`` is ``X``; ``Literal`` gives choices."""
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [arg for arg in get_args(tp) if arg is not type(None)]
+        if len(inner) == 1:
+            return _argparse_kwargs(inner[0])
+        return {}
+    if get_origin(tp) is Literal:
+        return {"choices": list(get_args(tp))}
+    if get_origin(tp) is tuple:
+        return {"nargs": "+", **_argparse_kwargs(get_args(tp)[0])}
+    if tp in (int, float):
+        return {"type": tp}
+    return {}
+
+
+def config_option(parser: Any, cls: type, name: str, help: str | None = None, *, flag: str | None = None,
+                  shown_default: Any = dataclasses.MISSING, **kwargs: Any) -> argparse.Action:
+    """Add ``--flag`` (default: ``--`` + ``name`` with dashes) for field ``name`` of config class ``cls`` to
+    ``parser`` (a parser or an argument group). ``dest`` defaults to ``name``; ``type``, ``choices`` and ``nargs``
+    come from the field's annotation unless given; the help is ``help`` or the field's ``metadata["help"]``,
+    followed by ``(default: ...)``: ``shown_default`` when given, else the field's default. The argparse default
+    is ``None`` (the config's default applies)."""
+    text = help if help is not None else field_help(cls, name)
+    if text is None:
+        raise ConfigError(f"{cls.__name__}.{name}: no help text (add metadata={{'help': ...}} or pass help=)")
+    value = field_default(cls, name) if shown_default is dataclasses.MISSING else shown_default
+    derived = _argparse_kwargs(field_type(cls, name))
+    if "type" in kwargs or "choices" in kwargs:  # the caller's type or choices replace the annotation's
+        derived = {key: v for key, v in derived.items() if key == "nargs"}
+    options = {"default": None, "dest": name, **derived, **kwargs}
+    return parser.add_argument(flag or "--" + name.replace("_", "-"), help=f"{text} (default: {shown(value)})",
+                               **options)
