@@ -55,6 +55,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from memento import sqlite
 from memento.config import (
     BankConfig,
@@ -69,11 +71,16 @@ from memento.config import (
     check_float,
     check_int,
     from_dict,
+    load_json,
+    parses_to,
+    save_json,
     to_dict,
 )
-from memento.errors import CheckpointError, ConfigError
-from memento.io import atomic_write_text, fsync_dir, read_versioned_json
-from memento.learn.agent import LEARNER_DIR, REPLAY_DIR
+from memento.errors import CheckpointError, ConfigError, DimensionError
+from memento.io import atomic_write, atomic_write_text, fsync_dir, read_safetensors, read_versioned_json
+from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
+from memento.learn.learner import SoftQLearner
+from memento.learn.replay import ReplayBuffer
 from memento.memory import rows as bank_rows
 from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 
@@ -934,12 +941,76 @@ def card_front_matter(manifest: dict[str, Any], spec: EncoderSpec) -> list[str]:
     return lines
 
 
+def _card_training(source: dict[str, Any]) -> list[str]:
+    """The card's "Training" lines: where the selector came from and how well that run did."""
+    summary = source.get("summary") or {}
+    lines: list[str] = []
+    if source.get("kind") == "bank":
+        lines.append(f"- not trained by a run: a fresh Q-network over the case bank `{source.get('path')}`; "
+                     "load it with `learn=True` to train it from feedback")
+    elif source:
+        lines += [
+            f"- source: `{source.get('path')}` ({source.get('kind')}), policy `{source.get('policy')}`",
+            f"- planner: {source.get('planner', 'n/a')}; judge: {source.get('judge', 'n/a')}; "
+            f"tasks: {source.get('n_tasks', 'n/a')}",
+            f"- steps (LLM calls): {source.get('step', 'n/a')} of {source.get('steps', 'n/a')} planned; "
+            f"bank {summary.get('bank_size_start', 'n/a')} -> {source.get('bank_cases', 'n/a')} case(s)",
+        ]
+        if summary:
+            lines.append(f"- success rate: {_pct(summary.get('success_rate'))} overall, "
+                         f"{_pct(summary.get('moving_success_rate'))} over the last {summary.get('window')} steps")
+            windows = summary.get("success_by_window") or []
+            if windows:
+                lines += ["", "| steps | success rate |", "|---|---|"]
+                lines += [f"| {w['start']}-{w['end']} | {_pct(w['rate'])} |" for w in windows]
+        comparison = source.get("comparison")
+        if comparison:
+            lines += ["", "Compared on the same task stream (same seed, same order):", "",
+                      "| policy | early | late | overall |", "|---|---|---|---|"]
+            for name in comparison.get("order", []):
+                r = comparison["policies"][name]
+                lines.append(f"| {name} | {_pct(r.get('success_early'))} | {_pct(r.get('success_late'))} | "
+                             f"{_pct(r.get('success_rate'))} |")
+            lines.append(f"\n(early: the first {comparison.get('window')} steps; late: the last "
+                         f"{comparison.get('late_steps')} steps)")
+    else:
+        lines.append("- no source run recorded")
+    return lines
+
+
+def _card_usage(root: Path, spec: EncoderSpec) -> list[str]:
+    """The card's "How to use it" and "Files" sections."""
+    return [
+        "",
+        "## How to use it",
+        "",
+        "```python",
+        "import memento",
+        "",
+        f'selector = memento.load_selector("{root.name}")            # checks checksums and dimensions first',
+        ('result = selector.select("What is the capital of Peru?", k=4)  # ids, cases, probabilities, selection id'
+         if spec.kind == "transformers" else
+         f"result = selector.select(state_vector, k=4)  # a unit {spec.dim}-d vector; ids, cases, probabilities"),
+        "selector.feedback(result.selection_id, reward=1.0)        # learn=True keeps training; save() persists",
+        "```",
+        "",
+        f"Over HTTP: `memento serve {root.name}`; as MCP tools: `memento mcp {root.name}`. "
+        f"Check the files: `memento verify {root.name}`.",
+        "",
+        "## Files",
+        "",
+        "`manifest.json` (versions, sha256 of every file), `config.json` (selector, Q-network, learner, replay and "
+        "index configs, the training run's config), `encoder.json`, `qnet.safetensors`, `learner/`, `replay/`, "
+        "`bank/` (cases.sqlite + index.faiss), `feedback.sqlite` (feedback log), this card. Nothing is pickled.",
+        "",
+    ]
+
+
 def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spec: EncoderSpec, *,
                cases: int, feedbacks: int, updates: int, alpha: float) -> str:
     """``README.md`` of an artifact: what it is, what it was trained on (figures from the run), how to load it.
     It opens with the YAML front matter the Hugging Face Hub reads (:func:`card_front_matter`)."""
     source = manifest.get("source") or {}
-    summary = source.get("summary") or {}
     q = config.qnet
     name = spec.model_id or spec.model or "sentence-transformers/all-MiniLM-L6-v2"
     where = (f", files in `{spec.files}/`" if spec.files else f", revision `{spec.revision}`" if spec.revision
@@ -971,58 +1042,168 @@ def model_card(root: Path, manifest: dict[str, Any], config: SelectorConfig, spe
         "## Training",
         "",
     ]
-    if source.get("kind") == "bank":
-        lines.append(f"- not trained by a run: a fresh Q-network over the case bank `{source.get('path')}`; "
-                     "load it with `learn=True` to train it from feedback")
-    elif source:
-        lines += [
-            f"- source: `{source.get('path')}` ({source.get('kind')}), policy `{source.get('policy')}`",
-            f"- planner: {source.get('planner', 'n/a')}; judge: {source.get('judge', 'n/a')}; "
-            f"tasks: {source.get('n_tasks', 'n/a')}",
-            f"- steps (LLM calls): {source.get('step', 'n/a')} of {source.get('steps', 'n/a')} planned; "
-            f"bank {summary.get('bank_size_start', 'n/a')} -> {source.get('bank_cases', 'n/a')} case(s)",
-        ]
-        if summary:
-            lines.append(f"- success rate: {_pct(summary.get('success_rate'))} overall, "
-                         f"{_pct(summary.get('moving_success_rate'))} over the last {summary.get('window')} steps")
-            windows = summary.get("success_by_window") or []
-            if windows:
-                lines += ["", "| steps | success rate |", "|---|---|"]
-                lines += [f"| {w['start']}-{w['end']} | {_pct(w['rate'])} |" for w in windows]
-        comparison = source.get("comparison")
-        if comparison:
-            lines += ["", "Compared on the same task stream (same seed, same order):", "",
-                      "| policy | early | late | overall |", "|---|---|---|---|"]
-            for name in comparison.get("order", []):
-                r = comparison["policies"][name]
-                lines.append(f"| {name} | {_pct(r.get('success_early'))} | {_pct(r.get('success_late'))} | "
-                             f"{_pct(r.get('success_rate'))} |")
-            lines.append(f"\n(early: the first {comparison.get('window')} steps; late: the last "
-                         f"{comparison.get('late_steps')} steps)")
-    else:
-        lines.append("- no source run recorded")
-    lines += [
-        "",
-        "## How to use it",
-        "",
-        "```python",
-        "import memento",
-        "",
-        f'selector = memento.load_selector("{root.name}")            # checks checksums and dimensions first',
-        ('result = selector.select("What is the capital of Peru?", k=4)  # ids, cases, probabilities, selection id'
-         if spec.kind == "transformers" else
-         f"result = selector.select(state_vector, k=4)  # a unit {spec.dim}-d vector; ids, cases, probabilities"),
-        "selector.feedback(result.selection_id, reward=1.0)        # learn=True keeps training; save() persists",
-        "```",
-        "",
-        f"Over HTTP: `memento serve {root.name}`; as MCP tools: `memento mcp {root.name}`. "
-        f"Check the files: `memento verify {root.name}`.",
-        "",
-        "## Files",
-        "",
-        "`manifest.json` (versions, sha256 of every file), `config.json` (selector, Q-network, learner, replay and "
-        "index configs, the training run's config), `encoder.json`, `qnet.safetensors`, `learner/`, `replay/`, "
-        "`bank/` (cases.sqlite + index.faiss), `feedback.sqlite` (feedback log), this card. Nothing is pickled.",
-        "",
-    ]
+    lines += _card_training(source)
+    lines += _card_usage(root, spec)
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- checking and writing a whole artifact
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def check_dims(path: Path, dims: dict[str, int]) -> None:
+    if len(set(dims.values())) > 1:
+        listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
+        raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedArtifact:
+    """What :func:`check_artifact` read: the manifest, configs, the learner and replay buffer (on the
+    device asked for), the embedding dimension each part records, and :func:`verify_artifact`'s report
+    (``None`` when checksums were not checked)."""
+
+    manifest: dict[str, Any]
+    config: SelectorConfig
+    spec: EncoderSpec
+    learner: SoftQLearner
+    buffer: ReplayBuffer
+    dims: dict[str, int]
+    report: dict[str, Any] | None
+
+
+def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch.device = "cpu",
+                   cache: dict[str, tuple[int, int, str]] | None = None) -> CheckedArtifact:
+    """Every check of an artifact that does not need its encoder, bank index or feedback replay: the one
+    function both :meth:`memento.Selector.load` and :func:`memento.selector.export.verify` run, so they accept
+    and refuse the same artifacts.
+
+    In order: no symbolic link or special file anywhere in the tree, manifest names confined to the
+    artifact, checksums (``verify``), ``config.json``, ``encoder.json``, the learner (``learner.json``,
+    every tensor of ``learner.safetensors``, ``learner/config.json``) and the replay buffer (``replay.json``,
+    ``replay.safetensors``) loaded on ``device``, ``qnet.safetensors`` against the learner, the bank's
+    ``cases.sqlite`` (format, version, config, embeddings) and ``feedback.sqlite`` (format, version, rows),
+    and the embedding dimension of every part. Any problem is a one-line ``CheckpointError`` (or
+    ``DimensionError``) naming the file.
+    """
+    path = Path(path)
+    report = verify_artifact(path, cache=cache) if verify else None
+    manifest = report["manifest"] if report is not None else read_manifest(path)
+    try:
+        config = load_json(SelectorConfig, path / CONFIG_NAME)
+    except ConfigError as error:
+        raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
+    spec = read_encoder_spec(path / ENCODER_NAME)
+    learner = SoftQLearner.load(path / LEARNER_DIR, device=device)
+    _check_learner_config(path / LEARNER_DIR / CONFIG_NAME, learner)
+    buffer = ReplayBuffer.load(path / REPLAY_DIR, device=device)
+    qnet_config = to_dict(learner.qnet.config)
+    if qnet_config != to_dict(config.qnet):
+        raise CheckpointError(f"{path / LEARNER_DIR}: Q-network {qnet_config} differs from {CONFIG_NAME}'s "
+                              f"{to_dict(config.qnet)}")
+    _check_qnet_file(path / QNET_NAME, learner)
+    bank = check_bank_file(path / BANK_DB)
+    dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
+            f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim,
+            f"{BANK_DIR}/": bank["dim"]}
+    if "embedding_dim" in bank:
+        dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank["embedding_dim"]
+    dims[MANIFEST_NAME] = manifest["dim"]
+    check_dims(path, dims)
+    check_feedback_file(path / FEEDBACK_NAME, spec.dim)
+    return CheckedArtifact(manifest=manifest, config=config, spec=spec, learner=learner, buffer=buffer, dims=dims,
+                           report=report)
+
+
+def _check_learner_config(path: Path, learner: SoftQLearner) -> None:
+    """``learner/config.json`` must describe the learner that ``learner.json`` holds."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({' '.join(str(error).split())})") from None
+    if (not isinstance(saved, dict) or not parses_to(QNetConfig, saved.get("qnet"), learner.qnet.config)
+            or not parses_to(type(learner.config), saved.get("learner"), learner.config)):
+        raise CheckpointError(f"{path}: does not describe the learner of {LEARNER_DIR}/learner.json (Q-network "
+                              f"{to_dict(learner.qnet.config)})")
+
+
+def write_qnet(path: Path, learner: SoftQLearner) -> None:
+    """``qnet.safetensors``: the online Q-network's tensors, with its QNetConfig in the metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
+    metadata = {"format": QNET_FORMAT, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
+    """qnet.safetensors must hold the learner's Q-network (same config, same tensors)."""
+    tensors, header = read_safetensors(path)
+    if header.get("format") != QNET_FORMAT:
+        raise CheckpointError(f"{path}: not a memento Q-network file")
+    try:
+        config = json.loads(header.get("qnet_config", ""))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+    if not parses_to(QNetConfig, config, learner.qnet.config):
+        raise CheckpointError(f"{path}: Q-network {config} differs from the learner's {to_dict(learner.qnet.config)}")
+    state = learner.qnet.state_dict()
+    if set(tensors) != set(state):
+        raise CheckpointError(f"{path}: tensors {sorted(tensors)} differ from the Q-network's {sorted(state)}")
+    for name, value in state.items():
+        if tuple(tensors[name].shape) != tuple(value.shape):
+            raise DimensionError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, the learner's "
+                                 f"{tuple(value.shape)}")
+        if not torch.equal(tensors[name], value.detach().to("cpu")):
+            raise CheckpointError(f"{path}: {name} differs from the learner's Q-network ({LEARNER_DIR}/)")
+
+
+def write_parts(directory: Path, config: SelectorConfig, spec: EncoderSpec, learner: SoftQLearner,
+                 buffer: ReplayBuffer) -> None:
+    """The parts of an artifact besides the bank, the feedback log, the card and the manifest: config.json,
+    encoder.json, qnet.safetensors and the agent's learner/ and replay/ (its checkpoint layout)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    save_json(config, directory / CONFIG_NAME)
+    write_encoder_spec(directory / ENCODER_NAME, spec)
+    write_qnet(directory / QNET_NAME, learner)
+    save_state(directory, learner, buffer)
+
+
+def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: ReplayBuffer, config: SelectorConfig,
+                   spec: EncoderSpec, cases: int, source: dict[str, Any]) -> None:
+    """A new artifact: everything but the bank into ``tmp`` (which holds ``bank/`` with ``cases`` rows already),
+    an empty feedback log, the model card and the manifest last; then ``tmp`` is swapped in for ``out``.
+
+    The one writer of a new artifact (reached through :meth:`memento.Selector.create`; ``memento.selector.export``
+    resolves where its parts come from); a loaded selector saves itself with :meth:`memento.Selector.save`,
+    through the same parts writer.
+    """
+    write_parts(tmp, config, spec, learner, buffer)
+    FeedbackLog.create(tmp / FEEDBACK_NAME).close()
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    manifest: dict[str, Any] = {
+        "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
+        "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
+        "source": source, "dim": spec.dim, "learner_updates": learner.updates,
+        "live": {BANK_DB: {"rows": cases, "digest": bank_rows.digest(tmp / BANK_DB, cases)},
+                 FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
+    }
+    atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
+                                                  updates=learner.updates, alpha=learner.alpha))
+    manifest["files"] = hash_files(listed_files(tmp))
+    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    fsync_tree(tmp)
+    swap_in(tmp, out)
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)

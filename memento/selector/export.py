@@ -8,7 +8,7 @@
   the number of cases: the bank is copied as it was at that checkpoint.
 - :func:`create_selector` makes an artifact from any case bank with a fresh, untrained Q-network (it
   then learns from feedback with ``learn=True``).
-- :func:`verify` runs the checks :func:`load_selector` runs (:func:`memento.selector.runtime.check_artifact`:
+- :func:`verify` runs the checks :func:`load_selector` runs (:func:`memento.selector.artifact.check_artifact`:
   confinement, checksums, formats, safetensors headers and tensors, dimensions) without loading the
   encoder; what an artifact may hold and what loading trusts is in ``docs/security.md``.
 - :func:`load_selector` returns a :class:`~memento.selector.runtime.Selector` after the same checks.
@@ -55,8 +55,9 @@ from memento.selector.artifact import (
     REPLAY_DIR,
     EncoderSpec,
     SelectorConfig,
+    swap_in,
 )
-from memento.selector.runtime import Selector, check_artifact, swap_in, write_artifact
+from memento.selector.runtime import Selector
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
 
@@ -86,7 +87,7 @@ def load_selector(path: str | Path, device: str | torch.device | None = None, *,
 def verify(path: str | Path) -> dict[str, Any]:
     """Check an artifact as :func:`load_selector` does, without loading its encoder or opening its bank.
 
-    The same checks (:func:`memento.selector.runtime.check_artifact`): no symbolic link anywhere in it, manifest
+    The same checks (:func:`memento.selector.artifact.check_artifact`): no symbolic link anywhere in it, manifest
     entries confined to it, checksums, format versions, configs, every safetensors file parsed (the learner
     and replay state are read on the CPU), the Q-network file against the learner, the SQLite files'
     formats, and that all parts agree on the embedding dimension. Returns ``{"path", "files", "cases",
@@ -94,7 +95,7 @@ def verify(path: str | Path) -> dict[str, Any]:
     ``CheckpointError`` (a damaged or unsafe file) or ``DimensionError``.
     """
     path = Path(path)
-    checked = check_artifact(path, verify=True, device="cpu")
+    checked = Selector.check(path, verify=True, device="cpu")
     report = checked.report
     assert report is not None  # verify=True
     rows, appended = report["rows"], report["appended"]
@@ -291,14 +292,62 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
                                 updates_per_step=soft_q.updates_per_step, qnet=learner.qnet.config,
                                 learner=learner.config, replay=buffer.config, index=bank_config.index,
                                 run=to_dict(src.loop))
-        write_artifact(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
-                        source=_source_info(src, cases, learner.updates))
+        Selector.create(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
+                         source=_source_info(src, cases, learner.updates))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("exported selector %s -> %s (%d cases, dim %d, %d updates)", src.path, out, cases, dim,
                 learner.updates)
     return out
+
+
+def _stage_bank(where: Any, dst: Path, bank_options: Any | None) -> None:
+    """A copy of the bank at ``where`` in the (existing, empty) directory ``dst``: a directory bank's files as
+    they are (usage statistics and action vectors included), a Milvus bank's rows, ids, positions and vectors."""
+    if where.path is not None:
+        sqlite_copy(where.path / "cases.sqlite", dst / "cases.sqlite")
+        for name in ("index.faiss", "index.json"):
+            if (where.path / name).is_file():
+                shutil.copy2(where.path / name, dst / name)
+    else:
+        copy_bank(where, dst, options=bank_options)
+
+
+def _create_spec(encoder: Any, bank_config: Any, dim: int, where: Any) -> EncoderSpec:
+    """The encoder of :func:`create_selector`: given, described by a memento.Encoder, or the bank's."""
+    if isinstance(encoder, EncoderSpec):
+        spec = encoder
+    elif encoder is not None and callable(getattr(encoder, "describe", None)):
+        spec = _encoder_spec(getattr(encoder, "config", None), {"encoder": encoder.describe()}, dim)
+    elif encoder is not None:
+        raise ConfigError(f"create_selector: encoder={encoder!r}: expected an EncoderSpec, a memento.Encoder "
+                          "or None")
+    else:
+        spec = _encoder_spec(bank_config.encoder, None, dim)
+    if spec.dim != dim:
+        raise DimensionError(f"create_selector: the encoder gives dim={spec.dim}, bank {where} holds dim={dim}")
+    return spec
+
+
+def _create_learner(trained: str | Path | None, qnet: QNetConfig | None, learner: LearnerConfig | None, dim: int,
+                    where: Any) -> SoftQLearner:
+    """The learner of :func:`create_selector`: a trained one (single-step), or a fresh one on the CPU."""
+    if trained is not None:
+        if qnet is not None or learner is not None:
+            raise ConfigError("create_selector: pass either trained= or qnet=/learner=, not both")
+        trainer = load_trained_learner(trained, dim)
+        if trainer.config.gamma != 0.0:
+            raise ConfigError(f"{trained}: trained with gamma={trainer.config.gamma}; a selector learns "
+                              "single-step (gamma=0) from feedback")
+        return trainer
+    qnet_config = qnet if qnet is not None else QNetConfig(dim=dim, hidden=128, dropout=0.0, embed_dim=64)
+    if qnet_config.dim != dim:
+        raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {where} holds dim={dim}")
+    learner_config = learner if learner is not None else LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0,
+                                                                        batch_size=64, alpha=0.2)
+    return SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)), learner_config,
+                        device="cpu")
 
 
 def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = None, qnet: QNetConfig | None = None,
@@ -325,8 +374,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     where, out = parse_bank_uri(bank), Path(out_dir)
     bank_dir = where.path  # a directory bank's; None for a Milvus bank
     if bank_dir is not None:
-        db = bank_dir / "cases.sqlite"
-        if not db.is_file():
+        if not (bank_dir / "cases.sqlite").is_file():
             raise CheckpointError(f"{bank_dir}: not a case bank (no cases.sqlite)")
     elif not bank_exists(where, options=bank_options):  # an unreachable server or no such collection: one line
         raise CheckpointError(f"{where}: not a case bank (no such collection)")
@@ -336,42 +384,12 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         shutil.rmtree(tmp)
     (tmp / BANK_DIR).mkdir(parents=True)
     try:
-        if bank_dir is not None:  # the files as they are: usage statistics and action vectors included
-            sqlite_copy(db, tmp / BANK_DB)
-            for name in ("index.faiss", "index.json"):
-                if (bank_dir / name).is_file():
-                    shutil.copy2(bank_dir / name, tmp / BANK_DIR / name)
-        else:  # a Milvus bank: its rows, ids, positions and vectors, into the artifact's own directory bank
-            copy_bank(where, tmp / BANK_DIR, options=bank_options)
+        _stage_bank(where, tmp / BANK_DIR, bank_options)
         with CaseBank.open(tmp / BANK_DIR, use_gpu=False) as copy:
             dim, cases, bank_config = copy.dim, len(copy), copy.config
-        if isinstance(encoder, EncoderSpec):
-            spec = encoder
-        elif encoder is not None and callable(getattr(encoder, "describe", None)):
-            spec = _encoder_spec(getattr(encoder, "config", None), {"encoder": encoder.describe()}, dim)
-        elif encoder is not None:
-            raise ConfigError(f"create_selector: encoder={encoder!r}: expected an EncoderSpec, a memento.Encoder "
-                              "or None")
-        else:
-            spec = _encoder_spec(bank_config.encoder, None, dim)
-        if spec.dim != dim:
-            raise DimensionError(f"create_selector: the encoder gives dim={spec.dim}, bank {where} holds dim={dim}")
-        if trained is not None:
-            if qnet is not None or learner is not None:
-                raise ConfigError("create_selector: pass either trained= or qnet=/learner=, not both")
-            trainer = load_trained_learner(trained, dim)
-            if trainer.config.gamma != 0.0:
-                raise ConfigError(f"{trained}: trained with gamma={trainer.config.gamma}; a selector learns "
-                                  "single-step (gamma=0) from feedback")
-            qnet_config, learner_config = trainer.qnet.config, trainer.config
-        else:
-            qnet_config = qnet if qnet is not None else QNetConfig(dim=dim, hidden=128, dropout=0.0, embed_dim=64)
-            if qnet_config.dim != dim:
-                raise DimensionError(f"create_selector: qnet.dim={qnet_config.dim}, bank {where} holds dim={dim}")
-            learner_config = learner if learner is not None else LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0,
-                                                                                batch_size=64, alpha=0.2)
-            trainer = SoftQLearner(build_qnet(qnet_config, torch.Generator().manual_seed(qnet_config.seed)),
-                                   learner_config, device="cpu")
+        spec = _create_spec(encoder, bank_config, dim, where)
+        trainer = _create_learner(trained, qnet, learner, dim, where)
+        qnet_config, learner_config = trainer.qnet.config, trainer.config
         case_dim = qnet_config.case_dim
         buffer = ReplayBuffer(ReplayConfig(capacity=replay_capacity, dim=dim, k_max=k,
                                            case_dim=None if case_dim == dim else case_dim), device="cpu")
@@ -384,8 +402,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
                   "learner_updates": trainer.updates, "policy": "soft_q", "summary": None, "comparison": None}
         if trained is not None:
             source.update(kind="trained", trained=str(Path(trained).resolve()))
-        write_artifact(tmp, out, learner=trainer, buffer=buffer, config=config, spec=spec, cases=cases,
-                        source=source)
+        Selector.create(tmp, out, learner=trainer, buffer=buffer, config=config, spec=spec, cases=cases,
+                         source=source)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -79,7 +79,7 @@ import numpy as np
 import torch
 
 from memento import sqlite
-from memento.config import QNetConfig, SoftQConfig, load_json, parses_to, save_json, to_dict
+from memento.config import QNetConfig, SoftQConfig, parses_to, to_dict
 from memento.encoders import Encoder
 from memento.errors import (
     CheckpointError,
@@ -91,8 +91,8 @@ from memento.errors import (
     UnknownSelectionError,
 )
 from memento.hub import is_hub_id, push_folder, resolve_selector, split_revision
-from memento.io import atomic_write, atomic_write_text, read_safetensors, sqlite_copy
-from memento.learn.agent import SoftQAgent, save_state
+from memento.io import atomic_write, atomic_write_text, sqlite_copy
+from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation
@@ -104,23 +104,19 @@ from memento.selector.artifact import (
     BANK_DB,
     BANK_DIR,
     CARD_NAME,
-    CONFIG_NAME,
     ENCODER_NAME,
     FEEDBACK_NAME,
-    LEARNER_DIR,
     MANIFEST_NAME,
-    QNET_FORMAT,
-    QNET_NAME,
-    REPLAY_DIR,
     SELECTOR_FORMAT,
     SELECTOR_FORMAT_VERSION,
     STAGING_DIR,
+    CheckedArtifact,
     EncoderSpec,
     FeedbackLog,
     FeedbackRow,
     SelectorConfig,
-    check_bank_file,
-    check_feedback_file,
+    check_artifact,
+    check_dims,
     check_tree,
     commit_staged,
     feedback_rows_digest,
@@ -129,18 +125,18 @@ from memento.selector.artifact import (
     library_versions,
     listed_files,
     model_card,
-    read_encoder_spec,
+    now_iso,
     read_manifest,
     recover,
-    verify_artifact,
-    write_encoder_spec,
+    write_artifact,
+    write_parts,
 )
 from memento.selector.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
 from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
 from memento.types import Case, Selection
 
 __all__ = ["POLICY_FORMAT", "POLICY_NAME", "SelectionMode", "SelectionResult", "Selector", "SelectorConfig",
-           "agent_config", "read_policy", "swap_in", "write_artifact", "write_qnet"]
+           "agent_config", "read_policy"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +239,23 @@ class Selector:
         self._policy_key: tuple[int, int, int] | None = None  # read-only: the published policy file loaded
         self._manifest_key: tuple[int, int, int] | None = None
 
+    # ------------------------------------------------------------------ creating and checking
+
+    @staticmethod
+    def create(staged: Path, out: Path, *, learner: SoftQLearner, buffer: ReplayBuffer, config: SelectorConfig,
+               spec: EncoderSpec, cases: int, source: dict[str, Any]) -> None:
+        """Write a new artifact at ``out`` from ``staged`` (a directory holding its ``bank/`` of ``cases`` rows):
+        the rest of its files, an empty feedback log, the model card and the manifest, then swapped in for
+        ``out`` (:func:`memento.selector.artifact.write_artifact`). Load it with :meth:`load`."""
+        write_artifact(staged, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
+                       source=source)
+
+    @staticmethod
+    def check(path: str | Path, *, verify: bool = True, device: str | torch.device = "cpu") -> CheckedArtifact:
+        """Every check :meth:`load` runs that needs neither the encoder nor the bank's index
+        (:func:`memento.selector.artifact.check_artifact`)."""
+        return check_artifact(path, verify=verify, device=device)
+
     # ------------------------------------------------------------------ loading
 
     @classmethod
@@ -276,12 +289,12 @@ class Selector:
         learner, buffer, dims = checked.learner, checked.buffer, dict(checked.dims)
         if encoder is not None:
             dims["the encoder passed in"] = int(encoder.dim)
-        _check_dims(path, dims)
+        check_dims(path, dims)
         bank = CaseBank.open(path / BANK_DIR, use_gpu=use_gpu_for(where), read_only=read_only)
         feedback_log: FeedbackLog | None = None
         try:
             dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank.dim
-            _check_dims(path, dims)
+            check_dims(path, dims)
             feedback_log = FeedbackLog.open(path / FEEDBACK_NAME)
             selector = cls(path=path, config=config, encoder_spec=spec, manifest=manifest, bank=bank,
                            feedback_log=feedback_log, learner=learner, buffer=buffer, device=where, learn=learn,
@@ -873,7 +886,7 @@ class Selector:
 
     def _write_state(self, directory: Path) -> None:
         """config.json, encoder.json, qnet.safetensors, learner/ and replay/ into ``directory``."""
-        _write_parts(directory, self.config, self.encoder_spec, self._learner, self._buffer)
+        write_parts(directory, self.config, self.encoder_spec, self._learner, self._buffer)
 
     def _live_entries(self, bank_db: Path, feedback_db: sqlite3.Connection | Path
                       ) -> dict[str, dict[str, Any]]:
@@ -892,7 +905,7 @@ class Selector:
     def _new_manifest(self, files: dict[str, dict[str, Any]], live: dict[str, dict[str, Any]]) -> dict[str, Any]:
         manifest = {key: value for key, value in self._manifest.items() if key not in ("files", "live")}
         manifest.update({"format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION,
-                         "versions": library_versions(), "saved": _now_iso(), "saved_unix": time.time(),
+                         "versions": library_versions(), "saved": now_iso(), "saved_unix": time.time(),
                          "saves": int(self._manifest.get("saves", 1)) + 1, "dim": self.dim,
                          "learner_updates": int(self._learner.updates), "files": files, "live": live})
         return manifest
@@ -1030,164 +1043,6 @@ def read_policy(path: Path, learner: SoftQLearner) -> tuple[dict[str, Any], int]
     if "log_alpha" in tensors:
         out["log_alpha"] = tensors["log_alpha"]
     return out, int(metadata["version"])
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _check_dims(path: Path, dims: dict[str, int]) -> None:
-    if len(set(dims.values())) > 1:
-        listed = ", ".join(f"{name} dim={d}" for name, d in dims.items())
-        raise DimensionError(f"{path}: the parts of this selector disagree on the embedding dimension: {listed}")
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckedArtifact:
-    """What :func:`check_artifact` read: the manifest, configs, the learner and replay buffer (on the
-    device asked for), the embedding dimension each part records, and :func:`verify_artifact`'s report
-    (``None`` when checksums were not checked)."""
-
-    manifest: dict[str, Any]
-    config: SelectorConfig
-    spec: EncoderSpec
-    learner: SoftQLearner
-    buffer: ReplayBuffer
-    dims: dict[str, int]
-    report: dict[str, Any] | None
-
-
-def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch.device = "cpu",
-                   cache: dict[str, tuple[int, int, str]] | None = None) -> CheckedArtifact:
-    """Every check of an artifact that does not need its encoder, bank index or feedback replay: the one
-    function both :meth:`Selector.load` and :func:`memento.selector.export.verify` run, so they accept and refuse
-    the same artifacts.
-
-    In order: no symbolic link or special file anywhere in the tree, manifest names confined to the
-    artifact, checksums (``verify``), ``config.json``, ``encoder.json``, the learner (``learner.json``,
-    every tensor of ``learner.safetensors``, ``learner/config.json``) and the replay buffer (``replay.json``,
-    ``replay.safetensors``) loaded on ``device``, ``qnet.safetensors`` against the learner, the bank's
-    ``cases.sqlite`` (format, version, config, embeddings) and ``feedback.sqlite`` (format, version, rows),
-    and the embedding dimension of every part. Any problem is a one-line ``CheckpointError`` (or
-    ``DimensionError``) naming the file.
-    """
-    path = Path(path)
-    report = verify_artifact(path, cache=cache) if verify else None
-    manifest = report["manifest"] if report is not None else read_manifest(path)
-    try:
-        config = load_json(SelectorConfig, path / CONFIG_NAME)
-    except ConfigError as error:
-        raise CheckpointError(f"{path / CONFIG_NAME}: not a selector config ({error})") from None
-    spec = read_encoder_spec(path / ENCODER_NAME)
-    learner = SoftQLearner.load(path / LEARNER_DIR, device=device)
-    _check_learner_config(path / LEARNER_DIR / CONFIG_NAME, learner)
-    buffer = ReplayBuffer.load(path / REPLAY_DIR, device=device)
-    qnet_config = to_dict(learner.qnet.config)
-    if qnet_config != to_dict(config.qnet):
-        raise CheckpointError(f"{path / LEARNER_DIR}: Q-network {qnet_config} differs from {CONFIG_NAME}'s "
-                              f"{to_dict(config.qnet)}")
-    _check_qnet_file(path / QNET_NAME, learner)
-    bank = check_bank_file(path / BANK_DB)
-    dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
-            f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim,
-            f"{BANK_DIR}/": bank["dim"]}
-    if "embedding_dim" in bank:
-        dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank["embedding_dim"]
-    dims[MANIFEST_NAME] = manifest["dim"]
-    _check_dims(path, dims)
-    check_feedback_file(path / FEEDBACK_NAME, spec.dim)
-    return CheckedArtifact(manifest=manifest, config=config, spec=spec, learner=learner, buffer=buffer, dims=dims,
-                           report=report)
-
-
-def _check_learner_config(path: Path, learner: SoftQLearner) -> None:
-    """``learner/config.json`` must describe the learner that ``learner.json`` holds."""
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({' '.join(str(error).split())})") from None
-    if (not isinstance(saved, dict) or not parses_to(QNetConfig, saved.get("qnet"), learner.qnet.config)
-            or not parses_to(type(learner.config), saved.get("learner"), learner.config)):
-        raise CheckpointError(f"{path}: does not describe the learner of {LEARNER_DIR}/learner.json (Q-network "
-                              f"{to_dict(learner.qnet.config)})")
-
-
-def write_qnet(path: Path, learner: SoftQLearner) -> None:
-    """``qnet.safetensors``: the online Q-network's tensors, with its QNetConfig in the metadata."""
-    from safetensors.torch import save_file
-
-    tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
-    metadata = {"format": QNET_FORMAT, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-
-
-def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
-    """qnet.safetensors must hold the learner's Q-network (same config, same tensors)."""
-    tensors, header = read_safetensors(path)
-    if header.get("format") != QNET_FORMAT:
-        raise CheckpointError(f"{path}: not a memento Q-network file")
-    try:
-        config = json.loads(header.get("qnet_config", ""))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
-    if not parses_to(QNetConfig, config, learner.qnet.config):
-        raise CheckpointError(f"{path}: Q-network {config} differs from the learner's {to_dict(learner.qnet.config)}")
-    state = learner.qnet.state_dict()
-    if set(tensors) != set(state):
-        raise CheckpointError(f"{path}: tensors {sorted(tensors)} differ from the Q-network's {sorted(state)}")
-    for name, value in state.items():
-        if tuple(tensors[name].shape) != tuple(value.shape):
-            raise DimensionError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, the learner's "
-                                 f"{tuple(value.shape)}")
-        if not torch.equal(tensors[name], value.detach().to("cpu")):
-            raise CheckpointError(f"{path}: {name} differs from the learner's Q-network ({LEARNER_DIR}/)")
-
-
-def _write_parts(directory: Path, config: SelectorConfig, spec: EncoderSpec, learner: SoftQLearner,
-                 buffer: ReplayBuffer) -> None:
-    """The parts of an artifact besides the bank, the feedback log, the card and the manifest: config.json,
-    encoder.json, qnet.safetensors and the agent's learner/ and replay/ (its checkpoint layout)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    save_json(config, directory / CONFIG_NAME)
-    write_encoder_spec(directory / ENCODER_NAME, spec)
-    write_qnet(directory / QNET_NAME, learner)
-    save_state(directory, learner, buffer)
-
-
-def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: ReplayBuffer, config: SelectorConfig,
-                   spec: EncoderSpec, cases: int, source: dict[str, Any]) -> None:
-    """A new artifact: everything but the bank into ``tmp`` (which holds ``bank/`` with ``cases`` rows already),
-    an empty feedback log, the model card and the manifest last; then ``tmp`` is swapped in for ``out``.
-
-    The one writer of a new artifact (``memento.selector.export`` resolves where its parts come from); a loaded
-    :class:`Selector` saves itself with :meth:`Selector.save`, through the same parts writer.
-    """
-    _write_parts(tmp, config, spec, learner, buffer)
-    FeedbackLog.create(tmp / FEEDBACK_NAME).close()
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    manifest: dict[str, Any] = {
-        "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
-        "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
-        "source": source, "dim": spec.dim, "learner_updates": learner.updates,
-        "live": {BANK_DB: {"rows": cases, "digest": bank_rows.digest(tmp / BANK_DB, cases)},
-                 FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
-    }
-    atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
-                                                  updates=learner.updates, alpha=learner.alpha))
-    manifest["files"] = hash_files(listed_files(tmp))
-    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    fsync_tree(tmp)
-    swap_in(tmp, out)
-
-
-def swap_in(tmp: Path, out: Path) -> None:
-    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def agent_config(config: SelectorConfig) -> SoftQConfig:

@@ -181,40 +181,88 @@ def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type
     return SelectRequest, FeedbackRequest, CaseRequest
 
 
+class _Endpoints:
+    """What the endpoints of one app share: the selector, its writer (or a worker's link to the learner), the
+    encode batcher, the token and the counters /v1/stats reports."""
+
+    def __init__(self, selector: Any, *, token: str | None, config: ServeConfig, writer: Writer | None,
+                 link: LearnerLink | None, process: dict[str, Any] | None) -> None:
+        self.selector, self.token, self.config, self.link = selector, token, config, link
+        self.process = link.process if link is not None else process
+        self.writer, self.batcher = writer, None
+        self.owned = writer is None and link is None
+        self.batching = bool(config.batch_max_texts) and callable(getattr(selector, "batch_encoding", None))
+        self.started = time.time()
+        self.limit_threads = thread_limiter(config.threads)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> Any:
+        if self.batching:  # concurrent texts share forward passes (selects, and new cases the writer encodes)
+            self.batcher = self.selector.batch_encoding(self.config.batch_max_texts, self.config.batch_wait_ms)
+        if self.owned:
+            self.writer = Writer(self.selector, self.config).start()
+        try:
+            yield
+        finally:
+            loop = asyncio.get_running_loop()
+            try:
+                if self.owned:  # drain the queue and save, off the event loop
+                    await loop.run_in_executor(None, self.writer.stop)
+            finally:
+                if self.batching:  # back to encoding in the calling thread, for writes queued in a given writer
+                    await loop.run_in_executor(None, self.selector.batch_encoding, None)
+
+    def authorize(self, request: Request) -> None:
+        if self.token is not None and not token_matches(request.headers.get("authorization"), self.token):
+            raise _Problem(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    async def write(self, submit: Any, field: str | None = None) -> Any:
+        """Run ``submit(writer)`` on the writer thread; errors become problems."""
+        try:
+            if self.writer is None:
+                raise _Problem(503, "the server is not ready", headers={"Retry-After": "1"})
+            return await asyncio.wrap_future(submit(self.writer))
+        except _Problem:
+            raise
+        except Exception as error:  # noqa: BLE001 - mapped to 4xx/5xx, re-raised when unexpected
+            raise _problem_from(error, field=field) from None
+
+    async def forward(self, request: Request, method: str, path: str) -> Any:
+        """A write, validated here, answered by the learner (status and body as it sent them)."""
+        link = self.link
+        assert link is not None
+        raw = await request.body()
+        status, headers, content = await asyncio.get_running_loop().run_in_executor(
+            None, link.forward, method, path, raw, request.headers.get("authorization"))
+        if 200 <= status < 300:
+            await asyncio.get_running_loop().run_in_executor(None, link.sync)  # a new case is selectable here now
+        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
+        return Response(content, status_code=status, headers=kept,
+                        media_type=headers.get("content-type", "application/json"))
+
+    def stats(self) -> dict[str, Any]:
+        w = self.writer
+        server = {"uptime_s": time.time() - self.started, "auth": self.token is not None,
+                  "max_body_bytes": self.config.max_body_bytes, **(w.stats() if w is not None else {})}
+        if self.batcher is not None:
+            server["encode_batching"] = self.batcher.stats()
+        if self.process is not None:
+            server["process"] = {**self.process, "pid": os.getpid()}
+        if self.link is not None:
+            server["forwarding"] = self.link.stats()
+        return json_safe({**self.selector.stats(), "server": server})
+
+
 def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: Writer | None,
               link: LearnerLink | None = None, process: dict[str, Any] | None = None) -> FastAPI:
     """The app; with ``link`` (a worker process of ``memento serve --workers``) there is no writer: feedback and
     new cases are forwarded to the learner, whose answer is returned as it came, and each select first lets
     the selector follow the learner (``link.sync()``). ``process`` is reported by /v1/stats."""
     from memento._version import __version__
+    from memento.serve.inspector import Inspector, inspect_app  # the HTML inspector, behind the same token
 
-    SelectRequest, FeedbackRequest, CaseRequest = _models(config)
-    limit_threads = thread_limiter(config.threads)
-    started = time.time()
-    owned = writer is None and link is None
-    if link is not None:
-        process = link.process
-    state: dict[str, Any] = {"writer": writer, "batcher": None}
-    batching = bool(config.batch_max_texts) and callable(getattr(selector, "batch_encoding", None))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> Any:
-        if batching:  # concurrent texts share forward passes (selects, and new cases the writer encodes)
-            state["batcher"] = selector.batch_encoding(config.batch_max_texts, config.batch_wait_ms)
-        if owned:
-            state["writer"] = Writer(selector, config).start()
-        try:
-            yield
-        finally:
-            loop = asyncio.get_running_loop()
-            try:
-                if owned:  # drain the queue and save, off the event loop
-                    await loop.run_in_executor(None, state["writer"].stop)
-            finally:
-                if batching:  # back to encoding in the calling thread, for writes still queued in a given writer
-                    await loop.run_in_executor(None, selector.batch_encoding, None)
-
-    app = FastAPI(title="memento selector", version=__version__, lifespan=lifespan, redoc_url=None,
+    ends = _Endpoints(selector, token=token, config=config, writer=writer, link=link, process=process)
+    app = FastAPI(title="memento selector", version=__version__, lifespan=ends.lifespan, redoc_url=None,
                   description="Choose past cases for a frozen LLM with a trained soft-Q selector; report outcomes "
                               "to keep it learning. Every /v1 endpoint needs `Authorization: Bearer TOKEN` "
                               "unless the server runs with --no-auth.")
@@ -222,8 +270,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     bearer = HTTPBearer(auto_error=False, description="the server's token ($MEMENTO_SERVE_TOKEN or --token-file)")
 
     def authorize(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-        if token is not None and not token_matches(request.headers.get("authorization"), token):
-            raise _Problem(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        ends.authorize(request)
 
     @app.exception_handler(_Problem)
     async def _problem(request: Request, error: _Problem) -> JSONResponse:
@@ -236,32 +283,33 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
                   for e in error.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
 
-    def current_writer() -> Writer:
-        w = state["writer"]
-        if w is None:
-            raise _Problem(503, "the server is not ready", headers={"Retry-After": "1"})
-        return w
-
-    async def write(submit: Any, field: str | None = None) -> Any:
-        try:
-            future = submit(current_writer())
-            return await asyncio.wrap_future(future)
-        except _Problem:
-            raise
-        except Exception as error:  # noqa: BLE001 - mapped to 4xx/5xx, re-raised when unexpected
-            raise _problem_from(error, field=field) from None
-
-    auth = [Depends(authorize)]
-
     @app.get("/healthz", tags=["meta"], summary="liveness (no auth)")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": __version__}
+
+    auth = [Depends(authorize)]
+    SelectRequest, FeedbackRequest, CaseRequest = _models(config)
+    _selector_routes(app, ends, auth, SelectRequest, FeedbackRequest)
+    _case_routes(app, ends, auth, CaseRequest)
+
+    @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
+    def stats() -> dict[str, Any]:
+        return ends.stats()
+
+    app.mount("/inspect", inspect_app(Inspector.for_selector(selector), token=token))
+    return app
+
+
+def _selector_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SelectRequest: type[BaseModel],
+                     FeedbackRequest: type[BaseModel]) -> None:
+    """POST /v1/select and /v1/feedback."""
+    selector, link = ends.selector, ends.link
 
     @app.post("/v1/select", dependencies=auth, tags=["selector"], summary="choose k cases for a task")
     def select(request_body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body  # a model class made per app: mypy cannot see its fields
         query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
-        limit_threads()
+        ends.limit_threads()
         if link is not None:  # the learner's newest weights and cases (cheap when nothing changed)
             link.sync()
         try:
@@ -271,55 +319,36 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         # rendered here: FastAPI's own response validation and serialisation would cost more than the select
         return JSONResponse(json_safe(result.to_dict()))  # type: ignore[return-value]
 
-    async def forwarded(request: Request, path: str) -> Any:
-        """A write, validated here, answered by the learner (status and body as it sent them)."""
-        assert link is not None
-        raw = await request.body()
-        status, headers, content = await asyncio.get_running_loop().run_in_executor(
-            None, link.forward, "POST", path, raw, request.headers.get("authorization"))
-        if 200 <= status < 300:
-            await asyncio.get_running_loop().run_in_executor(None, link.sync)  # a new case is selectable here now
-        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
-        return Response(content, status_code=status, headers=kept,
-                        media_type=headers.get("content-type", "application/json"))
-
     @app.post("/v1/feedback", dependencies=auth, tags=["selector"],
               summary="record the reward of a selection (answered once committed)")
     async def feedback(request_body: FeedbackRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body
         if link is not None:
-            return await forwarded(request, "/v1/feedback")  # type: ignore[no-any-return]
-        result = await write(lambda w: w.submit_feedback(body.selection_id, body.reward), field="reward")
+            return await ends.forward(request, "POST", "/v1/feedback")  # type: ignore[no-any-return]
+        result = await ends.write(lambda w: w.submit_feedback(body.selection_id, body.reward), field="reward")
         return json_safe(result)
+
+
+def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: type[BaseModel]) -> None:
+    """POST /v1/cases, DELETE, PUT and GET /v1/cases/{case_id}."""
+    selector, link = ends.selector, ends.link
 
     @app.post("/v1/cases", dependencies=auth, tags=["cases"], summary="add a case (answered once committed)")
     async def add_case(request_body: CaseRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body
         if link is not None:
-            return await forwarded(request, "/v1/cases")  # type: ignore[no-any-return]
+            return await ends.forward(request, "POST", "/v1/cases")  # type: ignore[no-any-return]
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
-        case_id = await write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
-                                                      meta=body.meta, embedding=embedding))
+        case_id = await ends.write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
+                                                           meta=body.meta, embedding=embedding))
         return {"id": case_id}
-
-    async def forwarded_to(request: Request, method: str, path: str) -> Any:
-        """A write other than POST, answered by the learner (as :func:`forwarded`)."""
-        assert link is not None
-        raw = await request.body()
-        status, headers, content = await asyncio.get_running_loop().run_in_executor(
-            None, link.forward, method, path, raw, request.headers.get("authorization"))
-        if 200 <= status < 300:
-            await asyncio.get_running_loop().run_in_executor(None, link.sync)
-        kept = {name: headers[name] for name in ("retry-after", "www-authenticate") if name in headers}
-        return Response(content, status_code=status, headers=kept,
-                        media_type=headers.get("content-type", "application/json"))
 
     @app.delete("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
                 summary="delete a case: never selected again (answered once committed and checkpointed)")
     async def delete_case(case_id: str, request: Request) -> dict[str, Any]:
         if link is not None:
-            return await forwarded_to(request, "DELETE", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
-        return json_safe(await write(lambda w: w.submit_delete(case_id)))
+            return await ends.forward(request, "DELETE", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+        return json_safe(await ends.write(lambda w: w.submit_delete(case_id)))
 
     @app.put("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
              summary="replace a case by a new one (a new id; the old one is deleted; answered once committed)")
@@ -327,10 +356,10 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
                            ) -> dict[str, Any]:
         body: Any = request_body
         if link is not None:
-            return await forwarded_to(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+            return await ends.forward(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
-        new_id = await write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward, env=body.env,
-                                                        meta=body.meta, embedding=embedding))
+        new_id = await ends.write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward,
+                                                             env=body.env, meta=body.meta, embedding=embedding))
         return {"id": new_id, "replaced": case_id}
 
     @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"], summary="one case by id")
@@ -340,24 +369,3 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         except (UnknownCaseError, KeyError) as error:
             raise _problem_from(error) from None
         return json_safe(case.to_json())
-
-    @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
-    def stats() -> dict[str, Any]:
-        w = state["writer"]
-        server = {"uptime_s": time.time() - started, "auth": token is not None,
-                  "max_body_bytes": config.max_body_bytes, **(w.stats() if w is not None else {})}
-        if state["batcher"] is not None:
-            server["encode_batching"] = state["batcher"].stats()
-        if process is not None:
-            server["process"] = {**process, "pid": os.getpid()}
-        if link is not None:
-            server["forwarding"] = link.stats()
-        return json_safe({**selector.stats(), "server": server})
-
-    from memento.serve.inspector import (  # the HTML inspector (memento inspect), behind the same token
-        Inspector,
-        inspect_app,
-    )
-
-    app.mount("/inspect", inspect_app(Inspector.for_selector(selector), token=token))
-    return app

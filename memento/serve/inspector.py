@@ -729,18 +729,30 @@ def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
     bearer token every page needs (header, ``?token=`` or the cookie set by the login form)."""
     _require_serve()
     from fastapi import FastAPI
-    from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
     app = FastAPI(title="memento inspect", docs_url=None, redoc_url=None, openapi_url=None)
     headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
                                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+    _add_login(app, token, headers)
+    _add_pages(app, inspector, headers)
+    return app
 
-    def base(request: Any) -> str:
-        return str(request.scope.get("root_path", "")).rstrip("/")
 
-    def html_response(body: str, status: int = 200) -> Response:
-        return HTMLResponse(body, status_code=status, headers=headers)
+def _base(request: Any) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _integer(value: str | None, default: int = 0) -> int:
+    try:
+        return max(0, int(value)) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _add_login(app: Any, token: str | None, headers: dict[str, str]) -> None:
+    """The token check of every page (header, ``?token=`` or cookie) and the login form's POST /login."""
+    from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
     def given_token(request: Any) -> str | None:
         header = request.headers.get("authorization", "")
@@ -755,7 +767,7 @@ def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
 
     def login_page(request: Any, message: str) -> Response:
         path = request.url.path
-        form = (f'<p class="error">{e(message)}</p><form class="bar" method="post" action="{e(base(request))}/login">'
+        form = (f'<p class="error">{e(message)}</p><form class="bar" method="post" action="{e(_base(request))}/login">'
                 f'<input type="hidden" name="next" value="{e(path)}"><input type="password" name="token" '
                 'placeholder="the server token" autocomplete="current-password"><button type="submit">log in</button>'
                 "</form>")
@@ -764,7 +776,7 @@ def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
         return HTMLResponse(body, status_code=401, headers={**headers, "WWW-Authenticate": "Bearer"})
 
     def set_cookie(response: Response, request: Any, value: str) -> None:
-        response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path=(base(request) or "") + "/")
+        response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path=(_base(request) or "") + "/")
 
     @app.middleware("http")
     async def authorize(request: Any, call_next: Any) -> Any:
@@ -784,13 +796,21 @@ def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
         if not valid(candidate):
             return login_page(request, "wrong token")
         target = (form.get("next") or [""])[0]
-        if not target.startswith(base(request) + "/") or target.startswith("//") or "\\" in target:
-            target = base(request) + "/"  # only a page of this app: never a redirect elsewhere
+        if not target.startswith(_base(request) + "/") or target.startswith("//") or "\\" in target:
+            target = _base(request) + "/"  # only a page of this app: never a redirect elsewhere
         response = RedirectResponse(target, status_code=303)
         set_cookie(response, request, candidate)
         return response
 
     app.add_route("/login", login, methods=["POST"])
+
+
+def _add_pages(app: Any, inspector: Inspector, headers: dict[str, str]) -> None:
+    """The GET pages; a missing case or run is a 404 page, another memento error a 400 page."""
+    from fastapi.responses import HTMLResponse, Response
+
+    def html_response(body: str, status: int = 200) -> Response:
+        return HTMLResponse(body, status_code=status, headers=headers)
 
     def guarded(render: Callable[[], str]) -> Response:
         try:
@@ -801,29 +821,21 @@ def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
         except MementoError as error:
             return html_response(f"<!doctype html><title>error</title><p>{e(error)}</p>", 400)
 
-    def integer(value: str | None, default: int = 0) -> int:
-        try:
-            return max(0, int(value)) if value not in (None, "") else default
-        except ValueError:
-            return default
-
     # plain Starlette routes (the handler gets the request): no annotations for FastAPI to resolve
     pages: dict[str, Callable[[Any, _Page], str]] = {
         "/": lambda q, p: page_index(inspector, p),
         "/bank": lambda q, p: page_bank(inspector, p, b=q.get("b"), q=q.get("q"), env=q.get("env"),
-                                        kind=q.get("kind"), reward=q.get("reward"), number=integer(q.get("page"))),
+                                        kind=q.get("kind"), reward=q.get("reward"), number=_integer(q.get("page"))),
         "/case": lambda q, p: page_case(inspector, p, b=q.get("b"), case_id=q.get("id") or ""),
-        "/steps": lambda q, p: page_steps(inspector, p, r=q.get("r"), number=integer(q.get("page"))),
-        "/step": lambda q, p: page_step(inspector, p, r=q.get("r"), number=integer(q.get("n"))),
+        "/steps": lambda q, p: page_steps(inspector, p, r=q.get("r"), number=_integer(q.get("page"))),
+        "/step": lambda q, p: page_step(inspector, p, r=q.get("r"), number=_integer(q.get("n"))),
         "/curves": lambda q, p: page_curves(inspector, p),
     }
     for path, render in pages.items():
         def endpoint(request: Any, render: Callable[[Any, _Page], str] = render) -> Response:
-            return guarded(lambda: render(request.query_params, _Page(base(request))))
+            return guarded(lambda: render(request.query_params, _Page(_base(request))))
 
         app.add_route(path, endpoint, methods=["GET"])
-
-    return app
 
 
 def serve_inspector(path: str | Path, *, host: str = "127.0.0.1", port: int = 8090, token: str | None = None,

@@ -48,9 +48,10 @@ from memento.selector.artifact import (
     SelectorConfig,
     hash_files,
     listed_files,
+    write_qnet,
 )
 from memento.selector.export import export_selector, load_selector, verify
-from memento.selector.runtime import Selector, write_qnet
+from memento.selector.runtime import Selector
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
