@@ -54,14 +54,14 @@ def test_child_killed_mid_transaction_leaves_bank_as_before(tmp_path, rng):
         from memento.memory import CaseBank
         from memento.types import Case
         bank = CaseBank.open(sys.argv[1])
-        real_commit = bank._conn.commit
+        real_commit = bank._rows.conn.commit
         class Dying:
             def __getattr__(self, name):
                 return getattr(conn, name)
             def commit(self):
                 os._exit(7)  # die after the inserts, before the commit
-        conn = bank._conn
-        bank._conn = Dying()
+        conn = bank._rows.conn
+        bank._rows.conn = Dying()
         x = np.eye(16, dtype=np.float32)[:5]
         bank.add([Case(state=f"lost {i}", action="a", reward=1.0) for i in range(5)], x)
     """)

@@ -864,7 +864,7 @@ def test_crash_between_commit_and_index_write(bank_path: Path, rng, caplog) -> N
     late = b.add(make_cases(5, prefix="late"), late_emb)
     assert len(b) == 15
     # crash: SQLite committed, the index file was never rewritten
-    b._conn.close()
+    b._rows.conn.close()
     b._closed = True
     assert json.loads((bank_path / "index.json").read_text())["ntotal"] == 10
     with caplog.at_level("WARNING", logger="memento.memory.bank"), CaseBank.open(bank_path) as again:

@@ -426,16 +426,95 @@ def test_missing_extra_names_it(monkeypatch, tmp_path) -> None:
     assert not (tmp_path / "b.db").exists()
 
 
-def test_usage_statistics_are_refused_on_milvus(bank, rng) -> None:
-    ids = bank.add(make_cases(2), unit_vectors(rng, 2, DIM))
-    if isinstance(bank, CaseBank):
+def test_usage_statistics(bank, rng) -> None:
+    ids = bank.add(make_cases(4), unit_vectors(rng, 4, DIM))
+    assert bank.usage_at([0, 3])[0].tolist() == [0, 0]  # nothing recorded yet: nothing written either
+    bank.record_usage(0, ids[:2], 1.0)
+    bank.record_usage(1, [ids[1], ids[2]], 0.5)
+    bank.record_usage(2, [ids[1]], 0.0)
+    shown, total = bank.usage_at([0, 1, 2, 3])
+    assert shown.tolist() == [1, 3, 1, 0] and total.tolist() == [1.0, 1.5, 0.5, 0.0]
+    assert bank.truncate_usage(2) == 1  # a resume to step 2: the rows of steps >= 2 go
+    assert bank.usage_at([1])[0].tolist() == [2]
+    bank.delete(ids[0])  # a deleted case was never shown
+    assert bank.usage_at([0, 1])[0].tolist() == [0, 2]
+    with pytest.raises(UnknownCaseError):
+        bank.record_usage(3, ["nope"], 1.0)
+    with pytest.raises(DataFormatError, match="step"):
+        bank.record_usage(-1, ids[1:2], 1.0)
+    with pytest.raises(DataFormatError, match="reward"):
+        bank.record_usage(3, ids[1:2], float("inf"))
+    with pytest.raises(UnknownCaseError):
+        bank.usage_at([4])
+    bank.truncate(2)
+    assert bank.usage_at([0, 1])[0].tolist() == [0, 2]
+    bank.add(make_cases(2, start=2), unit_vectors(rng, 2, DIM))  # the truncated positions again: never shown
+    assert bank.usage_at([2, 3])[0].tolist() == [0, 0]
+
+
+def test_action_vectors(bank, rng) -> None:
+    ids = bank.add(make_cases(4), unit_vectors(rng, 4, DIM))
+    emb, have = bank.action_embeddings_at([0, 1])
+    assert emb.shape == (2, DIM) and emb.dtype == np.float32 and not have.any() and not emb.any()
+    actions = unit_vectors(rng, 3, DIM)
+    bank.set_action_embeddings([0, 1, 3], actions)
+    emb, have = bank.action_embeddings_at([3, 2, 0, 3])
+    assert have.tolist() == [True, False, True, True]
+    assert np.array_equal(emb[[0, 2, 3]], actions[[2, 0, 2]]) and not emb[1].any()
+    bank.set_action_embeddings([1], actions[:1])  # replaced
+    assert np.array_equal(bank.action_embeddings_at([1])[0], actions[:1])
+    with pytest.raises(DataFormatError, match="unit-norm"):
+        bank.set_action_embeddings([2], 2 * actions[:1])
+    with pytest.raises(UnknownCaseError):
+        bank.set_action_embeddings([4], actions[:1])
+    bank.delete(ids[0])  # a deleted case's action vector goes with it
+    bank.truncate(3)  # and the truncated ones'
+    assert bank.action_embeddings_at([0, 1, 2])[1].tolist() == [False, True, False]
+
+
+def test_usage_and_action_vectors_survive_a_reopen(bank_uri, rng) -> None:
+    actions = unit_vectors(rng, 2, DIM)
+    with create_bank(bank_uri, DIM) as bank:
+        ids = bank.add(make_cases(3), unit_vectors(rng, 3, DIM))
         bank.record_usage(0, ids, 1.0)
-        assert bank.usage_at([0])[0].tolist() == [1]
-        return
-    with pytest.raises(BankError, match="usage statistics"):
-        bank.record_usage(0, ids, 1.0)
-    with pytest.raises(BankError, match="action vectors"):
-        bank.action_embeddings_at([0])
+        bank.record_usage(1, ids[1:], 0.0)
+        bank.set_action_embeddings([0, 2], actions)
+    with open_bank(bank_uri) as bank:
+        shown, total = bank.usage_at([0, 1, 2])
+        assert shown.tolist() == [1, 2, 2] and total.tolist() == [1.0, 1.0, 1.0]
+        emb, have = bank.action_embeddings_at([0, 1, 2])
+        assert have.tolist() == [True, False, True] and np.array_equal(emb[[0, 2]], actions)
+    with open_bank(bank_uri, read_only=True) as reader:
+        assert reader.usage_at([1])[0].tolist() == [2]
+        with pytest.raises(BankError, match="read-only"):
+            reader.record_usage(2, ids[:1], 1.0)
+
+
+def test_case_features_from_candidates(filled, rng) -> None:
+    """The Q-network's case features (``QNetConfig.features="case"``) on every backend: the candidates' state
+    vectors, their action vectors (encoded once, then stored in the bank) and usage statistics."""
+    from memento.config import CASE_SCALARS
+    from memento.learn.features import CaseFeaturizer
+
+    bank, cases, ids, emb = filled
+    action_of = {c.action: v for c, v in zip(cases, unit_vectors(rng, len(cases), DIM))}
+    encoded: list[str] = []
+
+    def encode(texts: list[str]) -> np.ndarray:
+        encoded.extend(texts)
+        return np.stack([action_of[t] for t in texts])
+
+    featurizer = CaseFeaturizer(bank, encode)
+    cands = bank.candidates(emb[4], 5)
+    bank.record_usage(0, cands.ids[:2], 1.0)
+    vectors = featurizer.case_vectors(cands)
+    assert vectors.shape == (5, 2 * DIM + CASE_SCALARS) and vectors.dtype == np.float32
+    assert np.array_equal(vectors[:, :DIM], emb[cands.positions_C])
+    assert np.allclose(vectors[:, DIM:2 * DIM], [action_of[cases[p].action] for p in cands.positions_C], atol=1e-6)
+    assert vectors[:, 2 * DIM + 2].tolist() == pytest.approx([np.log(2)] * 2 + [0.0] * 3)  # log(1 + shown)
+    assert sorted(encoded) == sorted(cases[p].action for p in cands.positions_C)
+    again = featurizer.case_vectors(bank.candidates(emb[4], 5))
+    assert len(encoded) == 5 and np.array_equal(again, vectors)  # the action vectors came from the bank
 
 
 def test_bench_bank_runs_both_backends_side_by_side(tmp_path) -> None:

@@ -70,7 +70,7 @@ def test_bank_replace_makes_the_new_text_findable_and_the_old_not(tmp_path: Path
     assert new_id != old and bank.get(new_id).action == "yellow"
     assert bank.search(encoder.encode(new_case.state), 1)[1][0] == new_id
     assert old not in bank.search(encoder.encode(cases[3].state), len(bank))[1].tolist()
-    row = bank._conn.execute("SELECT replaced_by FROM deleted WHERE id = ?", (old,)).fetchone()
+    row = bank._rows.conn.execute("SELECT replaced_by FROM deleted WHERE id = ?", (old,)).fetchone()
     assert row == (new_id,)
     with pytest.raises(DataFormatError):
         bank.replace(new_id, new_case, np.zeros(encoder.dim, dtype=np.float32))  # not unit norm: nothing written

@@ -1,0 +1,783 @@
+"""The bank front, written once for every backend: ids, de-duplication, validation, tombstones, search results,
+usage statistics and JSONL import/export, over three narrow parts a backend supplies (as TorchRL composes a
+replay buffer from a storage, a sampler and a writer):
+
+- a :class:`RowStore`: the cases' rows by position (SQLite table | Milvus collection) and their tombstones;
+- a :class:`VectorIndex`: top-k by inner product over the positions, with the env/kind/positive/deleted
+  filters, and the stored vectors (faiss over an in-memory mirror | the Milvus collection's vector field);
+- a :class:`FeatureStore`: the Q-network's case features, an append-only usage log ``(step, pos, reward)``
+  and one action vector per position (SQLite tables | Milvus side collections).
+
+:class:`memento.memory.bank.CaseBank` and :class:`memento.memory.milvus.MilvusBank` are this front with their
+parts (their ``create``/``open`` build the parts). Positions are dense (a case's position is its insertion
+index); a tombstoned case is never found, listed or chosen again, but ``get``/``embeddings_at``/
+``positions_of`` still read it (see :mod:`memento.memory.protocol`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, overload
+
+import numpy as np
+
+from memento.config import BankConfig, IndexConfig, to_dict
+from memento.errors import BankError, DataFormatError, DimensionError, UnknownCaseError
+from memento.formats import read_case_file, write_jsonl
+from memento.types import Case
+
+__all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex"]
+
+logger = logging.getLogger(__name__)
+
+_NORM_TOLERANCE = 1e-3
+_MAX_PADDED = 1 << 24  # a batch search result padded past the bank's size holds at most this many entries
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A candidate set for one state: ``C`` case ids, their bank positions, similarity scores and vectors."""
+
+    ids: list[str]
+    positions_C: np.ndarray
+    scores_C: np.ndarray
+    embeddings_CD: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def subset(self, keep_C: np.ndarray) -> Candidates:
+        """The candidates where the boolean ``keep_C`` (shape ``(C,)``) is true, in the same order."""
+        keep_C = np.asarray(keep_C, dtype=bool)
+        if keep_C.shape != (len(self.ids),):
+            raise DimensionError(f"Candidates.subset: keep_C.shape={keep_C.shape} for {len(self.ids)} candidates")
+        return self.take(np.flatnonzero(keep_C))
+
+    def take(self, rows: np.ndarray) -> Candidates:
+        """The candidates at ``rows`` (indices into this set), in that order."""
+        index = np.asarray(rows, dtype=np.int64)
+        return Candidates(ids=[self.ids[i] for i in index], positions_C=self.positions_C[index],
+                          scores_C=self.scores_C[index], embeddings_CD=self.embeddings_CD[index])
+
+    def rows_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Indices into this set of the cases ``ids`` (in that order); an id not in the set raises
+        ``DataFormatError``."""
+        row_of = {case_id: i for i, case_id in enumerate(self.ids)}
+        missing = [case_id for case_id in ids if case_id not in row_of]
+        if missing:
+            raise DataFormatError(f"case id(s) {missing[:3]} are not among the {len(self.ids)} candidate(s)")
+        return np.asarray([row_of[case_id] for case_id in ids], dtype=np.int64)
+
+    def positive(self, rewards_C: np.ndarray) -> Candidates:
+        """Only the candidates whose stored reward is > 0; all of them when none is (Memento's positive-only
+        retrieval, as :class:`policies.similarity.SimilarityPolicy` with ``positive_only=True`` applies it)."""
+        keep_C = np.asarray(rewards_C, dtype=np.float64) > 0
+        return self if keep_C.all() or not keep_C.any() else self.subset(keep_C)
+
+
+@dataclass(frozen=True)
+class NewRow:
+    """A case about to be stored at ``pos``: its id, content hash, creation time, meta JSON and unit vector."""
+
+    pos: int
+    id: str
+    hash: str
+    case: Case
+    created: float
+    meta: str
+    vector_D: np.ndarray
+
+
+@dataclass(frozen=True)
+class Filter:
+    """What a search keeps: live cases, of ``env``/``kind`` when given, with a stored reward > 0 if ``positive``."""
+
+    env: str | None = None
+    kind: str | None = None
+    positive: bool = False
+
+
+class RowStore(Protocol):
+    """The cases' rows by position, and their tombstones. Writes happen inside :meth:`transaction`."""
+
+    name: str
+
+    def count(self) -> int:
+        """Rows stored now (positions ``0..count-1``; another process may have added some)."""
+        ...
+
+    def transaction(self, what: str) -> AbstractContextManager[None]: ...
+
+    def find(self, ids: Sequence[str]) -> dict[str, int]:
+        """The positions of those ``ids`` that are stored (deleted ones included)."""
+        ...
+
+    def live_by_hash(self, hashes: Sequence[str], dead: int | None) -> dict[str, str]:
+        """For each content hash stored in a live case (``dead`` counting as deleted): the smallest such id."""
+        ...
+
+    def insert(self, rows: Sequence[NewRow]) -> None: ...
+
+    def tombstone(self, positions: Sequence[int], ids: Sequence[str], replaced_by: str | None) -> None: ...
+
+    def deleted_positions(self) -> np.ndarray:
+        """The tombstoned positions, sorted int64."""
+        ...
+
+    def deleted_ids(self) -> list[str]: ...
+
+    def ids_at(self, positions: Sequence[int]) -> list[str]: ...
+
+    def cases_at(self, positions: Sequence[int]) -> list[Case]: ...
+
+    def rewards_at(self, positions: Sequence[int]) -> np.ndarray: ...
+
+    def set_reward(self, position: int, reward: float) -> None: ...
+
+    def scan(self, batch_size: int) -> Iterator[Case]:
+        """The live cases in position order."""
+        ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def summary(self) -> dict[str, Any]:
+        """A backend's own keys, then ``cases``, ``reward_mean``, ``reward_positive``, ``by_kind``, ``by_env``,
+        ``files``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class VectorIndex(Protocol):
+    """Top-k by inner product over the positions; the stored vectors."""
+
+    def added(self, rows: Sequence[NewRow]) -> None:
+        """The rows a committed :meth:`RowStore.insert` stored (a mirror or an index takes them in)."""
+        ...
+
+    def topk(self, q_BD: np.ndarray, k: int, where: Filter, dead_N: np.ndarray,
+             with_vectors: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(scores_BK, positions_BK, vectors_BKD | None)``, -inf / -1 padded, ``1 <= k <= count``; the
+        positions in ``dead_N`` are never returned."""
+        ...
+
+    def vectors_at(self, positions_N: np.ndarray) -> np.ndarray: ...
+
+    def refresh(self, first_new: int, top: int) -> None:
+        """Take in the rows ``first_new..top-1`` another process stored."""
+        ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def set_search_params(self, config: IndexConfig) -> None: ...
+
+    def summary(self, count: int) -> dict[str, Any]:
+        """``index_trained``, ``index_ntotal`` (and a backend's own keys before them) for ``count`` rows."""
+        ...
+
+    def flush(self) -> None: ...
+
+
+class FeatureStore(Protocol):
+    """The case features' storage: a usage log ``(step, pos, reward)`` and one action vector per position."""
+
+    def record(self, step: int, positions_K: np.ndarray, reward: float) -> None: ...
+
+    def totals(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(shown_N, reward_sum_N)`` over positions ``0..n-1``."""
+        ...
+
+    def truncate_steps(self, step: int) -> int: ...
+
+    def forget(self, positions: Sequence[int]) -> None:
+        """Drop the usage rows and action vectors of those positions (tombstoned: in the same transaction)."""
+        ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def actions_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def set_actions(self, positions_C: np.ndarray, emb_CD: np.ndarray) -> None: ...
+
+
+def check_real(value: Any, what: str) -> float:
+    """A finite real number (not a bool) as a float; anything else raises ``DataFormatError``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise DataFormatError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def validate_embeddings(embeddings: Any, n: int, dim: int) -> np.ndarray:
+    """``n`` unit-norm float vectors ``[n, dim]`` (one ``[dim]`` vector when ``n == 1``), as float32."""
+    emb = np.asarray(embeddings)
+    if emb.ndim == 1 and n == 1:
+        emb = emb[None, :]
+    if emb.ndim != 2 or emb.shape != (n, dim):
+        raise DimensionError(f"embeddings have shape {tuple(emb.shape)}, expected ({n}, {dim}) "
+                             f"for {n} case(s) in a dim={dim} bank")
+    if not np.issubdtype(emb.dtype, np.floating):
+        raise DataFormatError(f"embeddings must be floating point, got dtype {emb.dtype}")
+    emb = np.ascontiguousarray(emb, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+    if bad.size:
+        raise DataFormatError(f"embedding row {int(bad[0])} contains NaN or inf")
+    norms = np.linalg.norm(emb, axis=1)
+    off = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+    if off.size:
+        raise DataFormatError(f"embedding row {int(off[0])} has norm {norms[off[0]]:.4f}; bank vectors must be "
+                              "unit-norm (encode with normalize=True)")
+    return emb
+
+
+def validate_query(query: Any, dim: int) -> np.ndarray:
+    """Queries ``[D]`` or ``[B, D]`` as normalised float32 ``[B, D]``."""
+    q = np.asarray(query)
+    q_BD = q[None, :] if q.ndim == 1 else q
+    if q_BD.ndim != 2 or q_BD.shape[1] != dim:
+        raise DimensionError(f"query has shape {tuple(q.shape)}, expected ({dim},) or "
+                             f"(B, {dim}) for this dim={dim} bank")
+    if not np.issubdtype(q_BD.dtype, np.floating):
+        raise DataFormatError(f"query must be floating point, got dtype {q_BD.dtype}")
+    q_BD = q_BD.astype(np.float32)
+    if not np.isfinite(q_BD).all():
+        raise DataFormatError("query contains NaN or inf")
+    norms_B1 = np.linalg.norm(q_BD, axis=1, keepdims=True)
+    if (norms_B1 == 0).any():
+        raise DataFormatError("query has zero norm")
+    return np.ascontiguousarray(q_BD / norms_B1)
+
+
+def case_meta_json(case: Case) -> str:
+    """A case's meta as the banks store it (JSON, keys sorted, UTF-8 kept)."""
+    return json.dumps(case.meta, ensure_ascii=False, sort_keys=True)
+
+
+class BankFront:
+    """A case bank over a :class:`RowStore`, a :class:`VectorIndex` and a :class:`FeatureStore` (see the module
+    docstring). Backends subclass it and build the parts in their ``create``/``open``."""
+
+    def __init__(self, rows: RowStore, index: VectorIndex, features: FeatureStore, *, config: BankConfig,
+                 uid: str, read_only: bool = False):
+        self._rows = rows
+        self._index = index
+        self._features = features
+        self.config = config
+        self.uid = uid
+        self.read_only = read_only
+        self._count = rows.count()
+        self._closed = False
+        self._usage: tuple[np.ndarray, np.ndarray] | None = None  # (shown_N, reward_sum_N), loaded on first need
+
+    # ------------------------------------------------------------------ basics
+
+    @property
+    def path(self) -> Any:
+        """Where the bank lives (a directory, or the ``milvus:`` name)."""
+        return self._rows.name
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BankError(f"{self.path}: bank is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise BankError(f"{self.path}: bank is open read-only (another process writes it)")
+
+    def _positions(self, ids: Sequence[str]) -> np.ndarray:
+        ids = list(ids)
+        found = self._rows.find(ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise UnknownCaseError(f"{self.path}: unknown case id {missing[0]!r}{more}")
+        return np.array([found[i] for i in ids], dtype=np.int64)
+
+    def _check_positions(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        positions_N = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if positions_N.size and (positions_N.min() < 0 or positions_N.max() >= self._count):
+            raise UnknownCaseError(f"{self.path}: positions must lie in [0, {self._count}); "
+                                   f"got min={int(positions_N.min())}, max={int(positions_N.max())}")
+        return positions_N
+
+    def _check_text(self, case: Case, i: int) -> None:
+        """A backend's limits on a case's fields (none by default)."""
+
+    # ------------------------------------------------------------------ writes
+
+    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False) -> list[str]:
+        """Store cases and their unit-norm embeddings ``[N, D]``.
+
+        Returns one id per input case. A case whose content (state, action, env, kind) is already stored, or
+        repeats an earlier case of the same call, is skipped and its stored id returned, unless
+        ``allow_duplicates``. Ids left ``None`` are derived from the content hash. Nothing is written if any case
+        or embedding is invalid. (What a crash during the call leaves: :mod:`memento.memory.protocol`.)
+        """
+        self._check_writable()
+        cases = list(cases)
+        for i, case in enumerate(cases):
+            if not isinstance(case, Case):
+                raise DataFormatError(f"item {i} is {type(case).__name__}, expected memento.Case")
+        if not cases:
+            if np.asarray(embeddings).size:
+                raise DimensionError(f"embeddings have shape {np.asarray(embeddings).shape} for 0 cases")
+            return []
+        emb_ND = validate_embeddings(embeddings, len(cases), self.dim)
+        for i, case in enumerate(cases):
+            self._check_text(case, i)
+        hashes = [c.content_hash for c in cases]
+        with self._rows.transaction("cases violate"):
+            out, planned = self._plan_ids(cases, hashes, allow_duplicates=allow_duplicates, warn=True)
+            new_rows = self._new_rows(cases, hashes, emb_ND, planned)
+            self._rows.insert(new_rows)
+        self._stored(new_rows)
+        skipped = len(cases) - len(new_rows)
+        if skipped:
+            logger.debug("%s: skipped %d duplicate case(s)", self.path, skipped)
+        return out
+
+    def _new_rows(self, cases: Sequence[Case], hashes: Sequence[str], emb_ND: np.ndarray,
+                  planned: Sequence[tuple[int, str]]) -> list[NewRow]:
+        now = time.time()
+        return [NewRow(pos=pos, id=case_id, hash=hashes[i], case=cases[i], meta=case_meta_json(cases[i]),
+                       created=now if cases[i].created is None else float(cases[i].created), vector_D=emb_ND[i])
+                for pos, (i, case_id) in enumerate(planned, start=self._count)]
+
+    def _stored(self, new_rows: Sequence[NewRow]) -> None:
+        """After the rows were stored: the count and the index."""
+        if new_rows:
+            self._count += len(new_rows)
+            self._index.added(new_rows)
+
+    def _plan_ids(self, cases: Sequence[Case], hashes: Sequence[str], *, allow_duplicates: bool, warn: bool,
+                  dead: int | None = None) -> tuple[list[str], list[tuple[int, str]]]:
+        """The id each case gets and the ``(input index, id)`` of those to insert (the others repeat stored
+        content); an id used twice, or already used by another stored case, raises ``DataFormatError``.
+        ``dead``: a position that counts as deleted (``replace`` plans before it tombstones)."""
+        out: list[str] = [""] * len(cases)
+        existing = {} if allow_duplicates else self._rows.live_by_hash(list(dict.fromkeys(hashes)), dead)
+        derived = {f"c{digest[:16]}" for case, digest in zip(cases, hashes) if case.id is None}
+        dead_set = set(self._rows.deleted_positions().tolist()) | ({dead} if dead is not None else set())
+        gone = {case_id for case_id, pos in self._rows.find(sorted(derived)).items() if pos in dead_set}
+        planned: list[tuple[int, str]] = []
+        for i, (case, digest) in enumerate(zip(cases, hashes)):
+            if not allow_duplicates and digest in existing:
+                out[i] = existing[digest]
+                if warn and case.id is not None and case.id != existing[digest]:
+                    logger.warning("%s: case %r duplicates stored case %r; kept the stored one",
+                                   self.path, case.id, existing[digest])
+                continue
+            position = self._count + len(planned)
+            case_id = case.id if case.id is not None else (
+                f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{position}")
+            if case.id is None and case_id in gone:
+                case_id = f"c{digest[:16]}-{position}"  # a deleted case's id is never reused
+            existing[digest] = case_id
+            out[i] = case_id
+            planned.append((i, case_id))
+        self._check_planned(planned)
+        return out, planned
+
+    def _check_planned(self, planned: Sequence[tuple[int, str]]) -> None:
+        seen: set[str] = set()
+        for i, case_id in planned:
+            if case_id in seen:
+                raise DataFormatError(f"case {i}: id {case_id!r} is used twice in this call")
+            seen.add(case_id)
+        taken = self._rows.find([case_id for _, case_id in planned])
+        for i, case_id in planned:
+            if case_id in taken:
+                raise DataFormatError(f"case {i}: id {case_id!r} is already used by another case")
+
+    def check_ids(self, cases: Sequence[Case], *, allow_duplicates: bool = False) -> None:
+        """Raise the ``DataFormatError`` that :meth:`add` would raise for these cases' ids (one used twice, or
+        used by another stored case), before any work is spent on their embeddings; writes nothing."""
+        self._check_open()
+        cases = list(cases)
+        self._plan_ids(cases, [c.content_hash for c in cases], allow_duplicates=allow_duplicates, warn=False)
+
+    def update_reward(self, case_id: str, reward: float) -> None:
+        """Set the reward of a stored case."""
+        self._check_writable()
+        value = check_real(reward, "reward")
+        (position,) = self._positions([case_id]).tolist()
+        with self._rows.transaction("the reward violates"):
+            self._rows.set_reward(position, value)
+
+    # ------------------------------------------------------------------ forgetting (tombstones)
+
+    @property
+    def num_deleted(self) -> int:
+        """How many cases were deleted (tombstoned); ``len(bank) - num_deleted`` cases can be found."""
+        self._check_open()
+        return int(self._rows.deleted_positions().size)
+
+    def deleted_ids(self) -> list[str]:
+        """The ids of the deleted cases, in position order."""
+        self._check_open()
+        return self._rows.deleted_ids()
+
+    def is_deleted(self, ids: Sequence[str]) -> list[bool]:
+        """Whether each stored case id was deleted; an id never stored raises ``UnknownCaseError``."""
+        self._check_open()
+        positions = self._positions(list(ids))
+        return [bool(x) for x in np.isin(positions, self._rows.deleted_positions())]
+
+    def _live_positions(self, ids: Sequence[str], what: str) -> np.ndarray:
+        ids = list(ids)
+        for i, case_id in enumerate(ids):
+            if not isinstance(case_id, str) or not case_id:
+                raise DataFormatError(f"{what}: case id {i} must be a non-empty string, got {case_id!r}")
+        if len(set(ids)) != len(ids):
+            raise DataFormatError(f"{what}: a case id is given twice")
+        positions_M = self._positions(ids)
+        gone = np.isin(positions_M, self._rows.deleted_positions())
+        if gone.any():
+            raise UnknownCaseError(f"{self.path}: case {ids[int(np.flatnonzero(gone)[0])]!r} was already deleted")
+        return positions_M
+
+    def _after_tombstone(self, positions_M: np.ndarray) -> None:
+        if self._usage is not None:  # a deleted case was never shown, as far as the statistics go
+            shown_N, reward_N = self._load_usage()  # grown to the cases added since
+            shown_N[positions_M] = 0
+            reward_N[positions_M] = 0.0
+
+    def delete(self, ids: str | Sequence[str]) -> int:
+        """Forget the cases ``ids`` (stored before this returns): they are never found, listed or chosen again;
+        returns how many were deleted. An unknown or already deleted id raises ``UnknownCaseError`` and nothing
+        is deleted. Rows stay (a tombstone; their usage rows and action vector go)."""
+        self._check_writable()
+        wanted = [ids] if isinstance(ids, str) else list(ids)
+        if not wanted:
+            return 0
+        positions_M = self._live_positions(wanted, "delete")
+        with self._rows.transaction("the deletion violates"):
+            self._rows.tombstone(positions_M.tolist(), wanted, None)
+            self._features.forget(positions_M.tolist())
+        self._after_tombstone(positions_M)
+        logger.info("%s: deleted %d case(s)", self.path, len(wanted))
+        return len(wanted)
+
+    def replace(self, case_id: str, case: Case, embedding: Any) -> str:
+        """Supersede the case ``case_id`` by ``case`` (its unit-norm state vector ``embedding``, ``[D]``): the old
+        case is deleted (:meth:`delete`) and the new one added; returns the new case's id.
+
+        Ids are never reused, so the new case gets a new id (``case.id``, or one derived from its content; the
+        tombstone records which id replaced the old one). If its content is already stored as another live case,
+        that case's id is returned and nothing is added. A directory bank does both in one transaction; a Milvus
+        bank writes the new row first, then the tombstone (a crash between them leaves both cases live)."""
+        self._check_writable()
+        if not isinstance(case, Case):
+            raise DataFormatError(f"replace: expected a memento.Case, got {type(case).__name__}")
+        emb_1D = validate_embeddings(embedding, 1, self.dim)
+        self._check_text(case, 0)
+        positions_M = self._live_positions([case_id], "replace")
+        digest = case.content_hash
+        with self._rows.transaction("the new case violates"):
+            out, planned = self._plan_ids([case], [digest], allow_duplicates=False, warn=True,
+                                          dead=int(positions_M[0]))
+            new_rows = self._new_rows([case], [digest], emb_1D, planned)
+            self._rows.insert(new_rows)
+            self._rows.tombstone(positions_M.tolist(), [case_id], out[0])
+            self._features.forget(positions_M.tolist())
+        self._stored(new_rows)
+        self._after_tombstone(positions_M)
+        logger.info("%s: replaced case %r by %r", self.path, case_id, out[0])
+        return out[0]
+
+    def truncate(self, n: int) -> int:
+        """Remove every case at position ``>= n`` (the newest ones), with their usage rows, action vectors and
+        tombstones; returns how many were removed. Used to roll a bank back to a checkpoint."""
+        self._check_writable()
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self._count:
+            raise DataFormatError(f"truncate: n must be an integer in [0, {self._count}], got {n!r}")
+        removed = self._count - int(n)
+        if removed == 0:
+            return 0
+        with self._rows.transaction("the truncation violates"):
+            self._rows.truncate(int(n))
+            self._features.truncate(int(n))
+        self._usage = None
+        self._count = int(n)
+        self._index.truncate(int(n))
+        logger.info("%s: truncated to %d case(s) (%d removed)", self.path, n, removed)
+        return removed
+
+    # ------------------------------------------------------------------ reads
+
+    @overload
+    def get(self, ids: str) -> Case: ...  # type: ignore[overload-overlap]
+
+    @overload
+    def get(self, ids: Sequence[str]) -> list[Case]: ...
+
+    def get(self, ids: str | Sequence[str]) -> Case | list[Case]:
+        """The stored case(s), in the order asked; an unknown id raises ``UnknownCaseError``."""
+        self._check_open()
+        single = isinstance(ids, str)
+        wanted: list[str] = [ids] if isinstance(ids, str) else list(ids)
+        result = self._rows.cases_at(self._positions(wanted).tolist())
+        return result[0] if single else result
+
+    def rewards(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored rewards ``[N]`` (float64) of the given case ids, in the order asked."""
+        self._check_open()
+        return self._rows.rewards_at(self._positions(list(ids)).tolist())
+
+    def embeddings(self, ids: Sequence[str]) -> np.ndarray:
+        """Stored unit vectors ``[N, D]`` of the given case ids."""
+        self._check_open()
+        return self._index.vectors_at(self._positions(list(ids)))
+
+    def embeddings_at(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Stored unit vectors ``[N, D]`` at bank positions."""
+        self._check_open()
+        return self._index.vectors_at(self._check_positions(positions))
+
+    def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]:
+        """Case ids at bank positions."""
+        self._check_open()
+        return self._rows.ids_at([int(p) for p in positions])
+
+    def positions_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Bank positions (int64) of the case ids, in the order asked; an unknown id raises ``UnknownCaseError``."""
+        self._check_open()
+        return self._positions(list(ids))
+
+    def iter_cases(self, batch_size: int = 1000) -> Iterator[Case]:
+        """All live cases in insertion order, read in batches."""
+        self._check_open()
+        yield from self._rows.scan(max(1, int(batch_size)))
+
+    def import_jsonl(self, path: str | Path, encoder: Any, *, format: str = "case",
+                     allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]:
+        """Read a case file (any :data:`memento.formats.CaseFormat`), encode states, add all.
+
+        The whole file is validated before anything is written.
+        """
+        cases = read_case_file(path, format)  # type: ignore[arg-type]
+        if encoder.dim != self.dim:
+            raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim} vectors, "
+                                 f"bank {self.path} holds dim={self.dim}")
+        try:
+            self.check_ids(cases, allow_duplicates=allow_duplicates)
+        except DataFormatError as error:  # before the encoder runs
+            raise DataFormatError(f"{error} (bank {self.path})", path=path) from None
+        emb_ND = encoder.encode([c.state for c in cases], show_progress_bar=show_progress_bar, normalize=True)
+        return self.add(cases, emb_ND.reshape(len(cases), self.dim), allow_duplicates=allow_duplicates)
+
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write every live case as Case JSONL (atomically); returns the number written."""
+        return write_jsonl(path, (case.to_json() for case in self.iter_cases()))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, reward summary, index state and storage sizes (a backend's own keys after ``path``)."""
+        self._check_open()
+        rows = self._rows.summary()
+        tail = {key: rows.pop(key) for key in ("reward_mean", "reward_positive", "by_kind", "by_env", "files")}
+        files = tail.pop("files")
+        return {"path": str(self.path), **rows, "dim": self.dim, "index": self.config.index.factory,
+                **self._index.summary(self._count), **tail, "deleted": self.num_deleted,
+                "encoder": None if self.config.encoder is None else to_dict(self.config.encoder), "files": files}
+
+    # ------------------------------------------------------------------ search
+
+    def search_positions(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
+                         positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match.
+        ``positive``: only cases whose stored reward is > 0."""
+        scores_BK, positions_BK, _ = self._search(query, k, Filter(env, kind, positive), pad=True)
+        return scores_BK, positions_BK
+
+    def _search(self, query: Any, k: int, where: Filter, *, pad: bool,
+                with_vectors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`search_positions`; without ``pad``, the result is at most the bank's size wide (a search for
+        more cases than the bank holds finds them all, whatever ``k``). Equal scores (cases with the same
+        question, hence the same vector) come in position order: an index leaves the order of ties to its
+        kernels, which differ between CPUs, and a seeded run must not."""
+        self._check_open()
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise DataFormatError(f"k must be a positive integer, got {k!r}")
+        q_BD = validate_query(query, self.dim)
+        width = int(k) if pad else min(int(k), max(self._count, 1))  # no more cases are searched for
+        if len(q_BD) * width > _MAX_PADDED and width > self._count:
+            raise DataFormatError(f"k={width} for {len(q_BD)} queries: the padded result would hold "
+                                  f"{len(q_BD) * width} entries, but the bank holds {self._count} cases; "
+                                  f"ask for k <= {max(self._count, 1)}")
+        k = min(width, self._count)
+        if k == 0:
+            empty = np.zeros((len(q_BD), width, self.dim), dtype=np.float32) if with_vectors else None
+            return (np.full((len(q_BD), width), -np.inf, dtype=np.float32),
+                    np.full((len(q_BD), width), -1, dtype=np.int64), empty)
+        scores_BK, labels_BK, vectors_BKD = self._index.topk(q_BD, k, where, self._rows.deleted_positions(),
+                                                             with_vectors)
+        scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
+        order_BK = np.lexsort((np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK), -scores_BK), axis=1)
+        scores_BK = np.take_along_axis(scores_BK, order_BK, axis=1)
+        labels_BK = np.take_along_axis(labels_BK, order_BK, axis=1).astype(np.int64)
+        if vectors_BKD is not None:
+            vectors_BKD = np.take_along_axis(vectors_BKD, order_BK[:, :, None], axis=1)
+        if width > k:  # pad to the width asked for
+            extra = ((0, 0), (0, width - k))
+            scores_BK, labels_BK = (np.pad(scores_BK, extra, constant_values=-np.inf),
+                                    np.pad(labels_BK, extra, constant_values=-1))
+        return scores_BK, labels_BK, vectors_BKD
+
+    def search(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
+               positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest cases to ``query_D`` or ``query_BD`` by cosine (queries are normalised).
+
+        For one query ``[D]``: ``(scores_K, ids_K)``, trimmed to the cases found. For a batch ``[B, D]``:
+        ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a numpy object array of case-id
+        strings. ``env``/``kind`` restrict the search; ``positive`` keeps the cases whose stored reward is > 0.
+        """
+        single = np.asarray(query).ndim == 1
+        scores_BK, labels_BK, _ = self._search(query, k, Filter(env, kind, positive), pad=not single)
+        found = self._rows.ids_at(sorted({int(p) for p in labels_BK[labels_BK >= 0]}))
+        id_of = dict(zip(sorted({int(p) for p in labels_BK[labels_BK >= 0]}), found))
+        ids_BK = np.empty(labels_BK.shape, dtype=object)
+        for b, row in enumerate(labels_BK):
+            for j, p in enumerate(row):
+                ids_BK[b, j] = id_of[int(p)] if p >= 0 else None
+        if single:
+            valid = labels_BK[0] >= 0
+            return scores_BK[0][valid], ids_BK[0][valid]
+        return scores_BK, ids_BK
+
+    def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None,
+                   positive: bool = False) -> Candidates:
+        """The top-``c`` cases for one state with their stored vectors (the policy's candidate set);
+        ``positive``: among the cases whose stored reward is > 0 only (the top-C of those, not a filtered top-C)."""
+        q = np.asarray(query_D)
+        if q.ndim not in (1, 2) or q.ndim == 2 and q.shape[0] != 1:
+            raise DimensionError(f"candidates takes one state [D], got shape {q.shape}")
+        scores_BK, labels_BK, vectors_BKD = self._search(q.reshape(1, -1) if q.ndim == 1 else q, c,
+                                                         Filter(env, kind, positive), pad=False, with_vectors=True)
+        valid = labels_BK[0] >= 0
+        positions_C = labels_BK[0][valid]
+        assert vectors_BKD is not None
+        return Candidates(ids=self._rows.ids_at(positions_C.tolist()), positions_C=positions_C,
+                          scores_C=scores_BK[0][valid],
+                          embeddings_CD=np.ascontiguousarray(vectors_BKD[0][valid], dtype=np.float32))
+
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None:
+        """Change the HNSW ``ef_search`` / IVF ``nprobe`` used by later searches (not saved)."""
+        current = self.config.index
+        index = IndexConfig(factory=current.factory, ef_search=current.ef_search if ef_search is None else ef_search,
+                            nprobe=current.nprobe if nprobe is None else nprobe)
+        self.config = BankConfig(dim=self.config.dim, index=index, encoder=self.config.encoder)
+        self._index.set_search_params(index)
+
+    # ------------------------------------------------------------------ usage statistics and action vectors
+
+    def _load_usage(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._usage is not None and self._usage[0].shape[0] < self._count:  # cases added since: never shown
+            grow = self._count - self._usage[0].shape[0]
+            self._usage = (np.concatenate([self._usage[0], np.zeros(grow, dtype=np.int64)]),
+                           np.concatenate([self._usage[1], np.zeros(grow, dtype=np.float64)]))
+        if self._usage is None:
+            self._usage = self._features.totals(self._count)
+        return self._usage
+
+    def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None:
+        """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (stored)."""
+        self._check_writable()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise DataFormatError(f"record_usage: step must be an integer >= 0, got {step!r}")
+        value = check_real(reward, "record_usage: reward")
+        positions_K = self._positions(list(ids))
+        shown_N, reward_N = self._load_usage()
+        self._features.record(int(step), positions_K, value)
+        np.add.at(shown_N, positions_K, 1)
+        np.add.at(reward_N, positions_K, value)
+
+    def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shown_C, reward_sum_C)``: how often the cases at ``positions`` were shown and their summed reward."""
+        self._check_open()
+        positions_C = self._check_positions(positions)
+        shown_N, reward_N = self._load_usage()
+        return shown_N[positions_C].copy(), reward_N[positions_C].copy()
+
+    def truncate_usage(self, step: int) -> int:
+        """Forget every usage row logged at ``step`` or later (a resume to a checkpoint at ``step``); returns
+        how many were removed."""
+        self._check_writable()
+        removed = self._features.truncate_steps(int(step))
+        self._usage = None
+        return int(removed)
+
+    def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(emb_CD, have_C)``: the stored action vectors at ``positions`` (zeros where ``have_C`` is False)."""
+        self._check_open()
+        return self._features.actions_at(np.asarray(positions, dtype=np.int64).reshape(-1))
+
+    def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None:
+        """Store the action vectors of the cases at ``positions`` (``(C, D)`` float32)."""
+        self._check_writable()
+        positions_C = np.asarray(positions, dtype=np.int64).reshape(-1)
+        emb_CD = validate_embeddings(embeddings, positions_C.size, self.dim)
+        if positions_C.size and (positions_C.min() < 0 or positions_C.max() >= self._count):
+            raise UnknownCaseError(f"{self.path}: positions must lie in [0, {self._count})")
+        self._features.set_actions(positions_C, emb_CD)
+
+    # ------------------------------------------------------------------ followers and lifetime
+
+    def rows_on_disk(self) -> int:
+        """How many rows the store holds now (another process may have added some since open)."""
+        self._check_open()
+        return self._rows.count()
+
+    def refresh(self) -> int:
+        """Take in the cases another process stored since this bank was opened (or last refreshed); returns how
+        many. Rows are never removed, so positions stay dense; the deletions another process made are seen by
+        the next search."""
+        self._check_open()
+        top = self.rows_on_disk()
+        if top <= self._count:
+            return 0
+        first_new = self._count
+        self._index.refresh(first_new, top)
+        self._count = top
+        logger.debug("%s: took in %d case(s) added by another process", self.path, top - first_new)
+        return top - first_new
+
+    def flush(self) -> None:
+        """Make what was written durable in the backend's own form (read-only: nothing)."""
+        self._check_open()
+        if not self.read_only:
+            self._index.flush()
+
+    def close(self) -> None:
+        """Flush and close. Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._rows.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.path)!r}, cases={self._count}, dim={self.dim}, "
+                f"index={self.config.index.factory!r})")
