@@ -1,9 +1,9 @@
 """``memento train-encoder``: SimCSE fine-tuning of the encoder from the command line.
 
 This module only builds the argument parser and imports nothing heavy at module level:
-``memento --help`` builds every subcommand's parser. The defaults its help shows are read from
-:class:`~training.config.SimCSEConfig` (standard library and ``memento.config`` only). :func:`run`
-imports torch, Lightning and :mod:`training.simcse` when the command actually runs.
+``memento --help`` builds every subcommand's parser. Its options for :class:`~training.config.SimCSEConfig`
+fields are derived from the class (:func:`memento.flags.config_option`: type, choices, the default shown).
+:func:`run` imports torch, Lightning and :mod:`training.simcse` when the command actually runs.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import logging
 import sys
 from typing import Any, get_args
 
-from memento.flags import config_option
+from memento.config import field_default
+from memento.flags import config_option, shown
 from training.config import Accelerator, LightningConfig, SimCSEConfig
-from training.config import help_default as default
 
 __all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
 
-_TAU = default(SimCSEConfig, "temperature")
+_TAU = shown(field_default(SimCSEConfig, "temperature"))
 
 DESCRIPTION = f"""\
 Fine-tune the text encoder with SimCSE (contrastive learning, InfoNCE over cosine similarities, in-batch

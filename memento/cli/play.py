@@ -23,6 +23,7 @@ from memento.cli.options import (
     systems_from_args,
 )
 from memento.config import PolicyKind, field_default, from_dict, read_config_json
+from memento.errors import ConfigError, GameError
 from memento.flags import config_option
 
 DESCRIPTION = """\
@@ -79,7 +80,6 @@ def add_parser(commands: Any) -> None:
 
 
 def _play_config(args: argparse.Namespace) -> Any:
-    from memento.errors import ConfigError
     from memento.runs.games import GameLoopConfig, game_policy
 
     base = from_dict(GameLoopConfig, read_config_json(args.config)) if args.config else GameLoopConfig()
@@ -108,7 +108,6 @@ def _play_config(args: argparse.Namespace) -> Any:
 
 def _games(args: argparse.Namespace) -> list[Path]:
     from memento.envs.textworld import SUITES, build_suite
-    from memento.errors import ConfigError, GameError
 
     if args.games:
         games = [Path(g) for g in args.games]
@@ -129,8 +128,6 @@ def _games(args: argparse.Namespace) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memento.errors import ConfigError
-
     config = _play_config(args)  # everything cheap is checked before a model loads or a game is generated
     out = Path(args.out)
     if not args.resume and out.is_dir() and any(out.iterdir()):
