@@ -16,8 +16,8 @@ from typing import Any
 
 from memento.errors import CheckpointError
 
-__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "read_safetensors", "read_versioned_json",
-           "remove_stale_temporaries", "sqlite_copy", "temporary_path", "write_json"]
+__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "fsync_dir", "read_safetensors", "read_saved_meta",
+           "read_versioned_json", "remove_stale_temporaries", "sqlite_copy", "temporary_path", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,31 @@ def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> 
     if found > version:
         raise CheckpointError(f"{path}: format version {found} is newer than this memento reads ({version})")
     return meta
+
+
+def read_saved_meta(directory: Path, meta_name: str, tensors_name: str, *, name: str, format: str, version: int,
+                    what: str, kinds: dict[str, type]) -> dict[str, Any]:
+    """The metadata of a save of ``name`` (a learner, a replay buffer): ``directory`` holds ``meta_name`` (JSON,
+    :func:`read_versioned_json` with ``format``, ``version`` and ``what``) and ``tensors_name``, and the metadata
+    has every key of ``kinds`` with a value of its type (never a bool). Else a one-line ``CheckpointError``."""
+    meta_path, tensors_path = directory / meta_name, directory / tensors_name
+    if not meta_path.is_file() or not tensors_path.is_file():
+        raise CheckpointError(f"{directory}: not a saved {name} (needs {meta_name} and {tensors_name})")
+    meta = read_versioned_json(meta_path, format=format, version=version, what=what)
+    for key, kind in kinds.items():
+        if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
+            raise CheckpointError(f"{meta_path}: damaged {name} state ({key!r} is "
+                                  f"{'missing' if key not in meta else repr(meta[key])}; expected a "
+                                  f"{kind.__name__})")
+    return meta
+
+
+def check_same_save(directory: Path, meta_name: str, tensors_name: str, meta: dict[str, Any],
+                    header: dict[str, str]) -> None:
+    """The metadata and the tensors file's header carry the same ``uid`` (one save wrote both)."""
+    if header.get("uid") != meta.get("uid"):
+        raise CheckpointError(f"{directory}: {meta_name} and {tensors_name} come from different saves "
+                              f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")
 
 
 def sqlite_copy(src: Path, dst: Path) -> None:

@@ -42,7 +42,15 @@ from memento.learn.qnet import QNetwork, build_qnet
 from memento.learn.replay import ReplayBatch
 from training.config import JointConfig
 from training.run import trainer_kwargs
-from training.simcse import ENCODER_DIR, ListDataset, PairData, load_pairs, save_encoder, tokenize
+from training.simcse import (
+    ENCODER_DIR,
+    ListDataset,
+    PairData,
+    load_pairs,
+    save_encoder,
+    tokenize,
+    trainable_encoder,
+)
 
 __all__ = ["JointConfig", "JointModule", "JointResult", "pair_rows", "train_joint"]
 
@@ -77,8 +85,7 @@ class JointModule(L.LightningModule):
         self.config = config
         self.save_hyperparameters({"config": to_dict(config)})
         if encoder is None:
-            encoder = Encoder.from_pretrained(config.model, pooling=config.pooling, max_length=config.max_length,
-                                              device="cpu", use_cache=False)
+            encoder = trainable_encoder(config)
         self.encoder = encoder
         self.model = encoder.model
         self.model.train()

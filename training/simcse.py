@@ -96,6 +96,7 @@ __all__ = [
     "load_texts",
     "save_encoder",
     "train_encoder",
+    "trainable_encoder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -468,6 +469,13 @@ class SimCSEDataModule(L.LightningDataModule):
 # ---------------------------------------------------------------- the module
 
 
+def trainable_encoder(config: Any) -> Encoder:
+    """The encoder of ``config.model`` (with ``config.pooling`` and ``config.max_length``) to train: on the CPU
+    (Lightning moves it), without the embedding cache."""
+    return Encoder.from_pretrained(config.model, pooling=config.pooling, max_length=config.max_length, device="cpu",
+                                   use_cache=False)
+
+
 class SimCSEModule(L.LightningModule):
     """The encoder (``self.model``, a transformers model) trained with the SimCSE loss of ``config.mode``.
 
@@ -480,8 +488,7 @@ class SimCSEModule(L.LightningModule):
         self.config = config
         self.save_hyperparameters({"config": to_dict(config)})
         if encoder is None:
-            encoder = Encoder.from_pretrained(config.model, pooling=config.pooling, max_length=config.max_length,
-                                              device="cpu", use_cache=False)
+            encoder = trainable_encoder(config)
         if encoder.pooling != config.pooling:
             raise CheckpointError(f"SimCSEModule: encoder pooling {encoder.pooling!r} != config.pooling "
                                   f"{config.pooling!r}")

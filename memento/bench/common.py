@@ -14,13 +14,14 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from memento.io import atomic_write_text
 
-__all__ = ["default_models", "environment", "exact_topk", "finish", "make_vectors", "timestamp", "write_results"]
+__all__ = ["default_models", "distinct_choices", "environment", "exact_topk", "finish", "make_vectors", "timestamp",
+           "write_results"]
 
 
 def timestamp() -> str:
@@ -50,6 +51,12 @@ def environment() -> dict[str, Any]:
 
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "faiss": faiss.__version__, "numpy": np.__version__, "faiss_omp_threads": faiss.omp_get_max_threads()}
+
+
+def distinct_choices(values: tuple[Any, ...], choices: Any) -> bool:
+    """``values`` is non-empty, without repeats, each one of the ``Literal`` type ``choices`` (a config's list of
+    architectures, trainers, ...)."""
+    return bool(values) and all(v in get_args(choices) for v in values) and len(set(values)) == len(values)
 
 
 def make_vectors(rng: np.random.Generator, n: int, dim: int, data: str) -> np.ndarray:

@@ -37,8 +37,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.common import exact_topk, finish, make_vectors, timestamp, write_results
-from memento.config import IndexConfig, QNetArch, QNetConfig
+from memento.bench.common import distinct_choices, exact_topk, finish, make_vectors, timestamp, write_results
+from memento.config import IndexConfig, QNetArch, QNetConfig, check_int
 from memento.encoders import Encoder
 from memento.errors import ConfigError
 from memento.learn.qnet import build_qnet
@@ -98,21 +98,16 @@ class SelectBenchConfig:
         if not self.sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.sizes):
             fail("sizes", "need at least one positive integer size")
         for name in ("k", "candidates", "dim", "queries", "hidden", "reference_queries"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail(name, "must be an integer >= 1")
+            check_int(self, name, 1)
         for name in ("exact_max", "reference_size", "torch_threads", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                fail(name, "must be an integer >= 0")
+            check_int(self, name, 0)
         if self.candidates < self.k:
             fail("candidates", f"must be >= k={self.k}")
         if not isinstance(self.factory, str) or not self.factory.strip():
             fail("factory", "must be a non-empty faiss factory string")
         if not self.ef_search or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.ef_search):
             fail("ef_search", "need at least one integer >= 1")
-        if not self.archs or any(a not in get_args(QNetArch) for a in self.archs) \
-                or len(set(self.archs)) != len(self.archs):
+        if not distinct_choices(self.archs, QNetArch):
             fail("archs", f"need distinct values from {get_args(QNetArch)}")
         if self.data not in ("uniform", "clustered"):
             fail("data", "must be 'uniform' or 'clustered'")

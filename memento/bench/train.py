@@ -28,8 +28,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.common import finish, timestamp, write_results
-from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig
+from memento.bench.common import distinct_choices, finish, timestamp, write_results
+from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig, check_int
 from memento.errors import ConfigError
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
@@ -79,18 +79,12 @@ class TrainBenchConfig:
             raise ConfigError(f"TrainBenchConfig.{field}={getattr(self, field)!r}: {requirement}")
 
         for name in ("batch_size", "k", "steps", "dim", "hidden", "buffer_size", "bank_cases", "replay_reps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail(name, "must be an integer >= 1")
+            check_int(self, name, 1)
         for name in ("warmup_steps", "torch_threads", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                fail(name, "must be an integer >= 0")
-        if not self.archs or any(a not in get_args(QNetArch) for a in self.archs) \
-                or len(set(self.archs)) != len(self.archs):
+            check_int(self, name, 0)
+        if not distinct_choices(self.archs, QNetArch):
             fail("archs", f"need distinct values from {get_args(QNetArch)}")
-        if not self.trainers or any(t not in get_args(Trainer) for t in self.trainers) \
-                or len(set(self.trainers)) != len(self.trainers):
+        if not distinct_choices(self.trainers, Trainer):
             fail("trainers", f"need distinct values from {get_args(Trainer)}")
         if self.device not in get_args(BenchDevice):
             fail("device", f"must be one of {get_args(BenchDevice)}")

@@ -204,12 +204,7 @@ class GameSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GameSpec:
         """The spec of :meth:`to_json`; ConfigError on unknown, missing or invalid fields."""
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"GameSpec: expected a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"GameSpec: unknown fields {unknown} (known: {sorted(known)})")
+        _check_fields(cls, data)
         if "game_type" not in data:
             raise ConfigError("GameSpec: missing field 'game_type'")
         return cls(**dict(data))
@@ -287,13 +282,18 @@ class TextWorldConfig:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TextWorldConfig:
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"TextWorldConfig: expected a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"TextWorldConfig: unknown fields {unknown} (known: {sorted(known)})")
+        _check_fields(cls, data)
         return cls(**dict(data))
+
+
+def _check_fields(cls: type, data: Any) -> None:
+    """``data`` is a JSON object naming only fields of dataclass ``cls`` (else a ConfigError)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: unknown fields {unknown} (known: {sorted(known)})")
 
 
 def _shorten(text: str, limit: int) -> str:

@@ -70,7 +70,7 @@ from torch import nn
 
 from memento.config import LearnerConfig, QNetConfig, from_dict, parses_to, to_dict
 from memento.errors import CheckpointError, DataFormatError, DimensionError
-from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
+from memento.io import atomic_write, atomic_write_text, check_same_save, read_safetensors, read_saved_meta
 from memento.learn.listwise import ListwiseBatch, listwise_kl
 from memento.learn.qnet import QNetwork, build_qnet
 from memento.learn.replay import ReplayBatch
@@ -358,23 +358,14 @@ class SoftQLearner:
         """A learner rebuilt from :meth:`save` output (Q-network, configs and state), on ``device``."""
         directory = Path(directory)
         meta_path, tensors_path = directory / STATE_NAME, directory / TENSORS_NAME
-        if not meta_path.is_file() or not tensors_path.is_file():
-            raise CheckpointError(f"{directory}: not a saved learner (needs {STATE_NAME} and {TENSORS_NAME})")
-        meta = read_versioned_json(meta_path, format=LEARNER_FORMAT, version=LEARNER_FORMAT_VERSION,
-                                   what="learner state")
         kinds = {"uid": str, "updates": int, "generator_device": str, "config": dict, "qnet_config": dict,
                  "optimizer": dict}
-        for key, kind in kinds.items():
-            if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
-                raise CheckpointError(f"{meta_path}: damaged learner state ({key!r} is "
-                                      f"{'missing' if key not in meta else repr(meta[key])}; expected a "
-                                      f"{kind.__name__})")
+        meta = read_saved_meta(directory, STATE_NAME, TENSORS_NAME, name="learner", format=LEARNER_FORMAT,
+                               version=LEARNER_FORMAT_VERSION, what="learner state", kinds=kinds)
         if meta["updates"] < 0 or not isinstance(meta.get("alpha_optimizer", {}), dict):
             raise CheckpointError(f"{meta_path}: damaged learner state (updates or alpha_optimizer)")
         tensors, header = read_safetensors(tensors_path)
-        if header.get("uid") != meta.get("uid"):
-            raise CheckpointError(f"{directory}: {STATE_NAME} and {TENSORS_NAME} come from different saves "
-                                  f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")
+        check_same_save(directory, STATE_NAME, TENSORS_NAME, meta, header)
         try:
             qnet = build_qnet(from_dict(QNetConfig, meta["qnet_config"]))
             learner = cls(qnet, from_dict(LearnerConfig, meta["config"]), device=device)

@@ -53,7 +53,7 @@ from safetensors.torch import save_file
 
 from memento.config import ReplayConfig, from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, MementoError
-from memento.io import atomic_write, atomic_write_text, read_safetensors, read_versioned_json
+from memento.io import atomic_write, atomic_write_text, check_same_save, read_safetensors, read_saved_meta
 from memento.learn.vectortable import VectorTable
 
 __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffer", "Transition"]
@@ -625,25 +625,16 @@ class ReplayBuffer:
         """A buffer read from :meth:`save` output, on ``device`` (default: CUDA when present)."""
         directory = Path(directory)
         meta_path, tensors_path = directory / META_NAME, directory / TENSORS_NAME
-        if not meta_path.is_file() or not tensors_path.is_file():
-            raise CheckpointError(f"{directory}: not a saved replay buffer (needs {META_NAME} and {TENSORS_NAME})")
-        meta = read_versioned_json(meta_path, format=REPLAY_FORMAT, version=REPLAY_FORMAT_VERSION,
-                                   what="replay buffer")
-        for key in ("uid", "config", "ptr", "size", "added"):
-            kind = {"uid": str, "config": dict}.get(key, int)
-            if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
-                raise CheckpointError(f"{meta_path}: damaged replay buffer state ({key!r} is "
-                                      f"{'missing' if key not in meta else repr(meta[key])}; expected a "
-                                      f"{kind.__name__})")
+        meta = read_saved_meta(directory, META_NAME, TENSORS_NAME, name="replay buffer", format=REPLAY_FORMAT,
+                               version=REPLAY_FORMAT_VERSION, what="replay buffer",
+                               kinds={"uid": str, "config": dict, "ptr": int, "size": int, "added": int})
         try:
             config = from_dict(ReplayConfig, meta["config"])
         except ConfigError as error:
             raise CheckpointError(f"{meta_path}: not a replay buffer config ({error})") from None
         buffer = cls(config, device=device)
         tensors, header = read_safetensors(tensors_path, device=str(buffer.device))
-        if header.get("uid") != meta.get("uid"):
-            raise CheckpointError(f"{directory}: {META_NAME} and {TENSORS_NAME} come from different saves "
-                                  f"(uid {meta.get('uid')} vs {header.get('uid')}); was a save interrupted?")
+        check_same_save(directory, META_NAME, TENSORS_NAME, meta, header)
         try:
             buffer.load_state_dict({"config": meta["config"], "ptr": meta["ptr"], "size": meta["size"],
                                     "added": meta["added"], "tensors": tensors})
