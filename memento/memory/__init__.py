@@ -1,7 +1,9 @@
-"""The case bank: the Bank protocol, the directory bank (SQLite store + faiss index), the Milvus bank, and the
-bank URIs that name either (``DIR`` or ``milvus:URI[#collection]``)."""
+"""The case bank: the Bank protocol, the bank front written once (:mod:`memento.memory.front`) and its two
+backends, the directory bank (SQLite rows + faiss index) and the Milvus bank (one collection, plus side
+collections for the case features), and the bank URIs that name either (``DIR`` or ``milvus:URI[#collection]``)."""
 
-from memento.memory.bank import Candidates, CaseBank
+from memento.memory.bank import CaseBank
+from memento.memory.front import Candidates
 from memento.memory.index import FaissIndex, gpu_available
 from memento.memory.milvus import MilvusBank, MilvusOptions
 from memento.memory.protocol import Bank

@@ -1,6 +1,8 @@
 """The operations the loop, the selector, the service and the tools use on a case bank, as one protocol.
 
-Two backends implement :class:`Bank`:
+Two backends implement :class:`Bank`, both the one bank front :class:`memento.memory.front.BankFront` (ids,
+de-duplication, validation, tombstones, import/export, written once) over their own row store, vector index
+and feature store:
 
 - :class:`memento.memory.bank.CaseBank`, a directory (SQLite in WAL mode + a faiss index), the default;
 - :class:`memento.memory.milvus.MilvusBank`, one Milvus collection (``pymilvus``; Milvus Lite in a local
@@ -35,16 +37,16 @@ operation                          Milvus bank
 ``set_search_params``              yes (``nprobe`` for IVF_FLAT, ``ef`` for HNSW)
 ``refresh`` / ``rows_on_disk``     yes (a re-count; a Milvus Lite file is locked to one process at a time)
 ``flush`` / ``close``              yes (``flush`` seals the rows added since into an indexed segment)
-``record_usage`` / ``usage_at`` /  no: ``BankError`` -- usage statistics and action vectors (the Q-network's
-``truncate_usage`` /               ``usage`` and ``action`` case features) are kept by a directory bank only
-``action_embeddings_at`` /
+``record_usage`` / ``usage_at`` /  yes: usage statistics and action vectors (the Q-network's ``usage`` and
+``truncate_usage`` /               ``action`` case features) in two side collections, ``<collection>__usage``
+``action_embeddings_at`` /         and ``<collection>__actions``, created on first write
 ``set_action_embeddings``
 ================================  =======================================================================
 
 ``positive=True`` on ``search``, ``search_positions`` and ``candidates`` is the top-k among the cases whose stored
 reward is > 0 (a pre-filter, not a filtered top-k): a Milvus bank pushes it down as ``reward > 0``; a directory
 bank reads the rewarded positions from SQLite at each call (rewards change, and are not kept in memory) and
-hands faiss that mask with the env/kind/deleted ones. (:meth:`memento.memory.bank.Candidates.positive`, which
+hands faiss that mask with the env/kind/deleted ones. (:meth:`memento.memory.front.Candidates.positive`, which
 similarity's ``positive_only`` uses, is different: it filters a top-C already found.)
 
 *Crash.* A directory bank commits an ``add`` in one SQLite transaction: after ``kill -9`` all of the call's
@@ -63,7 +65,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from memento.config import BankConfig
-from memento.memory.bank import Candidates
+from memento.memory.front import Candidates
 from memento.types import Case
 
 __all__ = ["Bank"]
@@ -149,7 +151,7 @@ class Bank(Protocol):
 
     def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None: ...
 
-    # ---- usage statistics and action vectors (a directory bank only; a Milvus bank raises BankError)
+    # ---- usage statistics and action vectors (the Q-network's case features)
     def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None: ...
 
     def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...

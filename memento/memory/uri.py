@@ -173,7 +173,7 @@ def copy_bank(src: str | Path | BankLocation, dst: str | Path | BankLocation, *,
     Every row keeps its position, id, state, action, reward, env, kind, meta, creation time and vector
     (float32, bit for bit); deleted cases are copied and deleted again, so positions (the faiss labels, the
     Milvus primary keys) are the same on both sides. The copy is a new bank (its own uid). Not copied: a
-    directory bank's usage statistics and action vectors, and which case replaced a deleted one.
+    bank's usage statistics and action vectors, and which case replaced a deleted one.
 
     ``dst`` must not hold a bank. On any error nothing is left at ``dst``: a directory is built beside it and
     renamed into place at the end; a Milvus collection is dropped (and a Milvus Lite file this call made,
