@@ -34,10 +34,10 @@ def test_selector_on_cuda_searches_on_the_gpu(tmp_path: Path) -> None:
         bank.add([Case(state=f"s{i}", action="a", reward=1.0) for i in range(len(x_ND))], x_ND)
     out = create_selector(tmp_path / "bank", tmp_path / "selector")
     with Selector.load(out, "cuda") as gpu, Selector.load(out, "cpu") as cpu:
-        assert gpu.bank._index._use_gpu and not cpu.bank._index._use_gpu
+        assert gpu.bank._index._index._use_gpu and not cpu.bank._index._index._use_gpu
         for q_D in x_ND[:10]:
             assert gpu.select(q_D, k=4, mode="greedy").ids == cpu.select(q_D, k=4, mode="greedy").ids
-        assert gpu.bank._index._gpu_index is not None  # the searches ran on the GPU copy
+        assert gpu.bank._index._index._gpu_index is not None  # the searches ran on the GPU copy
 
 
 def test_the_loop_on_cuda_searches_on_the_gpu(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
