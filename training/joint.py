@@ -23,7 +23,6 @@ import copy
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,17 +39,10 @@ from memento.io import atomic_write_text
 from memento.learn.learner import SoftQLearner, polyak_update, soft_q_loss
 from memento.learn.qnet import QNetwork, build_qnet
 from memento.learn.replay import ReplayBatch
+from training import simcse
 from training.config import JointConfig
 from training.run import trainer_kwargs
-from training.simcse import (
-    ENCODER_DIR,
-    ListDataset,
-    PairData,
-    load_pairs,
-    save_encoder,
-    tokenize,
-    trainable_encoder,
-)
+from training.simcse import ENCODER_DIR, ListDataset, PairData, load_pairs, save_encoder, tokenize
 
 __all__ = ["JointConfig", "JointModule", "JointResult", "pair_rows", "train_joint"]
 
@@ -85,7 +77,7 @@ class JointModule(L.LightningModule):
         self.config = config
         self.save_hyperparameters({"config": to_dict(config)})
         if encoder is None:
-            encoder = trainable_encoder(config)
+            encoder = simcse.trainable_encoder(config)
         self.encoder = encoder
         self.model = encoder.model
         self.model.train()
@@ -178,12 +170,7 @@ def train_joint(config: JointConfig, out: str | Path, *, pairs: PairData | None 
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
         gradient_clip_val=config.learner.max_grad_norm, num_sanity_val_steps=0, limit_val_batches=0,
         callbacks=list(callbacks))
-    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    start = time.perf_counter()
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(config.seed)
-        trainer.fit(module, train_dataloaders=loader)
-    seconds = time.perf_counter() - start
+    seconds = simcse.seeded_fit(trainer, module, config.seed, train_dataloaders=loader)
     encoder_dir, selector_dir = out / ENCODER_DIR, out / SELECTOR_DIR
     if trainer.is_global_zero:
         module.model.eval()

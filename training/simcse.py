@@ -95,6 +95,7 @@ __all__ = [
     "load_pairs",
     "load_texts",
     "save_encoder",
+    "seeded_fit",
     "train_encoder",
     "trainable_encoder",
 ]
@@ -476,6 +477,17 @@ def trainable_encoder(config: Any) -> Encoder:
                                    use_cache=False)
 
 
+def seeded_fit(trainer: Any, module: Any, seed: int, **data: Any) -> float:
+    """``trainer.fit(module, **data)`` under torch's global RNG seeded with ``seed`` (forked: the caller's RNG state,
+    CUDA's included, is restored afterwards); returns the seconds it took."""
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        trainer.fit(module, **data)
+    return time.perf_counter() - start
+
+
 class SimCSEModule(L.LightningModule):
     """The encoder (``self.model``, a transformers model) trained with the SimCSE loss of ``config.mode``.
 
@@ -707,12 +719,7 @@ def train_encoder(config: SimCSEConfig, out: str | Path, *, texts: Sequence[str]
         logger=TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False),
         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks))
-    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    start = time.perf_counter()
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(config.seed)
-        trainer.fit(module, datamodule=data)
-    seconds = time.perf_counter() - start
+    seconds = seeded_fit(trainer, module, config.seed, datamodule=data)
     steps = int(trainer.global_step)
     device = str(module.device)
     per_step = sum(module.step_seconds) / len(module.step_seconds) if module.step_seconds else float("nan")
