@@ -70,6 +70,7 @@ from memento.judges import make_judge
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
+from memento.runs.base import anchored
 from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
 from memento.runs.regret import RegretConfig, regret_policy, run_regret
@@ -119,13 +120,12 @@ def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_
         case "soft_q_anchored":
             return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine"))
         case "soft_q_features":
-            return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"))
+            return anchored(soft_q)
         case "soft_q_labels" | "soft_q_labels_relation" | "soft_q_hindsight" | "soft_q_hindsight_relation":
             rank = BENCH_RELATION_RANK if name.endswith("_relation") else 0
             target = "hindsight" if name.startswith("soft_q_hindsight") else "gold"
-            return dataclasses.replace(
-                soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case", relation_rank=rank),
-                labels=dataclasses.replace(BENCH_LABELS, target=target))
+            return dataclasses.replace(anchored(soft_q, relation_rank=rank),
+                                       labels=dataclasses.replace(BENCH_LABELS, target=target))
         case "soft_q_pretrained" | "soft_q_pretrained_frozen":
             if init_qnet is None:
                 raise ConfigError(f"bench policy {name!r} needs a trained Q-network (--init-qnet DIR)")

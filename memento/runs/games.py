@@ -58,59 +58,31 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from memento.config import (
-    CFGMRetrievalConfig,
-    LifeMemRetrievalConfig,
-    LinUCBConfig,
-    PlugMemRetrievalConfig,
-    PolicyConfig,
-    PolicyKind,
-    RandomConfig,
-    SimilarityConfig,
-    SoftQConfig,
-    check,
-    check_choice,
-    check_float,
-    check_int,
-    check_policy,
-    to_dict,
-)
+from memento.config import PolicyConfig, PolicyKind, SoftQConfig, check, check_choice, check_float, check_int
 from memento.envs.textworld import GameState, TextWorldConfig, TextWorldEnv
-from memento.errors import CheckpointError, ConfigError, GameError
+from memento.errors import CheckpointError, GameError
 from memento.formats import StepRecord
-from memento.io import atomic_write
-from memento.learn.features import CaseFeaturizer
-from memento.learn.policy import Observation, Policy, PolicyContext, PolicyFactory
+from memento.learn.policy import Observation, Policy, PolicyFactory
 from memento.memory import Candidates, CaseBank
-from memento.memory.index import use_gpu_for
-from memento.memory.uri import bank_name
 from memento.planners.actor import ActorChoice, ActorConfig, CommandActor
-from memento.runs.qa import encode_checked, restore_bank, run_bank, success_by_window, task_order, torch_seed
-from memento.runs.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.runs.base import Run, RunConfig, loop_policy, selection_fields, timed
+from memento.runs.qa import success_by_window
+from memento.runs.rundir import RunDir
 from memento.systems.items import memory_tokens
-from memento.systems.runtime import MemorySystems, SystemsConfig, split_notes
+from memento.systems.runtime import split_notes
 from memento.types import Case, Selection
 
-__all__ = [
-    "GAME_COMPONENTS",
-    "GameLoop",
-    "GameLoopConfig",
-    "game_policy",
-    "games_fingerprint",
-    "prompt_case",
-    "run_games",
-]
+__all__ = ["GAME_COMPONENTS", "GameLoop", "GameLoopConfig", "game_policy", "games_fingerprint", "prompt_case",
+           "run_games"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,33 +102,15 @@ CHECKPOINT_KIND = "games"
 
 
 def game_policy(kind: PolicyKind, *, gamma: float = 0.0) -> PolicyConfig:
-    """The game loop's default config of each policy: as :func:`memento.runs.qa.loop_policy` (similarity and soft-Q
+    """The game loop's default config of each policy: :func:`memento.runs.base.loop_policy`'s (similarity and soft-Q
     choose among the cases with a stored return > 0; soft-Q's Q-network is anchored on cosine similarity and
     sees the case features: the case's action embedding and stored return), with soft-Q's ``learner.gamma``
     set to ``gamma`` (0: cross-entropy on each step's own reward; > 0: soft TD with the target network)."""
-    match kind:
-        case "random":
-            return RandomConfig()
-        case "similarity":
-            return SimilarityConfig(positive_only=True)
-        case "soft_q":
-            soft_q = SoftQConfig(positive_only=True)
-            return dataclasses.replace(
-                soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"),
-                learner=dataclasses.replace(soft_q.learner, gamma=float(gamma)))
-        case "linucb":
-            return LinUCBConfig()
-        case "cfgm":
-            return CFGMRetrievalConfig()
-        case "lifemem":
-            return LifeMemRetrievalConfig()
-        case "plugmem":
-            return PlugMemRetrievalConfig()
-    raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
+    return loop_policy(kind, gamma=gamma)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GameLoopConfig:
+class GameLoopConfig(RunConfig):
     """One run of the game loop (see the module docstring).
 
     - ``episodes``: games to play (drawn from the game list: a fresh permutation per pass with ``shuffle``,
@@ -183,60 +137,43 @@ class GameLoopConfig:
     - ``seed``; ``index``: the faiss factory of a new bank; ``window``: episodes per moving-average window;
       ``checkpoint_every``: steps between checkpoints (0: only at the end); ``tensorboard``: event files
       under ``out_dir/tb``.
+
+    The fields shared with the QA loop and their checks are :class:`~memento.runs.base.RunConfig`'s (here with
+    smaller ``k``, ``candidates``, ``window`` and ``checkpoint_every`` defaults).
     """
 
     episodes: int = 24
     k: int = 2
     candidates: int = 16
-    policy: PolicyConfig = dataclasses.field(default_factory=lambda: game_policy("soft_q"))
     memory: bool = True
     same_env: bool = True
     retrieval: Retrieval = "step"
     cases: Retained = "both"
     case_gamma: float = 0.9
-    learn: bool = True
     plan: bool = False
     game: TextWorldConfig = dataclasses.field(default_factory=lambda: TextWorldConfig(
         max_steps=15, history=1, max_state_chars=700))
     actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
-    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
-    seed: int = 0
-    shuffle: bool = True
-    index: str = "Flat"
     window: int = 8
     checkpoint_every: int = 50
-    tensorboard: bool = True
 
     def __post_init__(self) -> None:
         cls = type(self)
         check_int(self, "episodes", 1)
-        check_int(self, "k", 1)
-        check_int(self, "candidates", 1)
-        check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
-        check_policy(self)
-        for field in ("memory", "same_env", "learn", "plan", "shuffle", "tensorboard"):
+        super().__post_init__()
+        for field in ("memory", "same_env", "plan"):
             check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
         check_choice(self, "retrieval", Retrieval)
         check_choice(self, "cases", Retained)
         check_float(self, "case_gamma", low=0.0, high=1.0)
         check(isinstance(self.game, TextWorldConfig), cls, "game", self.game, "must be a TextWorldConfig")
         check(isinstance(self.actor, ActorConfig), cls, "actor", self.actor, "must be an ActorConfig")
-        check(isinstance(self.systems, SystemsConfig), cls, "systems", self.systems, "must be a SystemsConfig")
-        check_int(self, "seed", 0)
-        check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
-              "must be a non-empty faiss factory string")
-        check_int(self, "window", 1)
-        check_int(self, "checkpoint_every", 0)
         if isinstance(self.policy, SoftQConfig) and self.policy.labels.active:
             check(False, cls, "policy", f"labels.m={self.policy.labels.m}",
                   "online labels score a question's answer; the game loop has none (use labels.m = 0)")
         if isinstance(self.policy, SoftQConfig) and self.policy.learner.gamma > 0 and self.retrieval == "episode":
             check(False, cls, "retrieval", self.retrieval, "a per-episode choice is one decision per episode "
                   "(single-step): soft_q needs learner.gamma = 0 with it")
-
-    @property
-    def policy_kind(self) -> str:
-        return str(self.policy.kind)
 
     @property
     def arm(self) -> str:
@@ -303,12 +240,6 @@ def _selection_from_json(data: dict[str, Any] | None) -> Selection | None:
                      probs_K=np.asarray(data["probs_K"], dtype=np.float64), set_prob=float(data["set_prob"]),
                      candidate_ids=list(data["candidate_ids"]), probs_C=np.asarray(data["probs_C"], dtype=np.float64),
                      greedy=bool(data["greedy"]))
-
-
-def _entropy(p_C: np.ndarray) -> float:
-    p = np.asarray(p_C, dtype=np.float64)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum()) if p.size else 0.0
 
 
 @dataclasses.dataclass
@@ -378,7 +309,21 @@ def _tried_key(state: GameState) -> str:
     return hashlib.sha1((state.observation + "\0" + state.inventory).encode("utf-8")).hexdigest()[:16]
 
 
-class GameLoop:
+
+@dataclasses.dataclass
+class _Played:
+    """An episode's act: the episode, its final state, the game's name and type, the policy version that chose, and
+    the seconds per component since the last checkpoint."""
+
+    episode: _Episode
+    final: GameState
+    game: str
+    env_name: str
+    version: int
+    ms: dict[str, float]
+
+
+class GameLoop(Run):
     """Plays ``games`` with a frozen-LLM actor and a case-choosing policy (see the module docstring).
 
     - ``make_policy``: ``(policy config, PolicyContext) -> Policy`` (``policies.make_policy``);
@@ -388,220 +333,96 @@ class GameLoop:
     - ``games``: the game files (``.z8``/``.ulx`` with their ``.json``; ``memento.envs.textworld.build_suite``);
     - ``out_dir``: the run directory; ``bank_dir``: a starting bank (copied; the original is not changed);
     - ``resume``: continue from ``out_dir``'s checkpoint (without one, start afresh).
+
+    The run itself is :class:`~memento.runs.base.Run`'s; a unit is an episode: :meth:`_act` plays it (with the
+    checkpoints due inside it), :meth:`_commit` learns from it, retains it and logs it.
     """
+
+    config_class = GameLoopConfig
+    COMPONENTS = GAME_COMPONENTS
+    RESUMABLE = RESUMABLE_CHANGES
+    COUNTERS = ("retained", "duplicates", "invalid", "unusable", "from_case", "decisions", "memory_tokens")
+    RNGS = {"policy_rng": 1, "actor_rng": 4}
+    LOGS = (RunDir.STEPS, RunDir.EPISODES)
+    UNIT = "episode"
+    STREAM = "games"
+    STREAM_CHANGED = "other games"
+    KIND = CHECKPOINT_KIND
+    KIND_NAME = "game"
+    BAR_UNIT = "episode"
+    RATE_NAME = "won"
+    FINAL_CHECKPOINT = True
 
     def __init__(self, config: GameLoopConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Any,
                  games: Sequence[str | Path], out_dir: str | Path, bank_dir: str | Path | None = None,
                  device: str | torch.device = "cpu", resume: bool = False, progress: bool = False):
-        if not isinstance(config, GameLoopConfig):
-            raise ConfigError(f"GameLoop: config={type(config).__name__}: must be a GameLoopConfig")
-        if not callable(make_policy):
-            raise ConfigError(f"GameLoop: make_policy={make_policy!r} is not callable (config, context) -> Policy")
+        super().__init__(config, make_policy=make_policy, encoder=encoder, planner=planner, out_dir=out_dir,
+                         bank_dir=bank_dir, device=device, resume=resume, progress=progress)
         self.games = [Path(g) for g in games]
         if not self.games:
             raise GameError("GameLoop: the game list is empty")
         for game in self.games:
             if not game.is_file():
                 raise GameError(f"{game}: game file not found")
-        dim = getattr(encoder, "dim", None)
-        if not callable(getattr(encoder, "encode", None)) or not isinstance(dim, int):
-            raise ConfigError(f"GameLoop: encoder {encoder!r} needs encode(texts) and an integer dim")
-        self.config = config
-        self.make_policy = make_policy
-        self.encoder = encoder
-        self.planner = planner
         self.actor = CommandActor(planner, config.actor)
-        self.run_dir = RunDir(out_dir)
-        self.out_dir = self.run_dir.path
-        self.bank_dir = None if bank_dir is None else bank_name(bank_dir)  # a directory or milvus:URI
-        self.device = torch.device(device)
-        self.resume = resume
-        self.progress = progress
-        self.dim = dim
 
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ the skeleton's hooks
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        return encode_checked(self.encoder, self.dim, texts)
+    def _fingerprint(self) -> str:
+        return games_fingerprint(self.games)
 
-    def _make_bank(self) -> CaseBank:
-        from memento.config import EncoderConfig
+    def _stream_length(self) -> int:
+        return len(self.games)
 
-        encoder_config = getattr(self.encoder, "config", None)
-        return run_bank(self.run_dir.bank, self.dim, bank_dir=self.bank_dir, index=self.config.index,
-                        encoder_config=encoder_config if isinstance(encoder_config, EncoderConfig) else None,
-                        device=self.device)
+    def _done(self) -> int:
+        return self.episode_index
 
-    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank) -> Policy:
-        context = PolicyContext(dim=self.dim, k_max=self.config.k, device=self.device,
-                                qnet_seed=torch_seed(seeds[2]), learner_seed=torch_seed(seeds[3]),
-                                reward_of=bank.rewards, featurizer=CaseFeaturizer(bank, self._encode),
-                                c_max=self.config.candidates)
-        return self.make_policy(self.config.policy, context)
+    def _reset(self) -> None:
+        self.actor_rng = self.rngs["actor_rng"]
+        self.episode_index = 0
+        self.episode_log: list[dict[str, Any]] = []
+        self._in_progress: _Episode | None = None
+
+    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank, **context: Any) -> Policy:
+        return super()._build_policy(seeds, bank, c_max=self.config.candidates, **context)
 
     def _env(self, game: int) -> TextWorldEnv:
         return TextWorldEnv(self.games[game], self.config.game)
 
-    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_state(self, in_progress: _Episode | None) -> dict[str, Any]:
+        return {"kind": CHECKPOINT_KIND, "episode": self.episode_index,
+                "in_progress": None if in_progress is None else in_progress.to_json()}
 
-    def _checkpoint(self, bank: CaseBank, handles: tuple[Any, Any], episode: _Episode | None) -> None:
-        cfg = self.config
-        tmp = self.run_dir.begin_checkpoint()
-        bank.flush()
-        for handle, path in zip(handles, (self.run_dir.steps, self.run_dir.episodes)):
-            handle.flush()
-            os.fsync(handle.fileno())
-            atomic_write(tmp / path.name, lambda dst, src=path: shutil.copyfile(src, dst))
-        self.policy.checkpoint(tmp)
-        write_json(tmp / RunDir.CONFIG, to_dict(cfg))
-        state = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION, "kind": CHECKPOINT_KIND,
-                 "step": self.step, "episode": self.episode_index, "policy": cfg.policy_kind,
-                 "bank_size": len(bank), "bank_uid": bank.uid, "bank_size_start": self.bank_size_start,
-                 "counters": dict(self.counters), "ms_totals": dict(self.ms_totals),
-                 "policy_rng": self.policy_rng.bit_generator.state, "actor_rng": self.actor_rng.bit_generator.state,
-                 "games_fingerprint": self.fingerprint, "n_games": len(self.games),
-                 "in_progress": None if episode is None else episode.to_json(), "time": time.time()}
-        write_json(tmp / RunDir.STATE, state)  # last: its presence marks the checkpoint complete
-        final = self.run_dir.commit_checkpoint(tmp)
-        logger.info("checkpoint at step %d, episode %d (%d cases in the bank) in %s", self.step, self.episode_index,
-                    len(bank), final)
-
-    def _restore(self, ckpt: Path, bank: CaseBank) -> _Episode | None:
-        cfg = self.config
-        state = RunDir.read_state(ckpt)
-        if state.get("kind") != CHECKPOINT_KIND:
-            raise CheckpointError(f"{ckpt}: a question-answering run's checkpoint, not a game run's")
-        check_saved_config(ckpt, GameLoopConfig, cfg, RESUMABLE_CHANGES)
-        if state["games_fingerprint"] != self.fingerprint:
-            raise CheckpointError(f"{ckpt}: saved for other games ({state['n_games']} games, fingerprint "
-                                  f"{state['games_fingerprint'][:12]}); now {len(self.games)} games, fingerprint "
-                                  f"{self.fingerprint[:12]}")
-        episode_index = int(state["episode"])
-        if episode_index > cfg.episodes:
-            raise CheckpointError(f"{ckpt}: the checkpoint is at episode {episode_index}, beyond episodes="
-                                  f"{cfg.episodes}")
-        restore_bank(ckpt, state, bank)
-        self.step = int(state["step"])
-        self.episode_index = episode_index
-        self.bank_size_start = int(state["bank_size_start"])
-        self.counters.update(state["counters"])
-        self.ms_totals.update({k: float(v) for k, v in state["ms_totals"].items()})
-        self.policy_rng.bit_generator.state = state["policy_rng"]
-        self.actor_rng.bit_generator.state = state["actor_rng"]
-        self.policy.restore(ckpt)
-        for path in (self.run_dir.steps, self.run_dir.episodes):
-            atomic_write(path, lambda dst, src=ckpt / path.name: shutil.copyfile(src, dst))
+    def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
+        self.episode_index = int(state["episode"])
         self.episode_log = [json.loads(line) for line in self.run_dir.episodes.read_text("utf-8").splitlines()
                             if line.strip()]
-        if len(self.episode_log) != episode_index:
+        if len(self.episode_log) != self.episode_index:
             raise CheckpointError(f"{ckpt}: episodes.jsonl holds {len(self.episode_log)} records for episode "
-                                  f"{episode_index}")
-        self.run_dir.adopt_checkpoint(ckpt)
+                                  f"{self.episode_index}")
         progress = state.get("in_progress")
-        episode = None if progress is None else _Episode.from_json(progress)
-        logger.info("resumed %s at step %d, episode %d of %d%s", cfg.arm, self.step, episode_index, cfg.episodes,
-                    "" if episode is None else f" ({len(episode.steps)} steps into it)")
-        return episode
+        self._in_progress = None if progress is None else _Episode.from_json(progress)
+        if self._in_progress is not None:
+            logger.info("resumed %s %d steps into episode %d", self.config.arm, len(self._in_progress.steps),
+                        self.episode_index)
 
-    # ------------------------------------------------------------------ the run
+    def _run_info(self) -> dict[str, Any]:
+        return {**super()._run_info(), "kind": CHECKPOINT_KIND, "arm": self.config.arm,
+                "games": [str(g) for g in self.games]}
 
-    def run(self) -> dict[str, Any]:
-        """Play (or finish) the episodes; returns the summary (also written to ``out_dir/summary.json``)."""
-        cfg = self.config
-        started = time.perf_counter()
-        self.fingerprint = games_fingerprint(self.games)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.run_dir.start(self.resume)
-        seeds = np.random.SeedSequence(cfg.seed).spawn(5)
-        self.order = task_order(len(self.games), cfg.episodes, seeds[0], shuffle=cfg.shuffle)
-        self.policy_rng = np.random.Generator(np.random.PCG64(seeds[1]))
-        self.actor_rng = np.random.Generator(np.random.PCG64(seeds[4]))
-        self.step = 0
-        self.episode_index = 0
-        self.counters: dict[str, Any] = {"retained": 0, "duplicates": 0, "invalid": 0, "unusable": 0,
-                                         "from_case": 0, "decisions": 0, "memory_tokens": 0}
-        self.ms_totals: dict[str, float] = {c: 0.0 for c in GAME_COMPONENTS}
-        self.episode_log: list[dict[str, Any]] = []
-        if ckpt is None:
-            bank = self._make_bank()
-        else:
-            bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=use_gpu_for(self.device))
-        try:
-            self.systems = MemorySystems(cfg.systems, planner=self.planner, encode=self._encode,
-                                         cache_path=self.out_dir / "memory_calls.jsonl")
-            self.policy = self._build_policy(seeds, bank)
-            in_progress = None
-            if ckpt is None:
-                self.bank_size_start = len(bank)
-                write_json(self.run_dir.config_path, to_dict(cfg))
-                self.run_dir.steps.write_bytes(b"")
-                self.run_dir.episodes.write_bytes(b"")
-            else:
-                in_progress = self._restore(ckpt, bank)
-            self.systems.open(bank)
-            self._write_run_info()
-            return self._loop(bank, in_progress, started, resumed_from=None if ckpt is None else self.step)
-        finally:
-            bank.close()
+    def _desc(self) -> str:
+        return f"games {self.config.arm}"
 
-    def _write_run_info(self) -> None:
-        describe = getattr(self.encoder, "describe", None)
-        info = {"kind": CHECKPOINT_KIND, "arm": self.config.arm, "policy": self.config.policy_kind,
-                "device": str(self.device), "encoder": describe() if callable(describe) else repr(self.encoder),
-                "planner": repr(self.planner), "games": [str(g) for g in self.games],
-                "games_fingerprint": self.fingerprint,
-                "seed_bank": None if self.bank_dir is None else str(self.bank_dir),
-                "torch": torch.__version__, "numpy": np.__version__}
-        write_json(self.run_dir.run_info_path, info)
+    def _recent(self) -> deque[float]:
+        window = self.config.window
+        return deque((float(e["won"]) for e in self.episode_log[-window:]), maxlen=window)
 
-    def _loop(self, bank: CaseBank, in_progress: _Episode | None, started: float,
-              resumed_from: int | None) -> dict[str, Any]:
-        cfg = self.config
-        self.writer = None
-        if cfg.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("GameLoopConfig.tensorboard=True needs TensorBoard: pip install "
-                                  "'memento-mdp[train]' (or set \"tensorboard\": false)") from None
-            self.writer = SummaryWriter(str(self.run_dir.tensorboard),
-                                        purge_step=self.step if resumed_from is not None else None)
-            if resumed_from is None:
-                self.writer.add_text("config", "```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```", 0)
-        from tqdm.auto import tqdm
-
-        self.recent: deque[float] = deque((float(e["won"]) for e in self.episode_log[-cfg.window:]),
-                                          maxlen=cfg.window)
-        bar = tqdm(total=cfg.episodes, initial=self.episode_index, desc=f"games {cfg.arm}", unit="episode",
-                   disable=not self.progress, dynamic_ncols=True)
-        try:
-            with self.run_dir.steps.open("a", encoding="utf-8") as steps_handle, \
-                    self.run_dir.episodes.open("a", encoding="utf-8") as episodes_handle:
-                handles = (steps_handle, episodes_handle)
-                while self.episode_index < cfg.episodes:
-                    episode = in_progress or self._next_episode()
-                    in_progress = None
-                    self._play(bank, episode, handles)
-                    bar.update(1)
-                    bar.set_postfix(won=f"{np.mean(self.recent):.2f}", bank=len(bank))
-                if self.episode_index == cfg.episodes and not self._checkpointed_at_end:
-                    self._timed_checkpoint(bank, handles, None)
-        finally:
-            bar.close()
-            if self.writer is not None:
-                self.writer.close()
-        has_model = self.policy.save_model(self.run_dir.selector)
-        summary = self._summary(bank, time.perf_counter() - started, resumed_from, has_model)
-        write_json(self.run_dir.summary_path, summary)
-        logger.info("games %s: %d episodes, won %.3f, score %.3f, bank %d -> %d", cfg.arm, summary["episodes"],
-                    summary["success_rate"], summary["mean_score"], summary["bank_size_start"],
-                    summary["bank_size_end"])
-        return summary
-
-    _checkpointed_at_end = False
-
-    def _next_episode(self) -> _Episode:
-        """The next episode: the next game of the order, or (``systems.retries``) the failed game again."""
+    def _next_unit(self) -> _Episode:
+        """The episode a checkpoint interrupted, the next game of the order, or (``systems.retries``) the failed
+        game again."""
+        if self._in_progress is not None:
+            episode, self._in_progress = self._in_progress, None
+            return episode
         last = self.episode_log[-1] if self.episode_log else None
         if last is not None and last.get("retry") is not None:
             return _Episode(index=self.episode_index, game=int(last["game_index"]), start_step=self.step,
@@ -609,23 +430,19 @@ class GameLoop:
         cursor = sum(1 for e in self.episode_log if int(e.get("attempt", 0)) == 0)
         return _Episode(index=self.episode_index, game=int(self.order[cursor]), start_step=self.step)
 
-    def _timed_checkpoint(self, bank: CaseBank, handles: tuple[Any, Any], episode: _Episode | None) -> None:
-        t0 = time.perf_counter()
-        self._checkpoint(bank, handles, episode)
-        self.ms_totals["checkpoint"] += (time.perf_counter() - t0) * 1000.0
-        self._checkpointed_at_end = episode is None and self.episode_index == self.config.episodes
+    def _log_summary(self, summary: dict[str, Any]) -> None:
+        logger.info("games %s: %d episodes, won %.3f, score %.3f, bank %d -> %d", self.config.arm,
+                    summary["episodes"], summary["success_rate"], summary["mean_score"], summary["bank_size_start"],
+                    summary["bank_size_end"])
 
-    # ------------------------------------------------------------------ one episode
+    # ------------------------------------------------------------------ act: play one episode
 
     def _candidates(self, bank: CaseBank, state_D: np.ndarray) -> Candidates | None:
         """The top-C cases by cosine (of the game's own type with ``same_env``); ``None`` when there is none."""
         if not len(bank):
             return None
         env = self._env_name if self.config.same_env else None
-        if self.config.systems.active:
-            cands = self.systems.candidates(bank, state_D, self.config.candidates, env=env)
-        else:
-            cands = bank.candidates(state_D, self.config.candidates, env=env)
+        cands = self.systems.candidates(bank, state_D, self.config.candidates, env=env)
         return cands if len(cands) else None
 
     def _decide(self, bank: CaseBank, state_D: np.ndarray, ms: dict[str, float],
@@ -636,98 +453,96 @@ class GameLoop:
             return None, None
         if cfg.retrieval == "episode" and not first:
             return None, episode.selection
-        t0 = time.perf_counter()
-        cands = self._candidates(bank, state_D)
-        ms["candidates"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        sel = self.policy.select(state_D, cands, cfg.k, rng=self.policy_rng) if cands is not None and len(cands) \
-            else None
-        ms["select"] += time.perf_counter() - t0
+        with timed(ms, "candidates"):
+            cands = self._candidates(bank, state_D)
+        with timed(ms, "select"):
+            sel = self.policy.select(state_D, cands, cfg.k, rng=self.policy_rng) if cands is not None and len(cands) \
+                else None
         if cfg.retrieval == "episode":
             episode.selection = sel
         return cands, sel
 
-    def _play(self, bank: CaseBank, episode: _Episode, handles: tuple[Any, Any]) -> None:
+    def _act(self, bank: CaseBank, episode: _Episode) -> _Played:
+        """Play the episode from its start (or, resumed, from its last checkpoint) until it ends."""
         cfg = self.config
-        clock = time.perf_counter
-        ms = {c: 0.0 for c in GAME_COMPONENTS}
-        t_start = clock()
+        ms = dict.fromkeys(GAME_COMPONENTS, 0.0)
+        self._t_start = time.perf_counter()
         with self._env(episode.game) as env:
             self._env_name = env.env
-            t0 = clock()
-            state = env.replay(episode.commands) if episode.steps else env.reset()
-            ms["env"] += clock() - t0
+            with timed(ms, "env"):
+                state = env.replay(episode.commands) if episode.steps else env.reset()
             if not episode.steps and cfg.learn:  # CFGM's focus point, before the environment's first episode
-                t0 = clock()
-                self.systems.before_episode(bank, env.env, state.objective, state.admissible)
-                ms["retain"] += clock() - t0
+                with timed(ms, "retain"):
+                    self.systems.before_episode(bank, env.env, state.objective, state.admissible)
             if episode.steps:  # resumed mid-episode: the step vectors and candidates from the texts
-                t0 = clock()
-                vectors_TD = self._encode([s.text for s in episode.steps])
-                ms["encode"] += clock() - t0
+                with timed(ms, "encode"):
+                    vectors_TD = self._encode([s.text for s in episode.steps])
                 for t, (s, state_D) in enumerate(zip(episode.steps, vectors_TD)):
                     s.state_D = state_D
                     wanted = cfg.memory and len(bank) and (cfg.retrieval == "step" or t == 0)
                     s.candidates = self._candidates(bank, state_D) if wanted else None
             version, alpha = self.policy.version, self.policy.alpha
             while not state.done:
-                text = state.text()
-                t0 = clock()
-                state_D = self._encode([text])[0]
-                ms["encode"] += clock() - t0
-                cands, sel = self._decide(bank, state_D, ms, episode, first=not episode.steps)
-                cases = [prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None else []
-                if cases and cfg.systems.active:
-                    cases = self.systems.prompt_cases(text, cases)
-                self.counters["memory_tokens"] += memory_tokens(cases)
-                shown, notes = split_notes(cases)
-                if episode.reflection:
-                    notes.insert(0, f"Reflection: {episode.reflection}")
-                if episode.steps and episode.steps[-1].correction:
-                    notes.append(f"Correction: {episode.steps[-1].correction}")
-                key = _tried_key(state)
-                t0 = clock()
-                if cfg.plan and not episode.steps:  # the planner/executor split: one plan per episode
-                    episode.plan = self._plan(text, shown, f"{env.name}#{episode.index}")
-                shown_text = text if not episode.plan else f"Plan: {episode.plan}\n{text}"
-                if notes:
-                    shown_text = "\n".join(notes) + "\n" + shown_text
-                choice = self.actor.act(shown_text, state.admissible, shown, rng=self.actor_rng,
-                                        tried=episode.tried.get(key, ()), task_id=f"{env.name}#{episode.index}")
-                ms["act"] += clock() - t0
-                t0 = clock()
-                result = env.step(choice.command)
-                ms["env"] += clock() - t0
-                episode.tried.setdefault(key, []).append(choice.command)
-                step = _Step(text=text, selection=sel, command=choice.command, reward=float(result.reward),
-                             invalid=bool(result.invalid), source=choice.source, state_D=state_D, candidates=cands)
-                if cfg.systems.reflect and not result.state.done:
-                    t0 = clock()
-                    history = [(s.command, "") for s in episode.steps] + [(choice.command,
-                                                                           result.state.observation)]
-                    step.correction = self.systems.reflect_step(state.objective, history,
-                                                                result.state.admissible,
-                                                                score=float(result.state.score))
-                    ms["act"] += clock() - t0
-                episode.steps.append(step)
-                self.counters["invalid"] += int(result.invalid)
-                self.counters["unusable"] += int(choice.unusable)
-                self.counters["from_case"] += int(choice.source == "case")
-                t0 = clock()
-                self._log_step(handles[0], episode, env.name, env.env, step, choice, result.state, version, alpha,
-                               len(bank))
-                ms["log"] += clock() - t0
-                self.step += 1
-                state = result.state
-                every = cfg.checkpoint_every
-                if every and self.step % every == 0 and not state.done:
-                    self._write_ms(ms)
-                    ms = {c: 0.0 for c in GAME_COMPONENTS}
-                    episode.started += clock() - t_start
-                    t_start = clock()
-                    self._timed_checkpoint(bank, handles, episode)
-            final = state
-        self._finish(bank, episode, final, env.name, env.env, ms, handles, version, t_start)
+                state = self._act_step(bank, env, episode, state, ms, version, alpha)
+            return _Played(episode=episode, final=state, game=env.name, env_name=env.env, version=version, ms=ms)
+
+    def _prompt(self, bank: CaseBank, text: str, episode: _Episode,
+                sel: Selection | None) -> tuple[list[Case], list[str]]:
+        """The cases the actor is shown for the step's choice and the notes above its state (memory items, the
+        reflection on a failed attempt, the correction of the previous step)."""
+        cases = [prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None else []
+        cases = self.systems.prompt_cases(text, cases)
+        self.counters["memory_tokens"] += memory_tokens(cases)
+        shown, notes = split_notes(cases)
+        if episode.reflection:
+            notes.insert(0, f"Reflection: {episode.reflection}")
+        if episode.steps and episode.steps[-1].correction:
+            notes.append(f"Correction: {episode.steps[-1].correction}")
+        return shown, notes
+
+    def _act_step(self, bank: CaseBank, env: TextWorldEnv, episode: _Episode, state: GameState,
+                  ms: dict[str, float], version: int, alpha: float | None) -> GameState:
+        """One command: encode -> candidates -> select -> the actor's command -> the game's reward; the state
+        after it. A checkpoint falls here when the step count reaches a multiple of ``checkpoint_every``."""
+        cfg = self.config
+        text = state.text()
+        with timed(ms, "encode"):
+            state_D = self._encode([text])[0]
+        cands, sel = self._decide(bank, state_D, ms, episode, first=not episode.steps)
+        shown, notes = self._prompt(bank, text, episode, sel)
+        key = _tried_key(state)
+        with timed(ms, "act"):
+            if cfg.plan and not episode.steps:  # the planner/executor split: one plan per episode
+                episode.plan = self._plan(text, shown, f"{env.name}#{episode.index}")
+            shown_text = "\n".join([*notes, *([f"Plan: {episode.plan}"] if episode.plan else []), text])
+            choice = self.actor.act(shown_text, state.admissible, shown, rng=self.actor_rng,
+                                    tried=episode.tried.get(key, ()), task_id=f"{env.name}#{episode.index}")
+        with timed(ms, "env"):
+            result = env.step(choice.command)
+        episode.tried.setdefault(key, []).append(choice.command)
+        step = _Step(text=text, selection=sel, command=choice.command, reward=float(result.reward),
+                     invalid=bool(result.invalid), source=choice.source, state_D=state_D, candidates=cands)
+        if cfg.systems.reflect and not result.state.done:
+            with timed(ms, "act"):
+                history = [(s.command, "") for s in episode.steps] + [(choice.command, result.state.observation)]
+                step.correction = self.systems.reflect_step(state.objective, history, result.state.admissible,
+                                                            score=float(result.state.score))
+        episode.steps.append(step)
+        self.counters["invalid"] += int(result.invalid)
+        self.counters["unusable"] += int(choice.unusable)
+        self.counters["from_case"] += int(choice.source == "case")
+        with timed(ms, "log"):
+            self._log_step(episode, env.name, env.env, step, choice, result.state, version, alpha, len(bank))
+        self.step += 1
+        every = cfg.checkpoint_every
+        if every and self.step % every == 0 and not result.state.done:
+            self._write_ms(ms)
+            ms.update(dict.fromkeys(ms, 0.0))
+            clock = time.perf_counter()
+            episode.started += clock - self._t_start
+            self._t_start = clock
+            self._timed_checkpoint(bank, episode)
+        return result.state
 
     def _plan(self, text: str, shown: list[Case], task_id: str) -> str:
         """The planner's plan of subgoals for the episode, from its first state and the chosen cases (one call)."""
@@ -739,25 +554,72 @@ class GameLoop:
         out = getattr(plan, "text", plan)
         return " ".join(str(out).split())[:300]
 
-    def _log_step(self, handle: Any, episode: _Episode, game: str, env_name: str, step: _Step, choice: ActorChoice,
+
+    def _log_step(self, episode: _Episode, game: str, env_name: str, step: _Step, choice: ActorChoice,
                   after: GameState, version: int, alpha: float | None, bank_size: int) -> None:
-        sel = step.selection
         record = StepRecord(
             step=self.step, task_id=f"{game}#{episode.index}", family=env_name, state=step.text,
-            candidate_ids=[] if sel is None else list(sel.candidate_ids),
-            chosen_ids=[] if sel is None else list(sel.ids),
-            propensities=[] if sel is None else [float(p) for p in sel.probs_K],
-            set_propensity=None if sel is None else float(sel.set_prob),
-            greedy=None if sel is None else bool(sel.greedy), output=step.command, reward=step.reward,
-            success=bool(after.won), reason=f"{choice.source}; score {after.score}/{after.max_score}"
-                                             + ("; not admissible" if step.invalid else ""),
+            **selection_fields(step.selection), output=step.command, reward=step.reward, success=bool(after.won),
+            reason=f"{choice.source}; score {after.score}/{after.max_score}"
+                   + ("; not admissible" if step.invalid else ""),
             done=bool(after.done), retained_id=None, duplicate=False, policy=self.config.arm, policy_version=version,
-            bank_size=bank_size, entropy=0.0 if sel is None else _entropy(sel.probs_C), alpha=alpha, loss=None,
-            time=time.time(), ms={}, candidate_probs=None if sel is None else [float(p) for p in sel.probs_C])
-        handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+            bank_size=bank_size, alpha=alpha, loss=None, time=time.time(), ms={})
+        self.handles[self.run_dir.steps].write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
         if self.writer is not None:
             self.writer.add_scalar("step/reward", step.reward, self.step)
             self.writer.add_scalar("step/from_case", float(choice.source == "case"), self.step)
+
+    # ------------------------------------------------------------------ commit: learn, retain, log
+
+    def _commit(self, bank: CaseBank, played: _Played) -> None:
+        """The episode's end: observe -> usage -> retain (and the memory systems' builds) -> log."""
+        cfg = self.config
+        episode, final, ms = played.episode, played.final, played.ms
+        with timed(ms, "learn"):
+            observations = self._observations(bank, episode, final, played.version, ms) if cfg.memory else []
+            metrics = self.policy.observe(observations, learn=cfg.learn) if observations else {}
+            self.counters["decisions"] += len(observations)
+        with timed(ms, "retain"):
+            bank_before = len(bank)
+            if cfg.memory and cfg.learn:
+                for obs in observations:  # the case features' usage statistics: the episode's outcome per showing
+                    # logged at the episode's last step (< the next checkpoint's step, >= any checkpoint inside it)
+                    bank.record_usage(self.step - 1, list(obs.selection.ids), float(final.normalized_score))
+            trajectory_id = self._retain(bank, episode, final, played.game, played.env_name)
+            retry = self._build(bank, episode, final, played.game, played.env_name, trajectory_id) if cfg.learn \
+                else None
+        record = {"episode": episode.index, "game": played.game, "env": played.env_name, "won": bool(final.won),
+                  "lost": bool(final.lost), "score": int(final.score), "max_score": int(final.max_score),
+                  "normalized_score": float(final.normalized_score), "steps": len(episode.steps),
+                  "return": float(sum(s.reward for s in episode.steps)),
+                  "from_case": sum(s.source == "case" for s in episode.steps),
+                  "invalid": sum(s.invalid for s in episode.steps), "bank_size": bank_before,
+                  "loss": metrics.get("loss"), "updates": int(self.policy.version), "first_step": episode.start_step,
+                  "wall_s": round(episode.started + time.perf_counter() - self._t_start, 4),
+                  "commands": episode.commands, "game_index": episode.game, "attempt": episode.attempt,
+                  "retry": retry}
+        with timed(ms, "log"):
+            self._log_episode(bank, record, final, metrics.get("loss"))
+        self._write_ms(ms)
+        self.episode_index += 1
+
+    def _log_episode(self, bank: CaseBank, record: dict[str, Any], final: GameState, loss: float | None) -> None:
+        handle = self.handles[self.run_dir.episodes]
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        self.episode_log.append(record)
+        self.recent.append(float(final.won))
+        if self.writer is not None:
+            e = record["episode"]
+            self.writer.add_scalar("episode/won", float(final.won), e)
+            self.writer.add_scalar("episode/score", float(final.normalized_score), e)
+            self.writer.add_scalar("episode/steps", record["steps"], e)
+            self.writer.add_scalar("episode/success_rate", float(np.mean(self.recent)), e)
+            self.writer.add_scalar("bank_size", len(bank), e)
+            if loss is not None:
+                self.writer.add_scalar("learner/loss", loss, e)
+            if self.policy.alpha is not None:
+                self.writer.add_scalar("policy/alpha", self.policy.alpha, e)
 
     def _observations(self, bank: CaseBank, episode: _Episode, final: GameState, version: int,
                       ms: dict[str, float]) -> list[Observation]:
@@ -774,9 +636,8 @@ class GameLoop:
                                 policy_version=version)]
         next_D, next_cands = None, None
         if not terminal and cfg.memory:  # cut by the step limit: bootstrap from the final state
-            t0 = time.perf_counter()
-            next_D = self._encode([final.text()])[0]
-            ms["encode"] += time.perf_counter() - t0
+            with timed(ms, "encode"):
+                next_D = self._encode([final.text()])[0]
             next_cands = self._candidates(bank, next_D)
         out = []
         for t, s in enumerate(steps):
@@ -821,56 +682,6 @@ class GameLoop:
         self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
         return ids[-1] if new_trajectory else None
 
-    def _finish(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str,
-                ms: dict[str, float], handles: tuple[Any, Any], version: int, t_start: float) -> None:
-        cfg = self.config
-        clock = time.perf_counter
-        t0 = clock()
-        observations = self._observations(bank, episode, final, version, ms) if cfg.memory else []
-        metrics = self.policy.observe(observations, learn=cfg.learn) if observations else {}
-        self.counters["decisions"] += len(observations)
-        ms["learn"] += clock() - t0
-        t0 = clock()
-        bank_before = len(bank)
-        if cfg.memory and cfg.learn:
-            for obs in observations:  # the case features' usage statistics: the episode's outcome per showing
-                # logged at the episode's last step (< the next checkpoint's step, >= any checkpoint inside it)
-                bank.record_usage(self.step - 1, list(obs.selection.ids), float(final.normalized_score))
-        trajectory_id = self._retain(bank, episode, final, game, env_name)
-        retry = self._build(bank, episode, final, game, env_name, trajectory_id) if cfg.learn else None
-        ms["retain"] += clock() - t0
-        record = {"episode": episode.index, "game": game, "env": env_name, "won": bool(final.won),
-                  "lost": bool(final.lost), "score": int(final.score), "max_score": int(final.max_score),
-                  "normalized_score": float(final.normalized_score), "steps": len(episode.steps),
-                  "return": float(sum(s.reward for s in episode.steps)),
-                  "from_case": sum(s.source == "case" for s in episode.steps),
-                  "invalid": sum(s.invalid for s in episode.steps), "bank_size": bank_before,
-                  "loss": metrics.get("loss"), "updates": int(self.policy.version), "first_step": episode.start_step,
-                  "wall_s": round(episode.started + clock() - t_start, 4), "commands": episode.commands,
-                  "game_index": episode.game, "attempt": episode.attempt, "retry": retry}
-        t0 = clock()
-        handles[1].write(json.dumps(record, ensure_ascii=False) + "\n")
-        handles[1].flush()
-        self.episode_log.append(record)
-        self.recent.append(float(final.won))
-        if self.writer is not None:
-            e = episode.index
-            self.writer.add_scalar("episode/won", float(final.won), e)
-            self.writer.add_scalar("episode/score", float(final.normalized_score), e)
-            self.writer.add_scalar("episode/steps", len(episode.steps), e)
-            self.writer.add_scalar("episode/success_rate", float(np.mean(self.recent)), e)
-            self.writer.add_scalar("bank_size", len(bank), e)
-            if metrics.get("loss") is not None:
-                self.writer.add_scalar("learner/loss", metrics["loss"], e)
-            if self.policy.alpha is not None:
-                self.writer.add_scalar("policy/alpha", self.policy.alpha, e)
-        ms["log"] += clock() - t0
-        self._write_ms(ms)
-        self.episode_index += 1
-        every = cfg.checkpoint_every
-        crossed = every and self.step // every > episode.start_step // every
-        if self.episode_index == cfg.episodes or crossed:
-            self._timed_checkpoint(bank, handles, None)
 
     def _build(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str,
                trajectory_id: str | None) -> str | None:
@@ -898,29 +709,20 @@ class GameLoop:
         score_E = np.asarray([float(e["normalized_score"]) for e in log], dtype=np.float64)
         steps_E = np.asarray([float(e["steps"]) for e in log], dtype=np.float64)
         n_steps = int(steps_E.sum())
-        ms = {name: self.ms_totals[name] / max(1, n_steps) for name in GAME_COMPONENTS}
-        ms["total"] = sum(ms.values())
         episode_wall = [float(e["wall_s"]) for e in log]
         return {
-            "kind": CHECKPOINT_KIND, "arm": cfg.arm, "policy": cfg.policy_kind, "episodes": len(log),
+            **self._common_summary(bank, wall_s, resumed_from, has_model),
+            "kind": CHECKPOINT_KIND, "arm": cfg.arm, "episodes": len(log),
             "steps": n_steps, "success_rate": float(won_E.mean()) if log else 0.0,
             "mean_score": float(score_E.mean()) if log else 0.0,
             "mean_steps": float(steps_E.mean()) if log else 0.0,
             "success_by_window": success_by_window(won_E, cfg.window),
-            "score_by_window": success_by_window(score_E, cfg.window), "window": cfg.window,
-            "by_env": _by_env(log),
+            "score_by_window": success_by_window(score_E, cfg.window), "by_env": _by_env(log),
             "from_case_share": float(self.counters["from_case"] / max(1, n_steps)),
-            "memory_tokens": int(self.counters.get("memory_tokens", 0)),
             "invalid": int(self.counters["invalid"]), "unusable": int(self.counters["unusable"]),
-            "bank_size_start": int(self.bank_size_start), "bank_size_end": len(bank),
-            "retained": int(self.counters["retained"]), "duplicates": int(self.counters["duplicates"]),
-            "decisions": int(self.counters["decisions"]), "updates": int(self.policy.version),
-            "final_alpha": self.policy.alpha, "ms_per_step": ms,
+            "decisions": int(self.counters["decisions"]), "ms_per_step": self._ms_per_step(n_steps),
             "s_per_episode": float(np.mean(episode_wall)) if episode_wall else 0.0,
-            "seed": cfg.seed, "k": cfg.k, "candidates": cfg.candidates, "retrieval": cfg.retrieval,
-            "memory": cfg.memory, "learn": cfg.learn, "resumed_from": resumed_from, "wall_s": wall_s,
-            "selector": RunDir.SELECTOR if has_model else None,
-            **({"systems": self.systems.stats()} if cfg.systems.active else {}),
+            "retrieval": cfg.retrieval, "memory": cfg.memory, "learn": cfg.learn,
         }
 
 

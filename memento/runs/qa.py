@@ -56,81 +56,63 @@ finished run can be extended (resume with a larger ``steps``); it continues the 
 equals a longer run outright when the old ``steps`` was a multiple of ``batch_size`` (otherwise its last
 round was shorter).
 
+**Structure.** The run (seeds, run directory, bank, policy, checkpoints, resume, TensorBoard, progress, summary)
+is :class:`memento.runs.base.Run`'s; :class:`OnlineLoop` writes a round's two halves: ``_act`` (encode ->
+candidates -> select -> plan -> judge -> credit -> labels, the planner's part being :func:`rollout`, which the Ray
+rollout workers call too) and ``_commit`` (retain -> observe -> usage -> log, which the Ray driver calls with a
+worker's result).
+
 **Threads.** The library never calls ``torch.set_num_threads`` (global state); the ``memento online``
 command has ``--torch-threads`` for that.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import numbers
-import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import torch
 
-from memento.config import (
-    CFGMRetrievalConfig,
-    LifeMemRetrievalConfig,
-    LinUCBConfig,
-    PlugMemRetrievalConfig,
-    PolicyConfig,
-    PolicyKind,
-    RandomConfig,
-    SimilarityConfig,
-    SoftQConfig,
-    check,
-    check_choice,
-    check_float,
-    check_int,
-    check_policy,
-    to_dict,
-)
-from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
+from memento.config import SoftQConfig, check, check_choice, check_float, check_int
+from memento.errors import CheckpointError, ConfigError, DataFormatError
 from memento.formats import StepRecord, read_steps_jsonl
-from memento.io import atomic_write
 from memento.judges import first_line
-from memento.learn.features import CaseFeaturizer
-from memento.learn.policy import CandidateLabels, Observation, Policy, PolicyContext, PolicyFactory
+from memento.learn.policy import CandidateLabels, Observation, PolicyFactory
 from memento.memory import Candidates, CaseBank
-from memento.memory.index import use_gpu_for
-from memento.memory.uri import bank_name, open_bank
+from memento.memory.uri import open_bank
 from memento.plots import moving_average
-from memento.runs.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.runs.base import (
+    Run,
+    RunConfig,
+    encode_checked,
+    loop_policy,
+    restore_bank,
+    run_bank,
+    selection_fields,
+    task_order,
+    timed,
+    torch_seed,
+)
+from memento.runs.rundir import RunDir
 from memento.systems.items import ItemGraph, memory_tokens
-from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Case, Selection, Task
 
 if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a run plans
     from memento.planners.base import Planner, PlanOutput
 
-__all__ = [
-    "COMPONENTS",
-    "LoopConfig",
-    "check_seed_bank",
-    "encode_checked",
-    "leave_one_out_credit",
-    "OnlineLoop",
-    "loop_policy",
-    "restore_bank",
-    "run_bank",
-    "run_online",
-    "success_by_window",
-    "task_env",
-    "task_order",
-    "tasks_fingerprint",
-]
+__all__ = ["COMPONENTS", "Acted", "LoopConfig", "OnlineLoop", "check_seed_bank", "encode_checked",
+           "leave_one_out_credit", "loop_policy", "plan_outputs", "restore_bank", "rollout", "run_bank", "run_online",
+           "success_by_window", "task_env", "task_order", "tasks_fingerprint", "torch_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,33 +127,8 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_every", "tensorboard")
 """LoopConfig fields a resumed run may change; any other difference is refused."""
 
 
-def loop_policy(kind: PolicyKind) -> PolicyConfig:
-    """The online loop's default config of each policy (similarity: successful cases only, as Memento's
-    non-parametric client retrieves them; soft_q: among the same successful cases, with a Q-network anchored on
-    cosine similarity that sees the case features (``anchor="cosine"``, ``features="case"``): the
-    configuration measured best on ``facts-real`` (docs/benchmarks.md); :class:`~memento.config.SoftQConfig`'s
-    own defaults stay the plain Memento Q-network, which needs no bank to build)."""
-    match kind:
-        case "random":
-            return RandomConfig()
-        case "similarity":
-            return SimilarityConfig(positive_only=True)
-        case "soft_q":
-            soft_q = SoftQConfig(positive_only=True)
-            return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case"))
-        case "linucb":
-            return LinUCBConfig()
-        case "cfgm":
-            return CFGMRetrievalConfig()
-        case "lifemem":
-            return LifeMemRetrievalConfig()
-        case "plugmem":
-            return PlugMemRetrievalConfig()
-    raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LoopConfig:
+class LoopConfig(RunConfig):
     """One online run (see the module docstring for the step and batch semantics).
 
     - ``steps``: tasks (= LLM calls) to run; ``k``: cases shown per task; ``candidates``: C, the size
@@ -207,71 +164,38 @@ class LoopConfig:
       nearest raw cases expanded with their tips, skills and the environment's focus point, and the items
       chosen are shown as notes (:mod:`memento.planners.prompts`). ``reflect`` and ``retries`` are for
       multi-step games (a question has no observation to reflect on) and are refused here.
+
+    The fields shared with the game loop (``k``, ``candidates``, ``policy``, ``seed``, ``shuffle``, ``index``,
+    ``window``, ``checkpoint_every``, ``tensorboard``, ``learn``, ``systems``) and their checks are
+    :class:`~memento.runs.base.RunConfig`'s.
     """
 
     steps: int = 500
-    k: int = 4
-    candidates: int = 32
-    policy: PolicyConfig = dataclasses.field(default_factory=lambda: loop_policy("soft_q"))
     batch_size: int = 1
-    seed: int = 0
-    shuffle: bool = True
     retain: bool = True
-    index: str = "Flat"
     success_threshold: float = 0.5
-    window: int = 50
-    checkpoint_every: int = 100
-    tensorboard: bool = True
     credit: Credit = "shared"
     credit_temperature: float = 1.0
-    learn: bool = True
-    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
 
     def __post_init__(self) -> None:
         cls = type(self)
         check_int(self, "steps", 1)
-        check_int(self, "k", 1)
-        check_int(self, "candidates", 1)
-        check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
-        check_policy(self)
+        super().__post_init__()
         if isinstance(self.policy, SoftQConfig):
             check(self.policy.learner.gamma == 0.0, cls, "policy", f"learner.gamma={self.policy.learner.gamma}",
                   "the online loop is single-step: learner.gamma must be 0")
         check_int(self, "batch_size", 1)
-        check_int(self, "seed", 0)
-        for field in ("shuffle", "retain", "tensorboard", "learn"):
-            check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
-        check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
-              "must be a non-empty faiss factory string")
+        check(isinstance(self.retain, bool), cls, "retain", self.retain, "must be true or false")
         check_float(self, "success_threshold")
-        check_int(self, "window", 1)
-        check_int(self, "checkpoint_every", 0)
         check_choice(self, "credit", Credit)
         check_float(self, "credit_temperature", low=0.0, low_open=True)
-        check(isinstance(self.systems, SystemsConfig), cls, "systems", self.systems, "must be a SystemsConfig")
         check(not self.systems.reflect and self.systems.retries == 0, cls, "systems",
               f"reflect={self.systems.reflect}, retries={self.systems.retries}",
               "key-information reflection and retries are for multi-step games (memento play); a question has "
               "no observation to reflect on")
 
-    @property
-    def policy_kind(self) -> str:
-        """The policy's name (``config.policy.kind``)."""
-        return str(self.policy.kind)
-
 
 # ---------------------------------------------------------------- helpers
-
-
-def task_order(n_tasks: int, steps: int, seed: np.random.SeedSequence | int, *, shuffle: bool = True) -> np.ndarray:
-    """Indices of the ``steps`` tasks of the stream (a prefix of a longer run's stream with the same seed)."""
-    if n_tasks < 1:
-        raise DataFormatError("the task list is empty")
-    if not shuffle:
-        return np.arange(steps, dtype=np.int64) % n_tasks
-    rng = np.random.default_rng(seed)
-    passes = -(-steps // n_tasks)
-    return np.concatenate([rng.permutation(n_tasks) for _ in range(passes)])[:steps].astype(np.int64)
 
 
 def tasks_fingerprint(tasks: Sequence[Task]) -> str:
@@ -298,26 +222,6 @@ def own_answer(case: Case) -> bool:
     return "success" in case.meta and "task_id" in case.meta
 
 
-def torch_seed(seq: np.random.SeedSequence) -> int:
-    """A non-negative int64 torch seed drawn from a ``SeedSequence``."""
-    return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
-    """``encoder.encode(texts)`` as contiguous float32 unit vectors ``(N, dim)``; a wrong shape is a
-    :class:`DimensionError` naming both, NaN/inf/zero vectors a :class:`DataFormatError`."""
-    out = np.asarray(encoder.encode(texts), dtype=np.float32)
-    out_ND = out.reshape(len(texts), -1)
-    if out_ND.shape[1] != dim:
-        raise DimensionError(f"encoder returned vectors of shape {out.shape} for {len(texts)} text(s); "
-                             f"expected dim={dim}")
-    norms_N1 = np.linalg.norm(out_ND, axis=1, keepdims=True)
-    if not np.isfinite(out_ND).all() or (norms_N1 == 0).any():
-        raise DataFormatError("encoder returned NaN, inf or zero vectors")
-    if (np.abs(norms_N1 - 1.0) > 1e-4).any():
-        out_ND = out_ND / norms_N1
-    return np.ascontiguousarray(out_ND, dtype=np.float32)
-
 
 def check_seed_bank(path: str | Path) -> None:
     """Read a seed bank whole, as a run will (every case and its provenance links), so that a damaged bank is a
@@ -325,43 +229,6 @@ def check_seed_bank(path: str | Path) -> None:
     with open_bank(path, read_only=True) as bank:
         ItemGraph(bank.iter_cases()).check()
 
-
-def run_bank(target: Path, dim: int, *, bank_dir: Path | str | None, index: str, encoder_config: Any,
-             device: torch.device) -> CaseBank:
-    """A run's fresh bank at ``target``: a copy of the bank named ``bank_dir`` (a directory or ``milvus:URI``,
-    :func:`memento.memory.uri.open_bank`; read only, not changed; its index factory and encoder win), or an empty
-    one with ``index``. A seed bank of another dimension is a :class:`DimensionError` naming both."""
-    if bank_dir is None:
-        return CaseBank.create(target, dim, index=index, encoder=encoder_config, use_gpu=use_gpu_for(device))
-    with open_bank(bank_dir, read_only=True) as seed:
-        if seed.dim != dim:
-            raise DimensionError(f"{bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder gives dim={dim}")
-        bank = CaseBank.create(target, dim, index=seed.config.index, encoder=seed.config.encoder or encoder_config,
-                               use_gpu=use_gpu_for(device))
-        try:
-            cases = list(seed.iter_cases())
-            if cases:
-                bank.add(cases, seed.embeddings([c.id or "" for c in cases]), allow_duplicates=True)  # live ones
-        except BaseException:
-            bank.close()
-            raise
-    return bank
-
-
-def restore_bank(ckpt: Path, state: dict[str, Any], bank: CaseBank) -> None:
-    """Roll the run's bank back to a checkpoint: the same bank (uid), at least as long, truncated to the saved
-    length, and its usage log to the saved step."""
-    if state["bank_uid"] != bank.uid:
-        raise CheckpointError(f"{ckpt}: saved for bank uid {state['bank_uid']}, {bank.path} has uid {bank.uid}")
-    saved_len = int(state["bank_size"])
-    if len(bank) < saved_len:
-        raise CheckpointError(f"{ckpt}: saved with {saved_len} cases in the bank, {bank.path} holds {len(bank)}")
-    removed = bank.truncate(saved_len)
-    if removed:
-        logger.info("resume: dropped %d case(s) retained after the checkpoint", removed)
-    dropped = bank.truncate_usage(int(state["step"]))
-    if dropped:
-        logger.info("resume: dropped %d usage row(s) logged after the checkpoint", dropped)
 
 
 def leave_one_out_credit(planner: Any, tasks: Sequence[Task], shown: Sequence[Sequence[Case]],
@@ -389,12 +256,6 @@ def labels_config(config: LoopConfig) -> Any:
     return policy.labels if isinstance(policy, SoftQConfig) and policy.labels.active else None
 
 
-def _entropy(p_C: np.ndarray) -> float:
-    p = np.asarray(p_C, dtype=np.float64)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum()) if p.size else 0.0
-
-
 def _judge_reward(result: Any, judge: Any) -> tuple[float, str]:
     reward = getattr(result, "reward", None)
     if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
@@ -411,10 +272,80 @@ def success_by_window(success_T: Sequence[float] | np.ndarray, window: int) -> l
             for start in range(0, x.size, window)]
 
 
+
+def plan_outputs(planner: Any, tasks: Sequence[Task], shown: Sequence[Sequence[Case]]) -> list[PlanOutput]:
+    """The planner's outputs for ``tasks`` (``plan`` for one task, one ``plan_many`` call for more), a plain string
+    taken as its text; a wrong count or type is a :class:`~memento.planners.base.PlannerError`."""
+    from memento.planners.base import PlannerError, PlanOutput  # not at import: loading a selector needs none
+
+    raw = [planner.plan(tasks[0], shown[0])] if len(tasks) == 1 else list(planner.plan_many(tasks, shown))
+    if len(raw) != len(tasks):
+        raise PlannerError(f"planner {planner!r} returned {len(raw)} outputs for {len(tasks)} tasks")
+    outputs = []
+    for out in raw:
+        if isinstance(out, str):
+            out = PlanOutput(text=out)
+        if not isinstance(getattr(out, "text", None), str):
+            raise PlannerError(f"planner {planner!r} returned {type(out).__name__}, expected PlanOutput")
+        outputs.append(out)
+    return outputs
+
+
+def rollout(planner: Any, judge: Callable[[Task, str], Any], tasks: Sequence[Task],
+            prompts: Sequence[Sequence[Case]], shown: Sequence[Sequence[Case]], *, credit: Credit,
+            temperature: float, ms: dict[str, float]) -> tuple[list[PlanOutput], list[tuple[float, str]],
+                                                                list[np.ndarray | None], int]:
+    """The planner's half of a round's act, in the loop and in a rollout worker alike: plan each task with its
+    ``prompts`` -> judge each output -> (``credit="leave_one_out"``) the credit of each ``shown`` case; returns the
+    outputs, the judged ``(reward, reason)``, the credit (``None`` per task for shared credit) and the prompts
+    scored for it; the seconds go to ``ms["plan"]``, ``ms["judge"]``, ``ms["credit"]``."""
+    with timed(ms, "plan"):
+        outputs = plan_outputs(planner, tasks, prompts)
+    with timed(ms, "judge"):
+        judged = [_judge_reward(judge(task, out.text), judge) for task, out in zip(tasks, outputs)]
+    with timed(ms, "credit"):
+        if credit != "leave_one_out":
+            return outputs, judged, [None] * len(tasks), 0
+        case_credit, score_calls = leave_one_out_credit(planner, tasks, shown, temperature)
+    return outputs, judged, case_credit, score_calls
+
+
+
 # ---------------------------------------------------------------- the loop
 
 
-class OnlineLoop:
+class Round(NamedTuple):
+    """One policy-update round: the tasks of stream positions ``start_step`` to ``stop - 1``."""
+
+    start_step: int
+    stop: int
+
+
+@dataclasses.dataclass
+class Acted:
+    """What a round's act gave its commit: per task its state vector, candidates, the policy's selection (``None``
+    without candidates), the cases shown, the planner's output, the judged ``(reward, reason)``, the leave-one-out
+    credit and the online labels (``None`` when there are none); the policy version and temperature that chose,
+    the bank's size then, the seconds per component so far, the prompts scored and the memory tokens shown."""
+
+    tasks: list[Task]
+    first_step: int
+    state_BD: np.ndarray
+    candidates: list[Candidates]
+    selections: list[Selection | None]
+    outputs: list[Any]
+    judged: list[tuple[float, str]]
+    credit: list[np.ndarray | None]
+    labels: list[CandidateLabels | None]
+    version: int
+    alpha: float | None
+    bank_size: int
+    ms: dict[str, float]
+    score_calls: int = 0
+    memory_tokens: int = 0
+
+
+class OnlineLoop(Run):
     """Memento's Algorithm 1 over a task stream (see the module docstring).
 
     - ``make_policy``: ``(policy config, PolicyContext) -> Policy``, e.g. ``policies.make_policy``;
@@ -433,18 +364,26 @@ class OnlineLoop:
     - ``device``: where the policy's Q-network, learner and replay buffer live (soft_q);
     - ``resume``: continue from ``out_dir``'s checkpoint (a run without one starts afresh, clearing the
       run files); without it, an ``out_dir`` that already holds a run is refused.
+
+    The run itself (seeds, run directory, checkpoints, resume, TensorBoard, summary) is
+    :class:`~memento.runs.base.Run`'s; this class writes a round's :meth:`_act` and :meth:`_commit`.
     """
+
+    config_class = LoopConfig
+    COMPONENTS = COMPONENTS
+    RESUMABLE = RESUMABLE_CHANGES
+    COUNTERS = ("llm_calls", "score_calls", "retained", "duplicates", "not_retained", "prompt_tokens",
+                "output_tokens", "memory_tokens", "labelled", "labelled_gold", "labelled_hindsight", "label_passes")
+    LOGS = (RunDir.STEPS, RunDir.LABELS)
+    TRAJECTORY = staticmethod(own_answer)
 
     def __init__(self, config: LoopConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Planner,
                  judge: Callable[[Task, str], Any], tasks: Sequence[Task], out_dir: str | Path,
                  bank_dir: str | Path | None = None, seed_cases: Sequence[Case] | None = None,
                  device: str | torch.device = "cpu", resume: bool = False, progress: bool = False,
                  retain_judge: Callable[[Task, str], Any] | None = None):
-        if not isinstance(config, LoopConfig):
-            raise ConfigError(f"OnlineLoop: config={type(config).__name__}: must be a LoopConfig")
-        if not callable(make_policy):
-            raise ConfigError(f"OnlineLoop: make_policy={make_policy!r} is not callable (config, context) -> Policy "
-                              "(pass policies.make_policy)")
+        super().__init__(config, make_policy=make_policy, encoder=encoder, planner=planner, out_dir=out_dir,
+                         bank_dir=bank_dir, device=device, resume=resume, progress=progress)
         tasks = list(tasks)
         if not tasks:
             raise DataFormatError("OnlineLoop: the task list is empty")
@@ -469,40 +408,31 @@ class OnlineLoop:
             if not can_score(planner):
                 raise ConfigError(f"online labels (SoftQConfig.labels.m={config.policy.labels.m}) need a planner "
                                   f"that gives log-probabilities (score_many); {planner!r} cannot score")
-        dim = getattr(encoder, "dim", None)
-        if not callable(getattr(encoder, "encode", None)) or not isinstance(dim, int):
-            raise ConfigError(f"OnlineLoop: encoder {encoder!r} needs encode(texts) and an integer dim")
-        self.config = config
-        self.make_policy = make_policy
-        self.encoder = encoder
-        self.planner = planner
         self.judge = judge
         self.retain_judge = retain_judge
         self.tasks = tasks
-        self.run_dir = RunDir(out_dir)
-        self.out_dir = self.run_dir.path
-        self.bank_dir = None if bank_dir is None else bank_name(bank_dir)  # a directory or milvus:URI
         self.seed_cases = None if seed_cases is None else list(seed_cases)
-        self.device = torch.device(device)
-        self.resume = resume
-        self.progress = progress
-        self.dim = dim
 
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ the skeleton's hooks
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        return encode_checked(self.encoder, self.dim, texts)
+    def _fingerprint(self) -> str:
+        return tasks_fingerprint(self.tasks)
 
-    def _encoder_config(self) -> Any:
-        from memento.config import EncoderConfig
+    def _stream_length(self) -> int:
+        return len(self.tasks)
 
-        config = getattr(self.encoder, "config", None)
-        return config if isinstance(config, EncoderConfig) else None
+    def _reset(self) -> None:
+        self.rewards: list[float] = []
+        self.successes: list[bool] = []
+        self._focus_asked: set[str] = set()
+        self._listwise: float | None = None  # the last round's listwise loss (online labels)
+
+    def _logs(self) -> list[Path]:
+        return [self.run_dir.steps] + ([self.run_dir.labels] if labels_config(self.config) is not None else [])
 
     def _make_bank(self) -> CaseBank:
         """A fresh ``out_dir/bank``: a copy of ``bank_dir``, the encoded seed cases, or empty."""
-        bank = run_bank(self.run_dir.bank, self.dim, bank_dir=self.bank_dir, index=self.config.index,
-                        encoder_config=self._encoder_config(), device=self.device)
+        bank = super()._make_bank()
         if self.bank_dir is not None:
             return bank
         try:
@@ -514,276 +444,67 @@ class OnlineLoop:
             raise
         return bank
 
-    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank) -> Policy:
-        context = PolicyContext(dim=self.dim, k_max=self.config.k, device=self.device,
-                                qnet_seed=torch_seed(seeds[2]), learner_seed=torch_seed(seeds[3]),
-                                reward_of=bank.rewards, featurizer=CaseFeaturizer(bank, self._encode))
-        return self.make_policy(self.config.policy, context)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def _checkpoint(self, bank: CaseBank, steps_handle: Any, labels_handle: Any = None) -> None:
-        """Write a complete checkpoint into checkpoint.tmp, then swap it in for checkpoint."""
-        cfg = self.config
-        tmp = self.run_dir.begin_checkpoint()
-        bank.flush()
-        steps_handle.flush()
-        os.fsync(steps_handle.fileno())
-        atomic_write(tmp / RunDir.STEPS, lambda dst: shutil.copyfile(self.run_dir.steps, dst))
-        if labels_handle is not None:
-            labels_handle.flush()
-            os.fsync(labels_handle.fileno())
-            atomic_write(tmp / RunDir.LABELS, lambda dst: shutil.copyfile(self.run_dir.labels, dst))
-        self.policy.checkpoint(tmp)
-        write_json(tmp / RunDir.CONFIG, to_dict(cfg))
-        state = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION, "step": self.step,
-                 "policy": cfg.policy_kind, "bank_size": len(bank), "bank_uid": bank.uid,
-                 "bank_size_start": self.bank_size_start, "counters": dict(self.counters),
-                 "ms_totals": dict(self.ms_totals), "policy_rng": self.policy_rng.bit_generator.state,
-                 "tasks_fingerprint": self.fingerprint, "n_tasks": len(self.tasks), "time": time.time()}
-        write_json(tmp / RunDir.STATE, state)  # last: its presence marks the checkpoint complete
-        final = self.run_dir.commit_checkpoint(tmp)
-        logger.info("checkpoint at step %d (%d cases in the bank) in %s", self.step, len(bank), final)
-
-    def _restore(self, ckpt: Path, bank: CaseBank) -> None:
-        cfg = self.config
-        state = RunDir.read_state(ckpt)
-        check_saved_config(ckpt, LoopConfig, cfg, RESUMABLE_CHANGES)
-        if state["tasks_fingerprint"] != self.fingerprint:
-            raise CheckpointError(f"{ckpt}: saved for another task list ({state['n_tasks']} tasks, fingerprint "
-                                  f"{state['tasks_fingerprint'][:12]}); now {len(self.tasks)} tasks, "
-                                  f"fingerprint {self.fingerprint[:12]}")
-        step = int(state["step"])
-        if step > cfg.steps:
-            raise CheckpointError(f"{ckpt}: the checkpoint is at step {step}, beyond steps={cfg.steps}")
-        restore_bank(ckpt, state, bank)
-        self.step = step
-        self.bank_size_start = int(state["bank_size_start"])
-        self.counters.update({k: int(v) if isinstance(v, int) else v for k, v in state["counters"].items()})
-        self.ms_totals.update({k: float(v) for k, v in state["ms_totals"].items()})
-        self.policy_rng.bit_generator.state = state["policy_rng"]
-        self.policy.restore(ckpt)
-        # the per-step log: exactly the checkpoint's copy
-        atomic_write(self.run_dir.steps, lambda dst: shutil.copyfile(ckpt / RunDir.STEPS, dst))
-        if labels_config(cfg) is not None:  # and the online labels: exactly the checkpoint's copy
-            if not (ckpt / RunDir.LABELS).is_file():
-                raise CheckpointError(f"{ckpt}: no {RunDir.LABELS} in a checkpoint of a run with online labels")
-            atomic_write(self.run_dir.labels, lambda dst: shutil.copyfile(ckpt / RunDir.LABELS, dst))
+    def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
         records = read_steps_jsonl(self.run_dir.steps)
         self.rewards = [float(record.reward) for record in records]
         self.successes = [bool(record.success) for record in records]
-        if len(self.rewards) != step:
-            raise CheckpointError(f"{ckpt}: steps.jsonl holds {len(self.rewards)} records for step {step}")
-        self.run_dir.adopt_checkpoint(ckpt)
-        logger.info("resumed %s at step %d of %d (%d cases in the bank)", cfg.policy_kind, step, cfg.steps, len(bank))
+        if len(self.rewards) != self.step:
+            raise CheckpointError(f"{ckpt}: steps.jsonl holds {len(self.rewards)} records for step {self.step}")
 
-    # ------------------------------------------------------------------ the run
-
-    def run(self) -> dict[str, Any]:
-        """Run (or finish) the stream; returns the summary (also written to ``out_dir/summary.json``)."""
-        cfg = self.config
-        started = time.perf_counter()
-        self.fingerprint = tasks_fingerprint(self.tasks)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.run_dir.start(self.resume)
-
-        seeds = np.random.SeedSequence(cfg.seed).spawn(4)
-        order_T = task_order(len(self.tasks), cfg.steps, seeds[0], shuffle=cfg.shuffle)
-        self.policy_rng = np.random.Generator(np.random.PCG64(seeds[1]))
-        self.step = 0
-        self.counters: dict[str, Any] = {"llm_calls": 0, "score_calls": 0, "retained": 0, "duplicates": 0,
-                                         "not_retained": 0, "prompt_tokens": 0, "output_tokens": 0,
-                                         "memory_tokens": 0, "labelled": 0, "labelled_gold": 0,
-                                         "labelled_hindsight": 0, "label_passes": 0}
-        self.ms_totals: dict[str, float] = {c: 0.0 for c in COMPONENTS}
-        self.rewards: list[float] = []
-        self.successes: list[bool] = []
-        self._focus_asked: set[str] = set()
-        self._listwise: float | None = None  # the last round's listwise loss (online labels)
-        self._labels_handle: Any = None
-
-        if ckpt is None:
-            bank = self._make_bank()
-        else:
-            bank = CaseBank.open(self.run_dir.bank, dim=self.dim, use_gpu=use_gpu_for(self.device))
-        try:
-            self.systems = MemorySystems(cfg.systems, planner=self.planner, encode=self._encode,
-                                         cache_path=self.out_dir / "memory_calls.jsonl", trajectory=own_answer)
-            self.policy = self._build_policy(seeds, bank)
-            if ckpt is None:
-                self.bank_size_start = len(bank)
-                write_json(self.run_dir.config_path, to_dict(cfg))
-                self.run_dir.steps.write_bytes(b"")
-                self.run_dir.labels.write_bytes(b"")
-            else:
-                self._restore(ckpt, bank)
-            if cfg.systems.active:
-                self.systems.open(bank)  # after the bank was rolled back to the checkpoint
-            self._write_run_info()
-            return self._loop(bank, order_T, started, resumed_from=None if ckpt is None else self.step)
-        finally:
-            bank.close()
-
-    def _write_run_info(self) -> None:
-        describe = getattr(self.encoder, "describe", None)
-        info = {"policy": self.config.policy_kind, "device": str(self.device),
-                "encoder": describe() if callable(describe) else repr(self.encoder),
-                "planner": repr(self.planner), "judge": repr(self.judge),
+    def _run_info(self) -> dict[str, Any]:
+        return {**super()._run_info(), "judge": repr(self.judge),
                 "retain_judge": None if self.retain_judge is None else repr(self.retain_judge),
-                "n_tasks": len(self.tasks),
-                "tasks_fingerprint": self.fingerprint,
-                "seed_bank": None if self.bank_dir is None else str(self.bank_dir),
-                "seed_cases": None if self.seed_cases is None else len(self.seed_cases),
-                "torch": torch.__version__, "numpy": np.__version__}
-        write_json(self.run_dir.run_info_path, info)
+                "n_tasks": len(self.tasks), "seed_cases": None if self.seed_cases is None else len(self.seed_cases)}
 
-    def _loop(self, bank: CaseBank, order_T: np.ndarray, started: float, resumed_from: int | None) -> dict[str, Any]:
+    def _recent(self) -> deque[float]:
+        return deque(self.successes[-self.config.window:], maxlen=self.config.window)
+
+    def _round(self, start: int) -> Round:
+        """The round starting at ``start``: a batch never crosses a multiple of ``batch_size``, so a resumed run
+        batches the same way."""
         cfg = self.config
-        writer = None
-        if cfg.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("LoopConfig.tensorboard=True needs TensorBoard: pip install 'memento-mdp[train]' "
-                                  "(or set \"tensorboard\": false in the LoopConfig)") from None
+        return Round(start, min(cfg.steps, (start // cfg.batch_size + 1) * cfg.batch_size))
 
-            writer = SummaryWriter(str(self.run_dir.tensorboard),
-                                   purge_step=self.step if resumed_from is not None else None)
-            if resumed_from is None:
-                writer.add_text("config", "```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```", 0)
-        from tqdm.auto import tqdm
+    def _next_unit(self) -> Round:
+        return self._round(self.step)
 
-        recent: deque[bool] = deque(self.successes[-cfg.window:], maxlen=cfg.window)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"online {cfg.policy_kind}", unit="task",
-                   disable=not self.progress, dynamic_ncols=True)
-        try:
-            labels_on = labels_config(cfg) is not None
-            with self.run_dir.steps.open("a", encoding="utf-8") as steps_handle, \
-                    (self.run_dir.labels.open("a", encoding="utf-8") if labels_on
-                     else contextlib.nullcontext()) as labels_handle:
-                self._labels_handle = labels_handle
-                while self.step < cfg.steps:
-                    # a batch never crosses a multiple of batch_size, so a resumed run batches the same way
-                    start = self.step
-                    stop = min(cfg.steps, (start // cfg.batch_size + 1) * cfg.batch_size)
-                    records = self._batch(bank, [self.tasks[i] for i in order_T[start:stop]], start)
-                    t0 = time.perf_counter()
-                    for record in records:
-                        steps_handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-                        recent.append(record.success)
-                        if writer is not None:
-                            self._log_scalars(writer, record, float(np.mean(recent)))
-                    steps_handle.flush()
-                    self.ms_totals["log"] += (time.perf_counter() - t0) * 1000.0
-                    self.step = stop
-                    bar.update(len(records))
-                    bar.set_postfix(success=f"{np.mean(recent):.2f}", bank=len(bank))
-                    every = cfg.checkpoint_every
-                    if self.step == cfg.steps or (every and stop // every > start // every):
-                        t0 = time.perf_counter()
-                        self._checkpoint(bank, steps_handle, labels_handle)
-                        self.ms_totals["checkpoint"] += (time.perf_counter() - t0) * 1000.0
-        finally:
-            bar.close()
-            if writer is not None:
-                writer.close()
-        has_model = self.policy.save_model(self.run_dir.selector)
-        summary = self._summary(bank, time.perf_counter() - started, resumed_from, has_model)
-        write_json(self.run_dir.summary_path, summary)
-        logger.info("online %s: %d steps, success %.3f, bank %d -> %d", cfg.policy_kind, summary["steps"],
-                    summary["success_rate"], summary["bank_size_start"], summary["bank_size_end"])
-        return summary
+    # ------------------------------------------------------------------ act: a round's choices and outcomes
 
-    def _log_scalars(self, writer: Any, record: StepRecord, moving: float) -> None:
-        step = record.step
-        writer.add_scalar("reward", record.reward, step)
-        writer.add_scalar("success_rate", moving, step)
-        writer.add_scalar("bank_size", record.bank_size, step)
-        writer.add_scalar("policy/entropy", record.entropy, step)
-        if record.alpha is not None:
-            writer.add_scalar("policy/alpha", record.alpha, step)
-        if record.loss is not None:
-            writer.add_scalar("learner/loss", record.loss, step)
-        if self._listwise is not None:
-            writer.add_scalar("learner/listwise", self._listwise, step)
-        for name, value in record.ms.items():
-            writer.add_scalar(f"ms/{name}", value, step)
-
-    # ------------------------------------------------------------------ one round
-
-    def _batch(self, bank: CaseBank, tasks: list[Task], first_step: int) -> list[StepRecord]:
-        """One policy-update round over ``tasks`` (B >= 1): encode -> candidates -> select -> plan -> judge ->
-        retain -> observe; returns one record per task."""
+    def _act(self, bank: CaseBank, unit: Round) -> Acted:
+        """One policy-update round over the tasks of ``unit`` (B >= 1): encode -> candidates -> select -> plan ->
+        judge -> credit -> online labels."""
+        tasks = [self.tasks[i] for i in self.order[unit.start_step:unit.stop]]
         ms: dict[str, float] = {}
-        clock = time.perf_counter
+        state_BD, cands, bank_size = self._prepare(bank, tasks, ms)
+        with timed(ms, "select"):
+            version, alpha = self.policy.version, self.policy.alpha
+            selections = self._select(state_BD, cands)
+        with timed(ms, "plan"):
+            shown = [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections]
+            prompts = [self.systems.prompt_cases(task.question, cases) for task, cases in zip(tasks, shown)]
+        cfg = self.config
+        outputs, judged, credit, score_calls = rollout(self.planner, self.judge, tasks, prompts, shown,
+                                                       credit=cfg.credit, temperature=cfg.credit_temperature, ms=ms)
+        self._check_rewards(tasks, judged)
+        with timed(ms, "label"):
+            labels = self._labels(bank, tasks, cands, selections, outputs, judged, unit.start_step)
+        return Acted(tasks=tasks, first_step=unit.start_step, state_BD=state_BD, candidates=cands,
+                     selections=selections, outputs=outputs, judged=judged, credit=credit, labels=labels,
+                     version=version, alpha=alpha, bank_size=bank_size, ms=ms, score_calls=score_calls,
+                     memory_tokens=sum(memory_tokens(cases) for cases in prompts))
 
-        t0 = clock()
-        state_BD = self._encode([task.question for task in tasks])
-        ms["encode"] = clock() - t0
-
-        t0 = clock()
-        if self.config.systems.active:
+    def _prepare(self, bank: CaseBank, tasks: list[Task], ms: dict[str, float]
+                 ) -> tuple[np.ndarray, list[Candidates], int]:
+        """The tasks' state vectors, their candidates (after CFGM's focus points) and the bank's size."""
+        with timed(ms, "encode"):
+            state_BD = self._encode([task.question for task in tasks])
+        with timed(ms, "candidates"):
             for task in tasks:
                 self._ensure_focus(bank, task)
-        bank_size = len(bank)
-        cands = [self._candidates(bank, state_BD[b], task) for b, task in enumerate(tasks)]
-        ms["candidates"] = clock() - t0
-
-        t0 = clock()
-        version, alpha = self.policy.version, self.policy.alpha
-        selections = self._select(state_BD, cands)
-        ms["select"] = clock() - t0
-
-        t0 = clock()
-        shown = [bank.get(list(sel.ids)) if sel is not None else [] for sel in selections]
-        prompts = [self.systems.prompt_cases(task.question, cases) for task, cases in zip(tasks, shown)] \
-            if self.config.systems.active else shown
-        self.counters["memory_tokens"] += sum(memory_tokens(cases) for cases in prompts)
-        outputs = self._plan(tasks, prompts)
-        ms["plan"] = clock() - t0
-
-        t0 = clock()
-        judged = self._judge(tasks, outputs)
-        ms["judge"] = clock() - t0
-
-        t0 = clock()
-        credit = self._credit(tasks, shown)
-        ms["credit"] = clock() - t0
-
-        t0 = clock()
-        labels = self._labels(bank, tasks, cands, selections, outputs, judged, first_step)
-        ms["label"] = clock() - t0
-
-        t0 = clock()
-        retained = self._retain(bank, tasks, outputs, judged, state_BD, first_step)
-        ms["retain"] = clock() - t0
-
-        t0 = clock()
-        observations = [Observation(state_D=state_BD[b], candidates=cands[b], selection=sel, reward=judged[b][0],
-                                    step=first_step + b, policy_version=version, case_rewards_K=credit[b],
-                                    labels=labels[b])
-                        for b, sel in enumerate(selections) if sel is not None]
-        learned = self.policy.observe(observations) if self.config.learn else {}
-        loss, self._listwise = learned.get("loss"), learned.get("listwise")
-        ms["learn"] = clock() - t0
-
-        t0 = clock()
-        for obs in observations:  # the usage statistics of the case features, after the policy saw the round
-            bank.record_usage(obs.step, list(obs.selection.ids), obs.reward)
-        ms["usage"] = clock() - t0
-
-        for name, seconds in ms.items():
-            self.ms_totals[name] += seconds * 1000.0
-        per_task_ms = {name: round(seconds * 1000.0 / len(tasks), 4) for name, seconds in ms.items()}
-        return [self._record(b, task, out, judged[b], sel, retained[b], first_step=first_step, version=version,
-                             bank_size=bank_size, alpha=alpha, loss=loss, ms=per_task_ms, credit=credit[b])
-                for b, (task, out, sel) in enumerate(zip(tasks, outputs, selections))]
-
-    def _candidates(self, bank: CaseBank, state_D: np.ndarray, task: Task) -> Candidates:
-        """The bank's top-C cases, or (memory systems) the top-C raw cases expanded with their items."""
-        if not self.config.systems.active:
-            return bank.candidates(state_D, self.config.candidates)
-        return self.systems.candidates(bank, state_D, self.config.candidates, env=task_env(task), same_env=False)
+            bank_size = len(bank)
+            cands = [self.systems.candidates(bank, state_BD[b], self.config.candidates, env=task_env(task),
+                                             same_env=False) for b, task in enumerate(tasks)]
+        return state_BD, cands, bank_size
 
     def _ensure_focus(self, bank: CaseBank, task: Task) -> None:
         """CFGM: the focus point of the task's environment, from its name and its first questions in the list."""
@@ -799,41 +520,16 @@ class OnlineLoop:
         return [self.policy.select(state_BD[b], candidates, self.config.k, rng=self.policy_rng)
                 if len(candidates) else None for b, candidates in enumerate(cands)]
 
-    def _plan(self, tasks: list[Task], shown: list[list[Case]]) -> list[PlanOutput]:
-        from memento.planners.base import PlannerError, PlanOutput  # not at import: loading a selector needs none
-
-        raw = [self.planner.plan(tasks[0], shown[0])] if len(tasks) == 1 else list(self.planner.plan_many(tasks,
-                                                                                                          shown))
-        self.counters["llm_calls"] += len(tasks)
-        if len(raw) != len(tasks):
-            raise PlannerError(f"planner {self.planner!r} returned {len(raw)} outputs for {len(tasks)} tasks")
-        outputs = []
-        for out in raw:
-            if isinstance(out, str):
-                out = PlanOutput(text=out)
-            if not isinstance(getattr(out, "text", None), str):
-                raise PlannerError(f"planner {self.planner!r} returned {type(out).__name__}, expected PlanOutput")
-            outputs.append(out)
-        return outputs
-
-    def _judge(self, tasks: list[Task], outputs: list[PlanOutput]) -> list[tuple[float, str]]:
-        judged = [_judge_reward(self.judge(task, out.text), self.judge) for task, out in zip(tasks, outputs)]
+    def _check_rewards(self, tasks: Sequence[Task], judged: Sequence[tuple[float, str]]) -> None:
+        """Every reward within the range the policy learns from (``policy.reward_range``; ``None``: any)."""
         bounds = self.policy.reward_range
-        if bounds is not None:
-            for task, (reward, _) in zip(tasks, judged):
-                if not bounds[0] <= reward <= bounds[1]:
-                    raise DataFormatError(f"judge {self.judge!r} gave reward {reward} for task {task.id!r}; the "
-                                          f"{self.config.policy_kind} policy learns from rewards in "
-                                          f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
-        return judged
-
-    def _credit(self, tasks: list[Task], shown: list[list[Case]]) -> list[np.ndarray | None]:
-        """Leave-one-out credit per shown case (``LoopConfig.credit``), ``None`` for shared credit."""
-        if self.config.credit != "leave_one_out":
-            return [None] * len(tasks)
-        credit, score_calls = leave_one_out_credit(self.planner, tasks, shown, self.config.credit_temperature)
-        self.counters["score_calls"] += score_calls
-        return credit
+        if bounds is None:
+            return
+        for task, (reward, _) in zip(tasks, judged):
+            if not bounds[0] <= reward <= bounds[1]:
+                raise DataFormatError(f"judge {self.judge!r} gave reward {reward} for task {task.id!r}; the "
+                                      f"{self.config.policy_kind} policy learns from rewards in "
+                                      f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
 
     def _labels(self, bank: CaseBank, tasks: list[Task], cands: list[Candidates], selections: list[Selection | None],
                 outputs: list[PlanOutput], judged: list[tuple[float, str]], first_step: int
@@ -871,6 +567,7 @@ class OnlineLoop:
             return out
         scores = self.planner.score_many([tasks[b] for b in rows], case_sets, answers)
         planner_name, prompt = repr(self.planner), prompt_name(self.planner)
+        labels_handle = self.handles[self.run_dir.labels]
         for b, rows_M, task_scores, answer, kind in zip(rows, picked, scores, answers, kinds):
             score_M = np.asarray([s.logprob / max(1, s.n_tokens) for s in task_scores], dtype=np.float64)
             out[b] = CandidateLabels(rows_M=rows_M, score_M=score_M)
@@ -882,13 +579,69 @@ class OnlineLoop:
                            n_tokens=tuple(int(s.n_tokens) for s in task_scores), planner=planner_name, prompt=prompt,
                            cosine=tuple(float(cands[b].scores_C[i]) for i in rows_M),
                            prompt_tokens=tuple(int(s.prompt_tokens) for s in task_scores))
-            self._labels_handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
+            labels_handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
             self.counters["labelled"] += 1
             self.counters[f"labelled_{kind}"] += 1
             self.counters["label_passes"] += len(task_scores)
             self.counters["score_calls"] += len(task_scores)
-        self._labels_handle.flush()
+        labels_handle.flush()
         return out
+
+    # ------------------------------------------------------------------ commit: what a round changes
+
+    def _commit(self, bank: CaseBank, acted: Acted) -> list[StepRecord]:
+        """Retain -> observe -> usage -> log, in stream order; the records of the round (also in ``steps.jsonl``
+        and on TensorBoard). Also the commit of a rollout worker's round (:mod:`memento.runs.ray`)."""
+        ms, first_step, tasks = acted.ms, acted.first_step, acted.tasks
+        with timed(ms, "retain"):
+            retained = self._retain(bank, tasks, acted.outputs, acted.judged, acted.state_BD, first_step)
+        with timed(ms, "learn"):
+            observations = [Observation(state_D=acted.state_BD[b], candidates=acted.candidates[b], selection=sel,
+                                        reward=acted.judged[b][0], step=first_step + b, policy_version=acted.version,
+                                        case_rewards_K=acted.credit[b], labels=acted.labels[b])
+                            for b, sel in enumerate(acted.selections) if sel is not None]
+            learned = self.policy.observe(observations) if self.config.learn else {}
+            loss, self._listwise = learned.get("loss"), learned.get("listwise")
+        with timed(ms, "usage"):
+            for obs in observations:  # the usage statistics of the case features, after the policy saw the round
+                bank.record_usage(obs.step, list(obs.selection.ids), obs.reward)
+        self.counters["llm_calls"] += len(tasks)
+        self.counters["score_calls"] += acted.score_calls
+        self.counters["memory_tokens"] += acted.memory_tokens
+        for name, seconds in ms.items():
+            self.ms_totals[name] += seconds * 1000.0
+        per_task_ms = {name: round(seconds * 1000.0 / len(tasks), 4) for name, seconds in ms.items()}
+        records = [self._record(b, acted, retained[b], loss, per_task_ms) for b in range(len(tasks))]
+        self._log(records)
+        self.step = first_step + len(tasks)
+        return records
+
+    def _log(self, records: list[StepRecord]) -> None:
+        """The round's records into ``steps.jsonl`` and onto TensorBoard."""
+        t0 = time.perf_counter()
+        steps_handle = self.handles[self.run_dir.steps]
+        for record in records:
+            steps_handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+            self.recent.append(record.success)
+            if self.writer is not None:
+                self._log_scalars(self.writer, record, float(np.mean(self.recent)))
+        steps_handle.flush()
+        self.ms_totals["log"] += (time.perf_counter() - t0) * 1000.0
+
+    def _log_scalars(self, writer: Any, record: StepRecord, moving: float) -> None:
+        step = record.step
+        writer.add_scalar("reward", record.reward, step)
+        writer.add_scalar("success_rate", moving, step)
+        writer.add_scalar("bank_size", record.bank_size, step)
+        writer.add_scalar("policy/entropy", record.entropy, step)
+        if record.alpha is not None:
+            writer.add_scalar("policy/alpha", record.alpha, step)
+        if record.loss is not None:
+            writer.add_scalar("learner/loss", record.loss, step)
+        if self._listwise is not None:
+            writer.add_scalar("learner/listwise", self._listwise, step)
+        for name, value in record.ms.items():
+            writer.add_scalar(f"ms/{name}", value, step)
 
     def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
                 state_BD: np.ndarray, first_step: int) -> list[tuple[str | None, bool]]:
@@ -904,8 +657,8 @@ class OnlineLoop:
             if self.retain_judge is not None:
                 reward, _ = _judge_reward(self.retain_judge(task, out.text), self.retain_judge)
             meta: dict[str, Any] = {"task_id": task.id, "step": first_step + b, "policy": self.config.policy_kind}
-            if self.config.systems.active:  # the builders' view: the judge's verdict and the environment
-                meta.update(success=bool(judged[b][0] >= self.config.success_threshold), family=task_env(task))
+            meta.update(self.systems.answer_meta(success=bool(judged[b][0] >= self.config.success_threshold),
+                                                 family=task_env(task)))
             new_cases.append(Case(state=task.question, action=out.text, reward=reward, env=task.env, meta=meta))
             rows.append(b)
         if new_cases:
@@ -918,13 +671,12 @@ class OnlineLoop:
                 fresh.discard(case_id)  # a repeat within the batch is a duplicate too
             self.counters["retained"] += len(bank) - before
             self.counters["duplicates"] += len(new_cases) - (len(bank) - before)
-            if self.config.systems.active:
-                self._build(bank, [tasks[b] for b in rows], new_cases, ids, new_ids)
+            self._build(bank, [tasks[b] for b in rows], new_cases, ids, new_ids)
         return retained
 
     def _build(self, bank: CaseBank, tasks: list[Task], cases: list[Case], ids: list[str], fresh: set[str]) -> None:
         """The memory systems after a round's answers were retained: each new answer joins a workflow cluster
-        (LifeMem), each question with a success gets its tips (CFGM)."""
+        (LifeMem), each question with a success gets its tips (CFGM); nothing without them."""
         self.systems.added(cases, ids)
         for task, case_id in zip(tasks, ids):
             if case_id in fresh:
@@ -932,28 +684,23 @@ class OnlineLoop:
                 self.systems.after_episode(bank, case_id)
             self.systems.after_answer(bank, task_id=task.id, env=task_env(task), question=task.question)
 
-    def _record(self, b: int, task: Task, out: PlanOutput, judged: tuple[float, str], sel: Selection | None,
-                retained: tuple[str | None, bool], *, first_step: int, version: int, bank_size: int,
-                alpha: float | None, loss: float | None, ms: dict[str, float],
-                credit: np.ndarray | None = None) -> StepRecord:
-        reward, reason = judged
+    def _record(self, b: int, acted: Acted, retained: tuple[str | None, bool], loss: float | None,
+                ms: dict[str, float]) -> StepRecord:
+        """Task ``b`` of the round as a ``steps.jsonl`` record (and its reward in the run's success curve)."""
+        task, out, (reward, reason), credit = acted.tasks[b], acted.outputs[b], acted.judged[b], acted.credit[b]
         self.counters["prompt_tokens"] += int(getattr(out, "prompt_tokens", 0) or 0)
         self.counters["output_tokens"] += int(getattr(out, "output_tokens", 0) or 0)
         success = reward >= self.config.success_threshold
         self.rewards.append(reward)
         self.successes.append(success)
         return StepRecord(
-            step=first_step + b, task_id=task.id, family=task.family, state=task.question,
-            candidate_ids=[] if sel is None else list(sel.candidate_ids),
-            chosen_ids=[] if sel is None else list(sel.ids),
-            propensities=[] if sel is None else [float(p) for p in sel.probs_K],
-            set_propensity=None if sel is None else float(sel.set_prob),
-            greedy=None if sel is None else bool(sel.greedy),
-            output=out.text, reward=reward, success=bool(success), reason=reason, done=True, retained_id=retained[0],
-            duplicate=retained[1], policy=self.config.policy_kind, policy_version=version, bank_size=bank_size,
-            entropy=0.0 if sel is None else _entropy(sel.probs_C), alpha=alpha, loss=loss, time=time.time(), ms=ms,
-            case_credit=None if credit is None else [float(c) for c in credit],
-            candidate_probs=None if sel is None else [float(p) for p in sel.probs_C])
+            step=acted.first_step + b, task_id=task.id, family=task.family, state=task.question,
+            **selection_fields(acted.selections[b]), output=out.text, reward=reward, success=bool(success),
+            reason=reason, done=True, retained_id=retained[0], duplicate=retained[1], policy=self.config.policy_kind,
+            policy_version=acted.version, bank_size=acted.bank_size, alpha=acted.alpha, loss=loss, time=time.time(),
+            ms=ms, case_credit=None if credit is None else [float(c) for c in credit])
+
+    # ------------------------------------------------------------------ summary
 
     # ------------------------------------------------------------------ summary
 
@@ -961,30 +708,20 @@ class OnlineLoop:
         cfg = self.config
         steps = len(self.rewards)
         success_T = np.asarray(self.successes, dtype=np.float64)
-        ms = {name: self.ms_totals[name] / max(1, steps) for name in COMPONENTS}
-        ms["total"] = sum(ms.values())
+        ms = self._ms_per_step(steps)
         ms["overhead"] = ms["total"] - ms["plan"] - ms["judge"]
         return {
-            "policy": cfg.policy_kind, "steps": steps, "llm_calls": int(self.counters["llm_calls"]),
-            "score_calls": int(self.counters.get("score_calls", 0)),
+            **self._common_summary(bank, wall_s, resumed_from, has_model),
+            "steps": steps, "llm_calls": int(self.counters["llm_calls"]),
+            "score_calls": int(self.counters["score_calls"]),
             "success_rate": float(success_T.mean()) if steps else 0.0,
             "success_by_window": success_by_window(success_T, cfg.window),
             "moving_success_rate": float(moving_average(success_T, cfg.window)[-1]) if steps else 0.0,
-            "window": cfg.window, "cumulative_reward": float(np.sum(self.rewards)),
-            "bank_size_start": int(self.bank_size_start), "bank_size_end": len(bank),
-            "retained": int(self.counters["retained"]), "duplicates": int(self.counters["duplicates"]),
-            "not_retained": int(self.counters["not_retained"]),
-            "prompt_tokens": int(self.counters["prompt_tokens"]),
-            "output_tokens": int(self.counters["output_tokens"]),
-            "memory_tokens": int(self.counters.get("memory_tokens", 0)),
+            "cumulative_reward": float(np.sum(self.rewards)), "not_retained": int(self.counters["not_retained"]),
+            "prompt_tokens": int(self.counters["prompt_tokens"]), "output_tokens": int(self.counters["output_tokens"]),
             **({"labels": self._label_summary(steps, ms)} if labels_config(cfg) is not None else {}),
-            "ms_per_step": ms, "updates": int(self.policy.version), "final_alpha": self.policy.alpha,
-            "seed": cfg.seed, "batch_size": cfg.batch_size, "k": cfg.k, "candidates": cfg.candidates,
-            "resumed_from": resumed_from, "wall_s": wall_s,
-            "selector": RunDir.SELECTOR if has_model else None,
-            **({"systems": self.systems.stats()} if cfg.systems.active else {}),
+            "ms_per_step": ms, "batch_size": cfg.batch_size,
         }
-
 
     def _label_summary(self, steps: int, ms: dict[str, float]) -> dict[str, Any]:
         """What the online labels cost: tasks labelled (by target), scored prompts (forward passes of one

@@ -12,6 +12,11 @@ read-only **snapshot** of the policy, and does the slow part of a step::
     driver, at commit:    retain -> policy.observe (replay + learner updates) -> usage -> steps.jsonl, TensorBoard
                           -> checkpoint every N steps
 
+The halves are the in-process loop's own: a worker's plan -> judge -> credit is :func:`memento.runs.qa.rollout`, the
+driver's encode -> candidates is ``OnlineLoop._prepare`` and its commit is ``OnlineLoop._commit`` (given the worker's
+result as the loop's act); the run around them (run directory, checkpoints, resume, summary) is
+:class:`memento.runs.base.Run`'s. Only the schedule below is the driver's own.
+
 The driver sends the candidate set *with* the task rather than giving workers a view of the bank: the bank (an
 SQLite file and an in-memory faiss index that the driver appends to every step) then has one reader and one
 writer, workers need no encoder, no index and no shared file system, and a task's inputs are a plain value that
@@ -72,10 +77,9 @@ import logging
 import math
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,16 +88,14 @@ from memento.config import QNetConfig, ReplayConfig, SoftQConfig, check, check_f
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
 from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
-from memento.learn.policy import Observation, Policy, PolicyContext, PolicyFactory
+from memento.learn.policy import Policy, PolicyContext, PolicyFactory
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
 from memento.memory import Candidates, CaseBank
-from memento.runs.qa import LoopConfig, OnlineLoop, _judge_reward, leave_one_out_credit
-from memento.runs.rundir import write_json
+from memento.runs.base import crossed, timed
+from memento.runs.qa import Acted, LoopConfig, OnlineLoop, rollout
+from memento.systems.items import memory_tokens
 from memento.types import Case, Selection, Task
-
-if TYPE_CHECKING:
-    from memento.planners.base import PlanOutput
 
 __all__ = ["WORKERS_LOG", "WORKER_KINDS", "PolicySnapshot", "RayOnlineLoop", "RolloutWorker", "UnitResult",
            "WorkUnit", "WorkerError", "WorkerSetup", "WorkersConfig", "import_ray", "ray_runtime", "read_workers_log",
@@ -292,21 +294,6 @@ def _build_planner(source: PlannerSource) -> Any:
     raise ConfigError(f"worker planner {source!r}: give a PlannerSpec, a planner or a callable returning one")
 
 
-def _as_outputs(planner: Any, raw: Sequence[Any], n: int) -> list[PlanOutput]:
-    from memento.planners.base import PlannerError, PlanOutput
-
-    if len(raw) != n:
-        raise PlannerError(f"planner {planner!r} returned {len(raw)} outputs for {n} tasks")
-    outputs = []
-    for out in raw:
-        if isinstance(out, str):
-            out = PlanOutput(text=out)
-        if not isinstance(getattr(out, "text", None), str):
-            raise PlannerError(f"planner {planner!r} returned {type(out).__name__}, expected PlanOutput")
-        outputs.append(out)
-    return outputs
-
-
 class RolloutWorker:
     """One Ray actor: a planner, a judge and a policy snapshot (see the module docstring). Plain Python: the driver
     wraps it with ``ray.remote`` when it starts the workers."""
@@ -351,19 +338,9 @@ class RolloutWorker:
             self.policy.fixed_alpha = snapshot.alpha
         self.version, self.alpha = snapshot.version, snapshot.alpha
 
-    def run(self, unit: WorkUnit, snapshot_box: list[Any]) -> UnitResult:
-        """Select, plan and judge the unit's tasks with the snapshot of version ``unit.snapshot_version``
-        (``snapshot_box[0]``: a Ray object reference, fetched only when this worker holds another version)."""
-        import ray
-
-        clock = time.perf_counter
-        ms: dict[str, float] = {}
-        if self.version != unit.snapshot_version or self.policy is None:
-            self._adopt(ray.get(snapshot_box[0]))
+    def _select(self, unit: WorkUnit) -> tuple[list[Selection | None], list[list[Case]]]:
+        """The snapshot's choice for each task of the unit (from the transition's own RNG) and the cases shown."""
         assert self.policy is not None
-        setup = self.setup
-
-        t0 = clock()
         selections: list[Selection | None] = []
         shown: list[list[Case]] = []
         for b, step in enumerate(unit.steps):
@@ -373,31 +350,30 @@ class RolloutWorker:
                 shown.append([])
                 continue
             self.view.set(candidates, unit.rewards_C[b], unit.vectors_CE[b])
-            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(setup.seed,
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.setup.seed,
                                                                              spawn_key=(SELECTION_STREAM, step))))
-            sel = self.policy.select(np.array(unit.states_BD[b]), candidates, setup.k, rng=rng)
+            sel = self.policy.select(np.array(unit.states_BD[b]), candidates, self.setup.k, rng=rng)
             by_id = dict(zip(candidates.ids, unit.cases[b]))
             selections.append(sel)
             shown.append([by_id[case_id] for case_id in sel.ids])
-        ms["select"] = clock() - t0
+        return selections, shown
 
-        t0 = clock()
-        tasks = unit.tasks
-        raw = [self.planner.plan(tasks[0], shown[0])] if len(tasks) == 1 else list(self.planner.plan_many(tasks,
-                                                                                                          shown))
-        outputs = _as_outputs(self.planner, raw, len(tasks))
-        ms["plan"] = clock() - t0
+    def run(self, unit: WorkUnit, snapshot_box: list[Any]) -> UnitResult:
+        """Select, plan and judge the unit's tasks with the snapshot of version ``unit.snapshot_version``
+        (``snapshot_box[0]``: a Ray object reference, fetched only when this worker holds another version)."""
+        import ray
 
-        t0 = clock()
-        judged = [_judge_reward(setup.judge(task, out.text), setup.judge) for task, out in zip(tasks, outputs)]
-        ms["judge"] = clock() - t0
+        ms: dict[str, float] = {}
+        if self.version != unit.snapshot_version or self.policy is None:
+            self._adopt(ray.get(snapshot_box[0]))
+        assert self.policy is not None
+        setup = self.setup
 
-        t0 = clock()
-        credit: list[np.ndarray | None] = [None] * len(tasks)
-        score_calls = 0
-        if setup.credit == "leave_one_out":
-            credit, score_calls = leave_one_out_credit(self.planner, tasks, shown, setup.credit_temperature)
-        ms["credit"] = clock() - t0
+        with timed(ms, "select"):
+            selections, shown = self._select(unit)
+        outputs, judged, credit, score_calls = rollout(self.planner, setup.judge, unit.tasks, shown, shown,
+                                                       credit=setup.credit, temperature=setup.credit_temperature,
+                                                       ms=ms)
         return UnitResult(unit=unit.unit, steps=list(unit.steps), selections=selections, outputs=outputs,
                           judged=judged, credit=credit, score_calls=score_calls, policy_version=int(self.version or 0),
                           alpha=self.alpha, worker=self.index, pid=os.getpid(), ms=ms)
@@ -440,6 +416,37 @@ class _Flight:
     retry_at: float = 0.0
 
 
+@dataclasses.dataclass
+class _Pipeline:
+    """The driver's schedule while the workers run: the units left (``(start, stop, checkpoint after)``), the
+    first unit of each one's checkpoint segment, the worker handles, the current snapshot (and its object-store
+    box), and the units in flight, restarting, done (waiting for their predecessors) and committed."""
+
+    units: list[tuple[int, int, bool]]
+    handles: list[Any]
+    first_of_segment: list[int] = dataclasses.field(default_factory=list)
+    snapshot: PolicySnapshot | None = None
+    box: list[Any] = dataclasses.field(default_factory=list)
+    flights: dict[int, _Flight] = dataclasses.field(default_factory=dict)
+    restarting: dict[int, _Flight] = dataclasses.field(default_factory=dict)
+    done: dict[int, tuple[_Flight, UnitResult]] = dataclasses.field(default_factory=dict)
+    committed: set[int] = dataclasses.field(default_factory=set)
+    next_dispatch: int = 0
+    next_commit: int = 0
+
+    def __post_init__(self) -> None:
+        segment = 0
+        for i, (_, _, ckpt_after) in enumerate(self.units):
+            self.first_of_segment.append(segment)
+            if ckpt_after:
+                segment = i + 1
+
+    def submit(self, i: int, flight: _Flight) -> None:
+        """Send unit ``i`` to its worker."""
+        flight.ref = self.handles[flight.worker].run.remote(flight.message, flight.box)
+        self.flights[i] = flight
+
+
 class RayOnlineLoop(OnlineLoop):
     """:class:`~memento.runs.qa.OnlineLoop` with its selection, planning and judging done by Ray actors (see the
     module docstring). Takes :class:`~memento.runs.qa.OnlineLoop`'s arguments, with ``planner`` a
@@ -469,11 +476,11 @@ class RayOnlineLoop(OnlineLoop):
 
     # ------------------------------------------------------------------ run info and the workers log
 
-    def _write_run_info(self) -> None:
-        super()._write_run_info()
-        info = json.loads(self.run_dir.run_info_path.read_text(encoding="utf-8"))
-        info["workers"] = to_dict(self.workers_config)
-        write_json(self.run_dir.run_info_path, info)
+    def _run_info(self) -> dict[str, Any]:
+        return {**super()._run_info(), "workers": to_dict(self.workers_config)}
+
+    def _desc(self) -> str:
+        return f"online {self.config.policy_kind} x{self.workers_config.workers}"
 
     def _open_workers_log(self, resumed: bool) -> Any:
         """``workers.jsonl``, cut back to the committed steps on resume (rows beyond the checkpoint are rerun)."""
@@ -502,81 +509,63 @@ class RayOnlineLoop(OnlineLoop):
             return PolicySnapshot(version=version, alpha=float(policy.alpha), qnet_config=qnet.config, state=state)
         return PolicySnapshot(version=version, alpha=policy.alpha)
 
-    def _message(self, bank: CaseBank, unit: int, start: int, stop: int, order_T: np.ndarray,
-                 snapshot_version: int) -> WorkUnit:
-        """The unit's tasks with their candidates as the bank gives them now (encode -> candidates)."""
-        clock = time.perf_counter
-        tasks = [self.tasks[i] for i in order_T[start:stop]]
-        t0 = clock()
-        state_BD = self._encode([task.question for task in tasks])
-        self.ms_totals["encode"] += (clock() - t0) * 1000.0
-        t0 = clock()
-        bank_size = len(bank)
-        cands = [self._candidates(bank, state_BD[b], task) for b, task in enumerate(tasks)]
-        featurizer = getattr(self.policy, "featurizer", None)
-        cases, rewards, vectors = [], [], []
-        for c in cands:
-            ids = list(c.ids)
-            cases.append(bank.get(ids) if ids else [])
-            rewards.append(np.asarray(bank.rewards(ids), dtype=np.float64) if ids else np.zeros(0))
-            vectors.append(featurizer.case_vectors(c) if featurizer is not None and ids else None)
-        self.ms_totals["candidates"] += (clock() - t0) * 1000.0
+    def _message(self, bank: CaseBank, unit: int, start: int, stop: int, snapshot_version: int) -> WorkUnit:
+        """The unit's tasks with their candidates as the bank gives them now (the loop's encode -> candidates),
+        with the candidates' cases, stored rewards and (Q-network with case features) vectors."""
+        tasks = [self.tasks[i] for i in self.order[start:stop]]
+        ms: dict[str, float] = {}
+        state_BD, cands, bank_size = self._prepare(bank, tasks, ms)
+        with timed(ms, "candidates"):
+            featurizer = getattr(self.policy, "featurizer", None)
+            cases, rewards, vectors = [], [], []
+            for c in cands:
+                ids = list(c.ids)
+                cases.append(bank.get(ids) if ids else [])
+                rewards.append(np.asarray(bank.rewards(ids), dtype=np.float64) if ids else np.zeros(0))
+                vectors.append(featurizer.case_vectors(c) if featurizer is not None and ids else None)
+        for name, seconds in ms.items():
+            self.ms_totals[name] += seconds * 1000.0
         return WorkUnit(unit=unit, steps=list(range(start, stop)), tasks=tasks, states_BD=state_BD, candidates=cands,
                         cases=cases, rewards_C=rewards, vectors_CE=vectors, snapshot_version=snapshot_version,
                         bank_size=bank_size)
 
     # ------------------------------------------------------------------ commit
 
-    def _commit(self, bank: CaseBank, message: WorkUnit, result: UnitResult) -> tuple[list[Any], int]:
-        """Retain, learn and record one unit (in stream order); returns its records and the learner's version
-        before the unit's updates (against which the unit's staleness is counted)."""
-        cfg = self.config
-        clock = time.perf_counter
-        tasks, outputs, judged = message.tasks, result.outputs, result.judged
-        bounds = self.policy.reward_range
-        if bounds is not None:
-            for task, (reward, _) in zip(tasks, judged):
-                if not bounds[0] <= reward <= bounds[1]:
-                    raise DataFormatError(f"judge {self.judge!r} gave reward {reward} for task {task.id!r}; the "
-                                          f"{cfg.policy_kind} policy learns from rewards in "
-                                          f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
-        ms: dict[str, float] = {name: seconds for name, seconds in result.ms.items()}
-        first = message.steps[0]
-        self.counters["llm_calls"] += len(tasks)
-        self.counters["score_calls"] += result.score_calls
+    def _acted(self, message: WorkUnit, result: UnitResult) -> Acted:
+        """A worker's result as the loop's act of the unit (what :meth:`OnlineLoop._commit` takes)."""
+        self._check_rewards(message.tasks, result.judged)
         shown = [[] if sel is None else [dict(zip(c.ids, cs))[case_id] for case_id in sel.ids]
                  for c, cs, sel in zip(message.candidates, message.cases, result.selections)]
-        if "memory_tokens" in self.counters:
-            from memento.systems.items import memory_tokens
+        return Acted(tasks=message.tasks, first_step=message.steps[0], state_BD=message.states_BD,
+                     candidates=message.candidates, selections=result.selections, outputs=result.outputs,
+                     judged=result.judged, credit=result.credit, labels=[None] * len(message.tasks),
+                     version=result.policy_version, alpha=result.alpha, bank_size=message.bank_size,
+                     ms=dict(result.ms), score_calls=result.score_calls,
+                     memory_tokens=sum(memory_tokens(cases) for cases in shown))
 
-            self.counters["memory_tokens"] += sum(memory_tokens(cases) for cases in shown)
-
-        t0 = clock()
-        retained = self._retain(bank, tasks, outputs, judged, message.states_BD, first)
-        ms["retain"] = clock() - t0
-
-        t0 = clock()
-        learner_version = int(self.policy.version)
-        observations = [Observation(state_D=message.states_BD[b], candidates=message.candidates[b], selection=sel,
-                                    reward=judged[b][0], step=first + b, policy_version=result.policy_version,
-                                    case_rewards_K=result.credit[b])
-                        for b, sel in enumerate(result.selections) if sel is not None]
-        loss = self.policy.observe(observations).get("loss") if cfg.learn else None
-        ms["learn"] = clock() - t0
-
-        t0 = clock()
-        for obs in observations:
-            bank.record_usage(obs.step, list(obs.selection.ids), obs.reward)
-        ms["usage"] = clock() - t0
-
-        for name, seconds in ms.items():
-            self.ms_totals[name] += seconds * 1000.0
-        per_task = {name: round(seconds * 1000.0 / len(tasks), 4) for name, seconds in ms.items()}
-        records = [self._record(b, task, out, judged[b], sel, retained[b], first_step=first,
-                                version=result.policy_version, bank_size=message.bank_size, alpha=result.alpha,
-                                loss=loss, ms=per_task, credit=result.credit[b])
-                   for b, (task, out, sel) in enumerate(zip(tasks, outputs, result.selections))]
-        return records, learner_version
+    def _commit_unit(self, bank: CaseBank, flight: _Flight, result: UnitResult, unit: tuple[int, int, bool]) -> None:
+        """Commit one unit in stream order (the loop's retain -> observe -> usage -> log), its ``workers.jsonl``
+        rows, and the checkpoint after it when one is due."""
+        learner_version = int(self.policy.version)  # the unit's staleness is counted against it
+        records = self._commit(bank, self._acted(flight.message, result))
+        t0 = time.perf_counter()
+        staleness = learner_version - result.policy_version
+        for record in records:
+            self.workers_handle.write(json.dumps({"step": record.step, "worker": result.worker, "pid": result.pid,
+                                                  "attempt": flight.attempt, "policy_version": result.policy_version,
+                                                  "learner_version": learner_version, "staleness": staleness}) + "\n")
+            if self.writer is not None:
+                self.writer.add_scalar("workers/staleness", staleness, record.step)
+        self.workers_handle.flush()
+        now = time.perf_counter()
+        self._commit_times = [self._commit_times[0] if self._commit_times else now, now]
+        stats = self.worker_stats
+        stats["transitions"] += len(records)
+        stats["staleness_sum"] += staleness * len(records)
+        stats["staleness_max"] = max(stats["staleness_max"], staleness)
+        self.ms_totals["log"] += (time.perf_counter() - t0) * 1000.0
+        if unit[2]:
+            self._timed_checkpoint(bank)
 
     # ------------------------------------------------------------------ the run
 
@@ -586,58 +575,44 @@ class RayOnlineLoop(OnlineLoop):
         units = []
         start = self.step
         while start < cfg.steps:
-            stop = min(cfg.steps, (start // cfg.batch_size + 1) * cfg.batch_size)
-            every = cfg.checkpoint_every
-            units.append((start, stop, stop == cfg.steps or bool(every and stop // every > start // every)))
+            stop = self._round(start).stop
+            units.append((start, stop, stop == cfg.steps or crossed(start, stop, cfg.checkpoint_every)))
             start = stop
         return units
 
-    def _loop(self, bank: CaseBank, order_T: np.ndarray, started: float, resumed_from: int | None) -> dict[str, Any]:
-        cfg = self.config
+    def _drive(self, bank: CaseBank) -> None:
+        """The units left, dispatched to the workers and committed in stream order (the module docstring's
+        schedule), between starting Ray and stopping it."""
         self.worker_stats: dict[str, Any] = {"workers": self.workers_config.workers,
                                              "sync_every": self.workers_config.sync_every, "restarts": 0,
                                              "resubmitted": 0, "dropped_duplicates": 0, "snapshots": 0,
                                              "staleness_sum": 0, "staleness_max": 0, "transitions": 0,
                                              "worker_pids": []}
         self._commit_times: list[float] = []  # perf_counter at the first and the latest commit
-        writer = None
-        if cfg.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("LoopConfig.tensorboard=True needs TensorBoard: pip install 'memento-mdp[train]' "
-                                  "(or set \"tensorboard\": false in the LoopConfig)") from None
-            writer = SummaryWriter(str(self.run_dir.tensorboard),
-                                   purge_step=self.step if resumed_from is not None else None)
-            if resumed_from is None:
-                writer.add_text("config", "```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```", 0)
-        loop_s = 0.0
-        try:
-            with self.run_dir.steps.open("a", encoding="utf-8") as steps_handle, \
-                    self._open_workers_log(resumed_from is not None) as workers_handle:
-                if self.step < cfg.steps:
-                    with ray_runtime(self.workers_config) as ray:
-                        t0 = time.perf_counter()
-                        self._drive(ray, bank, order_T, steps_handle, workers_handle, writer)
-                        loop_s = time.perf_counter() - t0
-        finally:
-            if writer is not None:
-                writer.close()
-        has_model = self.policy.save_model(self.run_dir.selector)
-        summary = self._summary(bank, time.perf_counter() - started, resumed_from, has_model)
+        self.loop_s = 0.0
+        with self._open_workers_log(self.resumed_from is not None) as self.workers_handle:
+            if self.step < self.config.steps:
+                with ray_runtime(self.workers_config) as ray:
+                    t0 = time.perf_counter()
+                    self._pipeline(ray, bank, _Pipeline(units=self._units(), handles=self._start_workers(ray)))
+                    self.loop_s = time.perf_counter() - t0
+
+    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
+        summary = super()._summary(bank, wall_s, resumed_from, has_model)
         stats = dict(self.worker_stats)
         n = max(1, stats.pop("transitions"))
         stats["staleness_mean"] = stats.pop("staleness_sum") / n
-        stats["loop_s"] = loop_s  # from starting the workers to the last commit
+        stats["loop_s"] = self.loop_s  # from starting the workers to the last commit
         times = self._commit_times
         stats["tasks_per_s"] = (n - 1) / (times[1] - times[0]) if n > 1 and len(times) == 2 and times[1] > times[0] \
             else None  # steady state: between the first and the last committed transition
         summary["workers"] = stats
-        write_json(self.run_dir.summary_path, summary)
-        logger.info("online %s with %d workers: %d steps, success %.3f, bank %d -> %d, %d restart(s)",
-                    cfg.policy_kind, self.workers_config.workers, summary["steps"], summary["success_rate"],
-                    summary["bank_size_start"], summary["bank_size_end"], stats["restarts"])
         return summary
+
+    def _log_summary(self, summary: dict[str, Any]) -> None:
+        logger.info("online %s with %d workers: %d steps, success %.3f, bank %d -> %d, %d restart(s)",
+                    self.config.policy_kind, self.workers_config.workers, summary["steps"], summary["success_rate"],
+                    summary["bank_size_start"], summary["bank_size_end"], summary["workers"]["restarts"])
 
     def _start_workers(self, ray: Any) -> list[Any]:
         wc = self.workers_config
@@ -657,104 +632,78 @@ class RayOnlineLoop(OnlineLoop):
         self.worker_stats["worker_pids"] = [info["pid"] for info in infos]
         logger.info("%d rollout workers ready (pids %s): %s", wc.workers, self.worker_stats["worker_pids"],
                     infos[0]["planner"])
+        self.worker_handles = handles
         return handles
 
-    def _drive(self, ray: Any, bank: CaseBank, order_T: np.ndarray, steps_handle: Any, workers_handle: Any,
-               writer: Any) -> None:
+    def _pipeline(self, ray: Any, bank: CaseBank, p: _Pipeline) -> None:
         """Dispatch, collect and commit every unit left (the schedule of the module docstring)."""
-        from tqdm.auto import tqdm
-
-        cfg, wc = self.config, self.workers_config
-        n_workers = wc.workers
-        units = self._units()
-        first_of_segment: list[int] = []
-        segment = 0
-        for i, (_, _, ckpt_after) in enumerate(units):
-            first_of_segment.append(segment)
-            if ckpt_after:
-                segment = i + 1
-        handles = self._start_workers(ray)
-        self.worker_handles = handles
-        snapshot: PolicySnapshot | None = None
-        box: list[Any] = []
-        flights: dict[int, _Flight] = {}  # dispatched, no result yet
-        restarting: dict[int, _Flight] = {}  # their worker died: sent again once it is back
-        done: dict[int, tuple[_Flight, UnitResult]] = {}  # a result, waiting for its predecessors
-        committed: set[int] = set()
-        next_dispatch = next_commit = 0
-        recent: deque[bool] = deque(self.successes[-cfg.window:], maxlen=cfg.window)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"online {cfg.policy_kind} x{n_workers}", unit="task",
-                   disable=not self.progress, dynamic_ncols=True)
-
-        def submit(i: int, flight: _Flight) -> None:
-            flight.ref = handles[flight.worker].run.remote(flight.message, flight.box)
-            flights[i] = flight
-
-        def dispatch_ready() -> None:
-            nonlocal next_dispatch, snapshot, box
-            while next_dispatch < len(units) and next_commit >= max(next_dispatch - n_workers + 1,
-                                                                    first_of_segment[next_dispatch]):
-                i = next_dispatch
-                version = int(self.policy.version)
-                if snapshot is None or (version != snapshot.version and (
-                        i == first_of_segment[i] or version - snapshot.version >= wc.sync_every)):
-                    snapshot = self._snapshot()
-                    box = [ray.put(snapshot)]
-                    self.worker_stats["snapshots"] += 1
-                start, stop, _ = units[i]
-                message = self._message(bank, i, start, stop, order_T, snapshot.version)
-                submit(i, _Flight(message=message, box=box, worker=i % n_workers, attempt=1))
-                next_dispatch += 1
-
         try:
-            dispatch_ready()
-            while next_commit < len(units):
+            self._dispatch_ready(ray, bank, p)
+            while p.next_commit < len(p.units):
                 now = time.monotonic()
-                for flight in restarting.values():  # ask a restarting worker again whether it is back
+                for flight in p.restarting.values():  # ask a restarting worker again whether it is back
                     if flight.ref is None and now >= flight.retry_at:
-                        flight.ref = handles[flight.worker].ready.remote()
-                waiting = {f.ref: (i, False) for i, f in flights.items()}
-                waiting.update({f.ref: (i, True) for i, f in restarting.items() if f.ref is not None})
+                        flight.ref = p.handles[flight.worker].ready.remote()
+                waiting = {f.ref: (i, False) for i, f in p.flights.items()}
+                waiting.update({f.ref: (i, True) for i, f in p.restarting.items() if f.ref is not None})
                 if not waiting:
                     time.sleep(RESTART_POLL_S)
                     continue
-                ready, _ = ray.wait(list(waiting), num_returns=1, timeout=RESTART_POLL_S if restarting else 1.0)
+                ready, _ = ray.wait(list(waiting), num_returns=1, timeout=RESTART_POLL_S if p.restarting else 1.0)
                 for ref in ready:
                     i, is_restart = waiting[ref]
                     if is_restart:
-                        self._restarted(ray, i, restarting, submit)
-                        continue
-                    flight = flights.pop(i)
-                    try:
-                        result = ray.get(ref)
-                    except ray.exceptions.RayActorError as error:  # the worker died holding unit i
-                        self._lost(i, flight, error, restarting)
-                        continue
-                    except ray.exceptions.RayTaskError as error:
-                        cause = error.cause if isinstance(getattr(error, "cause", None), BaseException) else None
-                        if isinstance(cause, MementoError):
-                            raise cause from None
-                        raise WorkerError(f"rollout worker {flight.worker} failed on steps "
-                                          f"{flight.message.steps[0]}-{flight.message.steps[-1]}: "
-                                          f"{_cause(error)}") from None
-                    if i in committed or i in done:  # never counted twice
-                        self.worker_stats["dropped_duplicates"] += 1
-                        continue
-                    done[i] = (flight, result)
-                while next_commit in done:
-                    i = next_commit
-                    flight, result = done.pop(i)
-                    self._commit_unit(bank, flight, result, units[i], steps_handle, workers_handle, writer, recent)
-                    committed.add(i)
-                    bar.update(len(result.steps))
-                    bar.set_postfix(success=f"{np.mean(recent):.2f}", bank=len(bank))
-                    next_commit += 1
-                    dispatch_ready()
+                        self._restarted(ray, i, p)
+                    else:
+                        self._collect(ray, i, ref, p)
+                while p.next_commit in p.done:
+                    i = p.next_commit
+                    flight, result = p.done.pop(i)
+                    self._commit_unit(bank, flight, result, p.units[i])
+                    p.committed.add(i)
+                    self._advanced(bank, len(result.steps))
+                    p.next_commit += 1
+                    self._dispatch_ready(ray, bank, p)
         finally:
-            bar.close()
-            for handle in handles:
+            for handle in p.handles:
                 with contextlib.suppress(Exception):
                     ray.kill(handle)
+
+    def _dispatch_ready(self, ray: Any, bank: CaseBank, p: _Pipeline) -> None:
+        """Send every unit whose predecessors (up to N - 1 in flight, none across a checkpoint) are committed."""
+        wc = self.workers_config
+        while p.next_dispatch < len(p.units) and p.next_commit >= max(p.next_dispatch - wc.workers + 1,
+                                                                      p.first_of_segment[p.next_dispatch]):
+            i = p.next_dispatch
+            version = int(self.policy.version)
+            if p.snapshot is None or (version != p.snapshot.version and (
+                    i == p.first_of_segment[i] or version - p.snapshot.version >= wc.sync_every)):
+                p.snapshot = self._snapshot()
+                p.box = [ray.put(p.snapshot)]
+                self.worker_stats["snapshots"] += 1
+            start, stop, _ = p.units[i]
+            message = self._message(bank, i, start, stop, p.snapshot.version)
+            p.submit(i, _Flight(message=message, box=p.box, worker=i % wc.workers, attempt=1))
+            p.next_dispatch += 1
+
+    def _collect(self, ray: Any, i: int, ref: Any, p: _Pipeline) -> None:
+        """Unit ``i``'s result: kept until its predecessors are committed (a worker that died is restarted)."""
+        flight = p.flights.pop(i)
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayActorError as error:  # the worker died holding unit i
+            self._lost(i, flight, error, p.restarting)
+            return
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause if isinstance(getattr(error, "cause", None), BaseException) else None
+            if isinstance(cause, MementoError):
+                raise cause from None
+            raise WorkerError(f"rollout worker {flight.worker} failed on steps {flight.message.steps[0]}-"
+                              f"{flight.message.steps[-1]}: {_cause(error)}") from None
+        if i in p.committed or i in p.done:  # never counted twice
+            self.worker_stats["dropped_duplicates"] += 1
+            return
+        p.done[i] = (flight, result)
 
     def _lost(self, i: int, flight: _Flight, error: Exception, restarting: dict[int, _Flight]) -> None:
         """A worker died holding unit ``i``: Ray restarts it; the unit waits until the worker answers again."""
@@ -769,10 +718,9 @@ class RayOnlineLoop(OnlineLoop):
         self.worker_stats["resubmitted"] += len(flight.message.steps)
         restarting[i] = dataclasses.replace(flight, attempt=flight.attempt + 1, ref=None, retry_at=0.0)
 
-    def _restarted(self, ray: Any, i: int, restarting: dict[int, _Flight],
-                   submit: Callable[[int, _Flight], None]) -> None:
+    def _restarted(self, ray: Any, i: int, p: _Pipeline) -> None:
         """A restarting worker answered: send it unit ``i`` again, unchanged (or ask again later)."""
-        flight = restarting[i]
+        flight = p.restarting[i]
         try:
             info = ray.get(flight.ref)
         except ray.exceptions.ActorDiedError as error:  # beyond max_restarts, or its planner no longer builds
@@ -780,41 +728,11 @@ class RayOnlineLoop(OnlineLoop):
         except ray.exceptions.RayActorError:  # still restarting
             flight.ref, flight.retry_at = None, time.monotonic() + RESTART_POLL_S
             return
-        del restarting[i]
+        del p.restarting[i]
         self.worker_stats["worker_pids"][flight.worker] = info["pid"]
         logger.info("rollout worker %d is back (pid %d): steps %d-%d again (attempt %d)", flight.worker, info["pid"],
                     flight.message.steps[0], flight.message.steps[-1], flight.attempt)
-        submit(i, dataclasses.replace(flight, ref=None))
-
-    def _commit_unit(self, bank: CaseBank, flight: _Flight, result: UnitResult, unit: tuple[int, int, bool],
-                     steps_handle: Any, workers_handle: Any, writer: Any, recent: deque[bool]) -> None:
-        start, stop, ckpt_after = unit
-        records, learner_version = self._commit(bank, flight.message, result)
-        t0 = time.perf_counter()
-        staleness = learner_version - result.policy_version
-        for record in records:
-            steps_handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-            workers_handle.write(json.dumps({"step": record.step, "worker": result.worker, "pid": result.pid,
-                                             "attempt": flight.attempt, "policy_version": result.policy_version,
-                                             "learner_version": learner_version, "staleness": staleness}) + "\n")
-            recent.append(record.success)
-            if writer is not None:
-                self._log_scalars(writer, record, float(np.mean(recent)))
-                writer.add_scalar("workers/staleness", staleness, record.step)
-        steps_handle.flush()
-        workers_handle.flush()
-        now = time.perf_counter()
-        self._commit_times = [self._commit_times[0] if self._commit_times else now, now]
-        stats = self.worker_stats
-        stats["transitions"] += len(records)
-        stats["staleness_sum"] += staleness * len(records)
-        stats["staleness_max"] = max(stats["staleness_max"], staleness)
-        self.ms_totals["log"] += (time.perf_counter() - t0) * 1000.0
-        self.step = stop
-        if ckpt_after:
-            t0 = time.perf_counter()
-            self._checkpoint(bank, steps_handle)
-            self.ms_totals["checkpoint"] += (time.perf_counter() - t0) * 1000.0
+        p.submit(i, dataclasses.replace(flight, ref=None))
 
 
 def _cause(error: BaseException) -> str:

@@ -43,32 +43,17 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
 
-from memento.config import (
-    CFGMRetrievalConfig,
-    LearnerConfig,
-    LifeMemRetrievalConfig,
-    LinUCBConfig,
-    PlugMemRetrievalConfig,
-    PolicyConfig,
-    PolicyKind,
-    RandomConfig,
-    SimilarityConfig,
-    SoftQConfig,
-    check,
-    check_int,
-    check_policy,
-    to_dict,
-)
+from memento.config import LearnerConfig, PolicyConfig, PolicyKind, SoftQConfig, check, check_int, check_policy, to_dict
 from memento.envs.synthetic import SyntheticBandit
 from memento.errors import BankError, ConfigError
 from memento.learn.policy import Observation, PolicyContext, PolicyFactory
 from memento.memory import CaseBank
-from memento.runs.qa import torch_seed
+from memento.runs.base import loop_policy, torch_seed
 from memento.runs.rundir import write_json
 
 __all__ = ["RegretConfig", "RegretResult", "regret_policy", "run_regret"]
@@ -87,25 +72,10 @@ def _regret_soft_q() -> SoftQConfig:
 
 
 def regret_policy(kind: PolicyKind) -> PolicyConfig:
-    """The regret run's default config of each policy (similarity: deterministic cosine top-k over all
-    candidates; soft_q: 50 warm-up decisions, a 100k replay buffer, alpha 0.2 decaying to 0.05 over 1000
-    updates when scheduled)."""
-    match kind:
-        case "random":
-            return RandomConfig()
-        case "similarity":
-            return SimilarityConfig()
-        case "soft_q":
-            return _regret_soft_q()
-        case "linucb":
-            return LinUCBConfig()
-        case "cfgm":
-            return CFGMRetrievalConfig()
-        case "lifemem":
-            return LifeMemRetrievalConfig()
-        case "plugmem":
-            return PlugMemRetrievalConfig()
-    raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
+    """The regret run's default config of each policy (:func:`memento.runs.base.loop_policy` with similarity's
+    deterministic cosine top-k over all candidates and this run's soft-Q: 50 warm-up decisions, a 100k replay
+    buffer, alpha 0.2 decaying to 0.05 over 1000 updates when scheduled)."""
+    return loop_policy(kind, rewarded_only=False, soft_q=_regret_soft_q())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,9 @@
 :class:`MemorySystems` holds the builders and the provenance graph of one open bank; the LLM's replies are cached
 in the run directory (``memory_calls.jsonl``) so a resumed run does not pay for them twice, and
 :meth:`MemorySystems.stats` reports calls, cache hits, seconds and items built per kind (in ``summary.json``).
+
+Every run builds a :class:`MemorySystems`; with nothing configured (``SystemsConfig.active`` false) each of its hooks
+does nothing and the candidates are the bank's own top C, so the loops call them unconditionally.
 """
 
 from __future__ import annotations
@@ -139,8 +142,24 @@ class MemorySystems:
         self._notes = {"notes": 0, "memory_tokens": 0, "memory_tokens_max": 0, "calls": 0}
         self.kir = KeyInfoReflection(self.llm, config=config.cfgm) if config.reflect and self.llm else None
 
+    @property
+    def active(self) -> bool:
+        """Anything configured (``SystemsConfig.active``); otherwise every hook is a no-op."""
+        return self.config.active
+
+    def summary(self) -> dict[str, Any]:
+        """``{"systems": stats()}`` for a run's summary when any system is configured, else nothing."""
+        return {"systems": self.stats()} if self.active else {}
+
+    def answer_meta(self, *, success: bool, family: str) -> dict[str, Any]:
+        """What a retained answer carries for the builders in question answering (the judge's verdict and the
+        environment; :meth:`after_answer` reads them), nothing when no system runs."""
+        return {"success": success, "family": family} if self.active else {}
+
     def open(self, bank: CaseBank) -> None:
         """(Re)read the bank's links (after it was opened, created or truncated back to a checkpoint)."""
+        if not self.active:
+            return
         self.graph = ItemGraph.from_bank(bank)
         self.graph.check()
         self.plug = PlugMemGraph(self.graph)
@@ -153,6 +172,8 @@ class MemorySystems:
 
     def added(self, cases: Sequence[Case], ids: Sequence[str]) -> None:
         """Record cases the loop added to the bank (the ids ``bank.add`` returned)."""
+        if not self.active:
+            return
         for case, case_id in zip(cases, ids):
             if case_id not in self.graph:
                 self.graph.add(dataclasses.replace(case, id=case_id))
@@ -172,7 +193,10 @@ class MemorySystems:
                    same_env: bool = True) -> Candidates:
         """The candidates a policy chooses from (raw cases, or expanded with items): the C nearest raw cases (of
         ``env`` only when ``same_env``), and with ``items="all"`` their linked items and ``env``'s focus point (and
-        the nearest plugmem items and those routed through their concepts and intents, when the bank holds some)."""
+        the nearest plugmem items and those routed through their concepts and intents, when the bank holds some).
+        With no system configured: the bank's top C (of ``env`` only when ``same_env``), whatever their kind."""
+        if not self.active:
+            return bank.candidates(state_D, c, env=env if same_env else None)
         base = bank.candidates(state_D, c, env=env if same_env else None, kind="case")
         if self.config.items == "cases":
             return base
@@ -256,7 +280,7 @@ class MemorySystems:
         the PlugMem items among them become one transient ``memory`` entry at the first one's place, their
         texts compressed for ``query`` (:func:`memento.systems.plugmem.compress`, the run's LLM when it has one,
         else the fallback); every other entry as it is. The notes are counted in :meth:`stats`."""
-        plug = [c for c in cases if c.kind in PLUG_KINDS]
+        plug = [c for c in cases if c.kind in PLUG_KINDS] if self.active else []
         if not plug or self.config.plugmem.show != "note":
             return list(cases)
         note, calls, _ = compress(query, [collapse(c.action) for c in plug], llm=self.llm, config=self.config.plugmem)

@@ -107,8 +107,8 @@ def test_crash_mid_episode_then_resume_equals_uninterrupted(tmp_path: Path, game
     crashing = ScriptedPlanner(preferred)
     original = GameLoop._checkpoint
 
-    def checkpoint_then_arm(self, bank, handles, episode):  # noqa: ANN001, ANN202
-        original(self, bank, handles, episode)
+    def checkpoint_then_arm(self, bank, episode=None):  # noqa: ANN001, ANN202
+        original(self, bank, episode)
         if episode is not None and crashing.fail_after is None:
             crashing.fail_after = crashing.calls
     monkeypatch.setattr(GameLoop, "_checkpoint", checkpoint_then_arm)
