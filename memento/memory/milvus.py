@@ -363,11 +363,9 @@ class MilvusRows:
         rows = self.read(positions, ["pos", "reward"])
         return np.array([rows[p]["reward"] for p in positions], dtype=np.float64)
 
-    def vectors_at(self, positions_N: np.ndarray) -> np.ndarray:
+    def vectors_at(self, positions_N: np.ndarray, dim: int) -> np.ndarray:
         rows = self.read(positions_N.tolist(), ["pos", "vector"])
-        out_ND = np.zeros((positions_N.size, _dim_of(rows)), dtype=np.float32) if rows else None
-        if out_ND is None:
-            return np.zeros((0, 0), dtype=np.float32)
+        out_ND = np.zeros((positions_N.size, dim), dtype=np.float32)
         for i, p in enumerate(positions_N.tolist()):
             out_ND[i] = np.asarray(rows[p]["vector"], dtype=np.float32)
         return out_ND
@@ -405,10 +403,6 @@ class MilvusRows:
 
     def close(self) -> None:
         disconnect(self.client, self.lite_dir)
-
-
-def _dim_of(rows: dict[int, dict[str, Any]]) -> int:
-    return len(next(iter(rows.values()))["vector"])
 
 
 class MilvusVectors:
@@ -467,9 +461,7 @@ class MilvusVectors:
         return scores_BK, positions_BK, vectors_BKD
 
     def vectors_at(self, positions_N: np.ndarray) -> np.ndarray:
-        if not positions_N.size:
-            return np.zeros((0, self.config.dim), dtype=np.float32)
-        return self._rows.vectors_at(positions_N)
+        return self._rows.vectors_at(positions_N, self.config.dim)
 
     def refresh(self, first_new: int, top: int) -> None:
         self._rows.took_in(top)
