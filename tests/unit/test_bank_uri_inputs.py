@@ -83,3 +83,26 @@ def test_training_data_from_a_milvus_bank(run: Path, lite: str) -> None:
     assert a.case_keys == b.case_keys and a.state_texts == b.state_texts
     assert np.array_equal(a.cases_MD, b.cases_MD) and np.array_equal(a.reward_N, b.reward_N)
     assert load_texts([lite]) == load_texts([str(run / "bank")])
+
+
+def test_online_loop_with_case_features_from_a_milvus_seed_bank(lite: str, tmp_path: Path) -> None:
+    """``memento online --bank milvus:...`` with the default soft-Q (case features: usage statistics and action
+    vectors): the run copies the seed bank into its own bank and logs the features there."""
+    import dataclasses
+
+    from memento.runs.qa import LoopConfig, loop_policy, run_online
+    from policies import make_policy
+    from tests.loop_env import ExactJudge, make_env
+
+    env = make_env()
+    policy = dataclasses.replace(loop_policy("soft_q"), warmup=2)
+    assert policy.qnet.features == "case"
+    config = LoopConfig(steps=4, k=2, candidates=6, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,
+                        policy=policy)
+    run_online(config, make_policy=make_policy, encoder=HashingEncoder(), planner=env.planner(), judge=ExactJudge(),
+               tasks=env.tasks, bank_dir=lite, out_dir=tmp_path / "run")
+    with open_bank(lite, read_only=True) as seed, open_bank(tmp_path / "run" / "bank") as bank:
+        assert len(bank) >= len(seed) and bank.ids_at(range(len(seed))) == seed.ids_at(range(len(seed)))
+        shown_N, _ = bank.usage_at(np.arange(len(bank)))
+        assert shown_N.sum() == 4 * 2  # K cases shown per step
+        assert bank.action_embeddings_at(np.flatnonzero(shown_N))[1].all()
