@@ -10,6 +10,7 @@ table; :func:`check_format` reads them back with the file named in every error.
   ``read_only`` opens it with ``mode=ro`` so nothing, not even a journal-mode switch, is written.
 - :func:`use_wal`: ``journal_mode=WAL`` and ``synchronous=NORMAL`` (commits are not fsynced one by one;
   a checkpoint is).
+- :data:`META_SCHEMA`: the ``meta`` table's statement, which opens each store's schema.
 - :func:`create`: a new file with its schema and meta rows, written aside (``<name>.creating``) and renamed
   into place, so a store appears whole or not at all.
 - :func:`read_meta`, :func:`write_meta`, :func:`format_version`, :func:`check_format`, and :func:`open_store`
@@ -30,10 +31,14 @@ from typing import Any
 
 from memento.errors import CheckpointError, MementoError
 
-__all__ = ["chain_digest", "check_format", "checkpoint", "connect", "create", "format_version", "open_store",
-           "read_meta", "use_wal", "write_meta"]
+__all__ = ["META_SCHEMA", "chain_digest", "check_format", "checkpoint", "connect", "create", "format_version",
+           "open_store", "read_meta", "use_wal", "write_meta"]
 
 _GENESIS = hashlib.sha256(b"memento-rows").hexdigest()
+
+META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);\n"
+"""The key/value ``meta`` table every versioned store's schema starts with."""
+
 
 def connect(path: str | Path, *, timeout: float = 30.0, read_only: bool = False, check_same_thread: bool = False,
             autocommit: bool = False, error: type[MementoError] = CheckpointError) -> sqlite3.Connection:

@@ -51,7 +51,7 @@ import sqlite3
 import stat as _stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,13 +76,13 @@ from memento.config import (
     save_json,
     to_dict,
 )
-from memento.errors import CheckpointError, ConfigError, DimensionError
-from memento.io import atomic_write, atomic_write_text, fsync_dir, read_safetensors, read_versioned_json
+from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, EncoderError
+from memento.io import atomic_write, atomic_write_text, fsync_dir, read_safetensors, read_versioned_json, sqlite_copy
 from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
 from memento.memory import rows as bank_rows
-from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
+from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION, CaseBank
 
 __all__ = [
     "BANK_DB",
@@ -104,8 +104,10 @@ __all__ = [
     "check_feedback_file",
     "check_tree",
     "feedback_rows_digest",
+    "feedback_with_case",
     "file_sha256",
     "library_versions",
+    "load_encoder",
     "read_encoder_spec",
     "read_manifest",
     "recover",
@@ -426,10 +428,30 @@ def read_encoder_spec(path: Path) -> EncoderSpec:
     return spec
 
 
+def load_encoder(root: Path, spec: EncoderSpec | None = None, *, device: str | None = None) -> Any:
+    """The text encoder of the artifact at ``root`` (``spec``: its ``encoder.json``, read when None) on
+    ``device``, checked against the dimension the spec records. A spec of kind ``none`` (no encoder stored)
+    raises ``EncoderError``."""
+    from memento.encoders import Encoder
+
+    spec = read_encoder_spec(root / ENCODER_NAME) if spec is None else spec
+    if spec.kind == "none":
+        raise EncoderError(f"{root}: this selector stores no text encoder ({ENCODER_NAME}: kind 'none', trained "
+                           f"with {spec.description or 'a custom encoder'}); pass a {spec.dim}-d vector, or "
+                           "load_selector(..., encoder=...)")
+    encoder = Encoder.from_config(spec.encoder_config(), device=device)
+    if encoder.dim != spec.dim:
+        raise DimensionError(f"{root / ENCODER_NAME}: dim={spec.dim}, but encoder {encoder.model_id} gives "
+                             f"dim={encoder.dim}")
+    if spec.fingerprint and spec.fingerprint != encoder.describe().get("fingerprint"):
+        logger.info("%s: encoder %s has another fingerprint than at training time (other files or install)", root,
+                    encoder.model_id)
+    return encoder
+
+
 # ---------------------------------------------------------------- the feedback log
 
-_FEEDBACK_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+_FEEDBACK_SCHEMA = sqlite.META_SCHEMA + """
 CREATE TABLE IF NOT EXISTS feedback (
     seq INTEGER PRIMARY KEY,
     selection_id TEXT NOT NULL UNIQUE,
@@ -525,10 +547,7 @@ class FeedbackLog:
         """Rows with ``seq > after``, in order."""
         for row in self._conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? ORDER BY seq",
                                       (after,)).fetchall():
-            seq, sid, reward, when, mode, version, env, ids, probs, set_prob, learned, state = row
-            yield FeedbackRow(seq=seq, selection_id=sid, reward=reward, time=when, mode=mode, policy_version=version,
-                              env=env, ids=json.loads(ids), probs=json.loads(probs), set_prob=set_prob,
-                              learned=bool(learned), state=state)
+            yield _feedback_row(row)
 
     def checkpoint(self) -> None:
         """Move the WAL into the main file (so its bytes are what a checksum sees)."""
@@ -536,6 +555,28 @@ class FeedbackLog:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _feedback_row(row: tuple[Any, ...]) -> FeedbackRow:
+    seq, sid, reward, when, mode, version, env, ids, probs, set_prob, learned, state = row
+    return FeedbackRow(seq=seq, selection_id=sid, reward=reward, time=when, mode=mode, policy_version=version, env=env,
+                       ids=json.loads(ids), probs=json.loads(probs), set_prob=set_prob, learned=bool(learned),
+                       state=state)
+
+
+def feedback_with_case(path: Path, case_id: str) -> tuple[int, list[FeedbackRow]]:
+    """The row count of the feedback log at ``path`` and its rows whose selection held ``case_id``, in order;
+    read-only (a server may be writing the log). An unreadable file is a ``DataFormatError`` naming it."""
+    conn = sqlite.connect(path, read_only=True, timeout=10.0, error=DataFormatError)
+    try:
+        total = int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
+        rows = conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE EXISTS (SELECT 1 FROM "
+                            "json_each(feedback.ids) WHERE json_each.value = ?) ORDER BY seq", (case_id,)).fetchall()
+    except sqlite3.DatabaseError as error:
+        raise DataFormatError(f"{path}: unreadable feedback log ({error})") from None
+    finally:
+        conn.close()
+    return total, [_feedback_row(row) for row in rows]
 
 
 def check_feedback_file(path: Path, dim: int) -> int:
@@ -1178,8 +1219,8 @@ def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: Repla
     an empty feedback log, the model card and the manifest last; then ``tmp`` is swapped in for ``out``.
 
     The one writer of a new artifact (reached through :meth:`memento.Selector.create`; ``memento.selector.export``
-    resolves where its parts come from); a loaded selector saves itself with :meth:`memento.Selector.save`,
-    through the same parts writer.
+    resolves where its parts come from); a loaded selector saves itself with :meth:`memento.Selector.save`
+    (:func:`save_in_place`, :func:`save_copy`), through the same parts writer.
     """
     write_parts(tmp, config, spec, learner, buffer)
     FeedbackLog.create(tmp / FEEDBACK_NAME).close()
@@ -1195,15 +1236,143 @@ def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: Repla
     atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
                                                   updates=learner.updates, alpha=learner.alpha))
     manifest["files"] = hash_files(listed_files(tmp))
-    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _write_manifest(tmp, manifest)
     fsync_tree(tmp)
     swap_in(tmp, out)
 
 
+def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    atomic_write_text(directory / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
 def swap_in(tmp: Path, out: Path) -> None:
-    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact there)."""
+    """Move the finished ``tmp`` directory to ``out`` (replacing an old artifact, or an empty directory, there)."""
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
         os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- saving a loaded selector
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LiveParts:
+    """What a loaded selector (:class:`memento.Selector`) saves: its configs, its agent's learner and replay
+    buffer, its open bank and feedback log, and the temperature its policy uses now (for the model card)."""
+
+    config: SelectorConfig
+    spec: EncoderSpec
+    learner: SoftQLearner
+    buffer: ReplayBuffer
+    bank: CaseBank
+    feedback: FeedbackLog
+    alpha: float
+
+
+def checkpoint_live(root: Path, bank: CaseBank, feedback: FeedbackLog) -> None:
+    """Flush the bank's index and move both live SQLite files' committed rows into their main files (so
+    their bytes are what a checksum, a copy or an upload sees)."""
+    bank.flush()
+    sqlite.checkpoint(root / BANK_DB)
+    feedback.checkpoint()
+
+
+def _live_entries(parts: LiveParts, previous: dict[str, Any], bank_db: Path,
+                  feedback_db: sqlite3.Connection | Path) -> dict[str, dict[str, Any]]:
+    """Row counts and digests of the live files, extending the ``previous`` manifest's digests over new rows."""
+    n_cases, n_feedback = len(parts.bank), len(parts.feedback)
+    old_cases, old_feedback = previous["live"][BANK_DB], previous["live"][FEEDBACK_NAME]
+    return {
+        BANK_DB: {"rows": n_cases, "digest": bank_rows.digest(bank_db, n_cases, start=old_cases["rows"],
+                                                              previous=old_cases["digest"])},
+        FEEDBACK_NAME: {"rows": n_feedback,
+                        "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],
+                                                       previous=old_feedback["digest"])},
+    }
+
+
+def _saved_manifest(parts: LiveParts, previous: dict[str, Any], files: dict[str, dict[str, Any]],
+                    live: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ``previous`` manifest as a new save writes it (creation time and source kept, one more save)."""
+    manifest = {key: value for key, value in previous.items() if key not in ("files", "live")}
+    manifest.update({"format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION,
+                     "versions": library_versions(), "saved": now_iso(), "saved_unix": time.time(),
+                     "saves": int(previous.get("saves", 1)) + 1, "dim": parts.spec.dim,
+                     "learner_updates": int(parts.learner.updates), "files": files, "live": live})
+    return manifest
+
+
+def _write_card_and_manifest(directory: Path, name: Path, parts: LiveParts, previous: dict[str, Any],
+                             live: dict[str, dict[str, Any]],
+                             files: Callable[[], dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The model card of the artifact at ``name`` into ``directory``, then the manifest (listing ``files()``,
+    hashed after the card is written); returns the manifest."""
+    draft = _saved_manifest(parts, previous, {}, live)
+    atomic_write_text(directory / CARD_NAME, model_card(
+        name, draft, parts.config, parts.spec, cases=len(parts.bank), feedbacks=len(parts.feedback),
+        updates=int(parts.learner.updates), alpha=parts.alpha))
+    manifest = _saved_manifest(parts, previous, files(), live)
+    _write_manifest(directory, manifest)
+    return manifest
+
+
+def save_in_place(root: Path, parts: LiveParts, previous: dict[str, Any], *,
+                  cache: dict[str, tuple[int, int, str]] | None = None) -> dict[str, Any]:
+    """Save a loaded selector over its own artifact ``root``, crash-safely (see the module docstring): the state
+    files, card and manifest staged in ``.save.tmp/``, then committed (:func:`commit_staged`). ``previous``:
+    the manifest of the last save; returns the new one. ``cache``: :func:`hash_files`'s."""
+    stage = root / STAGING_DIR
+    check_tree(root)  # no symbolic link was planted since loading: nothing is read or written through one
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    write_parts(stage, parts.config, parts.spec, parts.learner, parts.buffer)
+    checkpoint_live(root, parts.bank, parts.feedback)
+    live = _live_entries(parts, previous, root / BANK_DB, parts.feedback.connection)
+    manifest = _write_card_and_manifest(stage, root, parts, previous, live,
+                                        lambda: hash_files({**listed_files(root), **listed_files(stage)}, cache))
+    commit_staged(root)
+    logger.info("saved selector %s (%d cases, %d feedbacks, %d updates)", root, live[BANK_DB]["rows"],
+                live[FEEDBACK_NAME]["rows"], parts.learner.updates)
+    return manifest
+
+
+def save_copy(root: Path, target: Path, parts: LiveParts, previous: dict[str, Any], *,
+              overwrite: bool = False) -> None:
+    """Write a complete copy of the loaded selector of ``root`` to ``target`` (which must not exist, be an
+    empty directory, or with ``overwrite`` an artifact to replace): assembled beside it, then swapped in."""
+    if target.is_symlink():
+        raise CheckpointError(f"{target}: a symbolic link; save() writes a new artifact directory there, not "
+                              "through a link")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        if not overwrite:
+            raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
+                                  "artifact there (save() without a path saves in place)")
+        if not (target / MANIFEST_NAME).is_file():
+            raise CheckpointError(f"{target}: exists and is not a selector artifact; refusing to replace it")
+    check_tree(root)  # the files copied from are read through no symbolic link
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    elif tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        write_parts(tmp, parts.config, parts.spec, parts.learner, parts.buffer)
+        parts.bank.flush()
+        (tmp / BANK_DIR).mkdir()
+        sqlite_copy(root / BANK_DB, tmp / BANK_DB)
+        for name in DERIVED_FILES:
+            if (root / name).is_file():
+                shutil.copy2(root / name, tmp / name)
+        sqlite_copy(root / FEEDBACK_NAME, tmp / FEEDBACK_NAME)
+        live = _live_entries(parts, previous, tmp / BANK_DB, tmp / FEEDBACK_NAME)
+        _write_card_and_manifest(tmp, target, parts, previous, live, lambda: hash_files(listed_files(tmp)))
+        fsync_tree(tmp)
+        swap_in(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("saved a copy of selector %s to %s", root, target)

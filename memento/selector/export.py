@@ -38,7 +38,7 @@ from memento.config import (
 from memento.encoders import DEFAULT_MODEL_ID
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.io import sqlite_copy
-from memento.learn.agent import load_trained_learner
+from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, load_trained_learner
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
@@ -46,17 +46,7 @@ from memento.memory import CaseBank, bank_exists, copy_bank, parse_bank_uri
 from memento.memory import rows as bank_rows
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
-from memento.selector.artifact import (
-    BANK_DB,
-    BANK_DIR,
-    FEEDBACK_NAME,
-    LEARNER_DIR,
-    MANIFEST_NAME,
-    REPLAY_DIR,
-    EncoderSpec,
-    SelectorConfig,
-    swap_in,
-)
+from memento.selector.artifact import BANK_DB, BANK_DIR, FEEDBACK_NAME, MANIFEST_NAME, EncoderSpec, SelectorConfig
 from memento.selector.runtime import Selector
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
@@ -250,6 +240,15 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
             raise CheckpointError(f"{out}: exists and is not a selector artifact; refusing to replace it")
 
 
+def _fresh_tmp(out: Path) -> Path:
+    """The empty directory beside ``out`` where a new artifact is assembled (a leftover is removed)."""
+    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Write a selector artifact to ``out_dir`` from a soft-Q run, a comparison, a checkpoint or an artifact.
 
@@ -259,15 +258,11 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
 
     source, out = Path(source), Path(out_dir)
     _prepare_out(out, overwrite)
-    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     if source.is_dir() and (source / MANIFEST_NAME).is_file():  # an artifact: a verified copy
         if out.exists() and out.resolve() == source.resolve():
             raise CheckpointError(f"{out}: is the source artifact itself")
         with load_selector(source) as selector:
-            selector.save(tmp)
-        swap_in(tmp, out)
+            selector.save(out, overwrite=overwrite)
         logger.info("exported a copy of selector %s to %s", source, out)
         return out
 
@@ -283,7 +278,7 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
     if buffer.config.dim != dim:
         raise DimensionError(f"{src.replay_dir}: the replay buffer holds dim={buffer.config.dim}, the Q-network "
                              f"of {src.learner_dir} takes dim={dim}")
-    tmp.mkdir(parents=True)
+    tmp = _fresh_tmp(out)
     try:
         bank_config, cases = _copy_bank(src, tmp / BANK_DIR, dim)
         spec = _encoder_spec(bank_config.encoder, src.run_info, dim)
@@ -379,10 +374,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     elif not bank_exists(where, options=bank_options):  # an unreachable server or no such collection: one line
         raise CheckpointError(f"{where}: not a case bank (no such collection)")
     _prepare_out(out, overwrite)
-    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    (tmp / BANK_DIR).mkdir(parents=True)
+    tmp = _fresh_tmp(out)
+    (tmp / BANK_DIR).mkdir()
     try:
         _stage_bank(where, tmp / BANK_DIR, bank_options)
         with CaseBank.open(tmp / BANK_DIR, use_gpu=False) as copy:

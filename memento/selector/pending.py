@@ -87,8 +87,7 @@ PENDING_FORMAT_VERSION = 1
 _SIDECARS = ("-wal", "-shm", "-journal")
 _WHAT = "pending-selection store"
 _REMOVE_IT = "; remove it to start with no pending selections"
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+_SCHEMA = sqlite.META_SCHEMA + """
 CREATE TABLE IF NOT EXISTS pending (
     seq INTEGER PRIMARY KEY,
     selection_id TEXT NOT NULL UNIQUE,

@@ -66,8 +66,6 @@ import logging
 import math
 import numbers
 import os
-import shutil
-import sqlite3
 import threading
 import time
 import uuid
@@ -78,58 +76,45 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from memento import sqlite
 from memento.config import QNetConfig, SoftQConfig, parses_to, to_dict
-from memento.encoders import Encoder
 from memento.errors import (
     CheckpointError,
     ConfigError,
     DataFormatError,
     DimensionError,
-    EncoderError,
     MementoError,
     UnknownSelectionError,
 )
 from memento.hub import is_hub_id, push_folder, resolve_selector, split_revision
-from memento.io import atomic_write, atomic_write_text, sqlite_copy
+from memento.io import atomic_write
 from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
 from memento.memory import Candidates, CaseBank
-from memento.memory import rows as bank_rows
 from memento.memory.index import use_gpu_for
 from memento.selector.artifact import (
     BANK_DB,
     BANK_DIR,
-    CARD_NAME,
-    ENCODER_NAME,
     FEEDBACK_NAME,
     MANIFEST_NAME,
-    SELECTOR_FORMAT,
     SELECTOR_FORMAT_VERSION,
-    STAGING_DIR,
     CheckedArtifact,
     EncoderSpec,
     FeedbackLog,
     FeedbackRow,
+    LiveParts,
     SelectorConfig,
     check_artifact,
     check_dims,
-    check_tree,
-    commit_staged,
-    feedback_rows_digest,
-    fsync_tree,
-    hash_files,
-    library_versions,
-    listed_files,
-    model_card,
-    now_iso,
+    checkpoint_live,
+    load_encoder,
     read_manifest,
     recover,
+    save_copy,
+    save_in_place,
     write_artifact,
-    write_parts,
 )
 from memento.selector.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
 from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
@@ -356,7 +341,7 @@ class Selector:
             replayed += 1
         if replayed:
             logger.info("%s: replayed %d feedback(s) recorded after the last save (%d learner updates now)",
-                        self.path, replayed, self._learner.updates)
+                        self.path, replayed, self.learner.updates)
 
     def _learn_from_row(self, row: FeedbackRow) -> None:
         if not row.ids:
@@ -407,14 +392,6 @@ class Selector:
         return self._agent.alpha
 
     @property
-    def _learner(self) -> SoftQLearner:
-        return self._agent.learner
-
-    @property
-    def _buffer(self) -> ReplayBuffer:
-        return self._agent.buffer
-
-    @property
     def agent(self) -> SoftQAgent:
         """The soft-Q agent that chooses and learns."""
         return self._agent
@@ -426,11 +403,13 @@ class Selector:
 
     @property
     def learner(self) -> SoftQLearner:
-        return self._learner
+        """The agent's soft-Q learner."""
+        return self._agent.learner
 
     @property
     def replay(self) -> ReplayBuffer:
-        return self._buffer
+        """The agent's replay buffer."""
+        return self._agent.buffer
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -440,7 +419,7 @@ class Selector:
     @property
     def policy_version(self) -> int:
         """Learner updates done so far."""
-        return self._learner.updates
+        return self.learner.updates
 
     def __enter__(self) -> Selector:
         return self
@@ -450,7 +429,7 @@ class Selector:
 
     def __repr__(self) -> str:
         return (f"Selector({str(self.path)!r}, cases={len(self._bank)}, dim={self.dim}, "
-                f"updates={self._learner.updates}, learn={self.learn})")
+                f"updates={self.learner.updates}, learn={self.learn})")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -470,20 +449,7 @@ class Selector:
         (the front's other attributes, and ``.encoder``, are the encoder's own)."""
         with self._encoder_lock:
             if self._encoder is None:
-                spec = self.encoder_spec
-                if spec.kind == "none":
-                    raise EncoderError(f"{self.path}: this selector stores no text encoder ({ENCODER_NAME}: kind "
-                                       f"'none', trained with {spec.description or 'a custom encoder'}); pass a "
-                                       f"{spec.dim}-d vector, or load_selector(..., encoder=...)")
-
-                encoder = Encoder.from_config(spec.encoder_config(), device=self._encoder_device)
-                if encoder.dim != spec.dim:
-                    raise DimensionError(f"{self.path / ENCODER_NAME}: dim={spec.dim}, but encoder "
-                                         f"{encoder.model_id} gives dim={encoder.dim}")
-                if spec.fingerprint and spec.fingerprint != encoder.describe().get("fingerprint"):
-                    logger.info("%s: encoder %s has another fingerprint than at training time (other files or "
-                                "install)", self.path, encoder.model_id)
-                self._encoder = encoder
+                self._encoder = load_encoder(self.path, self.encoder_spec, device=self._encoder_device)
             if self._encoder_front is None or self._encoder_front.encoder is not self._encoder:
                 self._encoder_front = (SerialEncoder(self._encoder) if self._batcher is None
                                        else BatchedEncoder(self._encoder, self._batcher))
@@ -554,8 +520,8 @@ class Selector:
             self._check_open()
             # parallel readers must see the network in eval mode: q_values puts back the training flag it found,
             # and a learner update leaves it in training mode (dropout), so set it before any reader scores
-            if self._learner.qnet.training:
-                self._learner.qnet.eval()
+            if self.learner.qnet.training:
+                self.learner.qnet.eval()
             candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
             return self._choose(state_D, candidates, k, mode, env)
 
@@ -606,7 +572,7 @@ class Selector:
                             seq, pending.policy_version, self.learn)
                 self._count_usage(pending.ids, reward)
             return {"selection_id": selection_id, "reward": reward, "recorded": True,
-                    "updates": int(self._learner.updates)}
+                    "updates": int(self.learner.updates)}
 
     # ------------------------------------------------------------------ cases
 
@@ -644,9 +610,9 @@ class Selector:
         """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None): their state vectors
         are the first ``D`` columns of the case vectors the buffer stores (with or without case features)."""
         ids = self._bank.deleted_ids() if ids is None else list(ids)
-        if not ids or not len(self._buffer):
+        if not ids or not len(self.replay):
             return 0
-        return int(self._buffer.forget(self._bank.embeddings(ids)))
+        return int(self.replay.forget(self._bank.embeddings(ids)))
 
     def delete_case(self, case_id: str) -> dict[str, Any]:
         """Forget a case: it is never selected again (committed to the bank, then checkpointed with a save in
@@ -701,8 +667,8 @@ class Selector:
             return []
         with self._rw.read():
             self._check_open()
-            if self._learner.qnet.training:
-                self._learner.qnet.eval()
+            if self.learner.qnet.training:
+                self.learner.qnet.eval()
             width = max(self.config.candidates, k)
             scores_BC, positions_BC = self._bank.search_positions(states_BD, width, env=env)
             results = []
@@ -764,11 +730,11 @@ class Selector:
             spec = self.encoder_spec
             return {
                 "path": str(self.path), "cases": len(self._bank), "feedbacks": self._feedbacks(),
-                "updates": int(self._learner.updates), "policy_version": self.policy_version,
+                "updates": int(self.learner.updates), "policy_version": self.policy_version,
                 "read_only": self.read_only, "pending": len(self._pending),
                 "expired": self._pending.expired + self._pending.dropped, "dim": self.dim, "learn": self.learn,
                 "k": self.config.k, "candidates": self.config.candidates, "alpha": self.alpha,
-                "replay": len(self._buffer), "replay_added": self._buffer.added,
+                "replay": len(self.replay), "replay_added": self.replay.added,
                 "cases_since_save": len(self._bank) - self._saved_rows(BANK_DB),
                 "feedbacks_since_save": self._feedbacks() - self._saved_rows(FEEDBACK_NAME),
                 "saves": int(self._manifest.get("saves", 1)), "saved": self._manifest.get("saved"),
@@ -792,7 +758,7 @@ class Selector:
 
         with self._rw.read():
             self._check_open()
-            learner = self._learner
+            learner = self.learner
             tensors = {f"qnet.{name}": value.detach().to("cpu").clone().contiguous()
                        for name, value in learner.qnet.state_dict().items()}
             tensors["log_alpha"] = learner.log_alpha.detach().to("cpu").clone().reshape(-1)
@@ -817,13 +783,13 @@ class Selector:
         key = _stat_key(policy)
         if key is not None and key != self._policy_key:
             self._policy_key = key  # a damaged file is reported once, not at every call
-            tensors, version = read_policy(policy, self._learner)  # outside the lock: selects go on meanwhile
+            tensors, version = read_policy(policy, self.learner)  # outside the lock: selects go on meanwhile
             with self._lock:
                 self._check_open()
-                self._learner.qnet.load_state_dict(tensors["qnet"], strict=True)
+                self.learner.qnet.load_state_dict(tensors["qnet"], strict=True)
                 if "log_alpha" in tensors:
-                    self._learner.log_alpha.copy_(tensors["log_alpha"].reshape(self._learner.log_alpha.shape))
-                self._learner.updates = version
+                    self.learner.log_alpha.copy_(tensors["log_alpha"].reshape(self.learner.log_alpha.shape))
+                self.learner.updates = version
             out["policy"] = 1
         cases = self._bank.rows_on_disk()
         (feedbacks,) = self._feedback.connection.execute("SELECT COALESCE(MAX(seq), 0) FROM feedback").fetchone()
@@ -863,18 +829,17 @@ class Selector:
         with self._lock:
             self._check_open()
             if not self.read_only:  # the SQLite files' committed rows into the main files (no -wal uploaded)
-                self._bank.flush()
-                sqlite.checkpoint(self.path / BANK_DB)
-                self._feedback.checkpoint()
+                checkpoint_live(self.path, self._bank, self._feedback)
             return push_folder(self.path, repo_id, token=token, private=private, commit_message=commit_message,
                                revision=revision)
 
-    def save(self, path: str | Path | None = None) -> Path:
+    def save(self, path: str | Path | None = None, *, overwrite: bool = False) -> Path:
         """Write the artifact: Q-network, learner and replay state, model card and a fresh manifest.
 
         ``None`` (or the artifact's own path) saves in place, crash-safely (see :mod:`memento.selector.artifact`);
-        another path writes a complete copy there (it must not exist, or be an empty directory) and this
-        selector keeps working on its own directory. Returns the path written.
+        another path writes a complete copy there (it must not exist, or be an empty directory, or with
+        ``overwrite`` an artifact, which the copy replaces) and this selector keeps working on its own
+        directory. Returns the path written.
         """
         self._check_writable()
         with self._lock:
@@ -882,98 +847,15 @@ class Selector:
             if path is None or (Path(path).exists() and Path(path).resolve() == self.path.resolve()):
                 self._save_in_place()
                 return self.path
-            return self._save_copy(Path(path))
+            save_copy(self.path, Path(path), self._live_parts(), self._manifest, overwrite=overwrite)
+            return Path(path)
 
-    def _write_state(self, directory: Path) -> None:
-        """config.json, encoder.json, qnet.safetensors, learner/ and replay/ into ``directory``."""
-        write_parts(directory, self.config, self.encoder_spec, self._learner, self._buffer)
-
-    def _live_entries(self, bank_db: Path, feedback_db: sqlite3.Connection | Path
-                      ) -> dict[str, dict[str, Any]]:
-        """Row counts and digests of the live files, extending the last save's digests over new rows."""
-        previous = self._manifest["live"]
-        n_cases, n_feedback = len(self._bank), len(self._feedback)
-        old_cases, old_feedback = previous[BANK_DB], previous[FEEDBACK_NAME]
-        return {
-            BANK_DB: {"rows": n_cases, "digest": bank_rows.digest(bank_db, n_cases, start=old_cases["rows"],
-                                                                  previous=old_cases["digest"])},
-            FEEDBACK_NAME: {"rows": n_feedback,
-                            "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],
-                                                           previous=old_feedback["digest"])},
-        }
-
-    def _new_manifest(self, files: dict[str, dict[str, Any]], live: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        manifest = {key: value for key, value in self._manifest.items() if key not in ("files", "live")}
-        manifest.update({"format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION,
-                         "versions": library_versions(), "saved": now_iso(), "saved_unix": time.time(),
-                         "saves": int(self._manifest.get("saves", 1)) + 1, "dim": self.dim,
-                         "learner_updates": int(self._learner.updates), "files": files, "live": live})
-        return manifest
-
-    def _card(self, root: Path, manifest: dict[str, Any]) -> str:
-        return model_card(root, manifest, self.config, self.encoder_spec, cases=len(self._bank),
-                          feedbacks=len(self._feedback), updates=int(self._learner.updates), alpha=self.alpha)
+    def _live_parts(self) -> LiveParts:
+        return LiveParts(config=self.config, spec=self.encoder_spec, learner=self.learner, buffer=self.replay,
+                         bank=self._bank, feedback=self._feedback, alpha=self.alpha)
 
     def _save_in_place(self) -> None:
-        root = self.path
-        stage = root / STAGING_DIR
-        check_tree(root)  # no symbolic link was planted since loading: nothing is read or written through one
-        if stage.exists():
-            shutil.rmtree(stage)
-        stage.mkdir()
-        self._write_state(stage)
-        self._bank.flush()
-        sqlite.checkpoint(root / BANK_DB)
-        self._feedback.checkpoint()
-        live = self._live_entries(root / BANK_DB, self._feedback.connection)
-        draft = self._new_manifest({}, live)
-        atomic_write_text(stage / CARD_NAME, self._card(root, draft))
-        files = listed_files(root)
-        files.update(listed_files(stage))
-        manifest = self._new_manifest(hash_files(files, self._hash_cache), live)
-        atomic_write_text(stage / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        commit_staged(root)
-        self._manifest = manifest
-        logger.info("saved selector %s (%d cases, %d feedbacks, %d updates)", root, live[BANK_DB]["rows"],
-                    live[FEEDBACK_NAME]["rows"], self._learner.updates)
-
-    def _save_copy(self, target: Path) -> Path:
-        if target.is_symlink():
-            raise CheckpointError(f"{target}: a symbolic link; save() writes a new artifact directory there, not "
-                                  "through a link")
-        if target.exists() and (not target.is_dir() or any(target.iterdir())):
-            raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
-                                  "artifact there (save() without a path saves in place)")
-        check_tree(self.path)  # the files copied from are read through no symbolic link
-        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-        if tmp.is_symlink():
-            tmp.unlink()
-        elif tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        try:
-            self._write_state(tmp)
-            self._bank.flush()
-            (tmp / BANK_DIR).mkdir()
-            sqlite_copy(self.path / BANK_DB, tmp / BANK_DB)
-            for name in ("index.faiss", "index.json"):
-                if (self.path / BANK_DIR / name).is_file():
-                    shutil.copy2(self.path / BANK_DIR / name, tmp / BANK_DIR / name)
-            sqlite_copy(self.path / FEEDBACK_NAME, tmp / FEEDBACK_NAME)
-            live = self._live_entries(tmp / BANK_DB, tmp / FEEDBACK_NAME)
-            draft = self._new_manifest({}, live)
-            atomic_write_text(tmp / CARD_NAME, self._card(target, draft))
-            manifest = self._new_manifest(hash_files(listed_files(tmp)), live)
-            atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-            fsync_tree(tmp)
-            if target.exists():
-                target.rmdir()
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        logger.info("saved a copy of selector %s to %s", self.path, target)
-        return target
+        self._manifest = save_in_place(self.path, self._live_parts(), self._manifest, cache=self._hash_cache)
 
     def close(self) -> None:
         """Flush the bank's index and close the files. Does not save (call :meth:`save`). Safe to call twice."""

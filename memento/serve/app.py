@@ -322,16 +322,11 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
     config = config or ServeConfig()
     import uvicorn
 
-    from memento import load_selector
+    from memento.selector.runtime import Selector
 
     t0 = time.perf_counter()
-    multi = config.workers > 1
-    if multi:  # the learner of several processes: its pending store is shared with the workers
-        from memento.selector.runtime import Selector
-
-        selector = Selector.load(path, device, learn=learn, seed=seed, shared=True)
-    else:
-        selector = load_selector(path, device=device, learn=learn, seed=seed)
+    multi = config.workers > 1  # the learner of several processes shares its pending store with the workers
+    selector = Selector.load(path, device, learn=learn, seed=seed, shared=multi)
     logger.info("loaded the selector %s in %.2f s", path, time.perf_counter() - t0)
     pool: _WorkerPool | None = None
     if multi:

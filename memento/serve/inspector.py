@@ -29,7 +29,6 @@ import html
 import json
 import logging
 import math
-import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,13 +38,12 @@ from urllib.parse import parse_qs, urlencode
 
 import numpy as np
 
-from memento import sqlite
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
 from memento.memory import rows as bank_rows
 from memento.memory.bank import CaseBank
 from memento.plots import moving_average
 from memento.runs.rundir import RunDir, read_json
-from memento.selector.artifact import ENCODER_NAME, FEEDBACK_NAME, read_encoder_spec
+from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_encoder
 
 __all__ = ["Inspector", "inspect_app", "serve_inspector", "svg_line_chart"]
 
@@ -188,14 +186,8 @@ class Inspector:
             banks[name] = _BankView(name, bank, bank_dir / "cases.sqlite", get, feedback=feedback, refresh=True)
 
         if (root / "manifest.json").is_file() and (root / "bank").is_dir():  # a selector artifact
-            def artifact_encoder(bank: Any) -> Any:
-                spec = read_encoder_spec(root / ENCODER_NAME)
-                if spec.kind == "none":
-                    raise EncoderError(f"{root / ENCODER_NAME}: the selector stores no text encoder (kind 'none')")
-                return _load_encoder(spec.encoder_config(), root)
-
             feedback = root / FEEDBACK_NAME
-            add_bank(root.name or str(root), root / "bank", encoder_of=artifact_encoder,
+            add_bank(root.name or str(root), root / "bank", encoder_of=lambda bank: load_encoder(root),
                      feedback=feedback if feedback.is_file() else None)
             return cls(title=f"selector {root}", banks=banks, runs={}, owned=owned)
 
@@ -347,23 +339,12 @@ class Inspector:
     @staticmethod
     def _feedback_rows(path: Path, case_id: str) -> dict[str, Any]:
         """The feedback log's rows whose selection held ``case_id`` (read-only; the server may be writing)."""
-        conn = sqlite.connect(path, read_only=True, timeout=10.0, error=DataFormatError)
-        try:
-            total = int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
-            rows = conn.execute(
-                "SELECT seq, selection_id, reward, time, mode, ids, probs FROM feedback WHERE EXISTS "
-                "(SELECT 1 FROM json_each(feedback.ids) WHERE json_each.value = ?) ORDER BY seq",
-                (case_id,)).fetchall()
-        except sqlite3.DatabaseError as error:
-            raise DataFormatError(f"{path}: unreadable feedback log ({error})") from None
-        finally:
-            conn.close()
+        total, rows = feedback_with_case(path, case_id)
         items = []
-        for seq, sid, reward, when, mode, ids, probs in rows:
-            ids_K, probs_K = json.loads(ids), json.loads(probs)
-            at = ids_K.index(case_id)
-            items.append({"seq": seq, "selection_id": sid, "reward": reward, "time": when, "mode": mode,
-                          "rank": at + 1, "prob": probs_K[at] if at < len(probs_K) else None})
+        for row in rows:
+            at = row.ids.index(case_id)
+            items.append({"seq": row.seq, "selection_id": row.selection_id, "reward": row.reward, "time": row.time,
+                          "mode": row.mode, "rank": at + 1, "prob": row.probs[at] if at < len(row.probs) else None})
         rewards = [item["reward"] for item in items]
         return {"log_rows": total, "rows": items, "count": len(items),
                 "mean_reward": float(np.mean(rewards)) if rewards else None}

@@ -102,11 +102,11 @@ def run_mcp(path: str | Path, *, learn: bool = False, device: str | None = None,
             config: ServeConfig | None = None) -> int:
     """Load the selector at ``path`` and serve the tools over stdio until the client disconnects."""
     require_extra("mcp")
-    from memento import load_selector
+    from memento.selector.runtime import Selector
 
     config = config or ServeConfig()
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the protocol: nothing else may write there
-        selector = load_selector(path, device=device, learn=learn, seed=seed)
+        selector = Selector.load(path, device, learn=learn, seed=seed)
     writer = Writer(selector, config).start()
     stopping = threading.Event()
 
