@@ -59,11 +59,11 @@ from memento import sqlite
 from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError
 from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
-from memento.memory.front import BankFront, Candidates, Filter, NewRow
+from memento.memory.front import BankFront, Filter, NewRow
 from memento.memory.index import FaissIndex, exact_topk
 from memento.types import Case
 
-__all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "Candidates", "CaseBank", "FaissVectors", "SqliteFeatures",
+__all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "CaseBank", "FaissVectors", "SqliteFeatures",
            "SqliteRows"]
 
 logger = logging.getLogger(__name__)
