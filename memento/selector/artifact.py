@@ -29,7 +29,13 @@ checks the index against SQLite and adds what is missing).
 **Saving in place** is crash-safe: the new state files and manifest are written to ``.save.tmp/``, the
 directory is renamed to ``.save.ready/`` (the commit point), and its files are then moved over the old
 ones, manifest last. :func:`recover` (run by the loader) finishes a move that a crash interrupted, or
-drops an incomplete ``.save.tmp/``.
+drops an incomplete ``.save.tmp/``. :func:`save_in_place` and :func:`save_copy` are the two saves of a loaded
+selector (:meth:`memento.Selector.save`), :func:`write_artifact` the writer of a new one
+(:meth:`memento.Selector.create`).
+
+**The published policy.** ``.policy.safetensors`` (:func:`write_policy`, :func:`read_policy`) holds the
+Q-network a learner process publishes for read-only selectors in other processes: dot-named, volatile, never
+in the manifest.
 
 **Confinement.** Loading, verifying and saving never follow a symbolic link: :func:`check_tree` refuses a
 link (or a FIFO, socket or device) anywhere below the root, dot-named entries and SQLite sidecars included,
@@ -55,6 +61,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from memento import sqlite
@@ -91,6 +98,8 @@ __all__ = [
     "FEEDBACK_NAME",
     "LIVE_FILES",
     "MANIFEST_NAME",
+    "POLICY_FORMAT",
+    "POLICY_NAME",
     "REQUIRED_FILES",
     "SELECTOR_FORMAT",
     "SELECTOR_FORMAT_VERSION",
@@ -98,11 +107,13 @@ __all__ = [
     "EncoderSpec",
     "FeedbackLog",
     "FeedbackRow",
+    "LiveParts",
     "SelectorConfig",
     "check_bank_file",
     "check_entry",
     "check_feedback_file",
     "check_tree",
+    "checkpoint_live",
     "feedback_rows_digest",
     "feedback_with_case",
     "file_sha256",
@@ -110,9 +121,13 @@ __all__ = [
     "load_encoder",
     "read_encoder_spec",
     "read_manifest",
+    "read_policy",
     "recover",
+    "save_copy",
+    "save_in_place",
     "verify_artifact",
     "write_encoder_spec",
+    "write_policy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -136,6 +151,9 @@ FEEDBACK_NAME = "feedback.sqlite"
 BANK_DB = f"{BANK_DIR}/cases.sqlite"
 STAGING_DIR = ".save.tmp"
 READY_DIR = ".save.ready"
+POLICY_NAME = ".policy.safetensors"
+"""The Q-network a learner publishes for read-only selectors (dot-named: volatile, never in the manifest)."""
+POLICY_FORMAT = "memento-policy"
 
 REQUIRED_FILES = (CONFIG_NAME, ENCODER_NAME, QNET_NAME, f"{LEARNER_DIR}/learner.safetensors",
                   f"{LEARNER_DIR}/learner.json", f"{LEARNER_DIR}/config.json", f"{REPLAY_DIR}/replay.safetensors",
@@ -1173,11 +1191,27 @@ def _check_learner_config(path: Path, learner: SoftQLearner) -> None:
 
 def write_qnet(path: Path, learner: SoftQLearner) -> None:
     """``qnet.safetensors``: the online Q-network's tensors, with its QNetConfig in the metadata."""
+    tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
+    _write_tensors(path, tensors, QNET_FORMAT, learner)
+
+
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], format: str, learner: SoftQLearner,
+                   **extra: str) -> None:
+    """A safetensors file atomically, its metadata ``format``, ``extra`` and the learner's QNetConfig."""
     from safetensors.torch import save_file
 
-    tensors = {name: value.detach().to("cpu").contiguous() for name, value in learner.qnet.state_dict().items()}
-    metadata = {"format": QNET_FORMAT, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
+    metadata = {"format": format, **extra, "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def _check_qnet_config(path: Path, metadata: dict[str, str], learner: SoftQLearner, whose: str) -> None:
+    """The QNetConfig a safetensors file's metadata records must be ``learner``'s."""
+    try:
+        config = json.loads(metadata.get("qnet_config", ""))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+    if not parses_to(QNetConfig, config, learner.qnet.config):
+        raise CheckpointError(f"{path}: Q-network {config} differs from {whose} {to_dict(learner.qnet.config)}")
 
 
 def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
@@ -1185,12 +1219,7 @@ def _check_qnet_file(path: Path, learner: SoftQLearner) -> None:
     tensors, header = read_safetensors(path)
     if header.get("format") != QNET_FORMAT:
         raise CheckpointError(f"{path}: not a memento Q-network file")
-    try:
-        config = json.loads(header.get("qnet_config", ""))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
-    if not parses_to(QNetConfig, config, learner.qnet.config):
-        raise CheckpointError(f"{path}: Q-network {config} differs from the learner's {to_dict(learner.qnet.config)}")
+    _check_qnet_config(path, header, learner, "the learner's")
     state = learner.qnet.state_dict()
     if set(tensors) != set(state):
         raise CheckpointError(f"{path}: tensors {sorted(tensors)} differ from the Q-network's {sorted(state)}")
@@ -1376,3 +1405,51 @@ def save_copy(root: Path, target: Path, parts: LiveParts, previous: dict[str, An
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("saved a copy of selector %s to %s", root, target)
+
+
+# ---------------------------------------------------------------- the published policy (several processes)
+
+
+def write_policy(root: Path, tensors: dict[str, torch.Tensor], learner: SoftQLearner, version: int) -> None:
+    """Publish ``tensors`` (the Q-network's as ``qnet.*`` and ``log_alpha``, copied from ``learner``) at ``version``
+    (learner updates) to the artifact ``root``'s ``.policy.safetensors``, atomically (see
+    :meth:`memento.Selector.publish_policy`)."""
+    _write_tensors(root / POLICY_NAME, tensors, POLICY_FORMAT, learner, version=str(version))
+
+
+def read_policy(root: Path, learner: SoftQLearner) -> tuple[dict[str, Any], int]:
+    """The Q-network a learner published in the artifact ``root`` (:func:`write_policy`), checked against
+    ``learner``'s: ``({"qnet": state_dict, "log_alpha": tensor}, version)``. Opened without following a symbolic
+    link; any problem is a one-line ``CheckpointError`` naming the file."""
+    import errno
+    import stat as stat_
+
+    from safetensors.torch import load as load_safetensors
+
+    path = root / POLICY_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        what = "a symbolic link; refusing it" if error.errno == errno.ELOOP else f"cannot open it ({error.strerror})"
+        raise CheckpointError(f"{path}: {what}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat_.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise CheckpointError(f"{path}: not a regular file; refusing it")
+        data = handle.read()
+    try:
+        (size,) = np.frombuffer(data[:8], dtype="<u8")
+        metadata = json.loads(data[8:8 + int(size)]).get("__metadata__") or {}
+        tensors = load_safetensors(data)
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: not a readable safetensors file ({' '.join(str(error).split())})") from None
+    if metadata.get("format") != POLICY_FORMAT or not str(metadata.get("version", "")).isdigit():
+        raise CheckpointError(f"{path}: not a published memento policy (format {metadata.get('format')!r})")
+    _check_qnet_config(path, metadata, learner, "this selector's")
+    state = {name[len("qnet."):]: value for name, value in tensors.items() if name.startswith("qnet.")}
+    own = learner.qnet.state_dict()
+    if set(state) != set(own) or any(tuple(state[n].shape) != tuple(v.shape) for n, v in own.items()):
+        raise CheckpointError(f"{path}: its tensors do not fit this selector's Q-network")
+    out: dict[str, Any] = {"qnet": state}
+    if "log_alpha" in tensors:
+        out["log_alpha"] = tensors["log_alpha"]
+    return out, int(metadata["version"])

@@ -61,7 +61,6 @@ case features, the usage of the feedbacks the learner committed since, and re-re
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import numbers
@@ -76,7 +75,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from memento.config import QNetConfig, SoftQConfig, parses_to, to_dict
+from memento.config import SoftQConfig
 from memento.errors import (
     CheckpointError,
     ConfigError,
@@ -86,7 +85,6 @@ from memento.errors import (
     UnknownSelectionError,
 )
 from memento.hub import is_hub_id, push_folder, resolve_selector, split_revision
-from memento.io import atomic_write
 from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
@@ -99,6 +97,7 @@ from memento.selector.artifact import (
     BANK_DIR,
     FEEDBACK_NAME,
     MANIFEST_NAME,
+    POLICY_NAME,
     SELECTOR_FORMAT_VERSION,
     CheckedArtifact,
     EncoderSpec,
@@ -111,26 +110,23 @@ from memento.selector.artifact import (
     checkpoint_live,
     load_encoder,
     read_manifest,
+    read_policy,
     recover,
     save_copy,
     save_in_place,
     write_artifact,
+    write_policy,
 )
 from memento.selector.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
 from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
 from memento.types import Case, Selection
 
-__all__ = ["POLICY_FORMAT", "POLICY_NAME", "SelectionMode", "SelectionResult", "Selector", "SelectorConfig",
-           "agent_config", "read_policy"]
+__all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "agent_config"]
 
 logger = logging.getLogger(__name__)
 
 SelectionMode = Literal["sample", "greedy"]
 _MODES = ("sample", "greedy")
-
-POLICY_NAME = ".policy.safetensors"
-"""The Q-network a learner publishes for read-only selectors (dot-named: volatile, never in the manifest)."""
-POLICY_FORMAT = "memento-policy"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -754,8 +750,6 @@ class Selector:
         atomically, for the read-only selectors of other processes (:meth:`sync`); returns the version
         (learner updates) published. Call it from the thread that makes the updates (the serve writer)."""
         self._check_writable()
-        from safetensors.torch import save_file
-
         with self._rw.read():
             self._check_open()
             learner = self.learner
@@ -763,9 +757,7 @@ class Selector:
                        for name, value in learner.qnet.state_dict().items()}
             tensors["log_alpha"] = learner.log_alpha.detach().to("cpu").clone().reshape(-1)
             version = int(learner.updates)
-        metadata = {"format": POLICY_FORMAT, "version": str(version),
-                    "qnet_config": json.dumps(to_dict(learner.qnet.config), sort_keys=True)}
-        atomic_write(self.path / POLICY_NAME, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        write_policy(self.path, tensors, learner, version)
         return version
 
     def sync(self) -> dict[str, int]:
@@ -783,7 +775,7 @@ class Selector:
         key = _stat_key(policy)
         if key is not None and key != self._policy_key:
             self._policy_key = key  # a damaged file is reported once, not at every call
-            tensors, version = read_policy(policy, self.learner)  # outside the lock: selects go on meanwhile
+            tensors, version = read_policy(self.path, self.learner)  # outside the lock: selects go on meanwhile
             with self._lock:
                 self._check_open()
                 self.learner.qnet.load_state_dict(tensors["qnet"], strict=True)
@@ -882,49 +874,6 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return (info.st_ino, info.st_mtime_ns, info.st_size)
-
-
-def read_policy(path: Path, learner: SoftQLearner) -> tuple[dict[str, Any], int]:
-    """The Q-network a learner published (:meth:`Selector.publish_policy`), checked against ``learner``'s:
-    ``({"qnet": state_dict, "log_alpha": tensor}, version)``. Opened without following a symbolic link; any
-    problem is a one-line ``CheckpointError`` naming the file."""
-    import errno
-    import stat as stat_
-
-    from safetensors.torch import load as load_safetensors
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as error:
-        what = "a symbolic link; refusing it" if error.errno == errno.ELOOP else f"cannot open it ({error.strerror})"
-        raise CheckpointError(f"{path}: {what}") from None
-    with os.fdopen(fd, "rb") as handle:
-        if not stat_.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise CheckpointError(f"{path}: not a regular file; refusing it")
-        data = handle.read()
-    try:
-        (size,) = np.frombuffer(data[:8], dtype="<u8")
-        metadata = json.loads(data[8:8 + int(size)]).get("__metadata__") or {}
-        tensors = load_safetensors(data)
-    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types for damaged files
-        raise CheckpointError(f"{path}: not a readable safetensors file ({' '.join(str(error).split())})") from None
-    if metadata.get("format") != POLICY_FORMAT or not str(metadata.get("version", "")).isdigit():
-        raise CheckpointError(f"{path}: not a published memento policy (format {metadata.get('format')!r})")
-    try:
-        config = json.loads(metadata.get("qnet_config", ""))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
-    if not parses_to(QNetConfig, config, learner.qnet.config):
-        raise CheckpointError(f"{path}: Q-network {config} differs from this selector's "
-                              f"{to_dict(learner.qnet.config)}")
-    state = {name[len("qnet."):]: value for name, value in tensors.items() if name.startswith("qnet.")}
-    own = learner.qnet.state_dict()
-    if set(state) != set(own) or any(tuple(state[n].shape) != tuple(v.shape) for n, v in own.items()):
-        raise CheckpointError(f"{path}: its tensors do not fit this selector's Q-network")
-    out: dict[str, Any] = {"qnet": state}
-    if "log_alpha" in tensors:
-        out["log_alpha"] = tensors["log_alpha"]
-    return out, int(metadata["version"])
 
 
 def agent_config(config: SelectorConfig) -> SoftQConfig:
