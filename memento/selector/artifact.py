@@ -1133,6 +1133,15 @@ class CheckedArtifact:
     dims: dict[str, int]
     report: dict[str, Any] | None
 
+    def counts(self) -> dict[str, int]:
+        """``cases`` and ``feedbacks`` in the live files, and how many of each came after the last save
+        (``cases_since_save``, ``feedbacks_since_save``); needs the checksum report."""
+        if self.report is None:
+            raise CheckpointError("the artifact was checked without its checksums (verify=False): no row counts")
+        rows, appended = self.report["rows"], self.report["appended"]
+        return {"cases": rows[BANK_DB], "feedbacks": rows[FEEDBACK_NAME], "cases_since_save": appended[BANK_DB],
+                "feedbacks_since_save": appended[FEEDBACK_NAME]}
+
 
 def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch.device = "cpu",
                    cache: dict[str, tuple[int, int, str]] | None = None) -> CheckedArtifact:

@@ -46,7 +46,7 @@ from memento.memory import CaseBank, bank_exists, copy_bank, parse_bank_uri
 from memento.memory import rows as bank_rows
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
-from memento.selector.artifact import BANK_DB, BANK_DIR, FEEDBACK_NAME, MANIFEST_NAME, EncoderSpec, SelectorConfig
+from memento.selector.artifact import BANK_DIR, MANIFEST_NAME, EncoderSpec, SelectorConfig
 from memento.selector.runtime import Selector
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
@@ -86,12 +86,9 @@ def verify(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     checked = Selector.check(path, verify=True, device="cpu")
-    report = checked.report
-    assert report is not None  # verify=True
-    rows, appended = report["rows"], report["appended"]
-    return {"path": str(path), "files": report["files"], "cases": rows[BANK_DB], "feedbacks": rows[FEEDBACK_NAME],
-            "cases_since_save": appended[BANK_DB], "feedbacks_since_save": appended[FEEDBACK_NAME],
-            "dim": checked.spec.dim, "manifest": checked.manifest}
+    assert checked.report is not None  # verify=True
+    return {"path": str(path), "files": checked.report["files"], **checked.counts(), "dim": checked.spec.dim,
+            "manifest": checked.manifest}
 
 
 # ---------------------------------------------------------------- export
