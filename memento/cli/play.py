@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, get_args
 
 from memento.cli.options import (
-    PLANNER_SPECS,
     add_bank_option,
     add_command,
     add_no_progress,
+    add_planner_option,
     add_systems_flags,
     add_torch_threads,
     check_torch_threads,
@@ -62,7 +62,7 @@ def add_parser(commands: Any) -> None:
                       help=f"{', '.join(get_args(PolicyKind))}, or none (no memory) (default: soft_q)")
     play.add_argument("--gamma", type=float, default=0.0,
                       help="soft_q's discount: 0 = cross-entropy on each step's reward, > 0 = soft TD (default: 0)")
-    play.add_argument("--planner", default="gemma", metavar="SPEC", help=f"{PLANNER_SPECS} (default: gemma)")
+    add_planner_option(play, default="gemma")
     play.add_argument("--config", metavar="JSON", default=None,
                       help="a GameLoopConfig JSON file (flags given on the command line override its fields)")
     for name, text in _GAME_FIELDS.items():

@@ -10,6 +10,7 @@ from typing import Any
 
 from memento.cli.options import (
     EXIT_OK,
+    add_bank_option,
     add_cases_format,
     add_command,
     add_encoder_options,
@@ -64,8 +65,7 @@ def add_parser(commands: Any) -> None:
     score.add_argument("--split", choices=["train", "test", "all"], default=None,
                        help="split of --suite (default: train)")
     bank = score.add_mutually_exclusive_group()
-    bank.add_argument("--bank", metavar="BANK", default=None,
-                      help="the case bank to take candidates from (a directory or milvus:URI[#collection])")
+    add_bank_option(bank, "the case bank to take candidates from (a directory or milvus:URI[#collection])")
     bank.add_argument("--cases", metavar="FILE", default=None,
                       help="cases to build the bank from (default with --suite: the suite's seed cases)")
     add_cases_format(score)
