@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -126,6 +127,7 @@ class SqliteRows:
         self.conn = conn
         self.read_only = read_only
         self._ids: list[str] = []
+        self._mirror_lock = threading.Lock()
         self._deleted_pos: np.ndarray | None = None
         self._deleted_key = -1  # MAX(rowid) of the deleted table when loaded
 
@@ -201,11 +203,13 @@ class SqliteRows:
     def ids_at(self, positions: Sequence[int]) -> list[str]:
         top = max(positions, default=-1)
         if top >= len(self._ids):  # read the ids up to there (rows added since, by this or another process)
-            rows = self.conn.execute("SELECT pos, id FROM cases WHERE pos >= ? AND pos <= ? ORDER BY pos",
-                                     (len(self._ids), top)).fetchall()
-            if [r[0] for r in rows] != list(range(len(self._ids), top + 1)):
-                raise BankError(f"{self.name}: case positions {len(self._ids)}..{top} are not dense")
-            self._ids.extend(r[1] for r in rows)
+            with self._mirror_lock:  # readers search in parallel (memento.selector.runtime)
+                have = len(self._ids)
+                rows = self.conn.execute("SELECT pos, id FROM cases WHERE pos >= ? AND pos <= ? ORDER BY pos",
+                                         (have, top)).fetchall()
+                if [r[0] for r in rows] != list(range(have, max(have, top + 1))):
+                    raise BankError(f"{self.name}: case positions {have}..{top} are not dense")
+                self._ids.extend(r[1] for r in rows)
         return [self._ids[p] for p in positions]
 
     def _case(self, row: tuple[Any, ...]) -> Case:
@@ -385,6 +389,7 @@ class FaissVectors:
         self._env_vocab: dict[str | None, int] = {}
         self._kind_vocab: dict[str, int] = {}
         self._loaded = count == 0  # an empty bank's mirror is complete: adds extend it in memory
+        self._load_lock = threading.Lock()
         self._index = FaissIndex(config.index, config.dim, use_gpu=use_gpu)
         self._dirty = False
         self._live: tuple[np.ndarray, np.ndarray] | None = None  # (the store's deleted positions, ~deleted mask)
@@ -446,10 +451,12 @@ class FaissVectors:
 
     def _embeddings_ND(self) -> np.ndarray:
         if not self._loaded:
-            self._n, self._env_vocab, self._kind_vocab = 0, {}, {}
-            envs, kinds, emb, n = self._rows.mirror(0, self._count)
-            self._append_mirror(envs, kinds, emb.reshape(n, self.config.dim))
-            self._loaded = True
+            with self._load_lock:  # readers search in parallel (memento.selector.runtime)
+                if not self._loaded:
+                    self._n, self._env_vocab, self._kind_vocab = 0, {}, {}
+                    envs, kinds, emb, n = self._rows.mirror(0, self._count)
+                    self._append_mirror(envs, kinds, emb.reshape(n, self.config.dim))
+                    self._loaded = True
         return self._emb_ND[:self._count]
 
     def _train_and_fill(self, first_new: int) -> None:

@@ -654,8 +654,8 @@ class BankFront:
         """
         single = np.asarray(query).ndim == 1
         scores_BK, labels_BK, _ = self._search(query, k, Filter(env, kind, positive), pad=not single)
-        found = self._rows.ids_at(sorted({int(p) for p in labels_BK[labels_BK >= 0]}))
-        id_of = dict(zip(sorted({int(p) for p in labels_BK[labels_BK >= 0]}), found))
+        positions = sorted({int(p) for p in labels_BK[labels_BK >= 0]})
+        id_of = dict(zip(positions, self._rows.ids_at(positions)))
         ids_BK = np.empty(labels_BK.shape, dtype=object)
         for b, row in enumerate(labels_BK):
             for j, p in enumerate(row):
