@@ -4,7 +4,7 @@ Every step of the online loop logs the candidate set, the logging policy's first
 (``candidate_probs``), the chosen cases in draw order and the reward (``steps.jsonl``,
 :class:`memento.formats.StepRecord`). This module turns such logs into value estimates with confidence
 intervals. It is numpy only: the caller supplies arrays (the ``memento evaluate`` command,
-:mod:`memento.cli.evaluate`, builds them from a run directory).
+:mod:`memento.ope.evaluate`, builds them from a run directory).
 
 One action (K = 1, or the first chosen case of a larger slate). Round ``i`` has a context ``x_i``, candidates
 ``c = 0..C_i-1``, the logging distribution ``mu_i(c)``, the logged action ``a_i`` and reward ``r_i``; the
