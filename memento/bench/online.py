@@ -8,7 +8,7 @@ Three parts, each written into one JSON document:
    seeds, and its difference to similarity with a 95% confidence interval (a paired bootstrap over the
    steps of each window, resampled within each seed: every policy sees the same task stream per seed);
    also LLM calls and wall milliseconds per task, so the comparison is fair on cost; and, unless ``ope`` is
-   off, off-policy estimates (:func:`memento.cli.evaluate.evaluate_run`) from each seed's soft_q log of the greedy
+   off, off-policy estimates (:func:`memento.ope.evaluate.evaluate_run`) from each seed's soft_q log of the greedy
    learned selector and of similarity, next to the measured success of the soft_q and similarity runs
    (:func:`ope_from_soft_q_run`, :func:`summarize_ope`): how far OPE can be trusted on this domain;
 2. **synthetic**: :func:`memento.runs.regret.run_regret` for each policy on the synthetic bandit with
@@ -49,7 +49,6 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.common import environment, make_vectors, write_results
-from memento.cli.evaluate import TargetSpec, evaluate_run
 from memento.config import (
     OnlineLabelsConfig,
     PolicyConfig,
@@ -68,6 +67,7 @@ from memento.errors import ConfigError, MementoError
 from memento.formats import read_steps_jsonl
 from memento.judges import make_judge
 from memento.memory import CaseBank
+from memento.ope.evaluate import TargetSpec, evaluate_run
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
 from memento.runs.base import anchored
