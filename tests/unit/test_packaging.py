@@ -165,12 +165,12 @@ def _recorder(monkeypatch: pytest.MonkeyPatch, module: object) -> list[object]:
 
 
 def test_the_loop_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memento.runs.qa
+    import memento.runs.base
     from memento.runs.qa import LoopConfig, run_online
     from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
-    calls = _recorder(monkeypatch, memento.runs.qa)
+    calls = _recorder(monkeypatch, memento.runs.base)
     env = make_env()
     for resume, steps in ((False, 4), (True, 6)):
         run_online(LoopConfig(steps=steps, checkpoint_every=2, tensorboard=False), make_policy=make_policy,
