@@ -640,6 +640,9 @@ class CaseBank(BankFront):
         try:
             vectors = FaissVectors(rows, config, uid, rows.count(), use_gpu=use_gpu if use_gpu is not None else True,
                                    seed=seed, read_only=read_only)
+        except sqlite3.DatabaseError as error:  # a damaged cases page: one line, as iter_cases says it
+            conn.close()
+            raise BankError(f"{path}: damaged bank ({DB_NAME}: {error})") from None
         except BaseException:
             conn.close()
             raise
