@@ -11,13 +11,11 @@ from typing import Any
 from memento.cli.options import add_bank_option, add_command, add_seed
 from memento.errors import ConfigError
 from memento.ope.estimators import OPEConfig, RewardModelConfig
-from memento.ope.evaluate import TargetSpec, evaluate_run, export_rounds, format_table, run_evaluation, target_specs
+from memento.ope.evaluate import export_rounds, format_table, run_evaluation, target_specs
 from memento.ope.export import write_obp_json, write_vw_cb_adf
 from memento.runs.rundir import RunDir
 
-__all__ = ["TargetSpec", "add_parser", "cmd_evaluate", "evaluate_run", "run"]
-"""``TargetSpec`` and ``evaluate_run`` (:mod:`memento.ope.evaluate`) are named here too, as docs/ope.md and
-memento/bench/online.py still import them from this module."""
+__all__ = ["add_parser", "cmd_evaluate", "run"]
 
 DESCRIPTION = """\
 Estimate, from a run's log, what other case-selection policies would have scored on the same steps
@@ -88,8 +86,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, encoder: Any | None = None) -> int:
-    """Run ``memento evaluate`` (:func:`evaluate_run`, then the table, the JSON and the exports). ``make_policy``
-    (``policies.make_policy``, passed in by the composition root) builds the similarity, random and selector
+    """Run ``memento evaluate`` (:func:`memento.ope.evaluate.evaluate_run`, then the table, the JSON and the
+    exports). ``make_policy`` (``policies.make_policy``, passed in by the composition root) builds the similarity, random and selector
     targets; ``encoder`` replaces the one ``--encoder`` names (a test hook: tests pass a light one). Everything
     cheap (flags, targets, the whole log) is checked before the bank is opened and the encoder loaded."""
     if not args.policies and not (args.export_vw or args.export_obp):

@@ -282,6 +282,11 @@ class LoadedSteps:
         return np.asarray([step.chosen_rows[0] for step in self.steps], dtype=np.int64)
 
 
+def _stored_rewards(bank: Any, ids: Sequence[str]) -> np.ndarray:
+    """The candidates' stored rewards, read through their whole rows (a damaged row is refused, not skipped)."""
+    return np.array([case.reward for case in bank.get(list(ids))], dtype=np.float64)
+
+
 def _load_steps(steps: list[LoggedStep], steps_path: Path, bank: Any, encode: Any) -> LoadedSteps:
     from memento.memory import Candidates
 
@@ -301,7 +306,7 @@ def _load_steps(steps: list[LoggedStep], steps_path: Path, bank: Any, encode: An
         candidates.append(Candidates(ids=list(step.record.candidate_ids), positions_C=p,
                                      scores_C=(cases_CD @ state_D.astype(np.float32)), embeddings_CD=cases_CD))
     return LoadedSteps(steps=steps, state_ND=state_ND, candidates=candidates,
-                  stored=[bank.rewards(step.record.candidate_ids) for step in steps],
+                  stored=[_stored_rewards(bank, step.record.candidate_ids) for step in steps],
                   logger_d=[step.logger() for step in steps])
 
 

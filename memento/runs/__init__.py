@@ -1,5 +1,8 @@
 """Runs: the processes that drive the M-MDP over time and write a run directory.
 
+- :mod:`memento.runs.base`: the skeleton every run kind shares (:class:`~memento.runs.base.Run`: seeds, run
+  directory, bank, policy, checkpoints and resume, TensorBoard, progress, summary; a kind writes ``_act`` and
+  ``_commit``) and the one place for policy defaults (:func:`~memento.runs.base.loop_policy`);
 - :mod:`memento.runs.qa`: the online QA loop (one task, one LLM call per step);
 - :mod:`memento.runs.games`: the multi-step loop on text games;
 - :mod:`memento.runs.ray`: the QA loop with Ray rollout workers;
