@@ -56,6 +56,7 @@ __all__ = [
     "check_choice",
     "check_float",
     "check_int",
+    "check_ints",
     "check_policy",
     "field_default",
     "from_dict",
@@ -83,6 +84,12 @@ def check_int(obj: Any, field: str, minimum: int) -> None:
            f"must be an integer >= {minimum}")
 
 
+def check_ints(obj: Any, **minimums: int) -> None:
+    """:func:`check_int` for each ``field=minimum`` given, in that order."""
+    for field, minimum in minimums.items():
+        check_int(obj, field, minimum)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EncoderConfig:
     """How texts become state and case vectors.
@@ -100,8 +107,7 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         check(self.pooling in get_args(Pooling), type(self), "pooling", self.pooling,
                f"must be one of {get_args(Pooling)}")
-        check_int(self, "max_length", 8)
-        check_int(self, "batch_size", 1)
+        check_ints(self, max_length=8, batch_size=1)
         check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
         check(self.model is None or bool(str(self.model).strip()), type(self), "model",
                self.model, "must be None or a non-empty path")
@@ -124,8 +130,7 @@ class IndexConfig:
     def __post_init__(self) -> None:
         check(isinstance(self.factory, str) and bool(self.factory.strip()), type(self), "factory", self.factory,
                "must be a non-empty faiss factory string")
-        check_int(self, "ef_search", 1)
-        check_int(self, "nprobe", 1)
+        check_ints(self, ef_search=1, nprobe=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -404,8 +409,7 @@ class QNetConfig:
         check_choice(self, "arch", QNetArch)
         if self.dim is not None:
             check_int(self, "dim", 1)
-        check_int(self, "hidden", 1)
-        check_int(self, "n_layers", 1)
+        check_ints(self, hidden=1, n_layers=1)
         check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
         check_int(self, "embed_dim", 1)
         check_choice(self, "anchor", QNetAnchor)
@@ -458,8 +462,7 @@ class ReplayConfig:
     case_dim: int | None = None
 
     def __post_init__(self) -> None:
-        check_int(self, "capacity", 1)
-        check_int(self, "dim", 1)
+        check_ints(self, capacity=1, dim=1)
         if self.case_dim is not None:
             check_int(self, "case_dim", 1)
         check_int(self, "k_max", 1)
@@ -520,8 +523,7 @@ class LearnerConfig:
         check_float(self, "weight_decay", low=0.0)
         if self.max_grad_norm is not None:
             check_float(self, "max_grad_norm", low=0.0, low_open=True)
-        check_int(self, "batch_size", 1)
-        check_int(self, "target_every", 1)
+        check_ints(self, batch_size=1, target_every=1)
         check_float(self, "target_beta", low=0.0, high=1.0)
         check_choice(self, "td_loss", TDLoss)
         check_float(self, "huber_delta", low=0.0, low_open=True)
@@ -731,9 +733,7 @@ class SoftQConfig:
             check_float(self, "alpha", low=0.0, low_open=True)
             if self.learner.alpha != self.alpha:
                 object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
-        check_int(self, "replay_capacity", 1)
-        check_int(self, "warmup", 0)
-        check_int(self, "updates_per_step", 0)
+        check_ints(self, replay_capacity=1, warmup=0, updates_per_step=0)
         _check_bool(self, "positive_only")
         check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
               "init_qnet", self.init_qnet, "must be a selector directory path or null")
@@ -792,8 +792,7 @@ class PlugMemRetrievalConfig:
         check_choice(self, "kind", Literal["plugmem"])
         check_int(self, "seeds", 1)
         _check_bool(self, "route")
-        check_int(self, "budget_tokens", 1)
-        check_int(self, "cases", 0)
+        check_ints(self, budget_tokens=1, cases=0)
 
 
 PolicyConfig = (RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig | CFGMRetrievalConfig

@@ -46,6 +46,7 @@ from memento.config import (
     check_choice,
     check_float,
     check_int,
+    check_ints,
     field_default,
     from_dict,
     read_config_json,
@@ -321,8 +322,7 @@ class SimCSEConfig:
         check_float(self, "lr", low=0.0, low_open=True)
         check_float(self, "weight_decay", low=0.0)
         check_float(self, "warmup_ratio", low=0.0, high=1.0, high_open=True)
-        check_int(self, "batch_size", 2)
-        check_int(self, "epochs", 1)
+        check_ints(self, batch_size=2, epochs=1)
         if self.max_steps is not None:
             check_int(self, "max_steps", 1)
         if self.dropout is not None:
@@ -332,8 +332,7 @@ class SimCSEConfig:
         check_float(self, "positive_threshold", low=0.0, low_open=True)
         check(isinstance(self.hard_negatives, bool), cls, "hard_negatives", self.hard_negatives,
                "must be true or false")
-        check_int(self, "eval_size", 2)
-        check_int(self, "seed", 0)
+        check_ints(self, eval_size=2, seed=0)
         _check_lightning(self)
 
 
@@ -389,8 +388,7 @@ class JointConfig:
         check(isinstance(self.learner, LearnerConfig) and self.learner.gamma == 0.0, cls, "learner",
                self.learner, "must be a LearnerConfig with gamma=0 (pairs have no next state)")
         check_float(self, "encoder_lr", low=0.0)
-        check_int(self, "batch_size", 1)
-        check_int(self, "epochs", 1)
+        check_ints(self, batch_size=1, epochs=1)
         if self.max_steps is not None:
             check_int(self, "max_steps", 1)
         check_float(self, "positive_threshold", low=0.0, low_open=True)

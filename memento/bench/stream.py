@@ -62,7 +62,7 @@ from memento.bench.stream_arms import (
     stream_arm,
 )
 from memento.bench.stream_qa import qa_seed_cases, qa_stream_tasks, run_qa_arm
-from memento.config import check, check_int
+from memento.config import check, check_ints
 from memento.errors import ConfigError
 from memento.runs.lifelong import learned_points, lifelong_metrics, stream_order
 
@@ -101,8 +101,7 @@ class StreamBenchConfig:
         object.__setattr__(self, "envs", tuple(self.envs))
         check(all(isinstance(e, str) and e for e in self.envs), cls, "envs", self.envs,
               "must be question family names")
-        check_int(self, "train_per_env", 1)
-        check_int(self, "test_per_env", 1)
+        check_ints(self, train_per_env=1, test_per_env=1)
         check(isinstance(self.seed_bank, bool), cls, "seed_bank", self.seed_bank, "must be true or false")
         check(bool(self.arms), cls, "arms", self.arms, "must name at least one arm")
         for arm in self.arms:
@@ -111,10 +110,7 @@ class StreamBenchConfig:
               self.orders, "must be grouped and/or random")
         check(bool(self.seeds) and all(isinstance(s, int) and s >= 0 for s in self.seeds), cls, "seeds",
               self.seeds, "must be non-negative integers")
-        check_int(self, "eval_repeats", 1)
-        check_int(self, "max_steps", 1)
-        check_int(self, "k", 1)
-        check_int(self, "candidates", 1)
+        check_ints(self, eval_repeats=1, max_steps=1, k=1, candidates=1)
         check(isinstance(self.case_weight, (int, float)) and 0.0 <= self.case_weight <= 1.0, cls, "case_weight",
               self.case_weight, "must be in [0, 1]")
 

@@ -51,7 +51,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.config import check, check_int
+from memento.config import check, check_ints
 from memento.errors import DataFormatError, DimensionError
 from memento.types import Case, Task
 
@@ -95,10 +95,7 @@ class SyntheticBanditConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_int(self, "n_task_types", 1)
-        check_int(self, "n_cases", 1)
-        check_int(self, "dim", 2)
-        check_int(self, "seed", 0)
+        check_ints(self, n_task_types=1, n_cases=1, dim=2, seed=0)
         _real(self, "noise", 0.0)
         _real(self, "distractor_fraction", 0.0, 1.0, open_max=True)
         _real(self, "distractor_offset", 0.0)

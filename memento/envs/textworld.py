@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from memento.config import check, check_int
+from memento.config import check, check_int, check_ints
 from memento.errors import ConfigError, DataFormatError, GameError
 from memento.io import atomic_write_text, write_json
 
@@ -184,8 +184,7 @@ class GameSpec:
             check(rooms <= 100, type(self), "level", self.level, f"makes {rooms} rooms (TextWorld 1.7: at most 100)")
         check_int(self, "seed", 0)
         check(self.seed < _SEED_LIMIT, type(self), "seed", self.seed, f"must be < {_SEED_LIMIT}")
-        check_int(self, "world_size", 1)
-        check_int(self, "nb_objects", 0)
+        check_ints(self, world_size=1, nb_objects=0)
         if self.game_type != "custom":
             for field, default in (("world_size", 2), ("nb_objects", 3)):
                 check(getattr(self, field) == default, type(self), field, getattr(self, field),
@@ -260,10 +259,7 @@ class TextWorldConfig:
     not_admissible: NotAdmissible = "error"
 
     def __post_init__(self) -> None:
-        check_int(self, "max_steps", 1)
-        check_int(self, "history", 0)
-        check_int(self, "max_observation_chars", 20)
-        check_int(self, "max_state_chars", 100)
+        check_ints(self, max_steps=1, history=0, max_observation_chars=20, max_state_chars=100)
         check(self.max_observation_chars + 5 <= self.max_state_chars, type(self), "max_state_chars",
               self.max_state_chars, f"must leave room for 'Now: ' and an observation of max_observation_chars="
               f"{self.max_observation_chars}")

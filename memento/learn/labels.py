@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from memento.config import check, check_int, to_dict
+from memento.config import check, check_int, check_ints, to_dict
 from memento.errors import DataFormatError, DimensionError
 from memento.formats import iter_jsonl, write_jsonl
 from memento.io import atomic_write_text
@@ -97,11 +97,9 @@ class LabelConfig:
               "must be a planner spec such as 'gemma', 'hf:PATH' or 'openai:MODEL@URL'")
         if self.max_tasks is not None:
             check_int(self, "max_tasks", 1)
-        check_int(self, "seed", 0)
-        check_int(self, "k", 1)
+        check_ints(self, seed=0, k=1)
         check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
-        check_int(self, "sets", 0)
-        check_int(self, "batch_size", 1)
+        check_ints(self, sets=0, batch_size=1)
         check(isinstance(self.exclude_self, bool), cls, "exclude_self", self.exclude_self, "must be true or false")
 
     @property

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from memento.config import check, check_int
+from memento.config import check, check_int, check_ints
 from memento.planners.base import (
     AnswerScore,
     PlannerError,
@@ -156,8 +156,7 @@ class HFPlannerConfig:
                "device", self.device, "must be None or a device name such as 'cpu' or 'cuda:0'")
         check(self.dtype is None or self.dtype in get_args(TorchDtype), type(self), "dtype", self.dtype,
                f"must be None or one of {get_args(TorchDtype)}")
-        check_int(self, "max_new_tokens", 1)
-        check_int(self, "batch_size", 1)
+        check_ints(self, max_new_tokens=1, batch_size=1)
         if self.score_max_length is not None:
             check_int(self, "score_max_length", 2)
         if self.stop is not None:

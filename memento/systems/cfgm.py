@@ -47,7 +47,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from memento.config import check_int, from_dict
+from memento.config import check_ints, from_dict
 from memento.errors import ConfigError, DataFormatError, ProvenanceError, ReplyFormatError
 from memento.systems.items import make_item
 from memento.systems.llm import collapse as _collapse
@@ -86,12 +86,8 @@ class CFGMConfig:
     trajectory_max_chars: int = 1200
 
     def __post_init__(self) -> None:
-        check_int(self, "focus_max", 1)
-        check_int(self, "tips_contrast_max", 0)
-        check_int(self, "tips_success_max", 0)
-        check_int(self, "retries", 0)
-        check_int(self, "reflect_max_chars", 1)
-        check_int(self, "trajectory_max_chars", 1)
+        check_ints(self, focus_max=1, tips_contrast_max=0, tips_success_max=0, retries=0, reflect_max_chars=1,
+                         trajectory_max_chars=1)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

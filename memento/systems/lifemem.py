@@ -84,7 +84,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import check, check_choice, check_float, check_int, from_dict
+from memento.config import check, check_choice, check_float, check_int, check_ints, from_dict
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.systems.items import ItemGraph, make_item
 from memento.systems.llm import parse_choice, parse_items
@@ -131,16 +131,12 @@ class LifeMemConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_int(self, "init_size", 1)
-        check_int(self, "neighbours", 1)
-        check_int(self, "split_size", 1)
+        check_ints(self, init_size=1, neighbours=1, split_size=1)
         check_float(self, "split_tau", low=0.0, high=1.0)
-        check_int(self, "split_min", 2)
-        check_int(self, "split_max", 2)
+        check_ints(self, split_min=2, split_max=2)
         check(self.split_max >= self.split_min, cls, "split_max", self.split_max,
               f"must be >= split_min ({self.split_min})")
-        check_int(self, "skills_min", 1)
-        check_int(self, "skills_max", 1)
+        check_ints(self, skills_min=1, skills_max=1)
         check(self.skills_max >= self.skills_min, cls, "skills_max", self.skills_max,
               f"must be >= skills_min ({self.skills_min})")
         check_int(self, "trajectory_max_chars", 1)

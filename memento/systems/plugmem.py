@@ -94,11 +94,11 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import check, check_float, check_int, from_dict
+from memento.config import check_choice, check_float, check_ints, from_dict
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.systems.items import ItemGraph, make_item
 from memento.systems.lifemem import is_trajectory
@@ -169,19 +169,11 @@ class PlugMemConfig:
 
     def __post_init__(self) -> None:
         check_float(self, "segment_threshold", low=-1.0, high=1.0)
-        check_int(self, "max_steps", 1)
-        check_int(self, "history_steps", 0)
-        check_int(self, "step_max_chars", 1)
-        check_int(self, "facts_max", 0)
-        check_int(self, "concepts_max", 1)
-        check_int(self, "seed_k", 0)
-        check_int(self, "route_per_node", 0)
-        check_int(self, "abstract_max", 1)
+        check_ints(self, max_steps=1, history_steps=0, step_max_chars=1, facts_max=0, concepts_max=1, seed_k=0,
+                         route_per_node=0, abstract_max=1)
         check_float(self, "match_threshold", low=-1.0, high=1.0)
-        check_int(self, "budget_tokens", 1)
-        check_int(self, "note_max_tokens", 1)
-        check(self.show in get_args(PromptShow), type(self), "show", self.show,
-              f"must be one of {get_args(PromptShow)}")
+        check_ints(self, budget_tokens=1, note_max_tokens=1)
+        check_choice(self, "show", PromptShow)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
