@@ -25,15 +25,13 @@ Files written before the Lightning fields were nested (flat ``accelerator``, ``d
 ``JointConfig`` also ``qnet_arch``, ``hidden``, ``n_layers``, ``qnet_dropout``) are read too: the
 readers move the flat keys into the nested form (:func:`nest_flat_lightning`).
 
-This module imports only the standard library and :mod:`memento.config` (the command-line parsers
-read their defaults from it: :func:`help_default`).
+This module imports only the standard library and :mod:`memento.config`.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,7 +45,6 @@ from memento.config import (
     check_float,
     check_int,
     check_ints,
-    field_default,
     from_dict,
     read_config_json,
     save_json,
@@ -55,7 +52,7 @@ from memento.config import (
 from memento.errors import ConfigError
 
 __all__ = ["Accelerator", "DataConfig", "DataSource", "JointConfig", "LightningConfig", "MementoLabel", "Precision",
-           "SimCSEConfig", "SimCSEMode", "TrainConfig", "TrainerConfig", "help_default", "joint_config_from_dict",
+           "SimCSEConfig", "SimCSEMode", "TrainConfig", "TrainerConfig", "joint_config_from_dict",
            "load_train_config", "nest_flat_lightning", "save_train_config", "simcse_config_from_dict",
            "train_config_from_dict"]
 
@@ -483,21 +480,3 @@ def joint_config_from_dict(data: dict[str, Any]) -> JointConfig:
         defaults = _joint_qnet()
         data["qnet"] = {**{name: getattr(defaults, name) for name in _JOINT_QNET_KEYS.values()}, **flat}
     return from_dict(JointConfig, data)
-
-
-# ---------------------------------------------------------------- defaults for the command-line help
-
-
-def help_default(cls: type, name: str) -> str:
-    """The default of field ``name`` of the config class ``cls`` (:func:`memento.config.field_default`) as
-    ``--help`` shows it: ``"a.b"`` is field ``b`` of field ``a``'s default; a float in ``%g`` form, a tuple
-    as its items with spaces."""
-    head, _, rest = name.partition(".")
-    value = field_default(cls, head)
-    if rest:
-        value = functools.reduce(getattr, rest.split("."), value)
-    if isinstance(value, float):
-        return format(value, "g")
-    if isinstance(value, tuple):
-        return " ".join(str(v) for v in value)
-    return str(value)

@@ -23,7 +23,6 @@ from training.config import (
     LightningConfig,
     TrainConfig,
     TrainerConfig,
-    help_default,
     load_train_config,
     save_train_config,
     train_config_from_dict,
@@ -99,15 +98,6 @@ def test_config_written_before_the_nesting_still_loads(tmp_path):
     raw["trainer"]["lightning"] = {"devices": 1}
     with pytest.raises(ConfigError, match="'devices' is given twice, flat and as lightning.devices"):
         train_config_from_dict(raw)
-
-
-def test_help_defaults_come_from_the_config_classes():
-    assert help_default(TrainerConfig, "max_epochs") == str(TrainerConfig().max_epochs)
-    assert help_default(TrainerConfig, "lightning.precision") == LightningConfig().precision
-    assert help_default(TrainerConfig, "hit_k") == " ".join(map(str, TrainerConfig().hit_k))
-    assert help_default(LearnerConfig, "lr") == format(LearnerConfig().lr, "g")
-    with pytest.raises(ConfigError, match="TrainConfig.qnet has no default"):
-        help_default(TrainConfig, "qnet")
 
 
 def test_config_dim_comes_from_the_encoder(tmp_path):
