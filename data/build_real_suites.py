@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib.metadata
 import importlib.util
 import json
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -160,6 +161,55 @@ def check_disjoint(train: list[Task], test: list[Task], cases: list[Case]) -> No
         raise RuntimeError("a fact is in two of (train, test, seed bank)")
 
 
+@dataclass(frozen=True)
+class FamilyPlan:
+    """One family of a suite: its items (facts, problems; each with a ``key``) in task order and their tasks;
+    ``render(item, fmt, wrong)`` is a seed case's action, ``wrongs(item)`` the wrong answers a wrong format tries,
+    in order."""
+
+    name: str
+    items: list[Any]
+    tasks: list[Task]
+    render: Callable[[Any, str, Any], str]
+    wrongs: Callable[[Any], Iterable[Any]]
+
+
+def assemble(name: str, seed: int, plan: Sequence[tuple[str, int]], families: Iterable[FamilyPlan],
+             templates: dict[str, tuple[str, ...]]) -> RealSuite:
+    """The suite of ``families``: each family's first tasks become seed cases in ``plan``'s formats (a wrong
+    format shows the first wrong answer the lenient judge rejects), the rest the test and train tasks; each
+    split shuffled."""
+    per_family = sum(n for _, n in plan)
+    train: list[Task] = []
+    test: list[Task] = []
+    cases: list[Case] = []
+    counts: dict[str, dict[str, int]] = {}
+    lenient = ContainsJudge()
+    for family in families:
+        seed_part, test_part, train_part = split_family(family.tasks, per_family)
+        train.extend(train_part)
+        test.extend(test_part)
+        formats = assign_formats(seed_part, plan, random.Random(f"{seed}:{name}:formats:{family.name}"))
+        family_cases = []
+        for item, task, fmt in zip(family.items, seed_part, formats):
+            wrong = None
+            if fmt.startswith("wrong"):
+                wrong = next((w for w in family.wrongs(item)
+                              if lenient(task, family.render(item, fmt, w)).reward == 0.0), None)
+                if wrong is None:
+                    raise RuntimeError(f"no wrong answer for {task.id}")
+            family_cases.append(seed_case(name, family.name, item.key, task, family.render(item, fmt, wrong), fmt))
+        cases.extend(family_cases)
+        counts[family.name] = {"facts": len(family.items), "train": len(train_part), "test": len(test_part),
+                               "seed": len(seed_part),
+                               "seed_reward1_exact0": reward_summary(family_cases)["reward1_exact0"]}
+    check_disjoint(train, test, cases)
+    random.Random(f"{seed}:{name}:order:train").shuffle(train)
+    random.Random(f"{seed}:{name}:order:test").shuffle(test)
+    return RealSuite(name=name, seed=seed, train=train, test=test, cases=cases, counts=counts, templates=templates,
+                     nearest=nearest_stats(test, cases))
+
+
 def _bag(text: str) -> dict[str, int]:
     return dict(collections.Counter(normalize_answer(text).split()))
 
@@ -239,6 +289,25 @@ def _pct(x: float) -> str:
 
 def command(seed: int, default: int) -> str:
     return ".venv/bin/python data/build_real_suites.py --out data/" + (f" --seed {seed}" if seed != default else "")
+
+
+def card_fields(suite: RealSuite, plan: Sequence[tuple[str, int]], describe: Callable[[str], tuple[str, str]]
+                ) -> dict[str, Any]:
+    """What both suites' cards show: sizes, the family table, the seed formats and their rewards, what similarity
+    finds, the build command."""
+    s = reward_summary(suite.cases)
+    n = suite.nearest
+    return dict(
+        n_tasks=len(suite.train) + len(suite.test), n_train=len(suite.train), n_test=len(suite.test),
+        n_cases=len(suite.cases), n_families=len(suite.counts), table=family_table(suite, describe),
+        format_rows=format_table(suite.cases), plan=", ".join(f"{k} `{fmt}`" for fmt, k in plan),
+        per_family=sum(k for _, k in plan), test_pct=round(100 * TEST_FRACTION),
+        reward1=s["reward1"], reward1_exact0=s["reward1_exact0"], reward1_exact1=s["reward1_exact1"],
+        reward0_correct=s["reward0_correct"], reward0_wrong=s["reward0_wrong"],
+        share_misleading=_pct(s["reward1_exact0"] / s["reward1"]),
+        other_top1=_pct(n["other_family_top1"]), pos_top1=_pct(n["positive_top1_not_useful"]),
+        useful_topk=f"{n['useful_in_positive_topk']:.2f}", no_useful=_pct(n["positive_topk_without_useful"]),
+        k=NEAREST_K, command=command(suite.seed, DEFAULT_SEEDS[suite.name]), seed=suite.seed)
 
 
 # ------------------------------------------------------------------ facts-real
@@ -326,71 +395,37 @@ def facts_real_task(fact: Any, seed: int) -> Task:
 
 def build_facts_real(seed: int = DEFAULT_SEEDS[FACTS_REAL]) -> RealSuite:
     per_family = sum(n for _, n in FACTS_REAL_PLAN)
-    train: list[Task] = []
-    test: list[Task] = []
-    cases: list[Case] = []
-    counts: dict[str, dict[str, int]] = {}
-    lenient = ContainsJudge()
     families = fb.all_facts(seed)
     owners = seed_owners(families, seed)
     continents = {fact.key: fact.answers[0] for fact in families["continent"]}
-    for family, facts in families.items():
-        order = list(facts)
-        random.Random(f"{seed}:{FACTS_REAL}:split:{family}").shuffle(order)
-        order = seed_first(order, family, owners, per_family)
-        tasks = [facts_real_task(fact, seed) for fact in order]
-        seed_part, test_part, train_part = split_family(tasks, per_family)
-        train.extend(train_part)
-        test.extend(test_part)
-        formats = assign_formats(seed_part, FACTS_REAL_PLAN, random.Random(f"{seed}:{FACTS_REAL}:formats:{family}"))
-        wrong_rng = random.Random(f"{seed}:{FACTS_REAL}:wrong:{family}")
-        family_cases = []
-        for fact, task, fmt in zip(order, seed_part, formats):
-            wrong = None
-            if fmt.startswith("wrong"):
-                by_continent = continents if family in COUNTRY_FAMILIES else {}
-                candidates = wrong_fact_answers(fact, facts, by_continent, wrong_rng)
-                wrong = next((w for w in candidates if lenient(task, render_fact(fact, fmt, w)).reward == 0.0), None)
-                if wrong is None:
-                    raise RuntimeError(f"no wrong answer for {task.id}")
-            family_cases.append(seed_case(FACTS_REAL, family, fact.key, task, render_fact(fact, fmt, wrong), fmt))
-        cases.extend(family_cases)
-        summary = reward_summary(family_cases)
-        counts[family] = {"facts": len(facts), "train": len(train_part), "test": len(test_part),
-                          "seed": len(seed_part), "seed_reward1_exact0": summary["reward1_exact0"]}
-    check_disjoint(train, test, cases)
-    random.Random(f"{seed}:{FACTS_REAL}:order:train").shuffle(train)
-    random.Random(f"{seed}:{FACTS_REAL}:order:test").shuffle(test)
-    return RealSuite(name=FACTS_REAL, seed=seed, train=train, test=test, cases=cases, counts=counts,
-                     templates=dict(fb.TEMPLATES), nearest=nearest_stats(test, cases))
+
+    def plans() -> Iterator[FamilyPlan]:
+        for family, facts in families.items():
+            order = list(facts)
+            random.Random(f"{seed}:{FACTS_REAL}:split:{family}").shuffle(order)
+            order = seed_first(order, family, owners, per_family)
+            by_continent = continents if family in COUNTRY_FAMILIES else {}
+            wrong_rng = random.Random(f"{seed}:{FACTS_REAL}:wrong:{family}")
+            yield FamilyPlan(name=family, items=order, tasks=[facts_real_task(fact, seed) for fact in order],
+                             render=render_fact,
+                             wrongs=functools.partial(wrong_fact_answers, others=facts, continents=by_continent,
+                                                      rng=wrong_rng))
+
+    return assemble(FACTS_REAL, seed, FACTS_REAL_PLAN, plans(), dict(fb.TEMPLATES))
 
 
 def facts_real_card(suite: RealSuite) -> str:
-    s = reward_summary(suite.cases)
     alt = [c for c in suite.cases if c.meta["format"] == "alt"]
     alt_pass = sorted({c.meta["family"] for c in alt if c.reward == 1.0})
     alt_fail = sorted({c.meta["family"] for c in alt if c.reward == 0.0})
     phrasings = "\n".join(f"- `{family}`: " + " / ".join(f"\"{t.format(s='X')}\"" for t in templates)
                           for family, templates in suite.templates.items())
-    rows = [f"| {name} (PyPI) | {importlib.metadata.version(name)} | {licence} | {use} |"
-            for name, licence, use in fb.SOURCES]
-    rows.append("| hand lists in `build_suites.py` and `build_real_suites.py` | - | this project's (MIT) | nouns, "
-                "irregular plurals, phrasings, curation, answer formats |")
-    plan = ", ".join(f"{n} `{fmt}`" for fmt, n in FACTS_REAL_PLAN)
-    n = suite.nearest
+    sources = fb.sources_table("| hand lists in `build_suites.py` and `build_real_suites.py` | - | this project's "
+                               "(MIT) | nouns, irregular plurals, phrasings, curation, answer formats |")
     return FACTS_REAL_CARD.format(
-        n_tasks=len(suite.train) + len(suite.test), n_train=len(suite.train), n_test=len(suite.test),
-        n_cases=len(suite.cases), n_families=len(suite.counts), table=family_table(suite, _facts_family),
-        phrasings=phrasings, format_rows=format_table(suite.cases), plan=plan,
-        per_family=sum(k for _, k in FACTS_REAL_PLAN), test_pct=round(100 * TEST_FRACTION),
-        reward1=s["reward1"], reward1_exact0=s["reward1_exact0"], reward1_exact1=s["reward1_exact1"],
-        reward0_correct=s["reward0_correct"], reward0_wrong=s["reward0_wrong"],
-        share_misleading=_pct(s["reward1_exact0"] / s["reward1"]),
+        **card_fields(suite, FACTS_REAL_PLAN, _facts_family), phrasings=phrasings, sources=sources,
         alt_pass=", ".join(f"`{f}`" for f in alt_pass) or "none", alt_fail=", ".join(f"`{f}`" for f in alt_fail) or
-        "none", other_top1=_pct(n["other_family_top1"]), pos_top1=_pct(n["positive_top1_not_useful"]),
-        useful_topk=f"{n['useful_in_positive_topk']:.2f}", no_useful=_pct(n["positive_topk_without_useful"]),
-        k=NEAREST_K, sources="\n".join(rows), command=command(suite.seed, DEFAULT_SEEDS[FACTS_REAL]), seed=suite.seed,
-        country_families=", ".join(f"`{f}`" for f in COUNTRY_FAMILIES))
+        "none", country_families=", ".join(f"`{f}`" for f in COUNTRY_FAMILIES))
 
 
 def _facts_family(family: str) -> tuple[str, str]:
@@ -498,20 +533,7 @@ one is not a bare demonstration of the task's own family for {pos_top1} of them;
 top-{k} holds {useful_topk} bare same-family demonstrations on average, and none at all for
 {no_useful} of the tasks.
 
-## Sources and licences
-
-| source | version used | licence | used for |
-|---|---|---|---|
-{sources}
-
-The shipped files contain facts (names, codes, number words), not the packages' code. GeoNames
-asks for attribution: the geographic facts are from GeoNames (https://www.geonames.org/), CC BY 4.0.
-The packages are a `data`/`dev` extra; nothing needs them at run time.
-
-## How it was built
-
-    {command}
-
+""" + fb.SOURCES_SECTION + """
 (`--suite facts-real` builds only this suite.) Seed {seed}. Deterministic: the same package versions
 give byte-identical files (`tests/unit/test_real_suites.py` rebuilds and compares).
 """
@@ -797,57 +819,23 @@ def arith_task(p: Problem) -> Task:
 
 
 def build_arith_real(seed: int = DEFAULT_SEEDS[ARITH_REAL]) -> RealSuite:
-    per_family = sum(n for _, n in ARITH_REAL_PLAN)
-    train: list[Task] = []
-    test: list[Task] = []
-    cases: list[Case] = []
-    counts: dict[str, dict[str, int]] = {}
-    lenient = ContainsJudge()
-    for family in ARITH_TEMPLATES:
-        problems = arith_problems(family, seed, ARITH_TASKS_PER_FAMILY)
-        tasks = [arith_task(p) for p in problems]
-        seed_part, test_part, train_part = split_family(tasks, per_family)
-        train.extend(train_part)
-        test.extend(test_part)
-        formats = assign_formats(seed_part, ARITH_REAL_PLAN, random.Random(f"{seed}:{ARITH_REAL}:formats:{family}"))
-        family_cases = []
-        for p, task, fmt in zip(problems, seed_part, formats):
-            wrong = None
-            if fmt.startswith("wrong"):
-                wrong = next((w for w in p.wrong_values() if lenient(task, p.render(fmt, w)).reward == 0.0), None)
-                if wrong is None:
-                    raise RuntimeError(f"no wrong answer for {task.id}")
-            family_cases.append(seed_case(ARITH_REAL, family, p.key, task, p.render(fmt, wrong), fmt))
-        cases.extend(family_cases)
-        counts[family] = {"facts": len(problems), "train": len(train_part), "test": len(test_part),
-                          "seed": len(seed_part), "seed_reward1_exact0": reward_summary(family_cases)["reward1_exact0"]}
-    check_disjoint(train, test, cases)
-    random.Random(f"{seed}:{ARITH_REAL}:order:train").shuffle(train)
-    random.Random(f"{seed}:{ARITH_REAL}:order:test").shuffle(test)
-    return RealSuite(name=ARITH_REAL, seed=seed, train=train, test=test, cases=cases, counts=counts,
-                     templates=ARITH_TEMPLATES, nearest=nearest_stats(test, cases))
+    def plans() -> Iterator[FamilyPlan]:
+        for family in ARITH_TEMPLATES:
+            problems = arith_problems(family, seed, ARITH_TASKS_PER_FAMILY)
+            yield FamilyPlan(name=family, items=problems, tasks=[arith_task(p) for p in problems],
+                             render=Problem.render, wrongs=Problem.wrong_values)
+
+    return assemble(ARITH_REAL, seed, ARITH_REAL_PLAN, plans(), ARITH_TEMPLATES)
 
 
 def arith_real_card(suite: RealSuite) -> str:
-    s = reward_summary(suite.cases)
     phrasings = "\n".join(f"- `{family}`: " + " / ".join(f"\"{t}\"" for t in templates)
                           for family, templates in suite.templates.items())
-    plan = ", ".join(f"{n} `{fmt}`" for fmt, n in ARITH_REAL_PLAN)
-    n = suite.nearest
     return ARITH_REAL_CARD.format(
-        n_tasks=len(suite.train) + len(suite.test), n_train=len(suite.train), n_test=len(suite.test),
-        n_cases=len(suite.cases), n_families=len(suite.counts), table=family_table(suite, _arith_family),
-        phrasings=phrasings, format_rows=format_table(suite.cases), plan=plan,
-        per_family=sum(k for _, k in ARITH_REAL_PLAN), test_pct=round(100 * TEST_FRACTION),
-        per_family_tasks=ARITH_TASKS_PER_FAMILY, reward1=s["reward1"], reward1_exact0=s["reward1_exact0"],
-        reward1_exact1=s["reward1_exact1"], reward0_wrong=s["reward0_wrong"],
-        share_misleading=_pct(s["reward1_exact0"] / s["reward1"]),
-        names=", ".join(name for name, _ in NAMES), objects=", ".join(plural for _, plural in OBJECTS),
-        boxes=", ".join(plural for _, plural in BOXES), fractions=", ".join(FRACTIONS.values()),
-        other_top1=_pct(n["other_family_top1"]), pos_top1=_pct(n["positive_top1_not_useful"]),
-        useful_topk=f"{n['useful_in_positive_topk']:.2f}", no_useful=_pct(n["positive_topk_without_useful"]),
-        k=NEAREST_K, sources=ARITH_SOURCES,
-        command=command(suite.seed, DEFAULT_SEEDS[ARITH_REAL]), seed=suite.seed)
+        **card_fields(suite, ARITH_REAL_PLAN, _arith_family), phrasings=phrasings, sources=ARITH_SOURCES,
+        per_family_tasks=ARITH_TASKS_PER_FAMILY, names=", ".join(name for name, _ in NAMES),
+        objects=", ".join(plural for _, plural in OBJECTS), boxes=", ".join(plural for _, plural in BOXES),
+        fractions=", ".join(FRACTIONS.values()))
 
 
 ARITH_SOURCES = (

@@ -599,12 +599,34 @@ SOURCES = (
 )
 
 
-def _sources() -> str:
+HAND_LISTS = ("| hand lists in `build_suites.py` | - | this project's (MIT) | nouns, irregular plurals, phrasings, "
+              "curation |")
+
+SOURCES_SECTION = """\
+## Sources and licences
+
+| source | version used | licence | used for |
+|---|---|---|---|
+{sources}
+
+The shipped files contain facts (names, codes, number words), not the packages' code. GeoNames
+asks for attribution: the geographic facts are from GeoNames (https://www.geonames.org/), CC BY 4.0.
+The packages are a `data`/`dev` extra; nothing needs them at run time.
+
+## How it was built
+
+    {command}
+"""
+"""A card's sources, licences and build command (``{sources}``: :func:`sources_table`); ``build_real_suites``'s
+facts-real card has it too."""
+
+
+def sources_table(hand_lists: str = HAND_LISTS) -> str:
+    """The rows of the sources table: each package of :data:`SOURCES` at its installed version, then
+    ``hand_lists``."""
     rows = [f"| {name} (PyPI) | {importlib.metadata.version(name)} | {licence} | {use} |"
             for name, licence, use in SOURCES]
-    rows.append("| hand lists in `build_suites.py` | - | this project's (MIT) | nouns, irregular plurals, phrasings, "
-                "curation |")
-    return "\n".join(rows)
+    return "\n".join([*rows, hand_lists])
 
 
 def card(suite: Suite, seed: int, limit: int | None) -> str:
@@ -635,7 +657,7 @@ def card(suite: Suite, seed: int, limit: int | None) -> str:
         test_pct=round(100 * TEST_FRACTION), capital_drops=drops, currency_drop=", ".join(sorted(CURRENCY_DROP)),
         continent_drop=", ".join(sorted(CONTINENT_DROP)), city_country_drop=", ".join(sorted(CITY_COUNTRY_DROP)),
         city_drop=", ".join(sorted(CITY_DROP)), min_pop=f"{MIN_COUNTRY_POPULATION:,}", cities=CITIES,
-        cities_per_country=CITIES_PER_COUNTRY, sources=_sources(),
+        cities_per_country=CITIES_PER_COUNTRY, sources=sources_table(),
         country_drop=", ".join(sorted(COUNTRY_DROP)), dropped_nouns=", ".join(suite.dropped_nouns) or "none")
 
 
@@ -758,20 +780,7 @@ start can ignore them (`positive_only=False`).
   fish...); a noun is kept only when inflect's modern and classical plurals agree and match the
   simple English rule or a hand list of irregular plurals. Dropped by that check: {dropped_nouns}.
 
-## Sources and licences
-
-| source | version used | licence | used for |
-|---|---|---|---|
-{sources}
-
-The shipped files contain facts (names, codes, number words), not the packages' code. GeoNames
-asks for attribution: the geographic facts are from GeoNames (https://www.geonames.org/), CC BY 4.0.
-The packages are a `data`/`dev` extra; nothing needs them at run time.
-
-## How it was built
-
-    {command}
-
+""" + SOURCES_SECTION + """
 Seed {seed}. Deterministic: the same package versions give byte-identical files
 (`tests/unit/test_suites.py` rebuilds and compares). `--limit N` keeps N facts per family (tests only).
 """
