@@ -6,14 +6,17 @@ takes one or more values), its help (``field(metadata={"help": ...})``, unless t
 own), and the default the help shows. The option itself defaults to ``None``: a flag left out keeps the config's
 default (or a ``--config`` file's value), so every default is written once, in the config.
 
-It lives in the core (not in :mod:`memento.cli`) because the ``training`` commands derive their options the same
-way and may not import the composition root.
+It also holds the option groups the ``memento`` commands and the ``training`` commands both declare (``--bank``,
+``--encoder``, ``--torch-threads``, ``--no-progress``) and what a command does with them (set torch's threads, load
+the encoder). It lives in the core (not in :mod:`memento.cli`) because the ``training`` commands may not import the
+composition root.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 import types
 import typing
@@ -22,7 +25,10 @@ from typing import Any, Literal, get_args, get_origin
 from memento.config import field_default
 from memento.errors import ConfigError
 
-__all__ = ["config_option", "field_help", "field_type", "shown"]
+__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_torch_threads",
+           "config_option", "field_help", "field_type", "load_encoder", "set_torch_threads", "shown"]
+
+BANK = "a directory or milvus:URI[#collection]"
 
 
 def shown(value: Any) -> str:
@@ -87,3 +93,51 @@ def config_option(parser: Any, cls: type, name: str, help: str | None = None, *,
     options = {"default": None, "dest": name, **derived, **kwargs}
     return parser.add_argument(flag or "--" + name.replace("_", "-"), help=f"{text} (default: {shown(value)})",
                                **options)
+
+
+# ---------------------------------------------------------------- option groups of memento and training commands
+
+
+def add_bank_option(parser: Any, help: str = BANK, *, required: bool = False, metavar: str = "BANK") -> None:
+    """``--bank``: a case bank, a directory or a Milvus URI."""
+    parser.add_argument("--bank", required=required, metavar=metavar, default=None, help=help)
+
+
+def add_encoder_flag(parser: Any) -> None:
+    """``--encoder PATH``: a local transformers encoder directory (``None``: the bundled model)."""
+    parser.add_argument("--encoder", metavar="PATH", default=None,
+                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+
+
+def add_torch_threads(parser: Any, default: int = 0,
+                      help: str = "torch.set_num_threads for this process (default: 0, torch's default)") -> None:
+    parser.add_argument("--torch-threads", type=int, default=default, help=help)
+
+
+def add_no_progress(parser: Any, help: str = "no progress bar") -> None:
+    parser.add_argument("--no-progress", action="store_true", help=help)
+
+
+def check_torch_threads(args: argparse.Namespace) -> None:
+    if args.torch_threads < 0:
+        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+
+
+def set_torch_threads(threads: int) -> None:
+    """``torch.set_num_threads`` when ``threads`` > 0: process-wide, on purpose (the library never does this)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def load_encoder(config: Any) -> Any:
+    """The encoder of an :class:`~memento.config.EncoderConfig`, without transformers' per-load progress bar (a
+    command shows its own output)."""
+    from transformers.utils import logging as hf_logging
+
+    from memento.encoders import Encoder
+
+    if logging.getLogger().level > logging.INFO:
+        hf_logging.disable_progress_bar()
+    return Encoder.from_config(config)

@@ -22,6 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import ConfigError
+from memento.flags import (
+    BANK,
+    add_bank_option,
+    add_encoder_flag,
+    add_no_progress,
+    add_torch_threads,
+    check_torch_threads,
+    config_option,
+    field_help,
+    load_encoder,
+    set_torch_threads,
+)
 
 __all__ = ["add_parser", "build_train_config", "run"]
 
@@ -55,7 +67,6 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     types, choices, defaults and, where the field has one, their help.
     """
     from memento.config import EncoderConfig, LearnerConfig
-    from memento.flags import config_option
 
     p = commands.add_parser("train", help="train a Q-network offline from logs or labelled pairs (Lightning)",
                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,13 +78,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                         "trainer flags may change)")
     config_option(p, LearnerConfig, "seed", "seed of the Q-network initialisation, the dropout masks, the batch "
                   "order and the split")
-    p.add_argument("--torch-threads", type=int, default=0,
-                   help="torch.set_num_threads for this process (default: %(default)s, torch's default)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_torch_threads(p)
+    add_no_progress(p)
     data = p.add_argument_group("data")
     _add_data_options(data)
-    data.add_argument("--encoder", metavar="PATH", default=None,
-                      help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    add_encoder_flag(data)
     config_option(data, EncoderConfig, "pooling", "encoder pooling")
     config_option(data, EncoderConfig, "max_length", "encoder token limit per text")
     _add_model_options(p)
@@ -82,15 +91,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def _add_data_options(data: Any) -> None:
-    from memento.flags import config_option
     from training.config import DataConfig
 
     data.add_argument("--from-log", metavar="PATH", default=None,
                       help="online-loop run directory or its steps.jsonl transition log")
-    data.add_argument("--bank", metavar="BANK", default=None,
-                      help="the case bank the log's case ids refer to, a directory or milvus:URI[#collection] "
-                           "(default: bank/ beside steps.jsonl); "
-                           "with --from-labels, required: the bank the labels were scored on")
+    add_bank_option(data, f"the case bank the log's case ids refer to, {BANK} (default: bank/ beside steps.jsonl); "
+                    "with --from-labels, required: the bank the labels were scored on")
     data.add_argument("--from-memento", metavar="FILE", default=None,
                       help="Memento retriever training pairs (training_data.jsonl); label: truth_label")
     data.add_argument("--memory", metavar="FILE", default=None,
@@ -110,7 +116,6 @@ def _add_data_options(data: Any) -> None:
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     """The Q-network's and the learner's fields (their help from the config classes)."""
     from memento.config import LearnerConfig, QNetConfig
-    from memento.flags import config_option, field_help
 
     net = p.add_argument_group("Q-network")
     for name in ("arch", "hidden", "n_layers", "dropout", "embed_dim", "anchor"):
@@ -123,7 +128,6 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_trainer_options(tr: Any) -> None:
-    from memento.flags import config_option
     from training.config import LightningConfig, TrainerConfig
 
     config_option(tr, TrainerConfig, "max_epochs", "epochs at most")
@@ -326,17 +330,13 @@ def run(args: argparse.Namespace) -> int:
         from memento.errors import CheckpointError
 
         raise CheckpointError(f"{last}: no Lightning checkpoint to resume from")
-    if args.torch_threads < 0:
-        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+    check_torch_threads(args)
     from training.data import check_inputs
 
     check_inputs(config.data)
-    if args.torch_threads:
-        import torch
-
-        torch.set_num_threads(args.torch_threads)  # process-wide, on purpose: the library never does this
+    set_torch_threads(args.torch_threads)
     _quiet_lightning(getattr(args, "verbose", 0) > 0)
-    encoder = _load_encoder(config.data.encoder)
+    encoder = load_encoder(config.data.encoder)
     config = build_train_config(args, dim=encoder.dim)
     from training.data import QDataModule
 
@@ -382,12 +382,3 @@ def run(args: argparse.Namespace) -> int:
           f"selector/ (SoftQLearner.load)")
     return 0
 
-
-def _load_encoder(config: Any) -> Any:
-    from memento.encoders import Encoder
-
-    if logging.getLogger().level > logging.INFO:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    return Encoder.from_config(config)

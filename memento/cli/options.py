@@ -5,21 +5,35 @@ threads, Milvus options). Options for config fields come from :func:`memento.fla
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any, get_args
 
 from memento.config import EncoderConfig, IndexConfig, Pooling, field_default
-from memento.encoders import Encoder, saved_pooling
-from memento.errors import ConfigError
-from memento.flags import config_option
+from memento.encoders import saved_pooling
+from memento.flags import (
+    BANK,
+    add_bank_option,
+    add_encoder_flag,
+    add_no_progress,
+    add_torch_threads,
+    check_torch_threads,
+    config_option,
+    load_encoder,
+    set_torch_threads,
+)
 from memento.formats import CaseFormat
 from memento.memory import MilvusOptions
+
+__all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "JUDGES", "PLANNER_SPECS", "RAW",
+           "add_bank_option", "add_cases_format", "add_command", "add_connect_timeout", "add_encoder_flag",
+           "add_encoder_options", "add_json_flag", "add_listen_options", "add_no_progress", "add_planner_option",
+           "add_results_file", "add_seed", "add_systems_flags", "add_torch_threads", "add_workdir", "bank_options",
+           "check_torch_threads", "comma_list", "config_option", "encoder_config", "index_factory", "load_encoder",
+           "one_line", "progress", "set_torch_threads", "systems_from_args"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 PLANNER_SPECS = "gemma | hf:PATH_OR_HUB_ID[@REV] | openai:MODEL@URL"
 JUDGES = ["exact", "f1", "contains", "numeric"]
-BANK = "a directory or milvus:URI[#collection]"
 RAW = argparse.RawDescriptionHelpFormatter
 
 
@@ -31,11 +45,6 @@ def add_command(commands: Any, name: str, help: str, description: str | None = N
 
 
 # ---------------------------------------------------------------- option groups
-
-
-def add_bank_option(parser: Any, help: str = BANK, *, required: bool = False, metavar: str = "BANK") -> None:
-    """``--bank``: a case bank, a directory or a Milvus URI."""
-    parser.add_argument("--bank", required=required, metavar=metavar, default=None, help=help)
 
 
 def add_connect_timeout(parser: Any, help: str = "give up connecting to a Milvus server after S seconds") -> None:
@@ -56,8 +65,7 @@ def add_encoder_options(group: Any, *, index: tuple[type, str, str] | None = (In
                         'index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat"')) -> None:
     """``--encoder``, ``--pooling``, ``--max-length`` and (``index``: its config class, field and help) ``--index``,
     read by :func:`encoder_config`."""
-    group.add_argument("--encoder", metavar="PATH", default=None,
-                       help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+    add_encoder_flag(group)
     group.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
                        help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
     config_option(group, EncoderConfig, "max_length")
@@ -73,15 +81,6 @@ def add_cases_format(parser: Any) -> None:
 
 def add_seed(parser: Any, help: str | None = None, *, default: int | None = 0) -> None:
     parser.add_argument("--seed", type=int, default=default, help=help)
-
-
-def add_torch_threads(parser: Any, default: int = 0,
-                      help: str = "torch.set_num_threads for this process (default: 0, torch's default)") -> None:
-    parser.add_argument("--torch-threads", type=int, default=default, help=help)
-
-
-def add_no_progress(parser: Any, help: str = "no progress bar") -> None:
-    parser.add_argument("--no-progress", action="store_true", help=help)
 
 
 def add_json_flag(parser: Any, help: str = "print JSON instead of text") -> None:
@@ -106,33 +105,11 @@ def add_listen_options(parser: Any, *, port: int, loopback_note: str) -> None:
 # ---------------------------------------------------------------- what commands do with them
 
 
-def check_torch_threads(args: argparse.Namespace) -> None:
-    if args.torch_threads < 0:
-        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
-
-
-def set_torch_threads(threads: int) -> None:
-    """``torch.set_num_threads`` when ``threads`` > 0: process-wide, on purpose (the library never does this)."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def progress(args: argparse.Namespace) -> bool:
     """A progress bar unless ``--no-progress``, and only on a terminal."""
     import sys
 
     return not args.no_progress and sys.stderr.isatty()
-
-
-def load_encoder(config: Any) -> Any:
-    """The encoder, without transformers' per-load progress bar (the CLI shows its own output)."""
-    from transformers.utils import logging as hf_logging
-
-    if logging.getLogger().level > logging.INFO:
-        hf_logging.disable_progress_bar()
-    return Encoder.from_config(config)
 
 
 def encoder_config(args: argparse.Namespace) -> EncoderConfig:

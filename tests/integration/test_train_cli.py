@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(autouse=True)
 def _shared_encoder(encoder, monkeypatch) -> Iterator[None]:
     """`memento train` uses the session's encoder instead of loading its own (same model, same cache)."""
-    monkeypatch.setattr("training.cli._load_encoder", lambda config: encoder)
+    monkeypatch.setattr("training.cli.load_encoder", lambda config: encoder)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

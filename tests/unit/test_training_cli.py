@@ -79,7 +79,7 @@ def test_flags_override_the_config_file(tmp_path):
 ])
 def test_bad_input_is_one_line_with_status_2(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("training.cli._load_encoder", lambda config: pytest.fail("no encoder before checks"))
+    monkeypatch.setattr("training.cli.load_encoder", lambda config: pytest.fail("no encoder before checks"))
     assert main(["train", "--out", str(tmp_path / "run"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("memento: error: ") and err.count("\n") == 1
@@ -88,7 +88,7 @@ def test_bad_input_is_one_line_with_status_2(tmp_path, capsys, monkeypatch, argv
 
 
 def test_a_used_run_directory_needs_resume_and_resume_keeps_the_model(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("training.cli._load_encoder", lambda config: pytest.fail("no encoder before checks"))
+    monkeypatch.setattr("training.cli.load_encoder", lambda config: pytest.fail("no encoder before checks"))
     out = tmp_path / "run"
     out.mkdir()
     config = build_train_config(_args(*MEMENTO, "--out", str(out)), dim=384)

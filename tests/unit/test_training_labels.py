@@ -224,7 +224,7 @@ def test_score_then_train_from_labels_then_export(tmp_path, monkeypatch, capsys)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
     monkeypatch.setattr(score_cli, "load_encoder", lambda config: HashingEncoder(DIM))
     monkeypatch.setattr(score_cli, "build_planner", lambda spec, **kw: blue_planner())
-    monkeypatch.setattr(training.cli, "_load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(training.cli, "load_encoder", lambda config: HashingEncoder(DIM))
     labels = tmp_path / "labels.jsonl"
     assert cli.main(["score", "--tasks", str(tmp_path / "tasks.jsonl"), "--bank", str(bank_dir), "--candidates", "6",
                      "--out", str(labels), "--no-progress"]) == 0
@@ -269,7 +269,7 @@ def test_train_from_labels_with_case_features(tmp_path, monkeypatch, capsys):
     assert data.cases_MD.shape[1] == 2 * DIM + CASE_SCALARS
     with CaseBank.open(bank_dir) as bank:  # the action vectors are stored in the bank
         assert bank.action_embeddings_at(bank.positions_of(data.case_keys))[1].all()
-    monkeypatch.setattr(training.cli, "_load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(training.cli, "load_encoder", lambda config: HashingEncoder(DIM))
     run = tmp_path / "run"
     code = cli.main(["train", "--from-labels", str(tmp_path / "labels.jsonl"), "--bank", str(bank_dir),
                      "--out", str(run), "--max-epochs", "40", "--hidden", "32", "--batch-size", "4", "--lr", "0.01",
