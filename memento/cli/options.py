@@ -1,6 +1,8 @@
 """What several ``memento`` commands share: option groups written once (bank, planner, encoder, seed, torch
 threads, progress, results file...) and the few things commands do with them (load the encoder, set torch's
-threads, Milvus options). Options for config fields come from :func:`memento.flags.config_option`."""
+threads, Milvus options). Options for config fields come from :func:`memento.flags.config_option`; the groups the
+``training`` commands use too (``--bank``, ``--encoder``, ``--torch-threads``, ``--no-progress``) are defined in
+:mod:`memento.flags` and exported here with the rest."""
 
 from __future__ import annotations
 
