@@ -21,19 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memento import flags
 from memento.errors import ConfigError
-from memento.flags import (
-    BANK,
-    add_bank_option,
-    add_encoder_flag,
-    add_no_progress,
-    add_torch_threads,
-    check_torch_threads,
-    config_option,
-    field_help,
-    load_encoder,
-    set_torch_threads,
-)
+from memento.flags import config_option, field_help, load_encoder
 
 __all__ = ["add_parser", "build_train_config", "run"]
 
@@ -78,11 +68,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                         "trainer flags may change)")
     config_option(p, LearnerConfig, "seed", "seed of the Q-network initialisation, the dropout masks, the batch "
                   "order and the split")
-    add_torch_threads(p)
-    add_no_progress(p)
+    flags.add_torch_threads(p)
+    flags.add_no_progress(p)
     data = p.add_argument_group("data")
     _add_data_options(data)
-    add_encoder_flag(data)
+    flags.add_encoder_flag(data)
     config_option(data, EncoderConfig, "pooling", "encoder pooling")
     config_option(data, EncoderConfig, "max_length", "encoder token limit per text")
     _add_model_options(p)
@@ -95,8 +85,8 @@ def _add_data_options(data: Any) -> None:
 
     data.add_argument("--from-log", metavar="PATH", default=None,
                       help="online-loop run directory or its steps.jsonl transition log")
-    add_bank_option(data, f"the case bank the log's case ids refer to, {BANK} (default: bank/ beside steps.jsonl); "
-                    "with --from-labels, required: the bank the labels were scored on")
+    flags.add_bank_option(data, f"the case bank the log's case ids refer to, {flags.BANK} (default: bank/ beside "
+                          "steps.jsonl); with --from-labels, required: the bank the labels were scored on")
     data.add_argument("--from-memento", metavar="FILE", default=None,
                       help="Memento retriever training pairs (training_data.jsonl); label: truth_label")
     data.add_argument("--memory", metavar="FILE", default=None,
@@ -330,11 +320,11 @@ def run(args: argparse.Namespace) -> int:
         from memento.errors import CheckpointError
 
         raise CheckpointError(f"{last}: no Lightning checkpoint to resume from")
-    check_torch_threads(args)
+    flags.check_torch_threads(args)
     from training.data import check_inputs
 
     check_inputs(config.data)
-    set_torch_threads(args.torch_threads)
+    flags.set_torch_threads(args.torch_threads)
     _quiet_lightning(getattr(args, "verbose", 0) > 0)
     encoder = load_encoder(config.data.encoder)
     config = build_train_config(args, dim=encoder.dim)

@@ -38,9 +38,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.common import distinct_choices, exact_topk, finish, make_vectors, timestamp, write_results
-from memento.config import IndexConfig, QNetArch, QNetConfig, check_int
+from memento.config import IndexConfig, QNetArch, QNetConfig, check, check_ints
 from memento.encoders import Encoder
-from memento.errors import ConfigError
 from memento.learn.qnet import build_qnet
 from memento.memory import CaseBank
 from memento.memory.index import FaissIndex
@@ -92,28 +91,23 @@ class SelectBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        def fail(field: str, requirement: str) -> None:
-            raise ConfigError(f"SelectBenchConfig.{field}={getattr(self, field)!r}: {requirement}")
-
-        if not self.sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.sizes):
-            fail("sizes", "need at least one positive integer size")
-        for name in ("k", "candidates", "dim", "queries", "hidden", "reference_queries"):
-            check_int(self, name, 1)
-        for name in ("exact_max", "reference_size", "torch_threads", "seed"):
-            check_int(self, name, 0)
-        if self.candidates < self.k:
-            fail("candidates", f"must be >= k={self.k}")
-        if not isinstance(self.factory, str) or not self.factory.strip():
-            fail("factory", "must be a non-empty faiss factory string")
-        if not self.ef_search or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.ef_search):
-            fail("ef_search", "need at least one integer >= 1")
-        if not distinct_choices(self.archs, QNetArch):
-            fail("archs", f"need distinct values from {get_args(QNetArch)}")
-        if self.data not in ("uniform", "clustered"):
-            fail("data", "must be 'uniform' or 'clustered'")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
-                or not np.isfinite(self.alpha) or self.alpha <= 0:
-            fail("alpha", "must be a finite number > 0")
+        cls = type(self)
+        check(bool(self.sizes) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.sizes),
+              cls, "sizes", self.sizes, "need at least one positive integer size")
+        check_ints(self, k=1, candidates=1, dim=1, queries=1, hidden=1, reference_queries=1)
+        check_ints(self, exact_max=0, reference_size=0, torch_threads=0, seed=0)
+        check(self.candidates >= self.k, cls, "candidates", self.candidates, f"must be >= k={self.k}")
+        check(isinstance(self.factory, str) and bool(self.factory.strip()), cls, "factory", self.factory,
+              "must be a non-empty faiss factory string")
+        check(bool(self.ef_search) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                           for v in self.ef_search),
+              cls, "ef_search", self.ef_search, "need at least one integer >= 1")
+        check(distinct_choices(self.archs, QNetArch), cls, "archs", self.archs,
+              f"need distinct values from {get_args(QNetArch)}")
+        check(self.data in ("uniform", "clustered"), cls, "data", self.data, "must be 'uniform' or 'clustered'")
+        alpha = self.alpha
+        check(isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and bool(np.isfinite(alpha))
+              and alpha > 0, cls, "alpha", alpha, "must be a finite number > 0")
 
     def factory_for(self, n: int) -> str:
         """The index of a bank of ``n`` cases: exact up to ``exact_max``, the approximate factory above."""

@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.common import distinct_choices, finish, timestamp, write_results
-from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig, check_int
+from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig, check, check_choice, check_ints
 from memento.errors import ConfigError
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
@@ -75,19 +75,13 @@ class TrainBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        def fail(field: str, requirement: str) -> None:
-            raise ConfigError(f"TrainBenchConfig.{field}={getattr(self, field)!r}: {requirement}")
-
-        for name in ("batch_size", "k", "steps", "dim", "hidden", "buffer_size", "bank_cases", "replay_reps"):
-            check_int(self, name, 1)
-        for name in ("warmup_steps", "torch_threads", "seed"):
-            check_int(self, name, 0)
-        if not distinct_choices(self.archs, QNetArch):
-            fail("archs", f"need distinct values from {get_args(QNetArch)}")
-        if not distinct_choices(self.trainers, Trainer):
-            fail("trainers", f"need distinct values from {get_args(Trainer)}")
-        if self.device not in get_args(BenchDevice):
-            fail("device", f"must be one of {get_args(BenchDevice)}")
+        check_ints(self, batch_size=1, k=1, steps=1, dim=1, hidden=1, buffer_size=1, bank_cases=1, replay_reps=1)
+        check_ints(self, warmup_steps=0, torch_threads=0, seed=0)
+        check(distinct_choices(self.archs, QNetArch), type(self), "archs", self.archs,
+              f"need distinct values from {get_args(QNetArch)}")
+        check(distinct_choices(self.trainers, Trainer), type(self), "trainers", self.trainers,
+              f"need distinct values from {get_args(Trainer)}")
+        check_choice(self, "device", BenchDevice)
 
 
 def _resolve_device(config: TrainBenchConfig) -> Any:
