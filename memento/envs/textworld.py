@@ -415,7 +415,6 @@ class StepResult:
 # --- cleaning TextWorld's text -------------------------------------------------------------------------------
 
 _END_RE = re.compile(r"\*\*\* (?:The End|You lost!?) \*\*\*")
-_SCORE_UP_RE = re.compile(r"Your score has just gone (?:up|down) by \w+ points?\.")
 _CARRY_RE = re.compile(r"^You are carrying:?\s*", re.IGNORECASE)
 
 
