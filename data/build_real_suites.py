@@ -38,8 +38,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from memento.formats import write_jsonl
-from memento.io import atomic_write_text
 from memento.judges import ContainsJudge, ExactMatchJudge, normalize_answer
 from memento.types import Case, Task
 
@@ -977,16 +975,6 @@ BUILDERS: dict[str, tuple[Callable[[int], RealSuite], Callable[[RealSuite], str]
 }
 
 
-def write_suite(out: Path, suite: RealSuite, card: str) -> list[Path]:
-    target = out / suite.name
-    paths = [target / "train.jsonl", target / "test.jsonl", target / "cases.jsonl", target / "CARD.md"]
-    write_jsonl(paths[0], (t.to_json() for t in suite.train))
-    write_jsonl(paths[1], (t.to_json() for t in suite.test))
-    write_jsonl(paths[2], (c.to_json() for c in suite.cases))
-    atomic_write_text(paths[3], card)
-    return paths
-
-
 def main(argv: list[str] | None = None, *, echo: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description="Build the realistic task suites (deterministic, no network).")
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="which suite (default: all)")
@@ -998,7 +986,7 @@ def main(argv: list[str] | None = None, *, echo: Callable[[str], None] = print) 
     for name in SUITES if args.suite == "all" else (args.suite,):
         build, card = BUILDERS[name]
         suite = build(DEFAULT_SEEDS[name] if args.seed is None else args.seed)
-        for path in write_suite(args.out, suite, card(suite)):
+        for path in fb.write_suite(args.out / suite.name, suite.train, suite.test, suite.cases, card(suite)):
             echo(f"wrote {path}")
         s = reward_summary(suite.cases)
         echo(f"{name}: {len(suite.train)} train, {len(suite.test)} test, {len(suite.cases)} seed cases "

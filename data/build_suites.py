@@ -789,13 +789,14 @@ Seed {seed}. Deterministic: the same package versions give byte-identical files
 # ------------------------------------------------------------------ main
 
 
-def write_suite(out: Path, suite: Suite, seed: int, limit: int | None) -> list[Path]:
-    target = out / SUITE
+def write_suite(target: Path, train: list[Task], test: list[Task], cases: list[Case], card: str) -> list[Path]:
+    """One suite's files in ``target``: ``train.jsonl``, ``test.jsonl``, ``cases.jsonl`` and ``CARD.md`` (also
+    ``build_real_suites``'s)."""
     paths = [target / "train.jsonl", target / "test.jsonl", target / "cases.jsonl", target / "CARD.md"]
-    write_jsonl(paths[0], (t.to_json() for t in suite.train))
-    write_jsonl(paths[1], (t.to_json() for t in suite.test))
-    write_jsonl(paths[2], (c.to_json() for c in suite.cases))
-    atomic_write_text(paths[3], card(suite, seed, limit))
+    write_jsonl(paths[0], (t.to_json() for t in train))
+    write_jsonl(paths[1], (t.to_json() for t in test))
+    write_jsonl(paths[2], (c.to_json() for c in cases))
+    atomic_write_text(paths[3], card)
     return paths
 
 
@@ -810,7 +811,7 @@ def main(argv: list[str] | None = None, *, echo: Callable[[str], None] = print) 
     if args.limit is not None and args.limit <= SEED_PER_FAMILY:
         parser.error(f"--limit must be greater than {SEED_PER_FAMILY}, got {args.limit}")
     suite = build(args.seed, args.limit)
-    for path in write_suite(args.out, suite, args.seed, args.limit):
+    for path in write_suite(args.out / SUITE, suite.train, suite.test, suite.cases, card(suite, args.seed, args.limit)):
         echo(f"wrote {path}")
     echo(f"{SUITE}: {len(suite.train)} train, {len(suite.test)} test, {len(suite.cases)} seed cases, "
          f"{len(suite.counts)} families")
