@@ -53,6 +53,7 @@ __all__ = [
     "StorageDtype",
     "TDLoss",
     "check",
+    "check_bools",
     "check_choice",
     "check_float",
     "check_int",
@@ -549,7 +550,8 @@ LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
 LinUCBMode = Literal["shared", "disjoint"]
 
 
-def _check_bool(obj: Any, *fields: str) -> None:
+def check_bools(obj: Any, *fields: str) -> None:
+    """Each ``obj.field`` of ``fields`` is a bool."""
     for field in fields:
         check(isinstance(getattr(obj, field), bool), type(obj), field, getattr(obj, field), "must be true or false")
 
@@ -564,7 +566,7 @@ class RandomConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["random"])
-        _check_bool(self, "positive_only")
+        check_bools(self, "positive_only")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -586,7 +588,7 @@ class SimilarityConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["similarity"])
-        _check_bool(self, "sample", "positive_only")
+        check_bools(self, "sample", "positive_only")
         check_float(self, "temperature", low=0.0, low_open=True)
         check_choice(self, "if_no_positive", IfNoPositive)
 
@@ -620,7 +622,7 @@ class LinUCBConfig:
         check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
               "'state' features are the same for every case, so they need mode='disjoint'")
         check_float(self, "exploration", low=0.0)
-        _check_bool(self, "intercept")
+        check_bools(self, "intercept")
         check_float(self, "ridge", low=0.0, low_open=True)
         check_float(self, "temperature", low=0.0, low_open=True)
 
@@ -734,7 +736,7 @@ class SoftQConfig:
             if self.learner.alpha != self.alpha:
                 object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
         check_ints(self, replay_capacity=1, warmup=0, updates_per_step=0)
-        _check_bool(self, "positive_only")
+        check_bools(self, "positive_only")
         check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
               "init_qnet", self.init_qnet, "must be a selector directory path or null")
         check(isinstance(self.labels, OnlineLabelsConfig), cls, "labels", self.labels, "must be an OnlineLabelsConfig")
@@ -754,7 +756,7 @@ class CFGMRetrievalConfig:
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["cfgm"])
         check_int(self, "k_tasks", 1)
-        _check_bool(self, "tips", "focus")
+        check_bools(self, "tips", "focus")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -770,7 +772,7 @@ class LifeMemRetrievalConfig:
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["lifemem"])
         check_int(self, "k_trajectories", 1)
-        _check_bool(self, "skills")
+        check_bools(self, "skills")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -791,7 +793,7 @@ class PlugMemRetrievalConfig:
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["plugmem"])
         check_int(self, "seeds", 1)
-        _check_bool(self, "route")
+        check_bools(self, "route")
         check_ints(self, budget_tokens=1, cases=0)
 
 

@@ -41,6 +41,7 @@ from memento.config import (
     Pooling,
     QNetConfig,
     check,
+    check_bools,
     check_choice,
     check_float,
     check_int,
@@ -224,7 +225,7 @@ class TrainerConfig:
                cls, "hit_k", self.hit_k, "must be distinct integers >= 1")
         object.__setattr__(self, "hit_k", tuple(sorted(hit_k)))
         check_int(self, "ece_bins", 1)
-        check(isinstance(self.progress_bar, bool), cls, "progress_bar", self.progress_bar, "must be true or false")
+        check_bools(self, "progress_bar")
 
 
 RESUMABLE_CHANGES = tuple(f"lightning.{name}" for name in _LIGHTNING_FIELDS) + tuple(
@@ -324,11 +325,9 @@ class SimCSEConfig:
             check_int(self, "max_steps", 1)
         if self.dropout is not None:
             check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        check(isinstance(self.include_actions, bool), cls, "include_actions", self.include_actions,
-               "must be true or false")
+        check_bools(self, "include_actions")
         check_float(self, "positive_threshold", low=0.0, low_open=True)
-        check(isinstance(self.hard_negatives, bool), cls, "hard_negatives", self.hard_negatives,
-               "must be true or false")
+        check_bools(self, "hard_negatives")
         check_ints(self, eval_size=2, seed=0)
         _check_lightning(self)
 

@@ -62,7 +62,7 @@ from memento.bench.stream_arms import (
     stream_arm,
 )
 from memento.bench.stream_qa import qa_seed_cases, qa_stream_tasks, run_qa_arm
-from memento.config import check, check_ints
+from memento.config import check, check_bools, check_ints
 from memento.errors import ConfigError
 from memento.runs.lifelong import learned_points, lifelong_metrics, stream_order
 
@@ -102,7 +102,7 @@ class StreamBenchConfig:
         check(all(isinstance(e, str) and e for e in self.envs), cls, "envs", self.envs,
               "must be question family names")
         check_ints(self, train_per_env=1, test_per_env=1)
-        check(isinstance(self.seed_bank, bool), cls, "seed_bank", self.seed_bank, "must be true or false")
+        check_bools(self, "seed_bank")
         check(bool(self.arms), cls, "arms", self.arms, "must name at least one arm")
         for arm in self.arms:
             stream_arm(arm)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from memento.config import check, check_int, check_ints, to_dict
+from memento.config import check, check_bools, check_int, check_ints, to_dict
 from memento.errors import DataFormatError, DimensionError
 from memento.formats import iter_jsonl, write_jsonl
 from memento.io import atomic_write_text
@@ -100,7 +100,7 @@ class LabelConfig:
         check_ints(self, seed=0, k=1)
         check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
         check_ints(self, sets=0, batch_size=1)
-        check(isinstance(self.exclude_self, bool), cls, "exclude_self", self.exclude_self, "must be true or false")
+        check_bools(self, "exclude_self")
 
     @property
     def sets_per_task(self) -> int:

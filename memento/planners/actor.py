@@ -37,11 +37,11 @@ import dataclasses
 import logging
 import math
 from collections.abc import Collection, Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import check, check_float, check_int
+from memento.config import check_bools, check_choice, check_float, check_int
 from memento.errors import GameError
 from memento.planners.base import PlannerError
 from memento.types import Case, Task
@@ -78,12 +78,10 @@ class ActorConfig:
     max_commands: int = 32
 
     def __post_init__(self) -> None:
-        check(self.mode in get_args(ActorMode), type(self), "mode", self.mode, f"must be one of {get_args(ActorMode)}")
+        check_choice(self, "mode", ActorMode)
         check_float(self, "temperature", low=0.0)
         check_float(self, "case_weight", low=0.0, high=1.0)
-        for field in ("length_norm", "avoid_repeats"):
-            check(isinstance(getattr(self, field), bool), type(self), field, getattr(self, field),
-                  "must be true or false")
+        check_bools(self, "length_norm", "avoid_repeats")
         check_int(self, "max_commands", 1)
 
 
