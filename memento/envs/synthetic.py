@@ -47,11 +47,11 @@ import logging
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 
-from memento.config import check, check_ints
+from memento.config import check, check_choice, check_ints
 from memento.errors import DataFormatError, DimensionError
 from memento.types import Case, Task
 
@@ -102,8 +102,7 @@ class SyntheticBanditConfig:
         _real(self, "distractor_noise", 0.0)
         for field in ("match_weight", "quality_weight", "bias"):
             _real(self, field)
-        check(self.aggregate in get_args(Aggregate), type(self), "aggregate", self.aggregate,
-               f"must be one of {get_args(Aggregate)}")
+        check_choice(self, "aggregate", Aggregate)
 
 
 def _sigmoid(x: Any) -> np.ndarray:

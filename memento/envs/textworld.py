@@ -67,9 +67,9 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-from memento.config import check, check_int, check_ints
+from memento.config import check, check_choice, check_int, check_ints
 from memento.errors import ConfigError, DataFormatError, GameError
 from memento.io import atomic_write_text, write_json
 
@@ -174,8 +174,7 @@ class GameSpec:
     nb_objects: int = 3
 
     def __post_init__(self) -> None:
-        check(self.game_type in get_args(GameType), type(self), "game_type", self.game_type,
-              f"must be one of {get_args(GameType)}")
+        check_choice(self, "game_type", GameType)
         low, high = _LEVELS[self.game_type]
         check(isinstance(self.level, int) and not isinstance(self.level, bool) and low <= self.level <= high,
               type(self), "level", self.level, f"must be an integer in [{low}, {high}] for {self.game_type} games")
@@ -268,8 +267,7 @@ class TextWorldConfig:
                                                       for w in hide),
               type(self), "hide_commands", hide, "must be a tuple of single non-empty words")
         object.__setattr__(self, "hide_commands", tuple(w.strip().lower() for w in hide))
-        check(self.not_admissible in get_args(NotAdmissible), type(self), "not_admissible", self.not_admissible,
-              f"must be one of {get_args(NotAdmissible)}")
+        check_choice(self, "not_admissible", NotAdmissible)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from memento.config import check, check_int, check_ints
+from memento.config import check, check_choice, check_int, check_ints
 from memento.planners.base import (
     AnswerScore,
     PlannerError,
@@ -165,8 +165,7 @@ class HFPlannerConfig:
                    "must be None or a list of non-empty strings")
             object.__setattr__(self, "stop", tuple(self.stop))
         check(isinstance(self.prompt, PromptConfig), type(self), "prompt", self.prompt, "must be a PromptConfig")
-        check(self.chat_template in get_args(ChatTemplateMode), type(self), "chat_template", self.chat_template,
-               f"must be one of {get_args(ChatTemplateMode)}")
+        check_choice(self, "chat_template", ChatTemplateMode)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

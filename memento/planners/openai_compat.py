@@ -39,9 +39,9 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-from memento.config import check, check_int
+from memento.config import check, check_choice, check_int
 from memento.planners.base import (
     AnswerScore,
     PlannerError,
@@ -140,7 +140,7 @@ class OpenAICompatConfig:
                "base_url", self.base_url, "must be an http:// or https:// URL (e.g. http://127.0.0.1:8000/v1)")
         check(self.api_key_env is None or (isinstance(self.api_key_env, str) and bool(self.api_key_env.strip())),
                cls, "api_key_env", self.api_key_env, "must be None or an environment variable name")
-        check(self.mode in get_args(ApiMode), cls, "mode", self.mode, f"must be one of {get_args(ApiMode)}")
+        check_choice(self, "mode", ApiMode)
         check(_finite(self.timeout_s, 0.0, low_open=True), cls, "timeout_s", self.timeout_s,
                "must be a number > 0")
         check_int(self, "max_retries", 0)

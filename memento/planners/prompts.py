@@ -37,9 +37,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-from memento.config import check, check_int
+from memento.config import check, check_choice, check_int
 from memento.errors import DataFormatError
 from memento.systems.items import split_notes
 from memento.types import Case, Task
@@ -96,8 +96,7 @@ class PromptConfig:
     positive_min_reward: float = 0.5
 
     def __post_init__(self) -> None:
-        check(self.style in get_args(PromptStyle), type(self), "style", self.style,
-               f"must be one of {get_args(PromptStyle)}")
+        check_choice(self, "style", PromptStyle)
         check(self.instruction is None or isinstance(self.instruction, str), type(self), "instruction",
                self.instruction, "must be a string or None")
         check_int(self, "max_case_chars", 16)
