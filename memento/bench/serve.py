@@ -48,7 +48,7 @@ import numpy as np
 
 from memento.bench.common import finish, make_vectors, timestamp, write_results
 from memento.bench.select import _environment as base
-from memento.config import EncoderConfig, check, check_float, check_int
+from memento.config import EncoderConfig, check, check_float, check_int, check_ints
 from memento.memory import CaseBank
 from memento.selector.export import create_selector
 from memento.serve.app import TOKEN_ENV, require_extra
@@ -307,10 +307,8 @@ class ServeBenchConfig:
     workers: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
-        for name in ("size", "k", "selects", "feedbacks", "server_threads"):
-            check_int(self, name, 1)
-        for name in ("text_selects", "warmup", "seed"):
-            check_int(self, name, 0)
+        check_ints(self, size=1, k=1, selects=1, feedbacks=1, server_threads=1)
+        check_ints(self, text_selects=0, warmup=0, seed=0)
         check(bool(self.clients) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
                                           for c in self.clients), type(self), "clients", self.clients,
                "need integers >= 1")
