@@ -482,7 +482,7 @@ the state text tells it the attribute, so, unlike the format suites, this needs 
 
 | file | format | rows |
 |---|---|---|
-| `train.jsonl` | Task JSONL (DESIGN §6), `env` = "elements-real", `family` = the attribute | {n_train} |
+| `train.jsonl` | Task JSONL (docs/formats.md), `env` = "elements-real", `family` = the attribute | {n_train} |
 | `test.jsonl` | Task JSONL | {n_test} |
 | `cases.jsonl` | Case JSONL, `env` = "elements-real", `kind` = "case" | {n_cases} |
 

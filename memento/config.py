@@ -325,7 +325,7 @@ QNetFeatures = Literal["none", "case"]
 (:mod:`memento.learn.features`: the action's embedding, stored reward, usage statistics, kind)."""
 
 CASE_KINDS = ("case", "focus", "tip", "cluster", "skill", "proposition", "prescription")
-"""The item kinds a bank holds (DESIGN §6); a case feature vector one-hot encodes these and "other"."""
+"""The item kinds a bank holds (docs/formats.md); a case feature vector one-hot encodes these and "other"."""
 CASE_SCALARS = 3 + len(CASE_KINDS) + 1
 """Case-feature numbers besides the action embedding: stored reward, usage mean, log(1 + times shown), kind."""
 
@@ -650,7 +650,8 @@ LabelTarget = Literal["gold", "hindsight"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OnlineLabelsConfig:
-    """Per-candidate planner labels online (EPR / LLM-R brought into the loop; DESIGN §2 "Credit and labels").
+    """Per-candidate planner labels online (EPR / LLM-R brought into the loop; docs/training.md, "From
+    planner-scored labels").
 
     After a task is judged, the run scores the ``m`` candidates the policy ranked highest (by its probabilities
     over the pool it chose from), each *alone* as the only demonstration, with the frozen planner: the

@@ -1,4 +1,4 @@
-"""Readers and writers for the JSONL formats of DESIGN §6.
+"""Readers and writers for the JSONL formats of docs/formats.md.
 
 Every reader validates the whole file before returning anything, and every error
 names the file and the 1-based line (``path:line: reason``), so an import either
@@ -219,7 +219,7 @@ def _meta(row: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def read_cases_jsonl(path: str | Path) -> list[Case]:
-    """Case JSONL (DESIGN §6); an id given on two lines is refused, naming both."""
+    """Case JSONL (docs/formats.md); an id given on two lines is refused, naming both."""
     out: list[Case] = []
     first_line: dict[str, int] = {}
     for number, row in iter_jsonl(path):
@@ -244,7 +244,7 @@ def _parse_task(row: dict[str, Any]) -> Task:
 
 
 def read_tasks_jsonl(path: str | Path) -> list[Task]:
-    """Task JSONL (DESIGN §6)."""
+    """Task JSONL (docs/formats.md)."""
     return _read(path, _parse_task)
 
 
@@ -358,7 +358,7 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepRecord:
-    """One step of the online loop, one line of ``steps.jsonl`` (the transition log of DESIGN §6).
+    """One step of the online loop, one line of ``steps.jsonl`` (the transition log of docs/formats.md).
 
     ``step``, ``task_id``, ``family``, ``state`` (the question); ``candidate_ids`` (the set the policy chose
     from), ``chosen_ids`` (in draw order), ``propensities`` (each chosen case's first-draw probability),

@@ -1,4 +1,4 @@
-"""Judges: turn a planner's output for a task into a reward in [0, 1] (DESIGN §4, the ``judge`` arrow).
+"""Judges: turn a planner's output for a task into a reward in [0, 1] (the ``judge`` arrow of README, "Concepts").
 
 Every judge is a callable ``judge(task, output) -> JudgeResult`` (the :class:`Judge` protocol);
 ``JudgeResult.reason`` is one short line saying why (``"exact match with 'Paris'"``).
@@ -27,7 +27,7 @@ answer and fails exact match; that strictness is deliberate (see ``data/facts/CA
   decimals, exponents) against the numeric answers, within ``rel_tol``/``abs_tol``
   (:func:`math.isclose`); with ``words=True`` an output without digits is also read as English
   number words (``"three hundred and forty-seven"``, up to the billions, no fractions).
-- :class:`LLMJudge`: asks any planner (DESIGN §5; a frozen LLM or a :class:`~memento.planners.base.CallablePlanner`)
+- :class:`LLMJudge`: asks any planner (a frozen LLM or a :class:`~memento.planners.base.CallablePlanner`)
   whether the output matches the ground truth; reward 1 on "yes".
 - :class:`CallableJudge`: any function ``fn(task, output)`` returning a ``JudgeResult``, a bool,
   a number in [0, 1] or a ``(reward, reason)`` pair.

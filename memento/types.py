@@ -1,7 +1,7 @@
 """The typed records that flow between components.
 
-``Case`` is one item of the case bank (DESIGN §6 Case JSONL); ``Task`` is one task
-of a suite (DESIGN §6 Task JSONL). Both are frozen; both validate their fields so a
+``Case`` is one item of the case bank (Case JSONL, docs/formats.md); ``Task`` is one task
+of a suite (Task JSONL, docs/formats.md). Both are frozen; both validate their fields so a
 malformed record cannot reach the bank or the planner.
 """
 
@@ -77,7 +77,7 @@ class Case:
         return content_hash(self.state, self.action, self.env, self.kind)
 
     def to_json(self) -> dict[str, Any]:
-        """The Case JSONL row of DESIGN §6."""
+        """The Case JSONL row of docs/formats.md."""
         row: dict[str, Any] = {"id": self.id, "state": self.state, "action": self.action,
                                "reward": self.reward, "kind": self.kind}
         if self.env is not None:
@@ -117,7 +117,7 @@ class Task:
             raise DataFormatError(f"Task.meta must be an object, got {type(self.meta).__name__}")
 
     def to_json(self) -> dict[str, Any]:
-        """The Task JSONL row of DESIGN §6."""
+        """The Task JSONL row of docs/formats.md."""
         row: dict[str, Any] = {"id": self.id, "question": self.question, "answers": list(self.answers)}
         for field in ("family", "env"):
             if getattr(self, field) is not None:

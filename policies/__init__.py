@@ -3,7 +3,7 @@
 - ``random``: uniform over the candidates (the floor);
 - ``similarity``: cosine top-K, the non-parametric CBR baseline (optionally softmax sampling,
   optionally successful cases only);
-- ``soft_q``: ``softmax(Q(s, c) / alpha)`` over a Q-network, parametric CBR (DESIGN §2):
+- ``soft_q``: ``softmax(Q(s, c) / alpha)`` over a Q-network, parametric CBR (README, "Concepts"):
   :class:`SoftQAgent` owns its Q-network, learner and replay buffer and learns in ``observe``;
   :class:`SoftQPolicy` chooses with a given, fixed network;
 - ``linucb``: a LinUCB contextual bandit on (state, case) features, learning in ``observe``.

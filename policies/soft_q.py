@@ -1,4 +1,4 @@
-"""The soft-Q policy: parametric case-based reasoning (DESIGN §2).
+"""The soft-Q policy: parametric case-based reasoning (README, "Concepts").
 
 ``mu(c | s) = softmax(Q(s, c) / alpha)`` over the candidate set, where ``Q`` is any
 ``torch.nn.Module`` with ``forward(state_BD, cases_BCD) -> q_BC`` (the interface of

@@ -16,7 +16,7 @@ Three inputs (:class:`~training.config.DataConfig` ``source``):
   counted), reward ``truth_label`` (1.0 or 0.0). The reference gives every case retrieved for a
   query that query's task-level label, so no query has mixed labels and per-query ranking is not
   learnable from these data (:func:`label_warning` says so).
-- ``"cases"`` -- a Case JSONL bank (DESIGN §6; every case needs an ``id``) plus a **rewards file**,
+- ``"cases"`` -- a Case JSONL bank (docs/formats.md; every case needs an ``id``) plus a **rewards file**,
   JSONL with one (state, case, reward) observation per line::
 
       {"state": "question text", "case_id": "id in the cases file", "reward": 1.0, "propensity": 0.25}

@@ -538,7 +538,7 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
 
 SCALING_TARGETS = {"select_text": 3.0, "select_embedding": 1.5}
 """Throughput with the most clients over throughput with the fewest that the service should reach
-(DESIGN.md: 16 vs 1 client on 2 cores)."""
+(the project's target: 16 vs 1 client on 2 cores)."""
 
 
 def scaling(record: dict[str, Any], clients: Sequence[int]) -> dict[str, Any]:

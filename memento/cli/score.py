@@ -35,10 +35,10 @@ from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 
 DESCRIPTION = """\
-Label training tasks with the frozen planner (DESIGN §2 "Credit and labels", EPR / LLM-R style): for each
-task with a known answer, encode the question, take the bank's top --candidates cases by cosine, and score
-the log-likelihood of the gold answer (answers[0]) with each candidate as the only demonstration (--k > 1:
-also --sets random K-sets of them). Nothing is generated. Tasks without answers are skipped and counted.
+Label training tasks with the frozen planner (docs/training.md, "From planner-scored labels"; EPR / LLM-R style):
+for each task with a known answer, encode the question, take the bank's top --candidates cases by cosine, and score
+the log-likelihood of the gold answer (answers[0]) with each candidate as the only demonstration (--k > 1: also
+--sets random K-sets of them). Nothing is generated. Tasks without answers are skipped and counted.
 
 The labels go to --out (JSONL, one self-describing row per task: task_id, state, answer, candidate_ids,
 logprob, mean_logprob, n_tokens, cosine, prompt_tokens, sets / set_logprob when k > 1, planner, prompt)

@@ -6,7 +6,6 @@
   multi-step environment, and the game suites with train/test/ood splits; import
   ``memento.envs.textworld`` directly (TextWorld is the optional extra ``memento-mdp[games]``).
 
-Planned: JSONL task suites (DESIGN §6 Task JSONL).
 """
 
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig

@@ -1,7 +1,7 @@
 """JSONL task suites: the shipped suites under ``data/`` and any task file.
 
 - :func:`load_suite` reads a shipped suite by name (``"facts"``) or any suite directory holding
-  ``train.jsonl`` and ``test.jsonl`` (Task JSONL, DESIGN §6).
+  ``train.jsonl`` and ``test.jsonl`` (Task JSONL, docs/formats.md).
 - :func:`seed_cases` reads a suite's seed case bank (``cases.jsonl``, Case JSONL).
 - :func:`load_tasks` reads one task file, in Task JSONL or in Memento's DeepResearcher format
   ``{"question", "ground_truth": "a<|answer_split|>b", "data_source"}``.

@@ -1,14 +1,14 @@
 """Planner-scored labels: dense, per-candidate supervision for a case selector, offline (EPR / LLM-R style).
 
 For each training task whose gold answer is known, the frozen planner scores demonstrations without
-generating (DESIGN §2 "Credit and labels"): the question is encoded, the top-``C`` cases by cosine
+generating (docs/training.md, "From planner-scored labels"): the question is encoded, the top-``C`` cases by cosine
 similarity are taken from the bank, and the log-likelihood of the gold answer (``task.answers[0]``) is
 computed for the prompt with each candidate as the only demonstration (and, when ``k > 1``, for ``sets``
 random K-sets of those candidates, drawn with a seeded ``numpy.random.Generator``). The scores are written
 as JSONL, one self-describing row per task (no header line), and ``memento train --from-labels`` trains a
 Q-network towards them (:mod:`training.listwise`).
 
-Row format (DESIGN §6 "Planner-scored labels")::
+Row format (docs/training.md, "From planner-scored labels")::
 
     {"task_id": "facts-real-capital-BY", "state": "What is the capital of Belarus?", "answer": "Minsk",
      "candidate_ids": ["c1", "c2", ...],          # the C cosine candidates, best cosine first
@@ -492,8 +492,8 @@ def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: An
     if not isinstance(config, LabelConfig):
         raise DataFormatError(f"score_candidates: config must be a LabelConfig, got {type(config).__name__}")
     if not callable(getattr(planner, "score_many", None)):
-        raise PlannerError(f"planner {planner!r} cannot score answers (it has no score_many; DESIGN §2 "
-                           "'Credit and labels' needs a ScoringPlanner such as HFPlanner)")
+        raise PlannerError(f"planner {planner!r} cannot score answers (it has no score_many; "
+                           "labels need a ScoringPlanner such as HFPlanner)")
     dim = getattr(encoder, "dim", None)
     if dim != bank.dim:
         raise DimensionError(f"encoder {encoder!r} gives dim={dim} vectors, the bank {bank.path} holds dim={bank.dim}")

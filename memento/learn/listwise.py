@@ -6,7 +6,7 @@ For one task (state ``s``) with candidates ``c_1..c_n`` (the valid slots of a ro
 :mod:`memento.learn.labels`) and Q-values ``Q_i = Q(s, c_i)``:
 
     p_i   = softmax(score / tau)_i  = exp(score_i / tau) / sum_j exp(score_j / tau)     (the target)
-    mu_i  = softmax(Q / alpha)_i    = exp(Q_i / alpha)   / sum_j exp(Q_j / alpha)       (the policy, DESIGN §2)
+    mu_i  = softmax(Q / alpha)_i    = exp(Q_i / alpha)   / sum_j exp(Q_j / alpha)       (the policy)
     KL(p || mu) = sum_i p_i * (log p_i - log mu_i)
                 = sum_i p_i log p_i  -  sum_i p_i Q_i / alpha  +  logsumexp_j(Q_j / alpha)
 

@@ -2,9 +2,9 @@
 
 Every planner implements ``plan(task, cases) -> PlanOutput`` and ``plan_many(tasks, cases_per_task)``
 (batched where the backend can batch, a loop otherwise). The planner never sees the Q-network or
-the policy: it gets the task and the cases the policy chose, nothing else (DESIGN §4).
+the policy: it gets the task and the cases the policy chose, nothing else (README, "Concepts").
 
-Scoring (:class:`ScoringPlanner`, DESIGN §2 "Credit and labels"): a planner that can also score
+Scoring (:class:`ScoringPlanner`; docs/training.md, "From planner-scored labels"): a planner that can also score
 demonstrations without generating, as EPR (Rubin et al. 2022) and LLM-R (Wang et al. 2024) label
 candidates, implements ``score(task, case_sets, answer=None) -> list[AnswerScore]`` and
 ``score_many``. The score of a case set is the log-likelihood of the answer (``task.answers[0]``

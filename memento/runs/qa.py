@@ -40,7 +40,7 @@ draws (a ``numpy.random.Generator``), the Q-network initialisation and the learn
 
 **Run directory** (``out_dir``): laid out by :class:`memento.runs.rundir.RunDir` (config, run info, bank,
 ``steps.jsonl``, TensorBoard, checkpoint, summary, ``selector/``). A ``steps.jsonl`` line is a
-:class:`memento.formats.StepRecord`: the transition log of DESIGN §6.
+:class:`memento.formats.StepRecord`: the transition log of docs/formats.md.
 
 **Checkpoints** are written into ``checkpoint.tmp`` and swapped in for ``checkpoint`` (``RunDir``); one
 holds ``state.json`` (step, counters, millisecond totals, the bank's length and uid, the policy RNG's

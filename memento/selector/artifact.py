@@ -1,4 +1,5 @@
-"""The selector artifact on disk (DESIGN §6): layout, configs, manifest, checksums, the feedback log.
+"""The selector artifact on disk (docs/formats.md, "Selector artifact"): layout, configs, manifest, checksums, the
+feedback log.
 
 An exported selector is a directory::
 

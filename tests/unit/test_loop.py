@@ -134,7 +134,7 @@ def test_summary_fields_are_consistent(comparison, policy):
     for w in windows:
         assert w["rate"] == pytest.approx(np.mean([r["success"] for r in records[w["start"]:w["end"]]]))
     assert set(COMPONENTS) <= set(summary["ms_per_step"]) and summary["ms_per_step"]["total"] > 0
-    # the transition log of DESIGN §6
+    # the transition log of docs/formats.md
     r = records[-1]
     for field in ("task_id", "state", "candidate_ids", "chosen_ids", "propensities", "set_propensity", "reward",
                   "done", "policy_version", "bank_size", "time"):
