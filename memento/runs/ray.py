@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from memento.config import QNetConfig, ReplayConfig, SoftQConfig, check, check_float, check_int, to_dict
+from memento.config import QNetConfig, ReplayConfig, SoftQConfig, check, check_float, check_int, check_ints, to_dict
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
 from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
@@ -152,8 +152,7 @@ class WorkersConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_int(self, "workers", 1)
-        check_int(self, "sync_every", 1)
+        check_ints(self, workers=1, sync_every=1)
         check(self.address is None or (isinstance(self.address, str) and bool(self.address.strip())), cls,
               "address", self.address, "must be null (a local Ray) or a Ray address")
         check_float(self, "worker_cpus", low=0.0)

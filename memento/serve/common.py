@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from memento.config import check, check_float, check_int
+from memento.config import check, check_float, check_int, check_ints
 from memento.errors import MementoError
 
 __all__ = ["LearnerLink", "ServeConfig", "ServerUnavailableError", "Writer", "json_safe", "thread_limiter",
@@ -77,11 +77,8 @@ class ServeConfig:
     publish_every_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_k", "max_text_chars", "max_embedding_dim", "queue_size"):
-            check_int(self, name, 1)
-        check_int(self, "save_every_n", 0)
-        check_int(self, "threads", 0)
-        check_int(self, "batch_max_texts", 0)
+        check_ints(self, max_body_bytes=1, max_k=1, max_text_chars=1, max_embedding_dim=1, queue_size=1,
+                   save_every_n=0, threads=0, batch_max_texts=0)
         check_float(self, "batch_wait_ms", low=0.0, high=1000.0)
         check_float(self, "save_every_s", low=0.0)
         check_float(self, "graceful_timeout_s", low=0.0)
