@@ -10,9 +10,10 @@ works too, SimCSE checkpoints included, with SimCSE's three poolings:
 
 Vectors are unit-normalised by default, so inner product is cosine similarity.
 
-``name_or_path`` may also be a Hugging Face Hub id (``"BAAI/bge-small-en-v1.5"``, optionally
-``"org/name@revision"``): it resolves from the local Hugging Face cache when offline and is
-downloaded when online (:mod:`memento.hub`); the commit it resolved to is ``Encoder.revision``.
+``name_or_path`` may also be a Hugging Face Hub id, written explicitly (``"hf://BAAI/bge-small-en-v1.5"``,
+optionally ``"hf://org/name@revision"``; a text without ``hf://`` is a local path): it resolves from the
+local Hugging Face cache when offline and is downloaded when online (:mod:`memento.hub`); the commit it
+resolved to is ``Encoder.revision``.
 
 A sentence-transformers directory is used as its author configured it, without needing
 sentence-transformers: ``modules.json`` (Transformer, Pooling, Dense, Normalize),
@@ -42,7 +43,7 @@ import numpy as np
 from memento import sqlite
 from memento.config import EncoderConfig, Pooling
 from memento.errors import CheckpointError, DataFormatError, EncoderError
-from memento.hub import default_cache_dir, is_hub_id, resolve_snapshot, snapshot_of, split_revision
+from memento.hub import HUB_PREFIX, default_cache_dir, hub_ref, local_or_hub, resolve_snapshot, snapshot_of
 from memento.io import read_versioned_json
 
 if TYPE_CHECKING:
@@ -425,8 +426,8 @@ class Encoder:
         revision: str | None = None,
         modules: bool = True,
     ) -> Encoder:
-        """Load an encoder from a local directory, a Hub id (``revision``: a branch, tag or commit), or the
-        bundled all-MiniLM-L6-v2 when None.
+        """Load an encoder from a local directory, a Hub id ``hf://org/name`` (``revision``: a branch, tag or
+        commit), or the bundled all-MiniLM-L6-v2 when None.
 
         ``pooling=None`` takes the pooling a fine-tuned directory records in ``memento_encoder.json``
         (written by ``memento train-encoder``), else ``"avg"``; a sentence-transformers Pooling module
@@ -437,7 +438,10 @@ class Encoder:
             pooling = (saved_pooling(name_or_path) if local and name_or_path is not None else None) or "avg"
         model = None if name_or_path is None else str(name_or_path)
         if model is not None and revision:
-            model = f"{split_revision(model)[0]}@{revision}"
+            ref = hub_ref(model, what="encoder", error=EncoderError)
+            if ref is None:
+                raise EncoderError(f"encoder {model!r}: revision={revision!r} needs a Hub id ({HUB_PREFIX}org/name)")
+            model = f"{HUB_PREFIX}{ref[0]}@{revision}"
         config = EncoderConfig(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
         return cls.from_config(config, device=device, cache_dir=cache_dir, use_cache=use_cache, modules=modules)
 
@@ -446,7 +450,8 @@ class Encoder:
         """Where ``EncoderConfig.model`` points: ``(directory, model id, Hub revision)``.
 
         None: the bundled weights; an existing directory: itself (a Hub cache snapshot is recognised,
-        so its id and commit are kept); ``"org/name[@revision]"``: :func:`memento.hub.resolve_snapshot`.
+        so its id and commit are kept); ``"hf://org/name[@revision]"``: :func:`memento.hub.resolve_snapshot`;
+        anything else (a missing path) is a one-line :class:`EncoderError`, never a Hub lookup.
         """
         if model is None:
             return default_model_path(), DEFAULT_MODEL_ID, None
@@ -459,10 +464,10 @@ class Encoder:
             if snapshot is not None:
                 return path, snapshot[0], snapshot[1]
             return path, str(path), None
-        repo_id, revision = split_revision(model)
-        if not is_hub_id(model):
-            raise EncoderError(f"encoder {model!r}: not a local directory, nor a Hugging Face Hub id ('org/name', "
-                               "optionally '@revision')")
+        where = local_or_hub(model, what="encoder", error=EncoderError)
+        if isinstance(where, Path):
+            raise EncoderError(f"encoder {model!r}: not a directory")
+        repo_id, revision = where
         snapshot_dir, commit = resolve_snapshot(repo_id, revision=revision, what="encoder")
         return snapshot_dir, repo_id, commit or revision
 

@@ -104,9 +104,11 @@ def add_bank_option(parser: Any, help: str = BANK, *, required: bool = False, me
 
 
 def add_encoder_flag(parser: Any) -> None:
-    """``--encoder PATH``: a local transformers encoder directory (``None``: the bundled model)."""
+    """``--encoder PATH``: a local transformers encoder directory or a Hub id ``hf://org/name[@rev]``
+    (``None``: the bundled model)."""
     parser.add_argument("--encoder", metavar="PATH", default=None,
-                        help="local transformers encoder directory (default: bundled all-MiniLM-L6-v2)")
+                        help="local transformers encoder directory, or a Hub id hf://ORG/NAME[@REV] "
+                             "(default: bundled all-MiniLM-L6-v2)")
 
 
 def add_torch_threads(parser: Any, default: int = 0,

@@ -1,9 +1,15 @@
-"""Hugging Face Hub ids for encoders and selector artifacts, through ``huggingface_hub``.
+"""Hugging Face Hub ids for encoders, selector artifacts and planners, through ``huggingface_hub``.
 
-- :func:`resolve_snapshot` turns ``"org/name"`` (+ a revision) into a local snapshot directory: downloaded
-  when online, taken from the local Hugging Face cache when offline (``HF_HUB_OFFLINE=1``) or when the Hub
-  cannot be reached; a one-line error naming the id when neither works. The directory's name is the commit
-  hash, which callers record (``EncoderSpec.revision``).
+**How a Hub id is named**: always explicitly, ``hf://org/name`` (optionally ``hf://org/name@revision``: a
+branch, tag or commit), wherever a selector, an encoder or a planner model is accepted (``--planner
+hf://org/name`` too). Any other text is a local path; a local path that does not exist is a one-line error
+and never a Hub lookup (``checkpoints/demo`` missing on this machine must not fetch a Hub repository of that
+name). :func:`hub_ref` parses the explicit form; :func:`local_or_hub` is the check every caller makes.
+
+- :func:`resolve_snapshot` turns a repository id ``"org/name"`` (+ a revision) into a local snapshot
+  directory: downloaded when online, taken from the local Hugging Face cache when offline
+  (``HF_HUB_OFFLINE=1``) or when the Hub cannot be reached; a one-line error naming the id when neither
+  works. The directory's name is the commit hash, which callers record (``EncoderSpec.revision``).
 - :func:`resolve_selector` does the same for a selector artifact pushed with
   :meth:`memento.Selector.push_to_hub`, then copies the snapshot (whose files are links into the cache's
   blobs) to real files under ``$MEMENTO_CACHE_DIR/hub/`` once per commit: a selector writes to its
@@ -24,10 +30,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from memento.errors import CheckpointError, EncoderError, MementoError
+from memento.errors import CheckpointError, ConfigError, EncoderError, MementoError
 
-__all__ = ["PUSH_IGNORE", "default_cache_dir", "hub_cache_dir", "hub_offline", "is_hub_id", "push_folder",
-           "resolve_selector", "resolve_snapshot", "snapshot_of", "split_revision"]
+__all__ = ["HUB_PREFIX", "PUSH_IGNORE", "default_cache_dir", "hub_cache_dir", "hub_offline", "hub_ref", "is_hub_id",
+           "local_or_hub", "push_folder", "resolve_selector", "resolve_snapshot", "snapshot_of", "split_revision"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +57,42 @@ def split_revision(name: str) -> tuple[str, str | None]:
 
 
 def is_hub_id(name: str) -> bool:
-    """``"org/name"`` (optionally ``@revision``): two plain components, no ``..``, not an absolute path."""
+    """``"org/name"`` (optionally ``@revision``): two plain components, no ``..``, not an absolute path (the
+    repository id after :data:`HUB_PREFIX`; on its own it names no Hub repository: see the module docstring)."""
     base, _ = split_revision(str(name))
     return bool(_HUB_ID.match(base)) and ".." not in base
+
+
+HUB_PREFIX = "hf://"
+"""The prefix that makes a text a Hub id (``hf://org/name[@revision]``); without it a text is a local path."""
+
+
+def hub_ref(text: str | Path, *, what: str = "model",
+            error: type[MementoError] = ConfigError) -> tuple[str, str | None] | None:
+    """``"hf://org/name[@revision]"`` -> ``("org/name", revision)``; any other text (a local path) -> None.
+
+    A ``Path`` is always local. After the prefix, anything but ``org/name[@revision]`` raises ``error``.
+    """
+    if not isinstance(text, str) or not text.startswith(HUB_PREFIX):
+        return None
+    rest = text[len(HUB_PREFIX):]
+    if not is_hub_id(rest):
+        raise error(f"{what} {text!r}: not a Hugging Face Hub id (expected {HUB_PREFIX}org/name[@revision])")
+    return split_revision(rest)
+
+
+def local_or_hub(text: str | Path, *, what: str,
+                 error: type[MementoError] = ConfigError) -> Path | tuple[str, str | None]:
+    """The Hub id of an explicit ``hf://`` text (:func:`hub_ref`), else the local path, which must exist:
+    a missing one raises ``error`` (one line naming it and the explicit Hub form); never a Hub lookup."""
+    ref = hub_ref(text, what=what, error=error)
+    if ref is not None:
+        return ref
+    path = Path(text).expanduser()
+    if not os.path.lexists(path):
+        raise error(f"{what} {str(text)!r}: no such local path (a Hugging Face Hub id is written "
+                    f"{HUB_PREFIX}org/name[@revision])")
+    return path
 
 
 def hub_cache_dir() -> Path:
@@ -108,8 +147,7 @@ def resolve_snapshot(repo_id: str, *, revision: str | None = None, what: str = "
     if path is None:
         at = f"@{revision}" if revision else ""
         offline = "; HF_HUB_OFFLINE is set" if hub_offline() else ""
-        raise error(f"{what} {repo_id + at!r}: not a local directory, and as a Hub id: {'; '.join(reasons)}"
-                    f"{offline}")
+        raise error(f"{what} {HUB_PREFIX + repo_id + at!r}: {'; '.join(reasons)}{offline}")
     snapshot = Path(path)
     commit = snapshot.name if _COMMIT.match(snapshot.name) else (revision or "")
     logger.info("%s %s resolved to %s (revision %s)", what, repo_id, snapshot, commit or "?")
@@ -157,9 +195,11 @@ def resolve_selector(repo_id: str, *, revision: str | None = None) -> Path:
 
 def push_folder(folder: Path, repo_id: str, *, token: str | None = None, private: bool = False,
                 commit_message: str = "Upload memento selector", revision: str | None = None) -> Any:
-    """Create ``repo_id`` if needed and upload ``folder`` (without :data:`PUSH_IGNORE`); returns the commit info."""
+    """Create ``repo_id`` (``"user/name"`` or ``"hf://user/name"``) if needed and upload ``folder`` (without
+    :data:`PUSH_IGNORE`); returns the commit info."""
     from huggingface_hub import HfApi
 
+    repo_id = repo_id[len(HUB_PREFIX):] if repo_id.startswith(HUB_PREFIX) else repo_id
     if not is_hub_id(repo_id) or "@" in repo_id:
         raise CheckpointError(f"push_to_hub: {repo_id!r} is not a Hub repository id (expected 'user/name')")
     api = HfApi(token=token)

@@ -46,7 +46,8 @@ def add_parser(commands: Any) -> None:
     add_bank_option(ev, "the bank the log's candidates come from, a directory or milvus:URI[#collection] (default: "
                         "the run's bank/)")
     ev.add_argument("--encoder", metavar="PATH", default=None,
-                    help="the encoder the run used (default: bundled all-MiniLM-L6-v2)")
+                    help="the encoder the run used: a directory or a Hub id hf://ORG/NAME[@REV] (default: "
+                         "bundled all-MiniLM-L6-v2)")
     ev.add_argument("--greedy", action="store_true",
                     help="evaluate each target's arg-max choice instead of its sampling distribution")
     ev.add_argument("--bootstrap", type=int, default=1000, metavar="N",

@@ -25,7 +25,8 @@ The server runs until the client closes stdin; then pending writes are drained a
 
 def add_parser(commands: Any) -> None:
     mcp = add_command(commands, "mcp", "serve an exported selector as MCP tools over stdio", DESCRIPTION)
-    mcp.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export)")
+    mcp.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export), or a Hub id "
+                                              "hf://USER/REPO[@REV]")
     mcp.add_argument("--learn", action="store_true", help="keep learning from record_outcome (default: record only)")
     mcp.add_argument("--save-every-n", type=int, default=100, metavar="N",
                      help="checkpoint after N writes (default: 100; 0: only at exit)")

@@ -47,8 +47,8 @@ OUT/learning_curves.png are written and a table is printed.
 
 planners:
   gemma              Gemma 3 270M (the bundled GGUF, converted once to a cached transformers model)
-  hf:PATH            any local transformers causal-LM directory, or a Hub id (org/name[@revision]) from the
-                     local Hugging Face cache (downloaded when online)
+  hf:PATH            any local transformers causal-LM directory (it must exist: never a Hub lookup)
+  hf://ORG/NAME[@REV]  a Hugging Face Hub id, from the local Hugging Face cache (downloaded when online)
   openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI)
 
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an

@@ -34,7 +34,7 @@ __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "J
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-PLANNER_SPECS = "gemma | hf:PATH_OR_HUB_ID[@REV] | openai:MODEL@URL"
+PLANNER_SPECS = "gemma | hf:PATH | hf://ORG/NAME[@REV] | openai:MODEL@URL"
 JUDGES = ["exact", "f1", "contains", "numeric"]
 RAW = argparse.RawDescriptionHelpFormatter
 

@@ -38,7 +38,8 @@ saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:
 
 def add_parser(commands: Any) -> None:
     serve = add_command(commands, "serve", "serve an exported selector over HTTP (FastAPI + uvicorn)", DESCRIPTION)
-    serve.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export)")
+    serve.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export), or a Hub id "
+                                                  "hf://USER/REPO[@REV]")
     add_listen_options(serve, port=8080, loopback_note=", loopback")
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--token-file", metavar="FILE", default=None,

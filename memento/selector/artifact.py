@@ -85,6 +85,7 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, EncoderError
+from memento.hub import HUB_PREFIX
 from memento.io import atomic_write, atomic_write_text, fsync_dir, read_safetensors, read_versioned_json, sqlite_copy
 from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
@@ -220,8 +221,9 @@ class EncoderSpec:
                 raise CheckpointError(f"{ENCODER_NAME}: the encoder lives in the artifact ({self.files}/); "
                                       "read the spec with read_encoder_spec (load_selector does)")
             model = str(located)
-        elif model is not None and self.revision and "@" not in model and not Path(model).expanduser().is_dir():
-            model = f"{model}@{self.revision}"
+        elif model is not None and not Path(model).expanduser().is_dir():  # the Hub id, written explicitly
+            at = f"@{self.revision}" if self.revision and "@" not in model else ""
+            model = f"{HUB_PREFIX}{model}{at}"
         return EncoderConfig(model=model, pooling=self.pooling, max_length=self.max_length,
                              normalize=self.normalize)
 
@@ -388,7 +390,7 @@ def _copy_encoder_files(src: Path, dst: Path) -> int:
 def _portable_spec(directory: Path, spec: EncoderSpec) -> EncoderSpec:
     """``spec`` as it can be written into ``directory`` and read on another machine (see :class:`EncoderSpec`)."""
     from memento.encoders import Encoder
-    from memento.hub import split_revision
+    from memento.hub import hub_ref, split_revision
 
     if spec.kind != "transformers":
         return spec
@@ -405,8 +407,8 @@ def _portable_spec(directory: Path, spec: EncoderSpec) -> EncoderSpec:
     if spec.model is None:
         return spec
     local = Path(spec.model).expanduser()
-    if not local.is_dir():  # a Hub id (optionally id@revision): stored as the id and its commit
-        repo_id, revision = split_revision(spec.model)
+    if not local.is_dir():  # a Hub id (hf://id@revision, or id@revision as encoder.json records it)
+        repo_id, revision = hub_ref(spec.model) or split_revision(spec.model)
         return dataclasses.replace(spec, model=repo_id, revision=spec.revision or revision)
     path, model_id, revision = Encoder.resolve(str(local))
     if revision:  # a snapshot of the Hub cache

@@ -59,8 +59,9 @@ _SUMMARY_KEYS = ("steps", "success_rate", "moving_success_rate", "window", "succ
 
 def load_selector(path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
                   seed: int = 0, verify: bool = True, encoder: Any = None, revision: str | None = None) -> Selector:
-    """Load a selector artifact: a directory, or a Hugging Face Hub id (``"user/repo"``, at ``revision``) that
-    is not a local path, resolved from the Hugging Face cache offline and downloaded online (:mod:`memento.hub`).
+    """Load a selector artifact: a directory, or a Hugging Face Hub id written ``"hf://user/repo"`` (at
+    ``revision``), resolved from the Hugging Face cache offline and downloaded online (:mod:`memento.hub`); a
+    missing directory is a one-line ``CheckpointError``, never a Hub lookup.
 
     - ``device``: where the Q-network, learner and replay buffer live (default: the CPU); the text
       encoder uses it too when given (default: CUDA when present);

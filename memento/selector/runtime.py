@@ -84,7 +84,7 @@ from memento.errors import (
     MementoError,
     UnknownSelectionError,
 )
-from memento.hub import is_hub_id, push_folder, resolve_selector, split_revision
+from memento.hub import local_or_hub, push_folder, resolve_selector
 from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
@@ -243,15 +243,14 @@ class Selector:
     def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
              seed: int = 0, verify: bool = True, encoder: Any = None, read_only: bool = False,
              shared: bool = False, revision: str | None = None) -> Selector:
-        """Load an artifact directory, or a Hub id ``"user/repo"`` at ``revision`` (see :func:`memento.load_selector`).
+        """Load an artifact directory, or a Hub id ``"hf://user/repo"`` at ``revision`` (see
+        :func:`memento.load_selector`); a missing directory is an error, never a Hub lookup.
 
         ``read_only``: another process writes this artifact (see "Processes" in the module docstring);
         ``shared``: this selector writes it while read-only selectors in other processes select over it.
         """
-        if isinstance(path, str) and not os.path.lexists(Path(path).expanduser()) and is_hub_id(path):
-            repo_id, at = split_revision(path)
-            path = resolve_selector(repo_id, revision=revision or at)
-        path = Path(path)
+        where = local_or_hub(path, what="selector", error=CheckpointError)
+        path = where if isinstance(where, Path) else resolve_selector(where[0], revision=revision or where[1])
         if not isinstance(learn, bool):
             raise ConfigError(f"load_selector: learn={learn!r}: must be true or false")
         if read_only and learn:
@@ -811,12 +810,13 @@ class Selector:
     def push_to_hub(self, repo_id: str, *, token: str | None = None, private: bool = False,
                     commit_message: str = "Upload memento selector", revision: str | None = None) -> Any:
         """Upload this artifact, as it is on disk, to the Hugging Face Hub model repository ``repo_id``
-        (created if needed; ``private`` then applies); returns ``huggingface_hub``'s commit info.
+        (``"user/repo"`` or ``"hf://user/repo"``; created if needed; ``private`` then applies); returns
+        ``huggingface_hub``'s commit info.
 
         ``save()`` first to include the newest learner state: cases and feedback committed since the last
         save go too (verification accepts appended rows). Dot-named files (``.pending.sqlite``,
         ``.policy.safetensors``, staging directories) and SQLite sidecars stay local. Anyone loads it with
-        ``memento.load_selector("user/repo")``; the model card carries the front matter the Hub reads.
+        ``memento.load_selector("hf://user/repo")``; the model card carries the front matter the Hub reads.
         """
         with self._lock:
             self._check_open()

@@ -338,7 +338,7 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
         sockets = [sock]
         process = None
         if multi:
-            pool = _WorkerPool(Path(path), config=config, token=token, device=device, seed=seed,
+            pool = _WorkerPool(selector.path, config=config, token=token, device=device, seed=seed,
                                log_level=log_level, access_log=access_log)
             sockets.append(pool.listen())
             process = {"role": "learner", "index": 0, "workers": config.workers}

@@ -57,23 +57,25 @@ def _cache_repo(cache: Path, repo_id: str, files: Path, commit: str = COMMIT) ->
 
 def test_a_hub_id_resolves_offline_from_the_cache_and_records_its_commit(hub_cache: Path) -> None:
     _cache_repo(hub_cache, "org/mini", default_model_path())
-    encoder = Encoder.from_pretrained("org/mini", device="cpu", use_cache=False)
+    encoder = Encoder.from_pretrained("hf://org/mini", device="cpu", use_cache=False)
     assert (encoder.model_id, encoder.revision) == ("org/mini", COMMIT)
     assert encoder.describe()["revision"] == COMMIT
     bundled = Encoder.from_pretrained(device="cpu", use_cache=False)
     np.testing.assert_array_equal(encoder.encode(["hello there"]), bundled.encode(["hello there"]))
-    pinned = Encoder.from_pretrained("org/mini", revision=COMMIT, device="cpu", use_cache=False)
+    pinned = Encoder.from_pretrained("hf://org/mini", revision=COMMIT, device="cpu", use_cache=False)
     assert pinned.revision == COMMIT
-    config_model = memento.config.EncoderConfig(model=f"org/mini@{COMMIT}")  # the encoder spec of a config
+    config_model = memento.config.EncoderConfig(model=f"hf://org/mini@{COMMIT}")  # the encoder spec of a config
     assert Encoder.from_config(config_model, device="cpu", use_cache=False).revision == COMMIT
 
 
 def test_an_unknown_hub_id_is_one_line_naming_it(hub_cache: Path) -> None:
-    with pytest.raises(EncoderError, match="'nobody/nothing'") as info:
-        Encoder.from_pretrained("nobody/nothing", device="cpu", use_cache=False)
+    with pytest.raises(EncoderError, match="'hf://nobody/nothing'") as info:
+        Encoder.from_pretrained("hf://nobody/nothing", device="cpu", use_cache=False)
     assert "\n" not in str(info.value) and "HF_HUB_OFFLINE" in str(info.value)
-    with pytest.raises(EncoderError, match="not a local directory, nor a Hugging Face Hub id"):
+    with pytest.raises(EncoderError, match="'/no/such/dir': no such local path .*hf://org/name"):
         Encoder.from_pretrained("/no/such/dir", device="cpu", use_cache=False)
+    with pytest.raises(EncoderError, match="'nobody/nothing': no such local path"):  # never a Hub id by itself
+        Encoder.from_pretrained("nobody/nothing", device="cpu", use_cache=False)
 
 
 def _bank(path: Path, encoder: Encoder, model: str | None) -> Path:
@@ -130,7 +132,7 @@ def test_hub_and_bundled_encoders_are_stored_by_name(tmp_path: Path, hub_cache: 
     from memento.selector.artifact import write_encoder_spec
 
     snapshot = _cache_repo(hub_cache, "org/mini", default_model_path())
-    for model, expected in ((str(snapshot), ("org/mini", COMMIT)), (f"org/mini@{COMMIT}", ("org/mini", COMMIT)),
+    for model, expected in ((str(snapshot), ("org/mini", COMMIT)), (f"hf://org/mini@{COMMIT}", ("org/mini", COMMIT)), (f"org/mini@{COMMIT}", ("org/mini", COMMIT)),
                             (str(default_model_path()), (None, None))):
         target = tmp_path / "a" / "encoder.json"
         target.parent.mkdir(exist_ok=True)
@@ -172,19 +174,21 @@ def test_push_to_hub_and_load_by_repo_id(tmp_path: Path, hub_cache: Path, monkey
     with load_selector(out, learn=True) as selector:
         result = selector.select("question 1 about capitals", k=2)  # a pending selection: .pending.sqlite
         assert (out / ".pending.sqlite").exists()
-        assert selector.push_to_hub("user/repo").endswith(COMMIT)
+        assert selector.push_to_hub("hf://user/repo").endswith(COMMIT)
         selected = selector.select("question 1 about capitals", k=2, mode="greedy").ids
         del result
     pushed = calls[0]["files"]
     assert "manifest.json" in pushed and "bank/cases.sqlite" in pushed
     assert not [name for name in pushed if name.startswith(".") or "/." in name or name.endswith(("-wal", "-shm"))]
-    with load_selector("user/repo") as loaded:
+    with load_selector("hf://user/repo") as loaded:
         assert loaded.select("question 1 about capitals", k=2, mode="greedy").ids == selected
         assert loaded.path.is_relative_to(tmp_path / "memento-cache")
-    with load_selector("user/repo", revision=COMMIT) as again:
+    with load_selector("hf://user/repo", revision=COMMIT) as again:
         assert again.path == loaded.path
-    with pytest.raises(CheckpointError, match="'user/other'"):
-        load_selector("user/other")
+    with pytest.raises(CheckpointError, match="'hf://user/other'"):
+        load_selector("hf://user/other")
+    with pytest.raises(CheckpointError, match="'user/repo': no such local path"):  # a Hub id is explicit
+        load_selector("user/repo")
     with pytest.raises(CheckpointError, match="not a Hub repository id"):
         memento.hub.push_folder(out, "not a repo")
 
