@@ -132,7 +132,8 @@ def test_hub_and_bundled_encoders_are_stored_by_name(tmp_path: Path, hub_cache: 
     from memento.selector.artifact import write_encoder_spec
 
     snapshot = _cache_repo(hub_cache, "org/mini", default_model_path())
-    for model, expected in ((str(snapshot), ("org/mini", COMMIT)), (f"hf://org/mini@{COMMIT}", ("org/mini", COMMIT)), (f"org/mini@{COMMIT}", ("org/mini", COMMIT)),
+    for model, expected in ((str(snapshot), ("org/mini", COMMIT)), (f"hf://org/mini@{COMMIT}", ("org/mini", COMMIT)),
+                            (f"org/mini@{COMMIT}", ("org/mini", COMMIT)),  # as encoder.json records it
                             (str(default_model_path()), (None, None))):
         target = tmp_path / "a" / "encoder.json"
         target.parent.mkdir(exist_ok=True)
