@@ -149,7 +149,7 @@ def test_empty_list(encoder: Encoder) -> None:
 
 
 def test_from_pretrained_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(EncoderError, match="not a local directory"):
+    with pytest.raises(EncoderError, match="no such local path"):
         Encoder.from_pretrained(tmp_path / "no-such-model", device="cpu")
 
 
