@@ -85,7 +85,7 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, EncoderError
-from memento.hub import HUB_PREFIX
+from memento.hub import HUB_PREFIX, is_hub_id
 from memento.io import atomic_write, atomic_write_text, fsync_dir, read_safetensors, read_versioned_json, sqlite_copy
 from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
@@ -221,7 +221,7 @@ class EncoderSpec:
                 raise CheckpointError(f"{ENCODER_NAME}: the encoder lives in the artifact ({self.files}/); "
                                       "read the spec with read_encoder_spec (load_selector does)")
             model = str(located)
-        elif model is not None and not Path(model).expanduser().is_dir():  # the Hub id, written explicitly
+        elif model is not None and is_hub_id(model) and not Path(model).expanduser().is_dir():  # written explicitly
             at = f"@{self.revision}" if self.revision and "@" not in model else ""
             model = f"{HUB_PREFIX}{model}{at}"
         return EncoderConfig(model=model, pooling=self.pooling, max_length=self.max_length,
