@@ -3,8 +3,8 @@
 This module imports FastAPI at module level; ``memento.serve.app`` imports it lazily, so the core
 package never needs the ``serve`` extra. What it shares with ``memento.serve.app`` (the config, the
 writer, the request helpers) comes from ``memento.serve.common``, never from ``memento.serve.app``,
-which imports this module. No ``from __future__ import annotations`` here: the request models are
-built per app (their limits come from the ServeConfig) and FastAPI reads the endpoint
+which imports this module. The request bodies come from :mod:`memento.serve.schema` (built per app: their
+limits come from the ServeConfig). No ``from __future__ import annotations`` here: FastAPI reads the endpoint
 annotations as objects.
 """
 
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import quote
 
 import numpy as np
@@ -21,10 +21,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
 from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
-from memento.formats import json_value_problem
 from memento.selector.batching import BatcherClosedError
 from memento.serve.common import (
     LearnerLink,
@@ -35,10 +34,9 @@ from memento.serve.common import (
     thread_limiter,
     token_matches,
 )
+from memento.serve.schema import request_models
 
 logger = logging.getLogger("memento.serve.app")
-
-_ENV_CHARS = 256
 
 
 class _Problem(Exception):
@@ -121,64 +119,6 @@ class _BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
-
-
-def _json_value(value: Any) -> Any:
-    """A string or object that can be stored and sent back as UTF-8 JSON (no lone surrogate, no NaN, no
-    nesting deeper than 100 levels)."""
-    problem = json_value_problem(value, finite=True)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
-
-
-def _models(config: ServeConfig) -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
-    """The request bodies. Strict: a JSON number is never read from a string or a bool (``"k": true`` is
-    refused, not taken as 1); an integer is accepted where a float is expected."""
-    max_text, max_dim, max_k = config.max_text_chars, config.max_embedding_dim, config.max_k
-    Text = Annotated[str, Field(min_length=1, max_length=max_text), AfterValidator(_json_value)]
-    Env = Annotated[str, Field(min_length=1, max_length=_ENV_CHARS), AfterValidator(_json_value)]
-    Finite = Annotated[float, Field(allow_inf_nan=False)]
-    Meta = Annotated[dict[str, Any], AfterValidator(_json_value)]
-
-    class SelectRequest(BaseModel):
-        """Choose ``k`` cases for a task, given as text (``query``) or as a state embedding."""
-
-        model_config = ConfigDict(extra="forbid", strict=True)
-        query: Text | None = Field(None, description="the task text (encoded with the artifact's encoder)")
-        embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
-                                                  description="a state embedding of the artifact's dim")
-        k: int = Field(4, ge=1, le=max_k, description="cases to select")
-        mode: Literal["sample", "greedy"] = Field("sample", description="sample from the policy or take its argmax")
-        env: Env | None = Field(None, description="only cases of this env")
-
-        @model_validator(mode="after")
-        def _one_query(self) -> "SelectRequest":
-            if (self.query is None) == (self.embedding is None):
-                raise ValueError("give exactly one of 'query' (text) or 'embedding' (list of floats)")
-            return self
-
-    class FeedbackRequest(BaseModel):
-        """The reward of the outcome of an earlier selection."""
-
-        model_config = ConfigDict(extra="forbid", strict=True)
-        selection_id: Annotated[str, AfterValidator(_json_value)] = Field(
-            min_length=1, max_length=128, description="from the /v1/select answer")
-        reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="in [0, 1]")
-
-    class CaseRequest(BaseModel):
-        """A new case for the bank."""
-
-        model_config = ConfigDict(extra="forbid", strict=True)
-        state: Text = Field(description="the task")
-        action: Text = Field(description="what was done (answer, plan, tip)")
-        reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="its reward, in [0, 1]")
-        env: Env | None = None
-        meta: Meta | None = None
-        embedding: list[Finite] | None = Field(None, min_length=1, max_length=max_dim,
-                                               description="the state's embedding (default: the server encodes it)")
-
-    return SelectRequest, FeedbackRequest, CaseRequest
 
 
 class _Endpoints:
@@ -288,9 +228,9 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
         return {"status": "ok", "version": __version__}
 
     auth = [Depends(authorize)]
-    SelectRequest, FeedbackRequest, CaseRequest = _models(config)
-    _selector_routes(app, ends, auth, SelectRequest, FeedbackRequest)
-    _case_routes(app, ends, auth, CaseRequest)
+    models = request_models(config)  # the schema the MCP tools validate through too
+    _selector_routes(app, ends, auth, models.select, models.feedback)
+    _case_routes(app, ends, auth, models.case)
 
     @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
     def stats() -> dict[str, Any]:

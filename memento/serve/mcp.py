@@ -13,8 +13,9 @@ answers after the selector committed the write, checkpoints are periodic, and th
 and saved when the client closes the connection (or sends SIGTERM/SIGINT). The SDK is imported only
 when a server is built.
 
-No ``from __future__ import annotations``: the tools' annotations carry per-server limits and the
-SDK reads them as objects.
+The tools' arguments have the strict types of the HTTP request bodies (:mod:`memento.serve.schema`, same
+limits): ``"k": true``, ``"k": "4"`` or ``"reward": true`` are refused as over HTTP. No ``from __future__ import
+annotations``: the tools' annotations carry per-server limits and the SDK reads them as objects.
 """
 
 import contextlib
@@ -23,7 +24,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from memento.serve.app import ServeConfig, Writer, _json_safe, require_extra, thread_limiter
 
@@ -39,26 +40,29 @@ learns. add_case stores a new experience; delete_case forgets a stale or wrong o
 
 
 def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | None = None) -> Any:
-    """An ``MCPServer`` with the four tools, backed by ``selector`` (writes through ``writer``)."""
+    """An ``MCPServer`` with the four tools, backed by ``selector`` (writes through ``writer``).
+
+    The tools' arguments are validated with the strict field types of the HTTP request bodies
+    (:mod:`memento.serve.schema`, the same ``config`` limits): a bad argument is a tool error of one line naming
+    the field, and nothing is recorded."""
     require_extra("mcp")
-    from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
-    from pydantic import Field
 
     from memento._version import __version__
+    from memento.serve.schema import fields
 
     config = config or ServeConfig()
-    server = MCPServer(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")
+    server = _server_class()(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")
 
     def fail(error: Exception) -> ToolError:
         if isinstance(error, KeyError) and error.args:
             return ToolError(str(error.args[0]))
         return ToolError(str(error))
 
-    Text = Annotated[str, Field(min_length=1, max_length=config.max_text_chars)]
+    f = fields(config)
     limit_threads = thread_limiter(config.threads)  # tools run in the SDK's worker threads
 
-    def select_cases(task: Text, k: Annotated[int, Field(ge=1, le=config.max_k)] = 4) -> dict[str, Any]:
+    def select_cases(task: f.text, k: f.k = 4) -> dict[str, Any]:
         """Choose k past cases to show the LLM for this task. Returns selection_id (pass it to
         record_outcome), and cases: [{id, state, action, reward, env, prob}] in the order chosen."""
         limit_threads()
@@ -67,8 +71,7 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001 - every selector error is the caller's to read
             raise fail(error) from None
 
-    def record_outcome(selection_id: Annotated[str, Field(min_length=1, max_length=128)],
-                       reward: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]) -> dict[str, Any]:
+    def record_outcome(selection_id: f.selection_id, reward: f.reward) -> dict[str, Any]:
         """Report how the task went with the cases of a selection: reward in [0, 1] (1 = success).
         Returns once the outcome is durably recorded."""
         try:
@@ -76,16 +79,14 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    def add_case(state: Text, action: Text,
-                 reward: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]) -> dict[str, Any]:
+    def add_case(state: f.text, action: f.text, reward: f.reward) -> dict[str, Any]:
         """Store a new case (the task, what was done, its reward in [0, 1]). Returns {"id": the case id}."""
         try:
             return {"id": writer.submit_case(state, action, reward).result()}
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    def delete_case(case_id: Annotated[str, Field(min_length=1, max_length=config.max_text_chars)]
-                    ) -> dict[str, Any]:
+    def delete_case(case_id: f.case_id) -> dict[str, Any]:
         """Forget a stored case (stale or wrong): it is never selected again. Returns {"id", "deleted": true,
         "replay_slots_masked"} once the deletion is committed."""
         try:
@@ -96,6 +97,83 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
     for fn in (select_cases, record_outcome, add_case, delete_case):
         server.add_tool(fn)
     return server
+
+
+def _server_class() -> type:
+    """``MCPServer`` with two answers the SDK does not give: a tool call whose arguments fail validation is
+    refused in one line naming the field (the SDK's text spans several lines and names its internal model),
+    and over stdio a line that is not a JSON-RPC message is answered with a JSON-RPC error (-32700 parse
+    error for what is not JSON, -32600 invalid request for the rest, ``"id": null``) instead of being dropped."""
+    import mcp_types
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
+
+    from memento.serve.schema import error_line
+
+    class _AnswerMalformed:
+        """The stdio transport's read stream, less its malformed lines, each answered on the write stream."""
+
+        def __init__(self, inner: Any, write: Any) -> None:
+            self.inner, self.write = inner, write
+
+        @property
+        def last_context(self) -> Any:
+            return getattr(self.inner, "last_context", None)
+
+        async def receive(self) -> Any:
+            while isinstance(item := await self.inner.receive(), Exception):
+                await self.answer(item)
+            return item
+
+        def __aiter__(self) -> Any:
+            return self
+
+        async def __anext__(self) -> Any:  # the inner stream's end (StopAsyncIteration) passes through
+            while isinstance(item := await self.inner.__anext__(), Exception):
+                await self.answer(item)
+            return item
+
+        async def answer(self, item: Exception) -> None:
+            if not isinstance(item, ValidationError):
+                logger.warning("the stdio transport failed to read a message: %r", item)
+                return
+            parse = any(e.get("type") == "json_invalid" for e in item.errors())
+            code, message = ((mcp_types.PARSE_ERROR, "Parse error") if parse
+                             else (mcp_types.INVALID_REQUEST, "Invalid Request"))
+            logger.info("answered a malformed JSON-RPC line with %d %s", code, message)
+            error = mcp_types.ErrorData(code=code, message=message)
+            await self.write.send(SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=None, error=error)))
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+        async def __aenter__(self) -> Any:
+            await self.inner.__aenter__()
+            return self
+
+        async def __aexit__(self, *exc: Any) -> Any:
+            return await self.inner.__aexit__(*exc)
+
+    class StrictMCPServer(MCPServer):  # type: ignore[misc]
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as error:
+                cause = error.__cause__
+                if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                    raise
+                raise ToolError(f"{name}: invalid arguments: {error_line(cause)}") from cause
+
+        async def run_stdio_async(self) -> None:
+            async with stdio_server() as (read_stream, write_stream):
+                low = self._lowlevel_server  # as the SDK's own in-memory client reaches it
+                await low.run(_AnswerMalformed(read_stream, write_stream), write_stream,
+                              low.create_initialization_options())
+
+    return StrictMCPServer
 
 
 def run_mcp(path: str | Path, *, learn: bool = False, device: str | None = None, seed: int = 0,

@@ -507,6 +507,62 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
     assert selector.feedbacks and selector.saves == 1
 
 
+_BAD_ARGUMENTS = [  # (tool, HTTP path, arguments, the field named): refused alike by both transports
+    ("select_cases", "/v1/select", {"k": True}, "k"),
+    ("select_cases", "/v1/select", {"k": "4"}, "k"),
+    ("select_cases", "/v1/select", {"k": 0}, "k"),
+    ("select_cases", "/v1/select", {"k": 10**9}, "k"),
+    ("select_cases", "/v1/select", {"text": "q" * 11}, "text"),
+    ("record_outcome", "/v1/feedback", {"reward": True}, "reward"),
+    ("record_outcome", "/v1/feedback", {"reward": "1"}, "reward"),
+    ("record_outcome", "/v1/feedback", {"reward": 1.5}, "reward"),
+    ("record_outcome", "/v1/feedback", {"reward": float("nan")}, "reward"),
+    ("add_case", "/v1/cases", {"reward": True}, "reward"),
+    ("add_case", "/v1/cases", {"text": "s" * 11}, "text"),
+]
+
+
+def test_http_and_mcp_refuse_the_same_arguments_and_record_nothing(selector: FakeSelector) -> None:
+    import anyio
+    from fastapi.testclient import TestClient
+    from mcp import Client
+
+    from memento.serve.mcp import build_mcp_server
+
+    config = ServeConfig(max_text_chars=10)
+    sid = selector.select("q").selection_id
+    base = {"select_cases": ({"task": "q", "k": 2}, {"query": "q", "k": 2}),
+            "record_outcome": ({"selection_id": sid, "reward": 1.0}, {"selection_id": sid, "reward": 1.0}),
+            "add_case": ({"state": "s", "action": "a", "reward": 1.0}, {"state": "s", "action": "a", "reward": 1.0})}
+    text_field = {"select_cases": ("task", "query"), "add_case": ("state", "state")}
+
+    def bodies(tool: str, change: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        mcp_args, http_body = dict(base[tool][0]), dict(base[tool][1])
+        for key, value in change.items():
+            mcp_key, http_key = text_field[tool] if key == "text" else (key, key)
+            mcp_args[mcp_key], http_body[http_key] = value, value
+        return mcp_args, http_body
+
+    with TestClient(create_app(selector, token=TOKEN, config=config)) as c:
+        for tool, path, change, field in _BAD_ARGUMENTS:
+            raw = json.dumps(bodies(tool, change)[1]).encode()  # NaN as JSON's NaN
+            response = c.post(path, content=raw, headers={**AUTH, "Content-Type": "application/json"})
+            assert (text_field[tool][1] if field == "text" else field) in _fields(response), (tool, change)
+    writer = Writer(selector, config).start()
+
+    async def drive() -> None:
+        async with Client(build_mcp_server(selector, writer, config=config)) as client:
+            for tool, _, change, field in _BAD_ARGUMENTS:
+                field = text_field[tool][0] if field == "text" else field
+                result = await client.call_tool(tool, bodies(tool, change)[0])
+                text = result.content[0].text
+                assert result.is_error and "\n" not in text and f"{field}:" in text, (tool, change, text)
+
+    anyio.run(drive)
+    writer.stop(5)
+    assert selector.feedbacks == [] and len(selector.cases) == 6 and sid in selector.pending
+
+
 # ---------------------------------------------------------------- bench serve (the run itself: tests/integration)
 
 
