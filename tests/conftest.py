@@ -17,6 +17,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With ``MEMENTO_PROBE_REPORT=FILE``: the probe counters of :mod:`tests.fuzzing` (per test module), as JSON."""
+    report = os.environ.get("MEMENTO_PROBE_REPORT")
+    if not report:
+        return
+    import json
+
+    from tests.fuzzing import COUNTS, scale
+
+    payload = {"scale": scale(), "exit_status": int(exitstatus),
+               "modules": {name: dict(sorted(counts.items())) for name, counts in sorted(COUNTS.items())}}
+    Path(report).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
 def _cuda_available() -> bool:
     try:
         import torch
