@@ -25,6 +25,7 @@ from memento.config import SoftQConfig
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.export import export_selector, load_selector, verify
 from policies import make_policy
+from tests.fuzzing import record
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +205,9 @@ def test_sigkill_loses_no_acknowledged_feedback(hashing_artifact: Path, tmp_path
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     assert acked >= 60
+    record(__name__, "kills")
     report = verify(artifact)  # appended rows only: the saved content is intact
+    record(__name__, "lost", max(0, acked - report["feedbacks"]))
     assert report["feedbacks"] >= acked and report["feedbacks_since_save"] == report["feedbacks"]
     with load_selector(artifact, learn=True) as selector:
         stats = selector.stats()

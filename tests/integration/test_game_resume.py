@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from memento.memory import CaseBank
+from tests.fuzzing import record
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"episodes": 10, "checkpoint_every": 3, "seed": 11, "tensorboard": True, "game": {"max_steps": 5},
@@ -78,6 +79,7 @@ def test_sigkill_mid_episode_then_resume_equals_an_uninterrupted_run(tmp_path: P
         if victim.poll() is None:
             victim.kill()
     assert victim.returncode == -signal.SIGKILL
+    record(__name__, "kills")
     killed_at = _mid_episode_step(run_out)
     assert killed_at is not None and not (run_out / "summary.json").exists()
 

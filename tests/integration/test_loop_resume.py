@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from memento.memory import CaseBank
+from tests.fuzzing import record
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"steps": 100, "checkpoint_every": 20, "seed": 7, "tensorboard": True,
@@ -76,6 +77,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
         if victim.poll() is None:
             victim.kill()
     assert victim.returncode == -signal.SIGKILL
+    record(__name__, "kills")
     killed_at = _checkpoint_step(run_out)
     assert 40 <= killed_at < 100 and not (run_out / "summary.json").exists(), "the kill came too late"
     lines_at_kill = len((run_out / "steps.jsonl").read_text().splitlines())

@@ -25,6 +25,7 @@ import pytest
 
 from memento import load_selector
 from memento.bench.serve import HttpClient, ServerProcess, run_clients
+from tests.fuzzing import record
 from tests.integration.serve_helpers import QUESTION, make_real_artifact
 
 pytestmark = pytest.mark.slow
@@ -97,6 +98,7 @@ def test_token_concurrent_feedback_and_restart(artifact: Path, tmp_path: Path) -
         before = _stats(server)
         ids = _select_ids(server, N, before["dim"])
         run = run_clients(server.url, server.headers, CLIENTS, _feedback_requests(ids))
+        record(__name__, "requests", len(run["status"]))
         assert (run["status"] == 200).all(), np.unique(run["status"], return_counts=True)
         after = _stats(server)
         assert after["feedbacks"] - before["feedbacks"] == N
@@ -160,6 +162,9 @@ def test_a_signal_mid_load_loses_no_acknowledged_feedback(artifact: Path, tmp_pa
     with load_selector(artifact) as selector:  # the restart: load, verify, replay what came after the last save
         after = selector.stats()
     recorded = after["feedbacks"] - baseline["feedbacks"]
+    record(__name__, "requests", len(run["status"]))
+    record(__name__, "kills", int(sig == signal.SIGKILL))
+    record(__name__, "lost", max(0, acked - recorded))
     assert acked <= recorded <= n, (acked, recorded)
     assert after["replay_added"] - baseline["replay_added"] == recorded  # replayed into the buffer on load
     if sig == signal.SIGTERM:

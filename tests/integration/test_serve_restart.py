@@ -20,6 +20,7 @@ import pytest
 
 from memento.bench.serve import HttpClient, ServerProcess
 from memento.selector.pending import PENDING_NAME
+from tests.fuzzing import record
 from tests.integration.serve_helpers import make_real_artifact
 from tests.loop_env import HashingEncoder
 
@@ -67,6 +68,7 @@ def test_feedback_for_selections_made_before_a_restart(exported: Path, tmp_path:
     finally:
         server.kill()
     assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), server.log()
+    record(__name__, "kills", int(sig == signal.SIGKILL))
     assert (artifact / PENDING_NAME).is_file()
 
     again = _server(artifact, tmp_path, "after")
