@@ -11,7 +11,7 @@ GPU_STAMP := $(VENV)/.faiss-gpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: test test-fast demo install install-gpu faiss-gpu lint clean
+.PHONY: test test-fast probe demo install install-gpu faiss-gpu lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,15 @@ faiss-gpu:
 ## everything except GPU tests (what CI runs)
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu" -q
+
+## the fuzz and kill tests (marker `probe`) with PROBE_SCALE times their examples; the counts (inputs tried,
+## requests, SIGKILLs, acknowledged items lost, tracebacks) go to runs/probe/report.json and are printed
+PROBE_SCALE ?= 10
+probe: $(STAMP)
+	mkdir -p runs/probe
+	MEMENTO_PROBE_SCALE=$(PROBE_SCALE) MEMENTO_PROBE_REPORT=runs/probe/report.json \
+	    $(BIN)/python -m pytest -m "probe and not gpu" -q; \
+	    status=$$?; $(BIN)/python -m tests.probe_summary runs/probe/report.json && exit $$status
 
 ## the quick loop while developing
 test-fast: $(STAMP)

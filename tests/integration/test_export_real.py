@@ -184,6 +184,7 @@ for i in range(100000):
 
 
 @pytest.mark.slow
+@pytest.mark.probe
 def test_sigkill_loses_no_acknowledged_feedback(hashing_artifact: Path, tmp_path: Path) -> None:
     import shutil
     import signal

@@ -57,6 +57,7 @@ def _final(out: Path) -> dict:
             "tensors": load_file(str(out / "selector" / "learner.safetensors"))}
 
 
+@pytest.mark.probe
 def test_sigkill_mid_episode_then_resume_equals_an_uninterrupted_run(tmp_path: Path, tiny_games) -> None:
     games = tiny_games["train"][0].parent
     env = _env()

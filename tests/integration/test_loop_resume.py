@@ -57,6 +57,7 @@ def _final_state(out: Path) -> dict:
             "steps": [r["step"] for r in records], "bank": cases, "tensors": tensors}
 
 
+@pytest.mark.probe
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     env = _env()
     ref_out, run_out = tmp_path / "ref", tmp_path / "run"

@@ -28,7 +28,7 @@ from memento.bench.serve import HttpClient, ServerProcess, run_clients
 from tests.fuzzing import record
 from tests.integration.serve_helpers import QUESTION, make_real_artifact
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.probe]
 
 TOKEN = secrets.token_urlsafe(24)
 N = 1000

@@ -45,6 +45,7 @@ def _stats(client: HttpClient) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.probe
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_feedback_for_selections_made_before_a_restart(exported: Path, tmp_path: Path, sig: int) -> None:
     artifact = Path(shutil.copytree(exported, tmp_path / "selector"))
