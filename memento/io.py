@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from memento.errors import CheckpointError
+from memento.errors import CheckpointError, MementoError
 
-__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "fsync_dir", "read_safetensors", "read_saved_meta",
-           "read_versioned_json", "remove_stale_temporaries", "sqlite_copy", "temporary_path", "write_json"]
+__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "parse_json",
+           "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json", "remove_stale_temporaries",
+           "shorten", "sqlite_copy", "temporary_path", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,24 +157,117 @@ def read_safetensors(path: Path, *, device: str = "cpu") -> tuple[dict[str, Any]
     return tensors, header
 
 
+def shorten(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to about ``limit`` characters (an integer past float range is described by
+    its digit count: its repr alone could be thousands of characters, or more than Python converts)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 1023:
+        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(value)
+    except ValueError:  # pragma: no cover - an int inside a container past the digit limit
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def finite_float(value: Any) -> float | None:
+    """``value`` as a finite float when it is a real number (an int or float, never a bool), else None.
+
+    Never raises: an integer beyond float range (``10 ** 400``) is None, where ``float()`` and ``math.isfinite``
+    would raise OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > 2 ** 1023:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+MAX_JSON_DEPTH = 100
+"""How deeply a JSON document memento reads may nest objects and lists."""
+
+
+def _json_value_problem(value: Any, finite: bool) -> str | None:
+    """Why a parsed value is not data memento reads (iterative: a deep value cannot exhaust the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return f"a string holds a lone surrogate ({item[error.start]!r}), which is not text"
+        elif isinstance(item, float):
+            if finite and not math.isfinite(item):
+                return f"{item!r} is not a JSON number"
+        elif isinstance(item, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                return f"nested deeper than {MAX_JSON_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def parse_json(text: str | bytes, *, where: str, error: type[MementoError] = CheckpointError,
+               finite: bool = False) -> Any:
+    """``text`` parsed as JSON, or a one-line ``error`` whose message starts with ``where`` (a path, or a path and
+    a field). Refused: invalid JSON (with its line), an integer of more digits than Python converts, nesting
+    deeper than :data:`MAX_JSON_DEPTH`, a lone surrogate escape in a string, bytes that are not UTF-8, and with
+    ``finite`` the NaN and Infinity tokens. Never raises anything else."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as failure:
+            raise error(f"{where}: not UTF-8 text ({failure.reason} at byte {failure.start + 1})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as failure:
+        raise error(f"{where}:{failure.lineno}: invalid JSON: {failure.msg} (column {failure.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, MemoryError) as failure:  # an integer of more than sys.get_int_max_str_digits() digits
+        detail = " ".join(str(failure).split(";")[0].split())[:200]
+        raise error(f"{where}: invalid JSON: {detail}") from None
+    problem = _json_value_problem(value, finite)
+    if problem is not None:
+        raise error(f"{where}: {problem}")
+    return value
+
+
+def read_json(path: str | Path, *, error: type[MementoError] = CheckpointError, what: str = "JSON file",
+              finite: bool = False, encoding: str = "utf-8") -> Any:
+    """The parsed JSON of the file ``path`` (see :func:`parse_json`); a missing file, a directory, an unreadable
+    file or bad content is a one-line ``error`` naming ``path`` (``what`` says what the file should be).
+    ``encoding="utf-8-sig"`` accepts a byte-order mark."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: not found (expected a {what})") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, expected a {what}") from None
+    except OSError as failure:  # permission denied, a name too long...
+        raise error(f"{path}: cannot read ({failure.strerror or failure})") from None
+    if encoding == "utf-8-sig" and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    return parse_json(raw, where=str(path), error=error, finite=finite)
+
+
 def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> dict[str, Any]:
     """The JSON metadata of a saved artifact, checked for its ``format`` tag and a readable ``format_version``.
 
-    Any problem is a one-line ``CheckpointError`` naming ``path`` (``what`` names the artifact).
+    Any problem is a one-line ``CheckpointError`` naming ``path`` (``what`` names the artifact): unreadable
+    JSON as :func:`read_json` refuses it, a top level that is not an object, the wrong format tag.
     """
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        detail = " ".join(str(error).split())
-        raise CheckpointError(f"{path}: unreadable ({detail})") from None
+    meta = read_json(path, error=CheckpointError, what=f"{what} file")
     if not isinstance(meta, dict) or meta.get("format") != format:
         raise CheckpointError(f"{path}: not a {what} file")
     found = meta.get("format_version", 0)
     if isinstance(found, bool) or not isinstance(found, int) or found < 0:
-        raise CheckpointError(f"{path}: format_version {found!r} is not a version number (this memento reads "
+        raise CheckpointError(f"{path}: format_version {shorten(found)} is not a version number (this memento reads "
                               f"{what} format versions up to {version})")
     if found > version:
-        raise CheckpointError(f"{path}: format version {found} is newer than this memento reads ({version})")
+        raise CheckpointError(f"{path}: format version {shorten(found)} is newer than this memento reads ({version})")
     return meta
 
 
@@ -188,7 +283,7 @@ def read_saved_meta(directory: Path, meta_name: str, tensors_name: str, *, name:
     for key, kind in kinds.items():
         if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
             raise CheckpointError(f"{meta_path}: damaged {name} state ({key!r} is "
-                                  f"{'missing' if key not in meta else repr(meta[key])}; expected a "
+                                  f"{'missing' if key not in meta else shorten(meta[key])}; expected a "
                                   f"{kind.__name__})")
     return meta
 
