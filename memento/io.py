@@ -243,7 +243,7 @@ def read_json(path: str | Path, *, error: type[MementoError] = CheckpointError, 
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise error(f"{path}: not found (expected a {what})") from None
+        raise error(f"{path}: {what} not found") from None
     except IsADirectoryError:
         raise error(f"{path}: is a directory, expected a {what}") from None
     except OSError as failure:  # permission denied, a name too long...

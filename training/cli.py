@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import math
 import sys
@@ -157,16 +156,11 @@ _FLAG_FIELDS = {  # argparse dest -> its field's path in the TrainConfig JSON
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: not a JSON config file ({error})") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
+    from memento.io import read_json
+
+    data = read_json(path, error=ConfigError, what="config file", encoding="utf-8-sig")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object (a TrainConfig)")
+        raise ConfigError(f"{path}: expected a JSON object (a TrainConfig), got {type(data).__name__}")
     return data
 
 

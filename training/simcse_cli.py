@@ -115,15 +115,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from training.config import simcse_config_from_dict
 
     if args.config:
-        import json
-        from pathlib import Path
+        from memento.io import read_json
 
-        try:
-            data = json.loads(Path(args.config).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{args.config}: config file not found") from None
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{args.config}:{error.lineno}: invalid JSON: {error.msg}") from None
+        data = read_json(args.config, error=ConfigError, what="config file", encoding="utf-8-sig")
+        if not isinstance(data, dict):
+            raise ConfigError(f"{args.config}: expected a JSON object (a SimCSEConfig), got {type(data).__name__}")
         base = to_dict(simcse_config_from_dict(data))
     else:
         base = to_dict(SimCSEConfig())

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
+from memento.io import parse_json, read_json, shorten
 from memento.types import Task
 
 __all__ = ["BuilderTemplates", "MemoryLLM", "collapse", "cut", "parse_choice", "parse_items", "TEMPLATE_FIELDS"]
@@ -102,9 +103,19 @@ class BuilderTemplates:
             if not isinstance(template, str) or not template.strip():
                 raise ConfigError(f"BuilderTemplates.{name} must be a non-empty string")
             try:
-                used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+                template.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ConfigError(f"BuilderTemplates.{name}: holds a lone surrogate "
+                                  f"({template[error.start]!r}), which is not text") from None
+            try:
+                parsed = list(string.Formatter().parse(template))
             except ValueError as error:
                 raise ConfigError(f"BuilderTemplates.{name}: not a format string ({error})") from None
+            used = {field for _, field, _, _ in parsed if field is not None}
+            for _, field, spec, conversion in parsed:
+                if field is not None and (spec or conversion):  # '{task:999999999}' would allocate a GB
+                    raise ConfigError(f"BuilderTemplates.{name}: write fields as {{name}}, without a conversion "
+                                      f"or format spec (field {shorten(field, 40)})")
             unknown = sorted(used - set(allowed))
             if unknown:
                 raise ConfigError(f"BuilderTemplates.{name} uses field(s) {unknown}; it may use {sorted(allowed)}")
@@ -118,19 +129,23 @@ class BuilderTemplates:
         source = None
         if isinstance(data, (str, Path)):
             source = Path(data)
-            try:
-                data = json.loads(source.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                raise ConfigError(f"{source}: no such templates file") from None
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise ConfigError(f"{source}: not a JSON templates file ({error})") from None
+            data = read_json(source, error=ConfigError, what="JSON templates file", encoding="utf-8-sig")
+        where = source or "templates"
         if not isinstance(data, dict):
-            raise ConfigError(f"{source or 'templates'}: expected an object of template name -> string")
+            raise ConfigError(f"{where}: expected an object of template name -> string, got {type(data).__name__}")
         unknown = sorted(set(data) - set(TEMPLATE_FIELDS))
         if unknown:
-            raise ConfigError(f"{source or 'templates'}: unknown template(s) {unknown}; "
-                              f"known: {sorted(TEMPLATE_FIELDS)}")
-        return cls(**data)
+            shown = [shorten(name, 40) for name in unknown[:5]] + (["..."] if len(unknown) > 5 else [])
+            raise ConfigError(f"{where}: unknown template(s) [{', '.join(shown)}]; known: {sorted(TEMPLATE_FIELDS)}")
+        for name, value in data.items():
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: template {name!r} must be a string, got {type(value).__name__}")
+        try:
+            return cls(**data)
+        except ConfigError as error:
+            if source is None:
+                raise
+            raise ConfigError(f"{source}: {error}") from None
 
 
 TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -181,11 +196,11 @@ class MemoryLLM:
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw)
+                row = parse_json(raw, where="row", error=DataFormatError)
                 key, reply = row["key"], row["reply"]
                 if not isinstance(key, str) or not isinstance(reply, str):
                     raise TypeError("key and reply must be strings")
-            except (ValueError, KeyError, TypeError) as error:
+            except (ValueError, KeyError, TypeError) as error:  # DataFormatError is a ValueError
                 if number == len(lines):  # a torn last line (no newline after it): the crash it survived
                     logger.warning("%s:%d: ignoring a torn last line", path, number)
                     break
