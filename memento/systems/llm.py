@@ -129,6 +129,8 @@ class BuilderTemplates:
         source = None
         if isinstance(data, (str, Path)):
             source = Path(data)
+            if not source.exists():
+                raise ConfigError(f"{source}: no such templates file")
             data = read_json(source, error=ConfigError, what="JSON templates file", encoding="utf-8-sig")
         where = source or "templates"
         if not isinstance(data, dict):
