@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from memento.errors import DataFormatError
 from memento.io import atomic_write
-from memento.types import Case, Task
+from memento.types import Case, Task, check_reward, check_text, json_value_problem, shown
 
 __all__ = [
     "ANSWER_SPLIT",
@@ -37,6 +36,7 @@ __all__ = [
     "StepRecord",
     "iter_jsonl",
     "json_value_problem",
+    "loads_text",
     "read_case_file",
     "read_cases_jsonl",
     "read_memento_memory",
@@ -54,34 +54,10 @@ ANSWER_SPLIT = "<|answer_split|>"
 CaseFormat = Literal["case", "memento-memory", "memento-np-memory", "memento-training"]
 
 
-_MAX_DEPTH = 100
+_MAX_DEPTH = 100  # the same bound as memento.types.json_value_problem
 """How deeply a JSONL row may nest objects and lists (a deeper one is refused: it is not data we read, and
 Python's JSON and SQLite code would hit its recursion limit on it)."""
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def json_value_problem(value: Any, *, finite: bool = False) -> str | None:
-    """Why a parsed JSON value cannot be stored or written back as UTF-8 JSON, or None: nesting deeper than
-    ``_MAX_DEPTH``, a string holding a lone surrogate (``"\\ud800"``), with ``finite`` a NaN or infinity.
-
-    Iterative, so a deep value cannot exhaust the stack."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as error:
-                return f"a string holds a lone surrogate ({item[error.start]!r}), which is not text"
-        elif isinstance(item, float):
-            if finite and not math.isfinite(item):
-                return f"{item!r} is not a JSON number"
-        elif isinstance(item, (dict, list)):
-            if depth >= _MAX_DEPTH:
-                return f"nested deeper than {_MAX_DEPTH} levels"
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return None
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -170,24 +146,28 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def _reward(row: dict[str, Any], name: str = "reward") -> float:
-    value = _field(row, name, (int, float))
+    """A reward field: a finite number in [0, 1] (:func:`memento.types.check_reward`, the range of every entry
+    point)."""
+    return check_reward(_field(row, name, (int, float)), f"field {name!r}")
+
+
+def loads_text(text: str, what: str) -> Any:
+    """``json.loads(text)``, where every way the text can fail to parse (bad JSON, an integer of more digits than
+    Python converts, nesting too deep for its parser) raises ``DataFormatError`` naming ``what``."""
     try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float range
-        raise DataFormatError(f"field {name!r} must be finite, got an integer of {len(str(abs(value)))} digits") \
-            from None
-    if not math.isfinite(number):
-        raise DataFormatError(f"field {name!r} must be finite, got {value!r}")
-    return number
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataFormatError(f"{what} is not a JSON string: {error.msg}") from None
+    except RecursionError:
+        raise DataFormatError(f"{what} is not JSON we read: nested too deeply") from None
+    except ValueError as error:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise DataFormatError(f"{what} is not JSON we read: {str(error).split(';')[0]}") from None
 
 
 def _plan(row: dict[str, Any]) -> str:
     """Memento's ``plan``: a JSON string ``{"plan": [{"id", "description"}, ...]}``, kept verbatim."""
-    plan = _field(row, "plan", str)
-    try:
-        parsed = json.loads(plan)
-    except json.JSONDecodeError as error:
-        raise DataFormatError(f"field 'plan' is not a JSON string: {error.msg}") from None
+    plan = check_text(_field(row, "plan", str), "field 'plan'")
+    parsed = loads_text(plan, "field 'plan'")
     if not isinstance(parsed, dict) or not isinstance(parsed.get("plan"), list):
         raise DataFormatError("field 'plan' must encode an object {\"plan\": [...]}")
     return plan
@@ -269,9 +249,10 @@ def read_memento_memory(path: str | Path) -> list[Case]:
 def read_memento_np_memory(path: str | Path) -> list[Case]:
     """Memento non-parametric memory ``{"question", "plan", "reward": 0|1}`` (any other reward is refused)."""
     def parse(row: dict[str, Any]) -> Case:
-        reward = _reward(row)
-        if reward not in (0.0, 1.0):
-            raise DataFormatError(f"field 'reward' must be 0 or 1 in Memento's memory, got {row['reward']!r}")
+        value = _field(row, "reward", (int, float))
+        if value not in (0, 1):
+            raise DataFormatError(f"field 'reward' must be 0 or 1 in Memento's memory, got {shown(value)}")
+        reward = check_reward(value, "field 'reward'")
         return Case(state=_field(row, "question", str), action=_plan(row), reward=reward,
                     meta={"source": "memento-np-memory"})
     return _read(path, parse)
@@ -299,11 +280,8 @@ class MementoPair:
 def read_memento_training_pairs(path: str | Path) -> list[MementoPair]:
     """Memento retriever training pairs ``{"query", "case", "case_label", "plan", "truth_label"}``."""
     def parse(row: dict[str, Any]) -> MementoPair:
-        query = _field(row, "query", str)
-        case = _field(row, "case", str)
-        for name, text in (("query", query), ("case", case)):
-            if not text.strip():
-                raise DataFormatError(f"field {name!r} is empty")
+        query = check_text(_field(row, "query", str), "field 'query'")
+        case = check_text(_field(row, "case", str), "field 'case'")
         return MementoPair(query=query, case=case, plan=_plan(row), case_reward=_label(row, "case_label"),
                            truth_label=_field(row, "truth_label", bool))
     return _read(path, parse)

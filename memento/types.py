@@ -12,13 +12,138 @@ import hashlib
 import json
 import math
 import numbers
+import re
 from typing import Any
 
 import numpy as np
 
 from memento.errors import DataFormatError
 
-__all__ = ["Case", "Selection", "Task", "content_hash"]
+__all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "Case", "Selection", "Task", "check_id", "check_reward", "check_text",
+           "content_hash", "json_value_problem", "shown"]
+
+# ---------------------------------------------------------------- the range of each field, decided once
+#
+# Every entry point that takes a case, a reward, an id or a text (the Case and Task records, the JSONL readers,
+# the bank, the selector, the HTTP and MCP request schema, the CLI) checks it with these functions, so the same
+# value gets the same verdict everywhere:
+#
+# - a reward is a finite real number in [0, 1] (a bool, a string, NaN, an infinity, an integer beyond float range
+#   are refused): a judge's score, a game's normalised score, the soft-Q learner's P(success);
+# - a text (a case's state and action, a task's question and answers, a query) holds 1 to MAX_TEXT_CHARS
+#   characters, not all whitespace, no NUL and no lone surrogate (neither can be stored as UTF-8 text);
+# - an id (a case id, a task id, an env, a kind, a family, a selection id) holds 1 to MAX_ID_CHARS characters,
+#   not all whitespace, no control character (C0, DEL, C1) and no lone surrogate.
+
+MAX_TEXT_CHARS = 1_000_000
+"""The longest text a case or a task may hold (characters); the serving transports may set a lower limit."""
+MAX_ID_CHARS = 256
+"""The longest id, env, kind or family (characters)."""
+REWARD_LOW, REWARD_HIGH = 0.0, 1.0
+
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
+_NOT_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHOWN_CHARS = 80
+_MAX_INT_DIGITS = 4300  # Python's default int <-> str limit: a longer integer cannot be written as JSON
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to about 80 characters (an integer too long to print is described by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        if value.bit_length() <= 3 * _MAX_INT_DIGITS:  # within what str() converts (3 bits < 1 digit)
+            return f"an integer of {len(str(abs(value)))} digits"
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is described by its type
+        return f"a {type(value).__name__}"
+    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS - 20]}...{text[-12:]} ({len(text)} chars)"
+
+
+def check_reward(value: Any, what: str = "reward") -> float:
+    """A reward as a float: a finite real number in [0, 1]; anything else raises ``DataFormatError`` naming ``what``
+    and the value."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise DataFormatError(f"{what} must be a number in [0, 1], got {shown(value)}")
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):  # an integer beyond float range
+        raise DataFormatError(f"{what} must be finite, got {shown(value)} (a reward is a number in [0, 1])") \
+            from None
+    if not math.isfinite(number) or not REWARD_LOW <= number <= REWARD_HIGH:
+        raise DataFormatError(f"{what} must be a number in [0, 1], got {shown(value)}")
+    return number
+
+
+def _check_string(value: Any, what: str, max_chars: int, bad: re.Pattern[str], kind: str) -> str:
+    if not isinstance(value, str):
+        raise DataFormatError(f"{what} must be a string, got {type(value).__name__}")
+    if len(value) > max_chars:
+        raise DataFormatError(f"{what} is {len(value)} characters long; {kind} holds at most {max_chars}")
+    found = bad.search(value)
+    if found is not None:
+        char = found.group()
+        name = ("a NUL character" if char == "\x00" else "a lone surrogate" if "\ud800" <= char <= "\udfff"
+                else "a control character")
+        raise DataFormatError(f"{what} holds {name} ({char!r} at index {found.start()}), which is not allowed "
+                              f"in {kind}")
+    if not value.strip():
+        raise DataFormatError(f"{what} is empty")  # or only whitespace
+    return value
+
+
+def check_text(value: Any, what: str, *, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """A text (state, action, question, answer, query): a string of 1 to ``max_chars`` characters, not all
+    whitespace, without NUL or lone surrogates; anything else raises ``DataFormatError``."""
+    return _check_string(value, what, max_chars, _NOT_TEXT, "a text")
+
+
+def check_id(value: Any, what: str, *, max_chars: int = MAX_ID_CHARS) -> str:
+    """An id (case id, task id, selection id, env, kind, family): a string of 1 to ``max_chars`` characters, not
+    all whitespace, without control characters or lone surrogates; anything else raises ``DataFormatError``."""
+    return _check_string(value, what, max_chars, _NOT_ID, "an id")
+
+
+_MAX_DEPTH = 100
+
+
+def json_value_problem(value: Any, *, finite: bool = False) -> str | None:
+    """Why a JSON-like value cannot be stored and written back as UTF-8 JSON, or None: nesting deeper than 100
+    levels, a string holding a lone surrogate (``"\\ud800"``), an object key that is not a string, a value that
+    is not JSON (a set, a numpy integer...), an integer of more than 4300 digits, with ``finite`` a NaN or an
+    infinity.
+
+    Iterative, so a deep value cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found is not None:
+                return f"a string holds a lone surrogate ({found.group()!r}), which is not text"
+        elif isinstance(item, float):
+            if finite and not math.isfinite(item):
+                return f"{item!r} is not a JSON number"
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if item.bit_length() > _MAX_INT_DIGITS * 3:  # ~ 900 digits short of the limit: cheap and safe
+                return f"{shown(item)} is too long to write as JSON"
+        elif isinstance(item, (dict, list, tuple)):
+            if depth >= _MAX_DEPTH:
+                return f"nested deeper than {_MAX_DEPTH} levels"
+            if isinstance(item, dict):
+                for key in item:
+                    if not isinstance(key, str):
+                        return f"an object key is {shown(key)}, not a string"
+                children: Any = [*item.keys(), *item.values()]
+            else:
+                children = item
+            stack.extend((child, depth + 1) for child in children)
+        else:
+            return f"{type(item).__name__} is not a JSON value"
+    return None
 
 
 def content_hash(state: str, action: str, env: str | None, kind: str) -> str:
@@ -31,12 +156,12 @@ def content_hash(state: str, action: str, env: str | None, kind: str) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def _require_text(value: Any, field: str, owner: str, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise DataFormatError(f"{owner}.{field} must be a string, got {type(value).__name__}")
-    if not allow_empty and not value.strip():
-        raise DataFormatError(f"{owner}.{field} is empty")
-    return value
+def _meta(value: Any, owner: str) -> None:
+    if not isinstance(value, dict):
+        raise DataFormatError(f"{owner}.meta must be an object, got {type(value).__name__}")
+    problem = json_value_problem(value, finite=True)
+    if problem is not None:
+        raise DataFormatError(f"{owner}.meta: {problem}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,20 +182,18 @@ class Case:
     created: float | None = None
 
     def __post_init__(self) -> None:
-        _require_text(self.state, "state", "Case")
-        _require_text(self.action, "action", "Case")
-        _require_text(self.kind, "kind", "Case")
+        check_text(self.state, "Case.state")
+        check_text(self.action, "Case.action")
+        check_id(self.kind, "Case.kind")
         if self.id is not None:
-            _require_text(self.id, "id", "Case")
+            check_id(self.id, "Case.id")
         if self.env is not None:
-            _require_text(self.env, "env", "Case")
-        if isinstance(self.reward, (bool, np.bool_)) or not isinstance(self.reward, numbers.Real):
-            raise DataFormatError(f"Case.reward must be a number, got {self.reward!r}")
-        if not math.isfinite(self.reward):
-            raise DataFormatError(f"Case.reward must be finite, got {self.reward!r}")
-        object.__setattr__(self, "reward", float(self.reward))
-        if not isinstance(self.meta, dict):
-            raise DataFormatError(f"Case.meta must be an object, got {type(self.meta).__name__}")
+            check_id(self.env, "Case.env")
+        object.__setattr__(self, "reward", check_reward(self.reward, "Case.reward"))
+        _meta(self.meta, "Case")
+        if self.created is not None and (isinstance(self.created, bool) or not isinstance(self.created, numbers.Real)
+                                         or not math.isfinite(self.created)):
+            raise DataFormatError(f"Case.created must be a finite number (Unix seconds), got {shown(self.created)}")
 
     @property
     def content_hash(self) -> str:
@@ -99,22 +222,21 @@ class Task:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _require_text(self.id, "id", "Task")
-        _require_text(self.question, "question", "Task")
+        check_id(self.id, "Task.id")
+        check_text(self.question, "Task.question")
         if isinstance(self.answers, str) or not isinstance(self.answers, (list, tuple)):
-            raise DataFormatError(f"Task.answers must be a list of strings, got {self.answers!r}")
+            raise DataFormatError(f"Task.answers must be a list of strings, got {shown(self.answers)}")
         answers = tuple(self.answers)
         if not answers:
             raise DataFormatError("Task.answers is empty")
         for answer in answers:
-            _require_text(answer, "answers[]", "Task")
+            check_text(answer, "Task.answers[]")
         object.__setattr__(self, "answers", answers)
         for field in ("family", "env"):
             value = getattr(self, field)
             if value is not None:
-                _require_text(value, field, "Task")
-        if not isinstance(self.meta, dict):
-            raise DataFormatError(f"Task.meta must be an object, got {type(self.meta).__name__}")
+                check_id(value, f"Task.{field}")
+        _meta(self.meta, "Task")
 
     def to_json(self) -> dict[str, Any]:
         """The Task JSONL row of docs/formats.md."""

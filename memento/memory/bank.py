@@ -62,7 +62,7 @@ from memento.errors import BankError, DataFormatError, DimensionError, NotABankE
 from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.front import BankFront, Filter, NewRow
 from memento.memory.index import FaissIndex, exact_topk
-from memento.types import Case
+from memento.types import Case, shown
 
 __all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "CaseBank", "FaissVectors", "SqliteFeatures",
            "SqliteRows"]
@@ -219,8 +219,11 @@ class SqliteRows:
         except (TypeError, ValueError) as error:
             raise BankError(f"{self.name}: damaged bank ({DB_NAME}: the meta of case {case_id!r} is not JSON: "
                             f"{error})") from None
-        return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind, meta=data,
-                    created=created)
+        try:
+            return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind, meta=data,
+                        created=created)
+        except DataFormatError as error:  # a row written outside memento, or before a field's range was decided
+            raise BankError(f"{self.name}: case {shown(case_id)} in {DB_NAME} is out of range: {error}") from None
 
     def _by_position(self, columns: str, positions: Sequence[int]) -> dict[int, tuple[Any, ...]]:
         rows: dict[int, tuple[Any, ...]] = {}

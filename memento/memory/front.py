@@ -32,7 +32,7 @@ import numpy as np
 from memento.config import BankConfig, IndexConfig, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, UnknownCaseError
 from memento.formats import read_case_file, write_jsonl
-from memento.types import Case
+from memento.types import Case, check_reward
 
 __all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex"]
 
@@ -418,9 +418,10 @@ class BankFront:
         self._plan_ids(cases, [c.content_hash for c in cases], allow_duplicates=allow_duplicates, warn=False)
 
     def update_reward(self, case_id: str, reward: float) -> None:
-        """Set the reward of a stored case."""
+        """Set the reward of a stored case: a number in [0, 1] (:func:`memento.types.check_reward`, as every entry
+        point checks it); anything else raises ``DataFormatError`` and changes nothing."""
         self._check_writable()
-        value = check_real(reward, "reward")
+        value = check_reward(reward, "reward")
         (position,) = self._positions([case_id]).tolist()
         with self._rows.transaction("the reward violates"):
             self._rows.set_reward(position, value)
@@ -701,11 +702,12 @@ class BankFront:
         return self._usage
 
     def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None:
-        """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (stored)."""
+        """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (in [0, 1];
+        stored)."""
         self._check_writable()
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise DataFormatError(f"record_usage: step must be an integer >= 0, got {step!r}")
-        value = check_real(reward, "record_usage: reward")
+        value = check_reward(reward, "record_usage: reward")
         positions_K = self._positions(list(ids))
         shown_N, reward_N = self._load_usage()
         self._features.record(int(step), positions_K, value)

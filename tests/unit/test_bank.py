@@ -297,7 +297,7 @@ def test_add_accepts_float64_and_stores_float32(bank: CaseBank, rng) -> None:
 def test_duplicates_skipped(filled, rng) -> None:
     bank, ids, emb = filled
     again = make_cases(20)
-    again = [Case(state=c.state, action=c.action, reward=5.0) for c in again]  # the reward is not content
+    again = [Case(state=c.state, action=c.action, reward=0.5) for c in again]  # the reward is not content
     out = bank.add(again, unit_vectors(rng, 20, DIM))
     assert out == ids
     assert len(bank) == 20
@@ -673,11 +673,13 @@ def test_update_reward(filled, bank_path: Path) -> None:
     bank, ids, _ = filled
     bank.update_reward(ids[2], 0.75)
     assert bank.get(ids[2]).reward == 0.75
-    bank.update_reward(ids[2], 3)
-    assert bank.get(ids[2]).reward == 3.0
+    bank.update_reward(ids[2], 1)
+    assert bank.get(ids[2]).reward == 1.0
+    bank.update_reward(ids[2], 0)
+    assert bank.get(ids[2]).reward == 0.0
     bank.close()
     with CaseBank.open(bank_path) as again:
-        assert again.get(ids[2]).reward == 3.0
+        assert again.get(ids[2]).reward == 0.0
         assert again.get(ids[3]).reward == 1.0
 
 
@@ -687,10 +689,10 @@ def test_update_reward_unknown_id(filled) -> None:
         bank.update_reward("ghost", 1.0)
 
 
-@pytest.mark.parametrize("reward", [float("nan"), float("inf"), True, "1"])
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), True, "1", -1, 1.0000001, 3, 1e308, -1e308, 10 ** 400])
 def test_update_reward_bad_value(filled, reward) -> None:
     bank, ids, _ = filled
-    with pytest.raises(DataFormatError, match="reward must be a finite number"):
+    with pytest.raises(DataFormatError, match=r"reward must be (a number in \[0, 1\]|finite)"):
         bank.update_reward(ids[0], reward)
     assert bank.get(ids[0]).reward == 0.0
 
@@ -1050,3 +1052,16 @@ def test_rewards_in_the_order_asked(filled) -> None:
     assert rewards.dtype == np.float64 and rewards.tolist() == [1.0, 0.0, 1.0]
     with pytest.raises(UnknownCaseError):
         bank.rewards(["nope"])
+
+
+def test_a_stored_row_out_of_range_is_a_bank_error_naming_the_case(filled, bank_path: Path) -> None:
+    bank, ids, _ = filled
+    bank.close()
+    conn = sqlite3.connect(bank_path / "cases.sqlite")
+    with conn:
+        conn.execute("UPDATE cases SET reward = 5.0 WHERE id = ?", (ids[1],))
+    conn.close()
+    with CaseBank.open(bank_path) as again:
+        with pytest.raises(BankError, match=rf"case '{ids[1]}' in cases.sqlite is out of range: Case.reward must be"):
+            again.get(ids[1])
+        assert again.get(ids[0]).state  # the other rows read

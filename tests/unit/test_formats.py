@@ -159,13 +159,13 @@ def test_read_cases_jsonl_all_fields(tmp_path: Path) -> None:
         "",
         "   ",
         _row(id=7, state="s2", action="x2", reward=0),
-        _row(id=None, state="s3", action="x3", reward=-1.0, kind=None, meta=None),
+        _row(id=None, state="s3", action="x3", reward=1.0, kind=None, meta=None),
     ])
     cases = read_cases_jsonl(path)
     assert cases == [
         Case(id="a", state="s1", action="x1", reward=0.5, env="web", kind="tip", meta={"k": 1}),
         Case(id="7", state="s2", action="x2", reward=0.0),
-        Case(id=None, state="s3", action="x3", reward=-1.0),
+        Case(id=None, state="s3", action="x3", reward=1.0),
     ]
 
 
@@ -302,19 +302,21 @@ def test_empty_answers_task(tmp_path: Path) -> None:
 def test_nan_reward_case_jsonl(tmp_path: Path) -> None:
     lines = [*_two_good_cases(), '{"state": "s", "action": "a", "reward": NaN}']
     path = _write(tmp_path / "c.jsonl", lines)
-    assert str(_error(read_cases_jsonl, path)) == f"{path}:3: field 'reward' must be finite, got nan"
+    assert str(_error(read_cases_jsonl, path)) == f"{path}:3: field 'reward' must be a number in [0, 1], got nan"
 
 
 def test_infinite_reward_np_memory(tmp_path: Path) -> None:
     good = _row(question="q", plan=PLAN, reward=1)
     bad = json.dumps({"question": "q2", "plan": PLAN, "reward": float("inf")})  # writes Infinity
     path = _write(tmp_path / "np.jsonl", [good, bad])
-    assert str(_error(read_memento_np_memory, path)) == f"{path}:2: field 'reward' must be finite, got inf"
+    assert str(_error(read_memento_np_memory, path)) == (
+        f"{path}:2: field 'reward' must be 0 or 1 in Memento's memory, got inf")
 
 
 def test_nan_reward_np_memory(tmp_path: Path) -> None:
     path = _write(tmp_path / "np.jsonl", ['{"question": "q", "plan": ' + json.dumps(PLAN) + ', "reward": NaN}'])
-    assert str(_error(read_memento_np_memory, path)) == f"{path}:1: field 'reward' must be finite, got nan"
+    assert str(_error(read_memento_np_memory, path)) == (
+        f"{path}:1: field 'reward' must be 0 or 1 in Memento's memory, got nan")
 
 
 @pytest.mark.parametrize(("label", "shown"), [("Positive", "'Positive'"), ("yes", "'yes'")])
@@ -337,6 +339,19 @@ def test_plan_not_json(tmp_path: Path) -> None:
     error = _error(read_memento_memory, path)
     assert str(error).startswith(f"{path}:2: field 'plan' is not a JSON string: ")
     assert error.line == 2
+
+
+@pytest.mark.parametrize(("plan", "reason"), [
+    ('{"plan": [' + "9" * 5000 + "]}", "field 'plan' is not JSON we read: Exceeds the limit (4300 digits)"),
+    ("[" * 100_000 + "]" * 100_000, "field 'plan' is not JSON we read: nested too deeply"),
+    ("\x00", "field 'plan' holds a NUL character"),
+])
+def test_plan_json_python_cannot_parse_is_the_rows_error(tmp_path: Path, plan: str, reason: str) -> None:
+    path = _write(tmp_path / "np.jsonl", [_row(question="q", plan=PLAN, reward=1), _row(question="q", plan=plan,
+                                                                                       reward=1)])
+    error = _error(read_memento_np_memory, path)
+    assert str(error).startswith(f"{path}:2: {reason}"), str(error)
+    assert "\n" not in str(error) and len(str(error)) < 300
 
 
 @pytest.mark.parametrize("plan", ['{"steps": []}', "[1, 2]", '{"plan": "one step"}'])
@@ -399,7 +414,7 @@ def test_error_on_late_line_reads_nothing(tmp_path: Path) -> None:
 def test_write_jsonl_round_trip(tmp_path: Path) -> None:
     cases = [
         Case(id="a", state="Où est la gare ?", action="plan ✓", reward=1.0, env="web", kind="tip", meta={"n": [1, 2]}),
-        Case(id="b", state="s2", action="a2", reward=-0.5),
+        Case(id="b", state="s2", action="a2", reward=0.5),
         Case(state="s3", action="a3", reward=0.0),
     ]
     path = tmp_path / "sub" / "dir" / "cases.jsonl"

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 
+import numpy as np
 import pytest
 
 from memento.errors import DataFormatError
@@ -58,13 +59,20 @@ def test_case_rejects_bad_fields(kwargs, message: str) -> None:
 @pytest.mark.parametrize(
     ("reward", "message"),
     [
-        (math.nan, "Case.reward must be finite, got nan"),
-        (math.inf, "Case.reward must be finite, got inf"),
-        (-math.inf, "Case.reward must be finite, got -inf"),
-        (True, "Case.reward must be a number, got True"),
-        (False, "Case.reward must be a number, got False"),
-        ("1.0", "Case.reward must be a number, got '1.0'"),
-        (None, "Case.reward must be a number, got None"),
+        (math.nan, "Case.reward must be a number in [0, 1], got nan"),
+        (math.inf, "Case.reward must be a number in [0, 1], got inf"),
+        (-math.inf, "Case.reward must be a number in [0, 1], got -inf"),
+        (True, "Case.reward must be a number in [0, 1], got True"),
+        (False, "Case.reward must be a number in [0, 1], got False"),
+        ("1.0", "Case.reward must be a number in [0, 1], got '1.0'"),
+        (None, "Case.reward must be a number in [0, 1], got None"),
+        (-2.5, "Case.reward must be a number in [0, 1], got -2.5"),
+        (-1, "Case.reward must be a number in [0, 1], got -1"),
+        (1.0000001, "Case.reward must be a number in [0, 1], got 1.0000001"),
+        (1e308, "Case.reward must be a number in [0, 1], got 1e+308"),
+        (10 ** 400, "Case.reward must be finite, got an integer of 401 digits (a reward is a number in [0, 1])"),
+        pytest.param(10 ** 5000, "Case.reward must be finite, got an integer of about 5001 digits "
+                     "(a reward is a number in [0, 1])", id="int-5001-digits"),
     ],
 )
 def test_case_rejects_bad_reward(reward, message: str) -> None:
@@ -80,9 +88,38 @@ def test_case_error_has_no_location() -> None:
     assert info.value.reason == "Case.state is empty"
 
 
-def test_case_accepts_negative_and_fractional_rewards() -> None:
-    assert Case(state="s", action="a", reward=-2.5).reward == -2.5
+def test_case_accepts_rewards_in_the_unit_interval() -> None:
+    assert Case(state="s", action="a", reward=0.25).reward == 0.25
     assert Case(state="s", action="a", reward=0).reward == 0.0
+    assert Case(state="s", action="a", reward=1).reward == 1.0
+    assert type(Case(state="s", action="a", reward=np.float32(0.5)).reward) is float
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"state": "\x00"}, "Case.state holds a NUL character ('\\x00' at index 0), which is not allowed in a text"),
+    ({"action": "a\ud800"},
+     "Case.action holds a lone surrogate ('\\ud800' at index 1), which is not allowed in a text"),
+    ({"id": "a\tb"}, "Case.id holds a control character ('\\t' at index 1), which is not allowed in an id"),
+    ({"env": "x" * 257}, "Case.env is 257 characters long; an id holds at most 256"),
+    ({"kind": "\x7f"}, "Case.kind holds a control character ('\\x7f' at index 0), which is not allowed in an id"),
+    ({"meta": {"x": math.nan}}, "Case.meta: nan is not a JSON number"),
+    ({"meta": {1: "x"}}, "Case.meta: an object key is 1, not a string"),
+    ({"meta": {"x": {1, 2}}}, "Case.meta: set is not a JSON value"),
+    ({"created": math.inf}, "Case.created must be a finite number (Unix seconds), got inf"),
+])
+def test_case_rejects_text_nobody_can_store(kwargs, message: str) -> None:
+    with pytest.raises(DataFormatError) as info:
+        Case(**{"state": "s", "action": "a", "reward": 1.0, **kwargs})
+    assert str(info.value) == message
+
+
+def test_case_text_limit() -> None:
+    from memento.types import MAX_TEXT_CHARS
+
+    assert Case(state="x" * MAX_TEXT_CHARS, action="a", reward=1).state == "x" * MAX_TEXT_CHARS
+    with pytest.raises(DataFormatError, match=f"Case.state is {MAX_TEXT_CHARS + 1} characters long"):
+        Case(state="x" * (MAX_TEXT_CHARS + 1), action="a", reward=1)
+    assert Case(id="i" * 256, state="s\tt\n", action="a\u2028", reward=1).id == "i" * 256  # tabs fine in a text
 
 
 # ---------------------------------------------------------------- content hash
