@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import numbers
 import os
 import threading
@@ -119,7 +118,7 @@ from memento.selector.artifact import (
 )
 from memento.selector.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
 from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
-from memento.types import Case, Selection
+from memento.types import Case, Selection, check_id, check_reward, check_text
 
 __all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "agent_config"]
 
@@ -168,14 +167,6 @@ class _Pending(PendingSelection):
     stored: monotonic time does not survive a restart."""
 
     born: float
-
-
-def _reward(reward: Any) -> float:
-    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-        raise DataFormatError(f"reward must be a finite number in [0, 1], got {reward!r}")
-    if not 0.0 <= float(reward) <= 1.0:
-        raise DataFormatError(f"reward must lie in [0, 1] (the soft-Q learner estimates P(success)), got {reward!r}")
-    return float(reward)
 
 
 class Selector:
@@ -473,8 +464,7 @@ class Selector:
     def _state(self, query: Any, what: str = "query") -> np.ndarray:
         """A query text or vector as a unit float32 vector ``[D]``."""
         if isinstance(query, str):
-            if not query.strip():
-                raise DataFormatError(f"{what} text is empty")
+            check_text(query, f"{what} text")
             vec = np.asarray(self.encoder().encode([query]), dtype=np.float32).reshape(-1)
         elif isinstance(query, (np.ndarray, list, tuple, torch.Tensor)):
             if isinstance(query, torch.Tensor):
@@ -506,8 +496,8 @@ class Selector:
             raise DataFormatError(f"k must be a positive integer, got {k!r}")
         if mode not in _MODES:
             raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
-        if env is not None and (not isinstance(env, str) or not env.strip()):
-            raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
+        if env is not None:
+            check_id(env, "env")
         k = int(k)
         self._check_open()
         state_D = self._state(query)  # text is encoded outside the lock (batched with other callers' when on)
@@ -543,10 +533,9 @@ class Selector:
         done so far). Raises ``UnknownSelectionError`` for an unknown, already answered or expired id and
         ``DataFormatError`` for a reward outside [0, 1].
         """
-        reward = _reward(reward)
+        reward = check_reward(reward, "reward")
+        check_id(selection_id, "selection_id")
         self._check_writable()
-        if not isinstance(selection_id, str) or not selection_id:
-            raise UnknownSelectionError(f"unknown selection id {selection_id!r}")
         with self._lock:
             self._check_open()
             pending = self._take_pending(selection_id)
@@ -587,7 +576,8 @@ class Selector:
                   embedding: np.ndarray | None) -> tuple[Case, np.ndarray]:
         """A case to write and its state vector (``state`` encoded unless ``embedding``), checked and encoded
         outside the lock."""
-        case = Case(state=state, action=action, reward=_reward(reward), env=env, meta={} if meta is None else meta)
+        case = Case(state=state, action=action, reward=check_reward(reward, "reward"), env=env,
+                    meta={} if meta is None else meta)
         self._check_writable()
         return case, self._state(state if embedding is None else embedding, "case state")
 
@@ -614,8 +604,7 @@ class Selector:
         place before this returns, so a restart finds it deleted and ``memento verify`` passes); the replay
         slots holding it are masked. Returns ``{"id", "deleted": True, "replay_slots_masked"}``; an unknown or
         already deleted id raises ``UnknownCaseError``."""
-        if not isinstance(case_id, str) or not case_id:
-            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        check_id(case_id, "case id")
         self._check_writable()
         with self._lock:
             self._check_open()
@@ -629,8 +618,7 @@ class Selector:
         """Supersede a case by a new one (one bank transaction, then a save in place, as :meth:`delete_case`):
         the old case is never selected again, the new one can be; returns the new case's id (ids are never
         reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given."""
-        if not isinstance(case_id, str) or not case_id:
-            raise DataFormatError(f"case id must be a non-empty string, got {case_id!r}")
+        check_id(case_id, "case id")
         case, state_D = self._new_case(state, action, reward, env, meta, embedding)
         with self._lock:
             self._check_open()
@@ -651,8 +639,8 @@ class Selector:
             raise DataFormatError(f"k must be a positive integer, got {k!r}")
         if mode not in _MODES:
             raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
-        if env is not None and (not isinstance(env, str) or not env.strip()):
-            raise DataFormatError(f"env must be a non-empty string or None, got {env!r}")
+        if env is not None:
+            check_id(env, "env")
         if isinstance(queries, str):
             raise DataFormatError("select_many takes a list of queries; for one text use select()")
         k = int(k)
@@ -684,8 +672,7 @@ class Selector:
             rows = list(queries)
         if rows and all(isinstance(q, str) for q in rows):
             for i, text in enumerate(rows):
-                if not text.strip():
-                    raise DataFormatError(f"query {i}: text is empty")
+                check_text(text, f"query {i}: text")
             rows = list(np.asarray(self.encoder().encode(rows), dtype=np.float32).reshape(len(rows), self.dim))
         elif any(isinstance(q, str) for q in rows):
             raise DataFormatError("select_many: queries must be all texts or all vectors")

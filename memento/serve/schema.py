@@ -4,8 +4,11 @@ arguments of ``memento mcp`` validate through the same strict field types, with 
 
 Strict: a JSON number is never read from a string or a bool (``"k": true``, ``"k": "4"`` and ``"reward": true`` are
 refused, not taken as 1, 4 and 1.0); an integer is accepted where a float is expected; a reward is a finite
-number in [0, 1]. Each type carries ``Strict()`` itself, so it stays strict inside a model that is not (the MCP
-SDK builds the tools' argument models from their signatures).
+number in [0, 1]. The ranges are :mod:`memento.types`' (``check_reward``, ``check_text``, ``check_id``), the same
+as the library's, the JSONL readers' and the CLI's: a blank or NUL text, an id with a control character, a reward of
+-1 or 1e308 get the same verdict everywhere (a text's length is further bounded by ``max_text_chars``). Each type
+carries ``Strict()`` itself, so it stays strict inside a model that is not (the MCP SDK builds the tools' argument
+models from their signatures).
 
 Imported only by :mod:`memento.serve.http` and :mod:`memento.serve.mcp` (pydantic comes with both extras). No
 ``from __future__ import annotations``: the models are built per config and pydantic reads their annotations as
@@ -17,13 +20,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
-from memento.formats import json_value_problem
 from memento.serve.common import ServeConfig
+from memento.types import MAX_ID_CHARS, check_id, check_reward, check_text, json_value_problem
 
 __all__ = ["Fields", "RequestModels", "error_line", "fields", "request_models"]
 
-ENV_CHARS = 256
-SELECTION_ID_CHARS = 128
+ENV_CHARS = MAX_ID_CHARS
+SELECTION_ID_CHARS = MAX_ID_CHARS
 
 
 def _json_value(value: Any) -> Any:
@@ -39,12 +42,12 @@ def _json_value(value: Any) -> Any:
 class Fields:
     """The strict field types of one config's requests (``Annotated`` types, for models and tool signatures)."""
 
-    text: Any  # a query, state or action: 1 to max_text_chars characters
-    env: Any  # 1 to 256 characters
+    text: Any  # a query, state or action: check_text, at most max_text_chars characters
+    env: Any  # check_id: 1 to 256 characters
     k: Any  # an int in [1, max_k]
-    reward: Any  # a finite real number in [0, 1]
-    selection_id: Any  # 1 to 128 characters
-    case_id: Any  # 1 to max_text_chars characters
+    reward: Any  # check_reward: a finite real number in [0, 1]
+    selection_id: Any  # check_id: 1 to 256 characters
+    case_id: Any  # check_id: 1 to 256 characters
     embedding: Any  # 1 to max_embedding_dim finite numbers
     meta: Any  # a JSON object
 
@@ -52,16 +55,22 @@ class Fields:
 def fields(config: ServeConfig) -> Fields:
     """The field types under ``config``'s limits."""
     def text(max_length: int) -> Any:
-        return Annotated[str, Strict(), Field(min_length=1, max_length=max_length), AfterValidator(_json_value)]
+        return Annotated[str, Strict(), Field(min_length=1, max_length=max_length),
+                         AfterValidator(lambda v: check_text(v, "text", max_chars=max_length))]
+
+    def ident() -> Any:
+        return Annotated[str, Strict(), Field(min_length=1, max_length=MAX_ID_CHARS),
+                         AfterValidator(lambda v: check_id(v, "id"))]
 
     Finite = Annotated[float, Strict(), Field(allow_inf_nan=False)]
     return Fields(
         text=text(config.max_text_chars),
-        env=text(ENV_CHARS),
+        env=ident(),
         k=Annotated[int, Strict(), Field(ge=1, le=config.max_k)],
-        reward=Annotated[float, Strict(), Field(ge=0.0, le=1.0, allow_inf_nan=False)],
-        selection_id=text(SELECTION_ID_CHARS),
-        case_id=text(config.max_text_chars),
+        reward=Annotated[float, Strict(), Field(ge=0.0, le=1.0, allow_inf_nan=False),
+                         AfterValidator(lambda v: check_reward(v, "reward"))],
+        selection_id=ident(),
+        case_id=ident(),
         embedding=Annotated[list[Finite], Strict(), Field(min_length=1, max_length=config.max_embedding_dim)],
         meta=Annotated[dict[str, Any], Strict(), AfterValidator(_json_value)],
     )
