@@ -161,7 +161,10 @@ def shorten(value: Any, limit: int = 80) -> str:
     """``repr(value)`` on one line, cut to about ``limit`` characters (an integer past float range is described by
     its digit count: its repr alone could be thousands of characters, or more than Python converts)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 1023:
-        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+        bits = abs(value).bit_length()
+        if bits < 14_000:  # under Python's 4300-digit conversion limit: exact
+            return f"an integer of {len(str(abs(value)))} digits"
+        return f"an integer of about {int(bits * 0.30103) + 1} digits"
     try:
         text = repr(value)
     except ValueError:  # pragma: no cover - an int inside a container past the digit limit

@@ -99,7 +99,7 @@ def test_finite_float_never_raises_on_huge_integers() -> None:
     assert finite_float(2 ** 1023) == float(2 ** 1023)
     assert finite_float(True) is None and finite_float("1") is None and finite_float(float("nan")) is None
     assert finite_float(3) == 3.0 and finite_float(-0.5) == -0.5
-    assert shorten(10 ** 5000) == "an integer of about 5001 digits"
+    assert shorten(10 ** 400) == "an integer of 401 digits" and shorten(10 ** 5000).startswith("an integer of about 50")
     assert len(shorten("x" * 10_000)) == 80 and shorten("a\nb") == "'a\\nb'"
 
 

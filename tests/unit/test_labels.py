@@ -310,3 +310,25 @@ def test_score_command_with_a_planner_that_cannot_score(tmp_path, monkeypatch, c
     assert code == 2 and err.count("\n") == 1
     assert "memento: error: planner 'plain' cannot score answers" in err
     assert not (tmp_path / "labels.jsonl").exists()
+
+
+@pytest.mark.parametrize("value", ["9" * 400, "-" + "9" * 400, "1" + "0" * 309])
+def test_a_score_past_float_range_is_one_line_not_an_overflow(tmp_path, value):
+    """``math.isfinite(10 ** 400)`` raises OverflowError: the reader must refuse such a score itself."""
+    from memento.errors import DataFormatError
+    from memento.learn.labels import read_labels
+
+    def row(logprob: str, n_tokens: str) -> str:
+        return ('{"task_id": "t", "state": "q", "answer": "a", "candidate_ids": ["c1"], "logprob": [' + logprob
+                + '], "mean_logprob": [-1.0], "n_tokens": [' + n_tokens + '], "planner": "p", "prompt": "few_shot"}')
+
+    digits = len(value.lstrip("-"))
+    path = tmp_path / "labels.jsonl"
+    path.write_text(row(value, "1") + "\n")
+    with pytest.raises(DataFormatError, match=rf"labels.jsonl:1: field 'logprob'\[0\] is an integer of {digits} digits"
+                       ) as caught:
+        read_labels(path)
+    assert len(str(caught.value)) < 300
+    path.write_text(row("-1.0", value) + "\n")
+    with pytest.raises(DataFormatError, match=rf"'n_tokens'\[0\] is an integer of {digits} digits"):
+        read_labels(path)
