@@ -160,7 +160,22 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _utf8_argument(value: str | None, name: str) -> None:
+    """A command-line text that is not UTF-8 (Python turns its undecodable bytes into lone surrogates, which
+    cannot be encoded, stored or searched) is refused in one line."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(value[error.start])
+        byte = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"{value[error.start]!r}"
+        raise DataFormatError(f"{name} is not UTF-8 text ({byte} at character {error.start + 1})") from None
+
+
 def _search(args: argparse.Namespace) -> int:
+    for value, name in ((args.text, "TEXT"), (args.env, "--env"), (args.kind, "--kind")):
+        _utf8_argument(value, name)
     with open_bank(args.bank, options=bank_options(args)) as bank:
         if args.k < 1:
             raise DataFormatError(f"-k must be a positive integer, got {args.k}")
