@@ -51,7 +51,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +150,23 @@ def _utf8_len(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
+@dataclasses.dataclass
+class _Transaction:
+    """One write in progress: the committed count it started from, and the tombstones (``(positions,
+    replaced_by, deleted_at)``) and side-collection rows to forget that it applies after its commit point."""
+
+    start: int
+    tombstones: list[tuple[list[int], str, float]] = dataclasses.field(default_factory=list)
+    forget: list[int] = dataclasses.field(default_factory=list)
+
+
 class MilvusRows:
     """The row store of a Milvus bank: the bank's collection (one row per case, see the module docstring).
 
-    There are no transactions: each write reaches Milvus when it is made (insert batches, upserts). The ids,
-    content hashes and tombstone flags of all rows are mirrored in memory (loaded on first need)."""
+    A write is all-or-nothing through the collection property ``memento.committed`` (see "Transactions" in the
+    module docstring): rows inserted by a :meth:`transaction` are invisible (to :meth:`count`, reads and
+    searches) until it moves that watermark past them. The ids, content hashes and tombstone flags of all rows
+    are mirrored in memory (loaded on first need)."""
 
     def __init__(self, client: Any, *, uri: str, collection: str, name: str, lite_dir: Path | None,
                  options: MilvusOptions):
@@ -167,7 +179,12 @@ class MilvusRows:
         self._flush_rows = options.flush_rows if options.flush_rows is not None else (256 if lite_dir else 0)
         self.unflushed = 0
         self.twice = 0  # rows Milvus Lite holds twice after a crash (see count): searches fetch more
+        self._tx: _Transaction | None = None
+        self._pending: dict[str, Any] | None = None  # a committed write's tombstones not yet applied (count)
+        self._watermark: int | None = None  # memento.committed as last read or written (None: an older bank)
         self.rows = self.count()
+        self.committed = self.rows  # what readers and searches see (rows past it: a write in progress)
+        self._forget_hook: Any = None  # MilvusFeatures' removal of side rows (set by it)
         self._ids: list[str] = []
         self._pos_of: dict[str, int] = {}
         self._hashes: list[str] = []
@@ -182,8 +199,45 @@ class MilvusRows:
         except Exception as error:
             raise BankError(f"{self.name}: {what} failed: {_one_line(error)}") from None
 
+    def _properties(self) -> dict[str, str]:
+        described = self.call("count", self.client.describe_collection, self.collection)
+        return {str(k): str(v) for k, v in (described.get("properties") or {}).items()}
+
+    def _set_properties(self, what: str, values: dict[str, str]) -> None:
+        self.call(what, self.client.alter_collection_properties, self.collection, properties=values)
+
     def count(self) -> int:
-        """The number of positions (rows are dense, ``0..n-1``).
+        """The number of committed positions (rows are dense, ``0..n-1``): the watermark ``memento.committed``.
+
+        Rows at or past it were inserted by a write that did not commit (in progress in another process, or
+        killed): they are not counted, and :meth:`recover` removes them. Rows below it must all be there; when
+        the last one is missing (Milvus Lite lost the tail of its unsynced log in a machine crash), the bank is
+        the dense prefix that is left (one warning line). A bank written before the watermark existed has no
+        such property: then :meth:`_dense_count`."""
+        props = self._properties()
+        committed = props.get(f"{_PROP}committed")
+        pending = props.get(f"{_PROP}pending")
+        self._pending = json.loads(pending) if pending else None
+        if committed is None:
+            self._watermark = None
+            return self._dense_count()
+        n = int(committed)
+        self._watermark = n
+        rows = self.call("count", self.client.query, self.collection, filter="", output_fields=["count(*)"])
+        upper = int(rows[0]["count(*)"]) if rows else 0
+        if n and not self._exists(n - 1):
+            lo, hi = 0, n - 1  # exists(lo - 1) or lo == 0; not exists(hi)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (mid + 1, hi) if self._exists(mid) else (lo, mid)
+            logger.warning("%s: %d committed case(s) are missing (a machine crash lost them); %d cases", self.name,
+                           n - lo, lo)
+            n = lo
+        self.twice = max(0, upper - n)  # held twice, or uncommitted: searches fetch this many more
+        return n
+
+    def _dense_count(self) -> int:
+        """The number of positions of a bank without a watermark (rows are dense, ``0..n-1``).
 
         Not ``count(*)`` alone: Milvus Lite 3.2 can hold two copies of a row after a kill during a flush (its
         write-ahead log replayed over the segment the flush had written), and counts both. So ``count(*)``
@@ -254,11 +308,100 @@ class MilvusRows:
     def took_in(self, top: int) -> None:
         """Rows up to ``top`` were added by another process; the mirror is re-read on next need (tombstones
         may have changed too)."""
-        self.rows = top
+        self.rows = self.committed = top
         self._loaded = False
 
-    def transaction(self, what: str) -> AbstractContextManager[None]:
-        return nullcontext()
+    def recover(self) -> int:
+        """Before the first write of a process: finish what a killed write left. Rows at or past the watermark
+        (a write that never committed) are deleted, with their side-collection rows; the tombstones of a write
+        that committed but did not apply them all are applied. Returns how many rows were rolled back (one
+        warning line when any)."""
+        if self._watermark is None:
+            return 0
+        n = self.rows
+        rows = self.call("count", self.client.query, self.collection, filter="", output_fields=["count(*)"])
+        upper = int(rows[0]["count(*)"]) if rows else 0
+        beyond = self.call("count", self.client.query, self.collection, filter=f"pos >= {n}",
+                           output_fields=["pos"], limit=1) if upper > n else []
+        rolled = 0
+        if beyond:
+            found = self.call("count", self.client.query, self.collection, filter=f"pos >= {n}",
+                              output_fields=["count(*)"])
+            rolled = int(found[0]["count(*)"]) if found else 0
+            self.call("recover", self.client.delete, self.collection, filter=f"pos >= {n}")
+            self.unflushed += 1
+            logger.warning("%s: rolled back %d row(s) of a write that did not commit (killed?); %d cases",
+                           self.name, rolled, n)
+        if self._forget_hook is not None:
+            self._forget_hook(None, n)  # side rows of uncommitted positions
+        if self._watermark != n:
+            self._set_properties("recover", {f"{_PROP}committed": str(n)})
+            self._watermark = n
+        if self._pending:
+            self._apply(self._pending)
+            self._loaded = False
+            logger.warning("%s: completed the deletions of a write killed after its commit", self.name)
+        if beyond:
+            rows = self.call("count", self.client.query, self.collection, filter="", output_fields=["count(*)"])
+            self.twice = max(0, (int(rows[0]["count(*)"]) if rows else 0) - n)
+        return rolled
+
+    @contextmanager
+    def transaction(self, what: str) -> Iterator[None]:
+        """One all-or-nothing write: rows inserted in it stay past the watermark, and tombstones and side-row
+        removals wait, until it ends; then one property update (the commit point) moves the watermark and
+        records those tombstones, which are applied after it (a crash before they are all applied: the next
+        writer applies them, :meth:`recover`). On an error, the rows it inserted are deleted (or left past the
+        watermark for the next writer to remove, when Milvus is gone) and the error propagates."""
+        if self._tx is not None:
+            yield
+            return
+        self._tx = _Transaction(start=self.rows)
+        try:
+            yield
+        except BaseException:
+            tx, self._tx = self._tx, None
+            self._abort(tx)
+            raise
+        tx, self._tx = self._tx, None
+        self._commit(tx)
+
+    def _abort(self, tx: _Transaction) -> None:
+        if self.rows > tx.start:
+            try:
+                self.call("rollback", self.client.delete, self.collection, filter=f"pos >= {tx.start}")
+                self.unflushed += 1
+            except MementoError as error:  # invisible past the watermark; the next writer removes them
+                logger.warning("%s: %s", self.name, error)
+        self.rows = self.committed
+        if self.rows != tx.start or tx.tombstones or tx.forget or not self._loaded:
+            self._loaded = False  # the mirror followed the inserts and tombstones: read it again on need
+
+    def _commit(self, tx: _Transaction) -> None:
+        pending = {"tombstones": tx.tombstones, "forget": sorted(set(tx.forget))} \
+            if tx.tombstones or tx.forget else None
+        if self.rows == self.committed and self._watermark is not None and pending is None:
+            return  # nothing was written (an add of stored cases, a reward update)
+        values = {f"{_PROP}committed": str(self.rows)}
+        if pending is not None:
+            values[f"{_PROP}pending"] = json.dumps(pending, separators=(",", ":"))
+        self._set_properties("commit", values)  # the commit point
+        self._watermark = self.committed = self.rows
+        if pending is not None:
+            self._apply(pending)
+
+    def _apply(self, pending: dict[str, Any]) -> None:
+        """Apply a committed write's tombstones and side-row removals (again, after a crash: idempotent), then
+        drop them from the properties."""
+        for positions, replaced_by, deleted_at in pending.get("tombstones", []):
+            rows = self.read([p for p in positions if p < self.rows], _FIELDS)
+            if rows:
+                self._upsert("delete", rows, deleted=True, deleted_at=float(deleted_at), replaced_by=replaced_by)
+        if pending.get("forget") and self._forget_hook is not None:
+            self._forget_hook(pending["forget"], None)
+        self.call("commit", self.client.drop_collection_properties, self.collection,
+                  property_keys=[f"{_PROP}pending"])
+        self._pending = None
 
     def find(self, ids: Sequence[str]) -> dict[str, int]:
         self._ensure_loaded()
@@ -315,9 +458,20 @@ class MilvusRows:
         self._upsert("upsert", self.read([position], _FIELDS), reward=reward)
 
     def tombstone(self, positions: Sequence[int], ids: Sequence[str], replaced_by: str | None) -> None:
-        self._upsert("delete", self.read(positions, _FIELDS), deleted=True, deleted_at=time.time(),
-                     replaced_by=replaced_by or "")
+        """Flag rows deleted: in a transaction, after its commit point (the mirror follows at once)."""
+        if self._tx is not None:
+            self._tx.tombstones.append(([int(p) for p in positions], replaced_by or "", time.time()))
+        else:
+            self._upsert("delete", self.read(positions, _FIELDS), deleted=True, deleted_at=time.time(),
+                         replaced_by=replaced_by or "")
         self._forget(positions)
+
+    def defer_forget(self, positions: Sequence[int]) -> bool:
+        """In a transaction: remember to remove the side rows of ``positions`` after its commit point (True)."""
+        if self._tx is None:
+            return False
+        self._tx.forget.extend(int(p) for p in positions)
+        return True
 
     def _forget(self, positions: Sequence[int]) -> None:
         """The mirror after tombstoning ``positions`` (one pass over the hashes when a live hash lost its id)."""
@@ -376,6 +530,12 @@ class MilvusRows:
                 yield self._case(row)
 
     def truncate(self, n: int) -> None:
+        """Lower the watermark to ``n`` first (the commit point: a crash after it leaves ``n`` cases, the rest
+        removed by the next writer), then delete the rows past it."""
+        self._set_properties("truncate", {f"{_PROP}committed": str(n)})
+        self._watermark = self.committed = n
+        if self._tx is not None:
+            self._tx.start = min(self._tx.start, n)
         self.call("truncate", self.client.delete, self.collection, filter=f"pos >= {n}")
         self.unflushed += 1
         self.rows = n
@@ -417,7 +577,7 @@ class MilvusVectors:
         """Nothing: the row store's insert wrote the vectors."""
 
     def _filter(self, where: Filter) -> str:
-        parts = ["deleted == false"]
+        parts = [f"pos < {self._rows.committed}", "deleted == false"]  # rows past it: a write in progress
         if where.env is not None:
             parts.append(f"env == {_quote(where.env)}")
         if where.kind is not None:
@@ -492,6 +652,14 @@ class MilvusFeatures:
         self.usage = f"{rows.collection}{USAGE_SUFFIX}"
         self.actions = f"{rows.collection}{ACTIONS_SUFFIX}"
         self._have: dict[str, bool] = {}
+        rows._forget_hook = self._remove
+
+    def _remove(self, positions: Sequence[int] | None, beyond: int | None) -> None:
+        """Delete the side rows of ``positions``, or of every position ``>= beyond``."""
+        listed = f"pos >= {int(beyond)}" if positions is None else \
+            f"pos in [{', '.join(str(int(p)) for p in positions)}]"
+        self._delete(self.usage, listed)
+        self._delete(self.actions, listed)
 
     def _exists(self, name: str) -> bool:
         """Whether the side collection ``name`` exists (then loaded: a collection is searched once loaded)."""
@@ -558,9 +726,9 @@ class MilvusFeatures:
         return self._delete(self.usage, f"step >= {int(step)}")
 
     def forget(self, positions: Sequence[int]) -> None:
-        listed = f"pos in [{', '.join(str(int(p)) for p in positions)}]"
-        self._delete(self.usage, listed)
-        self._delete(self.actions, listed)
+        """In a transaction, after its commit point (see :meth:`MilvusRows.transaction`)."""
+        if not self._rows.defer_forget(positions):
+            self._remove(positions, None)
 
     def truncate(self, n: int) -> None:
         self._delete(self.usage, f"pos >= {n}")
@@ -597,8 +765,14 @@ class MilvusBank(BankFront):
     def __init__(self, client: Any, *, uri: str, collection: str, name: str, config: BankConfig, uid: str,
                  lite_dir: Path | None, options: MilvusOptions, read_only: bool = False):
         rows = MilvusRows(client, uri=uri, collection=collection, name=name, lite_dir=lite_dir, options=options)
-        super().__init__(rows, MilvusVectors(rows, config), MilvusFeatures(rows, config.dim), config=config,
-                         uid=uid, read_only=read_only)
+        features = MilvusFeatures(rows, config.dim)
+        if not read_only:
+            try:
+                rows.recover()
+            except MementoError:
+                disconnect(client, lite_dir)
+                raise
+        super().__init__(rows, MilvusVectors(rows, config), features, config=config, uid=uid, read_only=read_only)
         self.uri = uri
         self.collection = collection
         self.options = options
@@ -683,7 +857,7 @@ class MilvusBank(BankFront):
             uid = uuid.uuid4().hex
             properties = {f"{_PROP}format": BANK_FORMAT, f"{_PROP}format_version": str(BANK_FORMAT_VERSION),
                           f"{_PROP}uid": uid, f"{_PROP}config": json.dumps(to_dict(config), sort_keys=True),
-                          f"{_PROP}created": repr(time.time())}
+                          f"{_PROP}created": repr(time.time()), f"{_PROP}committed": "0"}
             client.create_collection(collection, schema=schema, consistency_level="Strong", properties=properties)
             _ensure_index(client, collection, config)
         except BankError:
