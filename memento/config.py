@@ -20,6 +20,27 @@ from memento.errors import ConfigError
 from memento.io import atomic_write_text
 
 __all__ = [
+    "MAX_BATCH",
+    "MAX_CANDIDATES",
+    "MAX_DIM",
+    "MAX_EF_SEARCH",
+    "MAX_FACTORY_CHARS",
+    "MAX_FACTORY_NUMBER",
+    "MAX_HIDDEN",
+    "MAX_HNSW_M",
+    "MAX_K",
+    "MAX_LAYERS",
+    "MAX_LINUCB_DIM",
+    "MAX_NLIST",
+    "MAX_QNET_PARAMS",
+    "MAX_REPLAY_BYTES",
+    "MAX_REPLAY_CAPACITY",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_THREADS",
+    "MAX_TOKENS",
+    "MAX_UPDATES_PER_STEP",
+    "MAX_WORKERS",
     "POLICY_CONFIGS",
     "read_config_json",
     "AlphaSchedule",
@@ -56,8 +77,11 @@ __all__ = [
     "check_bools",
     "check_choice",
     "check_float",
+    "check_factory",
     "check_int",
     "check_ints",
+    "factory_problem",
+    "is_int",
     "check_policy",
     "field_default",
     "from_dict",
@@ -72,23 +96,129 @@ T = TypeVar("T")
 Pooling = Literal["avg", "cls", "cls_before_pooler"]
 
 
+# ---------------------------------------------------------------- bounds
+# Every count, size and capacity a user can give has a maximum, checked in a config's ``__post_init__`` (or, for a
+# command-line-only flag, by the command) before anything is allocated or written. The reason of each:
+
+MAX_STEPS = 1_000_000_000
+"""Tasks, episodes, steps of a run, windows, checkpoint intervals, warm-up decisions, update counters: a run's task
+order is drawn one pass at a time, so no allocation grows with it; 10**9 LLM calls is beyond any real run."""
+MAX_K = 1024
+"""Cases shown per decision (``k``, ``k_max``, ``k_tasks``...): each is prompt text and each replay row keeps K
+vector slots."""
+MAX_CANDIDATES = 65_536
+"""The candidate pool C of one decision: a (C, D) float32 matrix (D = 384: 100 MB at the bound)."""
+MAX_BATCH = 65_536
+"""Tasks planned together, mini-batch rows, texts encoded together."""
+MAX_REPLAY_CAPACITY = 10_000_000
+"""Decisions a replay buffer keeps (its row tensors are preallocated)."""
+MAX_REPLAY_BYTES = 16 * 2**30
+"""The most a replay buffer may reach when full (its preallocated rows plus its vector tables at their worst case,
+:meth:`ReplayConfig.worst_case_bytes`): 16 GiB."""
+MAX_DIM = 65_536
+"""An embedding dimension D (transformer encoders give 384 to 4096)."""
+MAX_LINUCB_DIM = 4096
+"""LinUCB's dimension: a disjoint-mode model keeps an F x F float64 matrix per case (F = 2D + 1: 537 MB at 4096)."""
+MAX_HIDDEN = 16_384
+"""A Q-network's hidden width and tower output width."""
+MAX_LAYERS = 64
+"""A Q-network's hidden layers."""
+MAX_QNET_PARAMS = 500_000_000
+"""A Q-network's parameters (2 GB of float32, twice that with its target network), checked once D is known."""
+MAX_TOKENS = 1_048_576
+"""A token or word budget (an encoder's ``max_length``, PlugMem's ``budget_tokens``)."""
+MAX_UPDATES_PER_STEP = 1024
+"""Gradient steps per decision."""
+MAX_THREADS = 1024
+"""``--torch-threads`` and a benchmark's server threads: beyond any machine's cores."""
+MAX_WORKERS = 256
+"""Rollout workers and server worker processes (each holds a planner or a model)."""
+MAX_SEED = 2**64 - 1
+"""A seed: numpy and torch take 64-bit seeds."""
+MAX_EF_SEARCH = 65_536
+"""HNSW's ``efSearch`` (a per-query candidate list)."""
+MAX_NLIST = 2**20
+"""IVF lists (``IVF<n>``) and ``nprobe``: training needs 39 vectors per list, 40 M vectors at the bound."""
+MAX_HNSW_M = 256
+"""HNSW's ``M`` (``HNSW<M>``, also NSG's ``R``): every vector keeps 2M neighbour ids per level."""
+MAX_FACTORY_NUMBER = 65_536
+"""Any other number in a faiss factory string (PQ/OPQ/PCA sizes, bits...)."""
+MAX_FACTORY_CHARS = 200
+"""A faiss factory string's length."""
+
+
 def check(condition: bool, cls: type, field: str, value: Any, requirement: str) -> None:
-    """Raise ``ConfigError("Cls.field=value: requirement")`` unless ``condition`` holds (for ``__post_init__``)."""
+    """Raise ``ConfigError("Cls.field=value: requirement")`` unless ``condition`` holds (for ``__post_init__``);
+    a huge value is shown shortened (at most 80 characters)."""
     if not condition:
-        raise ConfigError(f"{cls.__name__}.{field}={value!r}: {requirement}")
+        raise ConfigError(f"{cls.__name__}.{field}={_shown(value, 80)}: {requirement}")
 
 
-def check_int(obj: Any, field: str, minimum: int) -> None:
-    """``obj.field`` is an int (not a bool) of at least ``minimum``."""
+def is_int(value: Any) -> bool:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(obj: Any, field: str, minimum: int, maximum: int | None = None) -> None:
+    """``obj.field`` is an int (not a bool) of at least ``minimum`` and, when given, at most ``maximum``."""
     value = getattr(obj, field)
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, type(obj), field, value,
-           f"must be an integer >= {minimum}")
+    if maximum is None:
+        check(is_int(value) and value >= minimum, type(obj), field, value, f"must be an integer >= {minimum}")
+    else:
+        check(is_int(value) and minimum <= value <= maximum, type(obj), field, value,
+              f"must be an integer in {minimum}..{maximum}")
 
 
-def check_ints(obj: Any, **minimums: int) -> None:
-    """:func:`check_int` for each ``field=minimum`` given, in that order."""
-    for field, minimum in minimums.items():
-        check_int(obj, field, minimum)
+def check_ints(obj: Any, **bounds: int | tuple[int, int]) -> None:
+    """:func:`check_int` for each ``field=minimum`` or ``field=(minimum, maximum)`` given, in that order."""
+    for field, bound in bounds.items():
+        if isinstance(bound, tuple):
+            check_int(obj, field, *bound)
+        else:
+            check_int(obj, field, bound)
+
+
+_FACTORY_BOUNDS = (("IVF", 1, MAX_NLIST, "IVF lists"), ("IMI2x", 1, 16, "IMI bits"), ("HNSW", 2, MAX_HNSW_M, "HNSW M"),
+                   ("NSG", 2, MAX_HNSW_M, "NSG R"), ("PQ", 1, MAX_FACTORY_NUMBER, "PQ sub-quantizers"),
+                   ("RQ", 1, 256, "RQ codebooks"), ("LSQ", 1, 256, "LSQ codebooks"))
+
+
+def factory_problem(factory: Any) -> str | None:
+    """Why a faiss factory string is refused before faiss sees it (``None``: it may be built): not a string, too
+    long, an ``IVF<n>`` outside 1..MAX_NLIST, an ``HNSW<M>`` / ``NSG<R>`` outside 2..MAX_HNSW_M, any other number
+    above MAX_FACTORY_NUMBER (or, in a ``...x<bits>`` suffix, above 16); faiss itself judges the rest (and
+    :class:`memento.memory.index.FaissIndex` turns what it refuses into one line)."""
+    import re
+
+    if not isinstance(factory, str) or not factory.strip():
+        return "must be a non-empty faiss factory string"
+    if len(factory) > MAX_FACTORY_CHARS:
+        return f"a faiss factory string of {len(factory)} characters (at most {MAX_FACTORY_CHARS})"
+    if not factory.isascii() or not factory.isprintable():
+        return "a faiss factory string is printable ASCII"
+    for component in factory.replace("_", ",").split(","):
+        for prefix, low, high, what in _FACTORY_BOUNDS:
+            match = re.fullmatch(re.escape(prefix) + r"(\d+)\D?.*", component.strip())
+            if match is not None:
+                n = int(match.group(1)[:12])  # 12 digits are beyond every bound
+                if not low <= n <= high or len(match.group(1)) > 12:
+                    shown = _shown(match.group(1), 20)
+                    return f"{what} {shown} in {component.strip()[:40]!r}: must be in {low}..{high}"
+                break
+        for digits in re.findall(r"\d+", component):
+            if len(digits) > 12 or int(digits) > MAX_FACTORY_NUMBER:
+                return f"the number {_shown(digits, 20)} in {component.strip()[:40]!r}: at most {MAX_FACTORY_NUMBER}"
+        bits = re.search(r"x(\d+)", component)
+        if bits is not None and not 1 <= int(bits.group(1)) <= 16:
+            return f"{bits.group(1)} bits in {component.strip()[:40]!r}: must be in 1..16"
+    return None
+
+
+def check_factory(obj: Any, field: str) -> None:
+    """``obj.field`` is a faiss factory string within the bounds (:func:`factory_problem`)."""
+    value = getattr(obj, field)
+    problem = factory_problem(value)
+    check(problem is None, type(obj), field, value, str(problem))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,7 +238,7 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         check(self.pooling in get_args(Pooling), type(self), "pooling", self.pooling,
                f"must be one of {get_args(Pooling)}")
-        check_ints(self, max_length=8, batch_size=1)
+        check_ints(self, max_length=(8, MAX_TOKENS), batch_size=(1, MAX_BATCH))
         check(isinstance(self.normalize, bool), type(self), "normalize", self.normalize, "must be true or false")
         check(self.model is None or bool(str(self.model).strip()), type(self), "model",
                self.model, "must be None or a non-empty path")
@@ -129,9 +259,8 @@ class IndexConfig:
     nprobe: int = 32
 
     def __post_init__(self) -> None:
-        check(isinstance(self.factory, str) and bool(self.factory.strip()), type(self), "factory", self.factory,
-               "must be a non-empty faiss factory string")
-        check_ints(self, ef_search=1, nprobe=1)
+        check_factory(self, "factory")
+        check_ints(self, ef_search=(1, MAX_EF_SEARCH), nprobe=(1, MAX_NLIST))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,7 +272,7 @@ class BankConfig:
     encoder: EncoderConfig | None = None
 
     def __post_init__(self) -> None:
-        check_int(self, "dim", 1)
+        check_int(self, "dim", 1, MAX_DIM)
 
 
 # ---------------------------------------------------------------- JSON round trip
@@ -409,10 +538,10 @@ class QNetConfig:
     def __post_init__(self) -> None:
         check_choice(self, "arch", QNetArch)
         if self.dim is not None:
-            check_int(self, "dim", 1)
-        check_ints(self, hidden=1, n_layers=1)
+            check_int(self, "dim", 1, MAX_DIM)
+        check_ints(self, hidden=(1, MAX_HIDDEN), n_layers=(1, MAX_LAYERS))
         check_float(self, "dropout", low=0.0, high=1.0, high_open=True)
-        check_int(self, "embed_dim", 1)
+        check_int(self, "embed_dim", 1, MAX_HIDDEN)
         check_choice(self, "anchor", QNetAnchor)
         check(self.anchor == "none" or self.arch != "two_tower", type(self), "anchor", self.anchor,
               "a cosine anchor needs arch 'mlp' or 'mlp_interact' (two_tower keys must stay state-free)")
@@ -424,7 +553,23 @@ class QNetConfig:
         check(self.relation_rank <= 4096, type(self), "relation_rank", self.relation_rank, "must be <= 4096")
         check(self.relation_rank == 0 or self.arch != "two_tower", type(self), "relation_rank", self.relation_rank,
               "a bilinear relation term needs arch 'mlp' or 'mlp_interact' (two_tower is one already)")
-        check_int(self, "seed", 0)
+        check_int(self, "seed", 0, MAX_SEED)
+        params = self.parameters_estimate()
+        check(params is None or params <= MAX_QNET_PARAMS, type(self), "hidden", self.hidden,
+              f"a Q-network of about {params} parameters with dim={self.dim}, n_layers={self.n_layers}, "
+              f"relation_rank={self.relation_rank} (at most {MAX_QNET_PARAMS})")
+
+    def parameters_estimate(self) -> int | None:
+        """About how many parameters the network has (``None`` while ``dim`` is): what :data:`MAX_QNET_PARAMS`
+        bounds."""
+        if self.dim is None:
+            return None
+        d, c, h = self.dim, self.case_dim or self.dim, self.hidden
+        if self.arch == "two_tower":
+            tower = (d + 1) * h + (self.n_layers - 1) * (h + 1) * h + (h + 1) * self.embed_dim
+            return 2 * tower + 1
+        width = d + c + (2 * d if self.arch == "mlp_interact" else 0)
+        return (width + 1) * h + (self.n_layers - 1) * (h + 1) * h + h + 1 + self.relation_rank * (d + c)
 
     @property
     def case_dim(self) -> int | None:
@@ -463,13 +608,30 @@ class ReplayConfig:
     case_dim: int | None = None
 
     def __post_init__(self) -> None:
-        check_ints(self, capacity=1, dim=1)
+        check_ints(self, capacity=(1, MAX_REPLAY_CAPACITY), dim=(1, MAX_DIM))
         if self.case_dim is not None:
-            check_int(self, "case_dim", 1)
-        check_int(self, "k_max", 1)
+            check_int(self, "case_dim", 1, 2 * MAX_DIM + CASE_SCALARS)
+        check_int(self, "k_max", 1, MAX_K)
         check(isinstance(self.store_next, bool), type(self), "store_next", self.store_next, "must be true or false")
-        check_int(self, "c_max", 1)
+        check_int(self, "c_max", 1, MAX_CANDIDATES)
         check_choice(self, "storage_dtype", StorageDtype)
+        need = self.worst_case_bytes()
+        check(need <= MAX_REPLAY_BYTES, type(self), "capacity", self.capacity,
+              f"a full buffer of {self.capacity} decisions (k_max={self.k_max}, dim={self.dim}, "
+              f"case width {self.case_width}, store_next={self.store_next}) may take {need / 2**30:.1f} GiB; "
+              f"at most {MAX_REPLAY_BYTES // 2**30} GiB")
+
+    def worst_case_bytes(self) -> int:
+        """What the buffer may hold when full: its preallocated rows (ids, masks, rewards, propensities) plus its
+        vector tables at their worst case (every row's vectors distinct, 1.5x before compaction)."""
+        n, k, c = self.capacity, self.k_max, self.c_max
+        itemsize = 4 if self.storage_dtype == "float32" else 2
+        rows = 8 * (1 + k) + k * 5 + 32
+        vectors = self.dim + k * self.case_width
+        if self.store_next:
+            rows += 8 * (1 + c) + c
+            vectors += self.dim + c * self.case_width
+        return n * rows + (3 * n * vectors * itemsize) // 2
 
     @property
     def case_width(self) -> int:
@@ -524,19 +686,19 @@ class LearnerConfig:
         check_float(self, "weight_decay", low=0.0)
         if self.max_grad_norm is not None:
             check_float(self, "max_grad_norm", low=0.0, low_open=True)
-        check_ints(self, batch_size=1, target_every=1)
+        check_ints(self, batch_size=(1, MAX_BATCH), target_every=(1, MAX_STEPS))
         check_float(self, "target_beta", low=0.0, high=1.0)
         check_choice(self, "td_loss", TDLoss)
         check_float(self, "huber_delta", low=0.0, low_open=True)
         check_float(self, "alpha", low=0.0, low_open=True)
         check_choice(self, "alpha_schedule", AlphaSchedule)
         check_float(self, "alpha_final", low=0.0, low_open=True)
-        check_int(self, "alpha_decay_steps", 1)
+        check_int(self, "alpha_decay_steps", 1, MAX_STEPS)
         check_float(self, "target_entropy_ratio", low=0.0, high=1.0, low_open=True)
         check_float(self, "alpha_lr", low=0.0, low_open=True)
         check_choice(self, "importance_weights", ImportanceWeights)
         check_float(self, "importance_cap", low=1.0)
-        check_int(self, "seed", 0)
+        check_int(self, "seed", 0, MAX_SEED)
 
 
 # ---------------------------------------------------------------- selection policies
@@ -616,7 +778,7 @@ class LinUCBConfig:
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["linucb"])
         if self.dim is not None:
-            check_int(self, "dim", 1)
+            check_int(self, "dim", 1, MAX_LINUCB_DIM)
         check_choice(self, "features", LinUCBFeatures)
         check_choice(self, "mode", LinUCBMode)
         check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
@@ -679,13 +841,13 @@ class OnlineLabelsConfig:
         cls = type(self)
         check_int(self, "m", 0)
         check(self.m <= 256, cls, "m", self.m, "must be <= 256 (scored prompts per task)")
-        check_int(self, "every", 1)
+        check_int(self, "every", 1, MAX_STEPS)
         check_choice(self, "target", LabelTarget)
         check_float(self, "tau", low=0.0, low_open=True)
         check_float(self, "weight", low=0.0)
         check_int(self, "capacity", 1)
         check(self.capacity <= 1_000_000, cls, "capacity", self.capacity, "must be <= 1000000")
-        check_int(self, "batch_size", 1)
+        check_int(self, "batch_size", 1, MAX_BATCH)
 
     @property
     def active(self) -> bool:
@@ -736,7 +898,8 @@ class SoftQConfig:
             check_float(self, "alpha", low=0.0, low_open=True)
             if self.learner.alpha != self.alpha:
                 object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
-        check_ints(self, replay_capacity=1, warmup=0, updates_per_step=0)
+        check_ints(self, replay_capacity=(1, MAX_REPLAY_CAPACITY), warmup=(0, MAX_STEPS),
+                   updates_per_step=(0, MAX_UPDATES_PER_STEP))
         check_bools(self, "positive_only")
         check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
               "init_qnet", self.init_qnet, "must be a selector directory path or null")
@@ -756,7 +919,7 @@ class CFGMRetrievalConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["cfgm"])
-        check_int(self, "k_tasks", 1)
+        check_int(self, "k_tasks", 1, MAX_K)
         check_bools(self, "tips", "focus")
 
 
@@ -772,7 +935,7 @@ class LifeMemRetrievalConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["lifemem"])
-        check_int(self, "k_trajectories", 1)
+        check_int(self, "k_trajectories", 1, MAX_K)
         check_bools(self, "skills")
 
 
@@ -793,9 +956,9 @@ class PlugMemRetrievalConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", Literal["plugmem"])
-        check_int(self, "seeds", 1)
+        check_int(self, "seeds", 1, MAX_K)
         check_bools(self, "route")
-        check_ints(self, budget_tokens=1, cases=0)
+        check_ints(self, budget_tokens=(1, MAX_TOKENS), cases=(0, MAX_K))
 
 
 PolicyConfig = (RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig | CFGMRetrievalConfig

@@ -11,12 +11,13 @@ loop and the selector whether their run's device puts the index there.
 from __future__ import annotations
 
 import logging
+import re
 from importlib import metadata
 
 import faiss
 import numpy as np
 
-from memento.config import IndexConfig
+from memento.config import MAX_DIM, IndexConfig, factory_problem
 from memento.errors import BankError, ConfigError
 
 __all__ = ["FaissIndex", "exact_topk", "faiss_distributions", "gpu_available", "use_gpu_for"]
@@ -88,17 +89,32 @@ def exact_topk(vectors_ND: np.ndarray, query_BD: np.ndarray, k: int,
     return scores_BK, labels_BK
 
 
+def _faiss_reason(error: BaseException) -> str:
+    """A faiss exception as a short reason: its last line (faiss prefixes the C++ location), at most 160 chars;
+    ``bad_alloc`` / MemoryError read as 'out of memory'."""
+    if isinstance(error, MemoryError) or "bad_alloc" in str(error):
+        return "out of memory"
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    text = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", lines[-1].strip())  # the C++ location
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 class FaissIndex:
     """A faiss index over bank positions ``0..ntotal-1`` with inner-product metric."""
 
     def __init__(self, config: IndexConfig, dim: int, *, use_gpu: bool = False):
         self.config = config
         self.dim = dim
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
+            raise ConfigError(f"faiss index dim={str(dim)[:40]}: must be an integer in 1..{MAX_DIM}")
+        problem = factory_problem(config.factory)  # an IndexConfig is checked; one built around it may not be
+        if problem is not None:
+            raise ConfigError(f"IndexConfig.factory={str(config.factory)[:80]!r}: {problem}")
         try:
             self.index = faiss.index_factory(dim, config.factory, faiss.METRIC_INNER_PRODUCT)
-        except RuntimeError as error:
-            first = str(error).strip().splitlines()[-1]
-            raise ConfigError(f"IndexConfig.factory={config.factory!r}: faiss cannot build it ({first})") from None
+        except (RuntimeError, MemoryError, ValueError, TypeError) as error:
+            raise ConfigError(f"IndexConfig.factory={config.factory!r}: faiss cannot build it over dim={dim} "
+                              f"({_faiss_reason(error)})") from None
         self._apply_search_knobs()
         self._use_gpu = use_gpu and gpu_available()
         self._gpu_index: faiss.Index | None = None
@@ -143,14 +159,22 @@ class FaissIndex:
         if len(vectors_ND) > cap:
             sample = vectors_ND[np.sort(rng.choice(len(vectors_ND), size=cap, replace=False))]
         logger.info("training faiss index %s on %d vectors", self.config.factory, len(sample))
-        self.index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        try:
+            self.index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        except (RuntimeError, MemoryError) as error:
+            raise BankError(f"faiss index {self.config.factory!r}: training on {len(sample)} vectors failed "
+                            f"({_faiss_reason(error)})") from None
         self._gpu_index = None
 
     def add(self, vectors_ND: np.ndarray) -> None:
         if not self.is_trained:
             raise BankError(f"faiss index {self.config.factory!r} is not trained yet")
         vectors_ND = np.ascontiguousarray(vectors_ND, dtype=np.float32)
-        self.index.add(vectors_ND)
+        try:
+            self.index.add(vectors_ND)
+        except (RuntimeError, MemoryError) as error:
+            raise BankError(f"faiss index {self.config.factory!r}: adding {len(vectors_ND)} vectors failed "
+                            f"({_faiss_reason(error)})") from None
         if self._gpu_index is not None:
             self._gpu_index.add(vectors_ND)
 

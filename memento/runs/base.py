@@ -35,12 +35,17 @@ import numpy as np
 import torch
 
 from memento.config import (
+    MAX_CANDIDATES,
+    MAX_K,
+    MAX_SEED,
+    MAX_STEPS,
     POLICY_CONFIGS,
     PolicyConfig,
     PolicyKind,
     SimilarityConfig,
     SoftQConfig,
     check,
+    check_factory,
     check_int,
     check_policy,
     to_dict,
@@ -56,8 +61,8 @@ from memento.runs.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, Ru
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Selection
 
-__all__ = ["Run", "RunConfig", "anchored", "crossed", "encode_checked", "loop_policy", "restore_bank", "run_bank",
-           "selection_fields", "task_order", "timed", "torch_seed"]
+__all__ = ["Run", "RunConfig", "TaskOrder", "anchored", "crossed", "encode_checked", "loop_policy", "restore_bank",
+           "run_bank", "selection_fields", "task_order", "timed", "torch_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,17 +129,16 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_int(self, "k", 1)
-        check_int(self, "candidates", 1)
+        check_int(self, "k", 1, MAX_K)
+        check_int(self, "candidates", 1, MAX_CANDIDATES)
         check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
         check_policy(self)
-        check_int(self, "seed", 0)
+        check_int(self, "seed", 0, MAX_SEED)
         for field in ("shuffle", "tensorboard", "learn"):
             check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")
-        check(isinstance(self.index, str) and bool(self.index.strip()), cls, "index", self.index,
-              "must be a non-empty faiss factory string")
-        check_int(self, "window", 1)
-        check_int(self, "checkpoint_every", 0)
+        check_factory(self, "index")
+        check_int(self, "window", 1, MAX_STEPS)
+        check_int(self, "checkpoint_every", 0, MAX_STEPS)
         check(isinstance(self.systems, SystemsConfig), cls, "systems", self.systems, "must be a SystemsConfig")
 
     @property
@@ -155,6 +159,45 @@ def task_order(n_tasks: int, steps: int, seed: np.random.SeedSequence | int, *, 
     rng = np.random.default_rng(seed)
     passes = -(-steps // n_tasks)
     return np.concatenate([rng.permutation(n_tasks) for _ in range(passes)])[:steps].astype(np.int64)
+
+
+class TaskOrder:
+    """The same indices as :func:`task_order`, drawn one pass at a time: memory holds one pass (``n_tasks``
+    indices), never ``steps`` of them, so a run's length costs no memory. Indexing by a step or a slice of steps
+    (forward, as a run reads it; an earlier pass is drawn again from the seed)."""
+
+    def __init__(self, n_tasks: int, steps: int, seed: np.random.SeedSequence | int, *, shuffle: bool = True):
+        if n_tasks < 1:
+            raise DataFormatError("the task list is empty")
+        self.n_tasks, self.steps, self.shuffle = n_tasks, steps, shuffle
+        self._seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._pass = -1  # the pass self._perm holds
+        self._perm = np.arange(n_tasks, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _permutation(self, index: int) -> np.ndarray:
+        if not self.shuffle:
+            return self._perm
+        if index < self._pass:  # backwards: draw the passes again from the start
+            self._rng, self._pass = np.random.default_rng(self._seed), -1
+        while self._pass < index:
+            self._perm = self._rng.permutation(self.n_tasks).astype(np.int64)
+            self._pass += 1
+        return self._perm
+
+    def _at(self, step: int) -> int:
+        if not 0 <= step < self.steps:
+            raise IndexError(f"step {step} outside 0..{self.steps - 1}")
+        return int(self._permutation(step // self.n_tasks)[step % self.n_tasks])
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            start, stop, stride = key.indices(self.steps)
+            return np.array([self._at(i) for i in range(start, stop, stride)], dtype=np.int64)
+        return self._at(int(key) + self.steps if int(key) < 0 else int(key))
 
 
 def torch_seed(seq: np.random.SeedSequence) -> int:
@@ -460,7 +503,7 @@ class Run:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.run_dir.start(self.resume)
         seeds = np.random.SeedSequence(cfg.seed).spawn(SEED_STREAMS)
-        self.order = task_order(self._stream_length(), self._total(), seeds[0], shuffle=cfg.shuffle)
+        self.order = TaskOrder(self._stream_length(), self._total(), seeds[0], shuffle=cfg.shuffle)
         self.rngs = {name: np.random.Generator(np.random.PCG64(seeds[i])) for name, i in self.RNGS.items()}
         self.policy_rng = self.rngs["policy_rng"]
         self.step = 0

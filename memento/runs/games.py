@@ -67,7 +67,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from memento.config import PolicyConfig, PolicyKind, SoftQConfig, check, check_choice, check_float, check_int
+from memento.config import (
+    MAX_STEPS,
+    PolicyConfig,
+    PolicyKind,
+    SoftQConfig,
+    check,
+    check_choice,
+    check_float,
+    check_int,
+)
 from memento.envs.textworld import GameState, TextWorldConfig, TextWorldEnv
 from memento.errors import CheckpointError, GameError
 from memento.formats import StepRecord
@@ -159,7 +168,7 @@ class GameLoopConfig(RunConfig):
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_int(self, "episodes", 1)
+        check_int(self, "episodes", 1, MAX_STEPS)
         super().__post_init__()
         for field in ("memory", "same_env", "plan"):
             check(isinstance(getattr(self, field), bool), cls, field, getattr(self, field), "must be true or false")

@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 import torch
 
-from memento.config import SoftQConfig, check, check_choice, check_float, check_int
+from memento.config import MAX_BATCH, MAX_STEPS, SoftQConfig, check, check_choice, check_float, check_int
 from memento.errors import CheckpointError, ConfigError, DataFormatError
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.judges import first_line
@@ -179,12 +179,12 @@ class LoopConfig(RunConfig):
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_int(self, "steps", 1)
+        check_int(self, "steps", 1, MAX_STEPS)
         super().__post_init__()
         if isinstance(self.policy, SoftQConfig):
             check(self.policy.learner.gamma == 0.0, cls, "policy", f"learner.gamma={self.policy.learner.gamma}",
                   "the online loop is single-step: learner.gamma must be 0")
-        check_int(self, "batch_size", 1)
+        check_int(self, "batch_size", 1, MAX_BATCH)
         check(isinstance(self.retain, bool), cls, "retain", self.retain, "must be true or false")
         check_float(self, "success_threshold")
         check_choice(self, "credit", Credit)

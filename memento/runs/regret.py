@@ -48,7 +48,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from memento.config import LearnerConfig, PolicyConfig, PolicyKind, SoftQConfig, check, check_int, check_policy, to_dict
+from memento.config import (
+    MAX_CANDIDATES,
+    MAX_K,
+    MAX_SEED,
+    LearnerConfig,
+    PolicyConfig,
+    PolicyKind,
+    SoftQConfig,
+    check,
+    check_int,
+    check_policy,
+    to_dict,
+)
 from memento.envs.synthetic import SyntheticBandit
 from memento.errors import BankError, ConfigError
 from memento.learn.policy import Observation, PolicyContext, PolicyFactory
@@ -78,6 +90,10 @@ def regret_policy(kind: PolicyKind) -> PolicyConfig:
     return loop_policy(kind, rewarded_only=False, soft_q=_regret_soft_q())
 
 
+MAX_REGRET_STEPS = 10_000_000
+"""A regret run's decisions: it keeps four float64 curves of one value per step (320 MB at the bound)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RegretConfig:
     """One regret run (see the module docstring).
@@ -97,15 +113,15 @@ class RegretConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_int(self, "steps", 1)
-        check_int(self, "k", 1)
-        check_int(self, "candidates", 1)
+        check_int(self, "steps", 1, MAX_REGRET_STEPS)
+        check_int(self, "k", 1, MAX_K)
+        check_int(self, "candidates", 1, MAX_CANDIDATES)
         check(self.k <= self.candidates, type(self), "k", self.k, f"must be <= candidates={self.candidates}")
         check_policy(self)
         if isinstance(self.policy, SoftQConfig):
             check(self.policy.learner.gamma == 0.0, type(self), "policy", f"learner.gamma={self.policy.learner.gamma}",
                   "the bandit is single-step: learner.gamma must be 0")
-        check_int(self, "seed", 0)
+        check_int(self, "seed", 0, MAX_SEED)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
