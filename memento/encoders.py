@@ -44,13 +44,13 @@ from memento import sqlite
 from memento.config import EncoderConfig, Pooling
 from memento.errors import CheckpointError, DataFormatError, EncoderError
 from memento.hub import HUB_PREFIX, default_cache_dir, hub_ref, local_or_hub, resolve_snapshot, snapshot_of
-from memento.io import read_versioned_json
+from memento.io import read_json, read_versioned_json
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "EmbeddingCache", "Encoder", "STModules",
-           "default_model_path", "read_st_modules", "saved_pooling"]
+__all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "PICKLE_WEIGHTS", "EmbeddingCache", "Encoder", "STModules",
+           "check_safetensors_weights", "default_model_path", "read_st_modules", "saved_pooling"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,42 @@ def saved_pooling(path: str | Path) -> Pooling | None:
     if pooling not in get_args(Pooling):
         raise EncoderError(f"{meta_path}: pooling={pooling!r} is not one of {get_args(Pooling)}")
     return pooling
+
+
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth", "model.ckpt",
+                  "pytorch_model.pt", "pytorch_model.pth")
+"""Weight files in a pickle format (``torch.load`` runs code from them); memento never reads one."""
+
+
+def check_safetensors_weights(directory: str | Path, *, error: type[Exception] = EncoderError) -> None:
+    """Refuse, as a one-line ``error`` naming the file, an encoder directory whose weights are only in a pickle
+    format (``pytorch_model.bin`` and the like, :data:`PICKLE_WEIGHTS`, or any other ``*.bin``): memento loads
+    safetensors only (``model.safetensors``, or a sharded ``model.safetensors.index.json``), and a pickle file
+    beside them is never read. The sentence-transformers Dense modules of ``modules.json`` are checked too.
+    Reads file names only: nothing is loaded."""
+    root = Path(directory)
+    dirs = [root]
+    modules_path = root / "modules.json"
+    if modules_path.is_file():
+        try:
+            modules = _read_json(modules_path)
+        except EncoderError as failure:
+            raise error(str(failure)) from None
+        for module in modules if isinstance(modules, list) else []:
+            rel = module.get("path") if isinstance(module, dict) else None
+            if isinstance(rel, str) and rel and ".." not in Path(rel).parts and not Path(rel).is_absolute():
+                dirs.append(root / rel)
+    for where in dirs:
+        try:
+            names = sorted(entry.name for entry in where.iterdir() if entry.is_file())
+        except OSError:
+            continue  # not a directory (a Pooling module's path...): nothing to refuse here
+        if any(name.endswith(".safetensors") or name == "model.safetensors.index.json" for name in names):
+            continue
+        pickled = [name for name in names if name in PICKLE_WEIGHTS or name.endswith(".bin")]
+        if pickled:
+            raise error(f"{where / pickled[0]}: pickle weights are not loaded; convert to safetensors "
+                        "(model.safetensors)")
 
 
 def _model_fingerprint(path: Path, model_id: str) -> str:
@@ -160,14 +196,10 @@ class STModules:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise EncoderError(f"{path}: unreadable sentence-transformers config ({error})") from None
+    return read_json(path, error=EncoderError, what="sentence-transformers config")
 
 
 def _load_dense(directory: Path) -> tuple[_Dense, dict[str, Any], bytes]:
-    import torch
 
     config_path = directory / "config.json"
     config = _read_json(config_path)
@@ -189,10 +221,10 @@ def _load_dense(directory: Path) -> tuple[_Dense, dict[str, Any], bytes]:
         raw = (directory / "model.safetensors").read_bytes()
         tensors = load_file(directory / "model.safetensors")
     elif (directory / "pytorch_model.bin").is_file():
-        raw = (directory / "pytorch_model.bin").read_bytes()
-        tensors = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        raise EncoderError(f"{directory / 'pytorch_model.bin'}: pickle weights are not loaded; convert to "
+                           "safetensors (model.safetensors)")
     else:
-        raise EncoderError(f"{directory}: a Dense module without model.safetensors or pytorch_model.bin")
+        raise EncoderError(f"{directory}: a Dense module without model.safetensors")
     weight, bias = tensors.get("linear.weight"), tensors.get("linear.bias")
     if weight is None or tuple(weight.shape) != (out_features, in_features):
         raise EncoderError(f"{directory}: linear.weight must have shape ({out_features}, {in_features}), got "
@@ -477,12 +509,15 @@ class Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         path, model_id, revision = cls.resolve(config.model)
+        check_safetensors_weights(path)  # before anything is loaded: pickle weights are refused, never read
         st_modules = read_st_modules(path) if modules else None
         weights = path if st_modules is None else st_modules.transformer_dir
+        if weights != path:
+            check_safetensors_weights(weights)
         device = resolve_device(device)
         try:
             tokenizer = AutoTokenizer.from_pretrained(weights, local_files_only=True)
-            model = AutoModel.from_pretrained(weights, local_files_only=True)
+            model = AutoModel.from_pretrained(weights, local_files_only=True, use_safetensors=True)
         except (OSError, ValueError) as error:
             raise EncoderError(f"encoder {model_id!r}: cannot load from {weights}: {error}") from None
         if st_modules is not None and st_modules.pooling is not None:

@@ -125,3 +125,52 @@ def test_unsupported_modules_are_refused_in_one_line(tmp_path: Path) -> None:
     _dense_dir(path2, torch.zeros(4, 384), torch.zeros(4), "mypackage.Evil")
     with pytest.raises(EncoderError, match="activation_function 'mypackage.Evil'"):
         Encoder.from_pretrained(path2, device="cpu", use_cache=False)
+
+
+def _pickle_encoder(tmp_path: Path, *, with_safetensors: bool = False) -> Path:
+    """The bundled MiniLM's config and tokenizer, its weights as a pickle (``pytorch_model.bin``) only."""
+    src, out = default_model_path(), tmp_path / "pickle-model"
+    out.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        os.symlink(src / name, out / name)
+    torch.save({"embeddings.word_embeddings.weight": torch.zeros(2, 2)}, out / "pytorch_model.bin")
+    if with_safetensors:
+        os.symlink(src / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+def _no_torch_load(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    loads: list[str] = []
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: loads.append(str(args[0])) or {})
+    return loads
+
+
+def test_pickle_only_weights_are_refused_before_any_torch_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _pickle_encoder(tmp_path)
+    loads = _no_torch_load(monkeypatch)
+    with pytest.raises(EncoderError) as caught:
+        Encoder.from_pretrained(str(model), device="cpu", use_cache=False)
+    message = str(caught.value)
+    assert message == (f"{model / 'pytorch_model.bin'}: pickle weights are not loaded; convert to safetensors "
+                       "(model.safetensors)")
+    assert loads == []
+
+
+def test_pickle_weights_beside_safetensors_are_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _pickle_encoder(tmp_path, with_safetensors=True)
+    loads = _no_torch_load(monkeypatch)
+    encoder = Encoder.from_pretrained(str(model), device="cpu", use_cache=False)
+    assert loads == [] and encoder.dim == 384
+
+
+def test_a_pickle_dense_module_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kinds = enumerate([("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Dense", "Dense")])
+    model = _st_copy(tmp_path, [{"idx": str(i), "name": str(i), "path": rel,
+                                 "type": f"sentence_transformers.models.{kind}"} for i, (rel, kind) in kinds])
+    (model / "2_Dense").mkdir()
+    (model / "2_Dense" / "config.json").write_text(json.dumps({"in_features": 384, "out_features": 4}))
+    torch.save({"linear.weight": torch.zeros(4, 384)}, model / "2_Dense" / "pytorch_model.bin")
+    loads = _no_torch_load(monkeypatch)
+    with pytest.raises(EncoderError, match=r"2_Dense/pytorch_model.bin: pickle weights are not loaded"):
+        Encoder.from_pretrained(str(model), device="cpu", use_cache=False)
+    assert loads == []
