@@ -13,6 +13,34 @@ Every error is one line naming the method, the URL and what went wrong, e.g.
 ``POST http://127.0.0.1:8000/v1/chat/completions: HTTP 500 after 4 attempts: <body excerpt>``
 (``max_retries=3`` means up to 4 attempts).
 
+The server is a network peer: its replies are input, checked before anything is used.
+
+- **Time.** ``timeout_s`` is the deadline of a whole attempt (connecting, sending, the headers and
+  the last byte of the body), not of one socket read: a server that drips a byte a second, headers or
+  body, is cut off at ``timeout_s`` (every socket operation of the attempt waits at most what is left
+  of it) and the attempt counts as timed out (retried).
+- **Size.** A reply body may hold at most :data:`MAX_REPLY_BYTES` (16 MiB) on the wire and once
+  decompressed (``gzip``/``deflate``; other content codings are refused): a larger
+  ``Content-Length`` is refused before reading, a longer body (or a gzip bomb) as soon as it passes
+  the cap. Only the first 64 KiB of an error (non-2xx) body is read, for its excerpt.
+- **Retried** (transient): no connection, a timeout, a connection dropped or an HTTP protocol error
+  before the reply was complete (a body cut short of its ``Content-Length`` included), HTTP 429 and
+  5xx. **Not retried** (one line, the server answered deliberately): other 4xx, a redirect (3xx:
+  never followed, the message names its ``Location``; give the final URL), a 2xx whose
+  ``Content-Type`` is present and not JSON, a complete 2xx body that is empty, not UTF-8, not JSON
+  or not a JSON object, a JSON document nested deeper than 100 levels, holding an integer of more
+  than 4300 digits, ``NaN``/``Infinity`` (or a float beyond range) or a lone surrogate, a 2xx
+  carrying ``{"error": ...}`` instead of ``choices``, and any reply without what the call needs.
+- **Nothing nonsensical is used.** ``plan()``: ``choices[0].message.content`` (chat; ``null`` is the
+  empty answer) or ``choices[0].text`` (completions) must be a string without NUL characters and of
+  at most ``64 * max_tokens`` characters (what ``max_tokens`` tokens can hold); ``usage``, when
+  present and not ``null``, must be an object whose ``prompt_tokens``/``completion_tokens`` are
+  absent, ``null`` or integers in [0, 2**31). ``score()``: every ``token_logprobs`` entry is
+  ``null`` or a finite number <= 0 (a log-probability), the answer's are all numbers, ``tokens``
+  are strings and ``text_offset`` non-negative and non-decreasing.
+
+Error messages quote what the server sent as an excerpt of at most 200 characters on one line.
+
 Scoring (``score()`` / ``score_many()``, the :class:`~memento.planners.base.ScoringPlanner`
 protocol) asks the completions endpoint (``<base_url>/completions``, whatever ``mode`` is) for the
 log-probabilities of the prompt itself, as vLLM offers: ``prompt`` is ``render_prompt(...) +
@@ -37,11 +65,13 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from memento.config import check, check_choice, check_int
+from memento.io import finite_float, parse_json, shorten
 from memento.planners.base import (
     AnswerScore,
     PlannerError,
@@ -64,6 +94,12 @@ _EXCERPT_CHARS = 200
 _MAX_BACKOFF_S = 60.0
 _EXTRA = "memento-mdp[openai]"
 
+MAX_REPLY_BYTES = 16 * 2 ** 20
+"""The most bytes a reply body may hold, on the wire and decompressed (16 MiB)."""
+_ERROR_BODY_BYTES = 64 * 2 ** 10  # what is read of a non-2xx body, for its excerpt
+_CHARS_PER_TOKEN = 64  # an answer longer than this many characters per max_tokens is refused
+_MAX_COUNT = 2 ** 31  # a usage token count must be below this
+
 
 def _httpx() -> Any:
     """The ``httpx`` module (or ``httpx2``, its successor with the same API); a one-line error naming the extra."""
@@ -82,20 +118,96 @@ def _retry_after(header: str | None) -> float | None:
     if header is None:
         return None
     try:
-        return max(0.0, float(header))
+        seconds = float(header)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if seconds == seconds else None  # inf is capped by the caller; NaN is unreadable
     try:
         when = email.utils.parsedate_to_datetime(header)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _finite(value: Any, low: float, *, low_open: bool = False) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
         return False
     return value > low if low_open else value >= low
+
+
+class _DeadlineStream:
+    """A network stream whose every operation waits at most what is left of the calling thread's attempt."""
+
+    def __init__(self, stream: Any, backend: _DeadlineBackend):
+        self._stream = stream
+        self._backend = backend
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._backend.left(timeout, "ReadTimeout"))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._backend.left(timeout, "WriteTimeout"))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        stream = self._stream.start_tls(ssl_context, server_hostname, self._backend.left(timeout, "ConnectTimeout"))
+        return _DeadlineStream(stream, self._backend)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend:
+    """Wraps an ``httpcore`` network backend so that connecting, reading and writing never outlast the deadline
+    the calling thread set in ``deadline.end`` (``time.monotonic()`` seconds; ``None``: no deadline)."""
+
+    def __init__(self, backend: Any, httpcore: Any, deadline: threading.local):
+        self._backend = backend
+        self._httpcore = httpcore
+        self._deadline = deadline
+
+    def left(self, timeout: float | None, kind: str) -> float | None:
+        end = getattr(self._deadline, "end", None)
+        if end is None:
+            return timeout
+        left = end - time.monotonic()
+        if left <= 0:
+            raise getattr(self._httpcore, kind)("the attempt's deadline has passed")
+        return left if timeout is None else min(timeout, left)
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> _DeadlineStream:
+        stream = self._backend.connect_tcp(host, port, timeout=self.left(timeout, "ConnectTimeout"),
+                                           local_address=local_address, socket_options=socket_options)
+        return _DeadlineStream(stream, self)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        stream = self._backend.connect_unix_socket(path, timeout=self.left(timeout, "ConnectTimeout"),
+                                                   socket_options=socket_options)
+        return _DeadlineStream(stream, self)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def _bound_by_deadline(client: Any, deadline: threading.local) -> bool:
+    """Put a :class:`_DeadlineBackend` under every connection pool of an ``httpx`` client; False when this
+    ``httpx`` does not expose them (the deadline is then checked between the body's chunks only)."""
+    try:
+        import httpcore
+    except ImportError:  # pragma: no cover - httpx always brings httpcore
+        return False
+    wrapped = False
+    for transport in [getattr(client, "_transport", None), *getattr(client, "_mounts", {}).values()]:
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if backend is not None and not isinstance(backend, _DeadlineBackend):
+            pool._network_backend = _DeadlineBackend(backend, httpcore, deadline)  # type: ignore[union-attr]
+            wrapped = True
+    return wrapped
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,8 +292,35 @@ class OpenAICompatConfig:
 
 
 def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
+    text = " ".join(text[:_EXCERPT_CHARS * 4].split())
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+def _json_excerpt(value: Any) -> str:
+    """A parsed JSON value as a quoted one-line excerpt."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except ValueError:  # pragma: no cover - parse_json refused what could not be written back
+        text = shorten(value, _EXCERPT_CHARS)
+    return repr(_excerpt(text))
+
+
+def _decode(raw: bytes, coding: str, cap: int) -> bytes:
+    """A body undone from its ``Content-Encoding`` (identity, gzip or deflate), at most ``cap + 1`` bytes of it;
+    ``ValueError`` naming what is wrong."""
+    coding = coding.strip().lower()
+    if coding in ("", "identity"):
+        return raw
+    if coding in ("gzip", "x-gzip"):
+        decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif coding == "deflate":
+        decompressor = zlib.decompressobj(zlib.MAX_WBITS if raw[:1] == b"\x78" else -zlib.MAX_WBITS)
+    else:
+        raise ValueError(f"Content-Encoding {_excerpt(coding)!r} is not supported (identity, gzip or deflate)")
+    try:
+        return decompressor.decompress(raw, cap + 1)
+    except zlib.error as error:
+        raise ValueError(f"the body is not valid {coding} data ({error})") from None
 
 
 class _Refused(PlannerError):
@@ -193,7 +332,7 @@ class _Refused(PlannerError):
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT else None
 
 
 def _state(container: dict[str, Any], key: str) -> str:
@@ -255,6 +394,7 @@ class OpenAICompatPlanner:
         self.stop = self.config.stop_strings
         self.attempts = 0
         self._lock = threading.Lock()
+        self._deadline = threading.local()  # .end: the monotonic deadline of this thread's attempt
         self._score_max_tokens = 0  # 1 once a server has refused max_tokens=0
 
     def _http(self) -> Any:
@@ -263,9 +403,12 @@ class OpenAICompatPlanner:
             if self._client is None:
                 httpx = self._httpx
                 n = self.config.concurrency
-                self._client = httpx.Client(timeout=httpx.Timeout(self.config.timeout_s),
-                                            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                                            follow_redirects=False)
+                client = httpx.Client(timeout=httpx.Timeout(self.config.timeout_s),
+                                      limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                                      follow_redirects=False)
+                if not _bound_by_deadline(client, self._deadline):
+                    logger.debug("this httpx hides its network backend: the deadline is checked between reads")
+                self._client = client
             return self._client
 
     def close(self) -> None:
@@ -309,7 +452,8 @@ class OpenAICompatPlanner:
         return body
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "Accept-Encoding": "gzip, deflate"}
         env = self.config.api_key_env
         key = os.environ.get(env, "").strip() if env else ""
         if key:
@@ -317,24 +461,81 @@ class OpenAICompatPlanner:
         return headers
 
     def _attempt(self, data: bytes, url: str) -> bytes:
+        """One POST within ``timeout_s`` in all: the body of a 2xx reply, or :class:`_Retryable` / a
+        :class:`PlannerError` (:class:`_Refused` for a 4xx)."""
         httpx = self._httpx
         client = self._http()
         with self._lock:
             self.attempts += 1
+        timeout_s = self.config.timeout_s
+        self._deadline.end = end = time.monotonic() + timeout_s
         try:
-            response = client.post(url, content=data, headers=self._headers())
+            request = client.build_request("POST", url, content=data, headers=self._headers())
+            response = client.send(request, stream=True)
+            try:
+                return self._read(response, url, end)
+            finally:
+                response.close()
         except httpx.TimeoutException:
-            raise _Retryable(f"timed out (timeout_s={self.config.timeout_s:g})") from None
+            raise _Retryable(f"timed out (timeout_s={timeout_s:g} for the whole attempt)") from None
         except httpx.ConnectError as error:
             raise _Retryable("cannot connect", _excerpt(str(error) or type(error).__name__)) from None
-        except httpx.TransportError as error:  # the connection dropped, a protocol error
+        except httpx.TransportError as error:  # the connection dropped, a reply cut short, a protocol error
             raise _Retryable("connection failed", _excerpt(f"{type(error).__name__}: {error}")) from None
+        except httpx.HTTPError as error:  # anything else the client refuses in a reply
+            raise PlannerError(f"POST {url}: the reply cannot be read: "
+                               f"{_excerpt(f'{type(error).__name__}: {error}')}") from None
+        finally:
+            self._deadline.end = None
+
+    def _read(self, response: Any, url: str, end: float) -> bytes:
+        """The body of ``response`` (bounded in bytes and by the deadline ``end``), or the error it means."""
         code = response.status_code
+        headers = response.headers
+        cap = MAX_REPLY_BYTES if code < 300 else _ERROR_BODY_BYTES
+        length = (headers.get("Content-Length") or "").strip()
+        if code < 300 and length.isdigit() and (len(length) > 12 or int(length) > cap):
+            raise PlannerError(f"POST {url}: HTTP {code} announces a body of {shorten(length, 40)} bytes, more than "
+                               f"the {cap} bytes a reply may hold")
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_raw():
+            if time.monotonic() > end:
+                raise self._httpx.ReadTimeout("the attempt's deadline passed while reading the body")
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                if code < 300:
+                    raise PlannerError(f"POST {url}: HTTP {code} with a body of more than {cap} bytes "
+                                       "(the most a reply may hold)")
+                break
+        raw = b"".join(chunks)
+        try:
+            body = _decode(raw, headers.get("Content-Encoding") or "", cap)
+        except ValueError as error:
+            if code < 300:
+                raise PlannerError(f"POST {url}: HTTP {code}: {error}") from None
+            body = b""
+        if len(body) > cap:
+            if code < 300:
+                raise PlannerError(f"POST {url}: HTTP {code} with a body that decompresses to more than {cap} bytes "
+                                   "(the most a reply may hold)")
+            body = body[:cap]
         if code < 300:
-            return response.content
-        detail = _excerpt(response.text)
+            kind = headers.get("Content-Type")
+            mime = (kind or "").split(";")[0].strip().lower()
+            if kind is not None and mime != "application/json" and not mime.endswith("+json"):
+                raise PlannerError(f"POST {url}: HTTP {code} with Content-Type {_excerpt(kind)!r}, expected "
+                                   f"application/json: {_excerpt(body.decode('utf-8', errors='replace'))!r}")
+            return body
+        detail = _excerpt(body.decode("utf-8", errors="replace"))
         if code == 429 or code >= 500:
-            raise _Retryable(f"HTTP {code}", detail, _retry_after(response.headers.get("Retry-After")))
+            raise _Retryable(f"HTTP {code}", detail, _retry_after(headers.get("Retry-After")))
+        if 300 <= code < 400:
+            where = headers.get("Location")
+            to = f" to {_excerpt(where)!r}" if where else ""
+            raise _Refused(f"POST {url}: HTTP {code} redirect{to}: redirects are not followed "
+                           "(give the server's final URL, up to and including /v1)", code)
         raise _Refused(f"POST {url}: HTTP {code}" + (f": {detail}" if detail else ""), code)
 
     def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
@@ -357,36 +558,60 @@ class OpenAICompatPlanner:
                 logger.info("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", url, error.reason,
                                f": {error.detail}" if error.detail else "", attempt, total, delay)
                 time.sleep(delay)
-        text = raw.decode("utf-8", errors="replace")
+        where = f"POST {url}"
         try:
-            response = json.loads(text)
-        except json.JSONDecodeError:
-            raise PlannerError(f"POST {url}: response is not JSON: {_excerpt(text)!r}") from None
+            response = parse_json(raw, where="", error=PlannerError, finite=True)
+        except PlannerError as error:
+            excerpt = _excerpt(raw[:_EXCERPT_CHARS * 4].decode("utf-8", errors="replace"))
+            why = str(error).lstrip(":0123456789 ")
+            raise PlannerError(f"{where}: response is not JSON: {excerpt!r} ({why})") from None
         if not isinstance(response, dict):
-            raise PlannerError(f"POST {url}: response is not a JSON object: {_excerpt(text)!r}")
+            raise PlannerError(f"{where}: response is not a JSON object (a {type(response).__name__}): "
+                               f"{_json_excerpt(response)}")
+        if "choices" not in response and "error" in response:
+            raise PlannerError(f"{where}: the server answered with an error: {_json_excerpt(response['error'])}")
         return response
 
     def _parse(self, response: dict[str, Any]) -> tuple[str, int, int]:
+        where = f"POST {self.url}"
         choices = response.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise PlannerError(f"POST {self.url}: response has no choices: {_excerpt(json.dumps(response))!r}")
+            raise PlannerError(f"{where}: response has no choices: {_json_excerpt(response)}")
         choice = choices[0]
         if self.config.mode == "chat":
             message = choice.get("message")
             if not isinstance(message, dict) or not isinstance(message.get("content", ""), (str, type(None))):
-                raise PlannerError(f"POST {self.url}: choices[0] has no message: {_excerpt(json.dumps(choice))!r}")
-            text = message.get("content") or ""
+                raise PlannerError(f"{where}: choices[0] has no message: {_json_excerpt(choice)}")
+            text, field = message.get("content") or "", "choices[0].message.content"
         else:
-            text = choice.get("text")
+            text, field = choice.get("text"), "choices[0].text"
             if not isinstance(text, str):
-                raise PlannerError(f"POST {self.url}: choices[0] has no text: {_excerpt(json.dumps(choice))!r}")
+                raise PlannerError(f"{where}: choices[0] has no text: {_json_excerpt(choice)}")
+        if "\x00" in text:
+            raise PlannerError(f"{where}: {field} holds a NUL character, which an answer cannot: {_excerpt(text)!r}")
+        limit = _CHARS_PER_TOKEN * self.config.max_tokens
+        if len(text) > limit:
+            raise PlannerError(f"{where}: {field} is {len(text)} characters, more than max_tokens="
+                               f"{self.config.max_tokens} tokens can hold ({limit}): {_excerpt(text)!r}")
+        return text, *self._usage(where, response)
+
+    @staticmethod
+    def _usage(where: str, response: dict[str, Any]) -> tuple[int, int]:
+        """``usage.prompt_tokens`` and ``usage.completion_tokens`` (0 when absent or null); nonsense is refused."""
         usage = response.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
+        if usage is None:
+            return 0, 0
+        if not isinstance(usage, dict):
+            raise PlannerError(f"{where}: usage is a {type(usage).__name__}, expected an object: "
+                               f"{_json_excerpt(usage)}")
         counts = []
         for key in ("prompt_tokens", "completion_tokens"):
             value = usage.get(key)
-            counts.append(value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0)
-        return text, counts[0], counts[1]
+            if value is not None and _count(value) is None:
+                raise PlannerError(f"{where}: usage.{key} is {shorten(value)}, expected a token count "
+                                   f"(an integer from 0 to {_MAX_COUNT - 1})")
+            counts.append(value or 0)
+        return counts[0], counts[1]
 
     # ------------------------------------------------------------------ the protocol
 
@@ -455,7 +680,7 @@ class OpenAICompatPlanner:
         where = f"POST {self.completions_url}"
         choices = response.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise PlannerError(f"{where}: response has no choices: {_excerpt(json.dumps(response))!r}")
+            raise PlannerError(f"{where}: response has no choices: {_json_excerpt(response)}")
         choice = choices[0]
         need = "scoring needs the prompt's logprobs (echo=true, logprobs=1), as vLLM's /v1/completions gives"
         logprobs = choice.get("logprobs")
@@ -467,6 +692,11 @@ class OpenAICompatPlanner:
             state = "all null" if isinstance(token_logprobs, list) else _state(logprobs, "token_logprobs")
             raise PlannerError(f"{where}: the server returned no prompt logprobs "
                                f"(choices[0].logprobs.token_logprobs is {state}); {need}")
+        bad = next((i for i, value in enumerate(token_logprobs) if value is not None and not (
+            (number := finite_float(value)) is not None and number <= 0.0)), None)
+        if bad is not None:
+            raise PlannerError(f"{where}: choices[0].logprobs.token_logprobs[{bad}] is "
+                               f"{shorten(token_logprobs[bad])}, not a log-probability (null or a finite number <= 0)")
         tokens, offsets = logprobs.get("tokens"), logprobs.get("text_offset")
         if (not isinstance(tokens, list) or not isinstance(offsets, list)
                 or not len(tokens) == len(offsets) == len(token_logprobs)
@@ -477,15 +707,17 @@ class OpenAICompatPlanner:
             raise PlannerError(f"{where}: malformed logprobs: tokens, token_logprobs and text_offset must be lists "
                                f"of one length (strings, numbers, non-decreasing offsets); got lengths {got}")
         text = choice.get("text")
+        if text is not None and not isinstance(text, str):
+            raise PlannerError(f"{where}: choices[0].text is a {type(text).__name__}, expected the echoed prompt: "
+                               f"{_json_excerpt(text)}")
         if isinstance(text, str) and not text.startswith(body["prompt"]):
             raise PlannerError(f"{where}: the server did not echo the prompt (choices[0].text does not start with "
                                f"it: {_excerpt(text)!r}); {need}")
         n_total = len(tokens)
-        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-        n_prompt = _count(usage.get("prompt_tokens"))
-        if n_prompt is None or not 1 <= n_prompt <= n_total:
-            generated = _count(usage.get("completion_tokens"))
-            n_prompt = n_total - (body["max_tokens"] if generated is None else generated)
+        n_prompt, generated = self._usage(where, response)
+        if not 1 <= n_prompt <= n_total:
+            reported = (response.get("usage") or {}).get("completion_tokens") is not None
+            n_prompt = n_total - (generated if reported else body["max_tokens"])
         ends = [offsets[i + 1] if i + 1 < n_total else offsets[i] + len(tokens[i]) for i in range(n_total)]
         if n_prompt < 1:
             raise PlannerError(f"{where}: malformed logprobs: {n_total} tokens for the prompt and its completion")
@@ -499,7 +731,7 @@ class OpenAICompatPlanner:
             if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise PlannerError(f"{where}: the server returned no logprob for answer token {i} "
                                    f"(choices[0].logprobs.token_logprobs[{i}] is {value!r}); {need}")
-        return float(sum(values)), len(values), first
+        return sum(float(value) for value in values), len(values), first  # -inf past float range: refused
 
     def __repr__(self) -> str:
         return f"OpenAICompatPlanner(model={self.config.model!r}, url={self.url!r}, mode={self.config.mode!r})"

@@ -291,7 +291,8 @@ def test_timeout_is_retried_then_fails(server: FakeServer):
     with pytest.raises(PlannerError) as info:
         planner.plan(ITALY, [])
     elapsed = time.perf_counter() - start
-    assert str(info.value) == f"POST {server.base_url}/chat/completions: timed out (timeout_s=0.15) after 2 attempts"
+    assert str(info.value) == (f"POST {server.base_url}/chat/completions: timed out (timeout_s=0.15 for the whole "
+                               "attempt) after 2 attempts")
     assert len(server.requests) == 2 and elapsed < 1.0
 
 
@@ -490,11 +491,14 @@ def test_score_without_prompt_logprobs_names_the_server_and_what_is_missing(serv
     (_set("text", "Rome"), "the server did not echo the prompt (choices[0].text does not start with it: 'Rome')"),
     (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, None),
      "the server returned no logprob for answer token 18 (choices[0].logprobs.token_logprobs[18] is None)"),
-    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, "x"), "no logprob for answer token 18"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, "x"),
+     "choices[0].logprobs.token_logprobs[18] is 'x', not a log-probability (null or a finite number <= 0)"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, 0.5), "token_logprobs[18] is 0.5, not a"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, -10 ** 400), "is an integer of"),
     (lambda choice: choice["logprobs"].update(tokens=["me"], token_logprobs=[-0.4], text_offset=[0])
      or choice.pop("text"), "the echoed prompt tokens (text_offset up to 2) cannot hold the answer's 5 characters"),
     (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, math.nan),
-     "task 't1', case set 0: the log-likelihood of the answer is nan (not finite)"),
+     "response is not JSON: "),  # NaN is no JSON number
 ])
 def test_score_malformed_logprobs(server: FakeServer, change, message):
     def reply(body: dict[str, Any]) -> dict[str, Any]:
