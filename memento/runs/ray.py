@@ -72,10 +72,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
 import os
+import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -97,9 +101,9 @@ from memento.runs.qa import Acted, LoopConfig, OnlineLoop, rollout
 from memento.systems.items import memory_tokens
 from memento.types import Case, Selection, Task
 
-__all__ = ["WORKERS_LOG", "WORKER_KINDS", "PolicySnapshot", "RayOnlineLoop", "RolloutWorker", "UnitResult",
-           "WorkUnit", "WorkerError", "WorkerSetup", "WorkersConfig", "import_ray", "ray_runtime", "read_workers_log",
-           "worker_loop_class"]
+__all__ = ["MAX_WORKERS", "WORKERS_LOG", "WORKER_KINDS", "PolicySnapshot", "RayOnlineLoop", "RolloutWorker",
+           "UnitResult", "WorkUnit", "WorkerError", "WorkerSetup", "WorkersConfig", "import_ray", "ray_runtime",
+           "read_workers_log", "require_ray", "worker_loop_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +119,24 @@ WORKERS_LOG = "workers.jsonl"
 
 RAY_EXTRA = "pip install 'memento-mdp[ray]'"
 
+MAX_WORKERS = 64
+"""The most rollout workers one run may ask for (``WorkersConfig.workers``)."""
+
+LOOPBACK = "127.0.0.1"
+
+_SUMMED_STATS = ("restarts", "resubmitted", "dropped_duplicates", "snapshots", "staleness_sum", "transitions")
+"""Worker figures a resumed run adds to its checkpoint's (``staleness_max`` takes the larger)."""
+
 RESTART_POLL_S = 0.25
 """Seconds between two questions to a restarting worker whether it is back."""
+
+
+def require_ray() -> None:
+    """One :class:`ConfigError` line naming the extra when Ray is not installed (without importing it: a local Ray
+    started later by :func:`ray_runtime` can still turn on Ray's token authentication, which Ray reads when it is
+    first imported)."""
+    if sys.modules.get("ray") is None and importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"rollout workers (--workers N > 1) need Ray: {RAY_EXTRA}")
 
 
 def import_ray() -> Any:
@@ -132,10 +152,12 @@ def import_ray() -> Any:
 class WorkersConfig:
     """The rollout workers of one run (see the module docstring).
 
-    - ``workers``: Ray actors, each with its own planner and judge (>= 1; the CLI uses this class for N >= 2);
+    - ``workers``: Ray actors, each with its own planner and judge (1 to :data:`MAX_WORKERS`; the CLI uses this
+      class for N >= 2);
     - ``sync_every``: learner updates between two policy snapshots sent to the workers (1: every update);
     - ``address``: a Ray cluster to join (``ray.init(address=...)``, e.g. ``"auto"`` or ``"ray://host:10001"``);
-      ``None`` starts a local Ray with ``max(cpu count, workers * worker_cpus)`` logical CPUs;
+      ``None`` starts a local Ray with ``max(cpu count, workers * worker_cpus)`` logical CPUs (see
+      :func:`ray_runtime` for how it is confined to this machine and ended with the driver);
     - ``worker_cpus`` / ``worker_gpus``: resources each actor asks for (a local transformers planner on a GPU
       wants ``worker_gpus=1``; an HTTP planner needs little);
     - ``max_restarts``: how often Ray restarts a dead worker (its unfinished unit is sent again each time);
@@ -153,6 +175,7 @@ class WorkersConfig:
     def __post_init__(self) -> None:
         cls = type(self)
         check_ints(self, workers=1, sync_every=1)
+        check(self.workers <= MAX_WORKERS, cls, "workers", self.workers, f"must be <= {MAX_WORKERS}")
         check(self.address is None or (isinstance(self.address, str) and bool(self.address.strip())), cls,
               "address", self.address, "must be null (a local Ray) or a Ray address")
         check_float(self, "worker_cpus", low=0.0)
@@ -161,23 +184,82 @@ class WorkersConfig:
         check_float(self, "ready_timeout_s", low=0.0, low_open=True)
 
 
+def _token_auth() -> bool:
+    """Turn on Ray's token authentication (``RAY_AUTH_MODE=token`` with a fresh random ``RAY_AUTH_TOKEN``) for the
+    local Ray about to start, when this Ray has it, the user chose no mode and Ray is not imported yet (Ray reads
+    the mode once, at import). The variables stay set in this process (a later local Ray in it uses the same
+    mode). Returns whether the Ray about to start requires the token."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return os.environ["RAY_AUTH_MODE"] == "token"
+    if "ray" in sys.modules:
+        return False
+    spec = importlib.util.find_spec("ray")
+    origin = getattr(spec, "origin", None)
+    if origin is None or not (Path(origin).parent / "_private" / "authentication").is_dir():
+        return False  # a Ray without token authentication (before 2.52)
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_urlsafe(32)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    return True
+
+
+class _Watchdog:
+    """The process that ends a local Ray when its driver dies (:mod:`memento.runs.ray_watchdog`)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "memento.runs.ray_watchdog", str(os.getpid())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+                                     close_fds=True)
+
+    def stop(self) -> None:
+        """The driver shuts Ray down itself: the watchdog leaves without ending anything."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @contextlib.contextmanager
 def ray_runtime(config: WorkersConfig) -> Iterator[Any]:
     """Ray for the duration of the block: joined at ``config.address``, or a local one started (and shut down at
-    the end); an already initialised Ray is used as it is and left running."""
+    the end); an already initialised Ray is used as it is and left running.
+
+    A local Ray is confined to this machine as far as Ray allows: no dashboard, its node address is
+    ``127.0.0.1``, and (Ray >= 2.52) token authentication with a fresh random token, so that the gRPC ports Ray
+    opens on every interface (Ray has no setting to bind them to loopback) refuse whoever does not hold the token.
+    A watchdog process ends every Ray process the run started within about a second when the driver dies,
+    SIGKILL included (:mod:`memento.runs.ray_watchdog`)."""
+    started_here = config.address is None and not ("ray" in sys.modules and sys.modules["ray"].is_initialized())
+    auth = _token_auth() if started_here else False
     ray = import_ray()
     if ray.is_initialized():
         yield ray
         return
+    watchdog: _Watchdog | None = None
     if config.address is not None:
         ray.init(address=config.address, logging_level=logging.WARNING)
     else:
         cpus = max(os.cpu_count() or 1, math.ceil(config.workers * config.worker_cpus))
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+        watchdog = _Watchdog()  # first: it ends the processes started after it (a failed init's too)
+        try:
+            ray.init(num_cpus=cpus, include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=LOOPBACK,
+                     logging_level=logging.WARNING)
+        except BaseException:
+            watchdog.stop()
+            raise
+        logger.info("started a local Ray (%d CPUs, token authentication %s)", cpus, "on" if auth else "off")
     try:
         yield ray
     finally:
-        ray.shutdown()
+        try:
+            ray.shutdown()
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
 
 
 # ---------------------------------------------------------------- messages
@@ -467,7 +549,7 @@ class RayOnlineLoop(OnlineLoop):
             if isinstance(config.policy, SoftQConfig) and config.policy.labels.active:
                 raise ConfigError("--workers: online labels (--labels) run in-process only; use --workers 1 with "
                                   "them")
-        import_ray()  # one line naming the extra before anything is written
+        require_ray()  # one line naming the extra before anything is written (Ray is imported when it starts)
         self.workers_config = workers
         self.planner_source = planner
         super().__init__(config, planner=_RemotePlanner(planner, workers.workers), judge=judge,  # type: ignore[arg-type]
@@ -582,26 +664,56 @@ class RayOnlineLoop(OnlineLoop):
     def _drive(self, bank: CaseBank) -> None:
         """The units left, dispatched to the workers and committed in stream order (the module docstring's
         schedule), between starting Ray and stopping it."""
-        self.worker_stats: dict[str, Any] = {"workers": self.workers_config.workers,
-                                             "sync_every": self.workers_config.sync_every, "restarts": 0,
-                                             "resubmitted": 0, "dropped_duplicates": 0, "snapshots": 0,
-                                             "staleness_sum": 0, "staleness_max": 0, "transitions": 0,
-                                             "worker_pids": []}
         self._commit_times: list[float] = []  # perf_counter at the first and the latest commit
         self.loop_s = 0.0
         with self._open_workers_log(self.resumed_from is not None) as self.workers_handle:
             if self.step < self.config.steps:
                 with ray_runtime(self.workers_config) as ray:
-                    t0 = time.perf_counter()
+                    self._loop_t0 = time.perf_counter()
                     self._pipeline(ray, bank, _Pipeline(units=self._units(), handles=self._start_workers(ray)))
-                    self.loop_s = time.perf_counter() - t0
+                    self.loop_s = time.perf_counter() - self._loop_t0
+                    self._loop_t0 = None
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.worker_stats: dict[str, Any] = {"workers": self.workers_config.workers,
+                                             "sync_every": self.workers_config.sync_every, "restarts": 0,
+                                             "resubmitted": 0, "dropped_duplicates": 0, "snapshots": 0,
+                                             "staleness_sum": 0, "staleness_max": 0, "transitions": 0,
+                                             "worker_pids": []}
+        self.loop_s_before = 0.0  # the loop seconds of the driver processes before a resume
+        self.processes = 1
+        self._loop_t0: float | None = None
+
+    def _checkpoint_state(self, in_progress: Any) -> dict[str, Any]:
+        """The worker figures so far (a resumed run adds its own to them: ``summary.json`` covers the whole run)."""
+        elapsed = time.perf_counter() - self._loop_t0 if self._loop_t0 is not None else 0.0
+        counted = {k: v for k, v in self.worker_stats.items() if k in _SUMMED_STATS or k == "staleness_max"}
+        return {**super()._checkpoint_state(in_progress),
+                "workers": {**counted, "loop_s": self.loop_s_before + elapsed, "processes": self.processes}}
+
+    def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
+        super()._resumed(ckpt, state)
+        saved = state.get("workers")
+        if not isinstance(saved, dict):  # a checkpoint written before the figures were kept
+            return
+        for key in (*_SUMMED_STATS, "staleness_max"):
+            value = saved.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self.worker_stats[key] = value
+        loop_s = saved.get("loop_s")
+        self.loop_s_before = float(loop_s) if isinstance(loop_s, (int, float)) and math.isfinite(loop_s) else 0.0
+        processes = saved.get("processes")
+        self.processes = (int(processes) if isinstance(processes, int) and processes >= 1 else 1) + 1
 
     def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
         summary = super()._summary(bank, wall_s, resumed_from, has_model)
         stats = dict(self.worker_stats)
-        n = max(1, stats.pop("transitions"))
+        n = max(1, stats["transitions"])
         stats["staleness_mean"] = stats.pop("staleness_sum") / n
-        stats["loop_s"] = self.loop_s  # from starting the workers to the last commit
+        # over every driver process of the run (a resumed run adds its figures to the checkpoint's)
+        stats["loop_s"] = self.loop_s_before + self.loop_s  # from starting the workers to the last commit
+        stats["processes"] = self.processes
         times = self._commit_times
         stats["tasks_per_s"] = (n - 1) / (times[1] - times[0]) if n > 1 and len(times) == 2 and times[1] > times[0] \
             else None  # steady state: between the first and the last committed transition

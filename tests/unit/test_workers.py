@@ -179,6 +179,11 @@ def test_a_driver_killed_with_sigkill_resumes_without_losing_a_committed_transit
 
     summary = _run(out, resume=True)
     assert summary["resumed_from"] == len(committed)
+    # the worker figures cover the whole run (the checkpoint's and the resumed driver's), not the last process
+    first = json.loads((reference / "summary.json").read_text())["workers"]
+    assert summary["workers"]["transitions"] == CONFIG.steps and summary["workers"]["processes"] == 2
+    assert summary["workers"]["staleness_mean"] == pytest.approx(first["staleness_mean"])
+    assert summary["workers"]["staleness_max"] == first["staleness_max"] and summary["workers"]["restarts"] == 0
     final = [r.to_json() for r in read_steps_jsonl(steps)]
     assert [r["step"] for r in final] == list(range(CONFIG.steps))  # none lost, none twice
     assert final[:len(committed)] == committed  # the committed transitions, byte for byte
@@ -264,6 +269,9 @@ def test_the_benchmark_pieces_without_ray():
 def test_workers_config_is_validated():
     with pytest.raises(ConfigError, match="WorkersConfig.workers"):
         WorkersConfig(workers=0)
+    with pytest.raises(ConfigError, match=r"WorkersConfig.workers.*<= 64"):
+        WorkersConfig(workers=65)
+    assert WorkersConfig(workers=64).workers == 64
     with pytest.raises(ConfigError, match="WorkersConfig.address"):
         WorkersConfig(address=" ")
     assert WorkersConfig().sync_every == 1
