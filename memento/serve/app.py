@@ -8,7 +8,13 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
     GET  /v1/cases/{id}                                              -> the case (404 when unknown)
     GET  /v1/stats                                                   -> selector counts + server counters
     GET  /healthz                                                    -> {"status": "ok"} (no auth)
-    GET  /openapi.json                                               -> the OpenAPI spec (no auth)
+    GET  /openapi.json                                               -> the OpenAPI spec (no auth: no data in it)
+    GET  /docs                                                       -> Swagger UI, only with --no-auth
+
+``/docs`` is not served when a token is set (Swagger UI loads its scripts from a CDN and takes the token in a
+form); the spec it shows is ``/openapi.json``, public because it holds the API's shape and no data. The
+inspector under ``/inspect`` takes the same token. No verbosity logs a token: ``?token=`` values in logged URLs
+are written ``?token=<redacted>`` (:class:`memento.serve.common.TokenRedactor`).
 
 Concurrency and durability. Selections run in parallel in the server's thread pool (the Selector's
 reads share its reader-writer lock; a write holds it alone). Query texts are encoded outside that lock
@@ -65,7 +71,14 @@ from memento.errors import ConfigError, MementoError
 
 # The config, the writer and the helpers the FastAPI layer shares live one module below both (no import circle);
 # they are public here, as before.
-from memento.serve.common import LearnerLink, ServeConfig, ServerUnavailableError, Writer, thread_limiter
+from memento.serve.common import (
+    LearnerLink,
+    ServeConfig,
+    ServerUnavailableError,
+    Writer,
+    redact_server_logs,
+    thread_limiter,
+)
 from memento.serve.common import json_safe as _json_safe  # noqa: F401 - memento.serve.mcp imports it from here
 from memento.serve.common import token_matches as token_matches
 
@@ -346,6 +359,7 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
         uv_config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                                    timeout_graceful_shutdown=math.ceil(config.graceful_timeout_s),
                                    server_header=False)
+        redact_server_logs()  # after uvicorn configured its loggers: never a ?token= in the access log
         server = uvicorn.Server(uv_config)
         server.capture_signals = lambda: _quiet_signals(server, pool)  # type: ignore[method-assign]
         try:

@@ -15,6 +15,7 @@ import hmac
 import logging
 import math
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,8 +25,8 @@ from typing import Any, Literal
 from memento.config import check, check_float, check_int, check_ints
 from memento.errors import MementoError
 
-__all__ = ["LearnerLink", "ServeConfig", "ServerUnavailableError", "Writer", "json_safe", "thread_limiter",
-           "token_matches"]
+__all__ = ["LearnerLink", "ServeConfig", "ServerUnavailableError", "TokenRedactor", "Writer", "json_safe", "redact",
+           "redact_server_logs", "thread_limiter", "token_matches"]
 
 logger = logging.getLogger("memento.serve.app")
 
@@ -394,6 +395,42 @@ class LearnerLink:
 
 
 # ---------------------------------------------------------------- request helpers
+
+
+_TOKEN_IN_URL = re.compile(r"(?i)([?&;](?:token|access_token)=)[^&;#\s\"']*")
+REDACTED = "<redacted>"
+
+
+def redact(text: str) -> str:
+    """``text`` with the value of every ``token=`` / ``access_token=`` URL parameter replaced by ``<redacted>``."""
+    return _TOKEN_IN_URL.sub(lambda m: m.group(1) + REDACTED, text) if "token=" in text.lower() else text
+
+
+class TokenRedactor(logging.Filter):
+    """A logging filter that redacts ``?token=...`` in a record's message and arguments (uvicorn's access log
+    line is ``'%s - "%s %s HTTP/%s" %d'`` with the path and query as an argument)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):  # the arguments one by one: the access formatter unpacks them
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: redact(v) if isinstance(v, str) else v for k, v in record.args.items()}
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True
+        if redact(message) != message:  # a token split between the format and its arguments
+            record.msg, record.args = redact(message), ()
+        return True
+
+
+def redact_server_logs() -> None:
+    """Install :class:`TokenRedactor` on uvicorn's loggers (once; call it after ``uvicorn.Config`` configured
+    them): no verbosity prints a token given in a URL (the inspector's ``/inspect/?token=...``)."""
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, TokenRedactor) for f in target.filters):
+            target.addFilter(TokenRedactor())
 
 
 def token_matches(header: str | None, token: str) -> bool:

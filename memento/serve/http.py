@@ -202,7 +202,9 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     from memento.serve.inspector import Inspector, inspect_app  # the HTML inspector, behind the same token
 
     ends = _Endpoints(selector, token=token, config=config, writer=writer, link=link, process=process)
+    # /docs (Swagger UI: scripts from a CDN, a form that takes the token) only without auth; the spec stays public
     app = FastAPI(title="memento selector", version=__version__, lifespan=ends.lifespan, redoc_url=None,
+                  docs_url="/docs" if token is None else None,
                   description="Choose past cases for a frozen LLM with a trained soft-Q selector; report outcomes "
                               "to keep it learning. Every /v1 endpoint needs `Authorization: Bearer TOKEN` "
                               "unless the server runs with --no-auth.")

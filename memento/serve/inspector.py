@@ -19,11 +19,13 @@ opened read-only, so a run or a server may keep writing while it is inspected.
 FastAPI is the ``serve`` extra, imported only by :func:`inspect_app`. ``memento serve`` mounts the same pages
 under ``/inspect`` (:meth:`Inspector.for_selector`), behind the server's token: the ``Authorization: Bearer``
 header, a ``?token=`` query parameter (which also sets an HttpOnly cookie) or that cookie, set by the login
-form the pages show when the token is missing.
+form the pages show when the token is missing. The cookie holds a value derived from the token
+(:func:`cookie_value`, an HMAC), never the token, and the server's access log shows ``?token=<redacted>``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import html
 import json
@@ -45,7 +47,7 @@ from memento.plots import moving_average
 from memento.runs.rundir import RunDir, read_json
 from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_encoder
 
-__all__ = ["Inspector", "inspect_app", "serve_inspector", "svg_line_chart"]
+__all__ = ["Inspector", "cookie_value", "inspect_app", "serve_inspector", "svg_line_chart"]
 
 logger = logging.getLogger(__name__)
 
@@ -720,6 +722,13 @@ def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
     return app
 
 
+def cookie_value(token: str) -> str:
+    """What the login cookie holds: ``HMAC-SHA256(token, "memento inspect cookie")`` in hex, never the token itself
+    (a stolen cookie opens these pages only, not the API, and does not reveal the token); checked in constant
+    time."""
+    return hmac.new(token.encode("utf-8"), b"memento inspect cookie", hashlib.sha256).hexdigest()
+
+
 def _base(request: Any) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
@@ -740,11 +749,18 @@ def _add_login(app: Any, token: str | None, headers: dict[str, str]) -> None:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-        return request.query_params.get("token") or request.cookies.get(COOKIE)
+        return request.query_params.get("token")
 
     def valid(candidate: str | None) -> bool:
         return token is None or (candidate is not None and hmac.compare_digest(candidate.encode("utf-8"),
                                                                               token.encode("utf-8")))
+
+    session = None if token is None else cookie_value(token)
+
+    def valid_cookie(request: Any) -> bool:
+        value = request.cookies.get(COOKIE)
+        return session is not None and value is not None and hmac.compare_digest(value.encode("utf-8"),
+                                                                                 session.encode("utf-8"))
 
     def login_page(request: Any, message: str) -> Response:
         path = request.url.path
@@ -756,19 +772,20 @@ def _add_login(app: Any, token: str | None, headers: dict[str, str]) -> None:
                 f"<style>{_CSS}</style></head><body><main><h1>memento inspect</h1>{form}</main></body></html>")
         return HTMLResponse(body, status_code=401, headers={**headers, "WWW-Authenticate": "Bearer"})
 
-    def set_cookie(response: Response, request: Any, value: str) -> None:
-        response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path=(_base(request) or "") + "/")
+    def set_cookie(response: Response, request: Any) -> None:
+        assert session is not None
+        response.set_cookie(COOKIE, session, httponly=True, samesite="strict", path=(_base(request) or "") + "/")
 
     @app.middleware("http")
     async def authorize(request: Any, call_next: Any) -> Any:
         if token is None or request.url.path.rstrip("/").endswith("/login") and request.method == "POST":
             return await call_next(request)
         candidate = given_token(request)
-        if not valid(candidate):
+        if not (valid(candidate) if candidate is not None else valid_cookie(request)):
             return login_page(request, "missing or wrong token")
         response = await call_next(request)
-        if request.query_params.get("token") and request.cookies.get(COOKIE) != candidate:
-            set_cookie(response, request, str(candidate))
+        if request.query_params.get("token") and not valid_cookie(request):
+            set_cookie(response, request)
         return response
 
     async def login(request: Any) -> Response:
@@ -780,7 +797,7 @@ def _add_login(app: Any, token: str | None, headers: dict[str, str]) -> None:
         if not target.startswith(_base(request) + "/") or target.startswith("//") or "\\" in target:
             target = _base(request) + "/"  # only a page of this app: never a redirect elsewhere
         response = RedirectResponse(target, status_code=303)
-        set_cookie(response, request, candidate)
+        set_cookie(response, request)
         return response
 
     app.add_route("/login", login, methods=["POST"])
@@ -829,6 +846,8 @@ def serve_inspector(path: str | Path, *, host: str = "127.0.0.1", port: int = 80
 
     import uvicorn
 
+    from memento.serve.common import redact_server_logs
+
     with Inspector.open(path, encoder=encoder) as inspector:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -836,6 +855,7 @@ def serve_inspector(path: str | Path, *, host: str = "127.0.0.1", port: int = 80
         sock.bind((host, port))
         try:
             config = uvicorn.Config(inspect_app(inspector, token=token), log_level="warning", access_log=False)
+            redact_server_logs()
             server = uvicorn.Server(config)
             if ready is not None:
                 ready(host, sock.getsockname()[1])

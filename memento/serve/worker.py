@@ -48,7 +48,7 @@ def main() -> int:
 
     from memento.selector.runtime import Selector
     from memento.serve.app import _quiet_signals
-    from memento.serve.common import LearnerLink, ServeConfig
+    from memento.serve.common import LearnerLink, ServeConfig, redact_server_logs
     from memento.serve.http import build_app
 
     if spec.get("torch_threads"):
@@ -68,6 +68,7 @@ def main() -> int:
         uv_config = uvicorn.Config(app, log_level=spec["log_level"], access_log=bool(spec["access_log"]),
                                    lifespan="on", timeout_graceful_shutdown=math.ceil(config.graceful_timeout_s),
                                    server_header=False)
+        redact_server_logs()
         server = uvicorn.Server(uv_config)
         server.capture_signals = lambda: _quiet_signals(server)  # type: ignore[method-assign]
         threading.Thread(target=_watch_parent, args=(server,), name="memento-watch-learner", daemon=True).start()

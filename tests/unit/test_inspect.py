@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from memento.config import SoftQConfig  # noqa: E402
 from memento.memory import CaseBank  # noqa: E402
 from memento.runs.qa import LoopConfig, run_online  # noqa: E402
-from memento.serve.inspector import Inspector, inspect_app, svg_line_chart  # noqa: E402
+from memento.serve.inspector import COOKIE, Inspector, cookie_value, inspect_app, svg_line_chart  # noqa: E402
 from memento.types import Case  # noqa: E402
 from policies import make_policy  # noqa: E402
 from tests.loop_env import ExactJudge, HashingEncoder, make_env  # noqa: E402
@@ -160,10 +160,18 @@ def test_token(run_dir):
         assert c.get("/bank", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         r = c.get("/bank", params={"token": TOKEN})
         assert r.status_code == 200 and "httponly" in r.headers["set-cookie"].lower()
+        # the cookie holds a value derived from the token, never the token itself
+        assert TOKEN not in r.headers["set-cookie"] and c.cookies.get(COOKIE) == cookie_value(TOKEN) != TOKEN
         assert c.get("/steps").status_code == 200  # the cookie
+        good = cookie_value(TOKEN)
+        for forged in (TOKEN, good[:-1] + ("1" if good[-1] == "0" else "0"), cookie_value("another-token-0123456789"),
+                       ""):
+            other = TestClient(inspect_app(inspector, token=TOKEN), cookies={COOKIE: forged})
+            assert other.get("/steps").status_code == 401, forged  # the raw token is no cookie
         fresh = TestClient(inspect_app(inspector, token=TOKEN))
         r = fresh.post("/login", data={"token": TOKEN, "next": "/curves"}, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == "/curves"
+        assert TOKEN not in r.headers["set-cookie"] and cookie_value(TOKEN) in r.headers["set-cookie"]
         assert fresh.get("/curves").status_code == 200
         for elsewhere in ("//evil.example/", "/\\evil.example/", "https://evil.example/"):
             r = fresh.post("/login", data={"token": TOKEN, "next": elsewhere}, follow_redirects=False)
