@@ -82,6 +82,7 @@ __all__ = [
     "check_ints",
     "factory_problem",
     "is_int",
+    "short_repr",
     "check_policy",
     "field_default",
     "from_dict",
@@ -302,6 +303,12 @@ def _shown(value: Any, limit: int = 120) -> str:
     except (ValueError, RecursionError):  # an integer of too many digits, a value nested too deeply
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for an error message: one line, at most ``limit`` characters, never raising (an integer of
+    more digits than Python converts is shown as its type)."""
+    return _shown(value, limit)
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:

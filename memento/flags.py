@@ -22,11 +22,12 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from memento.config import field_default
+from memento.config import MAX_THREADS, field_default
 from memento.errors import ConfigError
 
-__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_torch_threads",
-           "config_option", "field_help", "field_type", "load_encoder", "set_torch_threads", "shown"]
+__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_count",
+           "check_device", "check_torch_threads", "config_option", "field_help", "field_type", "int_arg",
+           "load_encoder", "set_torch_threads", "shown"]
 
 BANK = "a directory or milvus:URI[#collection]"
 
@@ -71,9 +72,23 @@ def _argparse_kwargs(tp: Any) -> dict[str, Any]:
         return {"choices": list(get_args(tp))}
     if get_origin(tp) is tuple:
         return {"nargs": "+", **_argparse_kwargs(get_args(tp)[0])}
-    if tp in (int, float):
-        return {"type": tp}
+    if tp is int:
+        return {"type": int_arg}
+    if tp is float:
+        return {"type": float}
     return {}
+
+
+def int_arg(text: str) -> int:
+    """argparse's ``type`` for an integer flag: ``int``, but a value that is not one is echoed shortened (an integer
+    of thousands of digits, a megabyte of text); ranges are the configs' (or the command's) to check."""
+    try:
+        return int(text)
+    except ValueError:
+        shown_text = text if len(text) <= 40 else f"{text[:37]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"invalid integer: {shown_text!r}") from None
+    except TypeError:
+        raise argparse.ArgumentTypeError("invalid integer") from None
 
 
 def config_option(parser: Any, cls: type, name: str, help: str | None = None, *, flag: str | None = None,
@@ -113,20 +128,60 @@ def add_encoder_flag(parser: Any) -> None:
 
 def add_torch_threads(parser: Any, default: int = 0,
                       help: str = "torch.set_num_threads for this process (default: 0, torch's default)") -> None:
-    parser.add_argument("--torch-threads", type=int, default=default, help=help)
+    parser.add_argument("--torch-threads", type=int_arg, default=default, metavar=f"0..{MAX_THREADS}", help=help)
 
 
 def add_no_progress(parser: Any, help: str = "no progress bar") -> None:
     parser.add_argument("--no-progress", action="store_true", help=help)
 
 
+def _shown_int(value: Any) -> str:
+    text = str(value) if isinstance(value, int) and abs(value) < 10**40 else None
+    if text is None:
+        digits = len(str(abs(value))) if isinstance(value, int) and abs(value) < 10**4000 else None
+        text = f"an integer of {digits} digits" if digits else repr(value)[:40]
+    return text
+
+
+def check_count(flag: str, value: Any, minimum: int, maximum: int) -> None:
+    """A command-line count ``flag`` (``--workers``, ``--threads``...) lies in ``minimum..maximum``: else one
+    ConfigError naming the flag and the (shortened) value."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(f"{flag}={_shown_int(value)}: must be an integer in {minimum}..{maximum}")
+
+
 def check_torch_threads(args: argparse.Namespace) -> None:
-    if args.torch_threads < 0:
-        raise ConfigError(f"--torch-threads={args.torch_threads}: must be >= 0")
+    """``--torch-threads`` in 0..MAX_THREADS (0: torch's default)."""
+    check_count("--torch-threads", args.torch_threads, 0, MAX_THREADS)
+
+
+def check_device(device: Any, flag: str = "--device") -> None:
+    """A ``--device`` value a command can use: ``None``, ``auto`` or ``cpu``, or a torch device that exists here
+    (``cuda`` needs a CUDA device, ``cuda:N`` the N-th one); else one ConfigError naming the flag."""
+    if device is None or device in ("auto", "cpu"):
+        return
+    import torch
+
+    try:
+        parsed = torch.device(str(device))
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{flag} {str(device)[:40]!r}: not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type != "cuda":
+        raise ConfigError(f"{flag} {str(device)[:40]}: only cpu, cuda[:N] and auto are supported")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{flag} {device}: no CUDA device is available (torch.cuda.is_available() is False); "
+                          "use --device cpu or auto")
+    count = torch.cuda.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        raise ConfigError(f"{flag} {device}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
 
 
 def set_torch_threads(threads: int) -> None:
-    """``torch.set_num_threads`` when ``threads`` > 0: process-wide, on purpose (the library never does this)."""
+    """``torch.set_num_threads`` when ``threads`` > 0: process-wide, on purpose (the library never does this);
+    ``threads`` outside 0..MAX_THREADS is a ConfigError (torch would try to start them)."""
+    check_count("torch threads", threads, 0, MAX_THREADS)
     if threads:
         import torch
 

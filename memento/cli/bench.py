@@ -30,7 +30,7 @@ from memento.cli.options import (
 )
 from memento.config import QNetArch, field_default
 from memento.errors import ConfigError
-from memento.flags import config_option
+from memento.flags import check_device, config_option, int_arg
 
 _ARCHS = list(get_args(QNetArch))
 _KEEP_RUNS = "keep the run directories here (default: a temporary one)"
@@ -73,17 +73,17 @@ def _add_bank(suites: Any) -> None:
                                  "index), single-query search latency (p50/p99) and recall@k against exact search, "
                                  "for each index factory and size. '{nlist}' in a factory is replaced by a "
                                  "size-dependent IVF list count.")
-    bb.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000],
+    bb.add_argument("--sizes", type=int_arg, nargs="+", default=[10_000, 100_000],
                     help="bank sizes (default: 10000 100000)")
     bb.add_argument("--factories", nargs="+", default=["Flat", "HNSW32,Flat", "IVF{nlist},Flat"],
                     help='faiss factory strings (default: Flat "HNSW32,Flat" "IVF{nlist},Flat")')
-    bb.add_argument("--dim", type=int, default=384, help="vector dimension (default: 384)")
-    bb.add_argument("--queries", type=int, default=200, help="timed single queries per setting (default: 200)")
-    bb.add_argument("-k", type=int, default=10, help="k for search and recall@k (default: 10)")
+    bb.add_argument("--dim", type=int_arg, default=384, help="vector dimension (default: 384)")
+    bb.add_argument("--queries", type=int_arg, default=200, help="timed single queries per setting (default: 200)")
+    bb.add_argument("-k", type=int_arg, default=10, help="k for search and recall@k (default: 10)")
     bb.add_argument("--data", choices=["uniform", "clustered"], default="uniform",
                     help="uniform random unit vectors, or a mixture of clusters like real embeddings")
-    bb.add_argument("--ef-search", type=int, nargs="+", default=[64, 128, 256], help="HNSW efSearch values")
-    bb.add_argument("--nprobe", type=int, nargs="+", default=[16, 64, 256], help="IVF nprobe values")
+    bb.add_argument("--ef-search", type=int_arg, nargs="+", default=[64, 128, 256], help="HNSW efSearch values")
+    bb.add_argument("--nprobe", type=int_arg, nargs="+", default=[16, 64, 256], help="IVF nprobe values")
     bb.add_argument("--backends", type=_backends, default=("dir",), metavar="LIST",
                     help="comma-separated bank backends: dir (SQLite + faiss), milvus (a Milvus Lite file; the "
                          "'milvus' extra), e.g. dir,milvus (default: dir)")
@@ -114,24 +114,24 @@ def _add_select(suites: Any) -> None:
                     "policy), with the recall of the exact top-C. Banks of up to --exact-max cases use Flat (exact), "
                     "larger ones --factory. The Memento-style reference encodes every (query, case) pair with the "
                     "real encoder at --reference-size cases (0 skips it).")
-    bs.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],
+    bs.add_argument("--sizes", type=int_arg, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],
                     help="bank sizes (default: 1000 10000 100000 1000000)")
-    bs.add_argument("--k", type=int, default=4, help="cases selected per query (default: 4)")
-    bs.add_argument("--candidates", type=int, default=64, help="candidate set size C (default: 64)")
+    bs.add_argument("--k", type=int_arg, default=4, help="cases selected per query (default: 4)")
+    bs.add_argument("--candidates", type=int_arg, default=64, help="candidate set size C (default: 64)")
     bs.add_argument("--factory", default="HNSW32,Flat",
                     help='faiss factory for banks above --exact-max (default: "HNSW32,Flat")')
-    bs.add_argument("--exact-max", type=int, default=20_000,
+    bs.add_argument("--exact-max", type=int_arg, default=20_000,
                     help="largest bank that uses Flat, exact search (default: 20000)")
-    bs.add_argument("--ef-search", type=int, nargs="+", default=[64], help="HNSW efSearch values (default: 64)")
+    bs.add_argument("--ef-search", type=int_arg, nargs="+", default=[64], help="HNSW efSearch values (default: 64)")
     bs.add_argument("--archs", nargs="+", choices=_ARCHS, default=_ARCHS,
                     help="Q-network architectures for the soft-Q policy (default: all)")
     bs.add_argument("--data", choices=["clustered", "uniform"], default="clustered",
                     help="clustered vectors like real embeddings (default), or uniform on the sphere")
-    bs.add_argument("--dim", type=int, default=384, help="vector dimension (default: 384)")
-    bs.add_argument("--queries", type=int, default=200, help="timed single queries per setting (default: 200)")
-    bs.add_argument("--reference-size", type=int, default=1_000,
+    bs.add_argument("--dim", type=int_arg, default=384, help="vector dimension (default: 384)")
+    bs.add_argument("--queries", type=int_arg, default=200, help="timed single queries per setting (default: 200)")
+    bs.add_argument("--reference-size", type=int_arg, default=1_000,
                     help="cases scored by the Memento-style reference (default: 1000; 0 skips it)")
-    bs.add_argument("--reference-queries", type=int, default=5, help="queries timed for the reference (default: 5)")
+    bs.add_argument("--reference-queries", type=int_arg, default=5, help="queries timed for the reference (default: 5)")
     add_torch_threads(bs, 1, "torch threads while selections are timed (default: 1; 0: torch's default)")
     add_seed(bs)
     add_workdir(bs)
@@ -160,12 +160,13 @@ def _add_train(suites: Any) -> None:
                     "buffers of Stable-Baselines3 and TorchRL when they are installed. Runs on CUDA when present "
                     "(--device auto).")
     bt.add_argument("--archs", nargs="+", choices=_ARCHS, default=_ARCHS, help="Q-network architectures (default: all)")
-    bt.add_argument("--batch-size", type=int, default=256, help="decisions per update (default: 256)")
-    bt.add_argument("--k", type=int, default=4, help="cases per decision (default: 4)")
-    bt.add_argument("--steps", type=int, default=200, help="timed updates per architecture (default: 200)")
-    bt.add_argument("--dim", type=int, default=384, help="embedding dimension (default: 384)")
-    bt.add_argument("--buffer-size", type=int, default=100_000, help="decisions in the replay buffer (default: 100000)")
-    bt.add_argument("--bank-cases", type=int, default=10_000,
+    bt.add_argument("--batch-size", type=int_arg, default=256, help="decisions per update (default: 256)")
+    bt.add_argument("--k", type=int_arg, default=4, help="cases per decision (default: 4)")
+    bt.add_argument("--steps", type=int_arg, default=200, help="timed updates per architecture (default: 200)")
+    bt.add_argument("--dim", type=int_arg, default=384, help="embedding dimension (default: 384)")
+    bt.add_argument("--buffer-size", type=int_arg, default=100_000,
+                    help="decisions in the replay buffer (default: 100000)")
+    bt.add_argument("--bank-cases", type=int_arg, default=10_000,
                     help="a second buffer draws its cases from a bank of this many vectors (default: 10000)")
     bt.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where to train (default: auto, CUDA when present)")
@@ -177,6 +178,7 @@ def _add_train(suites: Any) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    check_device(args.device)
     config = TrainBenchConfig(
         archs=tuple(args.archs), batch_size=args.batch_size, k=args.k, steps=args.steps, dim=args.dim,
         buffer_size=args.buffer_size, bank_cases=args.bank_cases, device=args.device,
@@ -227,7 +229,7 @@ def _add_online(suites: Any) -> None:
     add_workdir(bo, "keep the run directories here (default: a temporary one)")
     add_torch_threads(bo, 1, "torch threads (default: 1)")
     seeds = bo.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+    seeds.add_argument("--seeds", type=int_arg, nargs="+", default=None, metavar="S",
                        help="seeds of the real part, one run per policy each (default: 0)")
     add_seed(seeds, "one seed (the same as --seeds S)", default=None)
     bo.add_argument("--retain-judge", choices=JUDGES, default=None,
@@ -385,26 +387,26 @@ def _add_serve(suites: Any) -> None:
                     "embedding and by text (encoded by the server's real encoder) with each --clients count, "
                     "and POST /v1/feedback throughput, recording only and (unless --no-learn) with --learn. "
                     "Needs the 'serve' extra.")
-    bsv.add_argument("--size", type=int, default=100_000, help="cases in the bank (default: 100000)")
+    bsv.add_argument("--size", type=int_arg, default=100_000, help="cases in the bank (default: 100000)")
     bsv.add_argument("--factory", default="HNSW32,Flat", help='faiss index of the bank (default: "HNSW32,Flat")')
     bsv.add_argument("--data", choices=["clustered", "uniform"], default="clustered",
                      help="clustered vectors like real embeddings (default), or uniform on the sphere")
-    bsv.add_argument("--k", type=int, default=4, help="cases per select (default: 4)")
-    bsv.add_argument("--clients", type=int, nargs="+", default=[1, 16],
+    bsv.add_argument("--k", type=int_arg, default=4, help="cases per select (default: 4)")
+    bsv.add_argument("--clients", type=int_arg, nargs="+", default=[1, 16],
                      help="concurrent client threads (default: 1 16)")
-    bsv.add_argument("--selects", type=int, default=1000, help="timed selects by embedding per client count "
+    bsv.add_argument("--selects", type=int_arg, default=1000, help="timed selects by embedding per client count "
                                                                "(default: 1000)")
-    bsv.add_argument("--text-selects", type=int, default=200,
+    bsv.add_argument("--text-selects", type=int_arg, default=200,
                      help="timed selects by text per client count (default: 200; 0 skips)")
-    bsv.add_argument("--feedbacks", type=int, default=1000, help="timed feedbacks per client count (default: 1000)")
+    bsv.add_argument("--feedbacks", type=int_arg, default=1000, help="timed feedbacks per client count (default: 1000)")
     bsv.add_argument("--no-learn", action="store_true", help="skip the run with a learning server (--learn)")
-    bsv.add_argument("--threads", type=int, default=1, help="the server's --threads (default: 1)")
-    bsv.add_argument("--batch-max-texts", type=int, default=None, metavar="N",
+    bsv.add_argument("--threads", type=int_arg, default=1, help="the server's --threads (default: 1)")
+    bsv.add_argument("--batch-max-texts", type=int_arg, default=None, metavar="N",
                      help="the server's --batch-max-texts (default: the server's default)")
     bsv.add_argument("--batch-wait-ms", type=float, default=None, metavar="MS",
                      help="the server's --batch-wait-ms (default: the server's default)")
-    bsv.add_argument("--warmup", type=int, default=20, help="untimed requests before each phase (default: 20)")
-    bsv.add_argument("--workers", type=int, nargs="+", default=[1], metavar="N",
+    bsv.add_argument("--warmup", type=int_arg, default=20, help="untimed requests before each phase (default: 20)")
+    bsv.add_argument("--workers", type=int_arg, nargs="+", default=[1], metavar="N",
                      help="the server's --workers, one run of the select and feedback phases per value, recorded "
                           "side by side (default: 1), e.g. --workers 1 2")
     add_seed(bsv)

@@ -10,6 +10,7 @@ from typing import Any
 from memento.cli import online
 from memento.cli.options import add_command, add_planner_option, add_seed
 from memento.envs.tasks import suite_dir
+from memento.flags import int_arg
 
 DESCRIPTION = """\
 The main job on its embedded defaults (what `make demo` runs): the online loop on the realistic
@@ -37,7 +38,7 @@ DEMO_SELECTOR = "selector"
 
 def add_parser(commands: Any) -> None:
     demo = add_command(commands, "demo", "the main job on its defaults: soft-Q vs similarity with Gemma", DESCRIPTION)
-    demo.add_argument("--steps", type=int, default=250, help="tasks (LLM calls) per policy (default: 250)")
+    demo.add_argument("--steps", type=int_arg, default=250, help="tasks (LLM calls) per policy (default: 250)")
     demo.add_argument("--out", default="checkpoints/demo", metavar="DIR", help="output (default: checkpoints/demo)")
     add_planner_option(demo, default="gemma")
     add_seed(demo, "seed of every random stream of the run (default: 0)")

@@ -8,6 +8,7 @@ from typing import Any
 
 from memento.cli.options import EXIT_OK, add_bank_option, add_command, add_connect_timeout, bank_options
 from memento.errors import ConfigError
+from memento.flags import int_arg
 from memento.selector.export import create_selector, export_selector, verify
 
 DESCRIPTION = """\
@@ -41,8 +42,8 @@ def add_parser(commands: Any) -> None:
     add_bank_option(export, "SRC is an offline-trained selector (memento train); serve it over this case bank, a "
                             "directory or milvus:URI[#collection] (copied into OUT's own directory bank)")
     add_connect_timeout(export, "with a milvus:http://... --bank: give up on the server after S seconds")
-    export.add_argument("--k", type=int, default=4, help="with --bank: cases shown per task (default: 4)")
-    export.add_argument("--candidates", type=int, default=32,
+    export.add_argument("--k", type=int_arg, default=4, help="with --bank: cases shown per task (default: 4)")
+    export.add_argument("--candidates", type=int_arg, default=32,
                         help="with --bank: the cosine pre-selection the policy chooses from (default: 32)")
 
 

@@ -6,6 +6,8 @@ import argparse
 from typing import Any
 
 from memento.cli.options import add_command
+from memento.config import MAX_SEED
+from memento.flags import check_count, check_device, int_arg
 from memento.serve.app import ServeConfig, require_extra
 from memento.serve.mcp import run_mcp
 
@@ -28,13 +30,15 @@ def add_parser(commands: Any) -> None:
     mcp.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export), or a Hub id "
                                               "hf://USER/REPO[@REV]")
     mcp.add_argument("--learn", action="store_true", help="keep learning from record_outcome (default: record only)")
-    mcp.add_argument("--save-every-n", type=int, default=100, metavar="N",
+    mcp.add_argument("--save-every-n", type=int_arg, default=100, metavar="N",
                      help="checkpoint after N writes (default: 100; 0: only at exit)")
     mcp.add_argument("--device", default=None, metavar="D", help="torch device, e.g. cpu or cuda (default: cpu)")
-    mcp.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG (default: 0)")
+    mcp.add_argument("--seed", type=int_arg, default=0, help="seed of the sampling RNG (default: 0)")
 
 
 def run(args: argparse.Namespace) -> int:
     require_extra("mcp")
+    check_device(args.device)
+    check_count("--seed", args.seed, 0, MAX_SEED)
     return run_mcp(args.dir, learn=args.learn, device=args.device, seed=args.seed,
                    config=ServeConfig(save_every_n=args.save_every_n, save_every_s=0))

@@ -27,9 +27,9 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import OnlineLabelsConfig, PolicyKind, QNetConfig, SoftQConfig
+from memento.config import MAX_STEPS, MAX_WORKERS, OnlineLabelsConfig, PolicyKind, QNetConfig, SoftQConfig
 from memento.errors import ConfigError, DataFormatError
-from memento.flags import config_option, field_help
+from memento.flags import check_count, check_device, config_option, field_help, int_arg
 from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
@@ -85,7 +85,7 @@ def add_parser(commands: Any) -> None:
                              "(contains, f1) stores each case's own outcome as a real bank does (facts-real)")
     for name, text in _LOOP_FIELDS.items():
         config_option(online, LoopConfig, name, text)
-    online.add_argument("--late-steps", type=int, default=200,
+    online.add_argument("--late-steps", type=int_arg, default=200,
                         help="the last steps that make the 'late' success rate (default: 200)")
     _add_soft_q_options(online)
     config_option(online, LoopConfig, "credit",
@@ -136,10 +136,10 @@ def _add_soft_q_options(online: Any) -> None:
 
 
 def _add_worker_options(group: Any) -> None:
-    group.add_argument("--workers", type=int, default=1, metavar="N",
-                       help="N > 1: N Ray actors, each with its own planner and judge, select (with a snapshot of the "
-                            "policy), plan and judge; this process keeps the bank, the learner and the logs "
-                            "(default: 1, everything in this process)")
+    group.add_argument("--workers", type=int_arg, default=1, metavar="N",
+                       help=f"1..{MAX_WORKERS}; N > 1: N Ray actors, each with its own planner and judge, select "
+                            "(with a snapshot of the policy), plan and judge; this process keeps the bank, the "
+                            "learner and the logs (default: 1, everything in this process)")
     group.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="join this Ray cluster (e.g. auto, ray://HOST:10001; default: start a local Ray)")
     config_option(group, WorkersConfig, "sync_every",
@@ -171,8 +171,7 @@ def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
 def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
     """The rollout workers ``--workers N`` (N > 1) asks for, checked (and Ray found) before anything loads; ``None``
     for the in-process loop."""
-    if args.workers < 1:
-        raise ConfigError(f"--workers={args.workers}: must be >= 1")
+    check_count("--workers", args.workers, 1, MAX_WORKERS)
     if args.workers == 1:
         for flag, value in (("--ray-address", args.ray_address), ("--sync-every", args.sync_every)):
             if value is not None:
@@ -215,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     spec = parse_planner_spec(args.planner)
     check_planner_spec(spec)
     check_torch_threads(args)
+    check_device(args.device)
+    check_count("--late-steps", args.late_steps, 1, MAX_STEPS)
     tasks = read_tasks_jsonl(args.tasks)
     if not tasks:
         raise DataFormatError("no tasks in the file", path=args.tasks)
@@ -227,8 +228,6 @@ def run(args: argparse.Namespace) -> int:
     systems = systems_from_args(args, config.systems)
     if systems is not None:
         config = dataclasses.replace(config, systems=systems)
-    if args.late_steps < 1:
-        raise ConfigError(f"--late-steps={args.late_steps}: must be >= 1")
     workers = _workers_config(args)
     out = Path(args.out)
     if not args.resume:

@@ -17,8 +17,11 @@ from memento.flags import (
     add_encoder_flag,
     add_no_progress,
     add_torch_threads,
+    check_count,
+    check_device,
     check_torch_threads,
     config_option,
+    int_arg,
     load_encoder,
     set_torch_threads,
 )
@@ -29,7 +32,8 @@ __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "J
            "add_bank_option", "add_cases_format", "add_command", "add_connect_timeout", "add_encoder_flag",
            "add_encoder_options", "add_json_flag", "add_listen_options", "add_no_progress", "add_planner_option",
            "add_results_file", "add_seed", "add_systems_flags", "add_torch_threads", "add_workdir", "bank_options",
-           "check_torch_threads", "comma_list", "config_option", "encoder_config", "index_factory", "load_encoder",
+           "check_count", "check_device", "check_torch_threads", "int_arg",
+           "comma_list", "config_option", "encoder_config", "index_factory", "load_encoder",
            "one_line", "progress", "set_torch_threads", "systems_from_args"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -82,7 +86,7 @@ def add_cases_format(parser: Any) -> None:
 
 
 def add_seed(parser: Any, help: str | None = None, *, default: int | None = 0) -> None:
-    parser.add_argument("--seed", type=int, default=default, help=help)
+    parser.add_argument("--seed", type=int_arg, default=default, help=help)
 
 
 def add_json_flag(parser: Any, help: str = "print JSON instead of text") -> None:
@@ -101,7 +105,7 @@ def add_workdir(parser: Any, help: str = "where the temporary banks go (default:
 def add_listen_options(parser: Any, *, port: int, loopback_note: str) -> None:
     """``--host`` and ``--port`` of a server command."""
     parser.add_argument("--host", default="127.0.0.1", help=f"address to listen on (default: 127.0.0.1{loopback_note})")
-    parser.add_argument("--port", type=int, default=port, help=f"port (default: {port}; 0 picks a free port)")
+    parser.add_argument("--port", type=int_arg, default=port, help=f"port (default: {port}; 0 picks a free port)")
 
 
 # ---------------------------------------------------------------- what commands do with them
@@ -157,7 +161,7 @@ def add_systems_flags(parser: Any, *, games: bool) -> None:
     if games:
         parser.add_argument("--reflect", action="store_true",
                             help="CFGM's key-information reflection at steps with an anomalous observation")
-        parser.add_argument("--retries", type=int, default=None,
+        parser.add_argument("--retries", type=int_arg, default=None,
                             help="CFGM's exploration: replay a failed game up to N more times with a reflection "
                                  "(default: 0)")
     parser.add_argument("--templates", metavar="JSON", default=None,

@@ -24,7 +24,10 @@ from memento.cli.options import (
 )
 from memento.config import PolicyKind, field_default, from_dict, read_config_json
 from memento.errors import ConfigError, GameError
-from memento.flags import config_option
+from memento.flags import check_count, config_option, int_arg
+
+MAX_EPISODE_STEPS = 100_000
+"""``--max-steps``: an episode's steps (each an LLM call; the trajectory is held in memory until it ends)."""
 
 DESCRIPTION = """\
 Play text games with a frozen LLM actor that sees the cases a policy chooses at each step.
@@ -67,7 +70,7 @@ def add_parser(commands: Any) -> None:
                       help="a GameLoopConfig JSON file (flags given on the command line override its fields)")
     for name, text in _GAME_FIELDS.items():
         config_option(play, GameLoopConfig, name, text)
-    play.add_argument("--max-steps", type=int, default=None,
+    play.add_argument("--max-steps", type=int_arg, default=None,
                       help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
     add_systems_flags(play, games=True)
     add_bank_option(play, "a starting bank to copy (a directory or milvus:URI[#collection]; default: empty)")
@@ -95,6 +98,7 @@ def _play_config(args: argparse.Namespace) -> Any:
         changes["policy"] = game_policy("random" if args.policy == "none" else args.policy, gamma=args.gamma)
     changes["memory"] = args.policy != "none" and base.memory
     if args.max_steps is not None:
+        check_count("--max-steps", args.max_steps, 1, MAX_EPISODE_STEPS)
         changes["game"] = dataclasses.replace(base.game, max_steps=args.max_steps)
     if args.no_learn:
         changes["learn"] = False

@@ -28,11 +28,17 @@ from typing import Any, Literal
 import torch
 
 from memento.config import (
+    MAX_CANDIDATES,
+    MAX_K,
+    MAX_REPLAY_CAPACITY,
+    MAX_STEPS,
+    MAX_UPDATES_PER_STEP,
     LearnerConfig,
     QNetConfig,
     ReplayConfig,
     SoftQConfig,
     from_dict,
+    short_repr,
     to_dict,
 )
 from memento.encoders import DEFAULT_MODEL_ID
@@ -364,6 +370,14 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     candidates with stored reward > 0 only (:class:`~memento.selector.artifact.SelectorConfig`).
     """
 
+    for name, value, low, high in (("k", k, 1, MAX_K), ("candidates", candidates, 1, MAX_CANDIDATES),
+                                   ("replay_capacity", replay_capacity, 1, MAX_REPLAY_CAPACITY),
+                                   ("warmup", warmup, 0, MAX_STEPS),
+                                   ("updates_per_step", updates_per_step, 0, MAX_UPDATES_PER_STEP)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"create_selector: {name}={short_repr(value, 40)}: must be an integer in {low}..{high}")
+    if candidates < k:
+        raise ConfigError(f"create_selector: k={k}: must be <= candidates={candidates}")
     where, out = parse_bank_uri(bank), Path(out_dir)
     bank_dir = where.path  # a directory bank's; None for a Milvus bank
     if bank_dir is not None:

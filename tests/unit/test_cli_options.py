@@ -12,7 +12,7 @@ import pytest
 
 from memento.cli.entry import COMMANDS, build_parser, main
 from memento.config import EncoderConfig, LearnerConfig, OnlineLabelsConfig, QNetConfig, SoftQConfig
-from memento.flags import config_option, field_help, shown
+from memento.flags import config_option, field_help, int_arg, shown
 
 
 def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -81,7 +81,7 @@ def test_derived_options_match_their_config(path: tuple[str, ...], flag: str, cl
     if isinstance(value, str):
         assert value in action.choices
     elif isinstance(value, (int, float)):
-        assert action.type is type(value)
+        assert action.type is (int_arg if type(value) is int else type(value))
 
 
 def test_online_soft_q_defaults_are_the_loop_policy() -> None:
@@ -118,11 +118,11 @@ class _Toy:
 def test_config_option_derives_type_choices_and_help() -> None:
     parser = argparse.ArgumentParser()
     count = config_option(parser, _Toy, "count")
-    assert count.type is int and count.help == "how many (default: 3)" and count.dest == "count"
+    assert count.type is int_arg and count.help == "how many (default: 3)" and count.dest == "count"
     ratio = config_option(parser, _Toy, "ratio", "a share")
     assert ratio.type is float and ratio.help == "a share (default: None)"
     sizes = config_option(parser, _Toy, "sizes", "sizes")
-    assert sizes.nargs == "+" and sizes.type is int and sizes.help == "sizes (default: 1 2)"
+    assert sizes.nargs == "+" and sizes.type is int_arg and sizes.help == "sizes (default: 1 2)"
     with pytest.raises(Exception, match="no help text"):
         config_option(parser, _Toy, "mode")
     args = parser.parse_args(["--count", "5", "--sizes", "4", "5"])
