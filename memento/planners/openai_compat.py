@@ -495,8 +495,9 @@ class OpenAICompatPlanner:
         cap = MAX_REPLY_BYTES if code < 300 else _ERROR_BODY_BYTES
         length = (headers.get("Content-Length") or "").strip()
         if code < 300 and length.isdigit() and (len(length) > 12 or int(length) > cap):
-            raise PlannerError(f"POST {url}: HTTP {code} announces a body of {shorten(length, 40)} bytes, more than "
-                               f"the {cap} bytes a reply may hold")
+            size = length if len(length) <= 20 else f"{length[:12]}... ({len(length)} digits)"
+            raise PlannerError(f"POST {url}: HTTP {code} announces a body of {size} bytes, more than the {cap} "
+                               "bytes a reply may hold")
         chunks: list[bytes] = []
         size = 0
         for chunk in response.iter_raw():
@@ -538,7 +539,9 @@ class OpenAICompatPlanner:
                            "(give the server's final URL, up to and including /v1)", code)
         raise _Refused(f"POST {url}: HTTP {code}" + (f": {detail}" if detail else ""), code)
 
-    def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+    def _post(self, body: dict[str, Any], url: str | None = None, *, refusal: bool = False) -> dict[str, Any]:
+        """The JSON object a POST of ``body`` answers, after the retries; a 4xx raises :class:`_Refused` with
+        ``refusal`` (for the caller to tell 400 apart), a plain :class:`PlannerError` without."""
         url = url or self.url
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         total = self.config.max_retries + 1
@@ -546,6 +549,10 @@ class OpenAICompatPlanner:
             try:
                 raw = self._attempt(data, url)
                 break
+            except _Refused as error:
+                if refusal:
+                    raise
+                raise PlannerError(str(error)) from None
             except _Retryable as error:
                 if attempt == total:
                     attempts = f"{total} attempt{'s' if total > 1 else ''}"
@@ -661,10 +668,10 @@ class OpenAICompatPlanner:
         start = time.perf_counter()
         body = self.score_request_body(request.task, request.cases, request.answer)
         try:
-            response = self._post(body, self.completions_url)
+            response = self._post(body, self.completions_url, refusal=True)
         except _Refused as error:
             if error.code != 400 or body["max_tokens"] != 0:
-                raise
+                raise PlannerError(str(error)) from None
             logger.info("POST %s refused max_tokens=0 (%s); scoring with max_tokens=1", self.completions_url, error)
             self._score_max_tokens = 1
             body["max_tokens"] = 1
