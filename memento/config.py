@@ -21,6 +21,9 @@ from memento.io import atomic_write_text
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_BENCH_BYTES",
+    "MAX_BENCH_ITEMS",
+    "MAX_BENCH_VECTORS",
     "MAX_CANDIDATES",
     "MAX_DIM",
     "MAX_EF_SEARCH",
@@ -79,6 +82,7 @@ __all__ = [
     "check_float",
     "check_factory",
     "check_int",
+    "check_int_tuple",
     "check_ints",
     "factory_problem",
     "is_int",
@@ -146,6 +150,12 @@ MAX_FACTORY_NUMBER = 65_536
 """Any other number in a faiss factory string (PQ/OPQ/PCA sizes, bits...)."""
 MAX_FACTORY_CHARS = 200
 """A faiss factory string's length."""
+MAX_BENCH_VECTORS = 100_000_000
+"""A benchmark's bank size (random vectors held in memory)."""
+MAX_BENCH_BYTES = 32 * 2**30
+"""A benchmark's bank of random float32 vectors: size x dim x 4 bytes at most 32 GiB."""
+MAX_BENCH_ITEMS = 10_000_000
+"""A benchmark's timed queries, requests, bootstrap resamples, repetitions (each is work, not memory)."""
 
 
 def check(condition: bool, cls: type, field: str, value: Any, requirement: str) -> None:
@@ -168,6 +178,16 @@ def check_int(obj: Any, field: str, minimum: int, maximum: int | None = None) ->
     else:
         check(is_int(value) and minimum <= value <= maximum, type(obj), field, value,
               f"must be an integer in {minimum}..{maximum}")
+
+
+def check_int_tuple(obj: Any, field: str, minimum: int, maximum: int, *, distinct: bool = False) -> None:
+    """``obj.field`` is a non-empty tuple (or list) of ints in ``minimum..maximum`` (``distinct``: no repeats)."""
+    value = getattr(obj, field)
+    ok = isinstance(value, (tuple, list)) and bool(value) and len(value) <= 1024 \
+        and all(is_int(v) and minimum <= v <= maximum for v in value)
+    ok = ok and (not distinct or len(set(value)) == len(value))
+    check(ok, type(obj), field, value,
+          f"need 1..1024 {'distinct ' if distinct else ''}integers in {minimum}..{maximum}")
 
 
 def check_ints(obj: Any, **bounds: int | tuple[int, int]) -> None:

@@ -23,6 +23,19 @@ from typing import Any, Literal
 import numpy as np
 
 from memento.bench.common import environment, exact_topk, finish, make_vectors, timestamp, write_results
+from memento.config import (
+    MAX_BENCH_BYTES,
+    MAX_BENCH_ITEMS,
+    MAX_BENCH_VECTORS,
+    MAX_CANDIDATES,
+    MAX_DIM,
+    MAX_EF_SEARCH,
+    MAX_NLIST,
+    MAX_SEED,
+    check,
+    check_int_tuple,
+    check_ints,
+)
 from memento.errors import ConfigError
 from memento.memory import CaseBank, create_bank, open_bank
 from memento.types import Case
@@ -49,8 +62,12 @@ class BankBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.sizes or min(self.sizes) < 1:
-            raise ConfigError(f"BankBenchConfig.sizes={self.sizes!r}: need positive sizes")
+        check_int_tuple(self, "sizes", 1, MAX_BENCH_VECTORS)
+        check_ints(self, dim=(1, MAX_DIM), queries=(1, MAX_BENCH_ITEMS), k=(1, MAX_CANDIDATES), seed=(0, MAX_SEED))
+        check(max(self.sizes) * self.dim * 4 <= MAX_BENCH_BYTES, type(self), "sizes", self.sizes,
+              f"a bank of {max(self.sizes)} x dim={self.dim} float32 vectors is over {MAX_BENCH_BYTES // 2**30} GiB")
+        check_int_tuple(self, "ef_search", 1, MAX_EF_SEARCH)
+        check_int_tuple(self, "nprobe", 1, MAX_NLIST)
         if not self.factories:
             raise ConfigError(f"BankBenchConfig.factories={self.factories!r}: need at least one")
         for name in ("dim", "queries", "k"):

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from memento.bench.common import default_models, environment, finish, timestamp, write_results
-from memento.config import SoftQConfig, check, check_ints
+from memento.config import MAX_BENCH_ITEMS, MAX_CANDIDATES, MAX_K, MAX_STEPS, SoftQConfig, check, check_ints
 from memento.errors import ConfigError
 
 __all__ = ["GamesBenchConfig", "arm_config", "format_games_table", "frozen_policy", "run_games_bench", "t_interval"]
@@ -85,10 +85,10 @@ class GamesBenchConfig:
             arm_config(arm)  # a one-line ConfigError for an unknown arm
         check(bool(self.seeds) and all(isinstance(s, int) and s >= 0 for s in self.seeds), cls, "seeds",
               self.seeds, "must be non-negative integers")
-        check_ints(self, train_episodes=1, eval_repeats=1)
+        check_ints(self, train_episodes=(1, MAX_STEPS), eval_repeats=(1, MAX_BENCH_ITEMS))
         check(isinstance(self.case_weight, (int, float)) and 0.0 <= self.case_weight <= 1.0, cls, "case_weight",
               self.case_weight, "must be in [0, 1]")
-        check_ints(self, max_steps=1, k=1, candidates=1)
+        check_ints(self, max_steps=(1, 100_000), k=(1, MAX_K), candidates=(1, MAX_CANDIDATES))
 
 
 def arm_config(arm: str) -> tuple[bool, Any]:

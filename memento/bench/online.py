@@ -50,6 +50,11 @@ import numpy as np
 
 from memento.bench.common import environment, make_vectors, write_results
 from memento.config import (
+    MAX_BENCH_ITEMS,
+    MAX_BENCH_VECTORS,
+    MAX_CANDIDATES,
+    MAX_STEPS,
+    MAX_WORKERS,
     OnlineLabelsConfig,
     PolicyConfig,
     PolicyKind,
@@ -59,6 +64,7 @@ from memento.config import (
     check,
     check_choice,
     check_int,
+    check_int_tuple,
 )
 from memento.encoders import Encoder
 from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
@@ -212,12 +218,12 @@ class OnlineBenchConfig:
     workers_curve_seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_bank", "overhead_steps",
-                     "bootstrap", "workers_steps", "workers_curve_steps"):
-            check_int(self, name, 1)
-        check(bool(self.workers) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                                         for n in self.workers) and len(set(self.workers)) == len(self.workers),
-              type(self), "workers", self.workers, "must be distinct integers >= 1")
+        for name in ("steps", "late_steps", "window", "synthetic_steps", "overhead_steps", "workers_steps",
+                     "workers_curve_steps"):
+            check_int(self, name, 1, MAX_STEPS)
+        check_int(self, "overhead_bank", 1, MAX_BENCH_VECTORS)
+        check_int(self, "bootstrap", 1, MAX_BENCH_ITEMS)
+        check_int_tuple(self, "workers", 1, MAX_WORKERS, distinct=True)
         check(isinstance(self.workers_latency_ms, (int, float)) and not isinstance(self.workers_latency_ms, bool)
               and 0 <= self.workers_latency_ms < 60_000, type(self), "workers_latency_ms", self.workers_latency_ms,
               "must be a number of milliseconds in [0, 60000)")
@@ -237,10 +243,10 @@ class OnlineBenchConfig:
         check_choice(self, "soft_q_candidates", SoftQCandidates)
         check(self.retain_judge in (None, "exact", "f1", "contains", "numeric"), type(self), "retain_judge",
               self.retain_judge, "must be null or one of exact, f1, contains, numeric")
-        check_int(self, "best_of_c", 1)
+        check_int(self, "best_of_c", 1, MAX_CANDIDATES)
         check(isinstance(self.resume, bool), type(self), "resume", self.resume, "must be true or false")
         check(isinstance(self.ope, bool), type(self), "ope", self.ope, "must be true or false")
-        check_int(self, "ope_bootstrap", 0)
+        check_int(self, "ope_bootstrap", 0, MAX_BENCH_ITEMS)
         check(self.init_qnet is not None or not any(p in _PRETRAINED for p in self.policies), type(self),
               "init_qnet", self.init_qnet, f"policies {_PRETRAINED} need a trained Q-network directory")
 

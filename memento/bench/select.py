@@ -38,7 +38,25 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.common import distinct_choices, exact_topk, finish, make_vectors, timestamp, write_results
-from memento.config import IndexConfig, QNetArch, QNetConfig, check, check_ints
+from memento.config import (
+    MAX_BENCH_BYTES,
+    MAX_BENCH_ITEMS,
+    MAX_BENCH_VECTORS,
+    MAX_CANDIDATES,
+    MAX_DIM,
+    MAX_EF_SEARCH,
+    MAX_HIDDEN,
+    MAX_K,
+    MAX_SEED,
+    MAX_THREADS,
+    IndexConfig,
+    QNetArch,
+    QNetConfig,
+    check,
+    check_factory,
+    check_int_tuple,
+    check_ints,
+)
 from memento.encoders import Encoder
 from memento.learn.qnet import build_qnet
 from memento.memory import CaseBank
@@ -92,16 +110,16 @@ class SelectBenchConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check(bool(self.sizes) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.sizes),
-              cls, "sizes", self.sizes, "need at least one positive integer size")
-        check_ints(self, k=1, candidates=1, dim=1, queries=1, hidden=1, reference_queries=1)
-        check_ints(self, exact_max=0, reference_size=0, torch_threads=0, seed=0)
+        check_int_tuple(self, "sizes", 1, MAX_BENCH_VECTORS)
+        check_ints(self, k=(1, MAX_K), candidates=(1, MAX_CANDIDATES), dim=(1, MAX_DIM), queries=(1, MAX_BENCH_ITEMS),
+                   hidden=(1, MAX_HIDDEN), reference_queries=(1, MAX_BENCH_ITEMS))
+        check_ints(self, exact_max=(0, MAX_BENCH_VECTORS), reference_size=(0, MAX_BENCH_VECTORS),
+                   torch_threads=(0, MAX_THREADS), seed=(0, MAX_SEED))
+        check(max(self.sizes) * self.dim * 4 <= MAX_BENCH_BYTES, cls, "sizes", self.sizes,
+              f"a bank of {max(self.sizes)} x dim={self.dim} float32 vectors is over {MAX_BENCH_BYTES // 2**30} GiB")
         check(self.candidates >= self.k, cls, "candidates", self.candidates, f"must be >= k={self.k}")
-        check(isinstance(self.factory, str) and bool(self.factory.strip()), cls, "factory", self.factory,
-              "must be a non-empty faiss factory string")
-        check(bool(self.ef_search) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                           for v in self.ef_search),
-              cls, "ef_search", self.ef_search, "need at least one integer >= 1")
+        check_factory(self, "factory")
+        check_int_tuple(self, "ef_search", 1, MAX_EF_SEARCH)
         check(distinct_choices(self.archs, QNetArch), cls, "archs", self.archs,
               f"need distinct values from {get_args(QNetArch)}")
         check(self.data in ("uniform", "clustered"), cls, "data", self.data, "must be 'uniform' or 'clustered'")

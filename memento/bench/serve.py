@@ -48,7 +48,21 @@ import numpy as np
 
 from memento.bench.common import finish, make_vectors, timestamp, write_results
 from memento.bench.select import _environment as base
-from memento.config import EncoderConfig, check, check_float, check_int, check_ints
+from memento.config import (
+    MAX_BATCH,
+    MAX_BENCH_ITEMS,
+    MAX_BENCH_VECTORS,
+    MAX_K,
+    MAX_SEED,
+    MAX_THREADS,
+    EncoderConfig,
+    check,
+    check_factory,
+    check_float,
+    check_int,
+    check_int_tuple,
+    check_ints,
+)
 from memento.memory import CaseBank
 from memento.selector.export import create_selector
 from memento.serve.app import TOKEN_ENV, require_extra
@@ -307,18 +321,18 @@ class ServeBenchConfig:
     workers: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
-        check_ints(self, size=1, k=1, selects=1, feedbacks=1, server_threads=1)
-        check_ints(self, text_selects=0, warmup=0, seed=0)
-        check(bool(self.clients) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
-                                          for c in self.clients), type(self), "clients", self.clients,
-               "need integers >= 1")
+        check_ints(self, size=(1, MAX_BENCH_VECTORS), k=(1, MAX_K), selects=(1, MAX_BENCH_ITEMS),
+                   feedbacks=(1, MAX_BENCH_ITEMS), server_threads=(1, MAX_THREADS))
+        check_ints(self, text_selects=(0, MAX_BENCH_ITEMS), warmup=(0, MAX_BENCH_ITEMS), seed=(0, MAX_SEED))
+        check_int_tuple(self, "clients", 1, 1024)
+        check_factory(self, "factory")
         check(bool(self.workers) and all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 64
                                           for w in self.workers), type(self), "workers", self.workers,
               "need integers in [1, 64]")
         check(self.data in ("uniform", "clustered"), type(self), "data", self.data, "must be uniform or clustered")
         check(self.k <= self.size, type(self), "k", self.k, f"must be <= size={self.size}")
         if self.batch_max_texts is not None:
-            check_int(self, "batch_max_texts", 0)
+            check_int(self, "batch_max_texts", 0, MAX_BATCH)
         if self.batch_wait_ms is not None:
             check_float(self, "batch_wait_ms", low=0.0, high=1000.0)
 

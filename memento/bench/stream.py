@@ -62,7 +62,7 @@ from memento.bench.stream_arms import (
     stream_arm,
 )
 from memento.bench.stream_qa import qa_seed_cases, qa_stream_tasks, run_qa_arm
-from memento.config import check, check_bools, check_ints
+from memento.config import MAX_BENCH_ITEMS, MAX_CANDIDATES, MAX_K, MAX_STEPS, check, check_bools, check_ints
 from memento.errors import ConfigError
 from memento.runs.lifelong import learned_points, lifelong_metrics, stream_order
 
@@ -101,7 +101,7 @@ class StreamBenchConfig:
         object.__setattr__(self, "envs", tuple(self.envs))
         check(all(isinstance(e, str) and e for e in self.envs), cls, "envs", self.envs,
               "must be question family names")
-        check_ints(self, train_per_env=1, test_per_env=1)
+        check_ints(self, train_per_env=(1, MAX_STEPS), test_per_env=(1, MAX_STEPS))
         check_bools(self, "seed_bank")
         check(bool(self.arms), cls, "arms", self.arms, "must name at least one arm")
         for arm in self.arms:
@@ -110,7 +110,8 @@ class StreamBenchConfig:
               self.orders, "must be grouped and/or random")
         check(bool(self.seeds) and all(isinstance(s, int) and s >= 0 for s in self.seeds), cls, "seeds",
               self.seeds, "must be non-negative integers")
-        check_ints(self, eval_repeats=1, max_steps=1, k=1, candidates=1)
+        check_ints(self, eval_repeats=(1, MAX_BENCH_ITEMS), max_steps=(1, 100_000), k=(1, MAX_K),
+                   candidates=(1, MAX_CANDIDATES))
         check(isinstance(self.case_weight, (int, float)) and 0.0 <= self.case_weight <= 1.0, cls, "case_weight",
               self.case_weight, "must be in [0, 1]")
 

@@ -29,7 +29,25 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from memento.bench.common import distinct_choices, finish, timestamp, write_results
-from memento.config import LearnerConfig, QNetArch, QNetConfig, ReplayConfig, check, check_choice, check_ints
+from memento.config import (
+    MAX_BATCH,
+    MAX_BENCH_BYTES,
+    MAX_BENCH_ITEMS,
+    MAX_BENCH_VECTORS,
+    MAX_DIM,
+    MAX_HIDDEN,
+    MAX_K,
+    MAX_REPLAY_CAPACITY,
+    MAX_SEED,
+    MAX_THREADS,
+    LearnerConfig,
+    QNetArch,
+    QNetConfig,
+    ReplayConfig,
+    check,
+    check_choice,
+    check_ints,
+)
 from memento.errors import ConfigError
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
@@ -75,8 +93,13 @@ class TrainBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_ints(self, batch_size=1, k=1, steps=1, dim=1, hidden=1, buffer_size=1, bank_cases=1, replay_reps=1)
-        check_ints(self, warmup_steps=0, torch_threads=0, seed=0)
+        check_ints(self, batch_size=(1, MAX_BATCH), k=(1, MAX_K), steps=(1, MAX_BENCH_ITEMS), dim=(1, MAX_DIM),
+                   hidden=(1, MAX_HIDDEN), buffer_size=(1, MAX_REPLAY_CAPACITY), bank_cases=(1, MAX_BENCH_VECTORS),
+                   replay_reps=(1, MAX_BENCH_ITEMS))
+        check_ints(self, warmup_steps=(0, MAX_BENCH_ITEMS), torch_threads=(0, MAX_THREADS), seed=(0, MAX_SEED))
+        check(self.bank_cases * self.dim * 4 <= MAX_BENCH_BYTES, type(self), "bank_cases", self.bank_cases,
+              f"a bank of {self.bank_cases} x dim={self.dim} float32 vectors is over {MAX_BENCH_BYTES // 2**30} GiB")
+        ReplayConfig(capacity=self.buffer_size, dim=self.dim, k_max=self.k)  # its memory bound, before allocating
         check(distinct_choices(self.archs, QNetArch), type(self), "archs", self.archs,
               f"need distinct values from {get_args(QNetArch)}")
         check(distinct_choices(self.trainers, Trainer), type(self), "trainers", self.trainers,
