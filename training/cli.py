@@ -202,13 +202,15 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
 
 
 def _merge(raw: dict[str, Any], overrides: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    from memento.io import shorten
+
     raw = copy.deepcopy(raw)
     for path, value in overrides.items():
         target = raw
         for depth, name in enumerate(path[:-1]):
             target = target.setdefault(name, {})
             if not isinstance(target, dict):
-                raise ConfigError(f"TrainConfig.{'.'.join(path[:depth + 1])}={target!r}: expected an object")
+                raise ConfigError(f"TrainConfig.{'.'.join(path[:depth + 1])}={shorten(target)}: expected an object")
         if value is None:
             target.pop(path[-1], None)
         else:
@@ -216,8 +218,20 @@ def _merge(raw: dict[str, Any], overrides: dict[tuple[str, ...], Any]) -> dict[s
     return raw
 
 
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """The object ``raw[name]`` (an empty one when absent); anything else is a one-line ConfigError."""
+    from memento.io import shorten
+
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"TrainConfig.{name}={shorten(value)}: expected an object, got {type(value).__name__}")
+    return value
+
+
 def _check_pairs(raw: dict[str, Any]) -> None:
-    data = raw.get("data", {})
+    from memento.io import shorten
+
+    data = _section(raw, "data")
     source = data.get("source")
     if source is None:
         raise ConfigError("no training data: give --from-log PATH, --from-memento PAIRS --memory MEMORY, "
@@ -232,9 +246,10 @@ def _check_pairs(raw: dict[str, Any]) -> None:
     for flag, field, needs in (("--memory", "memento_memory", "memento"), ("--rewards", "rewards", "cases")):
         if data.get(field) is not None and source != needs:
             raise ConfigError(f"{flag} goes with --{'from-' if needs != 'cases' else ''}{needs} "
-                              f"(this run's data source is {source!r})")
+                              f"(this run's data source is {shorten(source)})")
     if data.get("bank") is not None and source not in ("log", "labels"):
-        raise ConfigError(f"--bank goes with --from-log or --from-labels (this run's data source is {source!r})")
+        raise ConfigError(f"--bank goes with --from-log or --from-labels (this run's data source is "
+                          f"{shorten(source)})")
 
 
 def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> Any:
@@ -259,7 +274,7 @@ def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> A
         base = _nested(Path(args.config)) if args.config is not None else {}
     raw = _merge(base, overrides)
     _check_pairs(raw)
-    provisional = dim if dim is not None else raw.get("qnet", {}).get("dim", 1)
+    provisional = dim if dim is not None else _section(raw, "qnet").get("dim", 1)
     return train_config_from_dict(raw, dim=provisional)
 
 
