@@ -128,7 +128,7 @@ def format_plan(action: str) -> str:
     """A Memento JSON plan as numbered steps (``"1. ...\\n2. ..."``); any other text unchanged."""
     try:
         data: Any = json.loads(action)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, RecursionError, TypeError):  # not JSON, too many digits, nested too deeply: plain text
         return action
     steps = data.get("plan") if isinstance(data, dict) else None
     if not isinstance(steps, list) or not steps:

@@ -470,3 +470,11 @@ def test_http_case_text_and_meta_must_be_storable(http: Any, body: str, field: s
 def test_http_select_query_with_a_lone_surrogate(http: Any) -> None:
     _refused(http.post("/v1/select", content='{"query": "q\\ud800"}', headers={"Content-Type": "application/json"}),
              "query")
+
+
+@pytest.mark.parametrize("action", ["9" * 5000, "[" * 100_000, '{"plan": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_a_case_action_that_breaks_json_is_shown_as_plain_text(action: str) -> None:
+    """A stored action too deep or with too many digits for Python's JSON is plain text in a prompt, not an error."""
+    from memento.planners.prompts import format_plan
+
+    assert format_plan(action) == action
