@@ -247,7 +247,7 @@ BROKEN_DOCUMENTS = [
 @st.composite
 def _wire(draw: st.DrawFn, body: bytes | Callable[[dict[str, Any]], bytes], valid: bool, expect: Any) -> Case_:
     """The same body through a drawn status, Content-Type, coding and delivery."""
-    status = draw(st.sampled_from([200, 200, 200, 200, 201, 301, 302, 307, 400, 401, 404, 422, 429, 500, 502, 503]))
+    status = draw(st.sampled_from([200] * 12 + [201, 301, 302, 307, 400, 401, 404, 422, 429, 500, 502, 503]))
     content_type = draw(st.sampled_from(["application/json", "application/json", "application/json; charset=utf-8",
                                          None, "application/vnd.x+json", "text/html", "text/plain",
                                          "text/event-stream"]))
@@ -259,7 +259,7 @@ def _wire(draw: st.DrawFn, body: bytes | Callable[[dict[str, Any]], bytes], vali
     if 300 <= status < 400:
         headers.append(("Location", draw(st.sampled_from(["http://198.51.100.7/v1/chat/completions", "/elsewhere"]))))
     encoding = draw(st.sampled_from([None, None, None, "gzip", "deflate", "br"]))
-    mode = draw(st.sampled_from(["whole", "whole", "whole", "eof", "cut", "stall", "drip"]))
+    mode = draw(st.sampled_from(["whole"] * 6 + ["eof", "cut", "stall", "drip"]))
     if mode in ("cut", "stall") and body == b"" and encoding is None:
         mode = "whole"  # half of nothing is all of it
     reply = Reply(body=body, status=status, content_type=content_type, headers=tuple(headers), mode=mode,
@@ -503,3 +503,36 @@ def test_retry_after_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
         assert wait is not None and wait > 60 and min(wait, openai_compat._MAX_BACKOFF_S) == 60.0
     for header in ("nan", "soon", "9" * 400 + "x", "Mon, 99 Foo 99999 99:99:99 GMT"):
         assert openai_compat._retry_after(header) is None
+
+
+# ---------------------------------------------------------------- the run keeps its committed steps
+
+@pytest.mark.slow
+def test_an_online_run_whose_server_turns_hostile_keeps_its_committed_steps_and_resumes(
+        peer: PeerServer, tmp_path, capsys) -> None:
+    from pathlib import Path
+
+    from memento.cli.entry import main
+    from memento.formats import read_steps_jsonl
+
+    suite = Path(__file__).resolve().parents[2] / "data" / "facts"
+    out = tmp_path / "run"
+    argv = ["online", "--tasks", str(suite / "test.jsonl"), "--cases", str(suite / "cases.jsonl"),
+            "--planner", f"openai:m@{peer.base_url}", "--policy", "similarity", "--steps", "6", "--k", "2",
+            "--candidates", "8", "--checkpoint-every", "1", "--out", str(out), "--no-progress"]
+    good = Reply(body=_dumps({"choices": [{"message": {"content": "Paris"}}], "usage": {"prompt_tokens": 9}}))
+    peer.reset(good, good, good, Reply(body=b"<html>" + b"\x00" * 10 + b"garbage"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memento: error: POST ") and "response is not JSON" in err[0], err
+    assert peer.requests == 4  # not retried
+    steps = out / "similarity" / "steps.jsonl"
+    assert [r.step for r in read_steps_jsonl(steps)] == [0, 1, 2]  # the committed steps, nothing of the 4th
+    assert [r.step for r in read_steps_jsonl(out / "similarity" / "checkpoint" / "steps.jsonl")] == [0, 1, 2]
+
+    peer.reset(good)
+    assert main([*argv, "--resume"]) == 0, capsys.readouterr().err
+    records = read_steps_jsonl(steps)
+    assert [r.step for r in records] == list(range(6))  # none lost, none twice
+    assert peer.requests == 3
+    record(__name__, "requests", 7)
