@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memento.config import load_json
@@ -39,10 +39,7 @@ from memento.formats import (
 from memento.learn.labels import read_label_tasks, read_labels
 from memento.runs.qa import LoopConfig
 from memento.selector.artifact import SelectorConfig
-
-FUZZ = settings(derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+from tests.fuzzing import FUZZ, examples, record
 
 PLAN = json.dumps({"plan": [{"id": 1, "description": "look it up"}]})
 
@@ -216,10 +213,11 @@ def _check_reader(name: str, read: Callable[[Path], Any], path: Path) -> None:
 def test_jsonl_readers_load_or_refuse_in_one_line(workdir: Path, name: str) -> None:
     read, base = READERS[name]
 
-    @settings(FUZZ, max_examples=40)
+    @settings(FUZZ, max_examples=examples(40))
     @given(content=_files_for(base))
     @_known_examples(base)
     def run(content: bytes) -> None:
+        record(__name__, "inputs")
         path = workdir / f"reader-{name}.jsonl"
         path.write_bytes(content)
         _check_reader(name, read, path)
@@ -235,13 +233,14 @@ def rewards_cases(workdir: Path) -> Path:
     return path
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=examples(60))
 @given(content=_files_for(_REWARD))
 @_known_examples(_REWARD)
 def test_rewards_jsonl_loads_or_refuses_in_one_line(workdir: Path, rewards_cases: Path, content: bytes) -> None:
     from tests.loop_env import HashingEncoder
     from training.data import load_cases_rewards
 
+    record(__name__, "inputs")
     path = workdir / "rewards.jsonl"
     path.write_bytes(content)
     try:
@@ -272,9 +271,10 @@ configs = st.sampled_from(range(len(CONFIG_BASES))).flatmap(
     lambda i: st.tuples(st.just(CONFIG_BASES[i][0]), mutations(CONFIG_BASES[i][1]) | json_values))
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=examples(150))
 @given(config=configs)
 def test_config_json_loads_or_refuses_in_one_line(workdir: Path, config: tuple[type, Any]) -> None:
+    record(__name__, "inputs")
     cls, data = config
     path = workdir / "config.json"
     path.write_bytes(_dumps(data))
@@ -319,9 +319,11 @@ bodies = st.sampled_from(sorted(_http_fields)).flatmap(lambda route: st.tuples(
     | json_values.map(_dumps) | st.binary(max_size=30)))
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(body=bodies)
 def test_http_bodies_get_2xx_or_a_4xx_problem(http: Any, body: tuple[str, bytes]) -> None:
+    record(__name__, "inputs")
+    record(__name__, "requests")
     route, content = body
     response = http.post(route, content=content, headers={"Content-Type": "application/json"})
     assert response.status_code < 500, (route, content, response.status_code, response.text)
@@ -343,13 +345,14 @@ def bank_dir(workdir: Path) -> Path:
     return workdir / "bank"
 
 
-@settings(FUZZ, max_examples=25)
+@settings(FUZZ, max_examples=examples(25))
 @given(job=st.sampled_from([("case", _CASE), ("memento-memory", _MEMORY), ("memento-np-memory", _NP),
                             ("memento-training", _PAIR)]).flatmap(lambda j: st.tuples(st.just(j[0]), _files_for(j[1]))))
 def test_bank_import_refuses_in_one_line_and_changes_nothing(workdir: Path, bank_dir: Path, capsys: Any,
                                                              job: tuple[str, bytes]) -> None:
     from memento.cli.entry import main
 
+    record(__name__, "inputs")
     fmt, content = job
 
     path = workdir / "import.jsonl"
