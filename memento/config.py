@@ -218,6 +218,7 @@ def factory_problem(factory: Any) -> str | None:
     if not factory.isascii() or not factory.isprintable():
         return "a faiss factory string is printable ASCII"
     for component in factory.replace("_", ",").split(","):
+        rest = component  # what the generic number bound checks: the component, less a bounded prefix's number
         for prefix, low, high, what in _FACTORY_BOUNDS:
             match = re.fullmatch(re.escape(prefix) + r"(\d+)\D?.*", component.strip())
             if match is not None:
@@ -225,8 +226,9 @@ def factory_problem(factory: Any) -> str | None:
                 if not low <= n <= high or len(match.group(1)) > 12:
                     shown = _shown(match.group(1), 20)
                     return f"{what} {shown} in {component.strip()[:40]!r}: must be in {low}..{high}"
+                rest = component.strip()[match.end(1):]
                 break
-        for digits in re.findall(r"\d+", component):
+        for digits in re.findall(r"\d+", rest):
             if len(digits) > 12 or int(digits) > MAX_FACTORY_NUMBER:
                 return f"the number {_shown(digits, 20)} in {component.strip()[:40]!r}: at most {MAX_FACTORY_NUMBER}"
         bits = re.search(r"x(\d+)", component)
