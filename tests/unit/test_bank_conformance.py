@@ -195,7 +195,7 @@ def test_positive_candidates(filled) -> None:
     # a reward changed after the add moves a case in or out of the filter at once
     best = _exact(emb, keep, q, 1)[0]
     bank.update_reward(ids[best], 0.0)
-    bank.update_reward(ids[0], 2.0)
+    bank.update_reward(ids[0], 1.0)
     keep[best], keep[0] = False, True
     assert bank.candidates(q, 5, positive=True).positions_C.tolist() == _exact(emb, keep, q, 5)
     bank.delete(ids[0])
