@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import numbers
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -206,13 +204,6 @@ class FeatureStore(Protocol):
     def actions_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def set_actions(self, positions_C: np.ndarray, emb_CD: np.ndarray) -> None: ...
-
-
-def check_real(value: Any, what: str) -> float:
-    """A finite real number (not a bool) as a float; anything else raises ``DataFormatError``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise DataFormatError(f"{what} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def validate_embeddings(embeddings: Any, n: int, dim: int) -> np.ndarray:
