@@ -38,8 +38,13 @@ answering with the learner's status and body: the single writer, "answered once 
 log are unchanged. Its selections go to the shared ``.pending.sqlite``, where the learner's feedback finds
 them. The learner publishes its Q-network (``.policy.safetensors``) at most every ``publish_every_s`` after
 it changed and at every checkpoint; a worker loads it, and the cases added since, at its next select.
-A worker exits when the learner's pipe to it closes (the learner died); SIGTERM/SIGINT of the learner stops
-the workers first (their forwarded writes still reach it), then the learner drains, saves and exits.
+A worker exits when the learner's pipe to it closes (the learner died, SIGKILL included: measured 0.2-0.4 s),
+and then removes the learner's private directory; a learner starting later also removes the directories
+(``memento-serve-<pid>-*``) of learners no longer running. SIGTERM/SIGINT of the learner stops the workers
+first (their forwarded writes still reach it; each exits within about a second), then the learner drains,
+saves and exits. A worker that dies while serving is noticed within 0.2 s: one ERROR line, and a new worker
+takes its place (``MAX_WORKER_RESTARTS`` = 3 within ``RESTART_WINDOW_S`` = 300 s); one more death stops the
+server (an ERROR line, exit status 1).
 
 FastAPI and uvicorn (the ``serve`` extra) are imported only when an app is built or served;
 this module itself imports without them.
@@ -58,6 +63,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -230,52 +236,174 @@ def _quiet_signals(server: Any, pool: _WorkerPool | None = None) -> Iterator[Non
             signal.signal(sig, handler)
 
 
+SOCKET_DIR_PREFIX = "memento-serve-"
+"""The learner's private directory is ``$TMPDIR/memento-serve-<learner pid>-<random>`` (mode 0700)."""
+
+WORKER_WATCH_S = 0.2
+"""Seconds between two checks of the learner that its workers still run."""
+
+MAX_WORKER_RESTARTS = 3
+"""Worker deaths tolerated within :data:`RESTART_WINDOW_S` (each restarted); one more stops the server with status 1."""
+
+RESTART_WINDOW_S = 300.0
+
+
+def _pid_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs (a zombie has exited too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: it runs
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"Z", b"X")
+
+
+def sweep_socket_dirs(tmpdir: str | Path | None = None) -> list[Path]:
+    """Remove the private directories of learners that died without removing theirs (SIGKILL, a crash): this
+    user's ``memento-serve-<pid>-*`` directories whose learner ``pid`` no longer runs. Returns those removed."""
+    root = Path(tmpdir if tmpdir is not None else tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(SOCKET_DIR_PREFIX):
+            continue
+        pid_text = name[len(SOCKET_DIR_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or (uid is not None and info.st_uid != uid):
+            continue  # never follow a link, never touch another user's directory
+        if _pid_gone(int(pid_text)):
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(entry)
+                logger.info("removed %s (its learner, pid %s, is gone)", entry, pid_text)
+    return removed
+
+
 class _WorkerPool:
     """The worker processes of ``memento serve --workers N`` (see the module docstring)."""
 
     def __init__(self, path: Path, *, config: ServeConfig, token: str | None, device: str | None, seed: int,
-                 log_level: str, access_log: bool):
+                 log_level: str, access_log: bool, on_failure: Callable[[], None] | None = None):
         self.path, self.config, self.token, self.device, self.seed = path, config, token, device, seed
         self.log_level, self.access_log = log_level, access_log
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopping = False
+        self.failure: str | None = None
+        self.restarts = 0
+        self._deaths: list[float] = []
+        self._on_failure = on_failure
         self._dir: str | None = None
+        self._fd: int | None = None
+        self._ready_timeout_s = 600.0
         self._lock = threading.Lock()
 
     def listen(self) -> socket.socket:
-        """The learner's private channel: a Unix socket in a new directory only this user can enter."""
-        self._dir = tempfile.mkdtemp(prefix="memento-serve-")  # mode 0700
+        """The learner's private channel: a Unix socket in a new directory only this user can enter (named after
+        this process, so that the next learner removes it if this one dies without doing so)."""
+        sweep_socket_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")  # mode 0700
         self.socket_path = os.path.join(self._dir, "learner.sock")
         usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         usock.bind(self.socket_path)
         usock.listen(512)
         return usock
 
+    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+        assert self._fd is not None
+        spec = {"path": str(self.path), "device": self.device, "seed": self.seed + index, "index": index,
+                "listen_fd": self._fd, "learner_socket": self.socket_path, "token": self.token,
+                "config": dataclasses.asdict(self.config), "log_level": self.log_level,
+                "access_log": self.access_log, "torch_threads": _torch_threads(), "learner_pid": os.getpid()}
+        proc = subprocess.Popen([sys.executable, "-m", "memento.serve.worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, pass_fds=(self._fd,), close_fds=True)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(spec).encode() + b"\n")  # the token travels here, never in argv or env
+        proc.stdin.flush()  # stdin stays open: the worker exits when it closes (this process ended)
+        return proc
+
+    @staticmethod
+    def _ready(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = proc.stdout.readline() if ready else b""
+        proc.stdout.close()
+        return line.strip() == b"ready"
+
     def start(self, sock: socket.socket, timeout_s: float = 600.0) -> None:
-        """Start the workers on the listening ``sock`` and wait until each loaded the artifact."""
-        fd = sock.fileno()
+        """Start the workers on the listening ``sock``, wait until each loaded the artifact, then watch them."""
+        self._fd, self._ready_timeout_s = sock.fileno(), timeout_s
         for index in range(1, self.config.workers):
-            spec = {"path": str(self.path), "device": self.device, "seed": self.seed + index, "index": index,
-                    "listen_fd": fd, "learner_socket": self.socket_path, "token": self.token,
-                    "config": dataclasses.asdict(self.config), "log_level": self.log_level,
-                    "access_log": self.access_log, "torch_threads": _torch_threads()}
-            proc = subprocess.Popen([sys.executable, "-m", "memento.serve.worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, pass_fds=(fd,), close_fds=True)
-            self.procs.append(proc)
-            assert proc.stdin is not None
-            proc.stdin.write(json.dumps(spec).encode() + b"\n")  # the token travels here, never in argv or env
-            proc.stdin.flush()  # stdin stays open: the worker exits when it closes (this process ended)
+            self.procs.append(self._spawn(index))
         deadline = time.monotonic() + timeout_s
         for index, proc in enumerate(self.procs, start=1):
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            line = proc.stdout.readline() if ready else b""
-            if line.strip() != b"ready":
+            if not self._ready(proc, deadline):
                 self.stop(timeout_s=5.0)
                 raise MementoError(f"memento serve: worker {index} did not start (exit status {proc.poll()}; "
                                    "see its log above)")
-            proc.stdout.close()
         logger.info("started %d worker process(es): pids %s", len(self.procs), [p.pid for p in self.procs])
+        threading.Thread(target=self._watch, name="memento-watch-workers", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Notice a worker that died while serving (within :data:`WORKER_WATCH_S`): one ERROR line, and a new
+        worker in its place; the (:data:`MAX_WORKER_RESTARTS` + 1)-th death within :data:`RESTART_WINDOW_S` stops
+        the server (``on_failure``), which then exits with status 1."""
+        while not self.stopping:
+            time.sleep(WORKER_WATCH_S)
+            for slot in range(len(self.procs)):
+                replaced = self._replace_if_dead(slot)
+                if replaced is None:
+                    continue
+                if not self._ready(replaced, time.monotonic() + self._ready_timeout_s) and not self.stopping:
+                    self._fail(f"worker {slot + 1} could not be restarted (exit status {replaced.poll()}; see its log "
+                               "above); stopping the server")
+                    return
+                if self.failure is not None:
+                    return
+                logger.info("worker %d is back (pid %d)", slot + 1, replaced.pid)
+            if self.failure is not None:
+                return
+
+    def _replace_if_dead(self, slot: int) -> subprocess.Popen[bytes] | None:
+        with self._lock:
+            proc = self.procs[slot]
+            if self.stopping or self.failure is not None or proc.poll() is None:
+                return None
+            if proc.stdin is not None and not proc.stdin.closed:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            now = time.monotonic()
+            self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S] + [now]
+            if len(self._deaths) > MAX_WORKER_RESTARTS:
+                self._fail(f"worker {slot + 1} (pid {proc.pid}) exited with status {proc.returncode}, the "
+                           f"{len(self._deaths)}th worker death within {RESTART_WINDOW_S:.0f} s; stopping the server")
+                return None
+            logger.error("worker %d (pid %d) exited with status %s while serving; restarting it (restart %d of at "
+                         "most %d within %.0f s)", slot + 1, proc.pid, proc.returncode, len(self._deaths),
+                         MAX_WORKER_RESTARTS, RESTART_WINDOW_S)
+            self.restarts += 1
+            self.procs[slot] = self._spawn(slot + 1)
+            return self.procs[slot]
+
+    def _fail(self, message: str) -> None:
+        self.failure = message
+        logger.error("%s", message)
+        if self._on_failure is not None:
+            self._on_failure()
 
     @property
     def pids(self) -> list[int]:
@@ -352,7 +480,8 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
         process = None
         if multi:
             pool = _WorkerPool(selector.path, config=config, token=token, device=device, seed=seed,
-                               log_level=log_level, access_log=access_log)
+                               log_level=log_level, access_log=access_log,
+                               on_failure=lambda: setattr(server, "should_exit", True))
             sockets.append(pool.listen())
             process = {"role": "learner", "index": 0, "workers": config.workers}
         app = create_app(selector, token=token, config=config, writer=writer, process=process)
@@ -383,6 +512,8 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
             if pool is not None:
                 pool.close()
             selector.close()
+    if pool is not None and pool.failure is not None:
+        return 1  # the ERROR line is logged
     stats = writer.stats()
     if stats["save_errors"] and stats["last_save_error"]:
         print(f"memento serve: the last checkpoint failed: {stats['last_save_error']}", file=sys.stderr)

@@ -3,7 +3,9 @@
 ``python -m memento.serve.worker`` reads one JSON line from stdin (the artifact, its seed and index, the
 inherited listening socket's fd, the learner's Unix socket, the token, the ServeConfig), loads the artifact
 read-only, writes ``ready`` on stdout and serves on the inherited socket until SIGTERM/SIGINT or until its
-stdin reaches end-of-file: the learner holds the other end, so the worker exits when the learner dies.
+stdin reaches end-of-file: the learner holds the other end, so the worker exits when the learner dies (and then
+removes the learner's private socket directory). It exits within a fraction of a second: after closing its
+selector it leaves with ``os._exit`` (the interpreter's own teardown took 6-7 s on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -21,13 +24,22 @@ from typing import Any
 logger = logging.getLogger("memento.serve.app")
 
 
-def _watch_parent(server: Any) -> None:
-    """Block until stdin closes (the learner exited, however it exited), then stop the server."""
+def _watch_parent(server: Any, learner_socket: str, learner_pid: int | None) -> None:
+    """Block until stdin closes (the learner exited, however it exited), then stop the server; when the learner
+    died (it is no longer this process's parent), remove its private socket directory, which it could not."""
     try:  # the raw fd, not sys.stdin: a daemon thread blocked in a buffered read aborts the interpreter's exit
         while os.read(0, 65536):
             pass
     except OSError:
         pass
+    directory = os.path.dirname(learner_socket)
+    if learner_pid is not None and os.path.basename(directory).startswith(f"memento-serve-{learner_pid}-"):
+        # a dying process closes its files before its children are handed to another parent: wait for that
+        deadline = time.monotonic() + 1.0
+        while os.getppid() == learner_pid and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if os.getppid() != learner_pid:  # the learner died: remove its directory (before stopping: os._exit)
+            shutil.rmtree(directory, ignore_errors=True)
     if not server.should_exit:
         logger.warning("worker %d: the learner process is gone; stopping", os.getpid())
         server.should_exit = True
@@ -71,7 +83,9 @@ def main() -> int:
         redact_server_logs()
         server = uvicorn.Server(uv_config)
         server.capture_signals = lambda: _quiet_signals(server)  # type: ignore[method-assign]
-        threading.Thread(target=_watch_parent, args=(server,), name="memento-watch-learner", daemon=True).start()
+        learner_pid = spec.get("learner_pid")
+        threading.Thread(target=_watch_parent, args=(server, spec["learner_socket"], learner_pid),
+                         name="memento-watch-learner", daemon=True).start()
         os.write(1, b"ready\n")
         os.dup2(2, 1)  # nothing else goes to the learner's pipe
         try:
@@ -83,5 +97,24 @@ def main() -> int:
     return 0
 
 
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's slow teardown (torch, faiss and the request threads took 6-7 s of it on 2
+    busy cores): the selector is closed and a worker holds nothing to save. Logs and pipes are flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        logger.exception("worker %d failed", os.getpid())
+        status = 1
+    _exit_now(status)

@@ -209,6 +209,34 @@ def test_docs_are_served_only_without_auth():
         assert c.get("/docs").status_code == 200
 
 
+# ---------------------------------------------------------------- memento serve: socket directories
+
+
+def test_the_next_learner_removes_the_socket_directories_of_dead_learners_only(tmp_path):
+    from memento.serve.app import sweep_socket_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"memento-serve-{dead.pid}-abc"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "learner.sock").write_text("")
+    live = tmp_path / f"memento-serve-{os.getppid()}-def"  # a running process's (this test's parent)
+    mine = tmp_path / f"memento-serve-{os.getpid()}-ghi"
+    legacy = tmp_path / "memento-serve-k2j4h5"  # no pid in the name: never guessed at
+    other = tmp_path / "unrelated-123-x"
+    for path in (live, mine, legacy, other):
+        path.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    link = tmp_path / f"memento-serve-{dead.pid}-link"
+    link.symlink_to(target)  # a link is never followed
+    assert sweep_socket_dirs(tmp_path) == [stale]
+    assert not stale.exists()
+    assert all(p.exists() for p in (live, mine, legacy, other, link)) and (target / "keep").exists()
+    assert sweep_socket_dirs(tmp_path / "missing") == []
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "ray":
         sys.exit(_ray_driver(sys.argv[2]))
