@@ -670,7 +670,10 @@ class GameLoop(Run):
             for t, (s, ret) in enumerate(zip(episode.steps, returns_T)):
                 if s.invalid:
                     continue
-                new_cases.append(Case(state=s.text, action=s.command, reward=float(ret), env=env_name,
+                # a case's reward lies in [0, 1] (memento.types.check_reward): a return's float sum may pass 1 by
+                # an ulp (case_gamma = 1), a score that went down makes it negative
+                reward = min(1.0, max(0.0, float(ret)))
+                new_cases.append(Case(state=s.text, action=s.command, reward=reward, env=env_name,
                                       meta={"granularity": "step", "game": game, "episode": episode.index, "t": t,
                                             "policy": cfg.arm}))
                 vectors.append(s.state_D)

@@ -140,7 +140,7 @@ def test_case_proposals_step_episode_and_rewards():
     cases = [
         step_case("Take  Key"),  # admissible spelling returned
         step_case("dance"),  # not admissible
-        step_case("go east", reward=-1.0),  # reward <= 0: nothing
+        step_case("go east", reward=0.0),  # reward <= 0: nothing
         episode_case("You are in a hall.\n> go north\nYou go north.\n>take key\n> dance\n> open door"),
         episode_case("go east\nunlock door with key\n", reward=0.0),
         episode_case("unlock door with key\n\ngo north\ngo east"),  # plain lines
