@@ -199,6 +199,7 @@ def _token_auth() -> bool:
         return False  # a Ray without token authentication (before 2.52)
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_urlsafe(32)
     os.environ["RAY_AUTH_MODE"] = "token"
+    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)  # not its "token auth is on" line
     return True
 
 
@@ -206,7 +207,8 @@ class _Watchdog:
     """The process that ends a local Ray when its driver dies (:mod:`memento.runs.ray_watchdog`)."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "memento.runs.ray_watchdog", str(os.getpid())],
+        script = Path(__file__).with_name("ray_watchdog.py")  # run as a file: importing memento would take seconds
+        self.proc = subprocess.Popen([sys.executable, "-I", str(script), str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
                                      close_fds=True)
 

@@ -1,5 +1,5 @@
-"""The watchdog of a local Ray started by :func:`memento.runs.ray.ray_runtime` (``python -m memento.runs.ray_watchdog
-DRIVER_PID``; not a public entry point).
+"""The watchdog of a local Ray started by :func:`memento.runs.ray.ray_runtime` (``python -I .../ray_watchdog.py
+DRIVER_PID``, run as a file so that it starts without importing memento; not a public entry point).
 
 A driver killed with SIGKILL cannot shut its Ray down, and Ray's own processes notice a dead driver late (its
 agents outlived one by 15 s and more). The watchdog, started in its own session right after ``ray.init``, reads
