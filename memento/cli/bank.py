@@ -20,7 +20,9 @@ from memento.cli.options import (
     index_factory,
     load_encoder,
 )
+from memento.config import MAX_CANDIDATES, MAX_DIM
 from memento.errors import DataFormatError, DimensionError, EncoderError
+from memento.flags import check_count, int_arg
 from memento.formats import CaseFormat, read_case_file
 from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
 
@@ -48,7 +50,7 @@ def add_parser(commands: Any) -> None:
                          description="Create an empty case bank. Its dimension comes from the encoder, or from --dim "
                                      "for a bank filled with your own vectors.")
     add_bank_option(create, "bank to create (a directory or milvus:URI)", required=True)
-    create.add_argument("--dim", type=int, default=None,
+    create.add_argument("--dim", type=int_arg, default=None,
                         help="vector dimension without an encoder (then text search is unavailable)")
     add_encoder_options(create.add_argument_group("encoder (used when the bank is created)"))
 
@@ -70,7 +72,7 @@ def add_parser(commands: Any) -> None:
                                      "similarity.")
     search.add_argument("text", metavar="TEXT")
     add_bank_option(search, BANK, required=True)
-    search.add_argument("-k", type=int, default=4, help="number of cases (default: 4)")
+    search.add_argument("-k", type=int_arg, default=4, help=f"number of cases, 1..{MAX_CANDIDATES} (default: 4)")
     search.add_argument("--env", default=None, help="only cases of this env")
     search.add_argument("--kind", default=None, help="only cases of this kind")
     add_json_flag(search)
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
+    if dim is not None:
+        check_count("--dim", dim, 1, MAX_DIM)
     where = parse_bank_uri(args.bank)  # a malformed or unknown bank name: one line, before the encoder loads
     if dim is not None:
         return create_bank(where, dim, index=index_factory(args), options=bank_options(args)), None
@@ -177,8 +181,7 @@ def _search(args: argparse.Namespace) -> int:
     for value, name in ((args.text, "TEXT"), (args.env, "--env"), (args.kind, "--kind")):
         _utf8_argument(value, name)
     with open_bank(args.bank, options=bank_options(args)) as bank:
-        if args.k < 1:
-            raise DataFormatError(f"-k must be a positive integer, got {args.k}")
+        check_count("-k", args.k, 1, MAX_CANDIDATES)
         encoder = bank_encoder(bank)
         k = min(args.k, max(len(bank), 1))  # more than the bank holds finds them all
         scores, ids = bank.search(encoder.encode(args.text), k, env=args.env, kind=args.kind)

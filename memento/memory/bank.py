@@ -423,6 +423,8 @@ class FaissVectors:
             return None
         try:
             info = json.loads(meta_path.read_text(encoding="utf-8"))
+            if not isinstance(info, dict):  # "[]", "null": as unreadable as bad JSON
+                raise ValueError(f"expected a JSON object, got {type(info).__name__}")
             if (info.get("uid") != self._uid or info.get("factory") != self.config.index.factory
                     or info.get("dim") != self.config.dim):
                 return None

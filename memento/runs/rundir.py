@@ -22,7 +22,6 @@ of the three.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -45,10 +44,9 @@ CHECKPOINT_FORMAT_VERSION = 2
 
 def read_json(path: Path) -> Any:
     """Parsed JSON; an unreadable or malformed file is a one-line ``CheckpointError`` naming it."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    from memento.io import read_json as read_any_json
+
+    return read_any_json(path, error=CheckpointError, what="run file")  # digits, depth, surrogates: one line
 
 
 def check_saved_config(ckpt: Path, cls: type, config: Any, resumable: tuple[str, ...]) -> None:

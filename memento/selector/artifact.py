@@ -86,7 +86,15 @@ from memento.config import (
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, EncoderError
 from memento.hub import HUB_PREFIX, is_hub_id
-from memento.io import atomic_write, atomic_write_text, fsync_dir, read_safetensors, read_versioned_json, sqlite_copy
+from memento.io import (
+    atomic_write,
+    atomic_write_text,
+    fsync_dir,
+    read_json,
+    read_safetensors,
+    read_versioned_json,
+    sqlite_copy,
+)
 from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
@@ -446,6 +454,14 @@ def read_encoder_spec(path: Path) -> EncoderSpec:
         if not located.resolve().is_relative_to(root.resolve()):
             raise CheckpointError(f"{path}: files={spec.files!r} leaves the artifact")
         object.__setattr__(spec, "_files_dir", located.resolve())  # not a field: never written back
+    if spec.kind == "transformers":  # pickle weights are refused now, not on every text select
+        from memento.encoders import check_safetensors_weights
+
+        weights = getattr(spec, "_files_dir", None)
+        if weights is None and spec.model is not None and Path(spec.model).expanduser().is_dir():
+            weights = Path(spec.model).expanduser()
+        if weights is not None:
+            check_safetensors_weights(weights, error=CheckpointError)
     return spec
 
 
@@ -1191,10 +1207,7 @@ def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch
 
 def _check_learner_config(path: Path, learner: SoftQLearner) -> None:
     """``learner/config.json`` must describe the learner that ``learner.json`` holds."""
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({' '.join(str(error).split())})") from None
+    saved = read_json(path, error=CheckpointError, what="learner config")  # bad JSON of any kind: one line
     if (not isinstance(saved, dict) or not parses_to(QNetConfig, saved.get("qnet"), learner.qnet.config)
             or not parses_to(type(learner.config), saved.get("learner"), learner.config)):
         raise CheckpointError(f"{path}: does not describe the learner of {LEARNER_DIR}/learner.json (Q-network "

@@ -206,6 +206,10 @@ def _encoder_spec(encoder_config: Any, run_info: dict[str, Any] | None, dim: int
     described = None if run_info is None else run_info.get("encoder")
     info = described if isinstance(described, dict) else {}
     if encoder_config is not None:
+        if encoder_config.model is not None:  # a missing local path is an error, never recorded as a Hub id
+            from memento.hub import local_or_hub
+
+            local_or_hub(encoder_config.model, what="the bank's encoder", error=CheckpointError)
         return EncoderSpec(kind="transformers", model=encoder_config.model, pooling=encoder_config.pooling,
                            max_length=encoder_config.max_length, normalize=encoder_config.normalize, dim=dim,
                            model_id=info.get("model_id"), fingerprint=info.get("fingerprint"),

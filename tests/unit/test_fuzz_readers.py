@@ -90,8 +90,8 @@ def workdir() -> Iterator[Path]:
 
 # ---------------------------------------------------------------- memento verify: an artifact's JSON files
 
-ARTIFACT_JSON = ["manifest.json", "encoder.json", "config.json", "learner/learner.json", "replay/replay.json",
-                 "bank/index.json"]
+ARTIFACT_JSON = ["manifest.json", "encoder.json", "config.json", "learner/config.json", "learner/learner.json",
+                 "replay/replay.json", "bank/index.json"]
 
 
 def _artifact_docs() -> st.SearchStrategy[tuple[str, bytes]]:
@@ -107,6 +107,7 @@ def _artifact_docs() -> st.SearchStrategy[tuple[str, bytes]]:
 @example(job=("manifest.json", KNOWN_BAD[1])).via("issue 31: nesting past the recursion limit")
 @example(job=("encoder.json", b'{"format": "memento-encoder", "format_version": 1' + b"0" * 400 + b"}"))
 @example(job=("learner/learner.json", KNOWN_BAD[1]))
+@example(job=("learner/config.json", KNOWN_BAD[0]))
 @example(job=("replay/replay.json", DIRECTORY))
 def test_verify_loads_or_refuses_every_json_file_in_one_line(workdir: Path, capsys: pytest.CaptureFixture[str],
                                                              job: tuple[str, bytes]) -> None:
@@ -359,3 +360,45 @@ def test_bank_search_with_undecodable_argv_bytes_in_a_real_process(tmp_path: Pat
                            b"--bank", os.fsencode(tmp_path / "bank")], capture_output=True, timeout=120)
     assert done.returncode == 2, done.stderr.decode(errors="replace")
     assert done.stderr == b"memento: error: TEXT is not UTF-8 text (byte 0xff at character 1)\n"
+
+
+# ---------------------------------------------------------------- an artifact whose encoder weights are a pickle
+
+
+def _pickle_encoder_artifact(root: Path) -> Path:
+    """The fixture artifact with a transformers encoder of its own (``encoder/``) whose weights are a pickle."""
+    import torch
+
+    from memento.encoders import default_model_path
+
+    art = Path(shutil.copytree(FIXTURE, root / "pickle-artifact"))
+    files = art / "encoder"
+    files.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copyfile(default_model_path() / name, files / name)
+    torch.save({"embeddings.word_embeddings.weight": torch.zeros(2, 2)}, files / "pytorch_model.bin")
+    spec = json.loads((art / "encoder.json").read_text())
+    spec.update(kind="transformers", files="encoder", model=None, model_id="a-pickled-model", description=None)
+    (art / "encoder.json").write_text(json.dumps(spec))
+    rehash(art, {f"encoder/{p.name}": p for p in files.iterdir()})
+    return art
+
+
+def test_an_artifact_with_pickle_encoder_weights_is_refused_at_load(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused by verify and by load_selector in one line naming the file, before any torch.load (not a 500 on
+    every text select afterwards)."""
+    import torch
+
+    from memento.errors import CheckpointError
+    from memento.selector.export import load_selector
+
+    art = _pickle_encoder_artifact(tmp_path)
+    loads: list[Any] = []
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: loads.append(args) or {})
+    expected = f"{art / 'encoder' / 'pytorch_model.bin'}: pickle weights are not loaded; convert to safetensors"
+    code, err = _main(capsys, ["verify", str(art)])
+    assert code == 2 and err.startswith(f"memento: error: {expected}") and err.count("\n") == 1, err
+    with pytest.raises(CheckpointError, match="pickle weights are not loaded"):
+        load_selector(art, learn=False)
+    assert loads == []

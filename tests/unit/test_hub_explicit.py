@@ -129,3 +129,18 @@ def test_hub_ref_parses_only_the_explicit_form() -> None:
     for bad in ("hf://name", "hf://a/b/c", "hf://../x", "hf://"):
         with pytest.raises(ConfigError, match="expected hf://org/name"):
             hub_ref(bad)
+
+
+def test_a_bank_whose_encoder_path_is_missing_is_not_exported_as_a_hub_id(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``org/name`` recorded as a local path that no longer exists is refused, never written to encoder.json as a
+    Hub id (a Hub encoder is recorded as ``hf://org/name``); nothing is created."""
+    from memento.config import EncoderConfig
+    from memento.memory import CaseBank
+    from memento.selector.export import create_selector
+
+    monkeypatch.chdir(tmp_path)
+    CaseBank.create(tmp_path / "bank", 16, encoder=EncoderConfig(model="org/missing")).close()
+    with pytest.raises(CheckpointError, match="'org/missing': no such local path"):
+        create_selector(tmp_path / "bank", tmp_path / "selector", k=2)
+    assert not (tmp_path / "selector").exists()
