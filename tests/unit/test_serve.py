@@ -433,7 +433,7 @@ def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None
     (["--no-auth", "--token-file", "x"], {}, "not allowed with argument"),
     ([], {TOKEN_ENV: "short"}, "at least 16 characters"),
     (["--no-auth", "--batch-wait-ms", "-1"], {}, "ServeConfig.batch_wait_ms=-1.0"),
-    (["--no-auth", "--batch-max-texts", "-2"], {}, "ServeConfig.batch_max_texts=-2"),
+    (["--no-auth", "--batch-max-texts", "-2"], {}, "--batch-max-texts=-2: must be an integer in 0..65536"),
 ])
 def test_cli_serve_refuses_bad_auth_settings_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str], argv: list[str],
