@@ -88,7 +88,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from memento.config import QNetConfig, ReplayConfig, SoftQConfig, check, check_float, check_int, check_ints, to_dict
+from memento.config import (
+    MAX_WORKERS,
+    QNetConfig,
+    ReplayConfig,
+    SoftQConfig,
+    check,
+    check_float,
+    check_int,
+    check_ints,
+    to_dict,
+)
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
 from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
@@ -118,9 +128,6 @@ WORKERS_LOG = "workers.jsonl"
 """One line per committed transition in the run directory: worker, attempt, snapshot and learner versions."""
 
 RAY_EXTRA = "pip install 'memento-mdp[ray]'"
-
-MAX_WORKERS = 64
-"""The most rollout workers one run may ask for (``WorkersConfig.workers``)."""
 
 LOOPBACK = "127.0.0.1"
 
@@ -152,8 +159,8 @@ def import_ray() -> Any:
 class WorkersConfig:
     """The rollout workers of one run (see the module docstring).
 
-    - ``workers``: Ray actors, each with its own planner and judge (1 to :data:`MAX_WORKERS`; the CLI uses this
-      class for N >= 2);
+    - ``workers``: Ray actors, each with its own planner and judge (1 to :data:`memento.config.MAX_WORKERS`, the
+      bound ``--workers`` has too; the CLI uses this class for N >= 2);
     - ``sync_every``: learner updates between two policy snapshots sent to the workers (1: every update);
     - ``address``: a Ray cluster to join (``ray.init(address=...)``, e.g. ``"auto"`` or ``"ray://host:10001"``);
       ``None`` starts a local Ray with ``max(cpu count, workers * worker_cpus)`` logical CPUs (see

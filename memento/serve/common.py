@@ -25,10 +25,14 @@ from typing import Any, Literal
 from memento.config import check, check_float, check_int, check_ints
 from memento.errors import MementoError
 
-__all__ = ["LearnerLink", "ServeConfig", "ServerUnavailableError", "TokenRedactor", "Writer", "json_safe", "redact",
-           "redact_server_logs", "thread_limiter", "token_matches"]
+__all__ = ["MAX_SERVE_WORKERS", "LearnerLink", "ServeConfig", "ServerUnavailableError", "TokenRedactor", "Writer",
+           "json_safe", "redact", "redact_server_logs", "thread_limiter", "token_matches"]
 
 logger = logging.getLogger("memento.serve.app")
+
+
+MAX_SERVE_WORKERS = 64
+"""The most server processes ``memento serve --workers N`` may run on one machine (``ServeConfig.workers``)."""
 
 
 class ServerUnavailableError(MementoError):
@@ -84,7 +88,7 @@ class ServeConfig:
         check_float(self, "save_every_s", low=0.0)
         check_float(self, "graceful_timeout_s", low=0.0)
         check_int(self, "workers", 1)
-        check(self.workers <= 64, type(self), "workers", self.workers, "must be <= 64")
+        check(self.workers <= MAX_SERVE_WORKERS, type(self), "workers", self.workers, f"must be <= {MAX_SERVE_WORKERS}")
         check_float(self, "publish_every_s", low=0.0)
 
 

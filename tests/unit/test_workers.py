@@ -269,9 +269,13 @@ def test_the_benchmark_pieces_without_ray():
 def test_workers_config_is_validated():
     with pytest.raises(ConfigError, match="WorkersConfig.workers"):
         WorkersConfig(workers=0)
-    with pytest.raises(ConfigError, match=r"WorkersConfig.workers.*<= 64"):
-        WorkersConfig(workers=65)
-    assert WorkersConfig(workers=64).workers == 64
+    from memento.config import MAX_WORKERS
+
+    with pytest.raises(ConfigError, match=rf"WorkersConfig.workers.*<= {MAX_WORKERS}"):
+        WorkersConfig(workers=MAX_WORKERS + 1)
+    with pytest.raises(ConfigError, match="WorkersConfig.workers"):
+        WorkersConfig(workers=10**100)  # one line, no OverflowError
+    assert WorkersConfig(workers=MAX_WORKERS).workers == MAX_WORKERS
     with pytest.raises(ConfigError, match="WorkersConfig.address"):
         WorkersConfig(address=" ")
     assert WorkersConfig().sync_every == 1
