@@ -373,9 +373,9 @@ class MilvusRows:
                 self.unflushed += 1
             except MementoError as error:  # invisible past the watermark; the next writer removes them
                 logger.warning("%s: %s", self.name, error)
-        self.rows = self.committed
-        if self.rows != tx.start or tx.tombstones or tx.forget or not self._loaded:
+        if self.rows != self.committed or tx.tombstones or tx.forget:
             self._loaded = False  # the mirror followed the inserts and tombstones: read it again on need
+        self.rows = self.committed
 
     def _commit(self, tx: _Transaction) -> None:
         pending = {"tombstones": tx.tombstones, "forget": sorted(set(tx.forget))} \

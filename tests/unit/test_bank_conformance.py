@@ -9,6 +9,8 @@ server (``milvus-lite server``, the same Milvus API over the network) in a child
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import socket
@@ -530,3 +532,110 @@ def test_bench_bank_runs_both_backends_side_by_side(tmp_path) -> None:
     assert all(r["add_per_s"] > 0 and r["bytes"] > 0 for r in rows.values())
     assert "| 400 | Flat | milvus |" in format_table(results)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("memento-bench-")] == []
+
+
+# ---------------------------------------------------------------- Milvus: all-or-nothing writes (the watermark)
+
+
+@pytest.fixture
+def lite_uri(lite_file: Path) -> str:
+    return f"milvus:{lite_file}#w{uuid.uuid4().hex[:12]}"
+
+
+def _raw(bank: MilvusBank, where: str = "") -> int:
+    rows = bank._rows.client.query(bank.collection, filter=where, output_fields=["count(*)"])
+    return int(rows[0]["count(*)"]) if rows else 0
+
+
+def _properties(bank: MilvusBank) -> dict[str, str]:
+    return {str(k): str(v) for k, v in bank._rows.client.describe_collection(bank.collection)["properties"].items()}
+
+
+def test_milvus_add_that_fails_half_way_leaves_nothing(lite_uri, rng, monkeypatch) -> None:
+    """An insert batch that fails after two went in: the add raises one line and the bank is as before (the
+    two batches are deleted); the same add then succeeds at the same positions."""
+    with create_bank(lite_uri, DIM, options=MilvusOptions(insert_batch=2)) as bank:
+        before = bank.add(make_cases(5), unit_vectors(rng, 5, DIM))
+        client, real = bank._rows.client, bank._rows.client.insert
+        calls = []
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("disk full")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(client, "insert", failing)
+        cases, emb = make_cases(10, "new"), unit_vectors(rng, 10, DIM)
+        with pytest.raises(BankError, match="insert failed: disk full"):
+            bank.add(cases, emb)
+        assert len(bank) == 5 and _raw(bank) == 5 and _properties(bank)["memento.committed"] == "5"
+        assert bank.search(emb[0], 1)[1].tolist()[0] in before
+        monkeypatch.setattr(client, "insert", real)
+        ids = bank.add(cases, emb)
+        assert bank.positions_of(ids).tolist() == list(range(5, 15)) and len(bank) == 15
+        assert _properties(bank)["memento.committed"] == "15"
+
+
+def test_milvus_rows_past_the_watermark_are_unseen_then_rolled_back(lite_uri, rng, caplog) -> None:
+    """Rows a killed write inserted but never committed: a reader neither counts nor finds them; the next writer
+    deletes them (one warning line) and adds at their positions."""
+    with create_bank(lite_uri, DIM) as bank:
+        ids = bank.add(make_cases(5), unit_vectors(rng, 5, DIM))
+        ghost = unit_vectors(rng, 3, DIM)
+        bank._rows.client.insert(bank.collection, [
+            {"pos": 5 + i, "id": f"ghost{i}", "hash": "0" * 64, "state": "g", "action": "g", "reward": 1.0,
+             "env": None, "kind": "case", "meta": "{}", "created": 0.0, "deleted": False, "deleted_at": 0.0,
+             "replaced_by": "", "vector": ghost[i]} for i in range(3)])
+        bank._features.set_actions(np.array([6]), ghost[:1])  # a side row past the watermark too
+    with open_bank(lite_uri, read_only=True) as reader:
+        assert len(reader) == 5 and _raw(reader) == 8
+        assert reader.search(ghost[0], 3)[1].tolist()[0] in ids
+        assert [c.id for c in reader.iter_cases()] == ids
+    with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"), open_bank(lite_uri) as bank:
+        assert [r.message for r in caplog.records if "rolled back 3 row(s)" in r.message]
+        assert len(bank) == 5 and _raw(bank) == 5
+        new = bank.add(make_cases(3, "new"), ghost)
+        assert bank.positions_of(new).tolist() == [5, 6, 7]
+        assert not bank.action_embeddings_at([6])[1].any()
+
+
+def test_milvus_deletions_committed_before_a_crash_are_completed(lite_uri, rng) -> None:
+    """A write killed after its commit point but before its tombstones were all written: the next writer writes
+    them (and drops the deleted cases' usage rows); nothing pending is left."""
+    with create_bank(lite_uri, DIM) as bank:
+        ids = bank.add(make_cases(6), unit_vectors(rng, 6, DIM))
+        bank.record_usage(0, ids[2:4], 1.0)
+        pending = {"tombstones": [[[2, 3], "", 1.0]], "forget": [2, 3]}
+        bank._rows.client.alter_collection_properties(bank.collection,
+                                                      properties={"memento.pending": json.dumps(pending)})
+    with open_bank(lite_uri) as bank:
+        assert bank.is_deleted(ids) == [False, False, True, True, False, False]
+        assert bank.usage_at([2, 3])[0].tolist() == [0, 0]
+        assert "memento.pending" not in _properties(bank)
+        assert len(bank.search(unit_vectors(rng, 1, DIM)[0], 6)[1]) == 4
+
+
+def test_milvus_truncate_and_delete_move_the_watermark_first(lite_uri, rng) -> None:
+    with create_bank(lite_uri, DIM) as bank:
+        ids = bank.add(make_cases(8), unit_vectors(rng, 8, DIM))
+        bank.record_usage(0, ids[5:7], 1.0)
+        bank.delete(ids[:2])
+        assert "memento.pending" not in _properties(bank) and bank.num_deleted == 2
+        # a truncate killed after lowering the watermark: the next writer removes the rest
+        bank._rows.client.alter_collection_properties(bank.collection, properties={"memento.committed": "5"})
+    with open_bank(lite_uri) as bank:
+        assert len(bank) == 5 and _raw(bank) == 5 and bank.num_deleted == 2
+        assert _raw(bank, where="pos >= 5") == 0
+        assert bank.usage_at([4])[0].tolist() == [0]
+        assert bank.truncate(3) == 2 and _properties(bank)["memento.committed"] == "3"
+
+
+def test_milvus_bank_written_before_the_watermark_opens_and_gets_one(lite_uri, rng) -> None:
+    with create_bank(lite_uri, DIM) as bank:
+        ids = bank.add(make_cases(4), unit_vectors(rng, 4, DIM))
+        bank._rows.client.drop_collection_properties(bank.collection, property_keys=["memento.committed"])
+    with open_bank(lite_uri) as bank:
+        assert len(bank) == 4 and bank.ids_at(range(4)) == ids
+        bank.add(make_cases(1, "more"), unit_vectors(rng, 1, DIM))
+        assert _properties(bank)["memento.committed"] == "5"
