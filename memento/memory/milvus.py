@@ -24,6 +24,18 @@ The bank's identity lives in the collection's properties: ``memento.format``, ``
 ``create_collection`` call that makes the collection (a bank appears whole or not at all). Opening compares
 the dimension and the encoder asked for with them.
 
+**Transactions.** A write that spans rows (``add``/``import_jsonl``, ``delete``, ``replace``, ``truncate``) is
+all-or-nothing through a watermark, the collection property ``memento.committed`` (the number of committed
+positions; written by ``create_collection`` as 0). Rows are inserted past it; one property update after the last
+insert batch -- the commit point -- moves it past them and records the write's tombstones and side-row removals
+(``memento.pending``), which are written after it and then dropped. ``count()``, reads and searches (a
+``pos < committed`` filter) see only rows below it. A writer's open (:meth:`MilvusRows.recover`) deletes the rows
+at or past it and their side rows (a write that never committed: one warning line) and writes a committed
+write's pending tombstones. ``truncate`` lowers the watermark first, then deletes. A write that fails deletes
+what it inserted and raises. Cost: one property update (Milvus Lite rewrites and fsyncs the collection's schema
+file, 4-13 ms) per write; the insert path is unchanged. A bank made before the watermark has no such property
+(its count is the dense prefix) until its first write.
+
 **Index and flush.** The faiss factory string of the bank's :class:`IndexConfig` names the Milvus index:
 ``Flat`` -> FLAT (exact), ``IVF<n>,Flat`` -> IVF_FLAT (nlist n; ``nprobe`` at search time), ``HNSW<M>[,Flat]``
 -> HNSW (``ef`` = ``ef_search``). The index is declared when the collection is created; Milvus builds it per
