@@ -39,7 +39,10 @@ _DESCRIPTION = ("A case bank is a directory: cases.sqlite (cases + embeddings) a
 
 _IMPORT_DESCRIPTION = ("Read a case file, encode the states and add every case in one transaction.\n"
                        "The whole file is checked first: a bad line prints FILE:LINE: reason, exits 2,\n"
-                       "and leaves the bank unchanged. A missing bank is created (encoder options below).\n\n"
+                       "and leaves the bank unchanged. A missing bank is created (encoder options below).\n"
+                       "An import that is killed or fails part-way leaves none of its cases, in a directory\n"
+                       "bank (SQLite) and in a Milvus bank (rows past its committed count are removed when\n"
+                       "it is next opened); run it again to add them all.\n\n"
                        "formats:\n" + CASE_FORMAT_HELP)
 
 
