@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 import training.cli
 import training.simcse_cli
@@ -29,9 +30,17 @@ COMMANDS: dict[str, ModuleType] = {
 import only argparse and the configs at module level: Lightning loads when a run starts."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, ``memento COMMAND: error: ... (see --help)``, exit 2
+    (argparse's default prints the whole usage block first). Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``memento`` parser: global flags, then each command module's subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="memento",
         description="Learn which past cases a frozen LLM should see. Manage case banks and run benchmarks.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -115,7 +115,7 @@ def test_import_bad_file_does_not_create_a_bank(tmp_path, capsys):
 def test_search_k_must_be_positive(tmp_path, rng, capsys):
     _bank_with_vectors(tmp_path / "b", rng)
     assert main(["bank", "search", "--bank", str(tmp_path / "b"), "x", "-k", "0"]) == 2
-    assert "-k must be a positive integer" in capsys.readouterr().err
+    assert "-k=0: must be an integer in 1..65536" in capsys.readouterr().err
 
 
 def test_parser_rejects_unknown_format():
