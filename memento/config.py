@@ -156,6 +156,12 @@ MAX_BENCH_BYTES = 32 * 2**30
 """A benchmark's bank of random float32 vectors: size x dim x 4 bytes at most 32 GiB."""
 MAX_BENCH_ITEMS = 10_000_000
 """A benchmark's timed queries, requests, bootstrap resamples, repetitions (each is work, not memory)."""
+MAX_K_SETS = 1024
+"""Random K-sets scored per task when labelling (each is one planner scoring call)."""
+MAX_RETRIES = 100
+"""CFGM's replays of a failed game (each is a whole episode with the planner)."""
+MAX_GAME_STEPS = 100_000
+"""A text game's step limit and the history a prompt keeps (each step is a planner call and prompt text)."""
 
 
 def check(condition: bool, cls: type, field: str, value: Any, requirement: str) -> None:

@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from memento.config import check, check_choice, check_int, check_ints
+from memento.config import MAX_GAME_STEPS, MAX_TOKENS, check, check_choice, check_int, check_ints
 from memento.errors import ConfigError, DataFormatError, GameError
 from memento.io import atomic_write_text, write_json
 
@@ -258,7 +258,8 @@ class TextWorldConfig:
     not_admissible: NotAdmissible = "error"
 
     def __post_init__(self) -> None:
-        check_ints(self, max_steps=1, history=0, max_observation_chars=20, max_state_chars=100)
+        check_ints(self, max_steps=(1, MAX_GAME_STEPS), history=(0, MAX_GAME_STEPS),
+                   max_observation_chars=(20, MAX_TOKENS), max_state_chars=(100, MAX_TOKENS))
         check(self.max_observation_chars + 5 <= self.max_state_chars, type(self), "max_state_chars",
               self.max_state_chars, f"must leave room for 'Now: ' and an observation of max_observation_chars="
               f"{self.max_observation_chars}")

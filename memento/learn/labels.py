@@ -45,7 +45,19 @@ from typing import Any
 
 import numpy as np
 
-from memento.config import check, check_bools, check_int, check_ints, to_dict
+from memento.config import (
+    MAX_BATCH,
+    MAX_CANDIDATES,
+    MAX_K,
+    MAX_K_SETS,
+    MAX_SEED,
+    MAX_STEPS,
+    check,
+    check_bools,
+    check_int,
+    check_ints,
+    to_dict,
+)
 from memento.errors import DataFormatError, DimensionError
 from memento.formats import iter_jsonl, write_jsonl
 from memento.io import atomic_write_text, finite_float, shorten
@@ -92,14 +104,14 @@ class LabelConfig:
 
     def __post_init__(self) -> None:
         cls = type(self)
-        check_int(self, "candidates", 1)
+        check_int(self, "candidates", 1, MAX_CANDIDATES)
         check(isinstance(self.planner, str) and bool(self.planner.strip()), cls, "planner", self.planner,
               "must be a planner spec such as 'gemma', 'hf:PATH' or 'openai:MODEL@URL'")
         if self.max_tasks is not None:
-            check_int(self, "max_tasks", 1)
-        check_ints(self, seed=0, k=1)
+            check_int(self, "max_tasks", 1, MAX_STEPS)
+        check_ints(self, seed=(0, MAX_SEED), k=(1, MAX_K))
         check(self.k <= self.candidates, cls, "k", self.k, f"must be <= candidates={self.candidates}")
-        check_ints(self, sets=0, batch_size=1)
+        check_ints(self, sets=(0, MAX_K_SETS), batch_size=(1, MAX_BATCH))
         check_bools(self, "exclude_self")
 
     @property

@@ -42,7 +42,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.config import check, check_int
+from memento.config import MAX_RETRIES, check, check_int
 from memento.errors import ConfigError, ReplyFormatError
 from memento.memory import Candidates, CaseBank
 from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point, retry_reflection
@@ -92,7 +92,7 @@ class SystemsConfig:
         object.__setattr__(self, "build", tuple(dict.fromkeys(build)))
         check(self.items in get_args(ItemsChoice), cls, "items", self.items, f"must be one of {get_args(ItemsChoice)}")
         check(isinstance(self.reflect, bool), cls, "reflect", self.reflect, "must be true or false")
-        check_int(self, "retries", 0)
+        check_int(self, "retries", 0, MAX_RETRIES)
         check_int(self, "max_new_tokens", 1)
         check(isinstance(self.cfgm, CFGMConfig), cls, "cfgm", self.cfgm, "must be a CFGMConfig")
         check(isinstance(self.lifemem, LifeMemConfig), cls, "lifemem", self.lifemem, "must be a LifeMemConfig")

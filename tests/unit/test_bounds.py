@@ -29,10 +29,13 @@ from memento.config import (
     factory_problem,
     from_dict,
 )
+from memento.envs.textworld import TextWorldConfig
 from memento.errors import ConfigError
+from memento.learn.labels import LabelConfig
 from memento.runs.base import TaskOrder, task_order
 from memento.runs.qa import LoopConfig
 from memento.runs.regret import MAX_REGRET_STEPS, RegretConfig
+from memento.systems.runtime import SystemsConfig
 from tests.fuzzing import FUZZ, examples, record
 
 RSS_CEILING_KB = 1024 * 1024
@@ -78,6 +81,13 @@ BOUNDS = [
     (lambda v: IndexConfig(nprobe=v), "nprobe", C.MAX_NLIST),
     (lambda v: BankConfig(dim=v), "dim", C.MAX_DIM),
     (lambda v: LinUCBConfig(dim=v), "dim", C.MAX_LINUCB_DIM),
+    (lambda v: LabelConfig(candidates=v), "candidates", C.MAX_CANDIDATES),
+    (lambda v: LabelConfig(k=v, candidates=C.MAX_K), "k", C.MAX_K),
+    (lambda v: LabelConfig(sets=v), "sets", C.MAX_K_SETS),
+    (lambda v: LabelConfig(batch_size=v), "batch_size", C.MAX_BATCH),
+    (lambda v: LabelConfig(max_tasks=v), "max_tasks", C.MAX_STEPS),
+    (lambda v: SystemsConfig(retries=v), "retries", C.MAX_RETRIES),
+    (lambda v: TextWorldConfig(max_steps=v), "max_steps", C.MAX_GAME_STEPS),
 ]
 
 
