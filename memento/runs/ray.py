@@ -544,6 +544,8 @@ class RayOnlineLoop(OnlineLoop):
     Ray is joined or started when the run starts (:func:`ray_runtime`), unless it is already initialised.
     """
 
+    _loop_t0: float | None = None  # perf_counter when this process started its workers (None: not driving)
+
     def __init__(self, config: LoopConfig, *, workers: WorkersConfig, planner: PlannerSource,
                  judge: Callable[[Task, str], Any], **kwargs: Any):
         if not isinstance(workers, WorkersConfig):
@@ -692,7 +694,7 @@ class RayOnlineLoop(OnlineLoop):
                                              "worker_pids": []}
         self.loop_s_before = 0.0  # the loop seconds of the driver processes before a resume
         self.processes = 1
-        self._loop_t0: float | None = None
+        self._loop_t0 = None
 
     def _checkpoint_state(self, in_progress: Any) -> dict[str, Any]:
         """The worker figures so far (a resumed run adds its own to them: ``summary.json`` covers the whole run)."""

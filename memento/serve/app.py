@@ -267,7 +267,7 @@ def sweep_socket_dirs(tmpdir: str | Path | None = None) -> list[Path]:
     """Remove the private directories of learners that died without removing theirs (SIGKILL, a crash): this
     user's ``memento-serve-<pid>-*`` directories whose learner ``pid`` no longer runs. Returns those removed."""
     root = Path(tmpdir if tmpdir is not None else tempfile.gettempdir())
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(root.iterdir())
     except OSError:
