@@ -25,8 +25,8 @@ from typing import Any, Literal, get_args, get_origin
 from memento.config import MAX_THREADS, field_default
 from memento.errors import ConfigError
 
-__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_count",
-           "check_device", "check_torch_threads", "config_option", "field_help", "field_type", "int_arg",
+__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_accelerator",
+           "check_count", "check_device", "check_torch_threads", "config_option", "field_help", "field_type", "int_arg",
            "load_encoder", "set_torch_threads", "shown"]
 
 BANK = "a directory or milvus:URI[#collection]"
@@ -176,6 +176,23 @@ def check_device(device: Any, flag: str = "--device") -> None:
     count = torch.cuda.device_count()
     if parsed.index is not None and parsed.index >= count:
         raise ConfigError(f"{flag} {device}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+
+
+def check_accelerator(accelerator: Any, flag: str = "--accelerator") -> None:
+    """A Lightning accelerator this machine has: ``gpu``/``cuda`` need a CUDA device, ``mps`` Apple's Metal;
+    else one ConfigError naming the flag (Lightning would raise its own exception after the run directory was
+    written)."""
+    if accelerator in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{flag} {accelerator}: no CUDA device is available (torch.cuda.is_available() is "
+                              "False); use --accelerator cpu or auto")
+    elif accelerator == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"{flag} mps: Apple's Metal (MPS) is not available here; use --accelerator cpu or auto")
 
 
 def set_torch_threads(threads: int) -> None:

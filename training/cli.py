@@ -320,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
     from training.run import launched_rank_zero
 
     config = build_train_config(args)  # every cheap check before the encoder is loaded
+    flags.check_accelerator(config.trainer.lightning.accelerator)
     out = Path(args.out)
     rank_zero = launched_rank_zero()  # DDP re-runs this command in one process per further device
     if rank_zero and not args.resume and (out / "config.json").exists():

@@ -14,7 +14,7 @@ import sys
 from typing import Any, get_args
 
 from memento.config import field_default
-from memento.flags import config_option, shown
+from memento.flags import check_accelerator, config_option, shown
 from training.config import Accelerator, LightningConfig, SimCSEConfig
 
 __all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     config = config_from_args(args)
+    check_accelerator(config.lightning.accelerator)
     quiet = getattr(args, "verbose", 0) == 0
     if quiet:
         from transformers.utils import logging as hf_logging

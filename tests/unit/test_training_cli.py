@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import training.data  # noqa: F401  (imports Lightning once, at collection, not inside the first test)
 from memento.cli.entry import build_parser, main
@@ -76,6 +77,8 @@ def test_flags_override_the_config_file(tmp_path):
     ([*MEMENTO, "--devices", "x"], "LightningConfig.devices='x'"),
     ([*MEMENTO, "--resume"], "config.json: config file not found"),
     ([*MEMENTO, "--torch-threads", "-1"], "--torch-threads=-1"),
+    pytest.param([*MEMENTO, "--accelerator", "gpu"], "--accelerator gpu: no CUDA device is available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")),
 ])
 def test_bad_input_is_one_line_with_status_2(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
