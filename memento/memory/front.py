@@ -477,8 +477,8 @@ class BankFront:
 
         Ids are never reused, so the new case gets a new id (``case.id``, or one derived from its content; the
         tombstone records which id replaced the old one). If its content is already stored as another live case,
-        that case's id is returned and nothing is added. A directory bank does both in one transaction; a Milvus
-        bank writes the new row first, then the tombstone (a crash between them leaves both cases live)."""
+        that case's id is returned and nothing is added. Both back ends do both in one transaction (a Milvus
+        bank through its watermark: a crash leaves the old case, or the new one with the old one deleted)."""
         self._check_writable()
         if not isinstance(case, Case):
             raise DataFormatError(f"replace: expected a memento.Case, got {type(case).__name__}")
