@@ -78,9 +78,10 @@ from memento.errors import (
     MementoError,
     NotABankError,
 )
+from memento.io import parse_json
 from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
-from memento.types import Case
+from memento.types import Case, shown
 
 __all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures", "MilvusOptions",
            "MilvusRows", "MilvusVectors", "milvus_index"]
@@ -516,10 +517,13 @@ class MilvusRows:
         self._ensure_loaded()
         return [self._ids[p] for p in positions]
 
-    @staticmethod
-    def _case(row: dict[str, Any]) -> Case:
-        return Case(id=row["id"], state=row["state"], action=row["action"], reward=float(row["reward"]),
-                    env=row.get("env"), kind=row["kind"], meta=json.loads(row["meta"]), created=float(row["created"]))
+    def _case(self, row: dict[str, Any]) -> Case:
+        try:
+            meta = parse_json(row["meta"], where="meta", error=DataFormatError)
+            return Case(id=row["id"], state=row["state"], action=row["action"], reward=float(row["reward"]),
+                        env=row.get("env"), kind=row["kind"], meta=meta, created=float(row["created"]))
+        except DataFormatError as error:  # a row written outside memento, or before a field's range was decided
+            raise BankError(f"{self.name}: case {shown(row.get('id'))} is out of range: {error}") from None
 
     def cases_at(self, positions: Sequence[int]) -> list[Case]:
         rows = self.read(positions, _CASE_FIELDS)
