@@ -177,13 +177,13 @@ def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
             if value is not None:
                 raise ConfigError(f"{flag} is for rollout workers: add --workers N with N >= 2")
         return None
-    from memento.runs.ray import WORKER_KINDS, import_ray
+    from memento.runs.ray import WORKER_KINDS, require_ray
 
     refused = [kind for kind in comma_list(args.policy) if kind not in WORKER_KINDS]
     if refused:
         raise ConfigError(f"--workers {args.workers}: policy {refused[0]!r} runs in-process only (workers run "
                           f"{', '.join(WORKER_KINDS)}); use --workers 1 for it")
-    import_ray()
+    require_ray()  # found, not imported: a local Ray turns on token authentication when it first imports Ray
     given = {"sync_every": args.sync_every} if args.sync_every is not None else {}
     return WorkersConfig(workers=args.workers, address=args.ray_address, **given)
 

@@ -6,10 +6,11 @@ import argparse
 from typing import Any
 
 from memento.cli.options import add_command, add_listen_options, set_torch_threads
-from memento.config import MAX_BATCH, MAX_SEED, MAX_THREADS, MAX_WORKERS
+from memento.config import MAX_BATCH, MAX_SEED, MAX_THREADS
 from memento.errors import ConfigError
 from memento.flags import check_count, check_device, int_arg
 from memento.serve.app import ServeConfig, check_host, require_extra, resolve_token, serve
+from memento.serve.common import MAX_SERVE_WORKERS
 
 DESCRIPTION = """\
 Serve an exported selector (a directory written by `memento export`) over HTTP with FastAPI and
@@ -21,6 +22,8 @@ endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKE
   POST /v1/feedback   {"selection_id": ID, "reward": 0..1}  (answered once committed to disk)
   POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?} -> {"id"}  (answered once committed)
   GET  /v1/cases/ID   GET /v1/stats   GET /healthz (no auth)   GET /openapi.json (the spec, no auth)
+  GET  /docs (Swagger UI) only with --no-auth; the inspector at /inspect takes the same token
+  (no log line shows a token: ?token= is logged as ?token=<redacted>)
 Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413.
 
 auth: the bearer token is read from --token-file FILE, else from the environment variable
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
     token = resolve_token(token_file=args.token_file, no_auth=args.no_auth)
     check_count("--threads", args.threads, 0, MAX_THREADS)
-    check_count("--workers", args.workers, 1, MAX_WORKERS)
+    check_count("--workers", args.workers, 1, MAX_SERVE_WORKERS)
     check_count("--batch-max-texts", args.batch_max_texts, 0, MAX_BATCH)
     check_count("--seed", args.seed, 0, MAX_SEED)
     check_device(args.device)
