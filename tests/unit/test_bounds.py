@@ -229,12 +229,14 @@ def test_online_refusals_in_process(tmp_path: Path, tasks: Path, capsys: pytest.
 
 
 @pytest.mark.slow
+@pytest.mark.probe
 @pytest.mark.parametrize(("flags", "expected"), ONLINE_REFUSALS, ids=lambda v: v[0] if isinstance(v, tuple) else None)
 def test_online_refuses_absurd_sizes_in_one_line_without_allocating(tmp_path: Path, tasks: Path,
                                                                     flags: tuple[str, ...], expected: str) -> None:
     out = tmp_path / "out"
     code, err, rss_kb = _memento(tmp_path, "online", "--tasks", str(tasks), "--planner",
                                  "openai:m@http://127.0.0.1:9", "--out", str(out), *flags)
+    record(__name__, "inputs")
     assert code == 2 and len(err) == 1 and err[0].startswith("memento: error: ") and expected in err[0], err
     assert len(err[0]) < 300
     assert not out.exists()
@@ -304,6 +306,7 @@ _NUMERIC = {  # flag -> (inclusive range the command accepts)
        value=st.one_of(st.integers(-5, 5), st.integers(-2**70, 2**70), st.integers(10**399, 10**401),
                        st.sampled_from([C.MAX_K, C.MAX_K + 1, C.MAX_STEPS, C.MAX_STEPS + 1, C.MAX_THREADS + 1,
                                         C.MAX_CANDIDATES + 1, C.MAX_SEED + 1])))
+@pytest.mark.probe
 def test_fuzz_online_numeric_flags(flag: str, value: int) -> None:
     """Parse and check the flags as ``memento online`` does before it loads anything: a value in range is accepted,
     any other is one ConfigError line naming the flag's field, of bounded length."""

@@ -41,6 +41,9 @@ from memento.runs.qa import LoopConfig
 from memento.selector.artifact import SelectorConfig
 from tests.fuzzing import FUZZ, examples, record
 
+pytestmark = pytest.mark.probe  # `make probe` runs it scaled up
+
+
 PLAN = json.dumps({"plan": [{"id": 1, "description": "look it up"}]})
 
 # ---------------------------------------------------------------- generated JSON

@@ -27,6 +27,8 @@ from tests.fuzzing import FUZZ, examples, record
 from tests.unit.test_artifact_security import rehash, snapshot
 from tests.unit.test_fuzz import _dumps, json_values, mutations, nasty
 
+pytestmark = pytest.mark.probe  # `make probe` runs it scaled up
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "artifacts" / "v1-selector"
 DIRECTORY = b"<a directory>"
 """Stands for a directory where the file should be."""

@@ -35,6 +35,8 @@ from memento.types import Case, Task
 from tests.fuzzing import FUZZ, examples, record
 from tests.unit.test_openai_compat import vllm_echo
 
+pytestmark = pytest.mark.probe  # `make probe` runs it scaled up
+
 ITALY = Task(id="t1", question="What is the capital of Italy?", answers=["Rome"])
 FRANCE = Case(state="What is the capital of France?", action="Paris", reward=1.0)
 MAX_TOKENS = 2  # answers of more than 64 * 2 characters are refused

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from memento.runs.ray_watchdog import descendants
+from tests.fuzzing import record
 
 ROOT = Path(__file__).resolve().parents[2]
 linux = pytest.mark.skipif(not os.path.isdir("/proc/net"), reason="reads /proc (Linux)")
@@ -147,12 +148,14 @@ def test_a_local_ray_listens_on_loopback_or_refuses_who_lacks_its_token(tmp_path
 
 @linux
 @pytest.mark.slow
+@pytest.mark.probe
 def test_the_processes_of_a_local_ray_end_promptly_when_its_driver_is_killed(tmp_path):
     driver, info = _start_driver(tmp_path)
     ray_pids = descendants(driver.pid)
     try:
         assert info["actor"] in ray_pids and len(ray_pids) >= 4  # the watchdog, GCS, raylet, the actor, ...
         os.kill(driver.pid, signal.SIGKILL)
+        record(__name__, "kills")
         driver.wait(timeout=30)
         killed = time.monotonic()
         while _alive(ray_pids) and time.monotonic() - killed < 30:
