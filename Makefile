@@ -44,7 +44,7 @@ test: $(STAMP)
 
 ## the fuzz and kill tests (marker `probe`) with PROBE_SCALE times their examples; the counts (inputs tried,
 ## requests, SIGKILLs, acknowledged items lost, tracebacks) go to runs/probe/report.json and are printed
-PROBE_SCALE ?= 10
+PROBE_SCALE ?= 3
 probe: $(STAMP)
 	mkdir -p runs/probe
 	MEMENTO_PROBE_SCALE=$(PROBE_SCALE) MEMENTO_PROBE_REPORT=runs/probe/report.json \

@@ -25,13 +25,13 @@ import pytest
 
 from memento import load_selector
 from memento.bench.serve import HttpClient, ServerProcess, run_clients
-from tests.fuzzing import record
+from tests.fuzzing import record, scale
 from tests.integration.serve_helpers import QUESTION, make_real_artifact
 
 pytestmark = [pytest.mark.slow, pytest.mark.probe]
 
 TOKEN = secrets.token_urlsafe(24)
-N = 1000
+N = 1000 * scale()  # feedback requests of the concurrent test (`make probe` sends more)
 CLIENTS = 16
 
 
@@ -132,7 +132,7 @@ def test_token_concurrent_feedback_and_restart(artifact: Path, tmp_path: Path) -
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_signal_mid_load_loses_no_acknowledged_feedback(artifact: Path, tmp_path: Path, sig: int) -> None:
-    n, kill_after = 400, 100
+    n, kill_after = 400 * scale(), 100 * scale()
     args = ["--save-every-n", "100"] + (["--learn"] if sig == signal.SIGTERM else [])
     server = _server(artifact, tmp_path, *args).start()
     try:
