@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from memento.errors import ConfigError
-from memento.io import atomic_write_text
+from memento.io import atomic_write_text, read_json
 
 __all__ = [
     "MAX_BATCH",
@@ -449,29 +449,7 @@ def save_json(config: Any, path: str | Path) -> None:
 
 def read_config_json(path: str | Path) -> Any:
     """The parsed JSON of a config file; a missing, unreadable or malformed file is a one-line ConfigError."""
-    from memento.formats import json_value_problem
-
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is accepted
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a JSON config file") from None
-    except OSError as error:  # permission denied...
-        raise ConfigError(f"{path}: cannot read ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason})") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
-    except ValueError as error:  # an integer of more than sys.get_int_max_str_digits() digits
-        raise ConfigError(f"{path}: invalid JSON: {str(error).split(';')[0]}") from None
-    problem = json_value_problem(data)
-    if problem is not None:
-        raise ConfigError(f"{path}: {problem}")
-    return data
+    return read_json(path, error=ConfigError, what="config file", encoding="utf-8-sig")  # a byte-order mark is ok
 
 
 def load_json(cls: type[T], path: str | Path) -> T:

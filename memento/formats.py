@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 from memento.errors import DataFormatError
-from memento.io import atomic_write
+from memento.io import atomic_write, parse_json
 from memento.types import Case, Task, check_reward, check_text, json_value_problem, shown
 
 __all__ = [
@@ -152,16 +152,9 @@ def _reward(row: dict[str, Any], name: str = "reward") -> float:
 
 
 def loads_text(text: str, what: str) -> Any:
-    """``json.loads(text)``, where every way the text can fail to parse (bad JSON, an integer of more digits than
-    Python converts, nesting too deep for its parser) raises ``DataFormatError`` naming ``what``."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DataFormatError(f"{what} is not a JSON string: {error.msg}") from None
-    except RecursionError:
-        raise DataFormatError(f"{what} is not JSON we read: nested too deeply") from None
-    except ValueError as error:  # an integer of more than sys.get_int_max_str_digits() digits
-        raise DataFormatError(f"{what} is not JSON we read: {str(error).split(';')[0]}") from None
+    """``text`` parsed as JSON by :func:`memento.io.parse_json`: every way it can fail (bad JSON, an integer of more
+    digits than Python converts, nesting too deep, a lone surrogate) raises ``DataFormatError`` naming ``what``."""
+    return parse_json(text, where=what, error=DataFormatError)
 
 
 def _plan(row: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError, MementoError
+from memento.types import json_value_problem
 
 __all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "parse_json",
            "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json", "remove_stale_temporaries",
@@ -190,27 +191,6 @@ MAX_JSON_DEPTH = 100
 """How deeply a JSON document memento reads may nest objects and lists."""
 
 
-def _json_value_problem(value: Any, finite: bool) -> str | None:
-    """Why a parsed value is not data memento reads (iterative: a deep value cannot exhaust the stack)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as error:
-                return f"a string holds a lone surrogate ({item[error.start]!r}), which is not text"
-        elif isinstance(item, float):
-            if finite and not math.isfinite(item):
-                return f"{item!r} is not a JSON number"
-        elif isinstance(item, (dict, list)):
-            if depth >= MAX_JSON_DEPTH:
-                return f"nested deeper than {MAX_JSON_DEPTH} levels"
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return None
-
-
 def parse_json(text: str | bytes, *, where: str, error: type[MementoError] = CheckpointError,
                finite: bool = False) -> Any:
     """``text`` parsed as JSON, or a one-line ``error`` whose message starts with ``where`` (a path, or a path and
@@ -231,7 +211,7 @@ def parse_json(text: str | bytes, *, where: str, error: type[MementoError] = Che
     except (ValueError, MemoryError) as failure:  # an integer of more than sys.get_int_max_str_digits() digits
         detail = " ".join(str(failure).split(";")[0].split())[:200]
         raise error(f"{where}: invalid JSON: {detail}") from None
-    problem = _json_value_problem(value, finite)
+    problem = json_value_problem(value, finite=finite)
     if problem is not None:
         raise error(f"{where}: {problem}")
     return value

@@ -337,13 +337,13 @@ def test_plan_not_json(tmp_path: Path) -> None:
     path = _write(tmp_path / "m.jsonl", [_row(case="q", plan=PLAN, case_label="positive"),
                                          _row(case="q2", plan="step 1: search", case_label="positive")])
     error = _error(read_memento_memory, path)
-    assert str(error).startswith(f"{path}:2: field 'plan' is not a JSON string: ")
+    assert str(error).startswith(f"{path}:2: field 'plan':1: invalid JSON: ")
     assert error.line == 2
 
 
 @pytest.mark.parametrize(("plan", "reason"), [
-    ('{"plan": [' + "9" * 5000 + "]}", "field 'plan' is not JSON we read: Exceeds the limit (4300 digits)"),
-    ("[" * 100_000 + "]" * 100_000, "field 'plan' is not JSON we read: nested too deeply"),
+    ('{"plan": [' + "9" * 5000 + "]}", "field 'plan': invalid JSON: Exceeds the limit (4300 digits)"),
+    ("[" * 100_000 + "]" * 100_000, "field 'plan': invalid JSON: nested deeper than 100 levels"),
     ("\x00", "field 'plan' holds a NUL character"),
 ])
 def test_plan_json_python_cannot_parse_is_the_rows_error(tmp_path: Path, plan: str, reason: str) -> None:
