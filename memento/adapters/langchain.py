@@ -1,14 +1,19 @@
 """A LangChain retriever over a loaded selector (the ``langchain`` extra: ``langchain-core``)::
 
     from memento.adapters.langchain import MementoRetriever
-    retriever = MementoRetriever(selector=memento.load_selector(path, learn=True), k=4)
-    docs = retriever.invoke("What is the capital of Peru?")     # Documents, in the order chosen
+    retriever = MementoRetriever(selector=memento.load_selector(path), k=4)
+    docs = retriever.invoke("What is the capital of Peru?")     # the top 4 by Q; the same every time, nothing written
+
+    learner = MementoRetriever(selector=memento.load_selector(path, learn=True), k=4, track=True, mode="sample")
+    docs = learner.invoke("What is the capital of Peru?")       # explores; recorded for feedback
     ...                                                          # the agent solves the task with them
-    retriever.feedback(docs, reward=1.0)                         # or retriever.feedback(selection_id, 1.0)
+    learner.feedback(docs, reward=1.0)                           # or learner.feedback(selection_id, 1.0)
 
 Each ``Document``: ``page_content`` ``"Task: <state>\\nAction: <action>"``, ``id`` the case id, ``metadata``
-``{id, reward, env, kind, prob, selection_id, mode, policy_version}``. ``on_select`` (optional) is called with each
-:class:`memento.selector.runtime.SelectionResult`, e.g. to keep selection ids for later feedback.
+``{id, reward, env, kind, score, q, similarity, prob, selection_id, mode, policy_version}``: ``score`` the
+relevance (``sigmoid(Q)``, or the cosine with ``score="similarity"``), ``prob`` the draw probability,
+``selection_id`` ``None`` unless ``track=True`` (see :mod:`memento.adapters` for the defaults). ``on_select``
+(optional) is called with each :class:`memento.selector.runtime.SelectionResult`.
 """
 
 from __future__ import annotations
@@ -16,13 +21,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from memento.adapters import case_text, missing_extra, selection_id_of
+from memento.adapters import (
+    ScoreKind,
+    case_metadata,
+    case_text,
+    check_retriever_options,
+    missing_extra,
+    selection_id_of,
+)
 
 try:
     from langchain_core.callbacks import CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
-    from pydantic import ConfigDict, Field
+    from pydantic import ConfigDict, Field, model_validator
 except ImportError:
     raise missing_extra("LangChain", "langchain", "langchain-core") from None
 
@@ -30,27 +42,32 @@ __all__ = ["MementoRetriever"]
 
 
 class MementoRetriever(BaseRetriever):
-    """``selector.select(query, k, mode, env)`` as a LangChain retriever; see the module docstring."""
+    """``selector.select(query, k, mode, env, track=track)`` as a LangChain retriever; see the module docstring."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     selector: Any = Field(description="a loaded memento Selector")
     k: int = Field(4, ge=1, description="cases per query")
-    mode: Literal["sample", "greedy"] = "sample"
+    mode: Literal["sample", "greedy"] = Field("greedy", description="greedy: the top k by Q (a retriever); "
+                                              "sample: explore (needs track=True)")
+    track: bool = Field(False, description="record each retrieval as a pending selection so feedback() can follow")
+    score: ScoreKind = Field("success", description="metadata['score']: sigmoid(Q), or the cosine similarity")
     env: str | None = None
     on_select: Callable[[Any], None] | None = None
 
+    @model_validator(mode="after")
+    def _sample_needs_track(self) -> MementoRetriever:
+        check_retriever_options(self.mode, self.track, self.score)  # a ConfigError is a ValueError: pydantic reports it
+        return self
+
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        result = self.selector.select(query, k=self.k, mode=self.mode, env=self.env)
+        result = self.selector.select(query, k=self.k, mode=self.mode, env=self.env, track=self.track)
         if self.on_select is not None:
             self.on_select(result)
-        return [Document(page_content=case_text(case), id=case.id,
-                         metadata={"id": case.id, "reward": case.reward, "env": case.env, "kind": case.kind,
-                                   "prob": prob, "selection_id": result.selection_id, "mode": result.mode,
-                                   "policy_version": result.policy_version})
-                for case, prob in zip(result.cases, result.probs)]
+        return [Document(page_content=case_text(case), id=case.id, metadata=metadata)
+                for case, _, metadata in case_metadata(result, self.score)]
 
     def feedback(self, selection: str | Sequence[Document], reward: float) -> dict[str, Any]:
-        """Report the reward in [0, 1] of what was done with one retrieval (its documents, or its selection id);
-        returns the selector's answer (``Selector.feedback``)."""
+        """Report the reward in [0, 1] of what was done with one retrieval (its documents, or its selection id) made
+        with ``track=True``; returns the selector's answer (``Selector.feedback``)."""
         return dict(self.selector.feedback(selection_id_of(selection), reward))

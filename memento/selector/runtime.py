@@ -84,6 +84,7 @@ from memento.errors import (
     UnknownSelectionError,
 )
 from memento.hub import local_or_hub, push_folder, resolve_selector
+from memento.io import shorten
 from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
@@ -132,20 +133,27 @@ _MODES = ("sample", "greedy")
 class SelectionResult:
     """What :meth:`Selector.select` chose.
 
-    - ``selection_id``: a uuid4 hex string; pass it to :meth:`Selector.feedback` with the reward;
+    - ``selection_id``: a uuid4 hex string; pass it to :meth:`Selector.feedback` with the reward (``None`` for
+      a selection made with ``track=False``: nothing was recorded, there is nothing to give feedback on);
     - ``ids`` / ``cases``: the chosen cases in draw order (k of them, or fewer if fewer match);
-    - ``probs``: each case's first-draw probability under the policy (1.0 for greedy);
+    - ``probs``: each case's first-draw probability under the policy (1.0 for greedy): how likely the draw
+      was, not how relevant the case is;
+    - ``scores``: each case's relevance as the policy scored it, ``Q(s, c)`` (a logit: ``sigmoid(Q)``
+      estimates the probability that the task succeeds with this case); greedy picks the top k by it;
+    - ``similarities``: each case's cosine similarity to the query, as the bank's search returned it;
     - ``set_prob``: the Plackett-Luce probability of drawing exactly this ordered set (1.0 for greedy);
     - ``mode``: ``"sample"`` or ``"greedy"``; ``policy_version``: learner updates made before this choice.
     """
 
-    selection_id: str
+    selection_id: str | None
     ids: tuple[str, ...]
     cases: tuple[Case, ...]
     probs: tuple[float, ...]
     set_prob: float
     mode: SelectionMode
     policy_version: int
+    scores: tuple[float, ...] = ()
+    similarities: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -490,15 +498,13 @@ class Selector:
     # ------------------------------------------------------------------ select / feedback
 
     def select(self, query: str | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
-               env: str | None = None) -> SelectionResult:
-        """Choose ``k`` cases for a task text or state vector (see the module docstring)."""
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
-            raise DataFormatError(f"k must be a positive integer, got {k!r}")
-        if mode not in _MODES:
-            raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
-        if env is not None:
-            check_id(env, "env")
-        k = int(k)
+               env: str | None = None, *, track: bool = True) -> SelectionResult:
+        """Choose ``k`` cases for a task text or state vector (see the module docstring).
+
+        ``track=False`` retrieves only: no pending selection is written (nothing on disk changes) and the
+        result's ``selection_id`` is ``None``, so no feedback can follow. The cases chosen, and the draws
+        taken from the seeded generator, are the same either way."""
+        k = _check_select_args(k, mode, env, track)
         self._check_open()
         state_D = self._state(query)  # text is encoded outside the lock (batched with other callers' when on)
         with self._rw.read():
@@ -508,7 +514,7 @@ class Selector:
             if self.learner.qnet.training:
                 self.learner.qnet.eval()
             candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
-            return self._choose(state_D, candidates, k, mode, env)
+            return self._choose(state_D, candidates, k, mode, env, track)
 
     def _remember(self, selection_id: str, pending: PendingSelection) -> None:
         """Keep a selection until its feedback: committed to the pending store (one SQLite transaction; the
@@ -526,7 +532,7 @@ class Selector:
     def _purge_expired(self) -> None:
         self._pending.purge(self.config.pending_ttl_s)
 
-    def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
+    def feedback(self, selection_id: str | None, reward: float) -> dict[str, Any]:
         """Record the reward of a selection (committed before this returns) and learn from it when ``learn``.
 
         Returns ``{"selection_id", "reward", "recorded": True, "updates"}`` (``updates``: learner updates
@@ -534,6 +540,9 @@ class Selector:
         ``DataFormatError`` for a reward outside [0, 1].
         """
         reward = check_reward(reward, "reward")
+        if selection_id is None:
+            raise UnknownSelectionError("selection_id is None: the selection was made with track=False (nothing "
+                                        "was recorded); select with track=True to give feedback")
         check_id(selection_id, "selection_id")
         self._check_writable()
         with self._lock:
@@ -630,20 +639,15 @@ class Selector:
     # ------------------------------------------------------------------ several tasks at once
 
     def select_many(self, queries: Sequence[str] | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
-                    env: str | None = None) -> list[SelectionResult]:
+                    env: str | None = None, *, track: bool = True) -> list[SelectionResult]:
         """:meth:`select` for several tasks: the texts are encoded in one ``encode`` call and the candidates of
         all of them found in one bank search; each result has its own pending selection id (feedback each
         one). Greedy results equal ``select`` called on each query in turn; sampled ones draw from the same
-        generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors."""
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
-            raise DataFormatError(f"k must be a positive integer, got {k!r}")
-        if mode not in _MODES:
-            raise DataFormatError(f"mode must be one of {_MODES}, got {mode!r}")
-        if env is not None:
-            check_id(env, "env")
+        generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors. ``track``: as for
+        :meth:`select`."""
+        k = _check_select_args(k, mode, env, track)
         if isinstance(queries, str):
             raise DataFormatError("select_many takes a list of queries; for one text use select()")
-        k = int(k)
         self._check_open()
         states_BD = self._states(queries)
         if not len(states_BD):
@@ -661,7 +665,7 @@ class Selector:
                 candidates = Candidates(ids=self._bank.ids_at(positions_C), positions_C=positions_C,
                                         scores_C=scores_BC[b][valid],
                                         embeddings_CD=self._bank.embeddings_at(positions_C))
-                results.append(self._choose(state_D, candidates, k, mode, env))
+                results.append(self._choose(state_D, candidates, k, mode, env, track))
             return results
 
     def _states(self, queries: Sequence[str] | np.ndarray) -> np.ndarray:
@@ -680,10 +684,12 @@ class Selector:
             (0, self.dim), dtype=np.float32)
 
     def _choose(self, state_D: np.ndarray, candidates: Candidates, k: int, mode: SelectionMode,
-                env: str | None) -> SelectionResult:
-        """One selection over a candidate set, remembered as pending (for :meth:`select` and
+                env: str | None, track: bool = True) -> SelectionResult:
+        """One selection over a candidate set, remembered as pending when ``track`` (for :meth:`select` and
         :meth:`select_many`; the caller holds the read lock and has put the Q-network in eval mode)."""
         version = self._agent.version
+        scores: tuple[float, ...] = ()
+        similarities: tuple[float, ...] = ()
         if len(candidates) == 0:
             ids: list[str] = []
             probs: list[float] = []
@@ -695,14 +701,22 @@ class Selector:
             ids = list(selection.ids)
             probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
             set_prob = float(selection.set_prob)
-            cases_KD = candidates.embeddings_CD[candidates.rows_of(ids)]
+            rows_K = candidates.rows_of(ids)
+            cases_KD = candidates.embeddings_CD[rows_K]
+            # every Q-network scores each case on its own, so Q of the chosen K equals Q in the whole set; this
+            # second forward pass (K cases, no draws) runs after the choice and cannot change it
+            chosen = candidates.take(rows_K)
+            scores = tuple(float(q) for q in self._agent.q_values(state_D, chosen))
+            similarities = tuple(float(c) for c in np.asarray(chosen.scores_C, dtype=np.float64))
         cases = tuple(self._bank.get(ids)) if ids else ()
-        selection_id = uuid.uuid4().hex
-        self._remember(selection_id, _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
-                                              set_prob=set_prob, mode=mode, policy_version=version, env=env,
-                                              born=time.monotonic()))
+        selection_id = uuid.uuid4().hex if track else None
+        if selection_id is not None:
+            self._remember(selection_id, _Pending(state_D=state_D, ids=ids, cases_KD=cases_KD, probs=probs,
+                                                  set_prob=set_prob, mode=mode, policy_version=version, env=env,
+                                                  born=time.monotonic()))
         return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
-                               set_prob=set_prob, mode=mode, policy_version=version)
+                               set_prob=set_prob, mode=mode, policy_version=version, scores=scores,
+                               similarities=similarities)
 
     def stats(self) -> dict[str, Any]:
         """Counts and settings: cases, feedbacks, updates, pending selections, dim, learn, and more."""
@@ -852,6 +866,19 @@ class Selector:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _check_select_args(k: Any, mode: Any, env: Any, track: Any) -> int:
+    """The arguments :meth:`Selector.select` and :meth:`Selector.select_many` share, checked; returns ``k``."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+        raise DataFormatError(f"k must be a positive integer, got {shorten(k)}")
+    if mode not in _MODES:
+        raise DataFormatError(f"mode must be one of {_MODES}, got {shorten(mode)}")
+    if env is not None:
+        check_id(env, "env")
+    if not isinstance(track, (bool, np.bool_)):
+        raise DataFormatError(f"track must be true or false, got {type(track).__name__}")
+    return int(k)
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:

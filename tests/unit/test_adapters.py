@@ -5,6 +5,8 @@ ending in its FakeListLLM, LlamaIndex's retrieve / aretrieve and a RetrieverQuer
 from __future__ import annotations
 
 import asyncio
+import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +34,6 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def selector(artifact: Path, tmp_path: Path):
-    import shutil
-
     path = Path(shutil.copytree(artifact, tmp_path / "selector"))
     with load_selector(path, learn=True, encoder=HashingEncoder()) as sel:
         yield sel
@@ -50,7 +50,7 @@ def test_langchain_retriever_through_the_runnable_interface(selector) -> None:  
     from memento.adapters.langchain import MementoRetriever
 
     seen = []
-    retriever = MementoRetriever(selector=selector, k=3, on_select=seen.append)
+    retriever = MementoRetriever(selector=selector, k=3, on_select=seen.append, mode="sample", track=True)
     assert isinstance(retriever, BaseRetriever)
     docs = retriever.invoke(QUESTION)
     assert len(docs) == 3 and all(isinstance(d, Document) for d in docs)
@@ -59,6 +59,8 @@ def test_langchain_retriever_through_the_runnable_interface(selector) -> None:  
     assert {d.metadata["selection_id"] for d in docs} == {seen[0].selection_id}
     assert all(0.0 < d.metadata["prob"] <= 1.0 and d.metadata["reward"] == selector.get_case(d.id).reward
                for d in docs)
+    assert [d.metadata["q"] for d in docs] == list(seen[0].scores)
+    assert all(d.metadata["score"] == pytest.approx(1 / (1 + math.exp(-d.metadata["q"]))) for d in docs)
     assert retriever.feedback(docs, 1.0)["recorded"] is True
     with pytest.raises(MementoError, match="unknown selection"):
         retriever.feedback(docs[0].metadata["selection_id"], 1.0)  # answered once
@@ -68,8 +70,10 @@ def test_langchain_retriever_through_the_runnable_interface(selector) -> None:  
         retriever.feedback(batch[0] + batch[1], 1.0)
     adocs = asyncio.run(retriever.ainvoke(QUESTION))
     assert len(adocs) == 3 and retriever.feedback(adocs[0].metadata["selection_id"], 0.0)["recorded"]
-    greedy = MementoRetriever(selector=selector, k=2, mode="greedy")
+    greedy = MementoRetriever(selector=selector, k=2)  # greedy, untracked: the defaults
     assert [d.id for d in greedy.invoke(QUESTION)] == list(selector.select(QUESTION, k=2, mode="greedy").ids)
+    with pytest.raises(MementoError, match="track=False"):
+        greedy.feedback(greedy.invoke(QUESTION), 1.0)
     # in a chain: retrieved cases go into the prompt of an LLM (the framework's fake one)
     prompt = PromptTemplate.from_template("Cases:\n{cases}\n\nTask: {task}")
     chain = ({"cases": retriever | (lambda ds: "\n\n".join(d.page_content for d in ds)),
@@ -89,12 +93,14 @@ def test_llamaindex_retriever_and_query_engine(selector) -> None:  # type: ignor
 
     from memento.adapters.llamaindex import MementoRetriever
 
-    retriever = MementoRetriever(selector, k=3)
+    retriever = MementoRetriever(selector, k=3, mode="sample", track=True)
     nodes = retriever.retrieve(QUESTION)
     assert len(nodes) == 3 and all(isinstance(n, NodeWithScore) and isinstance(n.node, TextNode) for n in nodes)
     case = selector.get_case(nodes[0].node.node_id)
     assert nodes[0].node.get_content() == f"Task: {case.state}\nAction: {case.action}"
-    assert [n.score for n in nodes] == [n.node.metadata["prob"] for n in nodes]
+    assert [n.score for n in nodes] == [n.node.metadata["score"] for n in nodes]  # the relevance, not the draw prob
+    assert all(n.score == pytest.approx(1 / (1 + math.exp(-n.node.metadata["q"]))) and 0.0 < n.score < 1.0
+               and 0.0 < n.node.metadata["prob"] <= 1.0 for n in nodes)
     assert retriever.feedback(nodes, 1.0)["recorded"] is True
     anodes = asyncio.run(retriever.aretrieve(QUESTION))
     assert len(anodes) == 3 and retriever.feedback(anodes, 0.5)["recorded"]
@@ -119,3 +125,130 @@ def test_a_missing_framework_is_one_line_naming_the_extra(module: str, blocked: 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     line = out.stdout.strip()
     assert "\n" not in line and line.startswith("MementoError") and f"memento-mdp[{extra}]" in line
+
+
+def _retriever(framework: str, selector, **options):  # type: ignore[no-untyped-def]
+    """A retriever of ``framework`` and a function giving (ids, scores, metadata) of one retrieval."""
+    if framework == "langchain":
+        pytest.importorskip("langchain_core")
+        from memento.adapters.langchain import MementoRetriever as LangChainRetriever
+
+        lc = LangChainRetriever(selector=selector, **options)
+        return lc, lambda q: [(d.id, d.metadata["score"], d.metadata) for d in lc.invoke(q)]
+    pytest.importorskip("llama_index.core")
+    from memento.adapters.llamaindex import MementoRetriever as LlamaRetriever
+
+    li = LlamaRetriever(selector, **options)
+    return li, lambda q: [(n.node.node_id, n.score, n.node.metadata) for n in li.retrieve(q)]
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_a_default_retriever_is_greedy_repeatable_and_writes_nothing(framework: str, selector) -> None:  # type: ignore[no-untyped-def]
+    retriever, retrieve = _retriever(framework, selector, k=3)
+    assert retriever.mode == "greedy" and retriever.track is False
+    pending = selector.path / ".pending.sqlite"
+    first = retrieve(QUESTION)
+    assert [retrieve(QUESTION) for _ in range(2)] == [first, first]  # three invokes, one document set
+    assert [i for i, _, _ in first] == list(selector.select(QUESTION, k=3, mode="greedy", track=False).ids)
+    scores = [s for _, s, _ in first]
+    assert scores == sorted(scores, reverse=True)  # greedy: the top k by Q, so by relevance
+    assert all(m["prob"] == 1.0 and m["selection_id"] is None and m["mode"] == "greedy" for _, _, m in first)
+    for i in range(20):
+        retrieve(f"{QUESTION} {i}")
+    assert selector.stats()["pending"] == 0 and not pending.exists()  # not one pending row in 23 retrievals
+    with pytest.raises(MementoError, match="track=False"):
+        retriever.feedback(_docs(retriever, framework), 1.0)
+    tracked, retrieve_tracked = _retriever(framework, selector, k=3, track=True)
+    assert [i for i, _, _ in retrieve_tracked(QUESTION)] == [i for i, _, _ in first]  # tracking changes no choice
+    assert selector.stats()["pending"] == 1
+
+
+def _docs(retriever, framework: str):  # type: ignore[no-untyped-def]
+    return retriever.invoke(QUESTION) if framework == "langchain" else retriever.retrieve(QUESTION)
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_sampling_needs_track_and_explores(framework: str, selector) -> None:  # type: ignore[no-untyped-def]
+    from memento.errors import ConfigError
+
+    expected: tuple[type[Exception], ...] = (ConfigError,)
+    if framework == "langchain":
+        pytest.importorskip("langchain_core")
+        from pydantic import ValidationError
+
+        expected = (ValidationError,)
+    with pytest.raises(expected, match="track=True"):
+        _retriever(framework, selector, k=3, mode="sample")
+    with pytest.raises(expected):
+        _retriever(framework, selector, k=3, score="probability")
+    retriever, retrieve = _retriever(framework, selector, k=3, mode="sample", track=True)
+    sets = [tuple(i for i, _, _ in retrieve(QUESTION)) for _ in range(6)]
+    assert len(set(sets)) > 1  # sampled: the opt-in exploration
+    assert selector.stats()["pending"] == 6
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_score_similarity_is_the_cosine(framework: str, selector) -> None:  # type: ignore[no-untyped-def]
+    _, retrieve = _retriever(framework, selector, k=3, score="similarity")
+    got = retrieve(QUESTION)
+    result = selector.select(QUESTION, k=3, mode="greedy", track=False)
+    assert [s for _, s, _ in got] == list(result.similarities) == [m["similarity"] for _, _, m in got]
+    assert all(-1.0 - 1e-6 <= s <= 1.0 + 1e-6 for s in result.similarities)
+
+
+def test_llamaindex_similarity_cutoff_sees_the_relevance(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.postprocessor import SimilarityPostprocessor
+
+    from memento.adapters.llamaindex import MementoRetriever
+
+    nodes = MementoRetriever(selector, k=5, score="similarity").retrieve(QUESTION)
+    scores = sorted(n.score for n in nodes)
+    assert len(set(scores)) > 1  # greedy used to give 1.0 to every node: a cutoff kept all or none
+    cutoff = (scores[0] + scores[-1]) / 2
+    kept = SimilarityPostprocessor(similarity_cutoff=cutoff).postprocess_nodes(nodes)
+    assert 0 < len(kept) < len(nodes) and all(n.score >= cutoff for n in kept)
+
+
+def test_select_track_false_records_nothing_and_draws_the_same(artifact: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from memento.errors import UnknownSelectionError
+
+    loaded = []
+    for name in ("a", "b"):
+        path = Path(shutil.copytree(artifact, tmp_path / name))
+        loaded.append(load_selector(path, learn=False, encoder=HashingEncoder(), seed=7))
+    tracked, untracked = loaded
+    try:
+        queries = [QUESTION, "something else entirely", QUESTION, "a third task"]
+        a = [tracked.select(q, k=3) for q in queries]  # sampled
+        b = [untracked.select(q, k=3, track=False) for q in queries]
+        assert [r.ids for r in a] == [r.ids for r in b] and [r.probs for r in a] == [r.probs for r in b]
+        assert [r.scores for r in a] == [r.scores for r in b]
+        assert all(r.selection_id is None for r in b) and all(r.selection_id for r in a)
+        assert untracked.stats()["pending"] == 0 and tracked.stats()["pending"] == 4
+        assert not (untracked.path / ".pending.sqlite").exists()
+        many = untracked.select_many(queries, k=2, mode="greedy", track=False)
+        assert all(r.selection_id is None for r in many) and untracked.stats()["pending"] == 0
+        with pytest.raises(UnknownSelectionError, match="track=False"):
+            untracked.feedback(None, 1.0)  # type: ignore[arg-type]
+        with pytest.raises(MementoError, match="track must be"):
+            untracked.select(QUESTION, k=2, track="no")  # type: ignore[arg-type]
+        # the choices are the soft-Q agent's, drawn from a generator seeded as the selector's (as before scores
+        # existed): the extra scoring pass takes no draw
+        rng = np.random.default_rng(7)
+        for query, result in zip(queries, a):
+            state_D = untracked._state(query)
+            candidates = untracked.bank.candidates(state_D, max(untracked.config.candidates, 3))
+            chosen = untracked.agent.select(state_D, candidates, 3, rng=rng)
+            assert tuple(chosen.ids) == result.ids
+            q_C = untracked.agent.q_values(state_D, candidates)
+            rows = candidates.rows_of(list(result.ids))
+            assert result.scores == pytest.approx(tuple(q_C[rows]), abs=1e-6)
+            assert result.similarities == pytest.approx(tuple(candidates.scores_C[rows]), abs=1e-6)
+        greedy = untracked.select(QUESTION, k=3, mode="greedy", track=False)
+        assert list(greedy.scores) == sorted(greedy.scores, reverse=True)
+    finally:
+        for sel in loaded:
+            sel.close()
