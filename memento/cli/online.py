@@ -49,7 +49,12 @@ planners:
   gemma              Gemma 3 270M (the bundled GGUF, converted once to a cached transformers model)
   hf:PATH            any local transformers causal-LM directory (it must exist: never a Hub lookup)
   hf://ORG/NAME[@REV]  a Hugging Face Hub id, from the local Hugging Face cache (downloaded when online)
-  openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI)
+  openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI), chat mode
+  'openai:MODEL@URL?mode=completions&max_tokens=64&stop=%0A&api_key_env=MY_KEY'
+                     options after ?: mode=chat|completions (a base model without a chat template, e.g.
+                     the bundled Gemma served by llama-cpp-python, needs completions), max_tokens,
+                     temperature, stop (repeatable), api_key_env (none: no key), timeout_s, max_retries,
+                     concurrency, top_p, seed
 
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
 uninterrupted run with the same seed on the CPU)."""

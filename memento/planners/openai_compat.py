@@ -1,5 +1,11 @@
 """A planner behind any OpenAI-compatible HTTP server (vLLM, Ollama, llama.cpp server, OpenAI).
 
+``mode="chat"`` (the default) posts messages to ``<base_url>/chat/completions``, where the server
+applies the model's chat template; a base model without one (e.g. the bundled Gemma 3 270M served by
+llama-cpp-python) needs ``mode="completions"``, the rendered prompt posted to
+``<base_url>/completions`` (on the CLI: ``--planner 'openai:MODEL@URL?mode=completions'``, see
+:mod:`memento.planners.spec`).
+
 Requests go through one pooled ``httpx`` client per planner (keep-alive: calls reuse their
 connections; up to ``concurrency`` of them), created at the first call and closed by :meth:`close`;
 ``httpx`` (or its successor ``httpx2``) comes with the extra ``memento-mdp[openai]`` and is imported
@@ -45,14 +51,16 @@ Scoring (``score()`` / ``score_many()``, the :class:`~memento.planners.base.Scor
 protocol) asks the completions endpoint (``<base_url>/completions``, whatever ``mode`` is) for the
 log-probabilities of the prompt itself, as vLLM offers: ``prompt`` is ``render_prompt(...) +
 render_answer(...)`` (the completion-style prompt; a chat-mode planner's chat template is not
-applied), with ``max_tokens: 0``, ``echo: true``, ``logprobs: 1`` and ``temperature: 0``. A server
-that refuses ``max_tokens: 0`` with HTTP 400 is asked once more with ``max_tokens: 1`` (and from
-then on). The answer's tokens are the echoed prompt tokens that hold any character of the
-continuation: counted back from the end of the prompt's tokens (``usage.prompt_tokens`` of them,
-else all but the generated ones) with ``logprobs.text_offset``, so a server whose offsets include a
-``<bos>`` string still lines up. Their ``token_logprobs`` are summed. A response without
-``logprobs``, with null ``token_logprobs``, or with lists that do not line up is one
-:class:`PlannerError` line naming the URL and what was missing.
+applied), with ``max_tokens: 1``, ``echo: true``, ``logprobs: 1`` and ``temperature: 0``. Never
+``max_tokens: 0``: some servers (llama-cpp-python) read it as *no limit* and generate until the
+context is full. The one generated token is counted out: the answer's tokens are the echoed prompt
+tokens that hold any character of the continuation, counted back from the end of the prompt's
+tokens (``usage.prompt_tokens`` of them, else all but the generated ones: ``usage.completion_tokens``,
+else ``max_tokens``) with ``logprobs.text_offset``, so a server whose offsets include a ``<bos>``
+string still lines up. Their ``token_logprobs`` are summed. A server that gives no prompt
+log-probabilities (no ``logprobs``, null ``token_logprobs``, no echo of the prompt, or no more
+tokens than it generated) is one :class:`PlannerError` line naming the URL and saying so
+(:data:`NO_PROMPT_LOGPROBS`); lists that do not line up are one line naming what is malformed.
 """
 
 from __future__ import annotations
@@ -96,7 +104,16 @@ _EXTRA = "memento-mdp[openai]"
 
 MAX_REPLY_BYTES = 16 * 2 ** 20
 """The most bytes a reply body may hold, on the wire and decompressed (16 MiB)."""
+MAX_TOKENS = 2 ** 20
+"""The most tokens ``max_tokens`` may ask for (1048576)."""
+MAX_RETRIES = 100
+"""The most retries ``max_retries`` may ask for."""
+MAX_CONCURRENCY = 256
+"""The most requests in flight (and pooled connections) ``concurrency`` may ask for."""
 _ERROR_BODY_BYTES = 64 * 2 ** 10  # what is read of a non-2xx body, for its excerpt
+NO_PROMPT_LOGPROBS = ("the server returns no prompt log-probabilities: it does not support echo=true with logprobs=1 "
+                      "on /completions, which scoring needs (vLLM's /v1/completions does)")
+"""What a scoring error says when a server gives no log-probabilities for the prompt's tokens."""
 _CHARS_PER_TOKEN = 64  # an answer longer than this many characters per max_tokens is refused
 _MAX_COUNT = 2 ** 31  # a usage token count must be below this
 
@@ -255,16 +272,16 @@ class OpenAICompatConfig:
         check_choice(self, "mode", ApiMode)
         check(_finite(self.timeout_s, 0.0, low_open=True), cls, "timeout_s", self.timeout_s,
                "must be a number > 0")
-        check_int(self, "max_retries", 0)
+        check_int(self, "max_retries", 0, MAX_RETRIES)
         check(_finite(self.backoff_s, 0.0), cls, "backoff_s", self.backoff_s, "must be a number >= 0")
-        check_int(self, "max_tokens", 1)
+        check_int(self, "max_tokens", 1, MAX_TOKENS)
         check(_finite(self.temperature, 0.0), cls, "temperature", self.temperature, "must be a number >= 0")
         if self.stop is not None:
             check(not isinstance(self.stop, str) and isinstance(self.stop, (list, tuple))
                    and all(isinstance(s, str) and s for s in self.stop), cls, "stop", self.stop,
                    "must be None or a list of non-empty strings")
             object.__setattr__(self, "stop", tuple(self.stop))
-        check_int(self, "concurrency", 1)
+        check_int(self, "concurrency", 1, MAX_CONCURRENCY)
         check(isinstance(self.prompt, PromptConfig), cls, "prompt", self.prompt, "must be a PromptConfig")
         check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), cls, "seed",
                self.seed, "must be None or an integer")
@@ -395,7 +412,6 @@ class OpenAICompatPlanner:
         self.attempts = 0
         self._lock = threading.Lock()
         self._deadline = threading.local()  # .end: the monotonic deadline of this thread's attempt
-        self._score_max_tokens = 0  # 1 once a server has refused max_tokens=0
 
     def _http(self) -> Any:
         """The pooled client (created at the first request; thread-safe, shared by ``plan_many``'s threads)."""
@@ -539,9 +555,8 @@ class OpenAICompatPlanner:
                            "(give the server's final URL, up to and including /v1)", code)
         raise _Refused(f"POST {url}: HTTP {code}" + (f": {detail}" if detail else ""), code)
 
-    def _post(self, body: dict[str, Any], url: str | None = None, *, refusal: bool = False) -> dict[str, Any]:
-        """The JSON object a POST of ``body`` answers, after the retries; a 4xx raises :class:`_Refused` with
-        ``refusal`` (for the caller to tell 400 apart), a plain :class:`PlannerError` without."""
+    def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+        """The JSON object a POST of ``body`` answers, after the retries (a 4xx: a :class:`PlannerError` at once)."""
         url = url or self.url
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         total = self.config.max_retries + 1
@@ -550,8 +565,6 @@ class OpenAICompatPlanner:
                 raw = self._attempt(data, url)
                 break
             except _Refused as error:
-                if refusal:
-                    raise
                 raise PlannerError(str(error)) from None
             except _Retryable as error:
                 if attempt == total:
@@ -646,8 +659,8 @@ class OpenAICompatPlanner:
         answer = task.answers[0] if answer is None else answer
         prompt = self.config.prompt
         text = render_prompt(prompt, task, cases) + render_answer(prompt, answer)
-        return {"model": self.config.model, "prompt": text, "max_tokens": self._score_max_tokens,
-                "temperature": 0.0, "echo": True, "logprobs": 1}
+        return {"model": self.config.model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "echo": True,
+                "logprobs": 1}
 
     def score(self, task: Task, case_sets: Sequence[Sequence[Case]], answer: str | None = None) -> list[AnswerScore]:
         """The log-likelihood of ``answer`` (default ``task.answers[0]``) after each case set's prompt."""
@@ -667,15 +680,7 @@ class OpenAICompatPlanner:
     def _score_one(self, request: ScoreRequest) -> AnswerScore:
         start = time.perf_counter()
         body = self.score_request_body(request.task, request.cases, request.answer)
-        try:
-            response = self._post(body, self.completions_url, refusal=True)
-        except _Refused as error:
-            if error.code != 400 or body["max_tokens"] != 0:
-                raise PlannerError(str(error)) from None
-            logger.info("POST %s refused max_tokens=0 (%s); scoring with max_tokens=1", self.completions_url, error)
-            self._score_max_tokens = 1
-            body["max_tokens"] = 1
-            response = self._post(body, self.completions_url)
+        response = self._post(body, self.completions_url)
         continuation = render_answer(self.config.prompt, request.answer)
         logprob, n_tokens, prompt_tokens = self._parse_score(response, body, continuation)
         check_score(f"POST {self.completions_url}", request, logprob, n_tokens)
@@ -689,16 +694,14 @@ class OpenAICompatPlanner:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise PlannerError(f"{where}: response has no choices: {_json_excerpt(response)}")
         choice = choices[0]
-        need = "scoring needs the prompt's logprobs (echo=true, logprobs=1), as vLLM's /v1/completions gives"
+        need = NO_PROMPT_LOGPROBS
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict):
-            raise PlannerError(f"{where}: the server returned no logprobs (choices[0].logprobs is "
-                               f"{_state(choice, 'logprobs')}); {need}")
+            raise PlannerError(f"{where}: {need} (choices[0].logprobs is {_state(choice, 'logprobs')})")
         token_logprobs = logprobs.get("token_logprobs")
         if not isinstance(token_logprobs, list) or all(value is None for value in token_logprobs):
             state = "all null" if isinstance(token_logprobs, list) else _state(logprobs, "token_logprobs")
-            raise PlannerError(f"{where}: the server returned no prompt logprobs "
-                               f"(choices[0].logprobs.token_logprobs is {state}); {need}")
+            raise PlannerError(f"{where}: {need} (choices[0].logprobs.token_logprobs is {state})")
         bad = next((i for i, value in enumerate(token_logprobs) if value is not None and not (
             (number := finite_float(value)) is not None and number <= 0.0)), None)
         if bad is not None:
@@ -718,8 +721,8 @@ class OpenAICompatPlanner:
             raise PlannerError(f"{where}: choices[0].text is a {type(text).__name__}, expected the echoed prompt: "
                                f"{_json_excerpt(text)}")
         if isinstance(text, str) and not text.startswith(body["prompt"]):
-            raise PlannerError(f"{where}: the server did not echo the prompt (choices[0].text does not start with "
-                               f"it: {_excerpt(text)!r}); {need}")
+            raise PlannerError(f"{where}: {need} (it did not echo the prompt: choices[0].text does not start with "
+                               f"it: {_excerpt(text)!r})")
         n_total = len(tokens)
         n_prompt, generated = self._usage(where, response)
         if not 1 <= n_prompt <= n_total:
@@ -727,7 +730,8 @@ class OpenAICompatPlanner:
             n_prompt = n_total - (generated if reported else body["max_tokens"])
         ends = [offsets[i + 1] if i + 1 < n_total else offsets[i] + len(tokens[i]) for i in range(n_total)]
         if n_prompt < 1:
-            raise PlannerError(f"{where}: malformed logprobs: {n_total} tokens for the prompt and its completion")
+            raise PlannerError(f"{where}: {need} (choices[0].logprobs holds {n_total} tokens, no more than "
+                               "it generated)")
         answer_start = ends[n_prompt - 1] - len(continuation)
         first = next((i for i in range(n_prompt) if ends[i] > answer_start), n_prompt)
         if answer_start < offsets[0] or first >= n_prompt:
@@ -736,8 +740,8 @@ class OpenAICompatPlanner:
         values = token_logprobs[first:n_prompt]
         for i, value in enumerate(values, first):
             if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise PlannerError(f"{where}: the server returned no logprob for answer token {i} "
-                                   f"(choices[0].logprobs.token_logprobs[{i}] is {value!r}); {need}")
+                raise PlannerError(f"{where}: the server returned no log-probability for answer token {i} "
+                                   f"(choices[0].logprobs.token_logprobs[{i}] is {value!r}); scoring needs them all")
         return sum(float(value) for value in values), len(values), first  # -inf past float range: refused
 
     def __repr__(self) -> str:

@@ -382,7 +382,7 @@ def test_score_sends_an_echo_request_and_sums_the_answer_tokens(server: FakeServ
     assert isinstance(planner, ScoringPlanner)
     with_case, without = planner.score(ITALY, [[FRANCE], []])
     assert server.requests[0]["path"] == "/v1/completions"
-    assert server.requests[0]["body"] == {"model": "test-model", "prompt": FEW_SHOT_ITALY + " Rome", "max_tokens": 0,
+    assert server.requests[0]["body"] == {"model": "test-model", "prompt": FEW_SHOT_ITALY + " Rome", "max_tokens": 1,
                                           "temperature": 0.0, "echo": True, "logprobs": 1}
     assert server.requests[0]["body"] == planner.score_request_body(ITALY, [FRANCE])
     assert server.requests[1]["body"]["prompt"] == "Question: What is the capital of Italy?\nAnswer: Rome"
@@ -408,15 +408,18 @@ def test_score_memento_plan_continuation(server: FakeServer):
     assert score.n_tokens == 3 and score.logprob == pytest.approx(-(2 + 4 + 5) / 10)  # "\n1." " Name" " Rome."
 
 
-def test_score_falls_back_to_max_tokens_1_when_0_is_refused(server: FakeServer):
-    server.reset(("status", 400, '{"error": "max_tokens must be at least 1, got 0."}'),
-                 ("fn", lambda body: vllm_echo(body, usage=False)))
+def test_score_never_sends_max_tokens_0_and_counts_the_generated_token_out(server: FakeServer):
+    # llama-cpp-python reads max_tokens=0 as "no limit" and generates until its context is full
+    server.reset(("fn", lambda body: vllm_echo(body, usage=False)))
     planner = make(server)
     [score] = planner.score(ITALY, [[FRANCE]])
-    assert [r["body"]["max_tokens"] for r in server.requests] == [0, 1]
     assert (score.logprob, score.n_tokens) == (-0.4, 1)  # the generated " Question:" is not the answer's
-    planner.score(ITALY, [[]])
-    assert server.requests[-1]["body"]["max_tokens"] == 1 and len(server.requests) == 3  # remembered
+    planner.score_many([ITALY, ITALY], [[[]], [[FRANCE]]])
+    assert [r["body"]["max_tokens"] for r in server.requests] == [1, 1, 1]
+    server.reset(("status", 400, "bad"))
+    with pytest.raises(PlannerError, match="HTTP 400: bad$"):
+        planner.score(ITALY, [[]])
+    assert [r["body"]["max_tokens"] for r in server.requests] == [1]  # a refusal is not retried with other values
 
 
 def test_score_other_refusals_are_one_line_errors(server: FakeServer):
@@ -425,9 +428,9 @@ def test_score_other_refusals_are_one_line_errors(server: FakeServer):
         make(server).score(ITALY, [[]])
     assert str(info.value) == f"POST {server.base_url}/completions: HTTP 404: no such route"
     server.reset(("status", 400, "bad"), ("status", 400, "still bad"))
-    with pytest.raises(PlannerError, match="HTTP 400: still bad$"):
+    with pytest.raises(PlannerError, match="HTTP 400: bad$"):
         make(server).score(ITALY, [[]])
-    assert len(server.requests) == 2
+    assert len(server.requests) == 1
 
 
 def test_score_many_keeps_order_with_concurrency(server: FakeServer):
@@ -460,21 +463,33 @@ def _set(path: str, value: Any):
     return change
 
 
-NEED = "scoring needs the prompt's logprobs (echo=true, logprobs=1), as vLLM's /v1/completions gives"
+NEED = ("the server returns no prompt log-probabilities: it does not support echo=true with logprobs=1 on "
+        "/completions, which scoring needs (vLLM's /v1/completions does)")
+
+
+def _no_echo(choice: dict[str, Any]) -> None:
+    """What a server that ignores echo answers: the generated token alone, with its logprob."""
+    choice.update(text=" Question:", logprobs={"tokens": [" Question:"], "token_logprobs": [-0.05],
+                                                "text_offset": [0]})
 
 
 @pytest.mark.parametrize("change, message", [
-    (_set("logprobs", KeyError), "the server returned no logprobs (choices[0].logprobs is missing); " + NEED),
-    (_set("logprobs", None), "the server returned no logprobs (choices[0].logprobs is null); " + NEED),
-    (_set("logprobs.token_logprobs", None),
-     "the server returned no prompt logprobs (choices[0].logprobs.token_logprobs is null); " + NEED),
-    (_set("logprobs.token_logprobs", KeyError),
-     "the server returned no prompt logprobs (choices[0].logprobs.token_logprobs is missing); " + NEED),
+    (_set("logprobs", KeyError), NEED + " (choices[0].logprobs is missing)"),
+    (_set("logprobs", None), NEED + " (choices[0].logprobs is null)"),
+    (_set("logprobs.token_logprobs", None), NEED + " (choices[0].logprobs.token_logprobs is null)"),
+    (_set("logprobs.token_logprobs", KeyError), NEED + " (choices[0].logprobs.token_logprobs is missing)"),
     (lambda choice: choice["logprobs"].update(token_logprobs=[None] * len(choice["logprobs"]["tokens"])),
-     "the server returned no prompt logprobs (choices[0].logprobs.token_logprobs is all null); " + NEED),
+     NEED + " (choices[0].logprobs.token_logprobs is all null)"),
+    (_no_echo, NEED + " (it did not echo the prompt: choices[0].text does not start with it: 'Question:')"),
+    (lambda choice: _no_echo(choice) or choice.pop("text"),
+     NEED + " (choices[0].logprobs holds 1 tokens, no more than it generated)"),
 ])
 def test_score_without_prompt_logprobs_names_the_server_and_what_is_missing(server: FakeServer, change, message):
-    server.reset(("fn", _mutated(change)))
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        out = _mutated(change)(body)
+        out.pop("usage")  # counted from the lists alone
+        return out
+    server.reset(("fn", reply))
     with pytest.raises(PlannerError) as info:
         make(server).score(ITALY, [[FRANCE]])
     assert str(info.value) == f"POST {server.base_url}/completions: {message}"
@@ -484,20 +499,22 @@ def test_score_without_prompt_logprobs_names_the_server_and_what_is_missing(serv
 @pytest.mark.parametrize("change, message", [
     (lambda choice: choice["logprobs"]["text_offset"].pop(),
      "malformed logprobs: tokens, token_logprobs and text_offset must be lists of one length"),
-    (_set("logprobs.text_offset", KeyError), "got lengths {'tokens': 19, 'token_logprobs': 19, 'text_offset': "
+    (_set("logprobs.text_offset", KeyError), "got lengths {'tokens': 20, 'token_logprobs': 20, 'text_offset': "
                                              "'missing'}"),
     (lambda choice: choice["logprobs"]["text_offset"].reverse(), "non-decreasing offsets"),
     (lambda choice: choice["logprobs"]["tokens"].__setitem__(3, 7), "malformed logprobs"),
-    (_set("text", "Rome"), "the server did not echo the prompt (choices[0].text does not start with it: 'Rome')"),
-    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, None),
-     "the server returned no logprob for answer token 18 (choices[0].logprobs.token_logprobs[18] is None)"),
-    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, "x"),
+    (_set("text", "Rome"), "the server returns no prompt log-probabilities: it does not support echo=true with "
+                           "logprobs=1 on /completions, which scoring needs (vLLM's /v1/completions does) (it did "
+                           "not echo the prompt: choices[0].text does not start with it: 'Rome')"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-2, None),
+     "the server returned no log-probability for answer token 18 (choices[0].logprobs.token_logprobs[18] is None)"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-2, "x"),
      "choices[0].logprobs.token_logprobs[18] is 'x', not a log-probability (null or a finite number <= 0)"),
-    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, 0.5), "token_logprobs[18] is 0.5, not a"),
-    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, -10 ** 400), "is an integer of"),
-    (lambda choice: choice["logprobs"].update(tokens=["me"], token_logprobs=[-0.4], text_offset=[0])
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-2, 0.5), "token_logprobs[18] is 0.5, not a"),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-2, -10 ** 400), "is an integer of"),
+    (lambda choice: choice["logprobs"].update(tokens=["me", "x"], token_logprobs=[-0.4, -0.05], text_offset=[0, 2])
      or choice.pop("text"), "the echoed prompt tokens (text_offset up to 2) cannot hold the answer's 5 characters"),
-    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-1, math.nan),
+    (lambda choice: choice["logprobs"]["token_logprobs"].__setitem__(-2, math.nan),
      "response is not JSON: "),  # NaN is no JSON number
 ])
 def test_score_malformed_logprobs(server: FakeServer, change, message):
@@ -556,6 +573,9 @@ def test_config_round_trip_and_from_config(server: FakeServer):
     ({"max_retries": -1}, "max_retries"),
     ({"backoff_s": -0.1}, "backoff_s"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 2 ** 20 + 1}, "max_tokens"),
+    ({"max_retries": 101}, "max_retries"),
+    ({"concurrency": 257}, "concurrency"),
     ({"temperature": float("nan")}, "temperature"),
     ({"stop": "\n"}, "stop"),
     ({"stop": [""]}, "stop"),
