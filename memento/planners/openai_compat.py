@@ -106,6 +106,8 @@ MAX_REPLY_BYTES = 16 * 2 ** 20
 """The most bytes a reply body may hold, on the wire and decompressed (16 MiB)."""
 MAX_TOKENS = 2 ** 20
 """The most tokens ``max_tokens`` may ask for (1048576)."""
+MAX_TIMEOUT_S = 86400.0
+"""The longest ``timeout_s`` (a day; a socket cannot wait for ever)."""
 MAX_RETRIES = 100
 """The most retries ``max_retries`` may ask for."""
 MAX_CONCURRENCY = 256
@@ -270,8 +272,8 @@ class OpenAICompatConfig:
         check(self.api_key_env is None or (isinstance(self.api_key_env, str) and bool(self.api_key_env.strip())),
                cls, "api_key_env", self.api_key_env, "must be None or an environment variable name")
         check_choice(self, "mode", ApiMode)
-        check(_finite(self.timeout_s, 0.0, low_open=True), cls, "timeout_s", self.timeout_s,
-               "must be a number > 0")
+        check(_finite(self.timeout_s, 0.0, low_open=True) and self.timeout_s <= MAX_TIMEOUT_S, cls, "timeout_s",
+               self.timeout_s, f"must be a number > 0 and <= {MAX_TIMEOUT_S:g} (a day)")
         check_int(self, "max_retries", 0, MAX_RETRIES)
         check(_finite(self.backoff_s, 0.0), cls, "backoff_s", self.backoff_s, "must be a number >= 0")
         check_int(self, "max_tokens", 1, MAX_TOKENS)
