@@ -7,7 +7,8 @@
 - :class:`PromptConfig`, :func:`render_prompt` and :func:`render_answer`: the prompt templates they share;
 - :class:`ScoringPlanner` and :class:`AnswerScore`: scoring an answer's log-likelihood without
   generating (``HFPlanner`` and ``OpenAICompatPlanner`` score; see ``memento.planners.base``);
-- :class:`PlannerSpec`, :func:`parse_planner_spec`, :func:`build_planner`: the CLI's ``--planner`` values.
+- :class:`PlannerSpec`, :func:`parse_planner_spec`, :func:`build_planner`: the CLI's ``--planner`` values
+  (``openai:MODEL@URL?mode=completions&max_tokens=...``: the OpenAI planner's options in a query string).
 
 Importing this package loads neither torch nor transformers; ``HFPlanner`` does when built.
 """
