@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from memento.serve.app import is_loopback
     from memento.serve.inspector import serve_inspector
 
-    require_extra("serve")
+    require_extra("serve", command="inspect")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
     loopback = is_loopback(args.host)

@@ -19,6 +19,7 @@ tools:
   select_cases(task, k=4)              choose k past cases for the task -> {selection_id, cases: [...]}
   record_outcome(selection_id, reward) the reward in [0, 1] of the task solved with them (committed when answered)
   add_case(state, action, reward)      store a new case -> {id}
+  delete_case(case_id)                 forget a stored case: never selected again -> {id, deleted, ...}
 
 client configuration, e.g.:
   {"mcpServers": {"memento": {"command": "memento", "args": ["mcp", "/path/to/selector"]}}}

@@ -21,10 +21,20 @@ endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKE
                       -> {"selection_id", "cases": [{"id", "state", "action", "reward", "prob"}, ...], ...}
   POST /v1/feedback   {"selection_id": ID, "reward": 0..1}  (answered once committed to disk)
   POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?} -> {"id"}  (answered once committed)
-  GET  /v1/cases/ID   GET /v1/stats   GET /healthz (no auth)   GET /openapi.json (the spec, no auth)
-  GET  /docs (Swagger UI) only with --no-auth; the inspector at /inspect takes the same token
-  (no log line shows a token: ?token= is logged as ?token=<redacted>)
+  GET  /v1/cases/ID   the case (404 when unknown)
+  PUT  /v1/cases/ID   {"state", "action", "reward", "env"?, "meta"?} -> {"id": NEW, "replaced": ID}
+                      (the old case is deleted; answered once committed)
+  DELETE /v1/cases/ID -> {"id", "deleted": true, ...}  (never selected again; answered once committed)
+  GET  /v1/stats      selector counts and server counters
+  GET  /healthz       liveness, no auth: 200 as soon as the server answers
+  GET  /readyz        readiness, no auth: 503 until the warm-up select (encoder, index and Q-network loaded
+                      and run; nothing recorded) returned, then 200; --no-warmup: 200 at once
+  GET  /openapi.json (the spec, no auth); GET /docs (Swagger UI) only with --no-auth;
+  the inspector at /inspect takes the same token
 Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413.
+
+logging: with -v, one line per request on the logger memento.serve.access: METHOD PATH STATUS DURATION ms
+(no log line shows a token: ?token= is logged as ?token=<redacted>).
 
 auth: the bearer token is read from --token-file FILE, else from the environment variable
 MEMENTO_SERVE_TOKEN (at least 16 characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))').
@@ -84,6 +94,9 @@ def add_parser(commands: Any) -> None:
                        help="with --workers > 1: publish the learner's Q-network to the workers at most every S "
                             "seconds after it changed, and at every checkpoint (default: 1; 0: after every "
                             "update)")
+    serve.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip the start-up warm-up select: /readyz answers 200 at once and the first select "
+                            "loads the encoder (default: warm up in the background; /readyz 503 until done)")
 
 
 
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
                          max_body_bytes=args.max_body_bytes, threads=args.threads,
                          batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms,
-                         workers=args.workers, publish_every_s=args.publish_every_s)
+                         workers=args.workers, publish_every_s=args.publish_every_s, warmup=args.warmup)
 
     def ready(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -110,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"memento serve: {args.dir} on http://{shown}:{port} (auth: {'bearer token' if token else 'none'}; "
               f"learn: {'on' if args.learn else 'off'}{workers}); SIGTERM or Ctrl-C saves and stops", flush=True)
 
+    # uvicorn's own access line is off: memento.serve.access logs each request (with its duration) at -v
     return serve(args.dir, host=args.host, port=args.port, token=token, no_auth=args.no_auth, learn=args.learn,
                  device=args.device, config=config, seed=args.seed,
-                 log_level="info" if args.verbose else "warning", access_log=args.verbose >= 2, on_ready=ready)
+                 log_level="info" if args.verbose else "warning", access_log=False, on_ready=ready)

@@ -6,8 +6,11 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
     POST /v1/feedback   {selection_id, reward}                       -> {selection_id, reward, recorded, updates}
     POST /v1/cases      {state, action, reward, env?, meta?, embedding?} -> {id}
     GET  /v1/cases/{id}                                              -> the case (404 when unknown)
+    PUT  /v1/cases/{id} {state, action, reward, env?, meta?, embedding?} -> {id (new), replaced}
+    DELETE /v1/cases/{id}                                            -> {id, deleted, replay_slots_masked}
     GET  /v1/stats                                                   -> selector counts + server counters
-    GET  /healthz                                                    -> {"status": "ok"} (no auth)
+    GET  /healthz                                                    -> {"status": "ok"} (no auth): liveness
+    GET  /readyz                                                     -> 200 once warmed up, 503 before (no auth)
     GET  /openapi.json                                               -> the OpenAPI spec (no auth: no data in it)
     GET  /docs                                                       -> Swagger UI, only with --no-auth
 
@@ -15,6 +18,13 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
 form); the spec it shows is ``/openapi.json``, public because it holds the API's shape and no data. The
 inspector under ``/inspect`` takes the same token. No verbosity logs a token: ``?token=`` values in logged URLs
 are written ``?token=<redacted>`` (:class:`memento.serve.common.TokenRedactor`).
+
+Readiness and the access log. On start the app runs one untracked greedy select in the background
+(``ServeConfig.warmup``; nothing is written): it loads and runs the encoder, the index and the Q-network, so
+the first real select is not the slow one. ``/healthz`` (liveness) answers 200 at once; ``/readyz`` answers 503
+(``Retry-After: 1``) until the warm-up select returned, then 200 (``memento serve --no-warmup``: at once).
+Every request is logged once answered, at INFO on the logger ``memento.serve.access`` (``memento -v serve``):
+``METHOD PATH STATUS DURATION ms``, with ``?token=`` redacted.
 
 Concurrency and durability. Selections run in parallel in the server's thread pool (the Selector's
 reads share its reader-writer lock; a write holds it alone). Query texts are encoded outside that lock
@@ -164,14 +174,15 @@ def resolve_token(*, token_file: str | Path | None = None, no_auth: bool = False
     return token
 
 
-def require_extra(extra: Literal["serve", "mcp"]) -> None:
-    """Raise a one-line MementoError naming the pip command when an optional extra is missing."""
+def require_extra(extra: Literal["serve", "mcp"], command: str | None = None) -> None:
+    """Raise a one-line MementoError naming the command (``memento COMMAND``; default: ``extra``), the extra
+    and the pip command when an optional extra is missing."""
     modules = {"serve": ("fastapi", "uvicorn"), "mcp": ("mcp",)}[extra]
     for name in modules:
         try:
             __import__(name)
         except ImportError:
-            raise MementoError(f"memento {extra} needs the '{extra}' extra ({name} is not installed): "
+            raise MementoError(f"memento {command or extra} needs the '{extra}' extra ({name} is not installed): "
                                f"pip install 'memento-mdp[{extra}]'") from None
 
 

@@ -64,7 +64,11 @@ class ServeConfig:
       learner (this process: feedback, new cases, learning, checkpoints) and ``workers - 1`` read-only
       worker processes that answer selects and reads and forward writes to the learner (1: one process);
     - ``publish_every_s``: with several workers, the learner publishes its Q-network for them at most this
-      often after it changed (0: after every update), and at every checkpoint.
+      often after it changed (0: after every update), and at every checkpoint;
+    - ``warmup``: on start, one untracked greedy select (nothing written) loads and runs the encoder and the
+      Q-network in the background; ``GET /readyz`` answers 503 until it returned, then 200 (``/healthz`` is
+      liveness: 200 as soon as the server answers). ``False`` (``memento serve --no-warmup``): ready at once,
+      and the first select pays the loading.
     """
 
     max_body_bytes: int = 1 << 20
@@ -80,6 +84,7 @@ class ServeConfig:
     batch_wait_ms: float = 2.0
     workers: int = 1
     publish_every_s: float = 1.0
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         check_ints(self, max_body_bytes=1, max_k=1, max_text_chars=1, max_embedding_dim=1, queue_size=1,
@@ -90,6 +95,7 @@ class ServeConfig:
         check_int(self, "workers", 1)
         check(self.workers <= MAX_SERVE_WORKERS, type(self), "workers", self.workers, f"must be <= {MAX_SERVE_WORKERS}")
         check_float(self, "publish_every_s", low=0.0)
+        check(isinstance(self.warmup, bool), type(self), "warmup", self.warmup, "must be true or false")
 
 
 def thread_limiter(threads: int) -> Callable[[], None]:

@@ -31,12 +31,18 @@ from memento.serve.common import (
     ServerUnavailableError,
     Writer,
     json_safe,
+    redact,
     thread_limiter,
     token_matches,
 )
 from memento.serve.schema import request_models
 
 logger = logging.getLogger("memento.serve.app")
+access_logger = logging.getLogger("memento.serve.access")
+"""One INFO line per request: ``METHOD PATH?QUERY STATUS DURATION ms`` (``?token=`` redacted); shown with -v."""
+
+WARMUP_QUERY = "memento warm-up query"
+"""The text of the start-up select that loads and runs the encoder and the Q-network (not recorded)."""
 
 
 class _Problem(Exception):
@@ -121,6 +127,36 @@ class _BodyLimit:
         await self.app(scope, replay, send)
 
 
+class _AccessLog:
+    """Log each HTTP request once it is answered: method, path and query (``?token=`` values redacted), status
+    and duration in ms, on :data:`access_logger` at INFO (``memento -v serve`` shows them)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not access_logger.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), 0
+
+        async def sending(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            query = scope.get("query_string") or b""
+            target = scope.get("path", "") + ("?" + query.decode("latin-1") if query else "")
+            if len(target) > 200:
+                target = target[:200] + f"... ({len(target)} characters)"
+            access_logger.info("%s %s %d %.1f ms", scope.get("method", "?"), redact(target), status or 500,
+                               (time.perf_counter() - started) * 1000.0)
+
+
 class _Endpoints:
     """What the endpoints of one app share: the selector, its writer (or a worker's link to the learner), the
     encode batcher, the token and the counters /v1/stats reports."""
@@ -134,6 +170,24 @@ class _Endpoints:
         self.batching = bool(config.batch_max_texts) and callable(getattr(selector, "batch_encoding", None))
         self.started = time.time()
         self.limit_threads = thread_limiter(config.threads)
+        self.ready = False
+        self.warmup_error: str | None = None
+        self._warming: asyncio.Future[Any] | None = None
+
+    def warm_up(self) -> None:
+        """One untracked greedy select (nothing is written): loads and runs the encoder, the index and the
+        Q-network, so that the first real select is not the slow one; then ``/readyz`` answers 200. A failure
+        (an empty bank) is logged and reported by ``/readyz``, which still turns ready: the parts loaded."""
+        t0 = time.perf_counter()
+        try:
+            self.limit_threads()
+            self.selector.select(WARMUP_QUERY, k=1, mode="greedy", track=False)
+        except Exception as error:  # noqa: BLE001 - reported, never fatal: the server answers real requests
+            self.warmup_error = str(error)[:200]
+            logger.warning("warm-up select failed (%s); ready anyway", self.warmup_error)
+        else:
+            logger.info("warm-up select answered in %.2f s: ready", time.perf_counter() - t0)
+        self.ready = True
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> Any:
@@ -141,10 +195,17 @@ class _Endpoints:
             self.batcher = self.selector.batch_encoding(self.config.batch_max_texts, self.config.batch_wait_ms)
         if self.owned:
             self.writer = Writer(self.selector, self.config).start()
+        loop = asyncio.get_running_loop()
+        if self.config.warmup:  # in the background: /healthz answers at once, /readyz once it is done
+            self._warming = loop.run_in_executor(None, self.warm_up)
+        else:
+            self.ready = True
         try:
             yield
         finally:
-            loop = asyncio.get_running_loop()
+            if self._warming is not None:
+                with contextlib.suppress(Exception):
+                    await self._warming
             try:
                 if self.owned:  # drain the queue and save, off the event loop
                     await loop.run_in_executor(None, self.writer.stop)
@@ -209,6 +270,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
                               "to keep it learning. Every /v1 endpoint needs `Authorization: Bearer TOKEN` "
                               "unless the server runs with --no-auth.")
     app.add_middleware(_BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(_AccessLog)  # added last: outermost, so a 413 is logged too
     bearer = HTTPBearer(auto_error=False, description="the server's token ($MEMENTO_SERVE_TOKEN or --token-file)")
 
     def authorize(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
@@ -228,6 +290,16 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     @app.get("/healthz", tags=["meta"], summary="liveness (no auth)")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz", tags=["meta"], summary="readiness (no auth): 200 once a warm-up select was answered")
+    def readyz() -> JSONResponse:
+        if not ends.ready:
+            return JSONResponse({"status": "warming up", "version": __version__}, status_code=503,
+                                headers={"Retry-After": "1"})
+        body: dict[str, Any] = {"status": "ready", "version": __version__}
+        if ends.warmup_error is not None:
+            body["warmup_error"] = ends.warmup_error
+        return JSONResponse(body)
 
     auth = [Depends(authorize)]
     models = request_models(config)  # the schema the MCP tools validate through too

@@ -739,7 +739,8 @@ def test_batching_keeps_single_caller_choices_exactly(real_artifact: Path, tmp_p
 def test_app_turns_batching_on_for_its_lifetime(real_selector: Any) -> None:
     from fastapi.testclient import TestClient
 
-    app = create_app(real_selector, token=None, config=ServeConfig(batch_max_texts=8, batch_wait_ms=0))
+    app = create_app(real_selector, token=None, config=ServeConfig(batch_max_texts=8, batch_wait_ms=0,
+                                                                  warmup=False))
     with TestClient(app) as client:
         answer = client.post("/v1/select", json={"query": "what is the capital of Peru?", "k": 2})
         assert answer.status_code == 200 and len(answer.json()["cases"]) == 2
@@ -749,3 +750,19 @@ def test_app_turns_batching_on_for_its_lifetime(real_selector: Any) -> None:
         assert case.status_code == 200
     assert real_selector._batcher is None  # switched off again on shutdown
     assert real_selector.select("what is the capital of Peru?", k=2).ids  # encodes in the calling thread again
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_warm_up_select_makes_ready_and_records_nothing(real_selector: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    before = real_selector.stats()
+    with TestClient(create_app(real_selector, token=None)) as client:
+        for _ in range(500):
+            ready = client.get("/readyz")
+            if ready.status_code == 200:
+                break
+            threading.Event().wait(0.01)
+        assert ready.status_code == 200 and "warmup_error" not in ready.json(), ready.text
+        stats = client.get("/v1/stats").json()
+    assert stats["pending"] == before["pending"] == 0 and stats["cases"] == before["cases"]
