@@ -315,8 +315,28 @@ def _print_stats(stats: dict[str, Any]) -> None:
         print(f"memento: warning: {warning}", file=sys.stderr)
 
 
+TRAIN_MODULES = ("lightning", "torchmetrics", "tensorboard")
+"""What ``memento train`` imports from the 'train' extra (Lightning, its metrics, TensorBoard event files)."""
+
+
+def require_train_extra(command: str = "train", modules: tuple[str, ...] = TRAIN_MODULES) -> None:
+    """Raise a one-line ``ConfigError`` naming ``memento COMMAND``, the missing package and the pip command when
+    the 'train' extra is missing (found, not imported: nothing heavy loads before the command's checks)."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a module set to None in sys.modules, or a broken parent package
+            found = False
+        if not found:
+            raise ConfigError(f"memento {command} needs the 'train' extra ({name} is not installed): "
+                              "pip install 'memento-mdp[train]'")
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``memento train`` command; returns the exit status (errors are raised as ``MementoError``)."""
+    require_train_extra()  # before anything loads: a missing extra is one line, not a traceback
     from training.run import launched_rank_zero
 
     config = build_train_config(args)  # every cheap check before the encoder is loaded

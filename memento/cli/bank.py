@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from pathlib import Path
 from typing import Any, get_args
 
 from memento.cli.options import (
@@ -21,7 +22,7 @@ from memento.cli.options import (
     load_encoder,
 )
 from memento.config import MAX_CANDIDATES, MAX_DIM
-from memento.errors import DataFormatError, DimensionError, EncoderError
+from memento.errors import BankError, DataFormatError, DimensionError, EncoderError
 from memento.flags import check_count, int_arg
 from memento.formats import CaseFormat, read_case_file
 from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
@@ -101,6 +102,52 @@ def run(args: argparse.Namespace) -> int:
     return _ACTIONS[args.bank_command](args)
 
 
+ARTIFACT_ADVICE = ("add cases through the served selector instead (memento serve: POST /v1/cases; memento mcp: the "
+                   "add_case tool; Python: Selector.add_case), or import into the source bank and run memento "
+                   "export again")
+"""Why a bank inside a selector artifact is not written by ``memento bank``: the artifact's manifest, its
+replay and its running server (the one writer, whose in-memory index would not see the rows) own it."""
+
+
+def _selector_artifact(path: Path) -> Path | None:
+    """The selector artifact ``path`` is, or whose ``bank/`` it is (recognised by its selector manifest,
+    :func:`memento.selector.artifact.read_manifest`; a manifest.json of that format that fails its checks
+    counts too); ``None`` otherwise."""
+    from memento.errors import CheckpointError
+    from memento.selector.artifact import BANK_DIR, MANIFEST_NAME, SELECTOR_FORMAT, read_manifest
+
+    for root in (path, path.parent) if path.name == BANK_DIR else (path,):
+        manifest = root / MANIFEST_NAME
+        if not manifest.is_file():
+            continue
+        try:
+            read_manifest(root)
+            return root
+        except CheckpointError:
+            try:
+                found = json.loads(manifest.read_text(encoding="utf-8")[:1 << 20]).get("format")
+            except (OSError, ValueError, AttributeError):
+                found = None
+            if found == SELECTOR_FORMAT:
+                return root
+    return None
+
+
+def refuse_artifact(bank: str, flag: str = "--bank") -> None:
+    """A write into a selector artifact (its root, where a second bank would be created beside ``bank/``, or
+    its ``bank/``) is refused in one line, before anything is written."""
+    where = parse_bank_uri(bank)
+    if where.backend != "dir" or where.path is None:
+        return
+    root = _selector_artifact(Path(where.path))
+    if root is None:
+        return
+    inside = "" if Path(where.path) == root else " (it is the bank/ of a selector artifact)"
+    shown = bank if len(bank) <= 80 else f"{bank[:77]}..."
+    raise BankError(f"{flag} {shown} is a selector artifact{inside}; memento bank does not write into an "
+                    f"artifact (a served selector would not see the cases): {ARTIFACT_ADVICE}")
+
+
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
     if dim is not None:
         check_count("--dim", dim, 1, MAX_DIM)
@@ -126,6 +173,7 @@ def bank_encoder(bank: Any) -> Any:
 
 
 def _create(args: argparse.Namespace) -> int:
+    refuse_artifact(args.bank)
     bank, _ = _create_bank(args, args.dim)
     with bank:
         print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
@@ -133,12 +181,14 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _copy(args: argparse.Namespace) -> int:
+    refuse_artifact(args.dst, "DST")
     n = copy_bank(args.bank, args.dst, index=args.index, options=bank_options(args))
     print(f"copied {n} case(s) from {args.bank} to {args.dst}")
     return EXIT_OK
 
 
 def _import(args: argparse.Namespace) -> int:
+    refuse_artifact(args.bank)
     cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
     if bank_exists(args.bank, options=bank_options(args)):
         bank, encoder = open_bank(args.bank, options=bank_options(args)), None

@@ -101,6 +101,9 @@ def add_parser(commands: Any) -> None:
                         help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
                              "selector/ subdirectory) instead of a fresh one")
     config_option(online, LoopConfig, "seed", "seed of every random stream of the run")
+    config_option(online, LoopConfig, "tensorboard", "write no TensorBoard event files (OUT/<policy>/tb); needed "
+                  "without TensorBoard installed (the 'train' extra)", flag="--no-tensorboard",
+                  action="store_const", const=False, shown_default="write them")
     add_systems_flags(online.add_argument_group("memory systems (CFGM, LifeMem; a question's environment is its "
                                                 "family)"), games=False)
     online.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -153,7 +156,7 @@ def _add_worker_options(group: Any) -> None:
 
 def loop_config(args: argparse.Namespace, **fixed: Any) -> LoopConfig:
     """The LoopConfig the flags describe (unset flags keep LoopConfig's defaults)."""
-    names = (*_LOOP_FIELDS, "seed", "index", "credit")
+    names = (*_LOOP_FIELDS, "seed", "index", "credit", "tensorboard")
     given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     return LoopConfig(**{**given, **fixed})
 
@@ -171,6 +174,21 @@ def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     if labels:
         given["labels"] = dataclasses.replace(SOFT_Q.labels, **labels)
     return dataclasses.replace(SOFT_Q, **given)
+
+
+def _check_tensorboard(config: LoopConfig) -> None:
+    """A run that writes TensorBoard event files needs TensorBoard: without it, one line naming the flag, before
+    --out is touched (found, not imported)."""
+    import importlib.util
+
+    if not config.tensorboard:
+        return
+    try:
+        found = importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError("TensorBoard is not installed: pass --no-tensorboard, or pip install 'memento-mdp[train]'")
 
 
 def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
@@ -234,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
     if systems is not None:
         config = dataclasses.replace(config, systems=systems)
     workers = _workers_config(args)
+    _check_tensorboard(config)
     out = Path(args.out)
     if not args.resume:
         used = [p for p in policies if (out / p).is_dir() and any((out / p).iterdir())]

@@ -541,7 +541,8 @@ class Run:
         except ImportError:
             name = type(cfg).__name__
             raise ConfigError(f"{name}.tensorboard=True needs TensorBoard: pip install 'memento-mdp[train]' "
-                              f"(or set \"tensorboard\": false in the {name})") from None
+                              f"(or pass --no-tensorboard to memento online, or set \"tensorboard\": false in the "
+                              f"{name})") from None
         writer = SummaryWriter(str(self.run_dir.tensorboard),
                                purge_step=self.step if self.resumed_from is not None else None)
         if self.resumed_from is None:
