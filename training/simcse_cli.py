@@ -145,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
     """Train and print a summary; a ``MementoError`` propagates to the ``memento`` CLI (one line, exit 2)."""
     import warnings
 
+    from training.cli import require_train_extra
+
+    require_train_extra("train-encoder", ("lightning",))  # one line, before anything loads
+
     config = config_from_args(args)
     check_accelerator(config.lightning.accelerator)
     quiet = getattr(args, "verbose", 0) == 0

@@ -94,6 +94,17 @@ def test_train_without_lightning_is_one_line(tmp_path: Path, monkeypatch: pytest
     assert not (tmp_path / "run").exists()
 
 
+def test_train_encoder_without_lightning_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a sentence\n")
+    monkeypatch.setitem(sys.modules, "lightning", None)
+    assert main(["train-encoder", "--data", str(texts), "--out", str(tmp_path / "enc")]) == 2
+    err = _one_line_error(capsys)
+    assert "memento train-encoder needs the 'train' extra (lightning" in err
+    assert not (tmp_path / "enc").exists()
+
+
 @pytest.mark.parametrize(("command", "module", "extra"), [
     ("inspect", "fastapi", "serve"), ("inspect", "uvicorn", "serve"), ("serve", "fastapi", "serve"),
     ("mcp", "mcp", "mcp")])
