@@ -18,6 +18,7 @@ from memento.cli.options import (
     add_planner_option,
     add_systems_flags,
     add_torch_threads,
+    check_tensorboard,
     check_torch_threads,
     comma_list,
     encoder_config,
@@ -176,21 +177,6 @@ def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     return dataclasses.replace(SOFT_Q, **given)
 
 
-def _check_tensorboard(config: LoopConfig) -> None:
-    """A run that writes TensorBoard event files needs TensorBoard: without it, one line naming the flag, before
-    --out is touched (found, not imported)."""
-    import importlib.util
-
-    if not config.tensorboard:
-        return
-    try:
-        found = importlib.util.find_spec("tensorboard") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError("TensorBoard is not installed: pass --no-tensorboard, or pip install 'memento-mdp[train]'")
-
-
 def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
     """The rollout workers ``--workers N`` (N > 1) asks for, checked (and Ray found) before anything loads; ``None``
     for the in-process loop."""
@@ -252,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     if systems is not None:
         config = dataclasses.replace(config, systems=systems)
     workers = _workers_config(args)
-    _check_tensorboard(config)
+    check_tensorboard(config)
     out = Path(args.out)
     if not args.resume:
         used = [p for p in policies if (out / p).is_dir() and any((out / p).iterdir())]

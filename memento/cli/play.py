@@ -17,6 +17,7 @@ from memento.cli.options import (
     add_planner_option,
     add_systems_flags,
     add_torch_threads,
+    check_tensorboard,
     check_torch_threads,
     progress,
     set_torch_threads,
@@ -72,6 +73,9 @@ def add_parser(commands: Any) -> None:
         config_option(play, GameLoopConfig, name, text)
     play.add_argument("--max-steps", type=int_arg, default=None,
                       help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
+    config_option(play, GameLoopConfig, "tensorboard", "write no TensorBoard event files (OUT/tb); needed without "
+                  "TensorBoard installed (the 'train' extra)", flag="--no-tensorboard", action="store_const",
+                  const=False, shown_default="write them")
     add_systems_flags(play, games=True)
     add_bank_option(play, "a starting bank to copy (a directory or milvus:URI[#collection]; default: empty)")
     play.add_argument("--no-learn", action="store_true", help="the policy does not learn (evaluation)")
@@ -100,6 +104,8 @@ def _play_config(args: argparse.Namespace) -> Any:
     if args.max_steps is not None:
         check_count("--max-steps", args.max_steps, 1, MAX_EPISODE_STEPS)
         changes["game"] = dataclasses.replace(base.game, max_steps=args.max_steps)
+    if args.tensorboard is not None:
+        changes["tensorboard"] = args.tensorboard
     if args.no_learn:
         changes["learn"] = False
     if args.no_retain:
@@ -137,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"{out}: already holds a run; pass --resume or choose another --out")
     check_torch_threads(args)
+    check_tensorboard(config)
     from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 
     spec = parse_planner_spec(args.planner)

@@ -140,6 +140,21 @@ def test_online_no_tensorboard_flag_and_message(tmp_path: Path, monkeypatch: pyt
     assert not (tmp_path / "o").exists()  # refused before the run directory is made
 
 
+def test_play_no_tensorboard_flag_and_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from memento.cli.play import _play_config
+
+    parser = build_parser()
+    base = ["play", "--suite", "tw-tiny", "--out", str(tmp_path / "o")]
+    assert _play_config(parser.parse_args(base)).tensorboard is True
+    assert _play_config(parser.parse_args([*base, "--no-tensorboard"])).tensorboard is False
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    assert main(base) == 2
+    err = _one_line_error(capsys)
+    assert "--no-tensorboard" in err and "memento-mdp[train]" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_run_skeleton_tensorboard_message_names_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     import inspect
 
