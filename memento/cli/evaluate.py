@@ -11,7 +11,7 @@ from typing import Any
 from memento.cli.options import add_bank_option, add_command, add_seed
 from memento.errors import ConfigError
 from memento.ope.estimators import OPEConfig, RewardModelConfig
-from memento.ope.evaluate import export_rounds, format_table, run_evaluation, target_specs
+from memento.ope.evaluate import export_rounds, run_evaluation, target_specs
 from memento.ope.export import write_obp_json, write_vw_cb_adf
 from memento.runs.rundir import RunDir
 
@@ -31,7 +31,11 @@ bank/ beside it, or --bank: a directory or milvus:URI[#collection]). Each --poli
 Per target: IPS, SNIPS, DM and DR on the first chosen case (the reward model is a cross-fitted
 ridge-logistic regression on cosine, stored reward and state*case features) and, when steps show
 K > 1 cases, the slate estimators inclusion_ips, pi and pi_set (they assume an additive slate
-reward). Each with its effective sample size and a percentile-bootstrap interval.
+reward). Each with its effective sample size and a percentile-bootstrap interval; a value outside
+the reward range [0, 1] is marked '!'. Each warning is printed once. Last, a bottom line per
+target: the estimate to read (the logging policy: its observed mean; else the first of DR, SNIPS
+whose support, ESS and range checks pass, else DM), its interval and its difference to the
+logging policy's observed mean reward.
 
 The log must hold candidate_probs (the logging policy's probability of every candidate), which the
 online loop writes; older logs are refused."""
@@ -114,7 +118,7 @@ def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, en
     print(f"{evaluation.source}: {evaluation.rounds} steps ({evaluation.skipped} without a choice skipped), K up to "
           f"{evaluation.k_max}, observed mean reward {evaluation.observed_mean_reward:.4f}, logged by "
           f"{', '.join(evaluation.logging_policy)}")
-    print(format_table(evaluation.estimates, config.level))
+    print(evaluation.table())
     if args.json:
         from memento.io import write_json
 

@@ -46,8 +46,9 @@ a Monte Carlo ``Gamma`` makes PI approximately, not exactly, unbiased).
 
 Uncertainty: percentile bootstrap over rounds (seeded; the reward model is fitted once, not per resample, so
 the DM/DR intervals leave out the model's own variance). Effective sample size of importance weights ``w``:
-``(sum w)^2 / sum w^2``. Support: a warning (``logging.warning`` and a line in :attr:`OPEResult.warnings`)
-when the target puts probability on candidates the logger gave probability ``<= support_eps``.
+``(sum w)^2 / sum w^2``. Support: a warning (a line in :attr:`OPEResult.warnings`, for the caller to print
+once; logged at debug level) when the target puts probability on candidates the logger gave probability
+``<= support_eps``; never for the logging policy evaluated against itself (its support is total).
 """
 
 from __future__ import annotations
@@ -408,7 +409,7 @@ def _support_warning(mass_N: np.ndarray, eps: float, what: str = "probability") 
     message = (f"support violation: in {int(bad.sum())} of {mass_N.shape[0]} rounds the target puts {what} on "
                f"candidates the logger gave probability <= {eps:g} (mean mass {float(mass_N.mean()):.3g}, max "
                f"{float(mass_N.max()):.3g}); importance-weighted estimates cannot see that mass and are biased")
-    logger.warning("%s", message)
+    logger.debug("%s", message)  # reported through the results' warnings, once, by whoever prints them
     return [message]
 
 
@@ -418,7 +419,7 @@ def estimate_k1(reward_N: Any, action_N: Any, p_log_NC: Any, pi_NC: Any, *, rhat
 
     ``p_log_NC`` / ``pi_NC``: the logging and target distributions over each round's candidates (rows padded
     with zeros to a common C); ``action_N``: the logged action's index. A support violation
-    (:func:`support_violation`) is logged once and attached to every result."""
+    (:func:`support_violation`) is attached to every result (none when ``pi_NC`` is ``p_log_NC`` itself)."""
     config = config or OPEConfig()
     reward = _vector(reward_N, "reward_N")
     n = reward.shape[0]
@@ -429,7 +430,9 @@ def estimate_k1(reward_N: Any, action_N: Any, p_log_NC: Any, pi_NC: Any, *, rhat
     a = _actions(action_N, n, p_log.shape[1])
     rows = np.arange(n)
     w = importance_weights(p_log[rows, a], pi[rows, a])
-    notes = _support_warning(support_violation(p_log, pi, eps=config.support_eps), config.support_eps)
+    # the logging policy against itself: total support by construction (its own tiny probabilities are no gap)
+    notes = [] if np.array_equal(p_log, pi) else _support_warning(support_violation(p_log, pi, eps=config.support_eps),
+                                                                  config.support_eps)
     kw: dict[str, Any] = {"seed": _boot_seed(rng), "n_boot": config.n_boot, "level": config.level, "warnings": notes}
     out = [_ips(reward, w, **kw), _snips(reward, w, **kw)]
     if rhat_NC is not None:
@@ -798,7 +801,7 @@ def _inclusion_ips(rounds: Sequence[SlateRound], moments: Sequence[tuple[SlateMo
             item = r.item_rewards_K
         terms[i] = float(np.sum(w_K * item))
         weights[i] = float(np.mean(w_K))
-        mass[i] = float(np.where(mu_in <= config.support_eps, pi_in, 0.0).sum()) / r.logger.k
+        mass[i] = 0.0 if pi is mu else float(np.where(mu_in <= config.support_eps, pi_in, 0.0).sum()) / r.logger.k
     notes = _support_warning(mass, config.support_eps, "inclusion probability")
     if split:
         notes.append(f"inclusion_ips: {split} of {len(rounds)} rounds log only the slate reward and weigh "
@@ -818,7 +821,9 @@ def _pseudo_inverse(rounds: Sequence[SlateRound], moments: Sequence[tuple[SlateM
         v = pseudo_inverse_vector(mu, pi, granularity=granularity)
         weights[i] = _pi_weight(v, r.slate_K, r.logger.n_candidates, granularity)
         terms[i] = r.reward * weights[i]
-        if granularity == "slot":
+        if pi is mu:  # the logger's own moments: total support by construction
+            mass[i] = 0.0
+        elif granularity == "slot":
             mass[i] = float(np.where(mu.slot_KC <= config.support_eps, pi.slot_KC, 0.0).sum()) / r.logger.k
         else:
             mass[i] = float(np.where(mu.inclusion_C <= config.support_eps, pi.inclusion_C, 0.0).sum()) / r.logger.k

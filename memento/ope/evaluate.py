@@ -42,8 +42,9 @@ from memento.ope.estimators import (
 from memento.ope.export import ExportRound
 from memento.runs.rundir import RunDir, read_json
 
-__all__ = ["Evaluation", "LoadedSteps", "LoggedStep", "TargetSpec", "evaluate_run", "export_rounds", "format_table",
-           "parse_target", "read_log", "run_evaluation", "target_specs"]
+__all__ = ["REWARD_RANGE", "BottomLine", "Evaluation", "LoadedSteps", "LoggedStep", "TargetSpec", "bottom_line",
+           "evaluate_run", "export_rounds", "format_table", "outside_range", "parse_target", "read_log",
+           "reward_range", "run_evaluation", "target_specs"]
 
 logger = logging.getLogger(__name__)
 
@@ -240,22 +241,127 @@ def _estimate(steps: Sequence[LoggedStep], logger_d: Sequence[SlateDistribution]
     return results
 
 
-def format_table(estimates: dict[str, list[OPEResult]], level: float) -> str:
-    """The estimates as a text table, then each target's warnings (once each)."""
+REWARD_RANGE = (0.0, 1.0)
+"""Every reward's range (:func:`memento.types.check_reward`); a log whose rewards lie outside widens it."""
+
+_RANGE_TOL = 1e-9
+_TRUST_ORDER = ("dr", "snips", "dm")
+"""The bottom line's order of preference among a target's estimators (see :func:`bottom_line`)."""
+
+
+def reward_range(reward_N: np.ndarray) -> tuple[float, float]:
+    """The range a policy's value lies in: [0, 1], widened to the logged rewards where some lie outside it."""
+    low, high = REWARD_RANGE
+    if reward_N.size:
+        low, high = min(low, float(np.min(reward_N))), max(high, float(np.max(reward_N)))
+    return low, high
+
+
+def outside_range(result: OPEResult, bounds: tuple[float, float]) -> bool:
+    """Whether the estimate's value lies outside ``bounds`` (no policy can score there: the estimator's variance
+    or bias shows); a value that is not a number is not flagged (it is ``null`` already)."""
+    return math.isfinite(result.value) and not bounds[0] - _RANGE_TOL <= result.value <= bounds[1] + _RANGE_TOL
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BottomLine:
+    """The estimate to read for one target (:func:`bottom_line`): its ``result``, ``why`` it was chosen, and
+    ``vs_logged``: its value minus the logging policy's (the observed mean reward, measured on policy)."""
+
+    target: str
+    result: OPEResult
+    why: str
+    vs_logged: float | None
+    outside: bool
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.result.to_json()
+        return {"estimator": r["estimator"], "value": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
+                "outside_reward_range": self.outside, "vs_logged": _finite(self.vs_logged), "why": self.why}
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _failed_checks(result: OPEResult, bounds: tuple[float, float]) -> list[str]:
+    failed = []
+    weighted = result.estimator != "dm"  # DM has no importance weights: support and ESS do not apply
+    if weighted and any(w.startswith("support violation") for w in result.warnings):
+        failed.append("support")
+    if any(w.startswith("low effective sample size") for w in result.warnings):
+        failed.append("ESS")
+    if not math.isfinite(result.value):
+        failed.append("undefined")
+    elif outside_range(result, bounds):
+        failed.append("range")
+    return failed
+
+
+def bottom_line(target: str, results: Sequence[OPEResult], *, logged: bool, bounds: tuple[float, float],
+                observed_mean: float) -> BottomLine | None:
+    """The estimator to trust for ``target``. The logging policy itself (``logged``): SNIPS, its observed mean
+    reward. Any other target: the first of DR, SNIPS, DM whose checks pass (DR and SNIPS: no support violation
+    and an effective sample size of at least 10% of the rounds; all three: a value inside ``bounds``; DM has no
+    weights and needs no support, its bias is the reward model's); when none passes, DM, flagged, saying which
+    checks each failed. ``None`` without any of them."""
+    by_name = {r.estimator: r for r in results}
+    if logged and "snips" in by_name:
+        r = by_name["snips"]
+        return BottomLine(target=target, result=r, why="the logging policy: its observed mean reward",
+                          vs_logged=r.value - observed_mean, outside=outside_range(r, bounds))
+    failures = []
+    for name in _TRUST_ORDER:
+        if name not in by_name:
+            continue
+        failed = _failed_checks(by_name[name], bounds)
+        if not failed:
+            checks = "range check" if name == "dm" else "support, ESS and range checks"
+            why = "; ".join([f"{name} passes its {checks}", *failures])
+            r = by_name[name]
+            return BottomLine(target=target, result=r, why=why, vs_logged=r.value - observed_mean,
+                              outside=False)
+        failures.append(f"{name} fails {', '.join(failed)}")
+    for name in reversed(_TRUST_ORDER):  # nothing passed: the model-based one, flagged
+        if name in by_name:
+            r = by_name[name]
+            return BottomLine(target=target, result=r, why="; ".join(["no estimator passes its checks", *failures]),
+                              vs_logged=r.value - observed_mean, outside=outside_range(r, bounds))
+    return None
+
+
+def format_table(estimates: dict[str, list[OPEResult]], level: float, *,
+                 bounds: tuple[float, float] | None = REWARD_RANGE,
+                 bottom_lines: dict[str, BottomLine] | None = None) -> str:
+    """The estimates as a text table (a value outside the reward range ``bounds`` marked ``!``, with a footnote),
+    then each target's warnings (each once, naming the estimators it concerns) and each target's bottom line."""
     ci = f"{round(level * 100):d}% CI"
-    lines = [f"{'target':<24} {'estimator':<14} {'value':>8}  {ci:<20} {'ESS':>9} {'n':>7}"]
+    lines = [f"{'target':<24} {'estimator':<14} {'value':>8}   {ci:<20} {'ESS':>9} {'n':>7}"]
     notes: list[str] = []
+    flagged = False
     for target, results in estimates.items():
-        seen: set[str] = set()
+        concerns: dict[str, list[str]] = {}
         for r in results:
             interval = "-" if r.ci_low is None else f"[{r.ci_low:.4f}, {r.ci_high:.4f}]"
             ess = "-" if r.ess is None else f"{r.ess:.1f}"
-            lines.append(f"{target[-24:]:<24} {r.estimator:<14} {r.value:>8.4f}  {interval:<20} {ess:>9} {r.n:>7}")
+            mark = "!" if bounds is not None and outside_range(r, bounds) else " "
+            flagged |= mark == "!"
+            lines.append(f"{target[-24:]:<24} {r.estimator:<14} {r.value:>8.4f}{mark}  {interval:<20} {ess:>9} "
+                         f"{r.n:>7}")
             for note in r.warnings:
-                if note not in seen:
-                    seen.add(note)
-                    notes.append(f"warning ({target}, {r.estimator}): {note}")
-    return "\n".join(lines + notes)
+                concerns.setdefault(note, []).append(r.estimator)
+        notes += [f"warning ({target}: {', '.join(names)}): {note}" for note, names in concerns.items()]
+    if flagged and bounds is not None:
+        lines.append(f"! outside the reward range [{bounds[0]:g}, {bounds[1]:g}]: no policy scores there; the "
+                     "estimator's variance or bias shows, not a value")
+    bottom = []
+    for target, line in (bottom_lines or {}).items():
+        r = line.result
+        interval = "" if r.ci_low is None else f" [{r.ci_low:.4f}, {r.ci_high:.4f}]"
+        versus = "" if line.vs_logged is None else f", {line.vs_logged:+.4f} vs logged"
+        bottom.append(f"bottom line ({target}): {r.estimator} {r.value:.4f}{'!' if line.outside else ''}{interval}"
+                      f"{versus} ({line.why})")
+    return "\n".join(lines + notes + bottom)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -367,15 +473,26 @@ class Evaluation:
     seed: int
     greedy: bool
     estimates: dict[str, list[OPEResult]]
+    reward_range: tuple[float, float] = REWARD_RANGE
+    bottom_lines: dict[str, BottomLine] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document of ``memento evaluate``."""
+        def result(r: OPEResult) -> dict[str, Any]:
+            return {**r.to_json(), "outside_reward_range": outside_range(r, self.reward_range)}
+
         return {"source": str(self.source), "bank": str(self.bank), "rounds": self.rounds, "skipped": self.skipped,
                 "k_max": self.k_max, "observed_mean_reward": self.observed_mean_reward,
                 "logging_policy": self.logging_policy, "bootstrap": self.config.n_boot, "level": self.config.level,
-                "seed": self.seed, "greedy_targets": self.greedy,
-                "targets": {name: {r.estimator: r.to_json() for r in results}
-                            for name, results in self.estimates.items()}}
+                "seed": self.seed, "greedy_targets": self.greedy, "reward_range": list(self.reward_range),
+                "targets": {name: {r.estimator: result(r) for r in results}
+                            for name, results in self.estimates.items()},
+                "bottom_line": {name: line.to_json() for name, line in self.bottom_lines.items()}}
+
+    def table(self) -> str:
+        """The text report: :func:`format_table` with this evaluation's reward range and bottom lines."""
+        return format_table(self.estimates, self.config.level, bounds=self.reward_range,
+                            bottom_lines=self.bottom_lines)
 
 
 def target_specs(targets: Sequence[str | TargetSpec]) -> list[TargetSpec]:
@@ -438,10 +555,16 @@ def run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: str
         with _damaged_bank(bank_path):
             estimates = _evaluate_targets(specs, data, bank=opened, encode=encode, make_policy=make_policy,
                                           config=config, greedy=greedy, seed=seed) if specs else {}
+    bounds = reward_range(data.reward_N)
+    observed = float(np.mean(data.reward_N))
+    kinds = {spec.name: spec.kind for spec in specs}
+    lines = {name: bottom_line(name, results, logged=kinds.get(name) == "logged", bounds=bounds,
+                               observed_mean=observed) for name, results in estimates.items()}
     evaluation = Evaluation(source=steps_path, bank=bank_path, rounds=len(steps), skipped=skipped,
-                            multi_step=multi_step, k_max=data.k_max, observed_mean_reward=float(np.mean(data.reward_N)),
+                            multi_step=multi_step, k_max=data.k_max, observed_mean_reward=observed,
                             logging_policy=sorted({step.record.policy for step in steps}), config=config, seed=seed,
-                            greedy=bool(greedy), estimates=estimates)
+                            greedy=bool(greedy), estimates=estimates, reward_range=bounds,
+                            bottom_lines={name: line for name, line in lines.items() if line is not None})
     return evaluation, data
 
 
