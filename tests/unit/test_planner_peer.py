@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from memento.planners import openai_compat
 from memento.planners.base import AnswerScore, PlannerError, PlanOutput
-from memento.planners.openai_compat import OpenAICompatPlanner
+from memento.planners.openai_compat import _ERROR_BODY_BYTES, OpenAICompatPlanner
 from memento.planners.prompts import PromptConfig
 from memento.types import Case, Task
 from tests.fuzzing import FUZZ, examples, record
@@ -246,6 +246,17 @@ BROKEN_DOCUMENTS = [
 ]
 
 
+def _sent_len(body: bytes | Callable[[dict[str, Any]], bytes], encoding: str | None) -> int:
+    """The bytes the server sends of ``body`` (0 for a body made from the request: those are small)."""
+    if callable(body):
+        return 0
+    if encoding == "gzip":
+        return len(gzip.compress(body))
+    if encoding == "deflate":
+        return len(zlib.compress(body))
+    return len(body)
+
+
 @st.composite
 def _wire(draw: st.DrawFn, body: bytes | Callable[[dict[str, Any]], bytes], valid: bool, expect: Any) -> Case_:
     """The same body through a drawn status, Content-Type, coding and delivery."""
@@ -262,13 +273,15 @@ def _wire(draw: st.DrawFn, body: bytes | Callable[[dict[str, Any]], bytes], vali
         headers.append(("Location", draw(st.sampled_from(["http://198.51.100.7/v1/chat/completions", "/elsewhere"]))))
     encoding = draw(st.sampled_from([None, None, None, "gzip", "deflate", "br"]))
     mode = draw(st.sampled_from(["whole"] * 6 + ["eof", "cut", "stall", "drip"]))
-    if mode in ("cut", "stall") and body == b"" and encoding is None:
-        mode = "whole"  # half of nothing is all of it
+    if mode in ("cut", "stall") and not callable(body) and _sent_len(body, None if encoding == "br" else encoding) == 0:
+        mode = "whole"  # half of nothing is all of it (a "br" body is sent as it is)
     reply = Reply(body=body, status=status, content_type=content_type, headers=tuple(headers), mode=mode,
                   drip_s=0.002, pieces=8, encoding=encoding if encoding != "br" else None)
     if encoding == "br":  # bytes the planner cannot undo
         reply = dataclasses.replace(reply, headers=(*reply.headers, ("Content-Encoding", "br")))
-    if mode in ("cut", "stall") or status == 429 or status >= 500:
+    refused_early = (300 <= status < 500 and status != 429  # an error body is read up to its cap only: a cut
+                     and _sent_len(body, reply.encoding) // 2 > _ERROR_BODY_BYTES)  # past the cap is never seen
+    if (mode in ("cut", "stall") and not refused_early) or status == 429 or status >= 500:
         return Case_(reply, transient=True)
     json_type = content_type is None or content_type.split(";")[0].endswith("json")
     ok = 200 <= status < 300 and json_type and encoding != "br" and valid
