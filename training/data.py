@@ -21,6 +21,8 @@ Three inputs (:class:`~training.config.DataConfig` ``source``):
 
       {"state": "question text", "case_id": "id in the cases file", "reward": 1.0, "propensity": 0.25}
 
+  (a reward is a number in [0, 1], as every case reward: :func:`memento.types.check_reward`)
+
   ``propensity`` is optional (default 1.0, i.e. no importance weight); no other keys are allowed.
   Each line is one decision with K = 1.
 - ``"labels"`` -- planner-scored labels (:mod:`memento.learn.labels`, written by ``memento score``) with the
@@ -50,7 +52,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
 from memento.learn.listwise import ListwiseBatch
 from memento.learn.replay import ReplayBatch
+from memento.types import check_reward
 from training.config import DataConfig
 
 __all__ = ["EpochSampler", "ListwiseDataset", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset",
@@ -241,18 +243,12 @@ def _text(row: dict[str, Any], name: str) -> str:
     return value
 
 
-def _number(row: dict[str, Any], name: str, default: float | None = None) -> float:
-    value = row.get(name, default)
-    if value is None and default is None:
-        raise DataFormatError(f"missing field {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DataFormatError(f"field {name!r} must be a finite number, got {value!r}")
-    if isinstance(value, int) and value.bit_length() > 1000:  # past float's range: isfinite would overflow
-        raise DataFormatError(f"field {name!r} must be a finite number, got an integer of about "
-                              f"{int(value.bit_length() * 0.30103) + 1} digits")
-    if not math.isfinite(value):
-        raise DataFormatError(f"field {name!r} must be a finite number, got {value!r}")
-    return float(value)
+def _reward(row: dict[str, Any]) -> float:
+    """A row's ``reward``: a number in [0, 1] (:func:`memento.types.check_reward`, the range every case reward has;
+    the loss reads it as a success probability)."""
+    if "reward" not in row:
+        raise DataFormatError("missing field 'reward'")
+    return check_reward(row["reward"], "field 'reward'")
 
 
 def _ids(row: dict[str, Any], name: str) -> list[str]:
@@ -387,7 +383,7 @@ def load_transition_log(log: str | Path, encoder: Any, *, bank: str | Path | Non
                 raise DataFormatError(f"field 'propensities' must be a list of {len(chosen)} numbers (one per chosen "
                                       f"case), got {props!r}")
             props = [_propensity(p, "propensities") for p in props]
-            reward = _number(row, "reward")
+            reward = _reward(row)
             done = row.get("done", True)
             if not isinstance(done, bool):
                 raise DataFormatError(f"field 'done' must be true or false, got {done!r}")
@@ -456,7 +452,7 @@ def load_cases_rewards(cases: str | Path, rewards: str | Path, encoder: Any) -> 
                 raise DataFormatError(f"field 'case_id' must be a non-empty string, got {case_id!r}")
             if case_id not in texts:
                 raise DataFormatError(f"case id {case_id!r} is not in {cases}")
-            reward = _number(row, "reward")
+            reward = _reward(row)
             propensity = _propensity(row.get("propensity", 1.0), "field 'propensity'")
         except DataFormatError as error:
             raise DataFormatError(error.reason, path=rewards, line=number) from None

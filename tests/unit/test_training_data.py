@@ -179,7 +179,9 @@ def test_cases_and_rewards(tmp_path):
 
 @pytest.mark.parametrize("row, message", [
     ({"state": "q", "case_id": "zzz", "reward": 1.0}, "rewards.jsonl:2: case id 'zzz' is not in"),
-    ({"state": "q", "case_id": "a", "reward": "yes"}, "rewards.jsonl:2: field 'reward' must be a finite number"),
+    ({"state": "q", "case_id": "a", "reward": "yes"}, r"rewards.jsonl:2: field 'reward' must be a number in \[0, 1\]"),
+    ({"state": "q", "case_id": "a", "reward": -1}, r"rewards.jsonl:2: field 'reward' must be a number in \[0, 1\]"),
+    ({"state": "q", "case_id": "a", "reward": 1e39}, r"rewards.jsonl:2: field 'reward' must be a number in \[0, 1\]"),
     ({"state": "", "case_id": "a", "reward": 1.0}, "rewards.jsonl:2: field 'state' must be a non-empty string"),
     ({"state": "q", "case_id": "a", "reward": 1.0, "propensity": 0}, "rewards.jsonl:2: field 'propensity' must be"),
     ({"state": "q", "case": "a", "reward": 1.0}, r"rewards.jsonl:2: unknown field\(s\) \['case'\]"),
