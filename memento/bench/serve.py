@@ -144,20 +144,20 @@ class ServerProcess:
             if match:
                 self.url = match.group(1)
                 break
-        self._wait_healthy(deadline)
+        self._wait_ready(deadline)
         self.start_s = time.perf_counter() - t0
         return self
 
-    def _wait_healthy(self, deadline: float) -> None:
+    def _wait_ready(self, deadline: float) -> None:
         while True:
             try:
                 with HttpClient(self.url, timeout=5) as client:
-                    if client.request("GET", "/healthz")[0] == 200:
+                    if client.request("GET", "/readyz")[0] == 200:  # warmed up: nothing timed waits for it
                         return
             except (OSError, http.client.HTTPException):
                 pass
             if time.monotonic() > deadline or (self.proc is not None and self.proc.poll() is not None):
-                raise RuntimeError(f"memento serve at {self.url} is not healthy; log:\n{self.log()}")
+                raise RuntimeError(f"memento serve at {self.url} is not ready; log:\n{self.log()}")
             time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 120.0) -> int:

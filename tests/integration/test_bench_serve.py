@@ -36,8 +36,9 @@ def test_bench_serve_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for kind in ("select_text", "select_embedding"):  # 1 vs 4 clients: a ratio, no target (that is 1 vs 16)
         sc = results["scaling"][kind]
         assert sc["clients"] == [1, 4] and sc["ratio"] > 0 and sc["target"] is None
-    assert record["encode_batching"]["texts"] == 2 * (4 + 2) and record["encode_batching"]["max_texts"] == 8
-    assert "| by text | 1 -> 4 |" in table and "text encoding: 12 text(s) in" in table and "with 4 client(s)" in table
+    # 4 timed and 2 warm-up text selects per client count, and the server's own warm-up select before /readyz
+    assert record["encode_batching"]["texts"] == 2 * (4 + 2) + 1 and record["encode_batching"]["max_texts"] == 8
+    assert "| by text | 1 -> 4 |" in table and "text encoding: 13 text(s) in" in table and "with 4 client(s)" in table
     for row in ("| select by embedding | 4 |", "| select by text | 1 |", "| feedback (record) | 4 |"):
         assert row in table
     assert (tmp_path / "selector" / "manifest.json").is_file()  # kept for reuse
