@@ -86,7 +86,7 @@ def test_usage_log_aggregates_truncates_and_survives_reopening(tmp_path):
     with pytest.raises(Exception, match="step must be an integer >= 0"):
         with CaseBank.open(tmp_path / "bank") as bank:
             bank.record_usage(-1, [ids[0]], 1.0)
-    with pytest.raises(Exception, match="reward must be a number in \[0, 1\]"):
+    with pytest.raises(Exception, match=r"reward must be a number in \[0, 1\]"):
         with CaseBank.open(tmp_path / "bank") as bank:
             bank.record_usage(0, [ids[0]], float("nan"))
 
