@@ -6,7 +6,7 @@ takes the whole file or changes nothing. Writers go through a temporary file and
 rename, so a crash never leaves half a file behind.
 
 Formats:
-- Case JSONL ``{"id", "state", "action", "reward", "env"?, "kind"?, "meta"?}``;
+- Case JSONL ``{"id", "state", "action", "reward", "env"?, "kind"?, "meta"?, "user"?, "agent"?, "session"?}``;
 - Task JSONL ``{"id", "question", "answers", "family"?, "env"?, "meta"?}``;
 - the Memento reference files: case memory ``{"case", "plan", "case_label"}``,
   non-parametric memory ``{"question", "plan", "reward"}``, retriever training pairs
@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from memento.errors import DataFormatError
 from memento.io import atomic_write, parse_json
-from memento.types import Case, Task, check_reward, check_text, json_value_problem, shown
+from memento.types import SCOPE_FIELDS, Case, Task, check_reward, check_text, json_value_problem, shown
 
 __all__ = [
     "ANSWER_SPLIT",
@@ -166,7 +166,7 @@ def _plan(row: dict[str, Any]) -> str:
     return plan
 
 
-_CASE_KEYS = {"id", "state", "action", "reward", "env", "kind", "meta"}
+_CASE_KEYS = {"id", "state", "action", "reward", "env", "kind", "meta", *SCOPE_FIELDS}
 
 
 def _parse_case(row: dict[str, Any]) -> Case:
@@ -179,7 +179,8 @@ def _parse_case(row: dict[str, Any]) -> Case:
     return Case(id=None if case_id is None else str(case_id), state=_field(row, "state", str),
                 action=_field(row, "action", str), reward=_reward(row),
                 env=_field(row, "env", str, required=False), kind="case" if kind is None else kind,
-                meta={} if meta is None else meta)
+                meta={} if meta is None else meta,
+                **{name: _field(row, name, str, required=False) for name in SCOPE_FIELDS})
 
 
 def _meta(row: dict[str, Any]) -> dict[str, Any] | None:

@@ -19,8 +19,8 @@ import numpy as np
 
 from memento.errors import DataFormatError
 
-__all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "Case", "Selection", "Task", "check_id", "check_reward", "check_text",
-           "content_hash", "json_value_problem", "shown"]
+__all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "SCOPE_FIELDS", "Case", "Selection", "Task", "check_id", "check_reward",
+           "check_text", "content_hash", "json_value_problem", "shown"]
 
 # ---------------------------------------------------------------- the range of each field, decided once
 #
@@ -40,6 +40,8 @@ MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
 """The longest id, env, kind or family (characters)."""
 REWARD_LOW, REWARD_HIGH = 0.0, 1.0
+SCOPE_FIELDS = ("user", "agent", "session")
+"""The scope fields a case may carry (who it belongs to; :mod:`memento.memory.where`)."""
 
 _NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 _NOT_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -146,13 +148,19 @@ def json_value_problem(value: Any, *, finite: bool = False) -> str | None:
     return None
 
 
-def content_hash(state: str, action: str, env: str | None, kind: str) -> str:
-    """sha256 of what makes two cases the same experience: state, action, env and kind.
+def content_hash(state: str, action: str, env: str | None, kind: str,
+                 scope: tuple[str | None, ...] = (None, None, None)) -> str:
+    """sha256 of what makes two cases the same experience: state, action, env, kind and, when any is set, the
+    scope (user, agent, session: the same experience of two users is two cases).
 
     The reward is an outcome, not content: the same (state, action) seen again is a
-    duplicate even if its reward differs (use ``update_reward`` to change it).
+    duplicate even if its reward differs (use ``update_reward`` to change it). An unscoped case hashes as it
+    did before scopes existed, so ids of existing banks are unchanged.
     """
-    payload = json.dumps([state, action, env, kind], ensure_ascii=False, separators=(",", ":"))
+    fields: list[Any] = [state, action, env, kind]
+    if any(value is not None for value in scope):
+        fields.append(list(scope))
+    payload = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -170,6 +178,8 @@ class Case:
 
     ``id`` is assigned by the bank when left ``None``. ``kind`` separates raw cases from
     derived items (tips, skills, propositions) that later policies put in the same bank.
+    ``user``/``agent``/``session`` scope the case (who it belongs to): a search with a scope finds only the
+    cases of that scope (:mod:`memento.memory.where`).
     """
 
     state: str
@@ -180,6 +190,9 @@ class Case:
     kind: str = "case"
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     created: float | None = None
+    user: str | None = None
+    agent: str | None = None
+    session: str | None = None
 
     def __post_init__(self) -> None:
         check_text(self.state, "Case.state")
@@ -189,6 +202,9 @@ class Case:
             check_id(self.id, "Case.id")
         if self.env is not None:
             check_id(self.env, "Case.env")
+        for name in SCOPE_FIELDS:
+            if getattr(self, name) is not None:
+                check_id(getattr(self, name), f"Case.{name}")
         object.__setattr__(self, "reward", check_reward(self.reward, "Case.reward"))
         _meta(self.meta, "Case")
         if self.created is not None and (isinstance(self.created, bool) or not isinstance(self.created, numbers.Real)
@@ -197,14 +213,20 @@ class Case:
 
     @property
     def content_hash(self) -> str:
-        return content_hash(self.state, self.action, self.env, self.kind)
+        return content_hash(self.state, self.action, self.env, self.kind, self.scope)
+
+    @property
+    def scope(self) -> tuple[str | None, str | None, str | None]:
+        """``(user, agent, session)``."""
+        return (self.user, self.agent, self.session)
 
     def to_json(self) -> dict[str, Any]:
         """The Case JSONL row of docs/formats.md."""
         row: dict[str, Any] = {"id": self.id, "state": self.state, "action": self.action,
                                "reward": self.reward, "kind": self.kind}
-        if self.env is not None:
-            row["env"] = self.env
+        for name in ("env", *SCOPE_FIELDS):
+            if getattr(self, name) is not None:
+                row[name] = getattr(self, name)
         if self.meta:
             row["meta"] = self.meta
         return row

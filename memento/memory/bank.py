@@ -62,7 +62,8 @@ from memento.errors import BankError, DataFormatError, DimensionError, NotABankE
 from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.front import BankFront, Filter, NewRow
 from memento.memory.index import FaissIndex, exact_topk
-from memento.types import Case, shown
+from memento.memory.where import Scope, Where
+from memento.types import SCOPE_FIELDS, Case, shown
 
 __all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "CaseBank", "FaissVectors", "SqliteFeatures",
            "SqliteRows"]
@@ -104,6 +105,8 @@ _DELETED_SCHEMA = ("CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY,
                    "replaced_by TEXT)")
 
 _CASE_COLUMNS = "id, state, action, reward, env, kind, meta, created"
+_SCOPE_COLUMNS = tuple(f"scope_{name}" for name in SCOPE_FIELDS)
+_MATCH_CACHE = 32  # filter masks kept per bank (each is one bool per case)
 
 
 def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -130,10 +133,60 @@ class SqliteRows:
         self._mirror_lock = threading.Lock()
         self._deleted_pos: np.ndarray | None = None
         self._deleted_key = -1  # MAX(rowid) of the deleted table when loaded
+        self._scoped = False  # the scope columns exist (added on the first scoped case)
+        self._matches: dict[tuple[str, int, int], np.ndarray] = {}  # filter masks by (filter, count, generation)
+        self.generation = 0  # bumped by every write that can change what a filter matches
 
     def _has_table(self, name: str) -> bool:
         row = self.conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone()
         return bool(row[0])
+
+    def has_scope_columns(self) -> bool:
+        """Whether the ``scope_*`` columns exist (a bank gets them with its first scoped case; re-read until then,
+        as another process may add them)."""
+        if not self._scoped:
+            columns = {row[1] for row in self.conn.execute("PRAGMA table_info(cases)")}
+            self._scoped = set(_SCOPE_COLUMNS) <= columns
+        return self._scoped
+
+    def _case_columns(self) -> str:
+        scope = ", ".join(_SCOPE_COLUMNS) if self.has_scope_columns() else "NULL, NULL, NULL"
+        return f"{_CASE_COLUMNS}, {scope}"
+
+    def matching(self, scope: Scope | None, meta: Where | None, count: int) -> np.ndarray:
+        """A bool mask over positions ``0..count-1``: the cases in ``scope`` whose meta matches ``meta`` (one
+        SQLite query, kept until the bank changes)."""
+        key = (json.dumps([None if scope is None else scope.to_json(), None if meta is None else meta.to_json()],
+                          sort_keys=True), count, self.generation)
+        mask = self._matches.get(key)
+        if mask is not None:
+            return mask
+        clauses, params = ["pos < ?"], [count]
+        if scope is not None and scope:
+            if not self.has_scope_columns():
+                mask = np.zeros(count, dtype=bool)  # no case carries a scope yet
+            for name, value in scope.items():
+                clauses.append(f"scope_{name} = ?")
+                params.append(value)
+        if mask is None:
+            if meta is not None:
+                sql, extra = meta.sql("meta")
+                clauses.append(sql)
+                params += extra
+            mask = np.zeros(count, dtype=bool)
+            try:
+                rows = self.conn.execute(f"SELECT pos FROM cases WHERE {' AND '.join(clauses)}", params)
+                mask[np.fromiter((row[0] for row in rows), dtype=np.int64)] = True
+            except sqlite3.DatabaseError as error:
+                raise BankError(f"{self.name}: damaged bank ({DB_NAME}: {error})") from None
+        if len(self._matches) >= _MATCH_CACHE:
+            self._matches.pop(next(iter(self._matches)))
+        self._matches[key] = mask
+        return mask
+
+    def _changed(self) -> None:
+        self.generation += 1
+        self._matches.clear()
 
     def count(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(pos) + 1, 0) FROM cases").fetchone()[0])
@@ -169,6 +222,21 @@ class SqliteRows:
         return existing
 
     def insert(self, rows: Sequence[NewRow]) -> None:
+        self._changed()
+        if not self.has_scope_columns() and any(value is not None for r in rows for value in r.case.scope):
+            for column in _SCOPE_COLUMNS:  # inside the write's transaction: the columns come with the rows
+                self.conn.execute(f"ALTER TABLE cases ADD COLUMN {column} TEXT")
+                self.conn.execute(f"CREATE INDEX IF NOT EXISTS cases_{column} ON cases({column})")
+        if self.has_scope_columns():
+            try:
+                self.conn.executemany(
+                    "INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, embedding, "
+                    f"{', '.join(_SCOPE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(r.pos, r.id, r.case.state, r.case.action, r.case.reward, r.case.env, r.case.kind, r.meta,
+                      r.created, r.hash, r.vector_D.tobytes(), *r.case.scope) for r in rows])
+            finally:
+                self._scoped = False  # re-read after the transaction (a rollback takes new columns back)
+            return
         self.conn.executemany(
             "INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, embedding) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -181,6 +249,7 @@ class SqliteRows:
         self.conn.executemany("INSERT INTO deleted (pos, id, time, replaced_by) VALUES (?, ?, ?, ?)",
                               [(int(p), case_id, now, replaced_by) for p, case_id in zip(positions, ids)])
         self._deleted_pos, self._deleted_key = None, -1
+        self._changed()
 
     def deleted_positions(self) -> np.ndarray:
         if self._deleted_pos is not None and not self.read_only:
@@ -213,7 +282,7 @@ class SqliteRows:
         return [self._ids[p] for p in positions]
 
     def _case(self, row: tuple[Any, ...]) -> Case:
-        case_id, state, action, reward, env, kind, meta, created = row
+        case_id, state, action, reward, env, kind, meta, created, user, agent, session = row
         try:
             data = json.loads(meta)
         except (TypeError, ValueError) as error:
@@ -221,7 +290,7 @@ class SqliteRows:
                             f"{error})") from None
         try:
             return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind, meta=data,
-                        created=created)
+                        created=created, user=user, agent=agent, session=session)
         except DataFormatError as error:  # a row written outside memento, or before a field's range was decided
             raise BankError(f"{self.name}: case {shown(case_id)} in {DB_NAME} is out of range: {error}") from None
 
@@ -234,7 +303,7 @@ class SqliteRows:
         return rows
 
     def cases_at(self, positions: Sequence[int]) -> list[Case]:
-        rows = self._by_position(_CASE_COLUMNS, positions)
+        rows = self._by_position(self._case_columns(), positions)
         return [self._case(rows[p]) for p in positions]
 
     def rewards_at(self, positions: Sequence[int]) -> np.ndarray:
@@ -254,16 +323,16 @@ class SqliteRows:
         dead = set(self.deleted_positions().tolist())  # tombstoned cases are left out
         while True:
             try:
-                rows = self.conn.execute(f"SELECT {_CASE_COLUMNS}, pos FROM cases WHERE pos >= ? ORDER BY pos "
+                rows = self.conn.execute(f"SELECT {self._case_columns()}, pos FROM cases WHERE pos >= ? ORDER BY pos "
                                          "LIMIT ?", (start, batch_size)).fetchall()
             except sqlite3.DatabaseError as error:
                 raise BankError(f"{self.name}: damaged bank ({DB_NAME}: {error})") from None
             if not rows:
                 return
             for row in rows:
-                if row[8] not in dead:
-                    yield self._case(row[:8])
-            start = rows[-1][8] + 1
+                if row[11] not in dead:
+                    yield self._case(row[:11])
+            start = rows[-1][11] + 1
 
     def mirror(self, start: int, stop: int | None = None) -> tuple[list[str | None], list[str], np.ndarray, int]:
         """``(envs, kinds, emb_ND, dim)`` of the rows ``start..stop-1`` (all from ``start`` when None), checked
@@ -282,6 +351,7 @@ class SqliteRows:
             self.conn.execute("DELETE FROM deleted WHERE pos >= ?", (n,))
         self._ids = self._ids[:n]
         self._deleted_pos, self._deleted_key = None, -1
+        self._changed()
 
     def summary(self) -> dict[str, Any]:
         conn = self.conn
@@ -521,7 +591,8 @@ class FaissVectors:
 
     def _allowed(self, where: Filter, dead_N: np.ndarray) -> np.ndarray | None:
         live = self._live_mask(dead_N)
-        if where.env is None and where.kind is None and not where.positive:
+        if where.env is None and where.kind is None and not where.positive and where.scope is None \
+                and where.meta is None:
             return live
         mask = np.ones(self._count, dtype=bool) if live is None else live.copy()
         if where.env is not None or where.kind is not None:
@@ -534,6 +605,8 @@ class FaissVectors:
             rewarded = np.zeros(self._count, dtype=bool)
             rewarded[self._rows.rewarded(self._count)] = True
             mask &= rewarded
+        if where.scope is not None or where.meta is not None:
+            mask &= self._rows.matching(where.scope, where.meta, self._count)
         return mask
 
     def topk(self, q_BD: np.ndarray, k: int, where: Filter, dead_N: np.ndarray,

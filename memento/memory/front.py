@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ import numpy as np
 from memento.config import BankConfig, IndexConfig, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, UnknownCaseError
 from memento.formats import read_case_file, write_jsonl
+from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.types import Case, check_reward
 
 __all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex"]
@@ -96,11 +97,20 @@ class NewRow:
 
 @dataclass(frozen=True)
 class Filter:
-    """What a search keeps: live cases, of ``env``/``kind`` when given, with a stored reward > 0 if ``positive``."""
+    """What a search keeps: live cases, of ``env``/``kind`` when given, with a stored reward > 0 if ``positive``,
+    in ``scope`` and matching the metadata filter ``meta`` when given (:mod:`memento.memory.where`)."""
 
     env: str | None = None
     kind: str | None = None
     positive: bool = False
+    scope: Scope | None = None
+    meta: Where | None = None
+
+    @classmethod
+    def of(cls, env: str | None = None, kind: str | None = None, positive: bool = False,
+           scope: Scope | Mapping[str, Any] | None = None, filter: Where | Mapping[str, Any] | None = None) -> Filter:
+        """A filter from the search methods' arguments (``scope``/``filter`` as JSON objects or parsed)."""
+        return cls(env, kind, positive, as_scope(scope), parse_filter(filter))
 
 
 class RowStore(Protocol):
@@ -596,10 +606,12 @@ class BankFront:
     # ------------------------------------------------------------------ search
 
     def search_positions(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
-                         positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                         positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
+                         filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match.
-        ``positive``: only cases whose stored reward is > 0."""
-        scores_BK, positions_BK, _ = self._search(query, k, Filter(env, kind, positive), pad=True)
+        ``positive``: only cases whose stored reward is > 0; ``scope``/``filter``: see :mod:`memento.memory.where`."""
+        where = Filter.of(env, kind, positive, scope, filter)
+        scores_BK, positions_BK, _ = self._search(query, k, where, pad=True)
         return scores_BK, positions_BK
 
     def _search(self, query: Any, k: int, where: Filter, *, pad: bool,
@@ -637,15 +649,18 @@ class BankFront:
         return scores_BK, labels_BK, vectors_BKD
 
     def search(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
-               positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+               positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
+               filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Nearest cases to ``query_D`` or ``query_BD`` by cosine (queries are normalised).
 
         For one query ``[D]``: ``(scores_K, ids_K)``, trimmed to the cases found. For a batch ``[B, D]``:
         ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a numpy object array of case-id
-        strings. ``env``/``kind`` restrict the search; ``positive`` keeps the cases whose stored reward is > 0.
+        strings. ``env``/``kind`` restrict the search; ``positive`` keeps the cases whose stored reward is > 0;
+        ``scope``/``filter`` keep the cases of a scope whose metadata match (:mod:`memento.memory.where`).
         """
         single = np.asarray(query).ndim == 1
-        scores_BK, labels_BK, _ = self._search(query, k, Filter(env, kind, positive), pad=not single)
+        where = Filter.of(env, kind, positive, scope, filter)
+        scores_BK, labels_BK, _ = self._search(query, k, where, pad=not single)
         positions = sorted({int(p) for p in labels_BK[labels_BK >= 0]})
         id_of = dict(zip(positions, self._rows.ids_at(positions)))
         ids_BK = np.empty(labels_BK.shape, dtype=object)
@@ -658,14 +673,17 @@ class BankFront:
         return scores_BK, ids_BK
 
     def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None,
-                   positive: bool = False) -> Candidates:
+                   positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
+                   filter: Where | Mapping[str, Any] | None = None) -> Candidates:
         """The top-``c`` cases for one state with their stored vectors (the policy's candidate set);
-        ``positive``: among the cases whose stored reward is > 0 only (the top-C of those, not a filtered top-C)."""
+        ``positive``: among the cases whose stored reward is > 0 only (the top-C of those, not a filtered top-C);
+        ``scope``/``filter``: among the cases of a scope whose metadata match, likewise."""
         q = np.asarray(query_D)
         if q.ndim not in (1, 2) or q.ndim == 2 and q.shape[0] != 1:
             raise DimensionError(f"candidates takes one state [D], got shape {q.shape}")
         scores_BK, labels_BK, vectors_BKD = self._search(q.reshape(1, -1) if q.ndim == 1 else q, c,
-                                                         Filter(env, kind, positive), pad=False, with_vectors=True)
+                                                         Filter.of(env, kind, positive, scope, filter), pad=False,
+                                                         with_vectors=True)
         valid = labels_BK[0] >= 0
         positions_C = labels_BK[0][valid]
         assert vectors_BKD is not None

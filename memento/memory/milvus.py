@@ -81,7 +81,8 @@ from memento.errors import (
 from memento.io import parse_json
 from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
-from memento.types import Case, shown
+from memento.memory.where import milvus_attrs
+from memento.types import SCOPE_FIELDS, Case, shown
 
 __all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures", "MilvusOptions",
            "MilvusRows", "MilvusVectors", "milvus_index"]
@@ -99,6 +100,8 @@ _PROP = "memento."
 _FIELDS = ("pos", "id", "hash", "state", "action", "reward", "env", "kind", "meta", "created", "deleted",
            "deleted_at", "replaced_by", "vector")
 _CASE_FIELDS = ["pos", "id", "state", "action", "reward", "env", "kind", "meta", "created"]
+_SCOPE_FIELDS = [f"scope_{name}" for name in SCOPE_FIELDS]
+_ATTRS = "attrs"  # the meta as a JSON field (what metadata filters read)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -195,6 +198,9 @@ class MilvusRows:
         self._tx: _Transaction | None = None
         self._pending: dict[str, Any] | None = None  # a committed write's tombstones not yet applied (count)
         self._watermark: int | None = None  # memento.committed as last read or written (None: an older bank)
+        described = self.call("open", self.client.describe_collection, self.collection)
+        names = {str(field.get("name")) for field in described.get("fields") or []}
+        self.scoped = _ATTRS in names and set(_SCOPE_FIELDS) <= names  # created with scopes (memento >= 0.33)
         self.rows = self.count()
         self.committed = self.rows  # what readers and searches see (rows past it: a write in progress)
         self._forget_hook: Any = None  # MilvusFeatures' removal of side rows (set by it)
@@ -407,7 +413,7 @@ class MilvusRows:
         """Apply a committed write's tombstones and side-row removals (again, after a crash: idempotent), then
         drop them from the properties."""
         for positions, replaced_by, deleted_at in pending.get("tombstones", []):
-            rows = self.read([p for p in positions if p < self.rows], _FIELDS)
+            rows = self.read([p for p in positions if p < self.rows], self.all_fields())
             if rows:
                 self._upsert("delete", rows, deleted=True, deleted_at=float(deleted_at), replaced_by=replaced_by)
         if pending.get("forget") and self._forget_hook is not None:
@@ -440,6 +446,14 @@ class MilvusRows:
                  "reward": float(r.case.reward), "env": r.case.env, "kind": r.case.kind, "meta": r.meta,
                  "created": r.created, "deleted": False, "deleted_at": 0.0, "replaced_by": "", "vector": r.vector_D}
                 for r in rows]
+        if self.scoped:
+            for row, r in zip(data, rows):
+                row[_ATTRS] = milvus_attrs(r.case.meta)
+                row.update(zip(_SCOPE_FIELDS, r.case.scope))
+        elif any(value is not None for r in rows for value in r.case.scope):
+            raise BankError(f"{self.name}: this collection was created before cases had scopes (user, agent, "
+                            "session); export it (bank export) and import it into a new collection to store scoped "
+                            "cases")
         step = self.options.insert_batch
         for start in range(0, len(data), step):
             batch = data[start:start + step]
@@ -468,14 +482,14 @@ class MilvusRows:
         self.unflushed += len(batch)
 
     def set_reward(self, position: int, reward: float) -> None:
-        self._upsert("upsert", self.read([position], _FIELDS), reward=reward)
+        self._upsert("upsert", self.read([position], self.all_fields()), reward=reward)
 
     def tombstone(self, positions: Sequence[int], ids: Sequence[str], replaced_by: str | None) -> None:
         """Flag rows deleted: in a transaction, after its commit point (the mirror follows at once)."""
         if self._tx is not None:
             self._tx.tombstones.append(([int(p) for p in positions], replaced_by or "", time.time()))
         else:
-            self._upsert("delete", self.read(positions, _FIELDS), deleted=True, deleted_at=time.time(),
+            self._upsert("delete", self.read(positions, self.all_fields()), deleted=True, deleted_at=time.time(),
                          replaced_by=replaced_by or "")
         self._forget(positions)
 
@@ -517,16 +531,24 @@ class MilvusRows:
         self._ensure_loaded()
         return [self._ids[p] for p in positions]
 
+    def all_fields(self) -> list[str]:
+        """Every field of a row (what an upsert rewrites)."""
+        return [*_FIELDS, _ATTRS, *_SCOPE_FIELDS] if self.scoped else list(_FIELDS)
+
+    def case_fields(self) -> list[str]:
+        return _CASE_FIELDS + _SCOPE_FIELDS if self.scoped else _CASE_FIELDS
+
     def _case(self, row: dict[str, Any]) -> Case:
         try:
             meta = parse_json(row["meta"], where="meta", error=DataFormatError)
             return Case(id=row["id"], state=row["state"], action=row["action"], reward=float(row["reward"]),
-                        env=row.get("env"), kind=row["kind"], meta=meta, created=float(row["created"]))
+                        env=row.get("env"), kind=row["kind"], meta=meta, created=float(row["created"]),
+                        **{name: row.get(field) for name, field in zip(SCOPE_FIELDS, _SCOPE_FIELDS)})
         except DataFormatError as error:  # a row written outside memento, or before a field's range was decided
             raise BankError(f"{self.name}: case {shown(row.get('id'))} is out of range: {error}") from None
 
     def cases_at(self, positions: Sequence[int]) -> list[Case]:
-        rows = self.read(positions, _CASE_FIELDS)
+        rows = self.read(positions, self.case_fields())
         return [self._case(rows[p]) for p in positions]
 
     def rewards_at(self, positions: Sequence[int]) -> np.ndarray:
@@ -541,7 +563,7 @@ class MilvusRows:
         return out_ND
 
     def scan(self, batch_size: int) -> Iterator[Case]:
-        for row in self._scan(_CASE_FIELDS + ["deleted"], batch=batch_size):
+        for row in self._scan(self.case_fields() + ["deleted"], batch=batch_size):
             if not row["deleted"]:
                 yield self._case(row)
 
@@ -600,6 +622,15 @@ class MilvusVectors:
             parts.append(f"kind == {_quote(where.kind)}")
         if where.positive:
             parts.append("reward > 0")
+        if where.scope is not None:
+            if not self._rows.scoped:
+                return "pos < 0"  # no case of a collection made before scopes has one: nothing matches
+            parts += [f"scope_{name} == {_quote(value)}" for name, value in where.scope.items()]
+        if where.meta is not None:
+            if not self._rows.scoped:
+                raise BankError(f"{self._rows.name}: this collection was created before metadata filters; export "
+                                "it (bank export) and import it into a new collection to filter on metadata")
+            parts.append(where.meta.milvus(_ATTRS))
         return " and ".join(parts)
 
     def _search_params(self, k: int) -> dict[str, Any]:
@@ -798,7 +829,7 @@ class MilvusBank(BankFront):
             if _utf8_len(getattr(case, field)) > _MAX_TEXT:
                 raise DataFormatError(f"case {i}: {field} is {_utf8_len(getattr(case, field))} bytes; a Milvus bank "
                                       f"holds at most {_MAX_TEXT}")
-        for field in ("env", "kind"):
+        for field in ("env", "kind", *SCOPE_FIELDS):
             value = getattr(case, field)
             if value is not None and _utf8_len(value) > _MAX_ID:
                 raise DataFormatError(f"case {i}: {field} is longer than {_MAX_ID} bytes")
@@ -865,6 +896,9 @@ class MilvusBank(BankFront):
             schema.add_field("env", DataType.VARCHAR, max_length=_MAX_ID, nullable=True)
             schema.add_field("kind", DataType.VARCHAR, max_length=_MAX_ID)
             schema.add_field("meta", DataType.VARCHAR, max_length=_MAX_TEXT)
+            schema.add_field(_ATTRS, DataType.JSON)
+            for field in _SCOPE_FIELDS:
+                schema.add_field(field, DataType.VARCHAR, max_length=_MAX_ID, nullable=True)
             schema.add_field("created", DataType.DOUBLE)
             schema.add_field("deleted", DataType.BOOL)
             schema.add_field("deleted_at", DataType.DOUBLE)

@@ -585,8 +585,8 @@ def test_milvus_rows_past_the_watermark_are_unseen_then_rolled_back(lite_uri, rn
         ghost = unit_vectors(rng, 3, DIM)
         bank._rows.client.insert(bank.collection, [
             {"pos": 5 + i, "id": f"ghost{i}", "hash": "0" * 64, "state": "g", "action": "g", "reward": 1.0,
-             "env": None, "kind": "case", "meta": "{}", "created": 0.0, "deleted": False, "deleted_at": 0.0,
-             "replaced_by": "", "vector": ghost[i]} for i in range(3)])
+             "env": None, "kind": "case", "meta": "{}", "attrs": {}, "created": 0.0, "deleted": False,
+             "deleted_at": 0.0, "replaced_by": "", "vector": ghost[i]} for i in range(3)])
         bank._features.set_actions(np.array([6]), ghost[:1])  # a side row past the watermark too
     with open_bank(lite_uri, read_only=True) as reader:
         assert len(reader) == 5 and _raw(reader) == 8
