@@ -67,7 +67,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,6 +92,7 @@ from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
 from memento.memory import Candidates, CaseBank
 from memento.memory.index import use_gpu_for
+from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.selector.artifact import (
     BANK_DB,
     BANK_DIR,
@@ -160,11 +161,28 @@ class SelectionResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``selection_id``, ``mode``, ``policy_version``, ``set_prob`` and
-        ``cases: [{id, state, action, reward, env, prob}]``."""
+        ``cases: [{id, state, action, reward, env, prob, score, similarity, meta?, user?, agent?, session?}]``
+        (``score``: the Q-network's logit of success, ``similarity``: the cosine to the query; see
+        :attr:`scores`)."""
+        cases = []
+        for i, (case, prob) in enumerate(zip(self.cases, self.probs)):
+            row = {"id": case.id, "state": case.state, "action": case.action, "reward": case.reward,
+                   "env": case.env, "prob": prob,
+                   "score": self.scores[i] if i < len(self.scores) else None,
+                   "similarity": self.similarities[i] if i < len(self.similarities) else None}
+            row.update(_scope_and_meta(case))
+            cases.append(row)
         return {"selection_id": self.selection_id, "mode": self.mode, "policy_version": self.policy_version,
-                "set_prob": self.set_prob,
-                "cases": [{"id": case.id, "state": case.state, "action": case.action, "reward": case.reward,
-                           "env": case.env, "prob": prob} for case, prob in zip(self.cases, self.probs)]}
+                "set_prob": self.set_prob, "cases": cases}
+
+
+def _scope_and_meta(case: Case) -> dict[str, Any]:
+    """A case's scope fields and meta, those that are set (for JSON answers)."""
+    row: dict[str, Any] = {name: value for name, value in zip(("user", "agent", "session"), case.scope)
+                           if value is not None}
+    if case.meta:
+        row["meta"] = case.meta
+    return row
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -498,13 +516,17 @@ class Selector:
     # ------------------------------------------------------------------ select / feedback
 
     def select(self, query: str | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
-               env: str | None = None, *, track: bool = True) -> SelectionResult:
+               env: str | None = None, *, track: bool = True, scope: Scope | Mapping[str, Any] | None = None,
+               filter: Where | Mapping[str, Any] | None = None) -> SelectionResult:
         """Choose ``k`` cases for a task text or state vector (see the module docstring).
 
         ``track=False`` retrieves only: no pending selection is written (nothing on disk changes) and the
         result's ``selection_id`` is ``None``, so no feedback can follow. The cases chosen, and the draws
-        taken from the seeded generator, are the same either way."""
+        taken from the seeded generator, are the same either way. ``scope`` (``{"user": ..., "agent": ...,
+        "session": ...}``) and ``filter`` (on the cases' meta: ``{"topic": {"in": ["geo", "sci"]}}``, AND/OR;
+        :mod:`memento.memory.where`) restrict the candidates; one that matches nothing gives an empty result."""
         k = _check_select_args(k, mode, env, track)
+        scope, filter = as_scope(scope), parse_filter(filter)
         self._check_open()
         state_D = self._state(query)  # text is encoded outside the lock (batched with other callers' when on)
         with self._rw.read():
@@ -513,7 +535,8 @@ class Selector:
             # and a learner update leaves it in training mode (dropout), so set it before any reader scores
             if self.learner.qnet.training:
                 self.learner.qnet.eval()
-            candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env)
+            candidates = self._bank.candidates(state_D, max(self.config.candidates, k), env=env, scope=scope,
+                                               filter=filter)
             return self._choose(state_D, candidates, k, mode, env, track)
 
     def _remember(self, selection_id: str, pending: PendingSelection) -> None:
@@ -570,25 +593,70 @@ class Selector:
     # ------------------------------------------------------------------ cases
 
     def add_case(self, state: str, action: str, reward: float, env: str | None = None,
-                 meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None) -> str:
+                 meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None,
+                 scope: Scope | Mapping[str, Any] | None = None) -> str:
         """Add a case to the bank (committed before this returns); returns its id.
 
         ``state`` is encoded with the artifact's encoder unless ``embedding`` (``[D]``) is given. A case
-        whose (state, action, env) is already stored is not added again: the stored id is returned.
+        whose (state, action, env, scope) is already stored is not added again: the stored id is returned.
+        ``scope``: whose case it is (``{"user": ..., "agent": ..., "session": ...}``).
         """
-        case, state_D = self._new_case(state, action, reward, env, meta, embedding)
+        case, state_D = self._new_case(state, action, reward, env, meta, embedding, scope)
         with self._lock:
             self._check_open()
             return self._bank.add([case], state_D[None, :])[0]
 
     def _new_case(self, state: str, action: str, reward: float, env: str | None, meta: dict[str, Any] | None,
-                  embedding: np.ndarray | None) -> tuple[Case, np.ndarray]:
+                  embedding: np.ndarray | None, scope: Scope | Mapping[str, Any] | None = None
+                  ) -> tuple[Case, np.ndarray]:
         """A case to write and its state vector (``state`` encoded unless ``embedding``), checked and encoded
         outside the lock."""
+        owner = as_scope(scope) or Scope()
         case = Case(state=state, action=action, reward=check_reward(reward, "reward"), env=env,
-                    meta={} if meta is None else meta)
+                    meta={} if meta is None else meta, user=owner.user, agent=owner.agent, session=owner.session)
         self._check_writable()
         return case, self._state(state if embedding is None else embedding, "case state")
+
+    def search_cases(self, query: str | np.ndarray, k: int = 10, *, env: str | None = None,
+                     scope: Scope | Mapping[str, Any] | None = None,
+                     filter: Where | Mapping[str, Any] | None = None) -> list[tuple[Case, float]]:
+        """The ``k`` cases nearest to a task text or state vector by cosine, with their similarity (a plain search:
+        no policy, no draw, nothing recorded), among the cases of ``scope`` whose meta match ``filter``."""
+        k = _check_select_args(k, "greedy", env, False)
+        scope, filter = as_scope(scope), parse_filter(filter)
+        self._check_open()
+        state_D = self._state(query)
+        with self._rw.read():
+            self._check_open()
+            found = self._bank.candidates(state_D, k, env=env, scope=scope, filter=filter)
+            return list(zip(self._bank.get(found.ids), (float(s) for s in found.scores_C))) if found.ids else []
+
+    def list_cases(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+                   filter: Where | Mapping[str, Any] | None = None, limit: int = 100, offset: int = 0) -> list[Case]:
+        """Live cases in position order (deleted ones left out), those of ``env`` and ``scope`` whose meta match
+        ``filter``, from the ``offset``-th match, at most ``limit`` (1..10,000)."""
+        if env is not None:
+            check_id(env, "env")
+        scope, filter = as_scope(scope), parse_filter(filter)
+        for name, value, top in (("limit", limit, 10_000), ("offset", offset, 2 ** 62)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
+                    (1 if name == "limit" else 0) <= value <= top):
+                raise DataFormatError(f"{name} must be an integer in [{1 if name == 'limit' else 0}, {top}], "
+                                      f"got {shorten(value)}")
+        out: list[Case] = []
+        seen = 0
+        with self._rw.read():
+            self._check_open()
+            for case in self._bank.iter_cases():
+                if (env is not None and case.env != env) or (scope is not None and not scope.matches(case)) or (
+                        filter is not None and not filter.matches(case.meta)):
+                    continue
+                seen += 1
+                if seen > offset:
+                    out.append(case)
+                    if len(out) >= limit:
+                        break
+        return out
 
     def get_case(self, case_id: str) -> Case:
         """The stored case; an unknown id raises ``UnknownCaseError``."""
@@ -623,12 +691,13 @@ class Selector:
         return {"id": case_id, "deleted": True, "replay_slots_masked": masked}
 
     def replace_case(self, case_id: str, state: str, action: str, reward: float, env: str | None = None,
-                     meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None) -> str:
+                     meta: dict[str, Any] | None = None, *, embedding: np.ndarray | None = None,
+                     scope: Scope | Mapping[str, Any] | None = None) -> str:
         """Supersede a case by a new one (one bank transaction, then a save in place, as :meth:`delete_case`):
         the old case is never selected again, the new one can be; returns the new case's id (ids are never
         reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given."""
         check_id(case_id, "case id")
-        case, state_D = self._new_case(state, action, reward, env, meta, embedding)
+        case, state_D = self._new_case(state, action, reward, env, meta, embedding, scope)
         with self._lock:
             self._check_open()
             new_id = self._bank.replace(case_id, case, state_D)
@@ -639,13 +708,15 @@ class Selector:
     # ------------------------------------------------------------------ several tasks at once
 
     def select_many(self, queries: Sequence[str] | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
-                    env: str | None = None, *, track: bool = True) -> list[SelectionResult]:
+                    env: str | None = None, *, track: bool = True, scope: Scope | Mapping[str, Any] | None = None,
+                    filter: Where | Mapping[str, Any] | None = None) -> list[SelectionResult]:
         """:meth:`select` for several tasks: the texts are encoded in one ``encode`` call and the candidates of
         all of them found in one bank search; each result has its own pending selection id (feedback each
         one). Greedy results equal ``select`` called on each query in turn; sampled ones draw from the same
         generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors. ``track``: as for
         :meth:`select`."""
         k = _check_select_args(k, mode, env, track)
+        scope, filter = as_scope(scope), parse_filter(filter)
         if isinstance(queries, str):
             raise DataFormatError("select_many takes a list of queries; for one text use select()")
         self._check_open()
@@ -657,7 +728,8 @@ class Selector:
             if self.learner.qnet.training:
                 self.learner.qnet.eval()
             width = max(self.config.candidates, k)
-            scores_BC, positions_BC = self._bank.search_positions(states_BD, width, env=env)
+            scores_BC, positions_BC = self._bank.search_positions(states_BD, width, env=env, scope=scope,
+                                                                  filter=filter)
             results = []
             for b, state_D in enumerate(states_BD):
                 valid = positions_BC[b] >= 0

@@ -1,0 +1,82 @@
+"""Scopes and metadata filters through the selector (select, select_many, search_cases, list_cases, add/replace)
+over a small real selector (hashing encoder)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import memento
+from memento.errors import DataFormatError
+from memento.memory import CaseBank
+from memento.selector.export import load_selector
+from tests.loop_env import HashingEncoder, make_env
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+QUESTION = make_env().tasks[0].question
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("scopes")
+    env, encoder = make_env(), HashingEncoder()
+    with CaseBank.create(root / "bank", encoder.dim, index="Flat") as bank:
+        bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
+    return memento.selector.export.create_selector(root / "bank", root / "selector", k=3, warmup=1)
+
+
+@pytest.fixture
+def selector(artifact: Path, tmp_path: Path):
+    path = Path(shutil.copytree(artifact, tmp_path / "selector"))
+    with load_selector(path, learn=True, encoder=HashingEncoder()) as sel:
+        for i, user in enumerate(["alice", "alice", "bob"]):
+            sel.add_case(f"{QUESTION} variant {i}", f"answer {i}", 1.0, meta={"topic": ("geo", "sci")[i % 2]},
+                         scope={"user": user, "session": f"s{i}"})
+        yield sel
+
+
+def test_select_within_a_scope_and_filter(selector) -> None:
+    alice = selector.select(QUESTION, k=4, mode="greedy", scope={"user": "alice"})
+    assert len(alice) == 2 and {c.user for c in alice.cases} == {"alice"}
+    geo = selector.select(QUESTION, k=4, mode="greedy", scope={"user": "alice"}, filter={"topic": "geo"})
+    assert [c.meta["topic"] for c in geo.cases] == ["geo"]
+    both = selector.select(QUESTION, k=4, scope={"user": "alice"},
+                           filter={"OR": [{"topic": "sci"}, {"topic": {"in": ["geo"]}}]}, track=False)
+    assert set(both.ids) == set(alice.ids)
+    nobody = selector.select(QUESTION, k=4, scope={"user": "carol"})
+    assert len(nobody) == 0 and nobody.ids == ()  # an empty result, not an error
+    row = alice.to_dict()["cases"][0]
+    assert row["user"] == "alice" and row["meta"]["topic"] in ("geo", "sci") and row["score"] is not None
+    assert selector.feedback(alice.selection_id, 1.0)["recorded"]
+
+
+def test_select_many_applies_the_scope_to_every_query(selector) -> None:
+    results = selector.select_many([QUESTION, "another task"], k=3, mode="greedy", scope={"user": "bob"})
+    assert all({c.user for c in r.cases} == {"bob"} for r in results)
+    singles = [selector.select(q, k=3, mode="greedy", scope={"user": "bob"}, track=False).ids
+               for q in [QUESTION, "another task"]]
+    assert [r.ids for r in results] == singles
+
+
+def test_search_and_list(selector) -> None:
+    found = selector.search_cases(QUESTION, k=10, scope={"session": "s2"})
+    assert [c.user for c, _ in found] == ["bob"] and -1.0 <= found[0][1] <= 1.0
+    listed = selector.list_cases(scope={"user": "alice"})
+    assert [c.state for c in listed] == [f"{QUESTION} variant 0", f"{QUESTION} variant 1"]
+    assert selector.list_cases(scope={"user": "alice"}, limit=1, offset=1) == listed[1:]
+    assert [c.meta for c in selector.list_cases(filter={"topic": "sci"})] == [{"topic": "sci"}]
+    unscoped = selector.list_cases(limit=10_000)
+    assert len(unscoped) == len(selector.list_cases(limit=10_000, filter=None))
+    with pytest.raises(DataFormatError, match="limit"):
+        selector.list_cases(limit=0)
+    with pytest.raises(DataFormatError, match="filter key"):
+        selector.search_cases(QUESTION, filter={"no spaces": 1})
+
+
+def test_replace_keeps_the_scope_it_is_given(selector) -> None:
+    old = selector.list_cases(scope={"user": "bob"})[0]
+    new_id = selector.replace_case(old.id, old.state, "better", 1.0, scope={"user": "bob", "session": "s9"})
+    assert selector.get_case(new_id).session == "s9"
+    assert [c.id for c in selector.list_cases(scope={"user": "bob"})] == [new_id]
