@@ -3,7 +3,8 @@
 Every step of the online loop logs the candidate set, the logging policy's first-draw distribution over it
 (``candidate_probs``), the chosen cases in draw order and the reward (``steps.jsonl``,
 :class:`memento.formats.StepRecord`). This module turns such logs into value estimates with confidence
-intervals. It is numpy only: the caller supplies arrays (the ``memento evaluate`` command,
+intervals. It works on arrays (numpy; scikit-learn fits the reward model, scipy draws the bootstrap): the
+caller supplies them (the ``memento evaluate`` command,
 :mod:`memento.ope.evaluate`, builds them from a run directory).
 
 One action (K = 1, or the first chosen case of a larger slate). Round ``i`` has a context ``x_i``, candidates
@@ -44,8 +45,9 @@ K-prefixes of positive probability when there are at most ``max_enumerate`` of t
 and otherwise estimated from ``mc_samples`` seeded Gumbel-top-k draws (:attr:`SlateMoments.exact` says which;
 a Monte Carlo ``Gamma`` makes PI approximately, not exactly, unbiased).
 
-Uncertainty: percentile bootstrap over rounds (seeded; the reward model is fitted once, not per resample, so
-the DM/DR intervals leave out the model's own variance). Effective sample size of importance weights ``w``:
+Uncertainty: percentile bootstrap over rounds (``scipy.stats.bootstrap``, seeded; one pass gives every
+estimator of a call the same resamples; the reward model is fitted once, not per resample, so the DM/DR
+intervals leave out the model's own variance). Effective sample size of importance weights ``w``:
 ``(sum w)^2 / sum w^2``. Support: a warning (a line in :attr:`OPEResult.warnings`, for the caller to print
 once; logged at debug level) when the target puts probability on candidates the logger gave probability
 ``<= support_eps``; never for the logging policy evaluated against itself (its support is total).
@@ -115,9 +117,10 @@ class RewardModelConfig:
 
     ``folds``: cross-fitting folds (each fold's predictions come from a model fitted on the others);
     ``l2``: ridge penalty on the standardised feature weights (not the intercept); ``link``: ``"logistic"``
-    (rewards in [0, 1], fitted by Newton's method on the cross-entropy, fractional rewards allowed),
+    (rewards in [0, 1], scikit-learn's ``LogisticRegression`` with ``C = 1/l2`` and the Newton-Cholesky
+    solver on the cross-entropy, fractional rewards allowed),
     ``"linear"`` (ridge regression) or ``"auto"`` (logistic when every reward lies in [0, 1]);
-    ``max_iter`` / ``tol``: Newton's stopping rule.
+    ``max_iter`` / ``tol``: the solver's stopping rule (Newton steps; tolerance on the gradient).
     """
 
     folds: int = 5
@@ -256,35 +259,62 @@ def _boot_seed(rng: np.random.Generator | None) -> int | None:
     return None if rng is None else int(rng.integers(2**63 - 1))
 
 
-def _percentile_ci(seed: int | None, n_boot: int, level: float, num_N: np.ndarray,
-                   den_N: np.ndarray | None = None) -> tuple[float | None, float | None]:
-    """Percentile interval of ``mean(num)`` (or ``sum(num) / sum(den)``) over ``n_boot`` resamples of the rounds,
-    drawn from ``default_rng(seed)``: the same seed gives every estimator the same resamples."""
+Column = tuple[np.ndarray, "np.ndarray | None"]
+"""One estimator's per-round ``(terms_N, denominators_N)``: its value is ``mean(terms)``, or
+``sum(terms) / sum(denominators)`` when it is self-normalised."""
+
+
+def _column_stats(columns: Sequence[Column], idx_BN: np.ndarray) -> np.ndarray:
+    """``stat_EB``: each column's statistic on each resample of round indices ``idx_BN`` (NaN for a
+    self-normalised one whose resampled denominators sum to 0)."""
+    out = []
+    for num_N, den_N in columns:
+        if den_N is None:
+            out.append(num_N[idx_BN].mean(axis=-1))
+            continue
+        den = den_N[idx_BN].sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out.append(np.where(den != 0, num_N[idx_BN].sum(axis=-1) / np.where(den != 0, den, 1.0), np.nan))
+    return np.stack(out)
+
+
+def _percentile_cis(seed: int | None, n_boot: int, level: float,
+                    columns: Sequence[Column]) -> list[tuple[float | None, float | None]]:
+    """Percentile intervals of several estimators over the SAME ``n_boot`` resamples of the rounds: one
+    ``scipy.stats.bootstrap`` over the round indices (a statistic that returns every column's value), drawn from
+    ``default_rng(seed)`` and at most ``_BOOT_CHUNK`` resampled entries at once (its ``batch``). A resample on
+    which a self-normalised estimate is undefined is left out of that estimator's interval."""
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
         raise ConfigError(f"n_boot={n_boot!r}: must be an integer >= 0")
     if not 0.0 < level < 1.0:
         raise ConfigError(f"level={level!r}: must lie in (0, 1)")
-    n = num_N.shape[0]
+    n = columns[0][0].shape[0] if columns else 0
     if seed is None or n_boot == 0 or n == 0:
-        return None, None
-    gen = np.random.default_rng(seed)
-    chunk = max(1, _BOOT_CHUNK // n)
-    stats: list[np.ndarray] = []
-    for start in range(0, n_boot, chunk):
-        idx = gen.integers(0, n, size=(min(chunk, n_boot - start), n))
-        if den_N is None:
-            stats.append(num_N[idx].mean(axis=1))
-        else:
-            den = den_N[idx].sum(axis=1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                stats.append(np.where(den != 0, num_N[idx].sum(axis=1) / np.where(den != 0, den, 1.0), np.nan))
-    stat_B = np.concatenate(stats)
-    stat_B = stat_B[np.isfinite(stat_B)]
-    if stat_B.size == 0:
-        return None, None
+        return [(None, None)] * len(columns)
     tail = (1.0 - level) / 2.0
-    low, high = np.quantile(stat_B, [tail, 1.0 - tail])
-    return float(low), float(high)
+    if n == 1:  # every resample is the one round (scipy asks for two)
+        stat_EB = _column_stats(columns, np.zeros((1, 1), dtype=np.int64))
+        low_E = high_E = np.full(len(columns), np.nan)
+    else:
+        import warnings
+
+        from scipy.stats import DegenerateDataWarning, bootstrap
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateDataWarning)  # NaN resamples: dropped below
+            res = bootstrap((np.arange(n),), lambda idx, axis=-1: _column_stats(columns, idx), n_resamples=n_boot,
+                            batch=max(1, _BOOT_CHUNK // n), vectorized=True, confidence_level=level,
+                            method="percentile", rng=np.random.default_rng(seed))
+        stat_EB = np.asarray(res.bootstrap_distribution).reshape(len(columns), n_boot)
+        low_E = np.atleast_1d(res.confidence_interval.low)
+        high_E = np.atleast_1d(res.confidence_interval.high)
+    out: list[tuple[float | None, float | None]] = []
+    for stat_B, low, high in zip(stat_EB, low_E, high_E):
+        if not (math.isfinite(low) and math.isfinite(high)):
+            finite = stat_B[np.isfinite(stat_B)]
+            low, high = np.quantile(finite, [tail, 1.0 - tail]) if finite.size else (math.nan, math.nan)
+        out.append((float(low), float(high)) if math.isfinite(low) and math.isfinite(high) else (None, None))
+    return out
 
 
 def bootstrap_ci(terms_N: Any, *, rng: np.random.Generator, n_boot: int = 1000, level: float = 0.95,
@@ -293,7 +323,7 @@ def bootstrap_ci(terms_N: Any, *, rng: np.random.Generator, n_boot: int = 1000, 
     ``sum(terms) / sum(denominators)`` (a self-normalised estimate) when ``denominators_N`` is given."""
     num = _vector(terms_N, "terms_N")
     den = None if denominators_N is None else _vector(denominators_N, "denominators_N", num.shape[0])
-    return _percentile_ci(_boot_seed(rng), n_boot, level, num, den)
+    return _percentile_cis(_boot_seed(rng), n_boot, level, [(num, den)])[0]
 
 
 def _ess_warnings(ess: float, n: int) -> list[str]:
@@ -303,12 +333,27 @@ def _ess_warnings(ess: float, n: int) -> list[str]:
     return []
 
 
-def _result(name: str, value: float, terms_N: np.ndarray, *, seed: int | None, n_boot: int, level: float,
-            ess: float | None, warnings: Sequence[str], den_N: np.ndarray | None = None) -> OPEResult:
-    low, high = _percentile_ci(seed, n_boot, level, terms_N, den_N)
-    notes = list(warnings) + ([] if ess is None else _ess_warnings(ess, terms_N.shape[0]))
-    return OPEResult(estimator=name, value=float(value), ci_low=low, ci_high=high, ess=ess, n=int(terms_N.shape[0]),
-                     warnings=tuple(dict.fromkeys(notes)))
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class _Estimate:
+    """One estimator's value and per-round terms, before its bootstrap interval (:func:`_results`)."""
+
+    name: str
+    value: float
+    terms_N: np.ndarray
+    den_N: np.ndarray | None = None
+    ess: float | None
+    warnings: Sequence[str]
+
+
+def _results(estimates: Sequence[_Estimate], *, seed: int | None, n_boot: int, level: float) -> list[OPEResult]:
+    """The estimates with their intervals, all from one bootstrap: the same resamples for every estimator."""
+    intervals = _percentile_cis(seed, n_boot, level, [(e.terms_N, e.den_N) for e in estimates])
+    out = []
+    for e, (low, high) in zip(estimates, intervals):
+        notes = list(e.warnings) + ([] if e.ess is None else _ess_warnings(e.ess, e.terms_N.shape[0]))
+        out.append(OPEResult(estimator=e.name, value=float(e.value), ci_low=low, ci_high=high, ess=e.ess,
+                             n=int(e.terms_N.shape[0]), warnings=tuple(dict.fromkeys(notes))))
+    return out
 
 
 # ---------------------------------------------------------------- K = 1 estimators
@@ -322,19 +367,17 @@ def _ips_parts(reward_N: Any, p_log_N: Any, p_tgt_N: Any) -> tuple[np.ndarray, n
     return reward, w
 
 
-def _ips(reward: np.ndarray, w: np.ndarray, *, seed: int | None, n_boot: int, level: float,
-         warnings: Sequence[str]) -> OPEResult:
+def _ips(reward: np.ndarray, w: np.ndarray, *, warnings: Sequence[str]) -> _Estimate:
     terms = w * reward
-    return _result("ips", float(np.mean(terms)) if terms.size else math.nan, terms, seed=seed, n_boot=n_boot,
-                   level=level, ess=effective_sample_size(w), warnings=warnings)
+    return _Estimate(name="ips", value=float(np.mean(terms)) if terms.size else math.nan, terms_N=terms,
+                     ess=effective_sample_size(w), warnings=warnings)
 
 
-def _snips(reward: np.ndarray, w: np.ndarray, *, seed: int | None, n_boot: int, level: float,
-           warnings: Sequence[str]) -> OPEResult:
+def _snips(reward: np.ndarray, w: np.ndarray, *, warnings: Sequence[str]) -> _Estimate:
     total = float(np.sum(w))
     value = float(np.sum(w * reward)) / total if total > 0 else math.nan
-    return _result("snips", value, w * reward, seed=seed, n_boot=n_boot, level=level, ess=effective_sample_size(w),
-                   warnings=warnings, den_N=w)
+    return _Estimate(name="snips", value=value, terms_N=w * reward, den_N=w, ess=effective_sample_size(w),
+                     warnings=warnings)
 
 
 def _dm_parts(rhat_NC: Any, pi_NC: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -345,19 +388,19 @@ def _dm_parts(rhat_NC: Any, pi_NC: Any) -> tuple[np.ndarray, np.ndarray]:
     return (pi * rhat).sum(axis=1), rhat
 
 
-def _dm(dm: np.ndarray, *, seed: int | None, n_boot: int, level: float, warnings: Sequence[str]) -> OPEResult:
-    return _result("dm", float(np.mean(dm)) if dm.size else math.nan, dm, seed=seed, n_boot=n_boot, level=level,
-                   ess=None, warnings=warnings)
+def _dm(dm: np.ndarray, *, warnings: Sequence[str]) -> _Estimate:
+    return _Estimate(name="dm", value=float(np.mean(dm)) if dm.size else math.nan, terms_N=dm, ess=None,
+                     warnings=warnings)
 
 
-def _dr(reward: np.ndarray, w: np.ndarray, dm: np.ndarray, rhat: np.ndarray, action_N: Any, *, seed: int | None,
-        n_boot: int, level: float, warnings: Sequence[str]) -> OPEResult:
+def _dr(reward: np.ndarray, w: np.ndarray, dm: np.ndarray, rhat: np.ndarray, action_N: Any, *,
+        warnings: Sequence[str]) -> _Estimate:
     if not (w.shape == reward.shape == dm.shape):
         raise DimensionError(f"reward_N {reward.shape}, propensities {w.shape} and rhat_NC {rhat.shape} disagree")
     a = _actions(action_N, reward.shape[0], rhat.shape[1])
     terms = dm + w * (reward - rhat[np.arange(reward.shape[0]), a])
-    return _result("dr", float(np.mean(terms)) if terms.size else math.nan, terms, seed=seed, n_boot=n_boot,
-                   level=level, ess=effective_sample_size(w), warnings=warnings)
+    return _Estimate(name="dr", value=float(np.mean(terms)) if terms.size else math.nan, terms_N=terms,
+                     ess=effective_sample_size(w), warnings=warnings)
 
 
 def ips(reward_N: Any, p_log_N: Any, p_tgt_N: Any, *, rng: np.random.Generator | None = None, n_boot: int = 1000,
@@ -365,21 +408,21 @@ def ips(reward_N: Any, p_log_N: Any, p_tgt_N: Any, *, rng: np.random.Generator |
     """Inverse propensity scoring: ``mean(w_i r_i)`` with ``w_i = p_tgt_i / p_log_i`` (see the module docstring);
     the bootstrap interval (``n_boot`` resamples seeded by ``rng``; none without ``rng``) and the weights' ESS."""
     reward, w = _ips_parts(reward_N, p_log_N, p_tgt_N)
-    return _ips(reward, w, seed=_boot_seed(rng), n_boot=n_boot, level=level, warnings=warnings)
+    return _results([_ips(reward, w, warnings=warnings)], seed=_boot_seed(rng), n_boot=n_boot, level=level)[0]
 
 
 def snips(reward_N: Any, p_log_N: Any, p_tgt_N: Any, *, rng: np.random.Generator | None = None, n_boot: int = 1000,
           level: float = 0.95, warnings: Sequence[str] = ()) -> OPEResult:
     """Self-normalised IPS: ``sum(w_i r_i) / sum(w_i)`` (NaN when every weight is 0)."""
     reward, w = _ips_parts(reward_N, p_log_N, p_tgt_N)
-    return _snips(reward, w, seed=_boot_seed(rng), n_boot=n_boot, level=level, warnings=warnings)
+    return _results([_snips(reward, w, warnings=warnings)], seed=_boot_seed(rng), n_boot=n_boot, level=level)[0]
 
 
 def direct_method(rhat_NC: Any, pi_NC: Any, *, rng: np.random.Generator | None = None, n_boot: int = 1000,
                   level: float = 0.95, warnings: Sequence[str] = ()) -> OPEResult:
     """The reward model's value under the target: ``mean_i sum_c pi_i(c) rhat_i(c)``."""
     dm, _ = _dm_parts(rhat_NC, pi_NC)
-    return _dm(dm, seed=_boot_seed(rng), n_boot=n_boot, level=level, warnings=warnings)
+    return _results([_dm(dm, warnings=warnings)], seed=_boot_seed(rng), n_boot=n_boot, level=level)[0]
 
 
 def doubly_robust(reward_N: Any, p_log_N: Any, p_tgt_N: Any, rhat_NC: Any, pi_NC: Any, action_N: Any, *,
@@ -389,7 +432,8 @@ def doubly_robust(reward_N: Any, p_log_N: Any, p_tgt_N: Any, rhat_NC: Any, pi_NC
     logged action in each row of ``rhat_NC`` / ``pi_NC``."""
     reward, w = _ips_parts(reward_N, p_log_N, p_tgt_N)
     dm, rhat = _dm_parts(rhat_NC, pi_NC)
-    return _dr(reward, w, dm, rhat, action_N, seed=_boot_seed(rng), n_boot=n_boot, level=level, warnings=warnings)
+    return _results([_dr(reward, w, dm, rhat, action_N, warnings=warnings)], seed=_boot_seed(rng), n_boot=n_boot,
+                    level=level)[0]
 
 
 def support_violation(p_log_NC: Any, pi_NC: Any, *, eps: float = 1e-6) -> np.ndarray:
@@ -433,12 +477,11 @@ def estimate_k1(reward_N: Any, action_N: Any, p_log_NC: Any, pi_NC: Any, *, rhat
     # the logging policy against itself: total support by construction (its own tiny probabilities are no gap)
     notes = [] if np.array_equal(p_log, pi) else _support_warning(support_violation(p_log, pi, eps=config.support_eps),
                                                                   config.support_eps)
-    kw: dict[str, Any] = {"seed": _boot_seed(rng), "n_boot": config.n_boot, "level": config.level, "warnings": notes}
-    out = [_ips(reward, w, **kw), _snips(reward, w, **kw)]
+    estimates = [_ips(reward, w, warnings=notes), _snips(reward, w, warnings=notes)]
     if rhat_NC is not None:
         dm, rhat = _dm_parts(rhat_NC, pi)
-        out += [_dm(dm, **kw), _dr(reward, w, dm, rhat, a, **kw)]
-    return out
+        estimates += [_dm(dm, warnings=notes), _dr(reward, w, dm, rhat, a, warnings=notes)]
+    return _results(estimates, seed=_boot_seed(rng), n_boot=config.n_boot, level=config.level)
 
 
 # ---------------------------------------------------------------- the reward model
@@ -479,17 +522,36 @@ class RewardModel:
         return 0.5 * (1.0 + np.tanh(0.5 * eta)) if self.link == "logistic" else eta
 
 
-def _logistic_loss(z: np.ndarray, y: np.ndarray, w: np.ndarray, pen: np.ndarray) -> float:
-    eta = z @ w
-    return float(np.sum(np.logaddexp(0.0, eta) - y * eta) + 0.5 * np.sum(pen * w * w))
+def _fit_logistic(z_MF: np.ndarray, y_M: np.ndarray, config: RewardModelConfig) -> tuple[np.ndarray, float]:
+    """scikit-learn's ``LogisticRegression`` (Newton-Cholesky) on the penalised cross-entropy
+    ``sum_i [log(1 + e^eta_i) - y_i eta_i] + l2/2 |w|^2`` (``C = 1/l2``; the intercept unpenalised). A fractional
+    target ``y`` is the row twice, as class 1 with weight ``y`` and class 0 with weight ``1 - y``: the same loss."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    m = z_MF.shape[0]
+    x2 = np.concatenate([z_MF, z_MF])
+    label2 = np.concatenate([np.ones(m), np.zeros(m)])
+    weight2 = np.concatenate([y_M, 1.0 - y_M])
+    keep = weight2 > 0
+    model = LogisticRegression(C=1.0 / config.l2 if config.l2 > 0 else math.inf, solver="newton-cholesky",
+                               tol=config.tol, max_iter=config.max_iter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # separable rewards without l2: the weights so far
+        model.fit(x2[keep], label2[keep], sample_weight=weight2[keep])
+    if int(model.n_iter_[0]) >= config.max_iter:
+        logger.debug("reward model: not converged in max_iter=%d Newton steps", config.max_iter)
+    return model.coef_[0].astype(np.float64), float(model.intercept_[0])
 
 
 def fit_reward_model(x_MF: Any, y_M: Any, config: RewardModelConfig | None = None) -> RewardModel:
     """Fit ``rhat(x)`` to rewards ``y_M`` on features ``x_MF`` (deterministic: no randomness).
 
     Features are standardised on these rows; the weights get the ridge penalty ``config.l2``, the intercept
-    none. Logistic: Newton's method with step halving on the penalised cross-entropy (fractional targets in
-    [0, 1] allowed). Rewards that are all equal give the constant model."""
+    none. Logistic: scikit-learn's ``LogisticRegression`` (Newton's method) on the penalised cross-entropy
+    (fractional targets in [0, 1] allowed). Rewards that are all equal give the constant model."""
     config = config or RewardModelConfig()
     x = np.asarray(x_MF, dtype=np.float64)
     if x.ndim != 2:
@@ -510,31 +572,14 @@ def fit_reward_model(x_MF: Any, y_M: Any, config: RewardModelConfig | None = Non
     scale = np.where(scale > 1e-12, scale, 1.0)
     if y.min() == y.max():
         return RewardModel(mean_F=mean, scale_F=scale, weights_F=np.zeros(f), bias=float(y[0]), link="linear")
-    z = np.concatenate([(x - mean) / scale, np.ones((x.shape[0], 1))], axis=1)
+    z = (x - mean) / scale
+    if link == "logistic":
+        weights, bias = _fit_logistic(z, y, config)
+        return RewardModel(mean_F=mean, scale_F=scale, weights_F=weights, bias=bias, link=link)
+    z1 = np.concatenate([z, np.ones((x.shape[0], 1))], axis=1)
     pen = np.full(f + 1, float(config.l2))
     pen[-1] = 0.0
-    if link == "linear":
-        w = np.linalg.solve(z.T @ z + np.diag(pen) + 1e-10 * np.eye(f + 1), z.T @ y)
-    else:
-        w = np.zeros(f + 1)
-        w[-1] = math.log(float(np.clip(y.mean(), 1e-6, 1 - 1e-6)) / (1 - float(np.clip(y.mean(), 1e-6, 1 - 1e-6))))
-        loss = _logistic_loss(z, y, w, pen)
-        for _ in range(config.max_iter):
-            p = 0.5 * (1.0 + np.tanh(0.5 * (z @ w)))
-            grad = z.T @ (p - y) + pen * w
-            hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(pen) + 1e-10 * np.eye(f + 1)
-            step = np.linalg.solve(hess, grad)
-            t = 1.0
-            while True:
-                trial = w - t * step
-                trial_loss = _logistic_loss(z, y, trial, pen)
-                if trial_loss <= loss or t < 1e-6:
-                    break
-                t *= 0.5
-            moved = float(np.max(np.abs(trial - w)))
-            w, loss = trial, trial_loss
-            if moved < config.tol:
-                break
+    w = np.linalg.solve(z1.T @ z1 + np.diag(pen) + 1e-10 * np.eye(f + 1), z1.T @ y)
     return RewardModel(mean_F=mean, scale_F=scale, weights_F=w[:-1], bias=float(w[-1]), link=link)
 
 
@@ -783,7 +828,7 @@ def _round_moments(rounds: Sequence[SlateRound], rng: np.random.Generator | None
 
 
 def _inclusion_ips(rounds: Sequence[SlateRound], moments: Sequence[tuple[SlateMoments, SlateMoments]], *,
-                   seed: int | None, config: OPEConfig) -> OPEResult:
+                   config: OPEConfig) -> _Estimate:
     terms = np.empty(len(rounds))
     weights = np.empty(len(rounds))
     mass = np.empty(len(rounds))
@@ -807,12 +852,12 @@ def _inclusion_ips(rounds: Sequence[SlateRound], moments: Sequence[tuple[SlateMo
         notes.append(f"inclusion_ips: {split} of {len(rounds)} rounds log only the slate reward and weigh "
                      "their cases off 1; each shown case was credited reward / K, which biases the estimate unless "
                      "every shown case contributes equally (read pi and pi_set instead)")
-    return _result("inclusion_ips", float(np.mean(terms)) if terms.size else math.nan, terms, seed=seed,
-                   n_boot=config.n_boot, level=config.level, ess=effective_sample_size(weights), warnings=notes)
+    return _Estimate(name="inclusion_ips", value=float(np.mean(terms)) if terms.size else math.nan, terms_N=terms,
+                     ess=effective_sample_size(weights), warnings=notes)
 
 
 def _pseudo_inverse(rounds: Sequence[SlateRound], moments: Sequence[tuple[SlateMoments, SlateMoments]], *,
-                    granularity: Granularity, seed: int | None, config: OPEConfig) -> OPEResult:
+                    granularity: Granularity, config: OPEConfig) -> _Estimate:
     terms = np.empty(len(rounds))
     weights = np.empty(len(rounds))
     mass = np.empty(len(rounds))
@@ -833,9 +878,9 @@ def _pseudo_inverse(rounds: Sequence[SlateRound], moments: Sequence[tuple[SlateM
     if approximate:
         notes.append(f"{approximate} of {len(rounds)} rounds have too many ordered slates to enumerate: their "
                      "Plackett-Luce moments are Monte Carlo estimates, so the estimate is approximately unbiased")
-    return _result("pi" if granularity == "slot" else "pi_set", float(np.mean(terms)) if terms.size else math.nan,
-                   terms, seed=seed, n_boot=config.n_boot, level=config.level, ess=effective_sample_size(weights),
-                   warnings=notes)
+    return _Estimate(name="pi" if granularity == "slot" else "pi_set",
+                     value=float(np.mean(terms)) if terms.size else math.nan, terms_N=terms,
+                     ess=effective_sample_size(weights), warnings=notes)
 
 
 def inclusion_ips(rounds: Sequence[SlateRound], *, rng: np.random.Generator | None = None,
@@ -849,7 +894,8 @@ def inclusion_ips(rounds: Sequence[SlateRound], *, rng: np.random.Generator | No
     seeds the bootstrap (and the Monte Carlo moments of rounds too large to enumerate)."""
     config = config or OPEConfig()
     moments = _round_moments(rounds, rng, config)
-    return _inclusion_ips(rounds, moments, seed=_boot_seed(rng), config=config)
+    return _results([_inclusion_ips(rounds, moments, config=config)], seed=_boot_seed(rng), n_boot=config.n_boot,
+                    level=config.level)[0]
 
 
 def pseudo_inverse(rounds: Sequence[SlateRound], *, granularity: Granularity = "slot",
@@ -864,7 +910,8 @@ def pseudo_inverse(rounds: Sequence[SlateRound], *, granularity: Granularity = "
     negative)."""
     config = config or OPEConfig()
     moments = _round_moments(rounds, rng, config)
-    return _pseudo_inverse(rounds, moments, granularity=granularity, seed=_boot_seed(rng), config=config)
+    return _results([_pseudo_inverse(rounds, moments, granularity=granularity, config=config)],
+                    seed=_boot_seed(rng), n_boot=config.n_boot, level=config.level)[0]
 
 
 def estimate_slates(rounds: Sequence[SlateRound], *, rng: np.random.Generator | None = None,
@@ -878,7 +925,7 @@ def estimate_slates(rounds: Sequence[SlateRound], *, rng: np.random.Generator | 
     if not rounds:
         raise DataFormatError("estimate_slates: no rounds")
     moments = _round_moments(rounds, rng, config, logger_moments)
-    seed = _boot_seed(rng)
-    return [_inclusion_ips(rounds, moments, seed=seed, config=config),
-            _pseudo_inverse(rounds, moments, granularity="slot", seed=seed, config=config),
-            _pseudo_inverse(rounds, moments, granularity="set", seed=seed, config=config)]
+    return _results([_inclusion_ips(rounds, moments, config=config),
+                     _pseudo_inverse(rounds, moments, granularity="slot", config=config),
+                     _pseudo_inverse(rounds, moments, granularity="set", config=config)],
+                    seed=_boot_seed(rng), n_boot=config.n_boot, level=config.level)

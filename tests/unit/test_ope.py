@@ -214,6 +214,61 @@ def test_logistic_reward_model_recovers_a_known_model() -> None:
     np.testing.assert_allclose(linear.predict(x), x @ np.array([2.0, 0.0, -1.0]) + 5.0, atol=1e-4)
 
 
+@pytest.mark.parametrize("l2", [0.5, 0.0])
+def test_logistic_reward_model_minimises_the_penalised_cross_entropy_of_fractional_rewards(l2: float) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(300, 3))
+    y = np.clip(1 / (1 + np.exp(-x[:, 0])) + rng.normal(scale=0.2, size=300), 0.0, 1.0)  # fractional targets
+    model = fit_reward_model(x, y, RewardModelConfig(l2=l2))
+    assert model.link == "logistic"
+    z = (x - model.mean_F) / model.scale_F
+    residual = model.predict(x) - y
+    # first-order optimality of sum_i [log(1 + e^eta_i) - y_i eta_i] + l2/2 |w|^2 (intercept unpenalised)
+    assert np.abs(z.T @ residual + l2 * model.weights_F).max() < 1e-5
+    assert abs(residual.sum()) < 1e-5
+
+
+def test_one_bootstrap_pass_shares_resamples_within_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memento.ope.estimators as est
+
+    seen: list[np.ndarray] = []
+    real = est._column_stats
+
+    def spy(columns: object, idx_BN: np.ndarray) -> np.ndarray:
+        seen.append(idx_BN.copy())
+        return real(columns, idx_BN)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(est, "_column_stats", spy)
+    monkeypatch.setattr(est, "_BOOT_CHUNK", 90)  # 30 rounds: 3 resamples at once
+    rng = np.random.default_rng(0)
+    n, c = 30, 4
+    p_log = rng.dirichlet(np.ones(c), size=n)
+    pi = rng.dirichlet(np.ones(c), size=n)
+    action = np.array([rng.choice(c, p=p) for p in p_log])
+    reward = rng.uniform(size=n)
+    rhat = rng.uniform(size=(n, c))
+    results = estimate_k1(reward, action, p_log, pi, rhat_NC=rhat, rng=np.random.default_rng(7),
+                          config=OPEConfig(n_boot=10))
+    assert [i.shape for i in seen] == [(3, n)] * 3 + [(1, n)]  # one pass for all four estimators, 90 entries at most
+    idx_BN = np.concatenate(seen)
+    w = pi[np.arange(n), action] / p_log[np.arange(n), action]
+    dm = (pi * rhat).sum(axis=1)
+    stats = {"ips": (w * reward)[idx_BN].mean(axis=1),
+             "snips": (w * reward)[idx_BN].sum(axis=1) / w[idx_BN].sum(axis=1),
+             "dm": dm[idx_BN].mean(axis=1),
+             "dr": (dm + w * (reward - rhat[np.arange(n), action]))[idx_BN].mean(axis=1)}
+    for result in results:  # every estimator's interval comes from the same resamples
+        low, high = np.quantile(stats[result.estimator], [0.025, 0.975])
+        assert (result.ci_low, result.ci_high) == pytest.approx((low, high), rel=1e-12), result.estimator
+    seen.clear()
+    alone = bootstrap_ci(w * reward, rng=np.random.default_rng(7), n_boot=10)
+    assert alone == (results[0].ci_low, results[0].ci_high)  # a lone estimator draws the same resamples
+    assert bootstrap_ci([0.25], rng=np.random.default_rng(7), n_boot=10) == (0.25, 0.25)  # one round
+    # a self-normalised estimate undefined on a resample (its weights all 0) leaves that resample out
+    low, high = bootstrap_ci([0.0, 1.0, 0.0], rng=np.random.default_rng(3), n_boot=200, denominators_N=[0.0, 2.0, 0.0])
+    assert low == high == 0.5
+
+
 # ---------------------------------------------------------------- slates
 
 
