@@ -183,8 +183,9 @@ class Writer:
         return self._submit("feedback", {"selection_id": selection_id, "reward": reward})
 
     def submit_case(self, state: str, action: str, reward: float, env: str | None = None,
-                    meta: dict[str, Any] | None = None, embedding: Any = None) -> concurrent.futures.Future[Any]:
-        args = {"state": state, "action": action, "reward": reward, "env": env, "meta": meta}
+                    meta: dict[str, Any] | None = None, embedding: Any = None,
+                    scope: dict[str, Any] | None = None) -> concurrent.futures.Future[Any]:
+        args = {"state": state, "action": action, "reward": reward, "env": env, "meta": meta, "scope": scope}
         if embedding is not None:  # else the selector encodes the state
             args["embedding"] = embedding
         return self._submit("case", args)
@@ -194,9 +195,11 @@ class Writer:
         return self._submit("delete", {"case_id": case_id})
 
     def submit_replace(self, case_id: str, state: str, action: str, reward: float, env: str | None = None,
-                       meta: dict[str, Any] | None = None, embedding: Any = None) -> concurrent.futures.Future[Any]:
+                       meta: dict[str, Any] | None = None, embedding: Any = None,
+                       scope: dict[str, Any] | None = None) -> concurrent.futures.Future[Any]:
         """Supersede a case by a new one (``Selector.replace_case``); the future holds the new id."""
-        args = {"case_id": case_id, "state": state, "action": action, "reward": reward, "env": env, "meta": meta}
+        args = {"case_id": case_id, "state": state, "action": action, "reward": reward, "env": env, "meta": meta,
+                "scope": scope}
         if embedding is not None:
             args["embedding"] = embedding
         return self._submit("replace", args)

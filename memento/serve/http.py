@@ -24,6 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from memento.errors import DataFormatError, DimensionError, MementoError, UnknownCaseError
+from memento.io import parse_json
 from memento.selector.batching import BatcherClosedError
 from memento.serve.common import (
     LearnerLink,
@@ -304,6 +305,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     auth = [Depends(authorize)]
     models = request_models(config)  # the schema the MCP tools validate through too
     _selector_routes(app, ends, auth, models.select, models.feedback)
+    _search_routes(app, ends, auth, models.search)
     _case_routes(app, ends, auth, models.case)
 
     @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
@@ -327,7 +329,8 @@ def _selector_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SelectRequ
         if link is not None:  # the learner's newest weights and cases (cheap when nothing changed)
             link.sync()
         try:
-            result = selector.select(query, k=body.k, mode=body.mode, env=body.env)
+            result = selector.select(query, k=body.k, mode=body.mode, env=body.env, scope=body.scope,
+                                     filter=body.filter)
         except Exception as error:  # noqa: BLE001
             raise _problem_from(error, field="embedding" if body.query is None else "query") from None
         # rendered here: FastAPI's own response validation and serialisation would cost more than the select
@@ -343,6 +346,43 @@ def _selector_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SelectRequ
         return json_safe(result)
 
 
+def _search_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SearchRequest: type[BaseModel]) -> None:
+    """POST /v1/search and GET /v1/cases: plain retrieval beside the policy (nothing recorded)."""
+    selector, link = ends.selector, ends.link
+
+    @app.post("/v1/search", dependencies=auth, tags=["cases"],
+              summary="the k cases nearest to a task by cosine, in a scope and filter (no policy, nothing recorded)")
+    def search(request_body: SearchRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        body: Any = request_body
+        query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
+        ends.limit_threads()
+        if link is not None:
+            link.sync()
+        try:
+            found = selector.search_cases(query, k=body.k, env=body.env, scope=body.scope, filter=body.filter)
+        except Exception as error:  # noqa: BLE001
+            raise _problem_from(error, field="embedding" if body.query is None else "query") from None
+        return JSONResponse(json_safe({"cases": [{**case.to_json(), "similarity": similarity}  # type: ignore[return-value]
+                                                 for case, similarity in found]}))
+
+    @app.get("/v1/cases", dependencies=auth, tags=["cases"],
+             summary="list cases (position order, deleted ones left out) of an env, scope and metadata filter")
+    def list_cases(env: str | None = None, user: str | None = None, agent: str | None = None,
+                   session: str | None = None, filter: str | None = None, limit: int = 100,
+                   offset: int = 0) -> dict[str, Any]:
+        """``filter`` is the filter's JSON text (URL-encoded), e.g. ``filter={"topic":"geo"}``."""
+        if link is not None:
+            link.sync()
+        try:
+            where = None if filter is None else parse_json(filter, where="filter", error=DataFormatError)
+            scope = {name: value for name, value in (("user", user), ("agent", agent), ("session", session))
+                     if value is not None}
+            cases = selector.list_cases(env=env, scope=scope or None, filter=where, limit=limit, offset=offset)
+        except Exception as error:  # noqa: BLE001
+            raise _problem_from(error) from None
+        return json_safe({"cases": [case.to_json() for case in cases], "offset": offset, "limit": limit})
+
+
 def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: type[BaseModel]) -> None:
     """POST /v1/cases, DELETE, PUT and GET /v1/cases/{case_id}."""
     selector, link = ends.selector, ends.link
@@ -354,7 +394,8 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
             return await ends.forward(request, "POST", "/v1/cases")  # type: ignore[no-any-return]
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
         case_id = await ends.write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
-                                                           meta=body.meta, embedding=embedding))
+                                                           meta=body.meta, embedding=embedding,
+                                                           scope=body.scope()))
         return {"id": case_id}
 
     @app.delete("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
@@ -373,7 +414,8 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
             return await ends.forward(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
         new_id = await ends.write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward,
-                                                             env=body.env, meta=body.meta, embedding=embedding))
+                                                             env=body.env, meta=body.meta, embedding=embedding,
+                                                             scope=body.scope()))
         return {"id": new_id, "replaced": case_id}
 
     @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"], summary="one case by id")

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
+from memento.memory.where import as_scope, parse_filter
 from memento.serve.common import ServeConfig
 from memento.types import MAX_ID_CHARS, check_id, check_reward, check_text, json_value_problem
 
@@ -50,6 +51,8 @@ class Fields:
     case_id: Any  # check_id: 1 to 256 characters
     embedding: Any  # 1 to max_embedding_dim finite numbers
     meta: Any  # a JSON object
+    scope: Any  # {"user"?, "agent"?, "session"?}: ids (memento.memory.where.as_scope)
+    filter: Any  # a metadata filter (memento.memory.where.parse_filter): equality, {"in": [...]}, AND/OR
 
 
 def fields(config: ServeConfig) -> Fields:
@@ -73,7 +76,21 @@ def fields(config: ServeConfig) -> Fields:
         case_id=ident(),
         embedding=Annotated[list[Finite], Strict(), Field(min_length=1, max_length=config.max_embedding_dim)],
         meta=Annotated[dict[str, Any], Strict(), AfterValidator(_json_value)],
+        scope=Annotated[dict[str, Any], Strict(), AfterValidator(_scope)],
+        filter=Annotated[dict[str, Any], Strict(), AfterValidator(_filter)],
     )
+
+
+def _scope(value: dict[str, Any]) -> dict[str, Any]:
+    """A scope object, checked (unknown fields, non-id values refused); kept as JSON for the selector."""
+    as_scope(value)
+    return value
+
+
+def _filter(value: dict[str, Any]) -> dict[str, Any]:
+    """A metadata filter, parsed once to check it (its one-line error becomes the 422's)."""
+    parse_filter(value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +100,7 @@ class RequestModels:
     select: type[BaseModel]
     feedback: type[BaseModel]
     case: type[BaseModel]
+    search: type[BaseModel]
 
 
 def request_models(config: ServeConfig) -> RequestModels:
@@ -98,6 +116,9 @@ def request_models(config: ServeConfig) -> RequestModels:
         k: f.k = Field(4, description="cases to select")
         mode: Literal["sample", "greedy"] = Field("sample", description="sample from the policy or take its argmax")
         env: f.env | None = Field(None, description="only cases of this env")
+        scope: f.scope | None = Field(None, description='only cases of this scope: {"user", "agent", "session"}')
+        filter: f.filter | None = Field(None, description='only cases whose meta match, e.g. {"topic": "geo"}, '
+                                                          '{"topic": {"in": ["geo", "sci"]}}, {"OR": [...]}')
 
         @model_validator(mode="after")
         def _one_query(self) -> "SelectRequest":
@@ -123,8 +144,21 @@ def request_models(config: ServeConfig) -> RequestModels:
         meta: f.meta | None = None
         embedding: f.embedding | None = Field(None,
                                               description="the state's embedding (default: the server encodes it)")
+        user: f.env | None = Field(None, description="scope: whose case it is")
+        agent: f.env | None = Field(None, description="scope: which agent's")
+        session: f.env | None = Field(None, description="scope: which session's")
 
-    return RequestModels(SelectRequest, FeedbackRequest, CaseRequest)
+        def scope(self) -> dict[str, Any]:
+            return {name: getattr(self, name) for name in ("user", "agent", "session")
+                    if getattr(self, name) is not None}
+
+    class SearchRequest(SelectRequest):
+        """The ``k`` cases nearest to a task by cosine (no policy, nothing recorded), in a scope and filter."""
+
+        k: f.k = Field(10, description="cases to return")
+        mode: Literal["greedy"] = Field("greedy", description="(always greedy: a plain search)")
+
+    return RequestModels(SelectRequest, FeedbackRequest, CaseRequest, SearchRequest)
 
 
 def error_line(error: ValidationError) -> str:

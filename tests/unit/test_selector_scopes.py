@@ -80,3 +80,37 @@ def test_replace_keeps_the_scope_it_is_given(selector) -> None:
     new_id = selector.replace_case(old.id, old.state, "better", 1.0, scope={"user": "bob", "session": "s9"})
     assert selector.get_case(new_id).session == "s9"
     assert [c.id for c in selector.list_cases(scope={"user": "bob"})] == [new_id]
+
+
+def test_scopes_and_filters_over_http(selector) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from memento.serve.app import create_app
+
+    auth = {"Authorization": "Bearer scopes-token-0123456789"}
+    with TestClient(create_app(selector, token="scopes-token-0123456789")) as client:
+        added = client.post("/v1/cases", headers=auth, json={"state": f"{QUESTION} carol", "action": "x",
+                                                             "reward": 1, "user": "carol", "meta": {"topic": "geo"}})
+        assert added.status_code == 200, added.text
+        assert client.get(f"/v1/cases/{added.json()['id']}", headers=auth).json()["user"] == "carol"
+        chosen = client.post("/v1/select", headers=auth, json={"query": QUESTION, "k": 4, "mode": "greedy",
+                                                               "scope": {"user": "alice"}, "filter": {"topic": "geo"}})
+        assert chosen.status_code == 200, chosen.text
+        rows = chosen.json()["cases"]
+        assert [(r["user"], r["meta"]["topic"]) for r in rows] == [("alice", "geo")]
+        assert rows[0]["score"] is not None and -1 <= rows[0]["similarity"] <= 1
+        empty = client.post("/v1/select", headers=auth, json={"query": QUESTION, "scope": {"user": "nobody"}})
+        assert empty.status_code == 200 and empty.json()["cases"] == []
+        bad = client.post("/v1/select", headers=auth, json={"query": QUESTION, "filter": {"a b": 1}})
+        assert bad.status_code == 422 and "filter key" in bad.text
+        bad_scope = client.post("/v1/select", headers=auth, json={"query": QUESTION, "scope": {"team": "x"}})
+        assert bad_scope.status_code == 422 and "unknown scope field" in bad_scope.text
+        found = client.post("/v1/search", headers=auth, json={"query": QUESTION, "k": 10, "scope": {"user": "carol"}})
+        assert found.status_code == 200 and [c["user"] for c in found.json()["cases"]] == ["carol"]
+        listed = client.get("/v1/cases", headers=auth, params={"user": "alice", "filter": '{"topic": "sci"}'})
+        assert listed.status_code == 200, listed.text
+        assert [(c["user"], c["meta"]["topic"]) for c in listed.json()["cases"]] == [("alice", "sci")]
+        assert client.get("/v1/cases", headers=auth, params={"filter": "{not json"}).status_code == 422
+        assert client.get("/v1/cases", headers=auth, params={"limit": 0}).status_code == 422
+        assert client.get("/v1/cases", params={"user": "alice"}).status_code == 401

@@ -65,7 +65,8 @@ class FakeSelector:
         self.saves = 0
         self.block = block
 
-    def select(self, query: Any, k: int = 4, mode: str = "sample", env: str | None = None) -> _Result:
+    def select(self, query: Any, k: int = 4, mode: str = "sample", env: str | None = None, *, track: bool = True,
+               scope: Any = None, filter: Any = None) -> _Result:
         with self.lock:
             if isinstance(query, np.ndarray):
                 if query.shape != (self.dim,):
@@ -90,7 +91,7 @@ class FakeSelector:
             return {"selection_id": selection_id, "reward": reward, "recorded": True, "updates": 0}
 
     def add_case(self, state: str, action: str, reward: float, env: str | None = None,
-                 meta: dict | None = None, *, embedding: np.ndarray | None = None) -> str:
+                 meta: dict | None = None, *, embedding: np.ndarray | None = None, scope: Any = None) -> str:
         with self.lock:
             if embedding is not None and embedding.shape != (self.dim,):
                 raise DimensionError(f"case state vector has shape {embedding.shape}, selector dim={self.dim}")
