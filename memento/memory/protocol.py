@@ -25,7 +25,8 @@ operation                          Milvus bank
 ``get`` / ``rewards``              yes (primary-key reads)
 ``embeddings`` / ``embeddings_at``  yes, float32 exactly as added
 ``ids_at`` / ``positions_of``      yes
-``search`` / ``search_positions``  yes; ``env``/``kind``/``positive`` become a Milvus filter expression
+``search`` / ``search_positions``  yes; ``env``/``kind``/``positive``, the scope and the metadata filter
+                                   (:mod:`memento.memory.where`) become a Milvus filter expression
 ``candidates``                     yes; the vectors come back with the hits (``output_fields``)
 ``update_reward``                  yes (the row is rewritten with ``upsert``)
 ``delete`` / ``replace``           yes (a ``deleted`` flag on the row; searches filter on it); whole
@@ -62,7 +63,7 @@ guarantees are the server's (an acknowledged insert is in its log).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,6 +71,7 @@ import numpy as np
 
 from memento.config import BankConfig
 from memento.memory.front import Candidates
+from memento.memory.where import Scope, Where
 from memento.types import Case
 
 __all__ = ["Bank"]
@@ -145,13 +147,16 @@ class Bank(Protocol):
 
     # ---- search
     def search(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
-               positive: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
+               positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
+               filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def search_positions(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
-                         positive: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
+                         positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
+                         filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
     def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None,
-                   positive: bool = False) -> Candidates: ...
+                   positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
+                   filter: Where | Mapping[str, Any] | None = None) -> Candidates: ...
 
     def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None: ...
 
