@@ -238,6 +238,25 @@ def validate_embeddings(embeddings: Any, n: int, dim: int) -> np.ndarray:
     return emb
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def finite_float32(values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as float32 once checked finite and within float32's range in their own precision (a float64 1e39
+    would become inf in the cast, with numpy's overflow warning); otherwise one ``DataFormatError``."""
+    if values.dtype != np.float32:
+        with np.errstate(invalid="ignore", over="ignore"):
+            finite = np.isfinite(values)
+            if not finite.all():
+                raise DataFormatError(f"{what} contains NaN or inf")
+            if values.size and float(np.max(np.abs(values))) > _FLOAT32_MAX:
+                raise DataFormatError(f"{what} holds a number beyond float32's range (|x| > 3.4e38)")
+        values = values.astype(np.float32)
+    elif not np.isfinite(values).all():
+        raise DataFormatError(f"{what} contains NaN or inf")
+    return values
+
+
 def validate_query(query: Any, dim: int) -> np.ndarray:
     """Queries ``[D]`` or ``[B, D]`` as normalised float32 ``[B, D]``."""
     q = np.asarray(query)
@@ -247,9 +266,7 @@ def validate_query(query: Any, dim: int) -> np.ndarray:
                              f"(B, {dim}) for this dim={dim} bank")
     if not np.issubdtype(q_BD.dtype, np.floating):
         raise DataFormatError(f"query must be floating point, got dtype {q_BD.dtype}")
-    q_BD = q_BD.astype(np.float32)
-    if not np.isfinite(q_BD).all():
-        raise DataFormatError("query contains NaN or inf")
+    q_BD = finite_float32(q_BD, "query")
     norms_B1 = np.linalg.norm(q_BD, axis=1, keepdims=True)
     if (norms_B1 == 0).any():
         raise DataFormatError("query has zero norm")

@@ -324,7 +324,7 @@ def _selector_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SelectRequ
     @app.post("/v1/select", dependencies=auth, tags=["selector"], summary="choose k cases for a task")
     def select(request_body: SelectRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body  # a model class made per app: mypy cannot see its fields
-        query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
+        query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float64)
         ends.limit_threads()
         if link is not None:  # the learner's newest weights and cases (cheap when nothing changed)
             link.sync()
@@ -354,7 +354,7 @@ def _search_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SearchReques
               summary="the k cases nearest to a task by cosine, in a scope and filter (no policy, nothing recorded)")
     def search(request_body: SearchRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         body: Any = request_body
-        query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float32)
+        query: Any = body.query if body.query is not None else np.asarray(body.embedding, dtype=np.float64)
         ends.limit_threads()
         if link is not None:
             link.sync()
@@ -392,7 +392,7 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
         body: Any = request_body
         if link is not None:
             return await ends.forward(request, "POST", "/v1/cases")  # type: ignore[no-any-return]
-        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
+        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float64)
         case_id = await ends.write(lambda w: w.submit_case(body.state, body.action, body.reward, env=body.env,
                                                            meta=body.meta, embedding=embedding,
                                                            scope=body.scope()))
@@ -412,7 +412,7 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
         body: Any = request_body
         if link is not None:
             return await ends.forward(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
-        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float32)
+        embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float64)
         new_id = await ends.write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward,
                                                              env=body.env, meta=body.meta, embedding=embedding,
                                                              scope=body.scope()))

@@ -127,3 +127,19 @@ def test_milvus_attrs_keep_types_apart() -> None:
         "b:a": True, "n:b": 1, "s:c": "x"}
     where = parse_filter({"OR": [{"a": True}, {"b": {"in": [1, "x"]}}]})
     assert where.milvus("attrs") == '((attrs["b:a"] == true) or (attrs["n:b"] == 1 or attrs["s:b"] == "x"))'
+
+
+def test_a_vector_beyond_float32_is_one_line_without_a_numpy_warning() -> None:
+    import warnings
+
+    import numpy as np
+
+    from memento.memory.front import validate_query
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow RuntimeWarning would fail here
+        with pytest.raises(DataFormatError, match="beyond float32"):
+            validate_query(np.array([1e39, 0.0]), 2)
+        with pytest.raises(DataFormatError, match="NaN or inf"):
+            validate_query(np.array([np.inf, 0.0]), 2)
+        assert validate_query(np.array([3.0, 4.0]), 2).tolist() == [[0.6000000238418579, 0.800000011920929]]
