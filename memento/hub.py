@@ -15,7 +15,10 @@ name). :func:`hub_ref` parses the explicit form; :func:`local_or_hub` is the che
   blobs) to real files under ``$MEMENTO_CACHE_DIR/hub/`` once per commit: a selector writes to its
   directory (feedback, new cases, saves) and loading never follows a link.
 - :func:`push_folder` uploads an artifact, leaving out dot-named files (the pending-selection store, the
-  published policy, staging directories) and SQLite sidecars.
+  published policy, staging directories) and SQLite sidecars; the pushed model card and manifest carry no
+  absolute local path (a source run's ``/home/u/runs/demo`` is pushed as ``demo``), and the card's metadata
+  is read and written by ``huggingface_hub.ModelCard``. A failed push is one line naming the repository and
+  the endpoint.
 
 The cache directory and the offline switch are read from the environment at each call (``HF_HUB_CACHE``,
 ``HF_HOME``, ``HF_HUB_OFFLINE``), not at import time.
@@ -23,17 +26,21 @@ The cache directory and the offline switch are read from the environment at each
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError, ConfigError, EncoderError, MementoError
+from memento.io import parse_json
 
-__all__ = ["HUB_PREFIX", "PUSH_IGNORE", "default_cache_dir", "hub_cache_dir", "hub_offline", "hub_ref", "is_hub_id",
-           "local_or_hub", "push_folder", "resolve_selector", "resolve_snapshot", "snapshot_of", "split_revision"]
+__all__ = ["CARD_METADATA", "HUB_PREFIX", "PUSH_IGNORE", "default_cache_dir", "hub_cache_dir", "hub_offline",
+           "hub_ref", "is_hub_id", "local_or_hub", "portable_card", "portable_text", "push_folder", "resolve_selector",
+           "resolve_snapshot", "snapshot_of", "split_revision"]
 
 logger = logging.getLogger(__name__)
 
@@ -193,18 +200,114 @@ def resolve_selector(repo_id: str, *, revision: str | None = None) -> Path:
     return target
 
 
+_ABS_PATH = re.compile(r"(?:(?<=^)|(?<=[\s:=(\[{'\"`,]))(?:~/|/(?=[^/\s])|[A-Za-z]:[\\/])[^\s'\"`,;)\]}]*")
+"""An absolute local path inside a text (``/home/u/runs/x``, ``~/runs/x``, ``C:\\runs\\x``), at the start or
+after a space, a quote, a backtick, ``:``, ``=`` or an opening bracket; not the ``//`` of a URL."""
+
+CARD_METADATA: dict[str, Any] = {"library_name": "memento-mdp",
+                                 "tags": ["memento", "case-based-reasoning", "retrieval", "soft-q"]}
+"""The model card metadata every pushed selector carries (its PyPI name: ``pip install memento-mdp``)."""
+
+
+def portable_text(text: str) -> str:
+    """``text`` with every absolute local path (:data:`_ABS_PATH`) cut to its last component: a run directory
+    ``/home/u/runs/demo`` becomes ``demo`` (no trace of the exporting machine's layout)."""
+    def name(match: re.Match[str]) -> str:
+        parts = [part for part in re.split(r"[\\/]", match.group(0)) if part and not part.endswith(":")]
+        return parts[-1] if parts and parts[-1] != "~" else "."
+
+    return _ABS_PATH.sub(name, text)
+
+
+def _portable(value: Any) -> Any:
+    if isinstance(value, str):
+        return portable_text(value)
+    if isinstance(value, dict):
+        return {key: _portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_portable(item) for item in value]
+    return value
+
+
+def portable_card(text: str) -> str:
+    """A model card as pushed: absolute local paths cut (:func:`portable_text`) and the metadata read and written
+    back by ``huggingface_hub.ModelCard``, with :data:`CARD_METADATA` (a card whose YAML does not parse is a
+    ``CheckpointError``)."""
+    from huggingface_hub import ModelCard
+
+    try:
+        card = ModelCard(portable_text(text))
+    except Exception as failure:  # malformed front matter (a YAML or a metadata error)
+        first = (str(failure).strip().splitlines() or [""])[0][:160]
+        raise CheckpointError(f"model card: its metadata does not parse ({type(failure).__name__}: {first})") from None
+    for key, value in CARD_METADATA.items():
+        if key == "tags":
+            card.data.tags = list(dict.fromkeys([*value, *(card.data.tags or [])]))
+        else:
+            setattr(card.data, key, value)
+    return str(card)
+
+
+def _stage_push(folder: Path, staging: Path) -> None:
+    """``folder`` as pushed, in ``staging``: every file that is not dot-named or a SQLite sidecar linked (copied
+    where links are not possible), ``README.md`` and ``manifest.json`` rewritten without absolute local paths
+    (the manifest's entry for the card updated to the pushed bytes)."""
+    import hashlib
+
+    from huggingface_hub.utils import filter_repo_objects
+
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    for rel in filter_repo_objects(names, ignore_patterns=PUSH_IGNORE):
+        if rel in ("README.md", "manifest.json"):
+            continue
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(folder / rel, staging / rel)  # read, never written, by the upload
+        except OSError:
+            shutil.copyfile(folder / rel, staging / rel)
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"push_to_hub: {folder} holds no manifest.json (not a selector artifact)")
+    manifest = parse_json(manifest_path.read_bytes(), where=str(manifest_path))
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{manifest_path}: not a JSON object")
+    manifest = _portable(manifest)
+    if (folder / "README.md").is_file():
+        card = portable_card((folder / "README.md").read_text(encoding="utf-8")).encode("utf-8")
+        (staging / "README.md").write_bytes(card)
+        files = manifest.get("files")
+        if isinstance(files, dict) and "README.md" in files:
+            files["README.md"] = {**files["README.md"], "sha256": hashlib.sha256(card).hexdigest(), "bytes": len(card)}
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def push_folder(folder: Path, repo_id: str, *, token: str | None = None, private: bool = False,
                 commit_message: str = "Upload memento selector", revision: str | None = None) -> Any:
     """Create ``repo_id`` (``"user/name"`` or ``"hf://user/name"``) if needed and upload ``folder`` (without
-    :data:`PUSH_IGNORE`); returns the commit info."""
+    :data:`PUSH_IGNORE`; the card and the manifest without absolute local paths, :func:`_stage_push`); returns
+    the commit info. A failure (network, authentication, permissions) is a one-line ``CheckpointError`` naming
+    the repository and the endpoint."""
     from huggingface_hub import HfApi
 
     repo_id = repo_id[len(HUB_PREFIX):] if repo_id.startswith(HUB_PREFIX) else repo_id
     if not is_hub_id(repo_id) or "@" in repo_id:
         raise CheckpointError(f"push_to_hub: {repo_id!r} is not a Hub repository id (expected 'user/name')")
+    folder = Path(folder)
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
-                             commit_message=commit_message, ignore_patterns=PUSH_IGNORE, revision=revision)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.push-", dir=folder.parent))
+    try:
+        _stage_push(folder, staging)
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            info = api.upload_folder(folder_path=str(staging), repo_id=repo_id, repo_type="model",
+                                     commit_message=commit_message, ignore_patterns=PUSH_IGNORE, revision=revision)
+        except MementoError:
+            raise
+        except Exception as failure:  # network, authentication, permissions, a rejected commit
+            first = (str(failure).strip().splitlines() or [""])[0][:160]
+            raise CheckpointError(f"push_to_hub {HUB_PREFIX}{repo_id} to {api.endpoint}: "
+                                  f"{type(failure).__name__}: {first}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     logger.info("pushed %s to the Hub as %s", folder, repo_id)
     return info

@@ -91,6 +91,7 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
 from memento.memory import Candidates, CaseBank
+from memento.memory.front import finite_float32
 from memento.memory.index import use_gpu_for
 from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.selector.artifact import (
@@ -255,6 +256,14 @@ class Selector:
         return check_artifact(path, verify=verify, device=device)
 
     # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(cls, repo_or_path: str | Path, **kwargs: Any) -> Selector:
+        """The Hugging Face spelling of :meth:`load` (and :func:`memento.load_selector`): an artifact directory, or
+        a Hub id written ``"hf://org/name[@revision]"``; ``kwargs`` are :meth:`load`'s (``device``, ``learn``,
+        ``seed``, ``verify``, ``encoder``, ``read_only``, ``shared``, ``revision``). A bare ``"org/name"`` is a
+        local path, as everywhere in memento: never a Hub lookup."""
+        return cls.load(repo_or_path, **kwargs)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
@@ -499,7 +508,8 @@ class Selector:
             if vec.dtype == object or not np.issubdtype(vec.dtype, np.number) or np.issubdtype(vec.dtype,
                                                                                                 np.complexfloating):
                 raise DataFormatError(f"{what} vector must hold real numbers, got dtype {vec.dtype}")
-            vec = vec.astype(np.float32)
+            vec = finite_float32(vec if np.issubdtype(vec.dtype, np.floating) else vec.astype(np.float64),
+                                 f"{what} vector")
         else:
             raise DataFormatError(f"{what} must be a text or a vector, got {type(query).__name__}")
         if vec.shape != (self.dim,):

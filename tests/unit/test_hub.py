@@ -194,6 +194,50 @@ def test_push_to_hub_and_load_by_repo_id(tmp_path: Path, hub_cache: Path, monkey
         memento.hub.push_folder(out, "not a repo")
 
 
+def _absolute_paths(text: str) -> list[str]:
+    return [m.group(0) for m in memento.hub._ABS_PATH.finditer(text)]
+
+
+def test_the_pushed_card_and_manifest_carry_no_local_path(tmp_path: Path, hub_cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import HfApi, ModelCard
+
+    from memento.selector.runtime import Selector
+
+    encoder = Encoder.from_pretrained(device="cpu", use_cache=False)
+    out = create_selector(_bank(tmp_path / "bank", encoder, None), tmp_path / "selector", k=2)
+    local_manifest = (out / "manifest.json").read_text()
+    assert str(tmp_path / "bank") in local_manifest and str(tmp_path / "bank") in (out / "README.md").read_text()
+    upload, calls = _fake_upload(hub_cache, COMMIT)
+    monkeypatch.setattr(HfApi, "upload_folder", upload)
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: repo_id)
+    with Selector.from_pretrained(out) as selector:  # a local directory
+        selector.push_to_hub("user/portable")
+    assert (out / "manifest.json").read_text() == local_manifest  # the local artifact keeps its record
+    assert not [p for p in out.parent.iterdir() if ".push-" in p.name]  # the staging directory is gone
+    pushed = hub_cache.parent / "uploaded" / "user" / "portable"
+    card, manifest = (pushed / "README.md").read_text(), (pushed / "manifest.json").read_text()
+    for text in (card, manifest):
+        assert str(tmp_path) not in text and _absolute_paths(text) == []
+    assert json.loads(manifest)["source"]["path"] == "bank"  # the bank directory's name, not where it lay
+    assert "case bank `bank`" in card
+    data = ModelCard.load(pushed / "README.md").data
+    assert data.library_name == "memento-mdp" and data.tags[:2] == ["memento", "case-based-reasoning"]
+    assert data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    with Selector.from_pretrained("hf://user/portable", learn=False, seed=3) as loaded:  # checksums verified
+        assert loaded.path.is_relative_to(tmp_path / "memento-cache")
+        assert len(loaded.select("question 2 about capitals", k=2).ids) == 2
+    with pytest.raises(CheckpointError, match="'user/portable': no such local path"):  # a Hub id is explicit
+        Selector.from_pretrained("user/portable")
+
+
+def test_a_card_whose_metadata_does_not_parse_is_refused() -> None:
+    text = memento.hub.portable_card("---\nlibrary_name: other\ntags:\n- mine\n---\n# x: /home/u/run\n")
+    assert text.endswith("# x: run\n") and yaml.safe_load(text.split("---\n")[1])["tags"][-1] == "mine"
+    with pytest.raises(CheckpointError, match="model card"):
+        memento.hub.portable_card("---\nlibrary_name: [unclosed\n---\n# x\n")
+
+
 def test_the_model_card_front_matter_is_what_the_hub_reads(tmp_path: Path) -> None:
     encoder = Encoder.from_pretrained(device="cpu", use_cache=False)
     out = create_selector(_bank(tmp_path / "bank", encoder, None), tmp_path / "selector", k=2)

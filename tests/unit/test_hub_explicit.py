@@ -144,3 +144,37 @@ def test_a_bank_whose_encoder_path_is_missing_is_not_exported_as_a_hub_id(tmp_pa
     with pytest.raises(CheckpointError, match="'org/missing': no such local path"):
         create_selector(tmp_path / "bank", tmp_path / "selector", k=2)
     assert not (tmp_path / "selector").exists()
+
+
+def _artifact_stub(root: Path) -> Path:
+    """What push_folder reads before it uploads: a manifest and a card (the upload fails before any check)."""
+    root.mkdir()
+    (root / "manifest.json").write_text('{"files": {}, "source": {"path": "/home/u/runs/demo"}}\n')
+    (root / "README.md").write_text("---\nlibrary_name: memento-mdp\n---\n# demo\n")
+    return root
+
+
+def test_a_failed_push_is_one_line_naming_the_repository_and_the_endpoint(fake_hub: list[str],
+                                                                           tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from huggingface_hub import constants
+
+    from memento.hub import push_folder
+
+    folder = _artifact_stub(tmp_path / "artifact")
+    with pytest.raises(CheckpointError) as refused:  # the fake Hub answers 404 to the repository's creation
+        push_folder(folder, "hf://org/fake", token="hf_fake")
+    endpoint = constants.ENDPOINT
+    assert _one_line(refused.value).startswith(f"push_to_hub hf://org/fake to {endpoint}: ")
+    assert any(request.startswith("POST /api/repos/create") for request in fake_hub)
+    with socket.socket() as probe:  # a port nothing listens on: the connection is refused
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", closed)
+    with pytest.raises(CheckpointError) as unreachable:
+        push_folder(folder, "org/fake", token="hf_fake")
+    message = _one_line(unreachable.value)
+    assert message.startswith(f"push_to_hub hf://org/fake to {closed}: ") and "Connect" in message
+    assert sorted(p.name for p in tmp_path.iterdir() if ".push-" in p.name) == []  # no staging left behind
