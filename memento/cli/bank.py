@@ -25,10 +25,14 @@ from memento.config import MAX_CANDIDATES, MAX_DIM
 from memento.errors import BankError, DataFormatError, DimensionError, EncoderError
 from memento.flags import check_count, int_arg
 from memento.formats import CaseFormat, read_case_file
+from memento.io import parse_json
 from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
+from memento.memory.where import as_scope, parse_filter
+from memento.types import SCOPE_FIELDS
 
 CASE_FORMAT_HELP = """\
-case               Case JSONL {"id", "state", "action", "reward", "env"?, "kind"?, "meta"?}
+case               Case JSONL {"id", "state", "action", "reward", "env"?, "kind"?, "meta"?,
+                   "user"?, "agent"?, "session"?}
 memento-memory     Memento case memory {"case", "plan", "case_label": positive|negative}
 memento-np-memory  Memento non-parametric memory {"question", "plan", "reward": 0|1}
 memento-training   Memento retriever pairs {"query", "case", "case_label", "plan", "truth_label"}
@@ -73,12 +77,18 @@ def add_parser(commands: Any) -> None:
 
     search = add_command(actions, "search", "nearest cases to a text", raw=False,
                          description="Encode TEXT with the bank's encoder and print the k nearest cases by cosine "
-                                     "similarity.")
+                                     "similarity, among the cases of a scope (--user/--agent/--session) whose meta "
+                                     "match --filter (the top k of the matching cases).")
     search.add_argument("text", metavar="TEXT")
     add_bank_option(search, BANK, required=True)
     search.add_argument("-k", type=int_arg, default=4, help=f"number of cases, 1..{MAX_CANDIDATES} (default: 4)")
     search.add_argument("--env", default=None, help="only cases of this env")
     search.add_argument("--kind", default=None, help="only cases of this kind")
+    for name in SCOPE_FIELDS:
+        search.add_argument(f"--{name}", default=None, metavar="ID", help=f"only cases of this {name} (scope)")
+    search.add_argument("--filter", default=None, metavar="JSON",
+                        help='only cases whose meta match, e.g. \'{"topic": "geo"}\', '
+                             '\'{"topic": {"in": ["geo", "sci"]}}\', \'{"OR": [{"level": 1}, {"done": true}]}\'')
     add_json_flag(search)
 
     stats = add_command(actions, "stats", "counts, rewards, index and file sizes", raw=False)
@@ -230,14 +240,33 @@ def _utf8_argument(value: str | None, name: str) -> None:
         raise DataFormatError(f"{name} is not UTF-8 text ({byte} at character {error.start + 1})") from None
 
 
+def _search_where(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The scope and the parsed filter of ``bank search``, checked before the bank opens (one-line errors)."""
+    for name in SCOPE_FIELDS:
+        _utf8_argument(getattr(args, name), f"--{name}")
+    _utf8_argument(args.filter, "--filter")
+    scope = as_scope({name: getattr(args, name) for name in SCOPE_FIELDS if getattr(args, name) is not None})
+    where = None
+    if args.filter is not None:
+        where = parse_filter(parse_json(args.filter, where="--filter", error=DataFormatError, finite=True),
+                             what="--filter")
+    return scope, where
+
+
+def _scope_text(case: Any) -> str:
+    return "".join(f"  {name}={value}" for name, value in zip(SCOPE_FIELDS, case.scope) if value is not None)
+
+
 def _search(args: argparse.Namespace) -> int:
     for value, name in ((args.text, "TEXT"), (args.env, "--env"), (args.kind, "--kind")):
         _utf8_argument(value, name)
+    scope, where = _search_where(args)
     with open_bank(args.bank, options=bank_options(args)) as bank:
         check_count("-k", args.k, 1, MAX_CANDIDATES)
         encoder = bank_encoder(bank)
         k = min(args.k, max(len(bank), 1))  # more than the bank holds finds them all
-        scores, ids = bank.search(encoder.encode(args.text), k, env=args.env, kind=args.kind)
+        scores, ids = bank.search(encoder.encode(args.text), k, env=args.env, kind=args.kind, scope=scope,
+                                  filter=where)
         cases = bank.get(list(ids))
     if args.json:
         print(json.dumps([{"score": float(s), **c.to_json()} for s, c in zip(scores, cases)],
@@ -247,9 +276,11 @@ def _search(args: argparse.Namespace) -> int:
         print("no cases found")
     for rank, (score, case) in enumerate(zip(scores, cases), start=1):
         print(f"{rank}. [{score:.4f}] {case.id}  reward={case.reward:g}  kind={case.kind}"
-              + (f"  env={case.env}" if case.env else ""))
+              + (f"  env={case.env}" if case.env else "") + _scope_text(case))
         print(textwrap.indent(textwrap.shorten(case.state, 200), "   state:  "))
         print(textwrap.indent(textwrap.shorten(case.action, 200), "   action: "))
+        if case.meta:
+            print(textwrap.indent(textwrap.shorten(json.dumps(case.meta, ensure_ascii=False), 200), "   meta:   "))
     return EXIT_OK
 
 
