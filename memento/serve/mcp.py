@@ -1,12 +1,21 @@
 """``memento mcp DIR``: the selector as MCP tools over stdio (official Python SDK, the ``mcp`` extra).
 
-Tools:
+Tools (:data:`TOOLS_HELP`, which ``memento mcp --help`` prints):
 
-- ``select_cases(task, k=4)``: choose ``k`` past cases for a task; returns the cases (state, action,
-  reward, probability) and a ``selection_id``;
+- ``select_cases(task, k=4, scope?, filter?, env?)``: choose ``k`` past cases for a task; returns the cases (state,
+  action, reward, probability, ``score`` = the Q-network's logit, ``similarity`` = the cosine, scope, meta) and a
+  ``selection_id``;
 - ``record_outcome(selection_id, reward)``: the reward in [0, 1] of what the agent did with them;
-- ``add_case(state, action, reward)``: store a new case; returns its id;
-- ``delete_case(case_id)``: forget a stale or wrong case: it is never selected again.
+- ``add_case(state, action, reward, user?, agent?, session?, meta?, env?)``: store a new case; returns its id;
+- ``delete_case(case_id)``: forget a stale or wrong case: it is never selected again;
+- ``search_cases(query, k=10, scope?, filter?, env?)``: the ``k`` nearest cases by cosine, each with its
+  ``similarity`` (a plain search: no policy, nothing recorded);
+- ``list_cases(scope?, filter?, env?, limit=100, offset=0)``: the stored cases, in position order;
+- ``get_case(case_id)``: one stored case.
+
+A ``scope`` is ``{"user"?, "agent"?, "session"?}`` (only the cases of that scope), a ``filter`` a metadata filter
+(``{"topic": "geo"}``, ``{"topic": {"in": ["geo", "sci"]}}``, ``{"AND": [...]}``, ``{"OR": [...]}``; see
+:mod:`memento.memory.where`); one that matches nothing gives no cases, not an error.
 
 Writes go through the same single :class:`~memento.serve.app.Writer` as the HTTP service: a tool
 answers after the selector committed the write, checkpoints are periodic, and the queue is drained
@@ -24,11 +33,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from memento.serve.app import ServeConfig, Writer, _json_safe, require_extra, thread_limiter
 
-__all__ = ["build_mcp_server", "run_mcp"]
+__all__ = ["TOOLS_HELP", "build_mcp_server", "run_mcp"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +45,31 @@ _INSTRUCTIONS = """\
 A case selector trained to pick the past cases (task, what was done, reward) that help this agent's LLM.
 Call select_cases with the task before solving it and put the returned cases in the prompt; after the
 task, call record_outcome with the selection_id and a reward in [0, 1] (1 = success) so the selector
-learns. add_case stores a new experience; delete_case forgets a stale or wrong one (by its id)."""
+learns. add_case stores a new experience (optionally scoped: user, agent, session; with meta); delete_case
+forgets a stale or wrong one (by its id). search_cases, list_cases and get_case read the stored cases without
+recording anything. select_cases, search_cases and list_cases take an optional scope {"user", "agent", "session"}
+and a metadata filter ({"topic": "geo"}, {"topic": {"in": ["geo", "sci"]}}, {"AND": [...]}, {"OR": [...]})."""
+
+TOOLS_HELP = """\
+tools (scope: {"user"?, "agent"?, "session"?}; filter: on the cases' meta, e.g. {"topic": "geo"},
+{"topic": {"in": ["geo", "sci"]}}, {"AND": [...]}, {"OR": [...]}; one that matches nothing gives no cases):
+  select_cases(task, k=4, scope?, filter?, env?)
+                                       choose k past cases for the task -> {selection_id, cases: [{id, state,
+                                       action, reward, prob, score (Q logit), similarity (cosine), ...}]}
+  record_outcome(selection_id, reward) the reward in [0, 1] of the task solved with them (committed when answered)
+  add_case(state, action, reward, user?, agent?, session?, meta?, env?)
+                                       store a new case (scoped when user/agent/session is given) -> {id}
+  delete_case(case_id)                 forget a stored case: never selected again -> {id, deleted, ...}
+  search_cases(query, k=10, scope?, filter?, env?)
+                                       the k nearest cases by cosine, no policy, nothing recorded
+                                       -> {cases: [{id, state, action, reward, similarity, ...}]}
+  list_cases(scope?, filter?, env?, limit=100, offset=0)
+                                       stored cases in position order -> {cases, limit, offset}
+  get_case(case_id)                    one stored case -> {id, state, action, reward, user?, meta?, ...}"""
 
 
 def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | None = None) -> Any:
-    """An ``MCPServer`` with the four tools, backed by ``selector`` (writes through ``writer``).
+    """An ``MCPServer`` with the seven tools (:data:`TOOLS_HELP`), backed by ``selector`` (writes through ``writer``).
 
     The tools' arguments are validated with the strict field types of the HTTP request bodies
     (:mod:`memento.serve.schema`, the same ``config`` limits): a bad argument is a tool error of one line naming
@@ -62,12 +91,21 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
     f = fields(config)
     limit_threads = thread_limiter(config.threads)  # tools run in the SDK's worker threads
 
-    def select_cases(task: f.text, k: f.k = 4) -> dict[str, Any]:
-        """Choose k past cases to show the LLM for this task. Returns selection_id (pass it to
-        record_outcome), and cases: [{id, state, action, reward, env, prob}] in the order chosen."""
+    from pydantic import Field, Strict
+
+    Limit = Annotated[int, Strict(), Field(ge=1, le=10_000)]
+    Offset = Annotated[int, Strict(), Field(ge=0, le=2 ** 62)]
+
+    def select_cases(task: f.text, k: f.k = 4, scope: f.scope | None = None, filter: f.filter | None = None,
+                     env: f.env | None = None) -> dict[str, Any]:
+        """Choose k past cases to show the LLM for this task, among those of scope ({"user", "agent", "session"})
+        whose meta match filter ({"topic": "geo"}, {"topic": {"in": [...]}}, {"AND": [...]}, {"OR": [...]}).
+        Returns selection_id (pass it to record_outcome), and cases: [{id, state, action, reward, env, prob,
+        score (the Q-network's logit), similarity (cosine), user?, agent?, session?, meta?}] in the order chosen."""
         limit_threads()
         try:
-            return _json_safe(selector.select(task, k=k, mode="sample").to_dict())
+            return _json_safe(selector.select(task, k=k, mode="sample", env=env, scope=scope,
+                                              filter=filter).to_dict())
         except Exception as error:  # noqa: BLE001 - every selector error is the caller's to read
             raise fail(error) from None
 
@@ -79,10 +117,15 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    def add_case(state: f.text, action: f.text, reward: f.reward) -> dict[str, Any]:
-        """Store a new case (the task, what was done, its reward in [0, 1]). Returns {"id": the case id}."""
+    def add_case(state: f.text, action: f.text, reward: f.reward, user: f.env | None = None,
+                 agent: f.env | None = None, session: f.env | None = None, meta: f.meta | None = None,
+                 env: f.env | None = None) -> dict[str, Any]:
+        """Store a new case (the task, what was done, its reward in [0, 1]), optionally scoped (user, agent,
+        session: whose case it is) and with meta (a JSON object that filters match). Returns {"id": the case id}."""
+        scope = {name: value for name, value in (("user", user), ("agent", agent), ("session", session))
+                 if value is not None}
         try:
-            return {"id": writer.submit_case(state, action, reward).result()}
+            return {"id": writer.submit_case(state, action, reward, env=env, meta=meta, scope=scope or None).result()}
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
@@ -94,7 +137,36 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    for fn in (select_cases, record_outcome, add_case, delete_case):
+    def search_cases(query: f.text, k: f.k = 10, scope: f.scope | None = None, filter: f.filter | None = None,
+                     env: f.env | None = None) -> dict[str, Any]:
+        """The k stored cases nearest to the query by cosine, among those of scope whose meta match filter (a
+        plain search: no policy, nothing recorded). Returns cases: [{id, state, action, reward, similarity,
+        user?, agent?, session?, meta?}], the most similar first."""
+        limit_threads()
+        try:
+            found = selector.search_cases(query, k=k, env=env, scope=scope, filter=filter)
+            return _json_safe({"cases": [{**case.to_json(), "similarity": similarity} for case, similarity in found]})
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    def list_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
+                   limit: Limit = 100, offset: Offset = 0) -> dict[str, Any]:
+        """The stored cases of scope whose meta match filter, in position order (deleted ones left out), from
+        the offset-th match, at most limit (1..10000). Returns {cases: [...], limit, offset}."""
+        try:
+            cases = selector.list_cases(env=env, scope=scope, filter=filter, limit=limit, offset=offset)
+            return _json_safe({"cases": [case.to_json() for case in cases], "limit": limit, "offset": offset})
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    def get_case(case_id: f.case_id) -> dict[str, Any]:
+        """One stored case by id: {id, state, action, reward, kind, env?, user?, agent?, session?, meta?}."""
+        try:
+            return _json_safe(selector.get_case(case_id).to_json())
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    for fn in (select_cases, record_outcome, add_case, delete_case, search_cases, list_cases, get_case):
         server.add_tool(fn)
     return server
 

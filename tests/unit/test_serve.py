@@ -47,8 +47,9 @@ class _Result:
 
     def to_dict(self) -> dict[str, Any]:
         return {"selection_id": self.selection_id, "mode": self.mode, "policy_version": 0, "set_prob": 1.0,
-                "cases": [{"id": i, "state": c.state, "action": c.action, "reward": c.reward, "env": c.env,
-                           "prob": np.float32(p)} for i, c, p in zip(self.ids, self.cases, self.probs)]}
+                "cases": [{**c.to_json(), "id": i, "prob": np.float32(p), "score": np.float32(-r),
+                           "similarity": np.float32(1.0 - r / 10)}
+                          for r, (i, c, p) in enumerate(zip(self.ids, self.cases, self.probs))]}
 
 
 class FakeSelector:
@@ -73,10 +74,30 @@ class FakeSelector:
                     raise DimensionError(f"query embedding shape={query.shape}, selector dim={self.dim}")
             elif not query.strip():
                 raise DataFormatError("query text is empty")
-            ids = tuple(list(self.cases)[:k])
+            ids = tuple(case_id for case_id, case in self.cases.items() if self._keeps(case, env, scope, filter))[:k]
             sid = uuid.uuid4().hex
             self.pending.add(sid)
             return _Result(sid, ids, tuple(self.cases[i] for i in ids), tuple(1.0 / len(ids) for _ in ids), mode)
+
+    @staticmethod
+    def _keeps(case: Case, env: str | None, scope: Any, filter: Any) -> bool:
+        """The real selector's verdicts (memento.memory.where), for the scoped reads."""
+        from memento.memory.where import as_scope, parse_filter
+
+        scope, where = as_scope(scope), parse_filter(filter)
+        return ((env is None or case.env == env) and (scope is None or scope.matches(case))
+                and (where is None or where.matches(case.meta)))
+
+    def search_cases(self, query: Any, k: int = 10, *, env: str | None = None, scope: Any = None,
+                     filter: Any = None) -> list[tuple[Case, float]]:
+        with self.lock:
+            kept = [case for case in self.cases.values() if self._keeps(case, env, scope, filter)][:k]
+            return [(case, 1.0 - r / 10) for r, case in enumerate(kept)]
+
+    def list_cases(self, *, env: str | None = None, scope: Any = None, filter: Any = None, limit: int = 100,
+                   offset: int = 0) -> list[Case]:
+        with self.lock:
+            return [case for case in self.cases.values() if self._keeps(case, env, scope, filter)][offset:][:limit]
 
     def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
         if self.block is not None:
@@ -96,8 +117,9 @@ class FakeSelector:
             if embedding is not None and embedding.shape != (self.dim,):
                 raise DimensionError(f"case state vector has shape {embedding.shape}, selector dim={self.dim}")
             case_id = f"c{len(self.cases)}"
+            owner = dict(scope or {})
             self.cases[case_id] = Case(id=case_id, state=state, action=action, reward=reward, env=env,
-                                       meta=meta or {})
+                                       meta=meta or {}, **owner)
             return case_id
 
     def get_case(self, case_id: str) -> Case:
@@ -488,12 +510,16 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
 
     async def drive() -> None:
         async with Client(server) as client:
-            names = {t.name for t in (await client.list_tools()).tools}
-            assert names == {"select_cases", "record_outcome", "add_case", "delete_case"}
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(tools) == {"select_cases", "record_outcome", "add_case", "delete_case", "search_cases",
+                                  "list_cases", "get_case"}
+            assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k", "scope", "filter", "env"}
+            assert set(tools["add_case"].input_schema["properties"]) == {"state", "action", "reward", "user", "agent",
+                                                                          "session", "meta", "env"}
             chosen = await client.call_tool("select_cases", {"task": "capital of Peru?", "k": 2})
             assert not chosen.is_error
             body = chosen.structured_content
-            assert len(body["cases"]) == 2
+            assert len(body["cases"]) == 2 and all("score" in c and "similarity" in c for c in body["cases"])
             recorded = await client.call_tool("record_outcome", {"selection_id": body["selection_id"], "reward": 1})
             assert not recorded.is_error and recorded.structured_content["recorded"] is True
             again = await client.call_tool("record_outcome", {"selection_id": body["selection_id"], "reward": 1})
@@ -502,6 +528,46 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
             assert bad.is_error and "k" in bad.content[0].text
             added = await client.call_tool("add_case", {"state": "s", "action": "a", "reward": 1.0})
             assert added.structured_content["id"] in selector.cases
+            # scoped cases with meta, then the scoped reads
+            ids = {}
+            for user, topic in (("alice", "geo"), ("alice", "sci"), ("bob", "geo")):
+                made = await client.call_tool("add_case", {"state": f"{user} {topic}", "action": "a", "reward": 1.0,
+                                                           "user": user, "agent": "planner",
+                                                           "meta": {"topic": topic}})
+                assert not made.is_error, made.content
+                ids[user, topic] = made.structured_content["id"]
+            assert selector.cases[ids["alice", "geo"]].user == "alice"
+            assert selector.cases[ids["alice", "geo"]].meta == {"topic": "geo"}
+            scoped = await client.call_tool("select_cases", {"task": "q", "k": 4, "scope": {"user": "alice"}})
+            assert {c["id"] for c in scoped.structured_content["cases"]} == {ids["alice", "geo"], ids["alice", "sci"]}
+            assert all(c["user"] == "alice" and c["agent"] == "planner" for c in scoped.structured_content["cases"])
+            filtered = await client.call_tool("select_cases", {"task": "q", "k": 4, "filter": {"topic": "geo"}})
+            assert {c["id"] for c in filtered.structured_content["cases"]} == {ids["alice", "geo"], ids["bob", "geo"]}
+            nothing = await client.call_tool("select_cases", {"task": "q", "scope": {"user": "carol"}})
+            assert not nothing.is_error and nothing.structured_content["cases"] == []
+            found = await client.call_tool("search_cases", {"query": "q", "k": 5, "scope": {"agent": "planner"},
+                                                            "filter": {"OR": [{"topic": "sci"}, {"topic": "geo"}]}})
+            assert not found.is_error, found.content
+            rows = found.structured_content["cases"]
+            assert [r["id"] for r in rows] == [ids["alice", "geo"], ids["alice", "sci"], ids["bob", "geo"]]
+            assert [r["similarity"] for r in rows] == [1.0, 0.9, 0.8] and rows[2]["meta"] == {"topic": "geo"}
+            listed = await client.call_tool("list_cases", {"filter": {"topic": {"in": ["sci"]}}})
+            assert [r["id"] for r in listed.structured_content["cases"]] == [ids["alice", "sci"]]
+            page = await client.call_tool("list_cases", {"limit": 2, "offset": 1})
+            assert page.structured_content["limit"] == 2 and page.structured_content["offset"] == 1
+            assert [r["id"] for r in page.structured_content["cases"]] == ["c1", "c2"]
+            got = await client.call_tool("get_case", {"case_id": ids["bob", "geo"]})
+            assert got.structured_content["user"] == "bob" and got.structured_content["state"] == "bob geo"
+            missing = await client.call_tool("get_case", {"case_id": "nope"})
+            assert missing.is_error and "unknown case id" in missing.content[0].text
+            for tool, args, field in (("list_cases", {"limit": 0}, "limit"), ("list_cases", {"offset": -1}, "offset"),
+                                      ("list_cases", {"limit": True}, "limit"),
+                                      ("search_cases", {"query": "q", "filter": {"topic": {"gt": 1}}}, "filter"),
+                                      ("list_cases", {"scope": {"owner": "x"}}, "scope"),
+                                      ("get_case", {"case_id": ""}, "case_id")):
+                refused = await client.call_tool(tool, args)
+                text = refused.content[0].text
+                assert refused.is_error and "\n" not in text and f"{field}:" in text, (tool, args, text)
 
     anyio.run(drive)
     writer.stop(5)
@@ -520,6 +586,15 @@ _BAD_ARGUMENTS = [  # (tool, HTTP path, arguments, the field named): refused ali
     ("record_outcome", "/v1/feedback", {"reward": float("nan")}, "reward"),
     ("add_case", "/v1/cases", {"reward": True}, "reward"),
     ("add_case", "/v1/cases", {"text": "s" * 11}, "text"),
+    ("select_cases", "/v1/select", {"scope": {"owner": "x"}}, "scope"),
+    ("select_cases", "/v1/select", {"scope": "alice"}, "scope"),
+    ("select_cases", "/v1/select", {"scope": {"user": "a\x01"}}, "scope"),
+    ("select_cases", "/v1/select", {"filter": {"topic": {"gt": 1}}}, "filter"),
+    ("select_cases", "/v1/select", {"filter": ["geo"]}, "filter"),
+    ("select_cases", "/v1/select", {"filter": {"level": 1e300}}, "filter"),
+    ("add_case", "/v1/cases", {"user": ""}, "user"),
+    ("add_case", "/v1/cases", {"session": 3}, "session"),
+    ("add_case", "/v1/cases", {"meta": ["x"]}, "meta"),
 ]
 
 
