@@ -980,43 +980,35 @@ def _pct(x: Any) -> str:
     return "n/a" if not isinstance(x, (int, float)) else f"{100.0 * x:.1f}%"
 
 
-def _yaml_str(value: Any) -> str:
-    """A YAML scalar: JSON's string quoting is valid YAML."""
-    return json.dumps(str(value))
-
-
 def card_front_matter(manifest: dict[str, Any], spec: EncoderSpec) -> list[str]:
-    """The YAML front matter the Hugging Face Hub reads from a model card: library name, tags, the base
-    encoder (its Hub id when known), the task suite as the dataset, the run's figures as metrics."""
+    """The YAML front matter the Hugging Face Hub reads from a model card (``huggingface_hub.ModelCardData``):
+    library name and tags (:data:`memento.hub.CARD_METADATA`), the base encoder (its Hub id when known), the
+    task suite as the dataset, the run's figures as metrics and as the model index's results."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    from memento.hub import CARD_METADATA
+
     source = manifest.get("source") or {}
     summary = source.get("summary") or {}
-    lines = ["---", "library_name: memento-mdp", "tags:"]
-    lines += [f"- {tag}" for tag in ("memento", "case-based-reasoning", "retrieval", "soft-q")]
     base = None
     if spec.kind == "transformers" and spec.files is None:
         base = spec.model if spec.model is not None else "sentence-transformers/all-MiniLM-L6-v2"
-    if base is not None and "/" in base and not base.startswith(("/", ".", "~")):
-        lines.append(f"base_model: {_yaml_str(base)}")
+    if base is not None and ("/" not in base or base.startswith(("/", ".", "~"))):
+        base = None
     run = (manifest.get("run") or {}) if isinstance(manifest.get("run"), dict) else {}
     suite = source.get("suite") or source.get("tasks") or run.get("suite")
-    if isinstance(suite, str) and suite:
-        lines += ["datasets:", f"- {_yaml_str(suite)}"]
-    metrics = [(name, summary.get(key)) for name, key in (("success_rate", "success_rate"),
-                                                          ("moving_success_rate", "moving_success_rate"))]
-    metrics = [(name, value) for name, value in metrics if isinstance(value, (int, float))
+    suite = suite if isinstance(suite, str) and suite else None
+    metrics = [(name, summary.get(name)) for name in ("success_rate", "moving_success_rate")]
+    metrics = [(name, float(value)) for name, value in metrics if isinstance(value, (int, float))
                and not isinstance(value, bool)]
-    if metrics:
-        lines.append("metrics:")
-        lines += [f"- {name}" for name, _ in metrics]
-        lines += ["model-index:", f"- name: {_yaml_str(source.get('policy') or 'memento-selector')}",
-                  "  results:", "  - task:", "      type: case-selection"]
-        if isinstance(suite, str) and suite:
-            lines += [f"    dataset: {{name: {_yaml_str(suite)}, type: {_yaml_str(suite)}}}"]
-        lines.append("    metrics:")
-        for name, value in metrics:
-            lines += [f"    - type: {name}", f"      value: {float(value):.6g}"]
-    lines += ["---", ""]
-    return lines
+    results = [EvalResult(task_type="case-selection", dataset_type=suite or "tasks", dataset_name=suite or "tasks",
+                          metric_type=name, metric_value=float(f"{value:.6g}")) for name, value in metrics]
+    data = ModelCardData(library_name=CARD_METADATA["library_name"], tags=list(CARD_METADATA["tags"]),
+                         base_model=base, datasets=[suite] if suite else None,
+                         metrics=[name for name, _ in metrics] or None,
+                         model_name=str(source.get("policy") or "memento-selector") if results else None,
+                         eval_results=results or None)
+    return ["---", *data.to_yaml().splitlines(), "---", ""]
 
 
 def _card_training(source: dict[str, Any]) -> list[str]:
