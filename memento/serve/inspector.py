@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import html
 import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,12 @@ import numpy as np
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
 from memento.memory import rows as bank_rows
 from memento.memory.bank import CaseBank
-from memento.plots import moving_average
 from memento.runs.rundir import RunDir, read_json
+from memento.runs.spans import LATE_STEPS, success_spans
 from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_encoder
+from memento.serve.charts import number_text as _num
+from memento.serve.charts import short_text as _short
+from memento.serve.charts import svg_line_chart, template_env, windowed_success
 
 __all__ = ["Inspector", "cookie_value", "inspect_app", "serve_inspector", "svg_line_chart"]
 
@@ -55,31 +57,9 @@ PAGE_SIZE = 25
 MAX_SEARCH = 500
 COOKIE = "memento_inspect_token"
 _DEPTH = 3  # how deep a directory of runs is searched for run directories
-_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def e(value: Any) -> str:
-    """``value`` as escaped HTML text (attribute-safe: quotes escaped too)."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def _short(text: str, n: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[:n - 1] + "…"
-
-
-def _num(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return e(value)
-    return "—" if not math.isfinite(f) else f"{f:.{digits}g}"
+BASELINE = "similarity"  # the overview's reference policy
+MAX_PARAM = 200  # characters of a query parameter
+MAX_PAGE = 10**9
 
 
 # ---------------------------------------------------------------- what is inspected
@@ -167,6 +147,7 @@ class Inspector:
         self.comparison = comparison
         self._steps = {name: _Steps(run.steps) for name, run in runs.items()}
         self._owned = list(owned)
+        self._comparisons: dict[Path, dict[str, Any] | None] = {}
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------------ construction
@@ -273,14 +254,129 @@ class Inspector:
             raise UnknownCaseError(f"no run named {name!r}")
         return name, self._steps[name].read()
 
-    def window(self, name: str) -> int:
-        if self.comparison and isinstance(self.comparison.get("window"), int) and self.comparison["window"] > 0:
-            return int(self.comparison["window"])
+    def _comparison_of(self, name: str) -> dict[str, Any] | None:
+        """The ``comparison.json`` beside a run (its parent directory's), if any."""
+        path = self.runs[name].path.parent / "comparison.json"
+        if path not in self._comparisons:
+            try:
+                found = read_json(path) if path.is_file() else None
+            except MementoError:
+                found = None
+            self._comparisons[path] = found if isinstance(found, dict) else None
+        return self._comparisons[path]
+
+    def _config_of(self, name: str) -> dict[str, Any]:
         try:
-            window = self.runs[name].read_config().get("window")
-        except (MementoError, AttributeError):
-            window = None
-        return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 50
+            config = self.runs[name].read_config()
+        except MementoError:
+            config = None
+        return config if isinstance(config, dict) else {}
+
+    @staticmethod
+    def _count(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def window(self, name: str) -> int:
+        """The run's ``window`` (its comparison's, else its config's, else 50): the early span, the curve's."""
+        comparison = self._comparison_of(name) or self.comparison or {}
+        return self._count(comparison.get("window")) or self._count(self._config_of(name).get("window")) or 50
+
+    def late_steps(self, name: str) -> int:
+        """The run's late span: its comparison's ``late_steps``, else :data:`memento.runs.spans.LATE_STEPS`."""
+        comparison = self._comparison_of(name) or self.comparison or {}
+        return self._count(comparison.get("late_steps")) or LATE_STEPS
+
+    def label(self, name: str) -> str:
+        """The policy a run stands for: its name in its comparison's ``order``, else its steps' ``policy``."""
+        run_dir = self.runs[name].path.name
+        order = (self._comparison_of(name) or {}).get("order")
+        if isinstance(order, list) and run_dir in order:
+            return run_dir
+        _, rows = self.steps(name)
+        policy = rows[0].get("policy") if rows else None
+        if not isinstance(policy, str):
+            policy = (self._config_of(name).get("policy") or {}).get("kind") \
+                if isinstance(self._config_of(name).get("policy"), dict) else None
+        return policy if isinstance(policy, str) and policy else name
+
+    def step_values(self, name: str) -> tuple[list[str], list[str]]:
+        """The families and the policies a run's steps hold (the steps list's filter menus)."""
+        _, rows = self.steps(name)
+        families = sorted({str(row["family"]) for row in rows if row.get("family") not in (None, "")})
+        policies = sorted({str(row["policy"]) for row in rows if row.get("policy") not in (None, "")})
+        return families, policies
+
+    @staticmethod
+    def filter_steps(rows: Sequence[dict[str, Any]], *, failures: bool = False, family: str | None = None,
+                     policy: str | None = None) -> list[dict[str, Any]]:
+        """The step records without a success (``failures``), of ``family``, of ``policy``."""
+        return [row for row in rows if not (failures and row.get("success"))
+                and (not family or str(row.get("family")) == family)
+                and (not policy or str(row.get("policy")) == policy)]
+
+    def overview(self, baseline: str = BASELINE) -> dict[str, Any]:
+        """Early / late / overall success per policy and per task family and policy, pooled over the runs of a
+        policy, with the difference to ``baseline`` (the similarity policy) when a run of it is here; the spans
+        are :func:`memento.runs.spans.success_spans` of each run (its window and late steps)."""
+        spans_seen: set[tuple[int, int]] = set()
+        totals: dict[str, dict[str, list[int]]] = {}
+        by_family: dict[str, dict[str, dict[str, list[int]]]] = {}
+        runs: dict[str, list[str]] = {}
+        steps: dict[str, int] = {}
+        for name in self.runs:
+            _, rows = self.steps(name)
+            label = self.label(name)
+            runs.setdefault(label, []).append(name)
+            steps[label] = steps.get(label, 0) + len(rows)
+            window, late = self.window(name), self.late_steps(name)
+            spans_seen.add((window, late))
+            for span, (a, b) in success_spans(len(rows), window=window, late_steps=late).items():
+                for row in rows[a:b]:
+                    hit = 1 if row.get("success") else 0
+                    for counts in (totals.setdefault(label, {}),
+                                   by_family.setdefault(str(row.get("family") or "(none)"), {}).setdefault(label, {})):
+                        pair = counts.setdefault(span, [0, 0])
+                        pair[0] += hit
+                        pair[1] += 1
+        base = baseline if baseline in totals else None
+
+        def cells(counts: dict[str, list[int]], base_counts: dict[str, list[int]] | None) -> dict[str, Any]:
+            out = {}
+            for span in ("overall", "early", "late"):
+                hit, n = counts.get(span, (0, 0))
+                rate = hit / n if n else None
+                b_hit, b_n = (base_counts or {}).get(span, (0, 0))
+                diff = rate - b_hit / b_n if rate is not None and b_n and base_counts is not None else None
+                out[span] = {"rate": rate, "n": n, "diff": diff}
+            return out
+
+        policies = [{"label": label, "runs": len(runs[label]), "steps": steps[label],
+                     **cells(counts, totals.get(base) if base and label != base else None)}
+                    for label, counts in totals.items()]
+        families = [{"family": family, "policies": [
+            {"label": label, **cells(counts, per.get(base) if base and label != base else None)}
+            for label, counts in per.items()]} for family, per in sorted(by_family.items())]
+        wins = []
+        for label in totals:
+            if base is None or label == base:
+                continue
+            diffs = [(f["family"], p["late"]["diff"]) for f in families for p in f["policies"]
+                     if p["label"] == label and p["late"]["diff"] is not None]
+            wins.append({"label": label, "run": runs[label][0],
+                         "better": [{"family": f, "diff": d} for f, d in sorted(diffs, key=lambda x: -x[1]) if d > 0],
+                         "worse": [{"family": f, "diff": d} for f, d in sorted(diffs, key=lambda x: x[1]) if d < 0],
+                         "even": [f for f, d in diffs if d == 0]})
+        needs = ""
+        if base is None:
+            needs = (f"No {baseline} run here, so no difference to it: the comparison needs runs of both policies "
+                     f"on the same tasks, e.g. a directory written by memento online --policy soft_q,{baseline} "
+                     "(or memento bench online --workdir DIR), inspected as a whole.")
+        elif len(totals) == 1:
+            needs = f"Only {baseline} runs here: add a run of another policy on the same tasks to compare."
+        spans_text = "; ".join(f"early: the first {w} steps of each run, late: the last {late}"
+                               for w, late in sorted(spans_seen))
+        return {"policies": policies, "families": families, "baseline": base, "wins": wins, "needs": needs,
+                "spans_text": spans_text}
 
     def filters(self, view: _BankView) -> tuple[list[str], list[str]]:
         """The envs and kinds the bank holds (for the filter menus)."""
@@ -388,149 +484,53 @@ class Inspector:
         return name, row, prev_step, next_step, out
 
 
-# ---------------------------------------------------------------- SVG
-
-
-def svg_line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, title: str, y_label: str,
-                   y_range: tuple[float, float] | None = None, width: int = 720, height: int = 300) -> str:
-    """An inline SVG line chart of ``{name: (x, y)}`` (escaped names), axes with ticks and a legend."""
-    left, right, top, bottom = 56, 16, 28, 40
-    pw, ph = width - left - right, height - top - bottom
-    xs = [float(x) for xv, _ in series.values() for x in xv]
-    ys = [float(y) for _, yv in series.values() for y in yv if math.isfinite(float(y))]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="{e(title)}">',
-             f'<text x="{left}" y="18" class="title">{e(title)}</text>']
-    if not xs or not ys:
-        parts.append(f'<text x="{left}" y="{top + ph / 2:.0f}">no data</text></svg>')
-        return "".join(parts)
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = y_range if y_range is not None else (min(ys), max(ys))
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
-
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * pw
-
-    def py(y: float) -> float:
-        return top + (1 - (y - y0) / (y1 - y0)) * ph
-
-    parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="frame"/>')
-    for i in range(5):
-        yv = y0 + (y1 - y0) * i / 4
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(yv):.1f}" y2="{py(yv):.1f}" class="grid"/>'
-                     f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{yv:.3g}</text>')
-    for xv in sorted({round(x0 + (x1 - x0) * i / 4) for i in range(5)}):  # whole steps
-        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{xv}</text>')
-    parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 6}" text-anchor="middle">step</text>'
-                 f'<text x="14" y="{top + ph / 2:.0f}" transform="rotate(-90 14 {top + ph / 2:.0f})" '
-                 f'text-anchor="middle">{e(y_label)}</text>')
-    for i, (name, (xs_T, ys_T)) in enumerate(series.items()):
-        color = _PALETTE[i % len(_PALETTE)]
-        points = " ".join(f"{px(float(x)):.1f},{py(float(y)):.1f}" for x, y in zip(xs_T, ys_T)
-                          if math.isfinite(float(y)))
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{points}" '
-                     f'data-series="{e(name)}"/>')
-        ly = top + 14 + 16 * i
-        parts.append(f'<line x1="{left + pw - 150}" x2="{left + pw - 130}" y1="{ly}" y2="{ly}" stroke="{color}" '
-                     f'stroke-width="3"/><text x="{left + pw - 124}" y="{ly + 4}">{e(_short(name, 24))}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 # ---------------------------------------------------------------- pages
 
-_CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
-header{background:#243447;color:#fff;padding:8px 16px}header a{color:#cfe3ff;margin-right:14px}
-main{padding:12px 16px;max-width:1250px}h1{font-size:20px;margin:8px 0}h2{font-size:16px;margin:14px 0 6px}
-table{border-collapse:collapse;width:100%;background:#fff}td,th{border:1px solid #ddd;padding:4px 6px;
-vertical-align:top;text-align:left}th{background:#f0f2f5}tr.chosen{background:#eef8ee}
-.num{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#777}.text{white-space:pre-wrap;
-word-break:break-word}form.bar{margin:8px 0;display:flex;gap:8px;flex-wrap:wrap;align-items:center}
-input[type=text]{width:420px}nav.pager{margin:8px 0}nav.pager a{margin-right:12px}
-.chart{background:#fff;border:1px solid #ddd;margin:6px 0}.chart text{font-size:11px;fill:#333}
-.chart .title{font-size:13px;font-weight:600}.chart .grid{stroke:#eee}.chart .frame{fill:none;stroke:#bbb}
-.error{color:#a00}dl.kv{display:grid;grid-template-columns:max-content auto;gap:2px 14px}dl.kv dt{color:#555}
-"""
+
+def _render(template: str, page: _Page, inspector: Inspector | None, title: str, **context: Any) -> str:
+    if inspector is not None:
+        nav = [("overview", page.url("/"))]
+        if inspector.banks:
+            nav.append(("bank", page.url("/bank")))
+        if inspector.runs:
+            nav += [("steps", page.url("/steps")), ("curves", page.url("/curves"))]
+        context.update(nav=nav, inspector_title=inspector.title)
+    return str(template_env().get_template(template).render(title=title, url=page.url, **context))
 
 
 class _Page:
-    """URL building for one request (the pages may be mounted under a prefix, e.g. ``/inspect``)."""
+    """URL building for one request (the pages may be mounted under a prefix, e.g. ``/inspect``); the
+    templates escape what it returns."""
 
     def __init__(self, base: str):
         self.base = base.rstrip("/")
 
     def url(self, path: str, **params: Any) -> str:
-        query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
-        return e(f"{self.base}{path}" + (f"?{query}" if query else ""))
-
-    def render(self, inspector: Inspector, title: str, body: str) -> str:
-        links = [f'<a href="{self.url("/")}">overview</a>']
-        if inspector.banks:
-            links.append(f'<a href="{self.url("/bank")}">bank</a>')
-        if inspector.runs:
-            links.append(f'<a href="{self.url("/steps")}">steps</a><a href="{self.url("/curves")}">curves</a>')
-        return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{e(title)} · memento inspect'
-                f'</title><style>{_CSS}</style></head><body><header><b>memento inspect</b> · {e(inspector.title)} '
-                f'· {"".join(links)}</header><main><h1>{e(title)}</h1>{body}</main></body></html>')
+        query = urlencode({k: v for k, v in params.items() if not (v is None or v is False or v == "")})
+        return f"{self.base}{path}" + (f"?{query}" if query else "")
 
 
-def _pager(page: _Page, path: str, number: int, total: int, **params: Any) -> str:
-    pages = max(1, math.ceil(total / PAGE_SIZE))
-    bits = []
-    if number > 0:
-        bits.append(f'<a rel="prev" href="{page.url(path, **params, page=number - 1)}">&larr; prev</a>')
-    bits.append(f'<span>page {number + 1} of {pages} ({total} in all)</span>')
-    if number + 1 < pages:
-        bits.append(f'<a rel="next" href="{page.url(path, **params, page=number + 1)}">next &rarr;</a>')
-    return f'<nav class="pager">{"".join(bits)}</nav>'
-
-
-def _select(name: str, options: Sequence[tuple[str, str]], current: str | None) -> str:
-    opts = "".join(f'<option value="{e(v)}"{" selected" if v == (current or "") else ""}>{e(label)}</option>'
-                   for v, label in options)
-    return f'<select name="{e(name)}">{opts}</select>'
+def _pages(total: int) -> int:
+    return max(1, math.ceil(total / PAGE_SIZE))
 
 
 def page_index(inspector: Inspector, page: _Page) -> str:
-    body = []
-    for name, view in inspector.banks.items():
-        body.append(f'<h2>bank <a href="{page.url("/bank", b=name)}">{e(name)}</a></h2>'
-                    f'<p>{len(view.bank)} case(s), dim {view.bank.dim}, index {e(view.bank.config.index.factory)}'
-                    + (", with a feedback log" if view.feedback is not None else "") + "</p>")
-    if inspector.runs:
-        rows = []
-        for name, run in inspector.runs.items():
-            summary = run.read_summary() or {}
-            _, steps = inspector.steps(name)
-            rate = np.mean([bool(s.get("success")) for s in steps]) if steps else None
-            rows.append(f'<tr><td>{e(name)}</td><td class="num">{len(steps)}</td><td class="num">{_num(rate)}</td>'
-                        f'<td class="num">{_num(summary.get("llm_calls"))}</td>'
-                        f'<td><a href="{page.url("/steps", r=name)}">steps</a> · '
-                        f'<a href="{page.url("/bank", b=name)}">bank</a></td></tr>')
-        body.append('<h2>runs</h2><table><tr><th>run</th><th>steps</th><th>success rate</th><th>LLM calls</th>'
-                    f'<th></th></tr>{"".join(rows)}</table><p><a href="{page.url("/curves")}">learning curves</a></p>')
-    return page.render(inspector, "overview", "".join(body))
+    banks = [{"name": name, "size": len(view.bank), "dim": view.bank.dim, "index": view.bank.config.index.factory,
+              "feedback": view.feedback is not None} for name, view in inspector.banks.items()]
+    runs = []
+    for name, run in inspector.runs.items():
+        _, steps = inspector.steps(name)
+        runs.append({"name": name, "label": inspector.label(name), "steps": len(steps),
+                     "rate": np.mean([bool(s.get("success")) for s in steps]) if steps else None,
+                     "llm_calls": (run.read_summary() or {}).get("llm_calls")})
+    return _render("overview.html.j2", page, inspector, "overview", banks=banks, runs=runs,
+                   ov=inspector.overview() if inspector.runs else None)
 
 
 def page_bank(inspector: Inspector, page: _Page, *, b: str | None, q: str | None, env: str | None,
               kind: str | None, reward: str | None, number: int) -> str:
     view = inspector.view(b)
     envs, kinds = inspector.filters(view)
-    bank_menu = ""
-    if len(inspector.banks) > 1:
-        bank_menu = _select("b", [(n, n) for n in inspector.banks], view.name)
-    else:
-        bank_menu = f'<input type="hidden" name="b" value="{e(view.name)}">'
-    form = (f'<form class="bar" method="get" action="{page.url("/bank")}">{bank_menu}'
-            f'<input type="text" name="q" value="{e(q or "")}" placeholder="search by text (nearest cases)">'
-            + _select("env", [("", "any env"), *[(v, v) for v in envs]], env)
-            + _select("kind", [("", "any kind"), *[(v, v) for v in kinds]], kind)
-            + _select("reward", [("", "any reward"), ("positive", "reward > 0"), ("zero", "reward ≤ 0")], reward)
-            + '<button type="submit">show</button></form>')
     error = ""
     searching = bool(q and q.strip())
     try:
@@ -539,160 +539,86 @@ def page_bank(inspector: Inspector, page: _Page, *, b: str | None, q: str | None
         else:
             rows, total = inspector.list_cases(view, env=env, kind=kind, reward=reward, page=number)
     except MementoError as err:
-        rows, total, error = [], 0, f'<p class="error">{e(err)}</p>'
-    head = ("<th>rank</th><th>score</th>" if searching else "<th>pos</th>")
-    lines = []
-    for i, row in enumerate(rows):
-        lead = (f'<td class="num">{number * PAGE_SIZE + i + 1}</td>'
-                f'<td class="num score" data-score="{row["score"]:.6f}">{row["score"]:.4f}</td>'
-                if searching else f'<td class="num">{row["pos"]}</td>')
-        lines.append(f'<tr class="case" data-case-id="{e(row["id"])}">{lead}'
-                     f'<td><a href="{page.url("/case", b=view.name, id=row["id"])}">{e(_short(row["id"], 40))}</a></td>'
-                     f'<td class="text">{e(_short(row["state"]))}</td><td class="text">{e(_short(row["action"]))}</td>'
-                     f'<td class="num">{_num(row["reward"])}</td><td>{e(row["env"] or "")}</td>'
-                     f'<td>{e(row["kind"])}</td></tr>')
-    table = (f'<table id="cases"><tr>{head}<th>id</th><th>state</th><th>action</th><th>reward</th><th>env</th>'
-             f'<th>kind</th></tr>{"".join(lines)}</table>')
-    params = {"b": view.name, "q": q, "env": env, "kind": kind, "reward": reward}
-    what = f"nearest cases to “{e(_short(q or '', 80))}”" if searching else f"{len(view.bank)} case(s)"
-    body = form + error + f"<p>{what}</p>" + table + _pager(page, "/bank", number, total, **params)
-    return page.render(inspector, f"bank {view.name}", body)
+        rows, total, error = [], 0, str(err)
+    return _render("bank.html.j2", page, inspector, f"bank {view.name}", bank_names=list(inspector.banks),
+                   view_name=view.name, q=q, env=env, kind=kind, reward=reward, envs=envs, kinds=kinds, error=error,
+                   searching=searching, rows=rows, number=number, total=total, pages=_pages(total),
+                   page_size=PAGE_SIZE, size=len(view.bank),
+                   params={"b": view.name, "q": q, "env": env, "kind": kind, "reward": reward})
 
 
 def page_case(inspector: Inspector, page: _Page, *, b: str | None, case_id: str) -> str:
     view = inspector.view(b)
     info = inspector.case(view, case_id)
     case = info["case"]
-    mean = info["reward_sum"] / info["shown"] if info["shown"] else None
-    meta = json.dumps(case.meta, ensure_ascii=False, indent=1, sort_keys=True) if case.meta else ""
-    body = [f'<dl class="kv"><dt>id</dt><dd id="case-id">{e(case.id)}</dd><dt>position</dt><dd>{info["pos"]}</dd>'
-            f'<dt>env</dt><dd>{e(case.env or "—")}</dd><dt>kind</dt><dd>{e(case.kind)}</dd>'
-            f'<dt>reward</dt><dd>{_num(case.reward)}</dd></dl>'
-            f'<h2>state</h2><div class="text" id="case-state">{e(case.state)}</div>'
-            f'<h2>action</h2><div class="text" id="case-action">{e(case.action)}</div>']
-    if meta:
-        body.append(f'<h2>meta</h2><pre class="text">{e(meta)}</pre>')
-    body.append('<h2>usage (the bank\'s usage log)</h2>'
-                f'<p id="usage" data-shown="{info["shown"]}" data-reward-sum="{info["reward_sum"]:.6g}">shown '
-                f'{info["shown"]} time(s), summed reward {_num(info["reward_sum"])}, mean reward when shown '
-                f'{_num(mean)}</p>')
-    fb = info["feedback"]
-    if fb is not None:
-        rows = "".join(f'<tr><td class="num">{r["seq"]}</td><td>{e(r["selection_id"])}</td><td>{e(r["mode"])}</td>'
-                       f'<td class="num">{r["rank"]}</td><td class="num">{_num(r["prob"])}</td>'
-                       f'<td class="num">{_num(r["reward"])}</td></tr>' for r in fb["rows"][-200:])
-        body.append(f'<h2>feedback log</h2><p id="feedback" data-count="{fb["count"]}">in {fb["count"]} of '
-                    f'{fb["log_rows"]} feedback(s), mean reward {_num(fb["mean_reward"])}</p>'
-                    + (f'<table><tr><th>seq</th><th>selection</th><th>mode</th><th>rank</th><th>probability</th>'
-                       f'<th>reward</th></tr>{rows}</table>' if rows else ""))
-    if info["steps"]:
-        rows = "".join(f'<tr><td><a href="{page.url("/step", r=view.name, n=s["step"])}">{s["step"]}</a></td>'
-                       f'<td>{"chosen" if s["chosen"] else "candidate" if s["candidate"] else ""}'
-                       f'{" · retained here" if s["retained"] else ""}</td><td class="num">{_num(s["reward"])}</td>'
-                       "</tr>" for s in info["steps"][-200:])
-        body.append(f'<h2>steps of the run</h2><table><tr><th>step</th><th>role</th><th>reward</th></tr>{rows}'
-                    "</table>")
-    return page.render(inspector, f"case {_short(case.id, 60)}", "".join(body))
+    return _render("case.html.j2", page, inspector, f"case {_short(case.id, 60)}", view_name=view.name, case=case,
+                   pos=info["pos"], shown=info["shown"], reward_sum=info["reward_sum"],
+                   mean=info["reward_sum"] / info["shown"] if info["shown"] else None,
+                   meta=json.dumps(case.meta, ensure_ascii=False, indent=1, sort_keys=True) if case.meta else "",
+                   feedback=info["feedback"], steps=info["steps"])
 
 
-def page_steps(inspector: Inspector, page: _Page, *, r: str | None, number: int) -> str:
+def page_steps(inspector: Inspector, page: _Page, *, r: str | None, number: int, failures: bool = False,
+               family: str | None = None, policy: str | None = None) -> str:
     name, rows = inspector.steps(r)
-    menu = ""
-    if len(inspector.runs) > 1:
-        menu = " · ".join(f'<a href="{page.url("/steps", r=n)}">{e(n)}</a>' for n in inspector.runs)
-    chunk = rows[number * PAGE_SIZE:(number + 1) * PAGE_SIZE]
-    lines = "".join(
-        f'<tr><td><a href="{page.url("/step", r=name, n=row["step"])}">{row["step"]}</a></td>'
-        f'<td>{e(_short(str(row.get("task_id", "")), 40))}</td>'
-        f'<td class="text">{e(_short(row.get("state", ""), 100))}</td>'
-        f'<td class="text">{e(_short(row.get("output", ""), 60))}</td><td class="num">{_num(row.get("reward"))}</td>'
-        f'<td class="num">{len(row.get("chosen_ids") or [])}/{len(row.get("candidate_ids") or [])}</td></tr>'
-        for row in chunk)
-    body = (f"<p>{menu}</p>" if menu else "") + (
-        '<table id="steps"><tr><th>step</th><th>task</th><th>state</th><th>answer</th><th>reward</th>'
-        f'<th>chosen/candidates</th></tr>{lines}</table>') + _pager(page, "/steps", number, len(rows), r=name)
-    return page.render(inspector, f"steps of {name}", body)
+    families, policies = inspector.step_values(name)
+    for key, value, known in (("family", family, families), ("policy", policy, policies)):
+        if value and value not in known:
+            raise DataFormatError(f"{key}={_short(value, 80)!r}: run {name!r} has no such {key} "
+                                  f"(it has: {_short(', '.join(known), 200) or 'none'})")
+    chosen = inspector.filter_steps(rows, failures=failures, family=family, policy=policy)
+    params = {"r": name, "failures": 1 if failures else None, "family": family, "policy": policy}
+    return _render("steps.html.j2", page, inspector, f"steps of {name}", run_names=list(inspector.runs), name=name,
+                   failures=failures, family=family, policy=policy, families=families, policies=policies,
+                   rows=chosen[number * PAGE_SIZE:(number + 1) * PAGE_SIZE], total=len(chosen), all_steps=len(rows),
+                   number=number, pages=_pages(len(chosen)), params=params)
 
 
 def page_step(inspector: Inspector, page: _Page, *, r: str | None, number: int) -> str:
     name, row, prev_step, next_step, cands = inspector.step(r, number)
     listing = page.url("/steps", r=name, page=inspector.steps(name)[1].index(row) // PAGE_SIZE)
-    nav = [f'<a rel="prev" id="prev" href="{page.url("/step", r=name, n=prev_step)}">&larr; step {prev_step}</a>'
-           if prev_step is not None else "",
-           f'<a href="{listing}">all steps</a>',
-           f'<a rel="next" id="next" href="{page.url("/step", r=name, n=next_step)}">step {next_step} &rarr;</a>'
-           if next_step is not None else ""]
-    full = isinstance(row.get("candidate_probs"), list)
     kv = [("run", name), ("task", row.get("task_id")), ("family", row.get("family")), ("policy", row.get("policy")),
           ("policy version", row.get("policy_version")), ("bank size", row.get("bank_size")),
           ("greedy", _num(row.get("greedy"))), ("entropy", _num(row.get("entropy"))), ("alpha", _num(row.get("alpha"))),
           ("set probability", _num(row.get("set_propensity"))), ("loss", _num(row.get("loss")))]
-    body = [f'<nav class="pager">{" ".join(b for b in nav if b)}</nav><dl class="kv">'
-            + "".join(f"<dt>{e(k)}</dt><dd>{e(v if v is not None else '—')}</dd>" for k, v in kv) + "</dl>",
-            f'<h2>task</h2><div class="text" id="step-state">{e(row.get("state", ""))}</div>',
-            f'<h2>answer</h2><div class="text" id="step-output">{e(row.get("output", ""))}</div>'
-            f'<p>reward <b id="step-reward" data-reward="{e(row.get("reward"))}">{_num(row.get("reward"))}</b>, '
-            f'{"success" if row.get("success") else "no success"} ({e(row.get("reason", ""))})'
-            + (f'; retained as <a href="{page.url("/case", b=name, id=row["retained_id"])}">'
-               f'{e(row["retained_id"])}</a>' if row.get("retained_id") and name in inspector.banks else "")
-            + "</p>"]
-    lines, shown = [], 0.0
-    for c in cands:
-        case = c["case"]
-        prob = c["prob"]
-        cell = (f'<td class="num prob" data-prob="{float(prob):.12g}">{float(prob):.4f}</td>' if prob is not None
-                else '<td class="num muted">not logged</td>')
-        shown += float(prob) if prob is not None else 0.0
-        link = (f'<a href="{page.url("/case", b=name, id=c["id"])}">{e(_short(c["id"], 40))}</a>'
-                if case is not None else e(_short(c["id"], 40)))
-        lines.append(f'<tr class="cand{" chosen" if c["rank"] else ""}" data-case-id="{e(c["id"])}"'
-                     + (f' data-rank="{c["rank"]}"' if c["rank"] else "") + f'><td class="num">{c["rank"] or ""}</td>'
-                     f'{cell}<td class="num">{c["candidate"] or ""}</td><td>{link}</td>'
-                     f'<td class="text">{e(_short(case.state) if case else "")}</td>'
-                     f'<td class="text">{e(_short(case.action) if case else "")}</td>'
-                     f'<td class="num">{_num(case.reward) if case else "—"}</td></tr>')
-    if not full and cands:  # only the chosen cases' first-draw probabilities are logged
-        rest = max(0.0, 1.0 - shown)
-        others = sum(1 for c in cands if c["prob"] is None)
-        lines.append(f'<tr class="rest"><td></td><td class="num prob" data-prob="{rest:.12g}">{rest:.4f}</td>'
-                     f'<td colspan="5" class="muted">the other {others} candidate(s) together (this run logged only '
-                     "the chosen cases' probabilities)</td></tr>")
-    body.append(f'<h2>candidates ({len(row.get("candidate_ids") or [])}; chosen {len(row.get("chosen_ids") or [])}, '
-                'rank = draw order, # = similarity order)</h2><table id="candidates"><tr><th>rank</th>'
-                '<th>probability</th><th>#</th><th>case</th>'
-                f'<th>state</th><th>action</th><th>reward</th></tr>{"".join(lines)}</table>')
-    return page.render(inspector, f"step {row['step']} of {name}", "".join(body))
+    rest = None
+    if not isinstance(row.get("candidate_probs"), list) and cands:  # only the chosen cases' probabilities logged
+        shown = sum(float(c["prob"]) for c in cands if c["prob"] is not None)
+        rest = {"prob": max(0.0, 1.0 - shown), "others": sum(1 for c in cands if c["prob"] is None)}
+    retained = row.get("retained_id") if row.get("retained_id") and name in inspector.banks else None
+    return _render("step.html.j2", page, inspector, f"step {row['step']} of {name}", name=name, row=row,
+                   prev_step=prev_step, next_step=next_step, listing=listing, kv=kv, cands=cands, rest=rest,
+                   retained=retained, n_candidates=len(row.get("candidate_ids") or []),
+                   n_chosen=len(row.get("chosen_ids") or []))
 
 
 def page_curves(inspector: Inspector, page: _Page) -> str:
+    from markupsafe import Markup
+
     success: dict[str, tuple[list[float], list[float]]] = {}
     loss: dict[str, tuple[list[float], list[float]]] = {}
-    window = 50
+    windows = set()
+    short = []
     for name in inspector.runs:
         _, rows = inspector.steps(name)
         window = inspector.window(name)
-        steps = [float(row["step"]) for row in rows]
-        if rows:
-            ma = moving_average([1.0 if row.get("success") else 0.0 for row in rows], window)
-            success[name] = (steps, ma.tolist())
+        windows.add(window)
+        steps_T, rate_T = windowed_success([1.0 if row.get("success") else 0.0 for row in rows], window)
+        success[name] = ([float(rows[int(i)]["step"]) for i in steps_T], rate_T)
+        if not steps_T:
+            short.append(f"{name}: {len(rows)} of {window} steps")
         pts = [(float(row["step"]), float(row["loss"])) for row in rows
                if isinstance(row.get("loss"), (int, float)) and math.isfinite(float(row["loss"]))]
         if pts:
             loss[name] = ([p[0] for p in pts], [p[1] for p in pts])
-    body = [svg_line_chart(success, title=f"moving success rate ({window} steps)", y_label="success rate",
-                           y_range=(0.0, 1.0))]
+    label = "/".join(str(w) for w in sorted(windows)) or "50"
+    charts = [Markup(svg_line_chart(success, title=f"moving success rate ({label} steps)", y_label="success rate",
+                                    y_range=(0.0, 1.0), note="no full window yet (" + "; ".join(short) + ")"))]
     if loss:
-        body.append(svg_line_chart(loss, title="learner loss (mean per update round)", y_label="loss"))
-    if inspector.comparison:
-        comp = inspector.comparison
-        table = "".join(
-            f'<tr><td>{e(p)}</td><td class="num">{_num(r.get("success_early"))}</td>'
-            f'<td class="num">{_num(r.get("success_late"))}</td><td class="num">{_num(r.get("success_rate"))}</td>'
-            f'<td class="num">{_num(r.get("llm_calls"))}</td></tr>'
-            for p, r in (comp.get("policies") or {}).items() if isinstance(r, dict))
-        body.append('<h2>comparison</h2><table><tr><th>policy</th><th>early</th><th>late</th><th>overall</th>'
-                    f'<th>LLM calls</th></tr>{table}</table>')
-    return page.render(inspector, "learning curves", "".join(body))
+        charts.append(Markup(svg_line_chart(loss, title="learner loss (mean per update round)", y_label="loss")))
+    comparison = [(p, r) for p, r in ((inspector.comparison or {}).get("policies") or {}).items()
+                  if isinstance(r, dict)]
+    return _render("curves.html.j2", page, inspector, "learning curves", charts=charts, comparison=comparison)
 
 
 # ---------------------------------------------------------------- the app
@@ -733,11 +659,36 @@ def _base(request: Any) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def _integer(value: str | None, default: int = 0) -> int:
-    try:
-        return max(0, int(value)) if value not in (None, "") else default
-    except ValueError:
-        return default
+def _whole(name: str, value: str | None) -> int:
+    """A page or step number from the query: a whole number 0 .. 10^9 (absent: 0); else a one-line error."""
+    if value in (None, ""):
+        return 0
+    text = str(value).strip()
+    if not text.isdecimal() or len(text) > 10 or int(text) > MAX_PAGE:
+        raise DataFormatError(f"{name}={_short(text, 40)!r}: must be a whole number from 0 to {MAX_PAGE}")
+    return int(text)
+
+
+_FLAGS = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True, "on": True}
+
+
+def _flag(name: str, value: str | None) -> bool:
+    key = (value or "").strip().lower()
+    if key not in _FLAGS:
+        raise DataFormatError(f"{name}={_short(key, 40)!r}: must be 1 or 0")
+    return _FLAGS[key]
+
+
+def _params(query: Any) -> dict[str, str]:
+    """The query's parameters, each at most :data:`MAX_PARAM` characters (the search text 4000), else a
+    one-line error; a repeated parameter counts once (its last value)."""
+    out = {}
+    for key, value in query.items():
+        limit = 4000 if key == "q" else MAX_PARAM
+        if len(value) > limit:
+            raise DataFormatError(f"{_short(key, 40)}: {len(value)} characters, at most {limit}")
+        out[key] = value
+    return out
 
 
 def _add_login(app: Any, token: str | None, headers: dict[str, str]) -> None:
@@ -763,13 +714,8 @@ def _add_login(app: Any, token: str | None, headers: dict[str, str]) -> None:
                                                                                  session.encode("utf-8"))
 
     def login_page(request: Any, message: str) -> Response:
-        path = request.url.path
-        form = (f'<p class="error">{e(message)}</p><form class="bar" method="post" action="{e(_base(request))}/login">'
-                f'<input type="hidden" name="next" value="{e(path)}"><input type="password" name="token" '
-                'placeholder="the server token" autocomplete="current-password"><button type="submit">log in</button>'
-                "</form>")
-        body = (f'<!doctype html><html><head><meta charset="utf-8"><title>log in · memento inspect</title>'
-                f"<style>{_CSS}</style></head><body><main><h1>memento inspect</h1>{form}</main></body></html>")
+        body = _render("login.html.j2", _Page(_base(request)), None, "log in", message=message,
+                       action=f"{_base(request)}/login", next=request.url.path)
         return HTMLResponse(body, status_code=401, headers={**headers, "WWW-Authenticate": "Bearer"})
 
     def set_cookie(response: Response, request: Any) -> None:
@@ -815,23 +761,29 @@ def _add_pages(app: Any, inspector: Inspector, headers: dict[str, str]) -> None:
             return html_response(render())
         except (UnknownCaseError, KeyError) as error:
             message = str(error.args[0]) if error.args else str(error)
-            return html_response(f"<!doctype html><title>not found</title><p>{e(message)}</p>", 404)
+            return html_response(error_page("not found", message), 404)
         except MementoError as error:
-            return html_response(f"<!doctype html><title>error</title><p>{e(error)}</p>", 400)
+            return html_response(error_page("error", str(error)), 400)
+
+    def error_page(title: str, message: str) -> str:
+        return str(template_env().get_template("error.html.j2").render(title=title, message=_short(message, 400)))
 
     # plain Starlette routes (the handler gets the request): no annotations for FastAPI to resolve
     pages: dict[str, Callable[[Any, _Page], str]] = {
         "/": lambda q, p: page_index(inspector, p),
         "/bank": lambda q, p: page_bank(inspector, p, b=q.get("b"), q=q.get("q"), env=q.get("env"),
-                                        kind=q.get("kind"), reward=q.get("reward"), number=_integer(q.get("page"))),
+                                        kind=q.get("kind"), reward=q.get("reward"),
+                                        number=_whole("page", q.get("page"))),
         "/case": lambda q, p: page_case(inspector, p, b=q.get("b"), case_id=q.get("id") or ""),
-        "/steps": lambda q, p: page_steps(inspector, p, r=q.get("r"), number=_integer(q.get("page"))),
-        "/step": lambda q, p: page_step(inspector, p, r=q.get("r"), number=_integer(q.get("n"))),
+        "/steps": lambda q, p: page_steps(inspector, p, r=q.get("r"), number=_whole("page", q.get("page")),
+                                          failures=_flag("failures", q.get("failures")), family=q.get("family"),
+                                          policy=q.get("policy")),
+        "/step": lambda q, p: page_step(inspector, p, r=q.get("r"), number=_whole("n", q.get("n"))),
         "/curves": lambda q, p: page_curves(inspector, p),
     }
     for path, render in pages.items():
         def endpoint(request: Any, render: Callable[[Any, _Page], str] = render) -> Response:
-            return guarded(lambda: render(request.query_params, _Page(_base(request))))
+            return guarded(lambda: render(_params(request.query_params), _Page(_base(request))))
 
         app.add_route(path, endpoint, methods=["GET"])
 
