@@ -185,8 +185,16 @@ class SoftQAgent:
 
     def select(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
                greedy: bool = False) -> Selection:
+        return self.select_scored(state_D, candidates, k, rng=rng, greedy=greedy)[0]
+
+    def select_scored(self, state_D: np.ndarray, candidates: Candidates, k: int, *, rng: np.random.Generator,
+                      greedy: bool = False) -> tuple[Selection, np.ndarray]:
+        """:meth:`select`, and ``Q(s, c)`` of each chosen case in draw order (``q_K``): the values of the one
+        forward pass that made the choice (a served selector reports them as the cases' scores)."""
         pool = self._pool(candidates)
-        return boltzmann_select(self.q_values(state_D, pool), pool, k, self.alpha, rng=rng, greedy=greedy)
+        q_C = self.q_values(state_D, pool)
+        selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
+        return selection, np.asarray(q_C, dtype=np.float64)[np.asarray(selection.positions_K, dtype=np.int64)]
 
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
         k_max = self.buffer.config.k_max

@@ -779,17 +779,14 @@ class Selector:
             cases_KD = np.zeros((0, self.dim), dtype=np.float32)
         else:
             rng: Any = LockedGenerator(self._rng, self._rng_lock)  # the same draws, one call at a time
-            selection = self._agent.select(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
+            selection, q_K = self._agent.select_scored(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
             ids = list(selection.ids)
             probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
             set_prob = float(selection.set_prob)
             rows_K = candidates.rows_of(ids)
             cases_KD = candidates.embeddings_CD[rows_K]
-            # every Q-network scores each case on its own, so Q of the chosen K equals Q in the whole set; this
-            # second forward pass (K cases, no draws) runs after the choice and cannot change it
-            chosen = candidates.take(rows_K)
-            scores = tuple(float(q) for q in self._agent.q_values(state_D, chosen))
-            similarities = tuple(float(c) for c in np.asarray(chosen.scores_C, dtype=np.float64))
+            scores = tuple(float(q) for q in q_K)  # Q of the forward pass that chose them
+            similarities = tuple(float(c) for c in np.asarray(candidates.scores_C, dtype=np.float64)[rows_K])
         cases = tuple(self._bank.get(ids)) if ids else ()
         selection_id = uuid.uuid4().hex if track else None
         if selection_id is not None:

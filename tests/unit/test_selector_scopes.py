@@ -114,3 +114,15 @@ def test_scopes_and_filters_over_http(selector) -> None:
         assert client.get("/v1/cases", headers=auth, params={"filter": "{not json"}).status_code == 422
         assert client.get("/v1/cases", headers=auth, params={"limit": 0}).status_code == 422
         assert client.get("/v1/cases", params={"user": "alice"}).status_code == 401
+
+
+def test_scores_are_the_q_values_that_made_the_choice(selector) -> None:
+    import numpy as np
+
+    result = selector.select(QUESTION, k=3, mode="sample", track=False)
+    state_D = selector._state(QUESTION)
+    found = selector._bank.candidates(state_D, 64)
+    chosen = found.take(found.rows_of(list(result.ids)))
+    again = selector._agent.q_values(state_D, chosen)  # a second, separate forward pass over the chosen cases
+    assert np.allclose(result.scores, again, atol=1e-5)
+    assert np.allclose(result.similarities, chosen.embeddings_CD @ state_D, atol=1e-5)
