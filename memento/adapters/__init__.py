@@ -3,9 +3,14 @@
 - :class:`memento.adapters.langchain.MementoRetriever`: a LangChain ``BaseRetriever`` (``memento-mdp[langchain]``);
 - :class:`memento.adapters.llamaindex.MementoRetriever`: a LlamaIndex ``BaseRetriever`` (``memento-mdp[llamaindex]``).
 
-Both turn ``selector.select(query, k, mode, env, track=track)`` into the framework's documents/nodes (text
-``Task: ...`` / ``Action: ...``; metadata: case id, reward, env, kind, score, q, similarity, prob, selection_id,
-mode, policy_version). They behave as retrievers by default:
+Both turn ``selector.select(query, k, mode, env, track=track, scope=scope, filter=filter)`` into the framework's
+documents/nodes (text ``Task: ...`` / ``Action: ...``; metadata: case id, reward, env, kind, score, q, similarity,
+prob, selection_id, mode, policy_version, and the case's user/agent/session when set). ``scope``
+(``{"user", "agent", "session"}``) and ``filter`` (on the cases' meta: ``{"topic": "geo"}``,
+``{"topic": {"in": [...]}}``, ``{"AND": [...]}``, ``{"OR": [...]}``; :mod:`memento.memory.where`) restrict the
+candidates: a field on both retrievers, and per call on LangChain's (``retriever.invoke(query, scope=...,
+filter=..., k=...)``); the LlamaIndex retriever also takes LlamaIndex's own ``MetadataFilters`` (``==`` and ``in``,
+AND/OR). A scope or filter that matches nothing retrieves nothing. They behave as retrievers by default:
 
 - ``mode="greedy"``: the top ``k`` cases by the policy's Q-value, so one query gives the same documents every
   time (as long as the bank and the policy do not change);
@@ -28,9 +33,10 @@ import math
 from typing import Any, Literal
 
 from memento.errors import ConfigError, MementoError
-from memento.types import Case
+from memento.memory.where import as_scope, parse_filter
+from memento.types import SCOPE_FIELDS, Case
 
-__all__ = ["ScoreKind", "case_metadata", "case_text", "check_retriever_options", "missing_extra",
+__all__ = ["ScoreKind", "case_metadata", "case_text", "check_retriever_options", "check_where", "missing_extra",
            "selection_id_of"]
 
 ScoreKind = Literal["success", "similarity"]
@@ -62,6 +68,17 @@ def check_retriever_options(mode: Any, track: Any, score: Any) -> None:
                           "retrieval recorded for feedback); use mode='greedy' to retrieve only")
 
 
+def check_where(scope: Any, filter: Any, who: str = "MementoRetriever") -> tuple[dict[str, str] | None,
+                                                                                   Any | None]:
+    """A retriever's ``scope`` and ``filter``, checked now (``DataFormatError``, a ``ValueError``, naming ``who``)
+    rather than at the first retrieval; returned as JSON (``None`` when empty)."""
+    try:
+        owner, where = as_scope(scope), parse_filter(filter)
+    except MementoError as error:
+        raise type(error)(f"{who}: {error}") from None
+    return (None if owner is None else owner.to_json()), (None if where is None else where.to_json())
+
+
 def _sigmoid(q: float) -> float:
     return 1.0 / (1.0 + math.exp(-q)) if q >= 0 else math.exp(q) / (1.0 + math.exp(q))
 
@@ -78,7 +95,8 @@ def case_metadata(result: Any, score: ScoreKind) -> list[tuple[Case, float | Non
                     {"id": case.id, "reward": case.reward, "env": case.env, "kind": case.kind,
                      "score": relevance, "q": q, "similarity": similarity, "prob": float(prob),
                      "selection_id": result.selection_id, "mode": result.mode,
-                     "policy_version": result.policy_version}))
+                     "policy_version": result.policy_version,
+                     **{name: value for name, value in zip(SCOPE_FIELDS, case.scope) if value is not None}}))
     return out
 
 

@@ -1,6 +1,7 @@
 """The LangChain and LlamaIndex retrievers over a small real selector (hashing encoder, no network), driven
 through each framework's own interfaces: LangChain's Runnable (invoke / ainvoke / batch) in an LCEL chain
-ending in its FakeListLLM, LlamaIndex's retrieve / aretrieve and a RetrieverQueryEngine with its MockLLM."""
+ending in its FakeListLLM, LlamaIndex's retrieve / aretrieve and a RetrieverQueryEngine with its MockLLM; scopes
+and metadata filters as retriever fields, per LangChain call, and as LlamaIndex MetadataFilters."""
 
 from __future__ import annotations
 
@@ -252,3 +253,106 @@ def test_select_track_false_records_nothing_and_draws_the_same(artifact: Path, t
     finally:
         for sel in loaded:
             sel.close()
+
+
+# ---------------------------------------------------------------- scopes and metadata filters
+
+_SCOPED = [("alice", "planner", "geo", 1), ("alice", None, "sci", 2), ("bob", "planner", "geo", 2),
+           ("bob", None, "art", 1)]
+
+
+def _add_scoped(selector) -> dict[tuple[str, str], str]:  # type: ignore[no-untyped-def]
+    """Four scoped cases with meta, near QUESTION; their ids by (user, topic)."""
+    ids = {}
+    for user, agent, topic, level in _SCOPED:
+        scope = {"user": user} if agent is None else {"user": user, "agent": agent}
+        ids[user, topic] = selector.add_case(f"{QUESTION} ({user}, {topic})", f"answer for {user}", 1.0,
+                                             meta={"topic": topic, "level": level}, scope=scope)
+    return ids
+
+
+def test_langchain_retriever_scope_and_filter_as_fields_and_per_call(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("langchain_core")
+    from pydantic import ValidationError
+
+    from memento.adapters.langchain import MementoRetriever
+    from memento.errors import DataFormatError
+
+    ids = _add_scoped(selector)
+    alice = MementoRetriever(selector=selector, k=4, scope={"user": "alice"})
+    docs = alice.invoke(QUESTION)
+    assert {d.id for d in docs} == {ids["alice", "geo"], ids["alice", "sci"]}
+    assert all(d.metadata["user"] == "alice" for d in docs)
+    assert [d.id for d in docs] == list(selector.select(QUESTION, k=4, mode="greedy", track=False,
+                                                        scope={"user": "alice"}).ids)
+    assert [d.id for d in alice.invoke(QUESTION)] == [d.id for d in docs]  # greedy: repeatable in a scope too
+    geo = MementoRetriever(selector=selector, k=4, filter={"topic": "geo"})
+    assert {d.id for d in geo.invoke(QUESTION)} == {ids["alice", "geo"], ids["bob", "geo"]}
+    # per call, through the Runnable interface: overrides the fields for that call only
+    bob_geo = alice.invoke(QUESTION, scope={"user": "bob"}, filter={"topic": {"in": ["geo"]}})
+    assert [d.id for d in bob_geo] == [ids["bob", "geo"]] and bob_geo[0].metadata["agent"] == "planner"
+    assert len(alice.invoke(QUESTION, k=1)) == 1
+    either = alice.invoke(QUESTION, filter={"OR": [{"topic": "art"}, {"level": 2}]})
+    assert {d.id for d in either} == {ids["alice", "sci"]}  # alice's scope, and art or level 2
+    assert {d.id for d in alice.invoke(QUESTION, filter={"topic": "art"})} == set()  # nothing matches: empty
+    assert MementoRetriever(selector=selector, scope={"user": "carol"}).invoke(QUESTION) == []
+    adocs = asyncio.run(alice.ainvoke(QUESTION, scope={"user": "bob"}, filter={"topic": "art"}))
+    assert [d.id for d in adocs] == [ids["bob", "art"]]
+    batch = alice.batch([QUESTION, QUESTION], filter={"topic": "sci"})
+    assert [[d.id for d in b] for b in batch] == [[ids["alice", "sci"]]] * 2
+    # refused at construction (pydantic's error) or at the call (one line), before anything is selected
+    for bad in ({"scope": {"owner": "x"}}, {"filter": {"topic": {"gt": 1}}}, {"filter": ["geo"]},
+                {"scope": {"user": ""}}):
+        with pytest.raises(ValidationError, match="MementoRetriever"):
+            MementoRetriever(selector=selector, **bad)
+    with pytest.raises(DataFormatError, match="filter.topic: an operator object"):
+        alice.invoke(QUESTION, filter={"topic": {"gt": 1}})
+    with pytest.raises(DataFormatError, match="k must be a positive integer"):
+        alice.invoke(QUESTION, k=0)
+    assert selector.stats()["pending"] == 0
+
+
+def test_llamaindex_retriever_scope_filter_and_metadata_filters(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.vector_stores.types import (
+        FilterCondition,
+        FilterOperator,
+        MetadataFilter,
+        MetadataFilters,
+    )
+
+    from memento.adapters.llamaindex import MementoRetriever, metadata_filters_json
+    from memento.errors import DataFormatError
+
+    ids = _add_scoped(selector)
+
+    def got(**options) -> set[str]:  # type: ignore[no-untyped-def]
+        return {n.node.node_id for n in MementoRetriever(selector, k=6, **options).retrieve(QUESTION)}
+
+    assert got(scope={"user": "bob"}) == {ids["bob", "geo"], ids["bob", "art"]}
+    assert got(scope={"agent": "planner"}, filter={"topic": "geo"}) == {ids["alice", "geo"], ids["bob", "geo"]}
+    nodes = MementoRetriever(selector, k=6, scope={"user": "alice", "agent": "planner"}).retrieve(QUESTION)
+    assert [n.node.node_id for n in nodes] == [ids["alice", "geo"]] and nodes[0].node.metadata["user"] == "alice"
+    assert got(scope={"session": "none"}) == set()
+    # LlamaIndex's own MetadataFilters: ==, in, OR, nested
+    eq = MetadataFilters(filters=[MetadataFilter(key="topic", value="sci")])
+    assert got(filters=eq) == {ids["alice", "sci"]}
+    within = MetadataFilters(filters=[MetadataFilter(key="topic", value=["art", "sci"], operator=FilterOperator.IN)])
+    assert got(filters=within) == {ids["alice", "sci"], ids["bob", "art"]}
+    nested = MetadataFilters(condition=FilterCondition.OR, filters=[
+        MetadataFilter(key="topic", value="art"),
+        MetadataFilters(filters=[MetadataFilter(key="topic", value="geo"), MetadataFilter(key="level", value=2)])])
+    assert metadata_filters_json(nested) == {"OR": [{"topic": "art"}, {"AND": [{"topic": "geo"}, {"level": 2}]}]}
+    assert got(filters=nested) == {ids["bob", "art"], ids["bob", "geo"]}
+    assert got(filters=nested, filter={"topic": "art"}) == {ids["bob", "art"]}  # both: ANDed
+    assert got(filters=nested, scope={"user": "alice"}) == set()
+    assert got(filters=eq, scope={"user": "alice"}) == {ids["alice", "sci"]}
+    with pytest.raises(DataFormatError, match="operator '>' is not supported"):
+        MementoRetriever(selector, filters=MetadataFilters(filters=[MetadataFilter(key="level", value=2,
+                                                                                   operator=FilterOperator.GT)]))
+    with pytest.raises(DataFormatError, match="condition"):
+        MementoRetriever(selector, filters=MetadataFilters(condition=FilterCondition.NOT, filters=[eq]))
+    for bad in ({"scope": {"owner": "x"}}, {"filter": {"topic": {"in": []}}}):
+        with pytest.raises(DataFormatError, match="MementoRetriever"):
+            MementoRetriever(selector, **bad)
+    assert selector.stats()["pending"] == 0
