@@ -8,6 +8,7 @@ line otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -100,6 +101,22 @@ def test_inspector_in_chromium(server, tmp_path):
 
     index = _dom(browser, url + "/", profile)
     assert any(tag == "h1" for tag, _ in index.elements)
+    # the overview: early/late per policy and per family; one run, so it says what the comparison needs
+    assert [a["data-policy"] for a in index.having("data-policy", "policy")] == ["soft_q"]
+    rows = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    families = {a["data-family"] for a in index.having("data-family", "family")}
+    assert families == {r["family"] for r in rows} and index.having("id") and \
+        any(a["id"] == "needs" for a in index.having("id"))
+
+    family = next((r["family"] for r in rows if not r["success"]), rows[0]["family"])  # one with a failure
+    failed = [r["step"] for r in rows if r["family"] == family and not r["success"]]
+    assert failed or all(r["success"] for r in rows)
+    listing = _dom(browser, url + "/steps?" + urlencode({"failures": 1, "family": family}), profile)
+    shown = listing.having("data-step")
+    assert [int(a["data-step"] or -1) for a in shown] == failed
+    assert all(a["data-success"] == "false" and a["data-family"] == family for a in shown)
+    checkbox = [a for tag, a in listing.elements if tag == "input" and a.get("name") == "failures"]
+    assert checkbox and "checked" in checkbox[0]
 
     with CaseBank.open(run / "bank", read_only=True) as bank:
         case = list(bank.iter_cases())[5]

@@ -235,3 +235,112 @@ def test_missing_serve_extra_is_one_line(monkeypatch, run_dir):
     with Inspector.open(run_dir, encoder=HashingEncoder()) as inspector:
         with pytest.raises(MementoError, match=r"pip install 'memento-mdp\[serve\]'"):
             inspect_app(inspector)
+
+
+# ---------------------------------------------------------------- overview, filters, ticks
+
+SOFT_Q = [0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0]
+SIMILARITY = [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1]
+
+
+def _rewrite(run: Path, successes: list[int], policy: str) -> None:
+    """The run's steps with the given successes, family a on even steps and b on odd ones, and ``policy``."""
+    rows = _steps(run)[:1] * len(successes)
+    out = [{**rows[0], "step": i, "success": bool(s), "reward": float(s), "family": "ab"[i % 2], "policy": policy}
+           for i, s in enumerate(successes)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
+
+
+def _attrs(page: str, cls: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r'([a-z-]+)="([^"]*)"', m)) for m in re.findall(rf'<tr class="{cls}"([^>]*)>', page)]
+
+
+@pytest.fixture
+def comparison_dir(run_dir, tmp_path) -> Path:
+    for name, successes in (("soft_q", SOFT_Q), ("similarity", SIMILARITY)):
+        shutil.copytree(run_dir, tmp_path / name)
+        _rewrite(tmp_path / name, successes, name)
+    (tmp_path / "comparison.json").write_text(json.dumps({"order": ["soft_q", "similarity"], "window": 4,
+                                                          "late_steps": 4, "policies": {}}))
+    return tmp_path
+
+
+def test_overview_early_late_per_policy_and_family(comparison_dir):
+    with Inspector.open(comparison_dir, encoder=HashingEncoder()) as inspector:
+        ov = inspector.overview()
+        page = TestClient(inspect_app(inspector)).get("/").text
+    # early = steps 0-3 (the window), late = steps 8-11 (late_steps), as memento.runs.spans defines them
+    policies = {p["label"]: p for p in ov["policies"]}
+    assert policies["soft_q"]["early"]["rate"] == pytest.approx(1 / 4)
+    assert policies["soft_q"]["late"]["rate"] == pytest.approx(3 / 4)
+    assert policies["similarity"]["late"]["rate"] == pytest.approx(2 / 4)
+    assert policies["soft_q"]["late"]["diff"] == pytest.approx(0.25) and policies["soft_q"]["early"]["diff"] == 0
+    assert policies["similarity"]["late"]["diff"] is None and ov["baseline"] == "similarity" and not ov["needs"]
+    rows = {(a["data-family"], a["data-policy"]): a for a in _attrs(page, "family")}
+    assert float(rows["a", "soft_q"]["data-late"]) == 1.0 and float(rows["b", "soft_q"]["data-late"]) == 0.5
+    assert float(rows["a", "soft_q"]["data-late-diff"]) == 1.0  # late a: soft_q 2/2, similarity 0/2
+    assert float(rows["b", "soft_q"]["data-late-diff"]) == -0.5  # late b: soft_q 1/2, similarity 2/2
+    wins = re.search(r'<li data-policy="soft_q">(.*?)</li>', page, re.S).group(1)
+    assert re.search(r"better in <a [^>]*>a</a> \(\+1\.000\); worse in b \(-0\.500\)", wins), wins
+    policy_rows = {a["data-policy"]: a for a in _attrs(page, "policy")}
+    assert float(policy_rows["soft_q"]["data-late-diff"]) == pytest.approx(0.25)
+
+
+def test_overview_of_one_run_says_what_comparison_needs(run_dir):
+    with Inspector.open(run_dir, encoder=HashingEncoder()) as inspector:
+        ov = inspector.overview()
+        page = TestClient(inspect_app(inspector)).get("/").text
+    assert ov["baseline"] is None and len(ov["policies"]) == 1 and 'id="needs"' in page
+    assert "memento online --policy soft_q,similarity" in page and "data-late-diff" not in page
+    successes = [bool(s["success"]) for s in _steps(run_dir)]
+    early = ov["policies"][0]["early"]
+    assert (early["n"], early["rate"]) == (4, pytest.approx(sum(successes[:4]) / 4))  # window=4 from the config
+
+
+def test_steps_filters(comparison_dir):
+    _rewrite(comparison_dir / "soft_q", [i % 3 == 0 for i in range(80)], "soft_q")
+    with Inspector.open(comparison_dir, encoder=HashingEncoder()) as inspector:
+        c = TestClient(inspect_app(inspector))
+        page = c.get("/steps", params={"r": "soft_q", "failures": "1"}).text
+        shown = _attrs(page, "step fail") + _attrs(page, "step")
+        assert len(shown) == 25 and all(a["data-success"] == "false" for a in shown)
+        assert 'id="matching" data-count="53"' in page  # 80 steps, 27 successes
+        nxt = re.search(r'rel="next" href="([^"]+)"', page).group(1)
+        assert "failures=1" in nxt and "page=1" in nxt and "r=soft_q" in nxt
+        page = c.get("/steps", params={"r": "soft_q", "failures": "1", "family": "b", "page": "1"}).text
+        shown = _attrs(page, "step fail") + _attrs(page, "step")
+        assert {a["data-family"] for a in shown} == {"b"} and 'data-count="27"' in page  # odd, not multiple of 3
+        assert "family=b" in re.search(r'rel="prev" href="([^"]+)"', page).group(1)
+        assert 'data-count="80"' in c.get("/steps", params={"r": "soft_q", "policy": "soft_q"}).text
+        for bad in ({"failures": "maybe"}, {"family": "nope"}, {"policy": "<script>"}, {"page": "-1"},
+                    {"page": "x"}, {"page": "9" * 5000}, {"family": "f" * 300}, {"n": "1e9"}):
+            r = c.get("/step" if "n" in bad else "/steps", params={"r": "soft_q", **bad})
+            assert r.status_code == 400, bad
+            assert r.text.count("<p") == 1 and "Traceback" not in r.text and "<script>" not in r.text
+            assert len(r.text) < 1000, bad  # a huge value is not echoed
+
+
+def test_nice_ticks_and_windowed_success():
+    from memento.serve.charts import nice_ticks, tick_label, windowed_success
+
+    assert nice_ticks(0.0, 1.0) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert nice_ticks(0, 199, 6, integer=True) == [0, 50, 100, 150, 200]
+    assert nice_ticks(3, 11, 6, integer=True) == [2, 4, 6, 8, 10, 12]
+    assert [tick_label(t) for t in nice_ticks(0.1, 0.13)] == ["0.1", "0.11", "0.12", "0.13"]
+    assert all(float(t).is_integer() for t in nice_ticks(0, 7, 6, integer=True))
+    ticks = nice_ticks(0.232, 2.81)
+    assert ticks[0] <= 0.232 and ticks[-1] >= 2.81 and [tick_label(t) for t in ticks] == ["0", "1", "2", "3"]
+    steps, rate = windowed_success([1, 0, 0, 0, 1, 1], 4)  # drawn from the first full window on
+    assert steps == [3.0, 4.0, 5.0] and rate == [0.25, 0.25, 0.5]
+    assert windowed_success([1, 1], 4) == ([], [])
+
+
+def test_curves_ticks_are_nice(client, run_dir):
+    page = client.get("/curves").text
+    ys = re.findall(r'class="ytick">([^<]+)<', page)
+    assert ys[:5] == ["0", "0.25", "0.5", "0.75", "1"]
+    xs = re.findall(r'class="xtick">([^<]+)<', page)
+    assert xs and all(x.isdigit() for x in xs)
+    first = re.search(r'<polyline[^>]*points="([0-9.]+),([0-9.]+)', page)
+    # the success curve starts at step 3 (window 4 full), not at step 0 with a one-step mean
+    assert float(first.group(1)) > 56 + 1
