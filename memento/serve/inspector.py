@@ -4,17 +4,22 @@ What it shows, for a run directory (``memento online``), a comparison directory 
 ``memento online --policy A B`` / ``memento bench online``), a directory holding run directories, or an
 exported selector (``memento export``):
 
+- the overview: early / late / overall success per policy and per task family and policy, pooled over the runs
+  of a policy, with the difference to the similarity policy when a run of it is here (and, per policy, the
+  families where it is better or worse late); the spans are :func:`memento.runs.spans.success_spans`;
 - the bank: search by text (``?q=``, encoded with the run's or artifact's encoder: nearest cases with their
   scores), filters by env / kind / reward, paging; a case page with its usage statistics (the bank's usage log,
   :meth:`memento.memory.bank.CaseBank.usage_at`; for an artifact also its feedback log) and the steps that
   showed it;
-- each step of a run (``steps.jsonl``): the candidates, their probabilities, the chosen cases, the answer and
-  the reward, with prev/next links;
-- the learning curves of the run(s): inline SVG drawn here (moving success rate, learner loss).
+- the steps of a run (``steps.jsonl``), filtered by ``failures=1``, ``family``, ``policy``; each step: the
+  candidates, their probabilities, the chosen cases, the answer and the reward, with prev/next links;
+- the learning curves of the run(s): inline SVG (:mod:`memento.serve.charts`: moving success rate from the
+  first full window on, learner loss).
 
-Pages are plain HTML + CSS and carry no script at all (``Content-Security-Policy: script-src 'none'``); every
-text from the bank or the run is escaped (:func:`html.escape`): case texts are untrusted input. Banks are
-opened read-only, so a run or a server may keep writing while it is inspected.
+Pages are Jinja2 templates (``memento/serve/templates``) with autoescape on, and carry no script at all
+(``Content-Security-Policy: default-src 'none'``): case texts are untrusted input. A bad query value (a page
+number that is no whole number, an unknown family, a parameter over 200 characters) is a 400 page of one
+line. Banks are opened read-only, so a run or a server may keep writing while it is inspected.
 
 FastAPI is the ``serve`` extra, imported only by :func:`inspect_app`. ``memento serve`` mounts the same pages
 under ``/inspect`` (:meth:`Inspector.for_selector`), behind the server's token: the ``Authorization: Bearer``
