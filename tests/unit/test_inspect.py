@@ -344,3 +344,14 @@ def test_curves_ticks_are_nice(client, run_dir):
     first = re.search(r'<polyline[^>]*points="([0-9.]+),([0-9.]+)', page)
     # the success curve starts at step 3 (window 4 full), not at step 0 with a one-step mean
     assert float(first.group(1)) > 56 + 1
+
+
+def test_success_spans_is_the_one_definition():
+    from memento.errors import ConfigError
+    from memento.runs.spans import success_spans
+
+    assert success_spans(12, window=4, late_steps=4) == {"overall": (0, 12), "early": (0, 4), "late": (8, 12)}
+    assert success_spans(3, window=50, late_steps=200) == {"overall": (0, 3), "early": (0, 3), "late": (0, 3)}
+    for bad in ({"window": 0, "late_steps": 1}, {"window": 1, "late_steps": True}):
+        with pytest.raises(ConfigError):
+            success_spans(5, **bad)
