@@ -1,7 +1,10 @@
 """Retrievers over a loaded selector for agent frameworks (each in its own extra, imported on first use):
 
 - :class:`memento.adapters.langchain.MementoRetriever`: a LangChain ``BaseRetriever`` (``memento-mdp[langchain]``);
-- :class:`memento.adapters.llamaindex.MementoRetriever`: a LlamaIndex ``BaseRetriever`` (``memento-mdp[llamaindex]``).
+- :class:`memento.adapters.llamaindex.MementoRetriever`: a LlamaIndex ``BaseRetriever`` (``memento-mdp[llamaindex]``);
+- :class:`memento.adapters.langchain.MementoVectorStore`: a LangChain ``VectorStore`` over the selector's bank
+  (``add_texts``, ``similarity_search(filter=...)``, ``delete``, ``as_retriever(search_kwargs=...)``): a plain
+  cosine search, no policy.
 
 Both turn ``selector.select(query, k, mode, env, track=track, scope=scope, filter=filter)`` into the framework's
 documents/nodes (text ``Task: ...`` / ``Action: ...``; metadata: case id, reward, env, kind, score, q, similarity,

@@ -15,6 +15,14 @@ Scoped and filtered (:mod:`memento.adapters`)::
     docs = alice.invoke("What is the capital of Peru?")                      # only alice's geo/sci cases
     docs = retriever.invoke("...", scope={"user": "bob"}, filter={"topic": "geo"}, k=2)   # per call
 
+A LangChain ``VectorStore`` over a selector's bank, :class:`MementoVectorStore` (a plain cosine search: no
+policy, nothing recorded; see its docstring)::
+
+    store = MementoVectorStore(selector)
+    store.add_texts(["What is the capital of Peru?"], [{"action": "Lima", "user": "alice", "topic": "geo"}])
+    store.similarity_search("capital of Peru", k=2, filter={"user": "alice", "topic": {"in": ["geo"]}})
+    store.as_retriever(search_kwargs={"k": 2, "filter": {"topic": "geo"}}).invoke("capital of Peru")
+
 Each ``Document``: ``page_content`` ``"Task: <state>\\nAction: <action>"``, ``id`` the case id, ``metadata``
 ``{id, reward, env, kind, score, q, similarity, prob, selection_id, mode, policy_version, user?, agent?,
 session?}``: ``score`` the
@@ -25,7 +33,7 @@ relevance (``sigmoid(Q)``, or the cosine with ``score="similarity"``), ``prob`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from memento.adapters import (
@@ -38,17 +46,20 @@ from memento.adapters import (
     selection_id_of,
 )
 from memento.errors import DataFormatError
+from memento.memory.where import as_scope
+from memento.types import SCOPE_FIELDS, Case, check_id, check_reward
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables.config import run_in_executor
+    from langchain_core.vectorstores import VectorStore
     from pydantic import ConfigDict, Field, model_validator
 except ImportError:
     raise missing_extra("LangChain", "langchain", "langchain-core") from None
 
-__all__ = ["MementoRetriever"]
+__all__ = ["MementoRetriever", "MementoVectorStore"]
 
 
 class MementoRetriever(BaseRetriever):
@@ -98,3 +109,165 @@ class MementoRetriever(BaseRetriever):
         """Report the reward in [0, 1] of what was done with one retrieval (its documents, or its selection id) made
         with ``track=True``; returns the selector's answer (``Selector.feedback``)."""
         return dict(self.selector.feedback(selection_id_of(selection), reward))
+
+
+_CASE_KEYS = ("action", "reward", "env", *SCOPE_FIELDS)
+"""Metadata keys that :meth:`MementoVectorStore.add_texts` stores as case fields, not in ``meta``."""
+
+
+class MementoVectorStore(VectorStore):
+    """A LangChain ``VectorStore`` over a loaded selector's case bank (a plain cosine search with the selector's
+    encoder: no policy, no draw, nothing recorded; use :class:`MementoRetriever` for the learned selection).
+
+    :meth:`add_texts` stores each text as a case whose **state** is the text (what is embedded and searched) and
+    whose other fields come from the text's metadata: ``action`` (default: the text itself), ``reward`` (default
+    ``default_reward``), ``env``, and the scope ``user``/``agent``/``session`` (default: the store's ``scope``); every
+    other key goes into the case's ``meta`` (a JSON object), where filters look. Case ids are content hashes
+    assigned by the bank (a text already stored with the same action, env and scope gets its stored id), so
+    ``ids`` cannot be chosen. A returned ``Document`` has ``id`` the case id, ``page_content`` the state and
+    ``metadata`` the meta plus ``action``, ``reward`` and ``env``/``user``/``agent``/``session`` when set: what
+    was added comes back.
+
+    ``filter`` (:meth:`similarity_search`, ``as_retriever(search_kwargs={"filter": ...})``) is memento's filter JSON
+    (``{"topic": "geo"}``, ``{"topic": {"in": [...]}}``, ``{"AND": [...]}``, ``{"OR": [...]}``); its top-level string
+    equalities on ``user``, ``agent`` or ``session`` select the scope. The store's ``scope`` restricts every search.
+    :meth:`delete` forgets cases by id (never all at once). ``similarity_search_with_score`` gives the cosine
+    similarity; the relevance score of ``similarity_search_with_relevance_scores`` is ``(1 + cosine) / 2``."""
+
+    def __init__(self, selector: Any, *, scope: Mapping[str, Any] | None = None, default_reward: float = 1.0,
+                 env: str | None = None):
+        self.selector = selector
+        owner, _ = check_where(scope, None, "MementoVectorStore")
+        self.scope: dict[str, str] = owner or {}
+        self.default_reward = check_reward(default_reward, "MementoVectorStore.default_reward")
+        self.env = None if env is None else check_id(env, "MementoVectorStore.env")
+
+    # ------------------------------------------------------------------ writes
+
+    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, *, ids: list[str] | None = None,
+                  **kwargs: Any) -> list[str]:
+        """Store each text as a case (see the class docstring); returns the case ids, in order. Every text and
+        metadata is checked before the first is written (a bad one raises ``DataFormatError``, nothing added)."""
+        if kwargs:
+            raise DataFormatError(f"MementoVectorStore.add_texts: unknown argument(s) {sorted(kwargs)}")
+        texts = list(texts)
+        if ids is not None and any(i is not None for i in ids):
+            raise DataFormatError("MementoVectorStore.add_texts: case ids are content hashes assigned by the bank; "
+                                  "ids cannot be chosen (leave ids out)")
+        if metadatas is not None and len(metadatas) != len(texts):
+            raise DataFormatError(f"MementoVectorStore.add_texts: {len(metadatas)} metadatas for {len(texts)} texts")
+        rows = [self._case(text, metadatas[i] if metadatas else None, i) for i, text in enumerate(texts)]
+        return [self.selector.add_case(c.state, c.action, c.reward, env=c.env, meta=c.meta,
+                                       scope={n: v for n, v in zip(SCOPE_FIELDS, c.scope) if v is not None} or None)
+                for c in rows]
+
+    def _case(self, text: Any, metadata: Any, i: int) -> Case:
+        where = f"MementoVectorStore.add_texts: text {i}"
+        if not isinstance(text, str):
+            raise DataFormatError(f"{where} is a {type(text).__name__}, not a str")
+        if metadata is None:
+            metadata = {}
+        if not isinstance(metadata, Mapping):
+            raise DataFormatError(f"{where}: metadata must be a dict, got {type(metadata).__name__}")
+        fields = {key: metadata[key] for key in _CASE_KEYS if metadata.get(key) is not None}
+        scope = {**self.scope, **{name: fields[name] for name in SCOPE_FIELDS if name in fields}}
+        meta = {key: value for key, value in metadata.items() if key not in _CASE_KEYS}
+        try:
+            as_scope(scope)
+            return Case(state=text, action=fields.get("action", text),
+                        reward=fields.get("reward", self.default_reward), env=fields.get("env", self.env),
+                        meta=meta, **scope)
+        except DataFormatError as error:
+            raise DataFormatError(f"{where}: {error}") from None
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """Forget the cases of ``ids`` (each committed and checkpointed: ``Selector.delete_case``); an unknown id
+        raises ``UnknownCaseError`` after the ones before it are deleted. ``ids=None`` (LangChain's "delete all") is
+        refused."""
+        if kwargs:
+            raise DataFormatError(f"MementoVectorStore.delete: unknown argument(s) {sorted(kwargs)}")
+        if ids is None:
+            raise DataFormatError("MementoVectorStore.delete: give the ids to delete (deleting every case at once "
+                                  "is not offered)")
+        for case_id in ids:
+            self.selector.delete_case(case_id)
+        return True
+
+    # ------------------------------------------------------------------ reads
+
+    def _document(self, case: Case) -> Document:
+        metadata = {**case.meta, "action": case.action, "reward": case.reward}
+        for name in ("env", *SCOPE_FIELDS):
+            if getattr(case, name) is not None:
+                metadata[name] = getattr(case, name)
+        return Document(id=case.id, page_content=case.state, metadata=metadata)
+
+    def _where(self, filter: Mapping[str, Any] | None, scope: Mapping[str, Any] | None
+               ) -> tuple[bool, Any, Any]:
+        """Whether anything can match, the scope (the store's, the call's, then the filter's top-level
+        user/agent/session equalities) and the rest of the filter."""
+        owner = {**self.scope, **(dict(scope) if scope else {})}
+        rest = None
+        if filter is not None:
+            if not isinstance(filter, Mapping):
+                raise DataFormatError(f"filter must be an object such as {{\"topic\": \"geo\"}}, got "
+                                      f"{type(filter).__name__}")
+            rest = {}
+            for key, value in filter.items():
+                if key in SCOPE_FIELDS and isinstance(value, str):
+                    if key in owner and owner[key] != value:
+                        return False, None, None  # two different owners: nothing matches
+                    owner[key] = value
+                else:
+                    rest[key] = value
+        return (True, *check_where(owner or None, rest or None, "MementoVectorStore"))
+
+    def similarity_search_with_score(self, query: str, k: int = 4, filter: Mapping[str, Any] | None = None,
+                                     **kwargs: Any) -> list[tuple[Document, float]]:
+        """The ``k`` stored cases nearest to ``query`` by cosine, with the cosine similarity, among those of the
+        store's scope (and ``scope=`` if given) whose meta match ``filter``."""
+        scope = kwargs.pop("scope", None)
+        env = kwargs.pop("env", self.env)
+        if kwargs:
+            raise DataFormatError(f"MementoVectorStore: unknown search argument(s) {sorted(kwargs)}")
+        possible, owner, where = self._where(filter, scope)
+        if not possible:
+            return []
+        found = self.selector.search_cases(query, k=k, env=env, scope=owner, filter=where)
+        return [(self._document(case), float(similarity)) for case, similarity in found]
+
+    def similarity_search(self, query: str, k: int = 4, filter: Mapping[str, Any] | None = None,
+                          **kwargs: Any) -> list[Document]:
+        """:meth:`similarity_search_with_score` without the scores."""
+        return [doc for doc, _ in self.similarity_search_with_score(query, k, filter, **kwargs)]
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        return lambda similarity: (1.0 + similarity) / 2.0  # cosine in [-1, 1] -> relevance in [0, 1]
+
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """The stored cases of ``ids`` as documents, in order (unknown or deleted ids left out)."""
+        from memento.errors import UnknownCaseError
+
+        out = []
+        for case_id in ids:
+            try:
+                case = self.selector.get_case(case_id)
+                if not self.selector.bank.is_deleted([case_id])[0]:
+                    out.append(self._document(case))
+            except UnknownCaseError:
+                continue
+        return out
+
+    @classmethod
+    def from_texts(cls, texts: list[str], embedding: Any = None, metadatas: list[dict] | None = None, *,
+                   selector: Any = None, ids: list[str] | None = None, **kwargs: Any) -> MementoVectorStore:
+        """A store over ``selector`` with ``texts`` added. The selector's own encoder embeds the texts, so
+        ``embedding`` must be ``None``; ``kwargs`` go to the constructor (``scope``, ``default_reward``, ``env``)."""
+        if selector is None:
+            raise DataFormatError("MementoVectorStore.from_texts needs selector= (a loaded memento Selector)")
+        if embedding is not None:
+            raise DataFormatError("MementoVectorStore.from_texts: the selector's encoder embeds the texts; pass "
+                                  f"embedding=None (got a {type(embedding).__name__})")
+        store = cls(selector, **kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
