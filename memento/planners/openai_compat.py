@@ -55,9 +55,11 @@ applied), with ``max_tokens: 1``, ``echo: true``, ``logprobs: 1`` and ``temperat
 ``max_tokens: 0``: some servers (llama-cpp-python) read it as *no limit* and generate until the
 context is full. The one generated token is counted out: the answer's tokens are the echoed prompt
 tokens that hold any character of the continuation, counted back from the end of the prompt's
-tokens (``usage.prompt_tokens`` of them, else all but the generated ones: ``usage.completion_tokens``,
-else ``max_tokens``) with ``logprobs.text_offset``, so a server whose offsets include a ``<bos>``
-string still lines up. Their ``token_logprobs`` are summed. A server that gives no prompt
+tokens (all but the generated ones, the echo's last ``usage.completion_tokens`` entries; without it,
+``usage.prompt_tokens`` of them, else all but ``max_tokens``) with ``logprobs.text_offset``, so a server
+whose offsets include a ``<bos>`` string still lines up, and so does one whose ``usage.prompt_tokens``
+counts a ``<bos>`` its lists leave out (llama-cpp-python: counting with it took the generated token as
+the answer's last). Their ``token_logprobs`` are summed. A server that gives no prompt
 log-probabilities (no ``logprobs``, null ``token_logprobs``, no echo of the prompt, or no more
 tokens than it generated) is one :class:`PlannerError` line naming the URL and saying so
 (:data:`NO_PROMPT_LOGPROBS`); lists that do not line up are one line naming what is malformed.
@@ -726,10 +728,16 @@ class OpenAICompatPlanner:
             raise PlannerError(f"{where}: {need} (it did not echo the prompt: choices[0].text does not start with "
                                f"it: {_excerpt(text)!r})")
         n_total = len(tokens)
-        n_prompt, generated = self._usage(where, response)
-        if not 1 <= n_prompt <= n_total:
-            reported = (response.get("usage") or {}).get("completion_tokens") is not None
-            n_prompt = n_total - (generated if reported else body["max_tokens"])
+        reported_prompt, generated = self._usage(where, response)
+        usage = response.get("usage") or {}
+        # The generated tokens are the echo's last entries: count them out. usage.prompt_tokens may count a
+        # <bos> the lists leave out (llama-cpp-python does), so it only decides when completion_tokens is absent.
+        if usage.get("completion_tokens") is not None:
+            n_prompt = n_total - generated
+        elif usage.get("prompt_tokens") is not None and 1 <= reported_prompt <= n_total:
+            n_prompt = reported_prompt
+        else:
+            n_prompt = n_total - body["max_tokens"]
         ends = [offsets[i + 1] if i + 1 < n_total else offsets[i] + len(tokens[i]) for i in range(n_total)]
         if n_prompt < 1:
             raise PlannerError(f"{where}: {need} (choices[0].logprobs holds {n_total} tokens, no more than "
@@ -744,7 +752,8 @@ class OpenAICompatPlanner:
             if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise PlannerError(f"{where}: the server returned no log-probability for answer token {i} "
                                    f"(choices[0].logprobs.token_logprobs[{i}] is {value!r}); scoring needs them all")
-        return sum(float(value) for value in values), len(values), first  # -inf past float range: refused
+        unlisted = max(0, reported_prompt - n_prompt)  # a <bos> the server counted but did not list
+        return sum(float(value) for value in values), len(values), first + unlisted  # -inf past float range: refused
 
     def __repr__(self) -> str:
         return f"OpenAICompatPlanner(model={self.config.model!r}, url={self.url!r}, mode={self.config.mode!r})"

@@ -408,6 +408,26 @@ def test_score_memento_plan_continuation(server: FakeServer):
     assert score.n_tokens == 3 and score.logprob == pytest.approx(-(2 + 4 + 5) / 10)  # "\n1." " Name" " Rome."
 
 
+def llama_cpp_echo(body: dict[str, Any]) -> dict[str, Any]:
+    """What llama-cpp-python's server answers to echo=true, logprobs=1 (seen from 0.3.36 with Gemma 3): the
+    lists leave the <bos> out, usage.prompt_tokens counts it, and the generated token ("\n") comes last."""
+    reply = vllm_echo(body, bos=None)
+    reply["choices"][0]["text"] = body["prompt"] + "\n"
+    logprobs = reply["choices"][0]["logprobs"]
+    logprobs["tokens"][-1] = "\n"
+    reply["usage"] = {"prompt_tokens": len(logprobs["tokens"]), "completion_tokens": 1,
+                      "total_tokens": len(logprobs["tokens"]) + 1}
+    return reply
+
+
+def test_score_a_bos_counted_in_usage_but_not_listed(server: FakeServer):
+    server.reset(("fn", llama_cpp_echo))
+    [score] = make(server).score(ITALY, [[FRANCE]])
+    # " Rome" only, not " Rome" and the generated "\n" (usage.prompt_tokens covers every listed token)
+    assert (score.logprob, score.n_tokens) == (-0.4, 1)
+    assert score.prompt_tokens == 1 + len(words(FEW_SHOT_ITALY))  # the unlisted <bos> counted, as in process
+
+
 def test_score_never_sends_max_tokens_0_and_counts_the_generated_token_out(server: FakeServer):
     # llama-cpp-python reads max_tokens=0 as "no limit" and generates until its context is full
     server.reset(("fn", lambda body: vllm_echo(body, usage=False)))
