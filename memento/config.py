@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from memento.errors import ConfigError
 from memento.io import atomic_write_text, read_json
+from memento.types import shown
 
 __all__ = [
     "MAX_BATCH",
@@ -168,7 +169,7 @@ def check(condition: bool, cls: type, field: str, value: Any, requirement: str) 
     """Raise ``ConfigError("Cls.field=value: requirement")`` unless ``condition`` holds (for ``__post_init__``);
     a huge value is shown shortened (at most 80 characters)."""
     if not condition:
-        raise ConfigError(f"{cls.__name__}.{field}={_shown(value, 80)}: {requirement}")
+        raise ConfigError(f"{cls.__name__}.{field}={shown(value)}: {requirement}")
 
 
 def is_int(value: Any) -> bool:
@@ -230,13 +231,12 @@ def factory_problem(factory: Any) -> str | None:
             if match is not None:
                 n = int(match.group(1)[:12])  # 12 digits are beyond every bound
                 if not low <= n <= high or len(match.group(1)) > 12:
-                    shown = _shown(match.group(1), 20)
-                    return f"{what} {shown} in {component.strip()[:40]!r}: must be in {low}..{high}"
+                    return f"{what} {shown(match.group(1), 20)} in {component.strip()[:40]!r}: must be in {low}..{high}"
                 rest = component.strip()[match.end(1):]
                 break
         for digits in re.findall(r"\d+", rest):
             if len(digits) > 12 or int(digits) > MAX_FACTORY_NUMBER:
-                return f"the number {_shown(digits, 20)} in {component.strip()[:40]!r}: at most {MAX_FACTORY_NUMBER}"
+                return f"the number {shown(digits, 20)} in {component.strip()[:40]!r}: at most {MAX_FACTORY_NUMBER}"
         bits = re.search(r"x(\d+)", component)
         if bits is not None and not 1 <= int(bits.group(1)) <= 16:
             return f"{bits.group(1)} bits in {component.strip()[:40]!r}: must be in 1..16"
@@ -324,19 +324,7 @@ def _kind_of(tp: Any) -> str | None:
     return None
 
 
-def _shown(value: Any, limit: int = 120) -> str:
-    """``repr(value)`` for an error message: one line, at most ``limit`` characters."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # an integer of too many digits, a value nested too deeply
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` for an error message: one line, at most ``limit`` characters, never raising (an integer of
-    more digits than Python converts is shown as its type)."""
-    return _shown(value, limit)
+short_repr = shown  # the old name, kept for the modules that still import it; new code uses memento.types.shown
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:
@@ -350,7 +338,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         kinds = {_kind_of(option): option for option in options if _kind_of(option) is not None}
         if kinds and isinstance(value, dict):  # a tagged union (policy configs): "kind" picks the class
             if not isinstance(value.get("kind"), str) or value["kind"] not in kinds:
-                raise ConfigError(f"{where}.kind={_shown(value.get('kind'))}: must be one of {tuple(kinds)}")
+                raise ConfigError(f"{where}.kind={shown(value.get('kind'))}: must be one of {tuple(kinds)}")
             return _convert(kinds[value["kind"]], value, where)
         errors = []
         for option in options:
@@ -360,37 +348,37 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 return _convert(option, value, where)
             except ConfigError as error:
                 errors.append(str(error))
-        raise ConfigError(errors[0] if errors else f"{where}={_shown(value)}: invalid")
+        raise ConfigError(errors[0] if errors else f"{where}={shown(value)}: invalid")
     if origin is Literal:
         if value not in get_args(tp):
-            raise ConfigError(f"{where}={_shown(value)}: must be one of {get_args(tp)}")
+            raise ConfigError(f"{where}={shown(value)}: must be one of {get_args(tp)}")
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}={_shown(value)}: expected an object for {tp.__name__}")
+            raise ConfigError(f"{where}={shown(value)}: expected an object for {tp.__name__}")
         return from_dict(tp, value, _where=where)
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}={_shown(value)}: expected a list")
+            raise ConfigError(f"{where}={shown(value)}: expected a list")
         args = get_args(tp)
         inner = args[0] if args else Any
         items = [_convert(inner, item, f"{where}[{i}]") for i, item in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}={_shown(value)}: expected an object")
+            raise ConfigError(f"{where}={shown(value)}: expected an object")
         return dict(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}={_shown(value)}: expected true or false")
+            raise ConfigError(f"{where}={shown(value)}: expected true or false")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}={_shown(value)}: expected an integer")
+            raise ConfigError(f"{where}={shown(value)}: expected an integer")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}={_shown(value)}: expected a number")
+            raise ConfigError(f"{where}={shown(value)}: expected a number")
         try:
             return float(value)
         except OverflowError:  # an integer beyond float range
@@ -398,7 +386,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 from None
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}={_shown(value)}: expected a string")
+            raise ConfigError(f"{where}={shown(value)}: expected a string")
         return value
     return value
 

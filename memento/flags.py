@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from memento.config import MAX_THREADS, field_default
 from memento.errors import ConfigError
+from memento.types import shown as value_shown
 
 __all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_accelerator",
            "check_count", "check_device", "check_torch_threads", "config_option", "field_help", "field_type", "int_arg",
@@ -85,8 +86,7 @@ def int_arg(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        shown_text = text if len(text) <= 40 else f"{text[:37]}... ({len(text)} characters)"
-        raise argparse.ArgumentTypeError(f"invalid integer: {shown_text!r}") from None
+        raise argparse.ArgumentTypeError(f"invalid integer: {value_shown(text, 60)}") from None
     except TypeError:
         raise argparse.ArgumentTypeError("invalid integer") from None
 
@@ -135,19 +135,11 @@ def add_no_progress(parser: Any, help: str = "no progress bar") -> None:
     parser.add_argument("--no-progress", action="store_true", help=help)
 
 
-def _shown_int(value: Any) -> str:
-    text = str(value) if isinstance(value, int) and abs(value) < 10**40 else None
-    if text is None:
-        digits = len(str(abs(value))) if isinstance(value, int) and abs(value) < 10**4000 else None
-        text = f"an integer of {digits} digits" if digits else repr(value)[:40]
-    return text
-
-
 def check_count(flag: str, value: Any, minimum: int, maximum: int) -> None:
     """A command-line count ``flag`` (``--workers``, ``--threads``...) lies in ``minimum..maximum``: else one
     ConfigError naming the flag and the (shortened) value."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ConfigError(f"{flag}={_shown_int(value)}: must be an integer in {minimum}..{maximum}")
+        raise ConfigError(f"{flag}={value_shown(value)}: must be an integer in {minimum}..{maximum}")
 
 
 def check_torch_threads(args: argparse.Namespace) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError, MementoError
-from memento.types import json_value_problem
+from memento.types import json_value_problem, shown
 
 __all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "parse_json",
            "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json", "remove_stale_temporaries",
@@ -158,20 +158,7 @@ def read_safetensors(path: Path, *, device: str = "cpu") -> tuple[dict[str, Any]
     return tensors, header
 
 
-def shorten(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` on one line, cut to about ``limit`` characters (an integer past float range is described by
-    its digit count: its repr alone could be thousands of characters, or more than Python converts)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 1023:
-        bits = abs(value).bit_length()
-        if bits < 14_000:  # under Python's 4300-digit conversion limit: exact
-            return f"an integer of {len(str(abs(value)))} digits"
-        return f"an integer of about {int(bits * 0.30103) + 1} digits"
-    try:
-        text = repr(value)
-    except ValueError:  # pragma: no cover - an int inside a container past the digit limit
-        text = f"<{type(value).__name__}>"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+shorten = shown  # the old name, kept for the modules that still import it; new code uses memento.types.shown
 
 
 def finite_float(value: Any) -> float | None:
@@ -247,10 +234,10 @@ def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> 
         raise CheckpointError(f"{path}: not a {what} file")
     found = meta.get("format_version", 0)
     if isinstance(found, bool) or not isinstance(found, int) or found < 0:
-        raise CheckpointError(f"{path}: format_version {shorten(found)} is not a version number (this memento reads "
+        raise CheckpointError(f"{path}: format_version {shown(found)} is not a version number (this memento reads "
                               f"{what} format versions up to {version})")
     if found > version:
-        raise CheckpointError(f"{path}: format version {shorten(found)} is newer than this memento reads ({version})")
+        raise CheckpointError(f"{path}: format version {shown(found)} is newer than this memento reads ({version})")
     return meta
 
 
@@ -266,7 +253,7 @@ def read_saved_meta(directory: Path, meta_name: str, tensors_name: str, *, name:
     for key, kind in kinds.items():
         if key not in meta or isinstance(meta[key], bool) or not isinstance(meta[key], kind):
             raise CheckpointError(f"{meta_path}: damaged {name} state ({key!r} is "
-                                  f"{'missing' if key not in meta else shorten(meta[key])}; expected a "
+                                  f"{'missing' if key not in meta else shown(meta[key])}; expected a "
                                   f"{kind.__name__})")
     return meta
 

@@ -46,21 +46,32 @@ SCOPE_FIELDS = ("user", "agent", "session")
 _NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 _NOT_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_SHOWN_CHARS = 80
 _MAX_INT_DIGITS = 4300  # Python's default int <-> str limit: a longer integer cannot be written as JSON
+_LINE_BREAK = re.compile(r"\s*[\r\n]\s*")
 
 
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to about 80 characters (an integer too long to print is described by its size)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
-        if value.bit_length() <= 3 * _MAX_INT_DIGITS:  # within what str() converts (3 bits < 1 digit)
-            return f"an integer of {len(str(abs(value)))} digits"
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for an error message: one line of at most ``limit`` characters (a longer one keeps its head
+    and tail and says its length), never raising. An integer of more than 256 bits, or one whose repr is longer
+    than ``limit``, is described by its number of digits (its repr could be thousands of characters, or more than
+    Python converts); a value whose repr fails is described by its type."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > 3 * _MAX_INT_DIGITS:  # beyond what str() converts (3 bits < 1 digit)
+            return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+        digits = len(str(abs(value)))
+        if value.bit_length() > 256 or digits + (value < 0) > limit:
+            return f"an integer of {digits} digits"
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a value whose repr fails is described by its type
+    except Exception:  # noqa: BLE001 - a value whose repr fails (or nests too deeply) is described by its type
         return f"a {type(value).__name__}"
-    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS - 20]}...{text[-12:]} ({len(text)} chars)"
+    text = _LINE_BREAK.sub(" ", text)  # a multi-line repr (an array, an object's own) on one line
+    if len(text) <= limit:
+        return text
+    note = f" ({len(text)} chars)" if limit >= 40 else ""
+    tail = min(12, max(limit - len(note) - 3, 0) // 4)
+    head = max(limit - len(note) - 3 - tail, 0)
+    return f"{text[:head]}...{text[len(text) - tail:] if tail else ''}{note}"
 
 
 def check_reward(value: Any, what: str = "reward") -> float:

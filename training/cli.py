@@ -23,6 +23,7 @@ from typing import Any
 from memento import flags
 from memento.errors import ConfigError
 from memento.flags import config_option, field_help, load_encoder
+from memento.types import shown
 
 __all__ = ["add_parser", "build_train_config", "run"]
 
@@ -202,15 +203,13 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, ...], Any]:
 
 
 def _merge(raw: dict[str, Any], overrides: dict[tuple[str, ...], Any]) -> dict[str, Any]:
-    from memento.io import shorten
-
     raw = copy.deepcopy(raw)
     for path, value in overrides.items():
         target = raw
         for depth, name in enumerate(path[:-1]):
             target = target.setdefault(name, {})
             if not isinstance(target, dict):
-                raise ConfigError(f"TrainConfig.{'.'.join(path[:depth + 1])}={shorten(target)}: expected an object")
+                raise ConfigError(f"TrainConfig.{'.'.join(path[:depth + 1])}={shown(target)}: expected an object")
         if value is None:
             target.pop(path[-1], None)
         else:
@@ -220,17 +219,13 @@ def _merge(raw: dict[str, Any], overrides: dict[tuple[str, ...], Any]) -> dict[s
 
 def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
     """The object ``raw[name]`` (an empty one when absent); anything else is a one-line ConfigError."""
-    from memento.io import shorten
-
     value = raw.get(name, {})
     if not isinstance(value, dict):
-        raise ConfigError(f"TrainConfig.{name}={shorten(value)}: expected an object, got {type(value).__name__}")
+        raise ConfigError(f"TrainConfig.{name}={shown(value)}: expected an object, got {type(value).__name__}")
     return value
 
 
 def _check_pairs(raw: dict[str, Any]) -> None:
-    from memento.io import shorten
-
     data = _section(raw, "data")
     source = data.get("source")
     if source is None:
@@ -246,10 +241,10 @@ def _check_pairs(raw: dict[str, Any]) -> None:
     for flag, field, needs in (("--memory", "memento_memory", "memento"), ("--rewards", "rewards", "cases")):
         if data.get(field) is not None and source != needs:
             raise ConfigError(f"{flag} goes with --{'from-' if needs != 'cases' else ''}{needs} "
-                              f"(this run's data source is {shorten(source)})")
+                              f"(this run's data source is {shown(source)})")
     if data.get("bank") is not None and source not in ("log", "labels"):
         raise ConfigError(f"--bank goes with --from-log or --from-labels (this run's data source is "
-                          f"{shorten(source)})")
+                          f"{shown(source)})")
 
 
 def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> Any:
