@@ -81,6 +81,7 @@ from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
 from memento.runs.regret import RegretConfig, regret_policy, run_regret
 from memento.runs.rundir import RunDir
+from memento.runs.spans import success_spans
 from memento.types import Case, Task
 from policies import make_policy
 
@@ -281,8 +282,7 @@ def summarize_real(successes: dict[str, list[np.ndarray]], *, window: int, late_
     out: dict[str, Any] = {}
     for name, runs in successes.items():
         steps = min(len(r) for r in runs)
-        spans = {"overall": (0, steps), "early": (0, min(window, steps)),
-                 "late": (steps - min(late_steps, steps), steps)}
+        spans = success_spans(steps, window=window, late_steps=late_steps)
         entry: dict[str, Any] = {"steps": steps, "seeds": len(runs), "windows": {k: list(v) for k, v in spans.items()}}
         for span, (a, b) in spans.items():
             per_seed = [float(np.mean(r[a:b])) for r in runs]

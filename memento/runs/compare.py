@@ -19,6 +19,7 @@ from memento.errors import ConfigError
 from memento.plots import plot_learning_curves
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
 from memento.runs.rundir import write_json
+from memento.runs.spans import LATE_STEPS, success_spans
 
 __all__ = ["comparison_table", "run_comparison"]
 
@@ -49,7 +50,7 @@ def _named(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, PolicyCo
 
 def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, PolicyConfig], *, config: LoopConfig,
                    out_dir: str | Path,
-                   late_steps: int = 200, loop_class: Callable[..., OnlineLoop] = OnlineLoop,
+                   late_steps: int = LATE_STEPS, loop_class: Callable[..., OnlineLoop] = OnlineLoop,
                    **kwargs: Any) -> dict[str, Any]:
     """Run each policy on the same task stream (same seed, same task order) in ``out_dir/<policy>/``.
 
@@ -81,13 +82,14 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
         summary = loop.run()
         success_T = np.asarray(loop.successes, dtype=np.float64)
         curves[kind] = list(loop.successes)
-        late = min(late_steps, success_T.size)
+        spans = success_spans(int(success_T.size), window=config.window, late_steps=late_steps)
+        (e0, e1), (l0, l1) = spans["early"], spans["late"]
         results[kind] = {
             "success_rate": summary["success_rate"],
-            "success_early": float(success_T[:config.window].mean()),
-            "early_steps": [0, min(config.window, success_T.size)],
-            "success_late": float(success_T[success_T.size - late:].mean()),
-            "late_steps": [int(success_T.size - late), int(success_T.size)],
+            "success_early": float(success_T[e0:e1].mean()),
+            "early_steps": [e0, e1],
+            "success_late": float(success_T[l0:l1].mean()),
+            "late_steps": [l0, l1],
             "llm_calls": summary["llm_calls"], "score_calls": summary.get("score_calls", 0),
             "cumulative_reward": summary["cumulative_reward"],
             "bank_size_start": summary["bank_size_start"], "bank_size_end": summary["bank_size_end"],
