@@ -9,21 +9,18 @@ from memento.cli.options import add_command
 from memento.config import MAX_SEED
 from memento.flags import check_count, check_device, int_arg
 from memento.serve.app import ServeConfig, require_extra
-from memento.serve.mcp import run_mcp
+from memento.serve.mcp import TOOLS_HELP, run_mcp
 
 DESCRIPTION = """\
 Serve an exported selector (a directory written by `memento export`) as MCP tools over stdio, for
 agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install 'memento-mdp[mcp]'.
 
-tools:
-  select_cases(task, k=4)              choose k past cases for the task -> {selection_id, cases: [...]}
-  record_outcome(selection_id, reward) the reward in [0, 1] of the task solved with them (committed when answered)
-  add_case(state, action, reward)      store a new case -> {id}
-  delete_case(case_id)                 forget a stored case: never selected again -> {id, deleted, ...}
+{tools}
 
 client configuration, e.g.:
   {"mcpServers": {"memento": {"command": "memento", "args": ["mcp", "/path/to/selector"]}}}
-The server runs until the client closes stdin; then pending writes are drained and the artifact saved."""
+The server runs until the client closes stdin; then pending writes are drained and the artifact saved.""".replace(
+    "{tools}", TOOLS_HELP)
 
 
 def add_parser(commands: Any) -> None:

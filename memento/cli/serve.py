@@ -17,12 +17,18 @@ Serve an exported selector (a directory written by `memento export`) over HTTP w
 uvicorn. Needs the 'serve' extra: pip install 'memento-mdp[serve]'.
 
 endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKEN'):
-  POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null}
-                      -> {"selection_id", "cases": [{"id", "state", "action", "reward", "prob"}, ...], ...}
+  POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null,
+                       "scope": {"user"?, "agent"?, "session"?}, "filter": {"topic": {"in": ["geo"]}, ...}}
+                      -> {"selection_id", "cases": [{"id", "state", "action", "reward", "prob", "score",
+                          "similarity", "meta"?, "user"?, ...}, ...], ...}
+  POST /v1/search     {"query" | "embedding", "k": 10, "env", "scope", "filter"} -> {"cases": [{..., "similarity"}]}
+                      (the nearest cases by cosine: no policy, nothing recorded)
   POST /v1/feedback   {"selection_id": ID, "reward": 0..1}  (answered once committed to disk)
-  POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?} -> {"id"}  (answered once committed)
+  POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?, "user"?, "agent"?, "session"?} -> {"id"}
+                      (answered once committed)
+  GET  /v1/cases      ?user=&agent=&session=&env=&filter=JSON&limit=100&offset=0 -> {"cases": [...]}
   GET  /v1/cases/ID   the case (404 when unknown)
-  PUT  /v1/cases/ID   {"state", "action", "reward", "env"?, "meta"?} -> {"id": NEW, "replaced": ID}
+  PUT  /v1/cases/ID   {"state", "action", "reward", "env"?, "meta"?, "user"?, ...} -> {"id": NEW, "replaced": ID}
                       (the old case is deleted; answered once committed)
   DELETE /v1/cases/ID -> {"id", "deleted": true, ...}  (never selected again; answered once committed)
   GET  /v1/stats      selector counts and server counters
@@ -31,7 +37,8 @@ endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKE
                       and run; nothing recorded) returned, then 200; --no-warmup: 200 at once
   GET  /openapi.json (the spec, no auth); GET /docs (Swagger UI) only with --no-auth;
   the inspector at /inspect takes the same token
-Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413.
+Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413. A scope or filter that matches
+no case gives an empty list (filters: docs/formats.md, "Scopes and metadata filters").
 
 logging: with -v, one line per request on the logger memento.serve.access: METHOD PATH STATUS DURATION ms
 (no log line shows a token: ?token= is logged as ?token=<redacted>).
