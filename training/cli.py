@@ -22,6 +22,7 @@ from typing import Any
 
 from memento import flags
 from memento.errors import ConfigError
+from memento.extras import require
 from memento.flags import config_option, field_help, load_encoder
 from memento.types import shown
 
@@ -310,23 +311,10 @@ def _print_stats(stats: dict[str, Any]) -> None:
         print(f"memento: warning: {warning}", file=sys.stderr)
 
 
-TRAIN_MODULES = ("lightning", "torchmetrics", "tensorboard")
-"""What ``memento train`` imports from the 'train' extra (Lightning, its metrics, TensorBoard event files)."""
-
-
-def require_train_extra(command: str = "train", modules: tuple[str, ...] = TRAIN_MODULES) -> None:
-    """Raise a one-line ``ConfigError`` naming ``memento COMMAND``, the missing package and the pip command when
-    the 'train' extra is missing (found, not imported: nothing heavy loads before the command's checks)."""
-    import importlib.util
-
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):  # a module set to None in sys.modules, or a broken parent package
-            found = False
-        if not found:
-            raise ConfigError(f"memento {command} needs the 'train' extra ({name} is not installed): "
-                              "pip install 'memento-mdp[train]'")
+def require_train_extra(command: str = "train", modules: tuple[str, ...] = ()) -> None:
+    """:func:`memento.extras.require` of the 'train' extra (``modules``, default all of it) for ``memento COMMAND``
+    (found, not imported: nothing heavy loads before the command's checks)."""
+    require("train", *modules, what=f"memento {command}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from typing import Any, get_args
 
 from memento.config import EncoderConfig, IndexConfig, Pooling, field_default
 from memento.encoders import saved_pooling
-from memento.errors import ConfigError
+from memento.extras import require
 from memento.flags import (
     BANK,
     add_bank_option,
@@ -197,13 +197,5 @@ def systems_from_args(args: argparse.Namespace, base: Any) -> Any:
 def check_tensorboard(config: Any) -> None:
     """A run that writes TensorBoard event files needs TensorBoard: without it, one line naming the flag, before
     --out is touched (found, not imported)."""
-    import importlib.util
-
-    if not config.tensorboard:
-        return
-    try:
-        found = importlib.util.find_spec("tensorboard") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError("TensorBoard is not installed: pass --no-tensorboard, or pip install 'memento-mdp[train]'")
+    if config.tensorboard:
+        require("train", "tensorboard", what="writing TensorBoard event files", instead="pass --no-tensorboard")

@@ -100,6 +100,7 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
+from memento.extras import missing_extra, require
 from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
@@ -127,7 +128,7 @@ streams are spawn keys 0-3)."""
 WORKERS_LOG = "workers.jsonl"
 """One line per committed transition in the run directory: worker, attempt, snapshot and learner versions."""
 
-RAY_EXTRA = "pip install 'memento-mdp[ray]'"
+_WORKERS = "running rollout workers (--workers N > 1)"
 
 LOOPBACK = "127.0.0.1"
 
@@ -142,8 +143,7 @@ def require_ray() -> None:
     """One :class:`ConfigError` line naming the extra when Ray is not installed (without importing it: a local Ray
     started later by :func:`ray_runtime` can still turn on Ray's token authentication, which Ray reads when it is
     first imported)."""
-    if sys.modules.get("ray") is None and importlib.util.find_spec("ray") is None:
-        raise ConfigError(f"rollout workers (--workers N > 1) need Ray: {RAY_EXTRA}")
+    require("ray", what=_WORKERS)
 
 
 def import_ray() -> Any:
@@ -151,7 +151,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError(f"rollout workers (--workers N > 1) need Ray: {RAY_EXTRA}") from None
+        raise missing_extra("ray", "ray", what=_WORKERS) from None
     return ray
 
 

@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from memento.errors import ConfigError, MementoError
+from memento.extras import require
 
 # The config, the writer and the helpers the FastAPI layer shares live one module below both (no import circle);
 # they are public here, as before.
@@ -175,15 +176,8 @@ def resolve_token(*, token_file: str | Path | None = None, no_auth: bool = False
 
 
 def require_extra(extra: Literal["serve", "mcp"], command: str | None = None) -> None:
-    """Raise a one-line MementoError naming the command (``memento COMMAND``; default: ``extra``), the extra
-    and the pip command when an optional extra is missing."""
-    modules = {"serve": ("fastapi", "uvicorn"), "mcp": ("mcp",)}[extra]
-    for name in modules:
-        try:
-            __import__(name)
-        except ImportError:
-            raise MementoError(f"memento {command or extra} needs the '{extra}' extra ({name} is not installed): "
-                               f"pip install 'memento-mdp[{extra}]'") from None
+    """:func:`memento.extras.require` for the command ``memento COMMAND`` (default: ``extra``)."""
+    require(extra, what=f"memento {command or extra}")
 
 
 # ---------------------------------------------------------------- app and server
