@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError, MementoError
-from memento.types import json_value_problem, shown
+from memento.types import finite_float, json_value_problem, shown
 
 __all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "parse_json",
            "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json", "remove_stale_temporaries",
@@ -159,19 +158,6 @@ def read_safetensors(path: Path, *, device: str = "cpu") -> tuple[dict[str, Any]
 
 
 shorten = shown  # the old name, kept for the modules that still import it; new code uses memento.types.shown
-
-
-def finite_float(value: Any) -> float | None:
-    """``value`` as a finite float when it is a real number (an int or float, never a bool), else None.
-
-    Never raises: an integer beyond float range (``10 ** 400``) is None, where ``float()`` and ``math.isfinite``
-    would raise OverflowError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, int) and abs(value) > 2 ** 1023:
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 MAX_JSON_DEPTH = 100

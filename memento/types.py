@@ -20,7 +20,7 @@ import numpy as np
 from memento.errors import DataFormatError
 
 __all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "SCOPE_FIELDS", "Case", "Selection", "Task", "check_id", "check_reward",
-           "check_text", "content_hash", "json_value_problem", "shown"]
+           "check_text", "content_hash", "finite_float", "json_value_problem", "shown"]
 
 # ---------------------------------------------------------------- the range of each field, decided once
 #
@@ -74,17 +74,30 @@ def shown(value: Any, limit: int = 80) -> str:
     return f"{text[:head]}...{text[len(text) - tail:] if tail else ''}{note}"
 
 
+def finite_float(value: Any) -> float | None:
+    """``value`` as a finite float when it is a real number (an int, a float, a numpy number; never a bool), else
+    None.
+
+    Never raises: an integer beyond float range (``10 ** 400``) is None, where ``float()`` and ``math.isfinite``
+    would raise OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's bool is not a numbers.Real
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):  # an integer beyond float range
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_reward(value: Any, what: str = "reward") -> float:
     """A reward as a float: a finite real number in [0, 1]; anything else raises ``DataFormatError`` naming ``what``
     and the value."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise DataFormatError(f"{what} must be a number in [0, 1], got {shown(value)}")
-    try:
-        number = float(value)
-    except (OverflowError, ValueError, TypeError):  # an integer beyond float range
-        raise DataFormatError(f"{what} must be finite, got {shown(value)} (a reward is a number in [0, 1])") \
-            from None
-    if not math.isfinite(number) or not REWARD_LOW <= number <= REWARD_HIGH:
+    number = finite_float(value)
+    if number is None and isinstance(value, numbers.Integral):  # an integer beyond float range
+        raise DataFormatError(f"{what} must be finite, got {shown(value)} (a reward is a number in [0, 1])")
+    if number is None or not REWARD_LOW <= number <= REWARD_HIGH:
         raise DataFormatError(f"{what} must be a number in [0, 1], got {shown(value)}")
     return number
 
@@ -218,8 +231,7 @@ class Case:
                 check_id(getattr(self, name), f"Case.{name}")
         object.__setattr__(self, "reward", check_reward(self.reward, "Case.reward"))
         _meta(self.meta, "Case")
-        if self.created is not None and (isinstance(self.created, bool) or not isinstance(self.created, numbers.Real)
-                                         or not math.isfinite(self.created)):
+        if self.created is not None and finite_float(self.created) is None:  # not a number, NaN, inf, 10 ** 400
             raise DataFormatError(f"Case.created must be a finite number (Unix seconds), got {shown(self.created)}")
 
     @property

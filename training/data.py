@@ -65,7 +65,7 @@ from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
 from memento.learn.listwise import ListwiseBatch
 from memento.learn.replay import ReplayBatch
-from memento.types import check_reward
+from memento.types import check_reward, finite_float, shown
 from training.config import DataConfig
 
 __all__ = ["EpochSampler", "ListwiseDataset", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset",
@@ -259,9 +259,10 @@ def _ids(row: dict[str, Any], name: str) -> list[str]:
 
 
 def _propensity(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-        raise DataFormatError(f"{name} must be numbers in (0, 1], got {value!r}")
-    return float(value)
+    number = finite_float(value)
+    if number is None or not 0.0 < number <= 1.0:
+        raise DataFormatError(f"{name} must be numbers in (0, 1], got {shown(value)}")
+    return number
 
 
 def _encode(encoder: Any, texts: Sequence[str], what: str) -> np.ndarray:
