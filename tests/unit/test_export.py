@@ -283,7 +283,11 @@ def test_select_result_and_to_dict(artifact: Path) -> None:  # a copy: pending s
         as_dict = result.to_dict()
         json.dumps(as_dict)
         assert set(as_dict) == {"selection_id", "mode", "policy_version", "set_prob", "cases"}
-        assert set(as_dict["cases"][0]) == {"id", "state", "action", "reward", "env", "prob"}
+        first = as_dict["cases"][0]
+        assert set(first) - {"meta", "user", "agent", "session"} == {"id", "state", "action", "reward", "env",
+                                                                      "prob", "score", "similarity"}
+        assert (first["score"], first["similarity"]) == (result.scores[0], result.similarities[0])
+        assert first.get("meta", {}) == result.cases[0].meta
         assert [c["id"] for c in as_dict["cases"]] == list(result.ids)
         assert selector.get_case(result.ids[0]) == result.cases[0]
         many = selector.select(_queries()[0], k=40)  # more than C = 32: C grows to k, the bank has 59
