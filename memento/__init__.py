@@ -6,6 +6,14 @@ never pulls in Lightning, FastAPI or LLM clients. Concrete policies live in the 
 package ``policies`` (which depends on this one, never the other way round): runs that choose a
 policy take the factory ``policies.make_policy`` as an argument. The soft-Q agent
 (:class:`SoftQAgent`) lives here, because a served :class:`Selector` is one.
+
+A trained selector ships with the package (the ``facts-real`` suite's pre-trained Q-network over its seed
+cases); :func:`shipped_selector` builds it on first use and returns its path::
+
+    import memento
+
+    with memento.load_selector(memento.shipped_selector()) as selector:
+        print(selector.select("What is the capital of Peru?", k=4).cases)
 """
 
 from memento._version import __version__
@@ -48,6 +56,7 @@ from memento.runs.qa import LoopConfig, OnlineLoop, run_online
 from memento.runs.rundir import RunDir
 from memento.selector.export import export_selector, load_selector
 from memento.selector.runtime import SelectionResult, Selector
+from memento.selector.shipped import shipped_selector
 from memento.types import Case, Selection, Task
 
 __all__ = [
@@ -102,4 +111,5 @@ __all__ = [
     "load_selector",
     "run_comparison",
     "run_online",
+    "shipped_selector",
 ]

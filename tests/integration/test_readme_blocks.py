@@ -1,0 +1,151 @@
+"""The Python blocks of README.md and docs/*.md run as written.
+
+Every fenced ```python block is run as a script by this interpreter, in a fresh temporary directory (so it
+cannot lean on files the test suite left behind), twice in the same directory (a block a reader runs again
+must not fail on what its first run wrote), and must leave the repository's ``git status`` as it found it.
+
+An HTML comment on the line(s) right before a fence says how the block is run:
+
+- ``<!-- readme-test: skip (REASON) -->``: not run (it needs a server, a GPU, ...); the skip reports REASON;
+- ``<!-- readme-test: setup: COMMAND -->``: COMMAND runs once in the block's directory before the block
+  (what the text before it tells the reader to run first). A leading ``memento`` is this interpreter's
+  ``-m memento``; ``{repo}`` is the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(?P<body>.*?)\s*-->")
+TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    code: str
+    skip: str | None = None
+    setup: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
+
+
+def _directives(lines: list[str], fence: int, path: Path) -> tuple[str | None, tuple[str, ...]]:
+    """The ``readme-test`` comments on the lines right above line index ``fence``."""
+    skip: str | None = None
+    setup: list[str] = []
+    i = fence - 1
+    while i >= 0 and (match := DIRECTIVE.fullmatch(lines[i].strip())):
+        body = match.group("body")
+        if m := re.fullmatch(r"skip\s*\((?P<reason>.+)\)", body):
+            skip = m.group("reason").strip()
+        elif body.startswith("setup:"):
+            setup.insert(0, body.removeprefix("setup:").strip())
+        else:
+            raise AssertionError(f"{path}:{i + 1}: unknown readme-test directive {body!r}")
+        i -= 1
+    return skip, tuple(setup)
+
+
+def python_blocks(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start = i
+            i += 1
+            body: list[str] = []
+            while i < len(lines) and not lines[i].strip().startswith("```"):
+                body.append(lines[i])
+                i += 1
+            assert i < len(lines), f"{path}:{start + 1}: the python block is never closed"
+            skip, setup = _directives(lines, start, path)
+            blocks.append(Block(path, start + 1, "\n".join(body) + "\n", skip, setup))
+        i += 1
+    return blocks
+
+
+BLOCKS = [block for document in DOCUMENTS for block in python_blocks(document)]
+
+
+def test_blocks_are_found_and_every_directive_belongs_to_a_python_block() -> None:
+    assert any(block.path.name == "README.md" for block in BLOCKS)
+    for document in DOCUMENTS:
+        lines = document.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if "readme-test" not in line:
+                continue
+            assert DIRECTIVE.fullmatch(line.strip()), f"{document}:{i + 1}: malformed directive {line.strip()!r}"
+            j = i + 1
+            while j < len(lines) and DIRECTIVE.fullmatch(lines[j].strip()):
+                j += 1
+            assert j < len(lines) and lines[j].strip() == "```python", (
+                f"{document}:{i + 1}: a readme-test directive must sit right above a ```python fence")
+    for block in BLOCKS:  # every directive parses (an unknown one raises in python_blocks)
+        assert block.skip is None or block.skip.strip()
+
+
+def _git_status() -> str | None:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        return None
+    result = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=False)
+    return result.stdout if result.returncode == 0 else None
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _run(argv: list[str], cwd: Path, what: str) -> None:
+    result = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+                            check=False)
+    assert result.returncode == 0, (
+        f"{what} failed (exit {result.returncode}) in {cwd}\n"
+        f"--- stdout (tail) ---\n{result.stdout[-3000:]}\n--- stderr (tail) ---\n{result.stderr[-3000:]}")
+
+
+def _setup_argv(command: str) -> list[str]:
+    argv = shlex.split(command.replace("{repo}", str(REPO)))
+    if argv and argv[0] == "memento":
+        argv = [sys.executable, "-m", "memento", *argv[1:]]
+    elif argv and argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    return argv
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
+def test_python_block_runs_as_written_twice(block: Block, tmp_path: Path) -> None:
+    if block.skip is not None:
+        pytest.skip(f"{block.name}: {block.skip}")
+    before = _git_status()
+    script = tmp_path / "block.py"
+    script.write_text(block.code, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    for command in block.setup:
+        _run(_setup_argv(command), work, f"{block.name}: setup {command!r}")
+    for attempt in ("first", "second"):
+        _run([sys.executable, str(script)], work, f"{block.name} ({attempt} run)")
+    after = _git_status()
+    assert before == after, f"{block.name} changed the repository:\nbefore:\n{before}\nafter:\n{after}"
