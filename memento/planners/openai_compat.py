@@ -11,9 +11,10 @@ connections; up to ``concurrency`` of them), created at the first call and close
 ``httpx`` (or its successor ``httpx2``) comes with the extra ``memento-mdp[openai]`` and is imported
 only when a planner is built. The API key is read from an environment variable at every call
 (optional: local servers need none). ``seed``, ``top_p`` and ``extra_body`` (merged into the body last)
-are sent when set. Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff
-(``backoff_s * 2**i``, or the server's ``Retry-After`` -- seconds or an HTTP date -- when longer,
-capped at 60 s); other 4xx
+are sent when set. Connection errors, timeouts, HTTP 429 and 5xx are retried (by ``tenacity``, in the
+same extra) with exponential backoff (``backoff_s * 2**i``, or the server's ``Retry-After`` -- seconds or
+an HTTP date -- when longer, capped at 60 s); httpx's own ``retries`` covers connection failures only, so
+it is not used; other 4xx
 answers, a body that is not JSON, or one without ``choices`` raise :class:`PlannerError` at once.
 Every error is one line naming the method, the URL and what went wrong, e.g.
 ``POST http://127.0.0.1:8000/v1/chat/completions: HTTP 500 after 4 attempts: <body excerpt>``
@@ -132,6 +133,15 @@ def _httpx() -> Any:
         except ImportError:
             raise PlannerError(f"OpenAICompatPlanner needs the httpx package: pip install '{_EXTRA}'") from None
     return httpx
+
+
+def _tenacity() -> Any:
+    """The ``tenacity`` module (the retry loop); a one-line error naming the extra when it is missing."""
+    try:
+        import tenacity
+    except ImportError:
+        raise PlannerError(f"OpenAICompatPlanner needs the tenacity package: pip install '{_EXTRA}'") from None
+    return tenacity
 
 
 def _retry_after(header: str | None) -> float | None:
@@ -559,29 +569,40 @@ class OpenAICompatPlanner:
                            "(give the server's final URL, up to and including /v1)", code)
         raise _Refused(f"POST {url}: HTTP {code}" + (f": {detail}" if detail else ""), code)
 
+    def _retrying(self, url: str, total: int) -> Any:
+        """tenacity's retry loop for one POST: :class:`_Retryable` failures are retried up to ``total`` attempts
+        in all, after ``backoff_s * 2**i`` seconds or the server's ``Retry-After`` when longer (capped at 60 s),
+        each retry logged; the last failure is re-raised as it is."""
+        tenacity = _tenacity()
+        backoff = tenacity.wait_exponential(multiplier=self.config.backoff_s, max=_MAX_BACKOFF_S)
+
+        def wait(state: Any) -> float:
+            after = getattr(state.outcome.exception(), "retry_after", None)
+            return min(max(backoff(state), after or 0.0), _MAX_BACKOFF_S)
+
+        def log(state: Any) -> None:
+            error = state.outcome.exception()
+            logger.info("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", url, error.reason,
+                        f": {error.detail}" if error.detail else "", state.attempt_number, total,
+                        state.next_action.sleep)
+
+        return tenacity.Retrying(retry=tenacity.retry_if_exception_type(_Retryable),
+                                 stop=tenacity.stop_after_attempt(total), wait=wait, before_sleep=log,
+                                 sleep=lambda seconds: time.sleep(seconds), reraise=True)
+
     def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
         """The JSON object a POST of ``body`` answers, after the retries (a 4xx: a :class:`PlannerError` at once)."""
         url = url or self.url
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         total = self.config.max_retries + 1
-        for attempt in range(1, total + 1):
-            try:
-                raw = self._attempt(data, url)
-                break
-            except _Refused as error:
-                raise PlannerError(str(error)) from None
-            except _Retryable as error:
-                if attempt == total:
-                    attempts = f"{total} attempt{'s' if total > 1 else ''}"
-                    detail = f": {error.detail}" if error.detail else ""
-                    raise PlannerError(f"POST {url}: {error.reason} after {attempts}{detail}") from None
-                delay = self.config.backoff_s * 2 ** (attempt - 1)
-                if error.retry_after is not None:
-                    delay = max(delay, error.retry_after)
-                delay = min(delay, _MAX_BACKOFF_S)
-                logger.info("POST %s: %s%s (attempt %d of %d); retrying in %.2f s", url, error.reason,
-                               f": {error.detail}" if error.detail else "", attempt, total, delay)
-                time.sleep(delay)
+        try:
+            raw = self._retrying(url, total)(self._attempt, data, url)
+        except _Refused as error:
+            raise PlannerError(str(error)) from None
+        except _Retryable as error:
+            attempts = f"{total} attempt{'s' if total > 1 else ''}"
+            detail = f": {error.detail}" if error.detail else ""
+            raise PlannerError(f"POST {url}: {error.reason} after {attempts}{detail}") from None
         where = f"POST {url}"
         try:
             response = parse_json(raw, where="", error=PlannerError, finite=True)
