@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 from memento.errors import DataFormatError
-from memento.io import atomic_write, parse_json
+from memento.io import atomic_write, loads_json, parse_json
 from memento.types import SCOPE_FIELDS, Case, Task, check_reward, check_text, json_value_problem, shown
 
 __all__ = [
@@ -54,10 +53,11 @@ ANSWER_SPLIT = "<|answer_split|>"
 CaseFormat = Literal["case", "memento-memory", "memento-np-memory", "memento-training"]
 
 
-_MAX_DEPTH = 100  # the same bound as memento.types.json_value_problem
-"""How deeply a JSONL row may nest objects and lists (a deeper one is refused: it is not data we read, and
-Python's JSON and SQLite code would hit its recursion limit on it)."""
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+def _blank(raw: bytes) -> bool:
+    try:
+        return not raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return False
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -88,29 +88,16 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             number += 1
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataFormatError(f"not UTF-8 text: {error.reason} at byte {error.start + 1}",
-                                      path=path, line=number) from None
-            if not line.strip():
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataFormatError(f"invalid JSON: {error.msg} (column {error.pos + 1})",
-                                      path=path, line=number) from None
-            except RecursionError:
-                raise DataFormatError(f"invalid JSON: nested deeper than {_MAX_DEPTH} levels",
-                                      path=path, line=number) from None
-            except ValueError as error:  # an integer of more than sys.get_int_max_str_digits() digits
-                raise DataFormatError(f"invalid JSON: {str(error).split(';')[0]}", path=path, line=number) from None
+                row = loads_json(raw.rstrip(b"\r\n"))  # one line: the error's column is the line's
+            except DataFormatError as error:
+                if _blank(raw):  # a line of other Unicode whitespace
+                    continue
+                raise DataFormatError(error.reason, path=path, line=number) from None
             if not isinstance(row, dict):
                 raise DataFormatError(f"expected a JSON object, got {type(row).__name__}", path=path, line=number)
-            if raw.count(b"[") + raw.count(b"{") > _MAX_DEPTH or _SURROGATE_ESCAPE.search(raw):
-                problem = json_value_problem(row)  # only lines that may hold either are walked
-                if problem is not None:
-                    raise DataFormatError(problem, path=path, line=number)
             yield number, row
 
 

@@ -10,16 +10,17 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from memento.errors import CheckpointError, MementoError
+from memento.errors import CheckpointError, DataFormatError, MementoError
 from memento.types import finite_float, json_value_problem, shown
 
-__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "parse_json",
-           "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json", "remove_stale_temporaries",
-           "shorten", "sqlite_copy", "temporary_path", "write_json"]
+__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "loads_json",
+           "parse_json", "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json",
+           "remove_stale_temporaries", "shorten", "sqlite_copy", "temporary_path", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,30 +165,61 @@ MAX_JSON_DEPTH = 100
 """How deeply a JSON document memento reads may nest objects and lists."""
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_INT_DIGITS = 4300  # Python's default int <-> str limit, json_value_problem's bound
+
+
+def _may_hold_problem(text: str, *, decoded: bool) -> bool:
+    """Whether ``text``, once parsed, may hold what :func:`memento.types.json_value_problem` refuses (without
+    ``finite``): more than :data:`MAX_JSON_DEPTH` brackets, a lone surrogate (escaped, or unless ``text`` was
+    ``decoded`` from UTF-8 the character itself), or, where the process raised Python's digit limit, an integer
+    too long to write back."""
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or _SURROGATE_ESCAPE.search(text):
+        return True
+    if not decoded and not text.isascii():
+        try:
+            text.encode("utf-8")  # a C loop: far faster than a regular expression over non-ASCII text
+        except UnicodeEncodeError:
+            return True
+    return not 0 < sys.get_int_max_str_digits() <= _INT_DIGITS
+
+
+def loads_json(text: str | bytes, *, finite: bool = False) -> Any:
+    """``text`` parsed as JSON, or a :class:`DataFormatError` whose ``reason`` says why (``line``: the line of
+    ``text`` where the JSON is invalid, else None); what is refused is what :func:`parse_json` refuses. Never
+    raises anything else. The parsed value is walked (:func:`memento.types.json_value_problem`) only where
+    ``text`` may nest too deeply or hold a lone surrogate, or with ``finite``."""
+    decoded = isinstance(text, bytes)
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as failure:
+            raise DataFormatError(f"not UTF-8 text ({failure.reason} at byte {failure.start + 1})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as failure:
+        raise DataFormatError(f"invalid JSON: {failure.msg} (column {failure.colno})", line=failure.lineno) from None
+    except RecursionError:
+        raise DataFormatError(f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, MemoryError) as failure:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise DataFormatError("invalid JSON: " + " ".join(str(failure).split(";")[0].split())[:200]) from None
+    if finite or _may_hold_problem(text, decoded=decoded):  # else json_value_problem would find nothing
+        problem = json_value_problem(value, finite=finite)
+        if problem is not None:
+            raise DataFormatError(problem)
+    return value
+
+
 def parse_json(text: str | bytes, *, where: str, error: type[MementoError] = CheckpointError,
                finite: bool = False) -> Any:
     """``text`` parsed as JSON, or a one-line ``error`` whose message starts with ``where`` (a path, or a path and
     a field). Refused: invalid JSON (with its line), an integer of more digits than Python converts, nesting
     deeper than :data:`MAX_JSON_DEPTH`, a lone surrogate escape in a string, bytes that are not UTF-8, and with
     ``finite`` the NaN and Infinity tokens. Never raises anything else."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as failure:
-            raise error(f"{where}: not UTF-8 text ({failure.reason} at byte {failure.start + 1})") from None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as failure:
-        raise error(f"{where}:{failure.lineno}: invalid JSON: {failure.msg} (column {failure.colno})") from None
-    except RecursionError:
-        raise error(f"{where}: invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except (ValueError, MemoryError) as failure:  # an integer of more than sys.get_int_max_str_digits() digits
-        detail = " ".join(str(failure).split(";")[0].split())[:200]
-        raise error(f"{where}: invalid JSON: {detail}") from None
-    problem = json_value_problem(value, finite=finite)
-    if problem is not None:
-        raise error(f"{where}: {problem}")
-    return value
+        return loads_json(text, finite=finite)
+    except DataFormatError as failure:
+        raise error(f"{where}{'' if failure.line is None else f':{failure.line}'}: {failure.reason}") from None
 
 
 def read_json(path: str | Path, *, error: type[MementoError] = CheckpointError, what: str = "JSON file",
