@@ -20,9 +20,15 @@ An ``openai:`` spec may end in a query string of planner options (the keys of :d
 Values are percent-decoded (``%0A`` is a newline, ``%26`` an ``&``); in ``stop`` the escapes ``\n``, ``\t`` and
 ``\\`` also read as a newline, a tab and a backslash. An unknown or repeated key, a value out of range, or a spec
 of more than :data:`MAX_SPEC_CHARS` characters is a one-line ``ConfigError`` naming the key and the (shortened)
-value. ``str(spec)`` writes the options back, so they are saved with a run's config. The mode is never guessed:
-OpenAI-compatible servers do not say reliably whether a model has a chat template, so a base model needs
-``mode=completions``.
+value. ``str(spec)`` writes the options back, so they are saved with a run's config.
+
+The mode is never guessed (there is no ``mode=auto``): OpenAI-compatible servers do not say whether a model has a
+chat template. llama-cpp-python's server (0.3.36) answers ``/v1/models`` with ``id``, ``object``, ``owned_by`` and
+``permissions`` only, and none of its endpoints (``/v1/completions``, ``/v1/chat/completions``,
+``/v1/embeddings``, ``/v1/models``, ``/extras/tokenize``, ``/extras/tokenize/count``, ``/extras/detokenize``)
+exposes the GGUF's ``tokenizer.chat_template``; serving a base model without one, its ``/chat/completions`` falls
+back to a llama-2 ``[INST]`` format and the bundled Gemma answers ``""`` (``--chat_format gemma`` makes it echo
+the question). So a base model needs ``mode=completions``.
 
 :func:`parse_planner_spec` turns a string into a :class:`PlannerSpec` (a bad one is a one-line
 ``ConfigError``), :func:`check_planner_spec` makes the cheap checks before anything loads, and
