@@ -80,6 +80,7 @@ __all__ = [
     "check",
     "check_bools",
     "check_choice",
+    "check_count",
     "check_float",
     "check_factory",
     "check_int",
@@ -177,14 +178,18 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_count(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    """``value`` is an int (not a bool) of at least ``minimum`` and, when given, at most ``maximum``; else
+    ``ConfigError("name=value: must be an integer ...")`` (``name``: ``Cls.field``, a flag such as ``--workers``;
+    the value shortened)."""
+    if not is_int(value) or value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ConfigError(f"{name}={shown(value)}: must be an integer {bound}")
+
+
 def check_int(obj: Any, field: str, minimum: int, maximum: int | None = None) -> None:
     """``obj.field`` is an int (not a bool) of at least ``minimum`` and, when given, at most ``maximum``."""
-    value = getattr(obj, field)
-    if maximum is None:
-        check(is_int(value) and value >= minimum, type(obj), field, value, f"must be an integer >= {minimum}")
-    else:
-        check(is_int(value) and minimum <= value <= maximum, type(obj), field, value,
-              f"must be an integer in {minimum}..{maximum}")
+    check_count(f"{type(obj).__name__}.{field}", getattr(obj, field), minimum, maximum)
 
 
 def check_int_tuple(obj: Any, field: str, minimum: int, maximum: int, *, distinct: bool = False) -> None:

@@ -22,7 +22,7 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from memento.config import MAX_THREADS, field_default
+from memento.config import MAX_THREADS, check_count, field_default
 from memento.errors import ConfigError
 from memento.types import shown as value_shown
 
@@ -133,13 +133,6 @@ def add_torch_threads(parser: Any, default: int = 0,
 
 def add_no_progress(parser: Any, help: str = "no progress bar") -> None:
     parser.add_argument("--no-progress", action="store_true", help=help)
-
-
-def check_count(flag: str, value: Any, minimum: int, maximum: int) -> None:
-    """A command-line count ``flag`` (``--workers``, ``--threads``...) lies in ``minimum..maximum``: else one
-    ConfigError naming the flag and the (shortened) value."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ConfigError(f"{flag}={value_shown(value)}: must be an integer in {minimum}..{maximum}")
 
 
 def check_torch_threads(args: argparse.Namespace) -> None:
