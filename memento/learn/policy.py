@@ -45,6 +45,7 @@ Policies are built by ``policies.make_policy(config, context)`` from a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import numbers
@@ -57,6 +58,7 @@ import torch
 
 from memento.config import PolicyConfig
 from memento.errors import DataFormatError, DimensionError
+from memento.learn.qnet import QNetwork
 from memento.memory import Candidates
 from memento.types import Selection
 
@@ -413,15 +415,19 @@ def plackett_luce_logprob(logits_C: np.ndarray, order_K: np.ndarray) -> float:
     ``logit_k - logsumexp(logits of the undrawn candidates)``.
     """
     z = _check_vector(logits_C, "logits")
-    order = _check_order(order_K, z.shape[0])
-    alive = np.ones(z.shape[0], dtype=bool)
+    return _plackett_luce_logprob(z, _check_order(order_K, z.shape[0]))
+
+
+def _plackett_luce_logprob(z_C: np.ndarray, order_K: np.ndarray) -> float:
+    """:func:`plackett_luce_logprob` of float64 logits and distinct indices already checked."""
+    alive = np.ones(z_C.shape[0], dtype=bool)
     total = 0.0
-    for index in order:
-        rest = z[alive]
+    for index in order_K:
+        rest = z_C[alive]
         top = rest.max()
-        if not math.isfinite(top) or not math.isfinite(z[index]):
+        if not math.isfinite(top) or not math.isfinite(z_C[index]):
             return -math.inf
-        total += float(z[index] - (top + math.log(np.exp(rest - top).sum())))
+        total += float(z_C[index] - (top + math.log(np.exp(rest - top).sum())))
         alive[index] = False
     return total
 
@@ -470,38 +476,78 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
 
     The network runs on ``device`` or, when ``None``, on the device of its first floating-point
     parameter or buffer (read at every call, so a moved network is followed; CPU for a parameterless
-    one); its training flag is restored afterwards.
+    one). A :class:`~memento.learn.qnet.QNetwork` scores through :meth:`~memento.learn.qnet.QNetwork.score`
+    (the eval-mode values, its mode untouched); any other module is put in ``eval()`` mode for the call
+    and its training flag restored afterwards.
     """
     state = check_candidates(state_D, candidates)
-    where, dtype = device or torch.device("cpu"), torch.float32
-    for tensor in (*qnet.parameters(), *qnet.buffers()):
-        if tensor.is_floating_point():
-            where, dtype = (device or tensor.device), tensor.dtype
-            break
+    if isinstance(qnet, QNetwork):
+        where, dtype = qnet.placement()
+    else:
+        where, dtype = torch.device("cpu"), torch.float32
+        for tensor in itertools.chain(qnet.parameters(), qnet.buffers()):
+            if tensor.is_floating_point():
+                where, dtype = tensor.device, tensor.dtype
+                break
+    where = device or where
+    vectors = candidates.embeddings_CD if cases_CE is None else cases_CE
+    with torch.inference_mode():
+        state_BD = torch.as_tensor(state, dtype=dtype, device=where).unsqueeze(0)
+        cases_BCD = torch.as_tensor(np.asarray(vectors), dtype=dtype, device=where).unsqueeze(0)
+        q_BC = qnet.score(state_BD, cases_BCD) if isinstance(qnet, QNetwork) else _eval_call(qnet, state_BD, cases_BCD)
+        if not isinstance(q_BC, torch.Tensor) or tuple(q_BC.shape) != (1, len(candidates)):
+            shape = tuple(q_BC.shape) if isinstance(q_BC, torch.Tensor) else type(q_BC).__name__
+            raise DimensionError(f"qnet returned {shape}, expected q_BC of shape (1, {len(candidates)}) "
+                                 f"for state_BD {tuple(state_BD.shape)} and cases_BCD {tuple(cases_BCD.shape)}")
+        return np.array(q_BC[0].cpu().numpy(), dtype=np.float64)  # a float64 copy
+
+
+def _eval_call(qnet: torch.nn.Module, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> Any:
+    """``qnet(state_BD, cases_BCD)`` in ``eval()`` mode; the module's training flag is restored afterwards."""
     was_training = qnet.training
     try:
-        qnet.eval()
-        with torch.inference_mode():
-            state_BD = torch.as_tensor(state, dtype=dtype, device=where).unsqueeze(0)
-            vectors = candidates.embeddings_CD if cases_CE is None else cases_CE
-            cases_BCD = torch.as_tensor(np.asarray(vectors), dtype=dtype, device=where).unsqueeze(0)
-            q_BC = qnet(state_BD, cases_BCD)
-            if not isinstance(q_BC, torch.Tensor) or tuple(q_BC.shape) != (1, len(candidates)):
-                shape = tuple(q_BC.shape) if isinstance(q_BC, torch.Tensor) else type(q_BC).__name__
-                raise DimensionError(f"qnet returned {shape}, expected q_BC of shape (1, {len(candidates)}) "
-                                     f"for state_BD {tuple(state_BD.shape)} and cases_BCD {tuple(cases_BCD.shape)}")
-            q_C = q_BC[0].to("cpu").double().numpy().copy()
+        if was_training:
+            qnet.eval()
+        return qnet(state_BD, cases_BCD)
     finally:
-        qnet.train(was_training)
-    return q_C
+        if was_training:
+            qnet.train(True)
 
 
 def boltzmann_select(q_C: np.ndarray, candidates: Candidates, k: int, alpha: float, *, rng: np.random.Generator,
                      greedy: bool = False) -> Selection:
     """``k`` candidates from ``softmax(q_C / alpha)``: Gumbel-top-k draws with the exact Plackett-Luce
-    propensity (in log space), or the top ``k`` by Q with ``set_prob = 1.0`` when ``greedy``."""
-    k = check_k(k, len(candidates))
-    logp_C = log_softmax(q_C, alpha)
-    probs_C = softmax(q_C, alpha)
-    order_K = top_k(q_C, k) if greedy else gumbel_top_k(logp_C, k, rng)
-    return make_selection(candidates, probs_C, order_K, greedy=greedy, logits_C=logp_C)
+    propensity (in log space), or the top ``k`` by Q with ``set_prob = 1.0`` when ``greedy``.
+
+    The same values as :func:`log_softmax`, :func:`softmax`, :func:`gumbel_top_k` (or :func:`top_k`) and
+    :func:`make_selection` with ``logits_C = log_softmax(q_C, alpha)``, each input checked once.
+    """
+    n = len(candidates)
+    k = check_k(k, n)
+    logp_C = _log_softmax_fast(q_C, alpha)
+    if logp_C.shape[0] != n:
+        raise DimensionError(f"probs has p.shape={logp_C.shape} but there are {n} candidate(s)")
+    p = np.exp(logp_C)
+    probs_C = p / p.sum()  # softmax(q_C, alpha)
+    if greedy:
+        order_K = top_k(q_C, k)
+        set_prob = 1.0
+    else:
+        keys_C = logp_C + rng.gumbel(size=n)  # gumbel_top_k
+        order_K = np.argsort(-keys_C, kind="stable")[:k].astype(np.int64)
+        set_prob = math.exp(_plackett_luce_logprob(logp_C, order_K))
+    candidate_ids = list(candidates.ids)
+    return Selection(ids=[candidate_ids[i] for i in order_K], positions_K=order_K, probs_K=probs_C[order_K].copy(),
+                     set_prob=float(set_prob), candidate_ids=candidate_ids, probs_C=probs_C, greedy=bool(greedy))
+
+
+def _log_softmax_fast(x_C: np.ndarray, temperature: float) -> np.ndarray:
+    """:func:`log_softmax` with one finiteness test for the usual all-finite vector (the full checks otherwise)."""
+    x = np.asarray(x_C, dtype=np.float64)
+    if x.ndim != 1 or not x.shape[0] or not np.isfinite(x).all():
+        return log_softmax(x_C, temperature)
+    z = x / _check_temperature(temperature)
+    if np.isinf(z).any():
+        return log_softmax(x_C, temperature)  # raises: the division overflowed
+    z = z - z.max()
+    return z - np.log(np.exp(z).sum())
