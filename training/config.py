@@ -51,7 +51,7 @@ from memento.config import (
     save_json,
 )
 from memento.errors import ConfigError
-from memento.io import shorten
+from memento.types import shown
 
 __all__ = ["Accelerator", "DataConfig", "DataSource", "JointConfig", "LightningConfig", "MementoLabel", "Precision",
            "SimCSEConfig", "SimCSEMode", "TrainConfig", "TrainerConfig", "joint_config_from_dict",
@@ -431,11 +431,11 @@ def train_config_from_dict(data: dict[str, Any], *, dim: int | None = None) -> T
     data = _nested_train_dict(data)
     qnet = data.setdefault("qnet", {})
     if not isinstance(qnet, dict):
-        raise ConfigError(f"TrainConfig.qnet={shorten(qnet)}: expected an object for QNetConfig")
+        raise ConfigError(f"TrainConfig.qnet={shown(qnet)}: expected an object for QNetConfig")
     if dim is not None:
         given = qnet.setdefault("dim", dim)
         if given != dim:
-            raise ConfigError(f"TrainConfig.qnet.dim={shorten(given)}: the encoder gives dim={dim}")
+            raise ConfigError(f"TrainConfig.qnet.dim={shown(given)}: the encoder gives dim={dim}")
     elif "dim" not in qnet:
         raise ConfigError("TrainConfig.qnet.dim: missing (it comes from the encoder when one is loaded)")
     return from_dict(TrainConfig, data)

@@ -60,9 +60,9 @@ from memento.config import (
 )
 from memento.errors import DataFormatError, DimensionError
 from memento.formats import iter_jsonl, write_jsonl
-from memento.io import atomic_write_text, finite_float, shorten
+from memento.io import atomic_write_text, finite_float
 from memento.planners.base import PlannerError
-from memento.types import Case, Task
+from memento.types import Case, Task, shown
 
 __all__ = ["LABELS_SUMMARY_FORMAT", "LabelConfig", "LabelCost", "LabelRow", "iter_labels", "label_tasks",
            "prompt_name", "read_label_tasks", "read_labels", "score_candidates", "summary_path", "write_labels"]
@@ -131,12 +131,12 @@ def _finite_list(row: dict[str, Any], name: str, n: int, *, integer: bool = Fals
     out = []
     for i, item in enumerate(value):
         if isinstance(item, bool) or not isinstance(item, (int, float)):
-            raise DataFormatError(f"field {name!r}[{i}] must be a number, got {shorten(item)}")
+            raise DataFormatError(f"field {name!r}[{i}] must be a number, got {shown(item)}")
         number = finite_float(item)  # None for NaN, infinity and integers past float range (never raises)
         if number is None:
-            raise DataFormatError(f"field {name!r}[{i}] is {shorten(item)}: scores must be finite")
+            raise DataFormatError(f"field {name!r}[{i}] is {shown(item)}: scores must be finite")
         if integer and (not isinstance(item, int) or (low is not None and item < low)):
-            raise DataFormatError(f"field {name!r}[{i}] must be an integer >= {low}, got {shorten(item)}")
+            raise DataFormatError(f"field {name!r}[{i}] must be an integer >= {low}, got {shown(item)}")
         out.append(int(item) if integer else number)
     return tuple(out)
 
@@ -146,7 +146,7 @@ def _nonempty(row: dict[str, Any], name: str) -> str:
     if value is None:
         raise DataFormatError(f"missing field {name!r}")
     if not isinstance(value, str) or not value.strip():
-        raise DataFormatError(f"field {name!r} must be a non-empty string, got {shorten(value)}")
+        raise DataFormatError(f"field {name!r} must be a non-empty string, got {shown(value)}")
     return value
 
 
@@ -212,16 +212,16 @@ def _parse_row(row: dict[str, Any]) -> dict[str, Any]:
         raise DataFormatError(f"a label row must be an object, got {type(row).__name__}")
     unknown = sorted(set(row) - _KEYS)
     if unknown:
-        raise DataFormatError(f"unknown field(s) {shorten(unknown)} in a label row; known: {sorted(_KEYS)}")
+        raise DataFormatError(f"unknown field(s) {shown(unknown)} in a label row; known: {sorted(_KEYS)}")
     task_id = _nonempty(row, "task_id")
     state, answer = _nonempty(row, "state"), _nonempty(row, "answer")
     ids = row.get("candidate_ids")
     if ids is None:
         raise DataFormatError("missing field 'candidate_ids'")
     if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, str) and i for i in ids):
-        raise DataFormatError(f"field 'candidate_ids' must be a non-empty list of case ids, got {shorten(ids)}")
+        raise DataFormatError(f"field 'candidate_ids' must be a non-empty list of case ids, got {shown(ids)}")
     if len(set(ids)) != len(ids):
-        raise DataFormatError(f"field 'candidate_ids' lists a case twice: {shorten(list(ids))}")
+        raise DataFormatError(f"field 'candidate_ids' lists a case twice: {shown(list(ids))}")
     n = len(ids)
     values: dict[str, Any] = {
         "task_id": task_id, "state": state, "answer": answer, "candidate_ids": tuple(ids),
@@ -245,10 +245,10 @@ def _parse_row(row: dict[str, Any]) -> dict[str, Any]:
             if (not isinstance(case_set, (list, tuple)) or not case_set
                     or not all(isinstance(i, str) and i for i in case_set)):
                 raise DataFormatError(f"field 'sets'[{j}] must be a non-empty list of case ids, "
-                                      f"got {shorten(case_set)}")
+                                      f"got {shown(case_set)}")
             outside = [i for i in case_set if i not in known]
             if outside:
-                raise DataFormatError(f"field 'sets'[{j}] holds {shorten(outside[0])}, which is not a candidate")
+                raise DataFormatError(f"field 'sets'[{j}] holds {shown(outside[0])}, which is not a candidate")
             parsed.append(tuple(case_set))
         values["sets"] = tuple(parsed)
         values["set_logprob"] = _finite_list(row, "set_logprob", len(parsed), what="set(s)")
@@ -304,7 +304,7 @@ def read_label_tasks(path: str | Path) -> tuple[list[Task], int]:
             task_id = row.get("id")
             if isinstance(task_id, bool) or not isinstance(task_id, (str, int)):
                 raise DataFormatError("missing field 'id'" if task_id is None else
-                                      f"field 'id' must be a string, got {shorten(task_id)}")
+                                      f"field 'id' must be a string, got {shown(task_id)}")
             question = row.get("question")
             if not isinstance(question, str):
                 raise DataFormatError("missing field 'question'" if question is None else

@@ -17,8 +17,9 @@ from importlib import metadata
 import faiss
 import numpy as np
 
-from memento.config import MAX_DIM, IndexConfig, factory_problem, short_repr
+from memento.config import MAX_DIM, IndexConfig, factory_problem
 from memento.errors import BankError, ConfigError
+from memento.types import shown
 
 __all__ = ["FaissIndex", "exact_topk", "faiss_distributions", "gpu_available", "use_gpu_for"]
 
@@ -106,7 +107,7 @@ class FaissIndex:
         self.config = config
         self.dim = dim
         if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
-            raise ConfigError(f"faiss index dim={short_repr(dim, 40)}: must be an integer in 1..{MAX_DIM}")
+            raise ConfigError(f"faiss index dim={shown(dim, 40)}: must be an integer in 1..{MAX_DIM}")
         problem = factory_problem(config.factory)  # an IndexConfig is checked; one built around it may not be
         if problem is not None:
             raise ConfigError(f"IndexConfig.factory={str(config.factory)[:80]!r}: {problem}")

@@ -38,7 +38,6 @@ from memento.config import (
     ReplayConfig,
     SoftQConfig,
     from_dict,
-    short_repr,
     to_dict,
 )
 from memento.encoders import DEFAULT_MODEL_ID
@@ -54,6 +53,7 @@ from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
 from memento.selector.artifact import BANK_DIR, MANIFEST_NAME, EncoderSpec, SelectorConfig
 from memento.selector.runtime import Selector
+from memento.types import shown
 
 __all__ = ["create_selector", "export_selector", "load_selector", "verify"]
 
@@ -379,7 +379,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
                                    ("warmup", warmup, 0, MAX_STEPS),
                                    ("updates_per_step", updates_per_step, 0, MAX_UPDATES_PER_STEP)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"create_selector: {name}={short_repr(value, 40)}: must be an integer in {low}..{high}")
+            raise ConfigError(f"create_selector: {name}={shown(value, 40)}: must be an integer in {low}..{high}")
     if candidates < k:
         raise ConfigError(f"create_selector: k={k}: must be <= candidates={candidates}")
     where, out = parse_bank_uri(bank), Path(out_dir)

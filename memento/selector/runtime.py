@@ -84,7 +84,6 @@ from memento.errors import (
     UnknownSelectionError,
 )
 from memento.hub import local_or_hub, push_folder, resolve_selector
-from memento.io import shorten
 from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
@@ -121,7 +120,7 @@ from memento.selector.artifact import (
 )
 from memento.selector.batching import BatchedEncoder, EncodeBatcher, LockedGenerator, ReadWriteLock, SerialEncoder
 from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
-from memento.types import Case, Selection, check_id, check_reward, check_text
+from memento.types import Case, Selection, check_id, check_reward, check_text, shown
 
 __all__ = ["SelectionMode", "SelectionResult", "Selector", "SelectorConfig", "agent_config"]
 
@@ -652,7 +651,7 @@ class Selector:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
                     (1 if name == "limit" else 0) <= value <= top):
                 raise DataFormatError(f"{name} must be an integer in [{1 if name == 'limit' else 0}, {top}], "
-                                      f"got {shorten(value)}")
+                                      f"got {shown(value)}")
         out: list[Case] = []
         seen = 0
         with self._rw.read():
@@ -950,9 +949,9 @@ class Selector:
 def _check_select_args(k: Any, mode: Any, env: Any, track: Any) -> int:
     """The arguments :meth:`Selector.select` and :meth:`Selector.select_many` share, checked; returns ``k``."""
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
-        raise DataFormatError(f"k must be a positive integer, got {shorten(k)}")
+        raise DataFormatError(f"k must be a positive integer, got {shown(k)}")
     if mode not in _MODES:
-        raise DataFormatError(f"mode must be one of {_MODES}, got {shorten(mode)}")
+        raise DataFormatError(f"mode must be one of {_MODES}, got {shown(mode)}")
     if env is not None:
         check_id(env, "env")
     if not isinstance(track, (bool, np.bool_)):

@@ -45,6 +45,7 @@ from urllib.parse import parse_qs, urlencode
 import numpy as np
 
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
+from memento.extras import require
 from memento.memory import rows as bank_rows
 from memento.memory.bank import CaseBank
 from memento.runs.rundir import RunDir, read_json
@@ -53,6 +54,7 @@ from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_en
 from memento.serve.charts import number_text as _num
 from memento.serve.charts import short_text as _short
 from memento.serve.charts import svg_line_chart, template_env, windowed_success
+from memento.types import shown
 
 __all__ = ["Inspector", "cookie_value", "inspect_app", "serve_inspector", "svg_line_chart"]
 
@@ -569,7 +571,7 @@ def page_steps(inspector: Inspector, page: _Page, *, r: str | None, number: int,
     families, policies = inspector.step_values(name)
     for key, value, known in (("family", family, families), ("policy", policy, policies)):
         if value and value not in known:
-            raise DataFormatError(f"{key}={_short(value, 80)!r}: run {name!r} has no such {key} "
+            raise DataFormatError(f"{key}={shown(value)}: run {name!r} has no such {key} "
                                   f"(it has: {_short(', '.join(known), 200) or 'none'})")
     chosen = inspector.filter_steps(rows, failures=failures, family=family, policy=policy)
     params = {"r": name, "failures": 1 if failures else None, "family": family, "policy": policy}
@@ -588,8 +590,8 @@ def page_step(inspector: Inspector, page: _Page, *, r: str | None, number: int) 
           ("set probability", _num(row.get("set_propensity"))), ("loss", _num(row.get("loss")))]
     rest = None
     if not isinstance(row.get("candidate_probs"), list) and cands:  # only the chosen cases' probabilities logged
-        shown = sum(float(c["prob"]) for c in cands if c["prob"] is not None)
-        rest = {"prob": max(0.0, 1.0 - shown), "others": sum(1 for c in cands if c["prob"] is None)}
+        listed = sum(float(c["prob"]) for c in cands if c["prob"] is not None)
+        rest = {"prob": max(0.0, 1.0 - listed), "others": sum(1 for c in cands if c["prob"] is None)}
     retained = row.get("retained_id") if row.get("retained_id") and name in inspector.banks else None
     return _render("step.html.j2", page, inspector, f"step {row['step']} of {name}", name=name, row=row,
                    prev_step=prev_step, next_step=next_step, listing=listing, kv=kv, cands=cands, rest=rest,
@@ -630,12 +632,7 @@ def page_curves(inspector: Inspector, page: _Page) -> str:
 
 
 def _require_serve() -> None:
-    for name in ("fastapi", "uvicorn"):
-        try:
-            __import__(name)
-        except ImportError:
-            raise MementoError(f"memento inspect needs the 'serve' extra ({name} is not installed): "
-                               "pip install 'memento-mdp[serve]'") from None
+    require("serve", what="memento inspect")
 
 
 def inspect_app(inspector: Inspector, *, token: str | None = None) -> Any:
@@ -670,7 +667,7 @@ def _whole(name: str, value: str | None) -> int:
         return 0
     text = str(value).strip()
     if not text.isdecimal() or len(text) > 10 or int(text) > MAX_PAGE:
-        raise DataFormatError(f"{name}={_short(text, 40)!r}: must be a whole number from 0 to {MAX_PAGE}")
+        raise DataFormatError(f"{name}={shown(text, 40)}: must be a whole number from 0 to {MAX_PAGE}")
     return int(text)
 
 
@@ -680,7 +677,7 @@ _FLAGS = {"": False, "0": False, "false": False, "no": False, "1": True, "true":
 def _flag(name: str, value: str | None) -> bool:
     key = (value or "").strip().lower()
     if key not in _FLAGS:
-        raise DataFormatError(f"{name}={_short(key, 40)!r}: must be 1 or 0")
+        raise DataFormatError(f"{name}={shown(key, 40)}: must be 1 or 0")
     return _FLAGS[key]
 
 
@@ -691,7 +688,7 @@ def _params(query: Any) -> dict[str, str]:
     for key, value in query.items():
         limit = 4000 if key == "q" else MAX_PARAM
         if len(value) > limit:
-            raise DataFormatError(f"{_short(key, 40)}: {len(value)} characters, at most {limit}")
+            raise DataFormatError(f"{shown(key, 40)}: {len(value)} characters, at most {limit}")
         out[key] = value
     return out
 

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
-from memento.io import parse_json, read_json, shorten
-from memento.types import Task
+from memento.io import parse_json, read_json
+from memento.types import Task, shown
 
 __all__ = ["BuilderTemplates", "MemoryLLM", "collapse", "cut", "parse_choice", "parse_items", "TEMPLATE_FIELDS"]
 
@@ -115,7 +115,7 @@ class BuilderTemplates:
             for _, field, spec, conversion in parsed:
                 if field is not None and (spec or conversion):  # '{task:999999999}' would allocate a GB
                     raise ConfigError(f"BuilderTemplates.{name}: write fields as {{name}}, without a conversion "
-                                      f"or format spec (field {shorten(field, 40)})")
+                                      f"or format spec (field {shown(field, 40)})")
             unknown = sorted(used - set(allowed))
             if unknown:
                 raise ConfigError(f"BuilderTemplates.{name} uses field(s) {unknown}; it may use {sorted(allowed)}")
@@ -137,8 +137,8 @@ class BuilderTemplates:
             raise ConfigError(f"{where}: expected an object of template name -> string, got {type(data).__name__}")
         unknown = sorted(set(data) - set(TEMPLATE_FIELDS))
         if unknown:
-            shown = [shorten(name, 40) for name in unknown[:5]] + (["..."] if len(unknown) > 5 else [])
-            raise ConfigError(f"{where}: unknown template(s) [{', '.join(shown)}]; known: {sorted(TEMPLATE_FIELDS)}")
+            names = [shown(name, 40) for name in unknown[:5]] + (["..."] if len(unknown) > 5 else [])
+            raise ConfigError(f"{where}: unknown template(s) [{', '.join(names)}]; known: {sorted(TEMPLATE_FIELDS)}")
         for name, value in data.items():
             if not isinstance(value, str):
                 raise ConfigError(f"{where}: template {name!r} must be a string, got {type(value).__name__}")
