@@ -53,7 +53,8 @@ planners:
   openai:MODEL@URL   an OpenAI-compatible server (vLLM, Ollama, llama.cpp server, OpenAI), chat mode
   'openai:MODEL@URL?mode=completions&max_tokens=64&stop=%0A&api_key_env=MY_KEY'
                      options after ?: mode=chat|completions (a base model without a chat template, e.g.
-                     the bundled Gemma served by llama-cpp-python, needs completions), max_tokens,
+                     the bundled Gemma served by llama-cpp-python, needs completions; never chosen
+                     automatically: servers do not say whether a model has a chat template), max_tokens,
                      temperature, stop (repeatable), api_key_env (none: no key), timeout_s, max_retries,
                      concurrency, top_p, seed
 

@@ -40,7 +40,8 @@ __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "J
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 PLANNER_SPECS = ("gemma | hf:PATH | hf://ORG/NAME[@REV] | openai:MODEL@URL[?KEY=VALUE&...] (an OpenAI-compatible "
-                 "server; keys: mode=chat|completions (completions for a base model without a chat template), "
+                 "server; keys: mode=chat|completions (completions for a base model without a chat template; never "
+                 "chosen automatically: servers do not say whether a model has one), "
                  "max_tokens, temperature, stop (repeatable; percent-encoded or \\n), api_key_env (a variable name, "
                  "or none), timeout_s, max_retries, concurrency, top_p, seed; quote the spec in a shell)")
 JUDGES = ["exact", "f1", "contains", "numeric"]
