@@ -132,7 +132,7 @@ class QNetwork(nn.Module):
         return torch.device("cpu"), torch.float32
 
     def _scores_fast(self) -> bool:
-        """Whether :meth:`score` may skip the module call: ``forward`` is this class's own and no hook is set."""
+        """Whether :meth:`score` may skip the module call: no forward (pre-)hook is set on the network."""
         return not (self._forward_hooks or self._forward_pre_hooks)
 
     def score(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> torch.Tensor:
