@@ -28,9 +28,9 @@ choosing among the cases with reward > 0:
 
 It prints a table (success rate early vs late, LLM calls, ms per step) and leaves, under --out, one
 directory per policy (TensorBoard events in tb/, summary.json, steps.jsonl, the trained selector in
-soft_q/selector/), comparison.json and learning_curves.png. Running it again continues or re-reports
-the same run (--fresh starts over); --from-scratch starts soft_q from a fresh (similarity-anchored)
-Q-network instead. Any option of `memento online` can be changed with `memento online`."""
+soft_q/selector/), comparison.json and learning_curves.svg (open it in a browser). Running it again
+continues or re-reports the same run (--fresh starts over); --from-scratch starts soft_q from a fresh
+(similarity-anchored) Q-network instead. Any option of `memento online` can be changed with `memento online`."""
 
 DEMO_SELECTOR = "selector"
 """The pre-trained selector's directory inside the facts-real suite (data/facts-real/selector/)."""

@@ -44,7 +44,8 @@ Run the online continual-learning loop (Memento's Algorithm 1): for each task, c
 from the bank with a policy, let the frozen planner answer with them, judge the answer, retain
 (question, answer, reward) in the bank, and learn. Each policy runs on the same task stream (same
 seed, same order) from a copy of the same seed bank, in OUT/<policy>/; then OUT/comparison.json and
-OUT/learning_curves.png are written and a table is printed.
+OUT/learning_curves.svg (the moving success rates; open it in a browser) are written and a table is
+printed.
 
 planners:
   gemma              Gemma 3 270M (the bundled GGUF, converted once to a cached transformers model)
@@ -272,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
                                     planner=planner, **common)
     print(comparison_table(comparison))
-    print(f"results in {out} (comparison.json, learning_curves.png, <policy>/summary.json)")
+    print(f"results in {out} (comparison.json, learning_curves.svg, <policy>/summary.json)")
     return EXIT_OK
 
 

@@ -14,9 +14,10 @@ from typing import Any, get_args
 
 import numpy as np
 
+from memento.charts import learning_curves_svg
 from memento.config import POLICY_CONFIGS, PolicyConfig, PolicyKind
 from memento.errors import ConfigError
-from memento.plots import plot_learning_curves
+from memento.io import atomic_write_text
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
 from memento.runs.rundir import write_json
 from memento.runs.spans import LATE_STEPS, success_spans
@@ -61,7 +62,8 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
     :class:`~memento.runs.qa.OnlineLoop`, which also gets ``make_policy`` and the rest of ``kwargs``). Writes
     ``out_dir/comparison.json`` (per policy: overall success, early success over the first ``config.window``
     steps, late success over the last ``late_steps`` steps, LLM calls, milliseconds per step by component)
-    and ``out_dir/learning_curves.png`` (the moving success rate per policy against the step). ``loop_class``
+    and ``out_dir/learning_curves.svg`` (:func:`memento.charts.learning_curves_svg`: the moving success rate per
+    policy against the step, from the first full window on, each policy's mean in the legend). ``loop_class``
     builds each run (default :class:`~memento.runs.qa.OnlineLoop`; ``memento online --workers N`` passes
     :class:`memento.runs.ray.RayOnlineLoop` with its worker settings bound).
     """
@@ -95,10 +97,10 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
             "bank_size_start": summary["bank_size_start"], "bank_size_end": summary["bank_size_end"],
             "ms_per_step": summary["ms_per_step"], "updates": summary["updates"], "dir": kind,
         }
-    plot_learning_curves(curves, out_dir / "learning_curves.png", window=config.window,
-                         title=f"moving success rate ({config.window} steps), seed {config.seed}")
+    atomic_write_text(out_dir / "learning_curves.svg", learning_curves_svg(
+        curves, window=config.window, title=f"moving success rate ({config.window} steps), seed {config.seed}"))
     comparison = {"steps": config.steps, "seed": config.seed, "window": config.window, "late_steps": late_steps,
-                  "policies": results, "order": kinds, "learning_curves": "learning_curves.png"}
+                  "policies": results, "order": kinds, "learning_curves": "learning_curves.svg"}
     write_json(out_dir / "comparison.json", comparison)
     return comparison
 

@@ -13,7 +13,7 @@ exported selector (``memento export``):
   showed it;
 - the steps of a run (``steps.jsonl``), filtered by ``failures=1``, ``family``, ``policy``; each step: the
   candidates, their probabilities, the chosen cases, the answer and the reward, with prev/next links;
-- the learning curves of the run(s): inline SVG (:mod:`memento.serve.charts`: moving success rate from the
+- the learning curves of the run(s): inline SVG (:mod:`memento.charts`: moving success rate from the
   first full window on, learner loss).
 
 Pages are Jinja2 templates (``memento/serve/templates``) with autoescape on, and carry no script at all
@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlencode
 
 import numpy as np
 
+from memento.charts import svg_line_chart, windowed_success
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
 from memento.extras import require
 from memento.memory import rows as bank_rows
@@ -53,7 +54,7 @@ from memento.runs.spans import LATE_STEPS, success_spans
 from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_encoder
 from memento.serve.charts import number_text as _num
 from memento.serve.charts import short_text as _short
-from memento.serve.charts import svg_line_chart, template_env, windowed_success
+from memento.serve.charts import template_env
 from memento.types import shown
 
 __all__ = ["Inspector", "cookie_value", "inspect_app", "serve_inspector", "svg_line_chart"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,10 @@ def test_online_with_a_tiny_hf_planner_writes_every_result(tmp_path, files, caps
 
     comparison = json.loads((out / "comparison.json").read_text())
     assert comparison["order"] == ["soft_q", "similarity"]
-    assert (out / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+    svg = ET.parse(out / comparison["learning_curves"]).getroot()  # learning_curves.svg: a polyline per policy
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg" and comparison["learning_curves"] == "learning_curves.svg"
+    lines = {p.get("data-series"): p.get("points").split() for p in svg.iter("{http://www.w3.org/2000/svg}polyline")}
+    assert {k: len(v) for k, v in lines.items()} == {"soft_q": 4, "similarity": 4}  # steps 2..5: window 3 full
     for policy in ("soft_q", "similarity"):
         summary = json.loads((out / policy / "summary.json").read_text())
         assert summary["steps"] == summary["llm_calls"] == 6 and summary["bank_size_start"] == len(CASES)

@@ -321,7 +321,7 @@ def test_steps_filters(comparison_dir):
 
 
 def test_nice_ticks_and_windowed_success():
-    from memento.serve.charts import nice_ticks, tick_label, windowed_success
+    from memento.charts import nice_ticks, tick_label, windowed_success
 
     assert nice_ticks(0.0, 1.0) == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert nice_ticks(0, 199, 6, integer=True) == [0, 50, 100, 150, 200]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from memento.charts import learning_curves_svg
 from memento.config import (
     POLICY_CONFIGS,
     LearnerConfig,
@@ -39,14 +41,13 @@ from memento.errors import CheckpointError, ConfigError, DataFormatError
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
 from memento.planners.spec import PlannerSpec, parse_planner_spec
-from memento.plots import moving_average, plot_learning_curves
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import COMPONENTS, LoopConfig, OnlineLoop, loop_policy, run_online, success_by_window, task_order
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, Judged, make_env
 
 STEPS, LATE = 300, 100
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -67,6 +68,25 @@ def comparison(encoder, tmp_path_factory) -> tuple[dict, Path]:
 
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _svg_chart(text: str) -> dict:
+    """A learning-curves SVG parsed as XML: its size, per policy the points of its polyline (as data: step, rate,
+    inverted from the pixels through the outer ticks), the tick labels, the legend texts, the title."""
+    root = ET.fromstring(text)
+    assert root.tag == SVG + "svg" and root.get("viewBox") == f"0 0 {root.get('width')} {root.get('height')}"
+    texts = {cls: [t.text for t in root.iter(SVG + "text") if t.get("class") == cls]
+             for cls in ("xtick", "ytick", "legend", "title")}
+    xpos = [float(t.get("x")) for t in root.iter(SVG + "text") if t.get("class") == "xtick"]
+    ypos = [float(t.get("y")) - 4 for t in root.iter(SVG + "text") if t.get("class") == "ytick"]
+    x0, x1 = float(texts["xtick"][0]), float(texts["xtick"][-1])
+    y0, y1 = float(texts["ytick"][0]), float(texts["ytick"][-1])
+    lines = {}
+    for line in root.iter(SVG + "polyline"):
+        pts = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+        lines[line.get("data-series")] = [(x0 + (px - xpos[0]) / (xpos[-1] - xpos[0]) * (x1 - x0),
+                                           y0 + (py - ypos[0]) / (ypos[-1] - ypos[0]) * (y1 - y0)) for px, py in pts]
+    return {"lines": lines, **texts}
 
 
 def _bank_rows(path: Path) -> list[tuple[str, float, str]]:
@@ -90,8 +110,20 @@ def test_soft_q_beats_similarity_late(comparison):
     sim_records = _records(out / "similarity" / "steps.jsonl")
     trap = [r for r in sim_records if r["family"] in env.trap_families]
     assert trap and not any(r["success"] for r in trap)
-    assert (out / "learning_curves.png").read_bytes()[:8] == PNG_MAGIC
     saved = json.loads((out / "comparison.json").read_text())
+    assert saved["learning_curves"] == "learning_curves.svg"
+    chart = _svg_chart((out / saved["learning_curves"]).read_text(encoding="utf-8"))
+    window = saved["window"]
+    assert chart["ytick"] == ["0", "0.25", "0.5", "0.75", "1"] and chart["xtick"][0] == "0"
+    assert [int(x) for x in chart["xtick"]] == list(range(0, STEPS + 1, 50))  # nice ticks, through the last step
+    assert set(chart["lines"]) == {"similarity", "soft_q"} and "seed 0" in chart["title"][0]
+    for policy in ("similarity", "soft_q"):
+        success = [float(r["success"]) for r in _records(out / policy / "steps.jsonl")]
+        pts = chart["lines"][policy]  # from the first full window on, one point per step
+        assert len(pts) == STEPS - window + 1 and pts[0][0] == pytest.approx(window - 1, abs=0.5)
+        assert pts[-1][1] == pytest.approx(np.mean(success[-window:]), abs=0.01)
+        assert pts[0][1] == pytest.approx(np.mean(success[:window]), abs=0.01)
+        assert f"{policy} (mean {result['policies'][policy]['success_rate']:.2f})" in chart["legend"]
     assert saved["order"] == ["similarity", "soft_q"] and set(saved["policies"]) == {"similarity", "soft_q"}
     table = comparison_table(saved)
     assert "soft_q" in table and "similarity" in table and "LLM calls" in table
@@ -220,15 +252,24 @@ def test_task_order_is_seeded_and_a_prefix():
     assert task_order(3, 5, 0, shuffle=False).tolist() == [0, 1, 2, 0, 1]
 
 
-def test_success_windows_and_moving_average(tmp_path):
+def test_success_windows_and_learning_curves_svg():
     windows = success_by_window([1, 0, 1, 1, 0], 2)
     assert windows == [{"start": 0, "end": 2, "rate": 0.5}, {"start": 2, "end": 4, "rate": 1.0},
                        {"start": 4, "end": 5, "rate": 0.0}]
-    assert moving_average([1, 0, 1, 1], 2).tolist() == [1.0, 0.5, 0.5, 1.0]
-    path = plot_learning_curves({"a": [0, 1] * 30, "b": [1] * 50}, tmp_path / "c.png", window=5, title="t")
-    assert path.read_bytes()[:8] == PNG_MAGIC
+    text = learning_curves_svg({"a": [0, 1] * 30, "b<&>": [1] * 50, "c": [1, 1]}, window=5, title="t & u")
+    assert text.startswith('<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg"')
+    chart = _svg_chart(text)
+    assert chart["title"] == ["t & u"] and "b&lt;&amp;&gt;" in text and "b<&>" not in text  # escaped, parsed back
+    assert set(chart["lines"]) == {"a", "b<&>"}  # c: shorter than the window, no line
+    assert chart["legend"] == ["a (mean 0.50)", "b<&> (mean 1.00)", "c (mean 1.00)"]
+    a = chart["lines"]["a"]
+    assert len(a) == 56 and a[0][0] == pytest.approx(4, abs=0.5)
+    assert all(y in (pytest.approx(0.4, abs=0.01), pytest.approx(0.6, abs=0.01)) for _, y in a)
+    assert all(y == pytest.approx(1.0, abs=0.01) for _, y in chart["lines"]["b<&>"])
     with pytest.raises(ConfigError):
-        plot_learning_curves({}, tmp_path / "d.png")
+        learning_curves_svg({}, window=5, title="t")
+    with pytest.raises(ConfigError):
+        learning_curves_svg({"a": [1]}, window=0, title="t")
 
 
 # ---------------------------------------------------------------- runs on the hashing encoder
