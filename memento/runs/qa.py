@@ -90,7 +90,6 @@ from memento.judges import first_line
 from memento.learn.policy import CandidateLabels, Observation, PolicyFactory
 from memento.memory import Candidates, CaseBank
 from memento.memory.uri import open_bank
-from memento.plots import moving_average
 from memento.runs.base import (
     Run,
     RunConfig,
@@ -716,7 +715,7 @@ class OnlineLoop(Run):
             "score_calls": int(self.counters["score_calls"]),
             "success_rate": float(success_T.mean()) if steps else 0.0,
             "success_by_window": success_by_window(success_T, cfg.window),
-            "moving_success_rate": float(moving_average(success_T, cfg.window)[-1]) if steps else 0.0,
+            "moving_success_rate": float(success_T[-cfg.window:].mean()) if steps else 0.0,
             "cumulative_reward": float(np.sum(self.rewards)), "not_retained": int(self.counters["not_retained"]),
             "prompt_tokens": int(self.counters["prompt_tokens"]), "output_tokens": int(self.counters["output_tokens"]),
             **({"labels": self._label_summary(steps, ms)} if labels_config(cfg) is not None else {}),
