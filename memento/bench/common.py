@@ -3,8 +3,10 @@
 Every ``memento bench ...`` writes one JSON document (:func:`write_results`, rewritten as it goes) with
 ``started``/``finished`` timestamps (:func:`timestamp`, :func:`finish`) and an ``environment`` describing the
 machine (:func:`environment`). The vector benchmarks draw their bank and query vectors with
-:func:`make_vectors` and measure recall against :func:`exact_topk`; the LLM benchmarks take their encoder and
-planner from :func:`default_models`.
+:func:`make_vectors` and measure recall against :func:`exact_topk`; a benchmark that must not hold its whole base
+set draws it chunk by chunk with :func:`vector_chunks` (each chunk from its own generator, :func:`chunk_rng`, so
+any chunk can be drawn again) and streams the exact top-k over the chunks with :func:`exact_topk_chunks`. The
+LLM benchmarks take their encoder and planner from :func:`default_models`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -20,8 +23,8 @@ import numpy as np
 
 from memento.io import atomic_write_text
 
-__all__ = ["default_models", "distinct_choices", "environment", "exact_topk", "finish", "make_vectors", "timestamp",
-           "write_results"]
+__all__ = ["chunk_rng", "default_models", "distinct_choices", "environment", "exact_topk", "exact_topk_chunks",
+           "finish", "make_vectors", "timestamp", "vector_chunks", "write_results"]
 
 
 def timestamp() -> str:
@@ -79,6 +82,53 @@ def make_vectors(rng: np.random.Generator, n: int, dim: int, data: str) -> np.nd
         x = z @ basis.T.astype(np.float32) + 0.02 * rng.standard_normal((n, dim), dtype=np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x.astype(np.float32, copy=False)
+
+
+def chunk_rng(seed: int, stream: int, n: int, index: int) -> np.random.Generator:
+    """The generator of chunk ``index`` of a set of ``n`` vectors in ``stream`` (say 0: base set, 1: queries), from
+    ``seed``: a function of these four integers only, so a chunk can be drawn again without the chunks before it."""
+    return np.random.default_rng([seed, stream, n, index])
+
+
+def vector_chunks(seed: int, stream: int, n: int, dim: int, data: str, chunk: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``n`` unit vectors as ``(start, vectors_MD)`` chunks of at most ``chunk`` rows, positions ``start..start+M-1``.
+
+    Chunk ``i`` is :func:`make_vectors` (same ``uniform`` / ``clustered`` distributions) of ``min(chunk, n - start)``
+    rows drawn from its own generator, :func:`chunk_rng` ``(seed, stream, n, i)``; only one chunk exists at a time.
+    The vectors are a function of ``(seed, stream, n, dim, data, chunk)``: two iterations give identical chunks, and
+    so does drawing chunk ``i`` alone. They are not the rows a single :func:`make_vectors` call of ``n`` would draw
+    (that one draws all ``n`` cluster indices with ``rng.integers`` first, then the noise, from one generator), nor
+    is the set of size ``n`` a prefix of a larger one (``n`` seeds the generators).
+    """
+    for index, start in enumerate(range(0, n, chunk)):
+        yield start, make_vectors(chunk_rng(seed, stream, n, index), min(chunk, n - start), dim, data)
+
+
+def exact_topk_chunks(chunks: Iterable[tuple[int, np.ndarray]], queries_QD: np.ndarray, k: int) -> np.ndarray:
+    """:func:`exact_topk` streamed over ``(start, vectors_MD)`` chunks (as :func:`vector_chunks` yields them): a
+    running top-``k`` per query, so only one chunk and ``Q x (chunk + 2k)`` scores exist at a time. Returns the
+    positions of each query's ``min(k, total)`` highest inner products, best first (ties: the lower position)."""
+    q = len(queries_QD)
+    best_s = np.full((q, 0), -np.inf, dtype=np.float32)
+    best_p = np.zeros((q, 0), dtype=np.int64)
+    for start, chunk_MD in chunks:
+        m = len(chunk_MD)
+        if m == 0:
+            continue
+        kk = min(k, m)
+        top_s = np.empty((q, kk), dtype=np.float32)
+        top_p = np.empty((q, kk), dtype=np.int64)
+        for b in range(0, q, 64):  # at most 64 x chunk scores at once
+            sims = queries_QD[b:b + 64] @ chunk_MD.T
+            top = np.argpartition(-sims, kk - 1, axis=1)[:, :kk] if kk < m else np.tile(np.arange(m), (len(sims), 1))
+            top_s[b:b + 64] = np.take_along_axis(sims, top, axis=1)
+            top_p[b:b + 64] = top + start
+        all_s = np.concatenate([best_s, top_s], axis=1)
+        all_p = np.concatenate([best_p, top_p], axis=1)
+        order = np.lexsort((all_p, -all_s), axis=1)[:, :k]  # by score, then by position
+        best_s = np.take_along_axis(all_s, order, axis=1)
+        best_p = np.take_along_axis(all_p, order, axis=1)
+    return best_p
 
 
 def exact_topk(base_ND: np.ndarray, queries_QD: np.ndarray, k: int) -> np.ndarray:

@@ -1,18 +1,28 @@
-"""``memento bench select``: end-to-end case selection latency per bank size, and a Memento-style reference.
+"""``memento bench select``: end-to-end case selection latency per bank size, next to raw faiss and a Memento reference.
 
 For each bank size N a fresh bank is filled with N random unit vectors (``make_vectors`` of
 ``memento bench bank``; clustered by default, since real sentence embeddings have a low
-intrinsic dimension). The index follows one explicit rule: exact ``Flat`` while
-``N <= exact_max``, the approximate ``factory`` above it. Then, one query state at a time
-(the online loop's access pattern, state embedding given), the selection of K cases is timed
-end to end::
+intrinsic dimension). The bench never holds the whole base set: the vectors are drawn chunk by
+chunk (``vector_chunks``, ``chunk`` rows each, every chunk from its own generator seeded by
+(seed, N, chunk index)) and added to the bank chunk by chunk; the exact top-C of a sample of
+``recall_queries`` queries is then streamed over the same chunks drawn again (a running top-C per
+query). The index follows one explicit rule: exact ``Flat`` while ``N <= exact_max``, the
+approximate ``factory`` above it, searched with each ``ef_search`` (HNSW) or ``nprobe`` (IVF)
+value. Then, one query state at a time (the online loop's access pattern, state embedding
+given), the selection of K cases is timed end to end::
     candidates = bank.candidates(state_D, C)                 # faiss top-C + their stored vectors
     selection = policy.select(state_D, candidates, K, rng=rng)
 
 for ``similarity`` (cosine top-K) and for ``soft_q`` with each Q-network architecture
 (untrained networks from ``build_qnet``: the latency does not depend on the weights), with the
-breakdown into candidate search and policy time. The recall of the exact top-C (numpy brute
-force over the base vectors) is reported for each index setting.
+breakdown into candidate search and policy time, and soft-Q's p50 over similarity's. Its peer in
+the same run: the same faiss index searched directly (``faiss.Index.search(q_1D, C)``, one query
+at a time, same knobs), timed interleaved with ``bank.candidates(q_D, C)`` alone, and the bank's
+overhead as their p50 and p99 ratios (a ratio holds across noisy machines where milliseconds do
+not). The recall of the exact top-C is reported for each index setting. Per size the results
+record the build (add) time, the index training time, and the process's resident memory
+(``VmRSS``) after the build and after the timed selects, with its peak so far (``VmHWM``: the
+process's high-water mark since it started, so it covers the sizes before too).
 
 The Memento-style reference scores a query the way the reference implementation's parametric
 memory does: a transformer pass over every (query, case) pair. The query text (repeated N times)
@@ -37,7 +47,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.common import distinct_choices, exact_topk, finish, make_vectors, timestamp, write_results
+from memento.bench.common import distinct_choices, exact_topk_chunks, finish, timestamp, vector_chunks, write_results
 from memento.config import (
     MAX_BENCH_BYTES,
     MAX_BENCH_ITEMS,
@@ -47,6 +57,7 @@ from memento.config import (
     MAX_EF_SEARCH,
     MAX_HIDDEN,
     MAX_K,
+    MAX_NLIST,
     MAX_SEED,
     MAX_THREADS,
     IndexConfig,
@@ -82,6 +93,9 @@ class SelectBenchConfig:
     - ``k``: cases selected; ``candidates``: C, the candidate set the policy scores;
     - ``archs``: Q-network architectures for the soft-Q policy (``hidden`` units, temperature ``alpha``);
     - ``queries``: timed single queries per (size, setting, policy), after 5 warm-up queries;
+    - ``nprobe``: the IVF ``nprobe`` values searched (an IVF factory), one setting each;
+    - ``chunk``: vectors drawn and added per chunk (the most the bench itself holds at once);
+    - ``recall_queries``: the first queries whose exact top-C is streamed over the chunks for the recall;
     - ``torch_threads``: torch intra-op threads while selections are timed (0: torch's default, one
       per core). One query scores only C candidates: ops too small to gain from threads, and on a
       2-core machine with any other load, 2 threads make each op wait for a descheduled thread
@@ -97,12 +111,15 @@ class SelectBenchConfig:
     factory: str = "HNSW32,Flat"
     exact_max: int = 20_000
     ef_search: tuple[int, ...] = (64,)
+    nprobe: tuple[int, ...] = (32,)
     archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
     hidden: int = 512
     alpha: float = 1.0
     dim: int = 384
     data: Literal["uniform", "clustered"] = "clustered"
     queries: int = 200
+    chunk: int = 100_000
+    recall_queries: int = 100
     reference_size: int = 1_000
     reference_queries: int = 5
     torch_threads: int = 1
@@ -112,7 +129,8 @@ class SelectBenchConfig:
         cls = type(self)
         check_int_tuple(self, "sizes", 1, MAX_BENCH_VECTORS)
         check_ints(self, k=(1, MAX_K), candidates=(1, MAX_CANDIDATES), dim=(1, MAX_DIM), queries=(1, MAX_BENCH_ITEMS),
-                   hidden=(1, MAX_HIDDEN), reference_queries=(1, MAX_BENCH_ITEMS))
+                   hidden=(1, MAX_HIDDEN), reference_queries=(1, MAX_BENCH_ITEMS), chunk=(1, MAX_BENCH_VECTORS),
+                   recall_queries=(1, MAX_BENCH_ITEMS))
         check_ints(self, exact_max=(0, MAX_BENCH_VECTORS), reference_size=(0, MAX_BENCH_VECTORS),
                    torch_threads=(0, MAX_THREADS), seed=(0, MAX_SEED))
         check(max(self.sizes) * self.dim * 4 <= MAX_BENCH_BYTES, cls, "sizes", self.sizes,
@@ -120,6 +138,7 @@ class SelectBenchConfig:
         check(self.candidates >= self.k, cls, "candidates", self.candidates, f"must be >= k={self.k}")
         check_factory(self, "factory")
         check_int_tuple(self, "ef_search", 1, MAX_EF_SEARCH)
+        check_int_tuple(self, "nprobe", 1, MAX_NLIST)
         check(distinct_choices(self.archs, QNetArch), cls, "archs", self.archs,
               f"need distinct values from {get_args(QNetArch)}")
         check(self.data in ("uniform", "clustered"), cls, "data", self.data, "must be 'uniform' or 'clustered'")
@@ -281,44 +300,140 @@ def _environment() -> dict[str, Any]:
             "policy_device": "cpu", "loadavg_start": list(os.getloadavg())}
 
 
+def _memory_mib() -> dict[str, float | None]:
+    """The process's resident memory now (``VmRSS``) and its peak so far (``VmHWM``) in MiB, from
+    ``/proc/self/status`` (None where there is none)."""
+    found: dict[str, float | None] = {"VmRSS": None, "VmHWM": None}
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in found and value.strip().endswith("kB"):
+                    found[key] = int(value.split()[0]) / 1024
+    except (OSError, ValueError):
+        pass
+    return {"rss_mib": found["VmRSS"], "peak_rss_mib": found["VmHWM"]}
+
+
+def _faiss_of(bank: Any) -> FaissIndex | None:
+    """The bank's :class:`FaissIndex` (its vector index's ``_index``), or None where its back end has none."""
+    index = getattr(getattr(bank, "_index", None), "_index", None)
+    return index if isinstance(index, FaissIndex) else None
+
+
+def _time_peers(bank: Any, faiss_index: Any, queries_QD: np.ndarray, c: int,
+                recall_q: int) -> tuple[dict[str, Any], np.ndarray]:
+    """``faiss_index.search(q_1D, c)`` alone and ``bank.candidates(q_D, c)`` alone, interleaved one query at a
+    time (so load on the machine hits both alike): percentiles, their ratios, and the raw labels of the first
+    ``recall_q`` queries."""
+    for q in queries_QD[:_WARMUP]:
+        faiss_index.search(q[None], c)
+        bank.candidates(q, c)
+    raw_s = np.empty(len(queries_QD))
+    bank_s = np.empty(len(queries_QD))
+    labels = np.full((recall_q, c), -1, dtype=np.int64)
+    for i in range(len(queries_QD)):
+        q_1D = queries_QD[i:i + 1]
+        t0 = time.perf_counter()
+        _, labels_1C = faiss_index.search(q_1D, c)
+        t1 = time.perf_counter()
+        bank.candidates(q_1D[0], c)
+        t2 = time.perf_counter()
+        raw_s[i], bank_s[i] = t1 - t0, t2 - t1
+        if i < recall_q:
+            labels[i] = labels_1C[0]
+    raw, cand = _percentiles(raw_s * 1e3), _percentiles(bank_s * 1e3)
+    return {"faiss_alone": raw, "bank_candidates": cand,
+            "candidates_over_faiss_p50": cand["p50_ms"] / raw["p50_ms"],
+            "candidates_over_faiss_p99": cand["p99_ms"] / raw["p99_ms"]}, labels
+
+
+def _add_chunks(bank: Any, n: int, config: SelectBenchConfig) -> float:
+    """Add the ``n`` base vectors chunk by chunk (``_ADD_CHUNK`` cases per ``bank.add``); returns the seconds spent
+    in ``bank.add`` (drawing the vectors is not timed)."""
+    spent = 0.0
+    for start, vectors_MD in vector_chunks(config.seed, 0, n, config.dim, config.data, config.chunk):
+        for offset in range(0, len(vectors_MD), _ADD_CHUNK):
+            stop = min(offset + _ADD_CHUNK, len(vectors_MD))
+            cases = [Case(state=f"synthetic state {i}", action=f"synthetic action {i}", reward=float(i % 2))
+                     for i in range(start + offset, start + stop)]
+            t0 = time.perf_counter()
+            bank.add(cases, vectors_MD[offset:stop])
+            spent += time.perf_counter() - t0
+    return spent
+
+
+def _timed_training(faiss_index: FaissIndex | None, spent: list[float]) -> None:
+    """Record the seconds of each ``faiss_index.train`` call (the bank trains its index during an add) in
+    ``spent``, by wrapping that one object's method."""
+    if faiss_index is None:
+        return
+    train = faiss_index.train
+
+    def timed(*args: Any, **kwargs: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            train(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    faiss_index.train = timed  # type: ignore[method-assign]
+
+
 def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
                   policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
-    base_ND = make_vectors(rng, n, config.dim, config.data)
-    queries_QD = make_vectors(rng, config.queries, config.dim, config.data)
+    [(_, queries_QD)] = vector_chunks(config.seed, 1, config.queries, config.dim, config.data, config.queries)
     c = min(config.candidates, n)
-    truth_QC = exact_topk(base_ND, queries_QD, c)
+    recall_q = min(config.recall_queries, config.queries)
+    t0 = time.perf_counter()
+    truth_QC = exact_topk_chunks(vector_chunks(config.seed, 0, n, config.dim, config.data, config.chunk),
+                                 queries_QD[:recall_q], c)
+    exact_s = time.perf_counter() - t0
     factory = config.factory_for(n)
     path = root / f"bank-{n}"
     logger.info("bench select: n=%d factory=%s: building", n, factory)
     bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed)
     try:
-        cases = [Case(state=f"synthetic state {i}", action=f"synthetic action {i}", reward=float(i % 2))
-                 for i in range(n)]
-        t0 = time.perf_counter()
-        for start in range(0, n, _ADD_CHUNK):
-            bank.add(cases[start:start + _ADD_CHUNK], base_ND[start:start + _ADD_CHUNK])
-        build_s = time.perf_counter() - t0
-        del cases
+        train_spent: list[float] = []
+        _timed_training(_faiss_of(bank), train_spent)
+        build_s = _add_chunks(bank, n, config)
         t0 = time.perf_counter()
         bank.candidates(queries_QD[0], c)  # the first call loads the bank's in-memory vectors from SQLite
         first_query_s = time.perf_counter() - t0
+        after_build = _memory_mib()
         row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
                                "build_s": build_s, "add_per_s": n / build_s, "first_query_s": first_query_s,
-                               "settings": []}
-        knob = "ef_search" if "HNSW" in factory else None
-        for value in (config.ef_search if knob else (None,)):
+                               "train_s": sum(train_spent) if train_spent else None, "chunk": config.chunk,
+                               "recall_queries": recall_q, "exact_topk_s": exact_s,
+                               "rss_after_build_mib": after_build["rss_mib"], "settings": []}
+        knob = "ef_search" if "HNSW" in factory else "nprobe" if "IVF" in factory else None
+        values = config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe" else (None,)
+        for value in values:
             if knob:
-                bank.set_search_params(ef_search=value)
+                bank.set_search_params(**{knob: value})
             setting: dict[str, Any] = {"param": knob, "value": value, "policies": []}
+            faiss_index = _faiss_of(bank)
+            if faiss_index is not None and faiss_index.is_trained and faiss_index.ntotal == n:
+                peers, labels = _time_peers(bank, faiss_index.index, queries_QD, c, recall_q)
+                setting.update(peers, faiss_recall_at_c=_recall(labels, truth_QC))
+            else:  # an index still untrained (too few vectors): the bank searches exactly, faiss has no peer
+                setting.update(faiss_alone=None, bank_candidates=None, candidates_over_faiss_p50=None,
+                               candidates_over_faiss_p99=None, faiss_recall_at_c=None)
             recall = None
             for name, arch, policy in policies:
                 timing, found = _time_policy(bank, policy, queries_QD, config, rng)
                 if recall is None:
-                    recall = _recall(found, truth_QC)
+                    recall = _recall(found[:recall_q], truth_QC)
                 setting["policies"].append({"policy": name, "arch": arch, **timing})
             setting["recall_at_c"] = recall
+            similarity = next(p["p50_ms"] for p in setting["policies"] if p["policy"] == "similarity")
+            setting["softq_over_similarity_p50"] = {p["arch"]: p["p50_ms"] / similarity
+                                                    for p in setting["policies"] if p["policy"] == "soft_q"}
             row["settings"].append(setting)
             logger.info("bench select: n=%d %s", n, setting)
+        after_select = _memory_mib()
+        row["rss_after_select_mib"] = after_select["rss_mib"]
+        row["peak_rss_mib"] = after_select["peak_rss_mib"]
     finally:
         bank.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -362,7 +477,8 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """Markdown tables of the results (the form docs/benchmarks.md records): selection, then the reference."""
+    """Markdown tables of the results (the form docs/benchmarks.md records): selection; raw faiss next to the bank's
+    candidates, with the build, training and memory figures; then the reference."""
     c = results["config"]["candidates"]
     k = results["config"]["k"]
     lines = [f"| N | index | param | recall@{c} | policy | select K={k} p50 (ms) | p99 (ms) | "
@@ -376,6 +492,27 @@ def format_table(results: dict[str, Any]) -> str:
                 lines.append(f"| {row['n']:,} | {row['factory']} | {param} | {s['recall_at_c']:.3f} | {name} | "
                              f"{p['p50_ms']:.3f} | {p['p99_ms']:.3f} | {p['candidates_p50_ms']:.3f} | "
                              f"{p['policy_p50_ms']:.3f} |")
+    lines += ["", "| N | index | param | faiss alone p50 (ms) | p99 (ms) | bank candidates p50 (ms) | p99 (ms) | "
+              "candidates / faiss p50 | p99 | soft-Q / similarity p50 | build (s) | train (s) | RSS built (MiB) | "
+              "RSS end (MiB) | peak RSS (MiB) |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+
+    def num(value: float | None, form: str = ".3f") -> str:
+        return "" if value is None else format(value, form)
+
+    for row in results["results"]:
+        for s in row["settings"]:
+            param = "" if s["param"] is None else f"{s['param']}={s['value']}"
+            raw, cand = s.get("faiss_alone") or {}, s.get("bank_candidates") or {}
+            ratios = ", ".join(f"{arch}: {r:.2f}x" for arch, r in s.get("softq_over_similarity_p50", {}).items())
+            over50, over99 = s.get("candidates_over_faiss_p50"), s.get("candidates_over_faiss_p99")
+            lines.append(f"| {row['n']:,} | {row['factory']} | {param} | {num(raw.get('p50_ms'))} | "
+                         f"{num(raw.get('p99_ms'))} | {num(cand.get('p50_ms'))} | {num(cand.get('p99_ms'))} | "
+                         f"{num(over50, '.2f')}{'x' * (over50 is not None)} | "
+                         f"{num(over99, '.2f')}{'x' * (over99 is not None)} | {ratios} | "
+                         f"{num(row.get('build_s'), '.1f')} | {num(row.get('train_s'), '.1f')} | "
+                         f"{num(row.get('rss_after_build_mib'), ',.0f')} | "
+                         f"{num(row.get('rss_after_select_mib'), ',.0f')} | {num(row.get('peak_rss_mib'), ',.0f')} |")
     ref = results.get("reference")
     if ref:
         lines += ["", "| N | reference p50 (ms) | p99 (ms) | soft-Q arch | soft-Q p50 (ms) | ratio |",

@@ -111,7 +111,10 @@ def _add_select(suites: Any) -> None:
         description="Fill banks with random unit vectors and time, one query state at a time, "
                     "bank.candidates(state, C) + policy.select(state, candidates, K) for the similarity policy and "
                     "the soft-Q policy with each Q-network architecture (p50/p99 and the split between search and "
-                    "policy), with the recall of the exact top-C. Banks of up to --exact-max cases use Flat (exact), "
+                    "policy), with the recall of the exact top-C. Next to it, the same faiss index searched directly "
+                    "(the bank's overhead over raw faiss as a ratio), the build and training times and the process's "
+                    "resident memory. Vectors are drawn and added --chunk at a time; the bench never holds the whole "
+                    "base set. Banks of up to --exact-max cases use Flat (exact), "
                     "larger ones --factory. The Memento-style reference encodes every (query, case) pair with the "
                     "real encoder at --reference-size cases (0 skips it).")
     bs.add_argument("--sizes", type=int_arg, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],
@@ -123,12 +126,17 @@ def _add_select(suites: Any) -> None:
     bs.add_argument("--exact-max", type=int_arg, default=20_000,
                     help="largest bank that uses Flat, exact search (default: 20000)")
     bs.add_argument("--ef-search", type=int_arg, nargs="+", default=[64], help="HNSW efSearch values (default: 64)")
+    bs.add_argument("--nprobe", type=int_arg, nargs="+", default=[32], help="IVF nprobe values (default: 32)")
     bs.add_argument("--archs", nargs="+", choices=_ARCHS, default=_ARCHS,
                     help="Q-network architectures for the soft-Q policy (default: all)")
     bs.add_argument("--data", choices=["clustered", "uniform"], default="clustered",
                     help="clustered vectors like real embeddings (default), or uniform on the sphere")
     bs.add_argument("--dim", type=int_arg, default=384, help="vector dimension (default: 384)")
     bs.add_argument("--queries", type=int_arg, default=200, help="timed single queries per setting (default: 200)")
+    bs.add_argument("--chunk", type=int_arg, default=100_000,
+                    help="vectors drawn and added per chunk, the most the bench holds at once (default: 100000)")
+    bs.add_argument("--recall-queries", type=int_arg, default=100,
+                    help="queries whose exact top-C is streamed over the chunks for the recall (default: 100)")
     bs.add_argument("--reference-size", type=int_arg, default=1_000,
                     help="cases scored by the Memento-style reference (default: 1000; 0 skips it)")
     bs.add_argument("--reference-queries", type=int_arg, default=5, help="queries timed for the reference (default: 5)")
@@ -141,8 +149,9 @@ def _add_select(suites: Any) -> None:
 def _run_select(args: argparse.Namespace) -> int:
     config = SelectBenchConfig(
         sizes=tuple(args.sizes), k=args.k, candidates=args.candidates, factory=args.factory,
-        exact_max=args.exact_max, ef_search=tuple(args.ef_search), archs=tuple(args.archs), data=args.data,
-        dim=args.dim, queries=args.queries, reference_size=args.reference_size,
+        exact_max=args.exact_max, ef_search=tuple(args.ef_search), nprobe=tuple(args.nprobe), archs=tuple(args.archs),
+        data=args.data, dim=args.dim, queries=args.queries, chunk=args.chunk, recall_queries=args.recall_queries,
+        reference_size=args.reference_size,
         reference_queries=args.reference_queries, torch_threads=args.torch_threads, seed=args.seed)
     return _printed(format_select(run_select_bench(config, out=args.json, workdir=args.workdir)), args)
 
