@@ -58,7 +58,7 @@ import torch
 
 from memento.config import PolicyConfig
 from memento.errors import DataFormatError, DimensionError
-from memento.learn.qnet import QNetwork
+from memento.learn.qnet import QNetwork, eval_call
 from memento.memory import Candidates
 from memento.types import Selection
 
@@ -494,24 +494,12 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
     with torch.inference_mode():
         state_BD = torch.as_tensor(state, dtype=dtype, device=where).unsqueeze(0)
         cases_BCD = torch.as_tensor(np.asarray(vectors), dtype=dtype, device=where).unsqueeze(0)
-        q_BC = qnet.score(state_BD, cases_BCD) if isinstance(qnet, QNetwork) else _eval_call(qnet, state_BD, cases_BCD)
+        q_BC = qnet.score(state_BD, cases_BCD) if isinstance(qnet, QNetwork) else eval_call(qnet, state_BD, cases_BCD)
         if not isinstance(q_BC, torch.Tensor) or tuple(q_BC.shape) != (1, len(candidates)):
             shape = tuple(q_BC.shape) if isinstance(q_BC, torch.Tensor) else type(q_BC).__name__
             raise DimensionError(f"qnet returned {shape}, expected q_BC of shape (1, {len(candidates)}) "
                                  f"for state_BD {tuple(state_BD.shape)} and cases_BCD {tuple(cases_BCD.shape)}")
         return np.array(q_BC[0].cpu().numpy(), dtype=np.float64)  # a float64 copy
-
-
-def _eval_call(qnet: torch.nn.Module, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> Any:
-    """``qnet(state_BD, cases_BCD)`` in ``eval()`` mode; the module's training flag is restored afterwards."""
-    was_training = qnet.training
-    try:
-        if was_training:
-            qnet.eval()
-        return qnet(state_BD, cases_BCD)
-    finally:
-        if was_training:
-            qnet.train(True)
 
 
 def boltzmann_select(q_C: np.ndarray, candidates: Candidates, k: int, alpha: float, *, rng: np.random.Generator,

@@ -48,6 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +57,7 @@ from torch import nn
 from memento.config import QNetConfig
 from memento.errors import ConfigError, DimensionError
 
-__all__ = ["MLPQNetwork", "QNetwork", "TwoTowerQNetwork", "build_qnet"]
+__all__ = ["MLPQNetwork", "QNetwork", "TwoTowerQNetwork", "build_qnet", "eval_call"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,16 +140,21 @@ class QNetwork(nn.Module):
         """``q_BC`` as ``forward`` gives it in ``eval()`` mode (no dropout), whatever the module's mode, which is
         left as it is. Call it under ``torch.inference_mode`` (or ``no_grad``): it may work in place.
 
-        This base version switches to ``eval()`` and back around the module call; the networks of this module
-        compute the same values without the switch."""
-        was_training = self.training
-        try:
-            if was_training:
-                self.eval()
-            return self(state_BD, cases_BCD)
-        finally:
-            if was_training:
-                self.train(True)
+        This base version switches to ``eval()`` and back around the module call (:func:`eval_call`); the
+        networks of this module compute the same values without the switch."""
+        return eval_call(self, state_BD, cases_BCD)
+
+
+def eval_call(module: torch.nn.Module, state_BD: torch.Tensor, cases_BCD: torch.Tensor) -> Any:
+    """``module(state_BD, cases_BCD)`` in ``eval()`` mode; the module's training flag is restored afterwards."""
+    was_training = module.training
+    try:
+        if was_training:
+            module.eval()
+        return module(state_BD, cases_BCD)
+    finally:
+        if was_training:
+            module.train(True)
 
 
 class MLPQNetwork(QNetwork):
