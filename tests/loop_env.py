@@ -175,6 +175,18 @@ class HashingEncoder:
         return f"HashingEncoder(dim={self.dim})"
 
 
+def small_selector(root: Path) -> Path:
+    """A small real selector artifact at ``root/selector`` (k = 3, warm-up 1) over a Flat bank of the text env's seed
+    cases at ``root/bank``, encoded with :class:`HashingEncoder` (load it with ``encoder=HashingEncoder()``)."""
+    from memento.memory import CaseBank
+    from memento.selector.export import create_selector
+
+    env, encoder = make_env(), HashingEncoder()
+    with CaseBank.create(root / "bank", encoder.dim, index="Flat") as bank:
+        bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
+    return create_selector(root / "bank", root / "selector", k=3, warmup=1)
+
+
 def soft_q_run(out: Path, *, steps: int) -> Path:
     """A tiny real run of the online loop at ``out`` (``steps`` tasks, K = 2 of C = 6, no shuffle, soft-Q with
     warm-up 2, no checkpoints or TensorBoard): the logged run the OPE and bank-name tests evaluate."""

@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import memento
 from memento.errors import DataFormatError
-from memento.memory import CaseBank
 from memento.selector.export import load_selector
-from tests.loop_env import HashingEncoder, make_env
+from tests.loop_env import HashingEncoder, make_env, small_selector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 QUESTION = make_env().tasks[0].question
@@ -20,11 +18,7 @@ QUESTION = make_env().tasks[0].question
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("scopes")
-    env, encoder = make_env(), HashingEncoder()
-    with CaseBank.create(root / "bank", encoder.dim, index="Flat") as bank:
-        bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
-    return memento.selector.export.create_selector(root / "bank", root / "selector", k=3, warmup=1)
+    return small_selector(tmp_path_factory.mktemp("scopes"))
 
 
 @pytest.fixture

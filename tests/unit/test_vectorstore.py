@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import memento
 from memento.errors import DataFormatError, UnknownCaseError
-from memento.memory import CaseBank
 from memento.selector.export import load_selector
-from tests.loop_env import HashingEncoder, make_env
+from tests.loop_env import HashingEncoder, small_selector
 
 pytest.importorskip("langchain_core")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -35,11 +33,7 @@ METADATAS = [{"action": "Lima", "user": "alice", "topic": "geo", "level": 1},
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("vectorstore")
-    env, encoder = make_env(), HashingEncoder()
-    with CaseBank.create(root / "bank", encoder.dim, index="Flat") as bank:
-        bank.add(env.seed_cases, encoder.encode([c.state for c in env.seed_cases]))
-    return memento.selector.export.create_selector(root / "bank", root / "selector", k=3, warmup=1)
+    return small_selector(tmp_path_factory.mktemp("vectorstore"))
 
 
 @pytest.fixture
