@@ -37,6 +37,7 @@ __all__ = [
     "MAX_LINUCB_DIM",
     "MAX_NLIST",
     "MAX_QNET_PARAMS",
+    "MAX_REFINE",
     "MAX_REPLAY_BYTES",
     "MAX_REPLAY_CAPACITY",
     "MAX_SEED",
@@ -96,6 +97,7 @@ __all__ = [
     "parses_to",
     "save_json",
     "to_dict",
+    "VectorStore",
 ]
 
 T = TypeVar("T")
@@ -146,6 +148,8 @@ MAX_EF_SEARCH = 65_536
 """HNSW's ``efSearch`` (a per-query candidate list)."""
 MAX_NLIST = 2**20
 """IVF lists (``IVF<n>``) and ``nprobe``: training needs 39 vectors per list, 40 M vectors at the bound."""
+MAX_REFINE = 16
+"""``IndexConfig.refine``: at most 16 x C approximate hits re-ranked by their exact vectors."""
 MAX_HNSW_M = 256
 """HNSW's ``M`` (``HNSW<M>``, also NSG's ``R``): every vector keeps 2M neighbour ids per level."""
 MAX_FACTORY_NUMBER = 65_536
@@ -284,17 +288,27 @@ class IndexConfig:
 
     ``factory`` is any ``faiss.index_factory`` description: ``"Flat"`` (exact),
     ``"HNSW32,Flat"``, ``"IVF1024,Flat"``, ``"IVF4096,PQ32"``... ``ef_search`` and
-    ``nprobe`` are the search-time knobs of HNSW and IVF indexes.
+    ``nprobe`` are the search-time knobs of HNSW and IVF indexes. ``refine``: a search for C cases asks the
+    index for ``refine * C`` and keeps the C whose exact float32 vectors score best (a compressed index such as
+    ``"IVF1024,PQ32"`` ranks by approximate codes; 1 keeps the index's own order).
     """
 
     factory: str = dataclasses.field(
         default="Flat", metadata={"help": 'faiss index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat"'})
     ef_search: int = 128
-    nprobe: int = 32
+    nprobe: int = dataclasses.field(default=32, metadata={"help": "IVF lists searched per query (an IVF index)"})
+    refine: int = dataclasses.field(default=1, metadata={
+        "help": f"re-rank REFINE x C index hits by their exact vectors, 1..{MAX_REFINE} (1: the index's order)"})
 
     def __post_init__(self) -> None:
         check_factory(self, "factory")
-        check_ints(self, ef_search=(1, MAX_EF_SEARCH), nprobe=(1, MAX_NLIST))
+        check_ints(self, ef_search=(1, MAX_EF_SEARCH), nprobe=(1, MAX_NLIST), refine=(1, MAX_REFINE))
+
+
+VectorStore = Literal["ram", "disk"]
+"""Where a directory bank keeps the float32 vectors it hands the policy: ``ram`` mirrors every vector in memory
+(the fast path for small banks), ``disk`` reads the candidates' vectors from a memory-mapped file beside
+cases.sqlite (a large bank with a compressed index stays within a few bytes of RAM per case)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -304,9 +318,13 @@ class BankConfig:
     dim: int
     index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
     encoder: EncoderConfig | None = None
+    vectors: VectorStore = dataclasses.field(default="ram", metadata={
+        "help": "ram: every vector mirrored in memory (fast for small banks); disk: read by position from "
+                "vectors.f32, memory-mapped (large banks with a compressed index)"})
 
     def __post_init__(self) -> None:
         check_int(self, "dim", 1, MAX_DIM)
+        check_choice(self, "vectors", VectorStore)
 
 
 # ---------------------------------------------------------------- JSON round trip

@@ -58,12 +58,15 @@ from memento.config import (
     MAX_HIDDEN,
     MAX_K,
     MAX_NLIST,
+    MAX_REFINE,
     MAX_SEED,
     MAX_THREADS,
     IndexConfig,
     QNetArch,
     QNetConfig,
+    VectorStore,
     check,
+    check_choice,
     check_factory,
     check_int_tuple,
     check_ints,
@@ -94,6 +97,9 @@ class SelectBenchConfig:
     - ``archs``: Q-network architectures for the soft-Q policy (``hidden`` units, temperature ``alpha``);
     - ``queries``: timed single queries per (size, setting, policy), after 5 warm-up queries;
     - ``nprobe``: the IVF ``nprobe`` values searched (an IVF factory), one setting each;
+    - ``vectors``: where the banks keep their float32 vectors (``BankConfig.vectors``: ``ram`` or ``disk``);
+    - ``refine``: the ``IndexConfig.refine`` values (re-rank ``refine * C`` index hits by their exact vectors)
+      searched with each ``ef_search``/``nprobe`` value at the approximate sizes, one setting each;
     - ``chunk``: vectors drawn and added per chunk (the most the bench itself holds at once);
     - ``recall_queries``: the first queries whose exact top-C is streamed over the chunks for the recall;
     - ``torch_threads``: torch intra-op threads while selections are timed (0: torch's default, one
@@ -112,6 +118,8 @@ class SelectBenchConfig:
     exact_max: int = 20_000
     ef_search: tuple[int, ...] = (64,)
     nprobe: tuple[int, ...] = (32,)
+    vectors: VectorStore = "ram"
+    refine: tuple[int, ...] = (1,)
     archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
     hidden: int = 512
     alpha: float = 1.0
@@ -139,6 +147,8 @@ class SelectBenchConfig:
         check_factory(self, "factory")
         check_int_tuple(self, "ef_search", 1, MAX_EF_SEARCH)
         check_int_tuple(self, "nprobe", 1, MAX_NLIST)
+        check_int_tuple(self, "refine", 1, MAX_REFINE)
+        check_choice(self, "vectors", VectorStore)
         check(distinct_choices(self.archs, QNetArch), cls, "archs", self.archs,
               f"need distinct values from {get_args(QNetArch)}")
         check(self.data in ("uniform", "clustered"), cls, "data", self.data, "must be 'uniform' or 'clustered'")
@@ -392,26 +402,27 @@ def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, r
     factory = config.factory_for(n)
     path = root / f"bank-{n}"
     logger.info("bench select: n=%d factory=%s: building", n, factory)
-    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed)
+    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed, vectors=config.vectors)
     try:
         train_spent: list[float] = []
         _timed_training(_faiss_of(bank), train_spent)
         build_s = _add_chunks(bank, n, config)
         t0 = time.perf_counter()
-        bank.candidates(queries_QD[0], c)  # the first call loads the bank's in-memory vectors from SQLite
+        bank.candidates(queries_QD[0], c)  # in ram mode the first call loads the bank's vectors from SQLite
         first_query_s = time.perf_counter() - t0
         after_build = _memory_mib()
         row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
+                               "vectors": config.vectors,
                                "build_s": build_s, "add_per_s": n / build_s, "first_query_s": first_query_s,
                                "train_s": sum(train_spent) if train_spent else None, "chunk": config.chunk,
                                "recall_queries": recall_q, "exact_topk_s": exact_s,
                                "rss_after_build_mib": after_build["rss_mib"], "settings": []}
         knob = "ef_search" if "HNSW" in factory else "nprobe" if "IVF" in factory else None
         values = config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe" else (None,)
-        for value in values:
-            if knob:
-                bank.set_search_params(**{knob: value})
-            setting: dict[str, Any] = {"param": knob, "value": value, "policies": []}
+        refines = config.refine if factory != "Flat" else (1,)
+        for value, refine in [(value, refine) for value in values for refine in refines]:
+            bank.set_search_params(refine=refine, **({knob: value} if knob else {}))
+            setting: dict[str, Any] = {"param": knob, "value": value, "refine": refine, "policies": []}
             faiss_index = _faiss_of(bank)
             if faiss_index is not None and faiss_index.is_trained and faiss_index.ntotal == n:
                 peers, labels = _time_peers(bank, faiss_index.index, queries_QD, c, recall_q)
@@ -476,6 +487,19 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     return finish(results, out)
 
 
+def _param(setting: dict[str, Any]) -> str:
+    """A setting's search knobs as the tables show them: ``nprobe=32``, ``nprobe=32, refine=4``."""
+    knobs = [] if setting["param"] is None else [f"{setting['param']}={setting['value']}"]
+    if setting.get("refine", 1) > 1:
+        knobs.append(f"refine={setting['refine']}")
+    return ", ".join(knobs)
+
+
+def _index(row: dict[str, Any]) -> str:
+    """A size's index as the tables show it, with ``(disk)`` for a bank whose vectors are on disk."""
+    return row["factory"] + (" (disk)" if row.get("vectors") == "disk" else "")
+
+
 def format_table(results: dict[str, Any]) -> str:
     """Markdown tables of the results (the form docs/benchmarks.md records): selection; raw faiss next to the bank's
     candidates, with the build, training and memory figures; then the reference."""
@@ -486,10 +510,10 @@ def format_table(results: dict[str, Any]) -> str:
              "|---:|---|---|---:|---|---:|---:|---:|---:|"]
     for row in results["results"]:
         for s in row["settings"]:
-            param = "" if s["param"] is None else f"{s['param']}={s['value']}"
+            param = _param(s)
             for p in s["policies"]:
                 name = p["policy"] if p["arch"] is None else f"{p['policy']} ({p['arch']})"
-                lines.append(f"| {row['n']:,} | {row['factory']} | {param} | {s['recall_at_c']:.3f} | {name} | "
+                lines.append(f"| {row['n']:,} | {_index(row)} | {param} | {s['recall_at_c']:.3f} | {name} | "
                              f"{p['p50_ms']:.3f} | {p['p99_ms']:.3f} | {p['candidates_p50_ms']:.3f} | "
                              f"{p['policy_p50_ms']:.3f} |")
     lines += ["", "| N | index | param | faiss alone p50 (ms) | p99 (ms) | bank candidates p50 (ms) | p99 (ms) | "
@@ -502,11 +526,11 @@ def format_table(results: dict[str, Any]) -> str:
 
     for row in results["results"]:
         for s in row["settings"]:
-            param = "" if s["param"] is None else f"{s['param']}={s['value']}"
+            param = _param(s)
             raw, cand = s.get("faiss_alone") or {}, s.get("bank_candidates") or {}
             ratios = ", ".join(f"{arch}: {r:.2f}x" for arch, r in s.get("softq_over_similarity_p50", {}).items())
             over50, over99 = s.get("candidates_over_faiss_p50"), s.get("candidates_over_faiss_p99")
-            lines.append(f"| {row['n']:,} | {row['factory']} | {param} | {num(raw.get('p50_ms'))} | "
+            lines.append(f"| {row['n']:,} | {_index(row)} | {param} | {num(raw.get('p50_ms'))} | "
                          f"{num(raw.get('p99_ms'))} | {num(cand.get('p50_ms'))} | {num(cand.get('p99_ms'))} | "
                          f"{num(over50, '.2f')}{'x' * (over50 is not None)} | "
                          f"{num(over99, '.2f')}{'x' * (over99 is not None)} | {ratios} | "

@@ -21,9 +21,9 @@ from memento.cli.options import (
     index_factory,
     load_encoder,
 )
-from memento.config import MAX_CANDIDATES, MAX_DIM
+from memento.config import MAX_CANDIDATES, MAX_DIM, BankConfig, IndexConfig, field_default
 from memento.errors import BankError, DataFormatError, DimensionError, EncoderError
-from memento.flags import check_count, int_arg
+from memento.flags import check_count, config_option, int_arg
 from memento.formats import CaseFormat, read_case_file
 from memento.io import parse_json
 from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
@@ -61,6 +61,7 @@ def add_parser(commands: Any) -> None:
     create.add_argument("--dim", type=int_arg, default=None,
                         help="vector dimension without an encoder (then text search is unavailable)")
     add_encoder_options(create.add_argument_group("encoder (used when the bank is created)"))
+    add_storage_options(create)
 
     imp = add_command(actions, "import", "import cases from a JSONL file", _IMPORT_DESCRIPTION)
     imp.add_argument("file", metavar="FILE", help="JSONL file to import")
@@ -70,6 +71,7 @@ def add_parser(commands: Any) -> None:
     imp.add_argument("--allow-duplicates", action="store_true",
                      help="store cases whose content is already in the bank")
     add_encoder_options(imp.add_argument_group("encoder (used when the bank is created)"))
+    add_storage_options(imp)
 
     exp = add_command(actions, "export", "write every case as Case JSONL", raw=False)
     exp.add_argument("out", metavar="OUT", help="output JSONL file (written atomically)")
@@ -158,16 +160,31 @@ def refuse_artifact(bank: str, flag: str = "--bank") -> None:
                     f"artifact (a served selector would not see the cases): {ARTIFACT_ADVICE}")
 
 
+def add_storage_options(parser: Any) -> None:
+    """``--vectors``, ``--nprobe`` and ``--refine``: how a new directory bank stores and searches its vectors."""
+    group = parser.add_argument_group("storage and search (used when the bank is created)")
+    config_option(group, BankConfig, "vectors")
+    config_option(group, IndexConfig, "nprobe")
+    config_option(group, IndexConfig, "refine")
+
+
+def _index_config(args: argparse.Namespace) -> IndexConfig:
+    knobs = {name: getattr(args, name, None) for name in ("nprobe", "refine")}
+    return IndexConfig(factory=index_factory(args), **{k: v for k, v in knobs.items() if v is not None})
+
+
 def _create_bank(args: argparse.Namespace, dim: int | None = None) -> Any:
     if dim is not None:
         check_count("--dim", dim, 1, MAX_DIM)
     where = parse_bank_uri(args.bank)  # a malformed or unknown bank name: one line, before the encoder loads
+    index = _index_config(args)
+    vectors = getattr(args, "vectors", None) or field_default(BankConfig, "vectors")
     if dim is not None:
-        return create_bank(where, dim, index=index_factory(args), options=bank_options(args)), None
+        return create_bank(where, dim, index=index, options=bank_options(args), vectors=vectors), None
     config = encoder_config(args)
     encoder = load_encoder(config)
-    return create_bank(where, encoder.dim, index=index_factory(args), encoder=config,
-                       options=bank_options(args)), encoder
+    return create_bank(where, encoder.dim, index=index, encoder=config, options=bank_options(args),
+                       vectors=vectors), encoder
 
 
 def bank_encoder(bank: Any) -> Any:

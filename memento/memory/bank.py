@@ -43,8 +43,10 @@ to its in-memory mirror and faiss index (``memento serve --workers``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -57,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from memento import sqlite
-from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
+from memento.config import BankConfig, EncoderConfig, IndexConfig, VectorStore, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError
 from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.front import BankFront, Filter, NewRow
@@ -66,7 +68,7 @@ from memento.memory.where import Scope, Where
 from memento.types import SCOPE_FIELDS, Case, shown
 
 __all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "CaseBank", "FaissVectors", "SqliteFeatures",
-           "SqliteRows"]
+           "SqliteRows", "VectorFile"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ BANK_FORMAT_VERSION = 1
 DB_NAME = "cases.sqlite"
 INDEX_NAME = "index.faiss"
 INDEX_META_NAME = "index.json"
+VECTORS_NAME = "vectors.f32"
+VECTORS_META_NAME = "vectors.json"
+_FILL_CHUNK = 32_768  # rows per pass over a bank's vectors (filling the index, loading the codes)
 _CHUNK = 900  # below SQLite's bound on host parameters
 
 _SCHEMA = """
@@ -345,6 +350,14 @@ class SqliteRows:
         blobs = b"".join(r[3] for r in rows)
         return [r[1] for r in rows], [r[2] for r in rows], np.frombuffer(blobs, dtype=np.float32), len(rows)
 
+    def labels(self, start: int, stop: int) -> tuple[list[str | None], list[str]]:
+        """``(envs, kinds)`` of the rows ``start..stop-1`` (no vectors), checked dense."""
+        rows = self.conn.execute("SELECT pos, env, kind FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos",
+                                 (start, stop)).fetchall()
+        if len(rows) != stop - start or (rows and (rows[0][0] != start or rows[-1][0] != stop - 1)):
+            raise BankError(f"{self.name}: case positions {start}..{stop - 1} are not dense")
+        return [r[1] for r in rows], [r[2] for r in rows]
+
     def truncate(self, n: int) -> None:
         self.conn.execute("DELETE FROM cases WHERE pos >= ?", (n,))
         if self._has_table("deleted"):
@@ -441,9 +454,83 @@ class SqliteFeatures:
                                     for p, v in zip(positions_C, emb_CD)])
 
 
+class VectorFile:
+    """The float32 vectors of a ``vectors="disk"`` bank: row ``p`` of ``vectors.f32`` is position ``p``
+    (``dim`` little-endian float32 each), ``vectors.json`` names the bank it belongs to.
+
+    A cache of SQLite's ``embedding`` column, like the faiss index: the writer appends a row after SQLite
+    committed it, and opening the bank cuts a torn or surplus tail and appends the rows SQLite holds beyond
+    it. Reads are by position through a memory map (only the pages read are touched) or, for whole ranges,
+    by plain reads into a fresh buffer (:meth:`read`), so a pass over the bank leaves nothing mapped.
+    """
+
+    def __init__(self, directory: Path, uid: str, dim: int):
+        self.path, self._meta = directory / VECTORS_NAME, directory / VECTORS_META_NAME
+        self._uid, self._dim = uid, dim
+        self._row_bytes = 4 * dim
+        self._map: np.ndarray | None = None
+
+    def _owned(self) -> bool:
+        try:
+            info = json.loads(self._meta.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(info, dict) and info.get("uid") == self._uid and info.get("dim") == self._dim \
+            and self.path.is_file()
+
+    def rows(self) -> int:
+        """Whole rows in the file (0 when it is missing or belongs to another bank)."""
+        return self.path.stat().st_size // self._row_bytes if self._owned() else 0
+
+    def repair(self, rows: SqliteRows, count: int) -> None:
+        """Make the file hold exactly SQLite's first ``count`` rows (the writer, on open)."""
+        if not self._owned():
+            self.path.write_bytes(b"")
+            atomic_write_text(self._meta, json.dumps({"uid": self._uid, "dim": self._dim, "dtype": "float32"},
+                                                     indent=2) + "\n")
+        have = min(self.rows(), count)
+        if self.path.stat().st_size != have * self._row_bytes:  # a torn row, or rows SQLite took back
+            os.truncate(self.path, have * self._row_bytes)
+        if have < count:
+            logger.warning("%s: %s is %d case(s) behind SQLite; adding them", self.path.parent, VECTORS_NAME,
+                           count - have)
+            for start in range(have, count, _FILL_CHUNK):
+                _, _, emb, _ = rows.mirror(start, min(count, start + _FILL_CHUNK))
+                self.append(emb)
+        self._map = None
+
+    def append(self, emb_ND: np.ndarray) -> None:
+        with open(self.path, "ab") as out:
+            out.write(np.ascontiguousarray(emb_ND, dtype="<f4").tobytes())
+
+    def truncate(self, n: int) -> None:
+        os.truncate(self.path, n * self._row_bytes)
+        self._map = None
+
+    def view(self, n: int) -> np.ndarray:
+        """Rows ``0..n-1`` memory-mapped (read-only)."""
+        if n == 0:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        if self._map is None or self._map.shape[0] < n:
+            rows = self.path.stat().st_size // self._row_bytes  # a plain array over the map: faster to index
+            self._map = np.memmap(self.path, dtype="<f4", mode="r", shape=(rows, self._dim)).view(np.ndarray)
+        return self._map[:n]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start..stop-1`` read into memory (not mapped)."""
+        return np.fromfile(self.path, dtype="<f4", count=(stop - start) * self._dim,
+                           offset=start * self._row_bytes).reshape(stop - start, self._dim).astype(np.float32,
+                                                                                                    copy=False)
+
+    def close(self) -> None:
+        self._map = None
+
+
 class FaissVectors:
-    """The vector index of a directory bank: a faiss index over an in-memory mirror of the vectors (with env and
-    kind codes for the filters), loaded from SQLite on first need; its file is written on :meth:`flush`."""
+    """The vector index of a directory bank: a faiss index over the vectors, with env and kind codes for the
+    filters. ``BankConfig.vectors="ram"`` keeps every vector in an in-memory mirror loaded from SQLite on first
+    need; ``"disk"`` reads them from a :class:`VectorFile` (the index, which may be compressed, and the
+    candidates' rows are all that is in memory). The index file is written on :meth:`flush`."""
 
     def __init__(self, rows: SqliteRows, config: BankConfig, uid: str, count: int, *, use_gpu: bool, seed: int,
                  read_only: bool):
@@ -456,13 +543,26 @@ class FaissVectors:
         self._use_gpu = use_gpu
         self._read_only = read_only
         self._emb_ND = np.zeros((0, config.dim), dtype=np.float32)
-        self._n = 0  # rows in the mirror
+        self._n = 0  # rows in the mirror (ram) / in the env and kind codes (disk)
         self._env_codes_N = np.zeros(0, dtype=np.int32)
         self._kind_codes_N = np.zeros(0, dtype=np.int32)
         self._env_vocab: dict[str | None, int] = {}
         self._kind_vocab: dict[str, int] = {}
         self._loaded = count == 0  # an empty bank's mirror is complete: adds extend it in memory
         self._load_lock = threading.Lock()
+        self._file: VectorFile | None = None
+        self._file_rows = 0  # disk: positions read from the file; the rest (a follower's) are in _tail_ND
+        self._tail_ND = np.zeros((0, config.dim), dtype=np.float32)
+        if config.vectors == "disk":
+            self._file = VectorFile(self._dir, uid, config.dim)
+            if read_only:
+                self._file_rows = min(self._file.rows(), count)
+                if self._file_rows < count:
+                    _, _, emb, n = rows.mirror(self._file_rows, count)
+                    self._tail_ND = emb.reshape(n, config.dim)
+            else:
+                self._file.repair(rows, count)
+                self._file_rows = count
         self._index = FaissIndex(config.index, config.dim, use_gpu=use_gpu)
         self._dirty = False
         self._live: tuple[np.ndarray, np.ndarray] | None = None  # (the store's deleted positions, ~deleted mask)
@@ -476,8 +576,7 @@ class FaissVectors:
             missing = self._count - stored.ntotal
             if missing:
                 logger.warning("%s: index is %d case(s) behind SQLite; adding them", self._dir, missing)
-                _, _, emb, n = self._rows.mirror(stored.ntotal, self._count)
-                self._index.add(emb.reshape(n, self.config.dim))
+                self._fill(stored.ntotal)
                 self._dirty = True
             return
         if self._count:
@@ -510,42 +609,90 @@ class FaissVectors:
             vocab[value] = len(vocab)
         return vocab[value]
 
-    def _append_mirror(self, envs: Sequence[str | None], kinds: Sequence[str], emb_ND: np.ndarray) -> None:
+    def _append_mirror(self, envs: Sequence[str | None], kinds: Sequence[str], emb_ND: np.ndarray | None) -> None:
+        """Extend the env and kind codes, and in ram mode the mirror of the vectors."""
         n_old, n_new = self._n, len(envs)
-        if n_old + n_new > self._emb_ND.shape[0]:
+        if n_old + n_new > self._env_codes_N.shape[0]:
             capacity = max(1024, 2 * (n_old + n_new))
-            grown = np.zeros((capacity, self.config.dim), dtype=np.float32)
-            grown[:n_old] = self._emb_ND[:n_old]
-            self._emb_ND = grown
+            if self._file is None:
+                grown = np.zeros((capacity, self.config.dim), dtype=np.float32)
+                grown[:n_old] = self._emb_ND[:n_old]
+                self._emb_ND = grown
             self._env_codes_N = np.resize(self._env_codes_N, capacity)
             self._kind_codes_N = np.resize(self._kind_codes_N, capacity)
-        self._emb_ND[n_old:n_old + n_new] = emb_ND
+        if self._file is None:
+            self._emb_ND[n_old:n_old + n_new] = emb_ND
         self._env_codes_N[n_old:n_old + n_new] = [self._code(self._env_vocab, e) for e in envs]
         self._kind_codes_N[n_old:n_old + n_new] = [self._code(self._kind_vocab, k) for k in kinds]
         self._n += n_new
 
+    def _load(self) -> None:
+        """The mirror (ram) or the env and kind codes (disk) of every position, once."""
+        if self._loaded:
+            return
+        with self._load_lock:  # readers search in parallel (memento.selector.runtime)
+            if self._loaded:
+                return
+            self._n, self._env_vocab, self._kind_vocab = 0, {}, {}
+            if self._file is None:
+                envs, kinds, emb, n = self._rows.mirror(0, self._count)
+                self._append_mirror(envs, kinds, emb.reshape(n, self.config.dim))
+            else:
+                for start in range(0, self._count, _FILL_CHUNK):
+                    self._append_mirror(*self._rows.labels(start, min(self._count, start + _FILL_CHUNK)), None)
+            self._loaded = True
+
     def _embeddings_ND(self) -> np.ndarray:
-        if not self._loaded:
-            with self._load_lock:  # readers search in parallel (memento.selector.runtime)
-                if not self._loaded:
-                    self._n, self._env_vocab, self._kind_vocab = 0, {}, {}
-                    envs, kinds, emb, n = self._rows.mirror(0, self._count)
-                    self._append_mirror(envs, kinds, emb.reshape(n, self.config.dim))
-                    self._loaded = True
-        return self._emb_ND[:self._count]
+        """Every position's vector: the mirror (ram), the mapped file (disk; with a follower's rows from SQLite
+        the whole bank is read into memory, which only small banks and exact searches ask for)."""
+        if self._file is None:
+            self._load()
+            return self._emb_ND[:self._count]
+        if not len(self._tail_ND):
+            return self._file.view(self._count)
+        return np.concatenate([self._file.view(self._file_rows), self._tail_ND])
+
+    def _take(self, positions: np.ndarray) -> np.ndarray:
+        """The vectors at ``positions`` (any shape), read from the mirror or by position from the file."""
+        if self._file is None:
+            return self._embeddings_ND()[positions]
+        if not len(self._tail_ND):
+            return np.asarray(self._file.view(self._count)[positions], dtype=np.float32)
+        out = np.empty((*np.shape(positions), self.config.dim), dtype=np.float32)
+        in_file = positions < self._file_rows
+        out[in_file] = self._file.view(self._file_rows)[positions[in_file]]
+        out[~in_file] = self._tail_ND[positions[~in_file] - self._file_rows]
+        return out
+
+    def _rows_ND(self, start: int, stop: int) -> np.ndarray:
+        """Positions ``start..stop-1`` as one in-memory array (a chunk of a pass over the bank)."""
+        if self._file is None:
+            return self._embeddings_ND()[start:stop]
+        if stop <= self._file_rows:
+            return self._file.read(start, stop)
+        return self._take(np.arange(start, stop))
+
+    def _fill(self, first_new: int) -> None:
+        """Add positions ``first_new..`` to the (trained) index, a chunk at a time."""
+        for start in range(first_new, self._count, _FILL_CHUNK):
+            self._index.add(self._rows_ND(start, min(self._count, start + _FILL_CHUNK)))
 
     def _train_and_fill(self, first_new: int) -> None:
         """Add positions ``first_new..`` to the index, training it first once there are enough vectors."""
         if self._index.is_trained:
-            self._index.add(self._embeddings_ND()[first_new:])
+            self._fill(first_new)
             return
         if self._count >= self._index.min_train:
-            self._index.train(self._embeddings_ND(), self._rng)
-            self._index.add(self._embeddings_ND())
+            sample = self._index.train_sample(self._count, self._rng)
+            self._index.train(self._take(sample) if sample is not None else self._embeddings_ND(), self._rng)
+            self._fill(0)
 
     def added(self, rows: Sequence[NewRow]) -> None:
         emb_MD = np.stack([r.vector_D for r in rows])
         first_new = self._count
+        if self._file is not None:
+            self._file.append(emb_MD)
+            self._file_rows += len(rows)
         self._count += len(rows)
         if self._loaded:
             self._append_mirror([r.case.env for r in rows], [r.case.kind for r in rows], emb_MD)
@@ -562,6 +709,11 @@ class FaissVectors:
         if self._loaded:  # a mirror loaded lazily may already hold some of them
             have = self._n - first_new
             self._append_mirror(envs[have:], kinds[have:], emb_ND[have:])
+        if self._file is not None:  # the rows the writer has appended to the file since are read from it
+            tail_ND = np.concatenate([self._tail_ND, emb_ND])  # positions _file_rows..top-1
+            file_rows = max(self._file_rows, min(self._file.rows(), top))
+            self._tail_ND = tail_ND[file_rows - self._file_rows:]
+            self._file_rows = file_rows
         if self._index.is_trained:
             self._index.add(emb_ND)
         else:
@@ -574,7 +726,9 @@ class FaissVectors:
         self._emb_ND = np.zeros((0, self.config.dim), dtype=np.float32)
         self._env_codes_N = np.zeros(0, dtype=np.int32)
         self._kind_codes_N = np.zeros(0, dtype=np.int32)
-        self._embeddings_ND()
+        if self._file is not None:
+            self._file.truncate(n)
+            self._file_rows = n
         self._index = FaissIndex(self.config.index, self.config.dim, use_gpu=self._use_gpu)
         self._train_and_fill(0)
         self._dirty = True
@@ -596,7 +750,7 @@ class FaissVectors:
             return live
         mask = np.ones(self._count, dtype=bool) if live is None else live.copy()
         if where.env is not None or where.kind is not None:
-            self._embeddings_ND()
+            self._load()
         if where.env is not None:
             mask &= self._env_codes_N[:self._count] == self._env_vocab.get(where.env, -1)
         if where.kind is not None:
@@ -612,32 +766,48 @@ class FaissVectors:
     def topk(self, q_BD: np.ndarray, k: int, where: Filter, dead_N: np.ndarray,
              with_vectors: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         allowed = self._allowed(where, dead_N)
+        vectors_BKD = None
         if allowed is not None and not allowed.any():
             scores_BK, labels_BK = (np.full((len(q_BD), k), -np.inf, dtype=np.float32),
                                     np.full((len(q_BD), k), -1, dtype=np.int64))
         else:
             result = None
             if self._index.is_trained and self._index.ntotal == self._count:
-                result = self._index.search(q_BD, k, allowed)
+                wide = min(k * self.config.index.refine, self._count)
+                result = self._index.search(q_BD, wide, allowed)
+                if result is not None and wide > k:
+                    result, vectors_BKD = self._refine(q_BD, k, *result)
             if result is None:  # untrained index, or a filter this index cannot apply: exact search
                 if allowed is None:
                     result = exact_topk(self._embeddings_ND(), q_BD, k)
                 else:
                     positions = np.flatnonzero(allowed)
-                    result = exact_topk(self._embeddings_ND()[positions], q_BD, k, positions)
+                    result = exact_topk(self._take(positions), q_BD, k, positions)
             scores_BK, labels_BK = result
-        vectors_BKD = self._embeddings_ND()[np.maximum(labels_BK, 0)] if with_vectors else None
-        return scores_BK, labels_BK, vectors_BKD
+        if with_vectors and vectors_BKD is None:
+            vectors_BKD = self._take(np.maximum(labels_BK, 0))
+        return scores_BK, labels_BK, vectors_BKD if with_vectors else None
+
+    def _refine(self, q_BD: np.ndarray, k: int, scores_BW: np.ndarray,
+                labels_BW: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """The ``k`` of the index's ``W`` hits per query whose exact vectors score best, with those vectors."""
+        vectors_BWD = self._take(np.maximum(labels_BW, 0))
+        exact_BW = np.einsum("bwd,bd->bw", vectors_BWD, np.asarray(q_BD, dtype=np.float32))
+        exact_BW = np.where(labels_BW < 0, -np.inf, exact_BW).astype(np.float32)
+        top_BK = np.argsort(-exact_BW, axis=1, kind="stable")[:, :k]
+        return ((np.take_along_axis(exact_BW, top_BK, axis=1), np.take_along_axis(labels_BW, top_BK, axis=1)),
+                np.take_along_axis(vectors_BWD, top_BK[:, :, None], axis=1))
 
     def vectors_at(self, positions_N: np.ndarray) -> np.ndarray:
-        return self._embeddings_ND()[positions_N].copy()
+        return np.array(self._take(positions_N), dtype=np.float32)
 
     def set_search_params(self, config: IndexConfig) -> None:
-        self.config = BankConfig(dim=self.config.dim, index=config, encoder=self.config.encoder)
+        self.config = dataclasses.replace(self.config, index=config)
         self._index.set_search_params(config)
 
     def summary(self, count: int) -> dict[str, Any]:
-        return {"index_trained": self._index.is_trained, "index_ntotal": self._index.ntotal}
+        return {"index_trained": self._index.is_trained, "index_ntotal": self._index.ntotal,
+                "vectors": self.config.vectors}
 
     def flush(self) -> None:
         """Write the faiss index file if it changed (atomically, then its index.json)."""
@@ -665,15 +835,16 @@ class CaseBank(BankFront):
     @classmethod
     def create(cls, path: str | Path, dim: int, index: str | IndexConfig = "Flat", *,
                encoder: EncoderConfig | None = None, exist_ok: bool = False,
-               use_gpu: bool | None = None, seed: int = 0) -> CaseBank:
+               use_gpu: bool | None = None, seed: int = 0, vectors: VectorStore = "ram") -> CaseBank:
         """Create an empty bank directory for ``dim``-dimensional unit vectors.
 
         ``index`` is a faiss factory string or an :class:`IndexConfig`; ``encoder`` records
-        which encoder fills the bank (the CLI uses it to encode queries).
+        which encoder fills the bank (the CLI uses it to encode queries); ``vectors`` where the
+        float32 vectors are read from (:data:`memento.config.VectorStore`).
         """
         path = Path(path)
         index_config = IndexConfig(factory=index) if isinstance(index, str) else index
-        config = BankConfig(dim=dim, index=index_config, encoder=encoder)
+        config = BankConfig(dim=dim, index=index_config, encoder=encoder, vectors=vectors)
         FaissIndex(config.index, dim)  # fail on a bad factory string before touching the disk
         if (path / DB_NAME).exists():
             if exist_ok:
@@ -745,5 +916,5 @@ def _read_meta(path: Path, conn: sqlite3.Connection, *, dim: int | None,
     if index is not None:
         if index.factory != config.index.factory:
             raise BankError(f"{path}: bank index is {config.index.factory!r}, not {index.factory!r}")
-        config = BankConfig(dim=config.dim, index=index, encoder=config.encoder)
+        config = dataclasses.replace(config, index=index)
     return config, meta["uid"]

@@ -16,6 +16,7 @@ index); a tombstoned case is never found, listed or chosen again, but ``get``/``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -654,11 +655,13 @@ class BankFront:
         scores_BK, labels_BK, vectors_BKD = self._index.topk(q_BD, k, where, self._rows.deleted_positions(),
                                                              with_vectors)
         scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
-        order_BK = np.lexsort((np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK), -scores_BK), axis=1)
-        scores_BK = np.take_along_axis(scores_BK, order_BK, axis=1)
-        labels_BK = np.take_along_axis(labels_BK, order_BK, axis=1).astype(np.int64)
-        if vectors_BKD is not None:
-            vectors_BKD = np.take_along_axis(vectors_BKD, order_BK[:, :, None], axis=1)
+        if not bool(np.all(scores_BK[:, 1:] < scores_BK[:, :-1])):  # ties or padding: the order is ours to set
+            order_BK = np.lexsort((np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK), -scores_BK), axis=1)
+            scores_BK = np.take_along_axis(scores_BK, order_BK, axis=1)
+            labels_BK = np.take_along_axis(labels_BK, order_BK, axis=1)
+            if vectors_BKD is not None:
+                vectors_BKD = np.take_along_axis(vectors_BKD, order_BK[:, :, None], axis=1)
+        labels_BK = labels_BK.astype(np.int64, copy=False)
         if width > k:  # pad to the width asked for
             extra = ((0, 0), (0, width - k))
             scores_BK, labels_BK = (np.pad(scores_BK, extra, constant_values=-np.inf),
@@ -708,12 +711,14 @@ class BankFront:
                           scores_C=scores_BK[0][valid],
                           embeddings_CD=np.ascontiguousarray(vectors_BKD[0][valid], dtype=np.float32))
 
-    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None:
-        """Change the HNSW ``ef_search`` / IVF ``nprobe`` used by later searches (not saved)."""
-        current = self.config.index
-        index = IndexConfig(factory=current.factory, ef_search=current.ef_search if ef_search is None else ef_search,
-                            nprobe=current.nprobe if nprobe is None else nprobe)
-        self.config = BankConfig(dim=self.config.dim, index=index, encoder=self.config.encoder)
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None,
+                          refine: int | None = None) -> None:
+        """Change the HNSW ``ef_search`` / IVF ``nprobe`` / exact re-ranking ``refine`` used by later searches
+        (not saved)."""
+        changes = {name: value for name, value in (("ef_search", ef_search), ("nprobe", nprobe), ("refine", refine))
+                   if value is not None}
+        index = dataclasses.replace(self.config.index, **changes)
+        self.config = dataclasses.replace(self.config, index=index)
         self._index.set_search_params(index)
 
     # ------------------------------------------------------------------ usage statistics and action vectors

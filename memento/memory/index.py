@@ -152,13 +152,17 @@ class FaissIndex:
     def is_trained(self) -> bool:
         return bool(self.index.is_trained)
 
-    def train(self, vectors_ND: np.ndarray, rng: np.random.Generator) -> None:
-        """Train on (a sample of) ``vectors_ND``; at most 64 points per IVF centroid are used."""
+    def train_sample(self, n: int, rng: np.random.Generator) -> np.ndarray | None:
+        """The sorted positions of ``n`` vectors that :meth:`train` uses (at most 64 points per IVF centroid,
+        100,000 otherwise), or None for all of them."""
         ivf = faiss.try_extract_index_ivf(self.index)
         cap = 64 * int(ivf.nlist) if ivf is not None else 100_000
-        sample = vectors_ND
-        if len(vectors_ND) > cap:
-            sample = vectors_ND[np.sort(rng.choice(len(vectors_ND), size=cap, replace=False))]
+        return np.sort(rng.choice(n, size=cap, replace=False)) if n > cap else None
+
+    def train(self, vectors_ND: np.ndarray, rng: np.random.Generator) -> None:
+        """Train on (a sample of) ``vectors_ND`` (:meth:`train_sample`)."""
+        positions = self.train_sample(len(vectors_ND), rng)
+        sample = vectors_ND if positions is None else vectors_ND[positions]
         logger.info("training faiss index %s on %d vectors", self.config.factory, len(sample))
         try:
             self.index.train(np.ascontiguousarray(sample, dtype=np.float32))

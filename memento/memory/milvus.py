@@ -677,7 +677,7 @@ class MilvusVectors:
         """Nothing: the row store's truncate removed the vectors with the rows."""
 
     def set_search_params(self, config: IndexConfig) -> None:
-        self.config = BankConfig(dim=self.config.dim, index=config, encoder=self.config.encoder)
+        self.config = dataclasses.replace(self.config, index=config)
 
     def summary(self, count: int) -> dict[str, Any]:
         index_type, build = milvus_index(self.config.index.factory)
@@ -951,7 +951,7 @@ class MilvusBank(BankFront):
             if index is not None:
                 if index.factory != config.index.factory:
                     raise BankError(f"{name}: bank index is {config.index.factory!r}, not {index.factory!r}")
-                config = BankConfig(dim=config.dim, index=index, encoder=config.encoder)
+                config = dataclasses.replace(config, index=index)
             _ensure_index(client, collection, config)
         except MementoError:
             disconnect(client, lite_dir)

@@ -21,10 +21,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from memento.config import EncoderConfig, IndexConfig
-from memento.errors import BankError
+from memento.config import EncoderConfig, IndexConfig, VectorStore
+from memento.errors import BankError, ConfigError
 from memento.memory.bank import DB_NAME, CaseBank
 from memento.memory.protocol import Bank
+from memento.types import shown
 
 __all__ = ["BankBackend", "BankLocation", "bank_exists", "copy_bank", "create_bank", "open_bank",
            "parse_bank_uri"]
@@ -133,13 +134,17 @@ def open_bank(uri: str | Path | BankLocation, *, dim: int | None = None, encoder
 
 def create_bank(uri: str | Path | BankLocation, dim: int, index: str | IndexConfig = "Flat", *,
                 encoder: EncoderConfig | None = None, exist_ok: bool = False, use_gpu: bool | None = None,
-                seed: int = 0, options: Any | None = None) -> Bank:
-    """Create an empty bank named ``uri`` for ``dim``-dimensional unit vectors (see :meth:`CaseBank.create`)."""
+                seed: int = 0, options: Any | None = None, vectors: VectorStore = "ram") -> Bank:
+    """Create an empty bank named ``uri`` for ``dim``-dimensional unit vectors (see :meth:`CaseBank.create`).
+    ``vectors="disk"`` (a directory bank's setting) keeps the vectors in a memory-mapped file, not in RAM."""
     where = uri if isinstance(uri, BankLocation) else parse_bank_uri(uri)
     if where.backend == "dir":
         assert where.path is not None
         return CaseBank.create(where.path, dim, index=index, encoder=encoder, exist_ok=exist_ok, use_gpu=use_gpu,
-                               seed=seed)
+                               seed=seed, vectors=vectors)
+    if vectors != "ram":
+        raise ConfigError(f"vectors={shown(vectors, 40)}: a Milvus bank keeps its vectors in Milvus; "
+                          "vectors='disk' is a directory bank's setting")
     from memento.memory.milvus import MilvusBank
 
     assert where.uri is not None and where.collection is not None
@@ -201,7 +206,8 @@ def copy_bank(src: str | Path | BankLocation, dst: str | Path | BankLocation, *,
             work = target.path.with_name(f".{target.path.name}.copy-{os.getpid()}")
             shutil.rmtree(work, ignore_errors=True)
             try:
-                n = _copy_rows(bank, create_bank(work, bank.dim, factory, encoder=bank.config.encoder))
+                n = _copy_rows(bank, create_bank(work, bank.dim, factory, encoder=bank.config.encoder,
+                                                 vectors=bank.config.vectors))
                 if target.path.exists():
                     target.path.rmdir()  # empty, checked above
                 os.replace(work, target.path)

@@ -1,7 +1,8 @@
 """One conformance suite for every bank backend: the directory bank (SQLite + faiss), a Milvus Lite bank, and a
 Milvus server.
 
-Every test runs on all three (``bank_uri`` is parametrised). Milvus Lite starts in-process: one Lite file per test
+Every test runs on all three, the directory bank both with its vectors in RAM and on disk (``bank_uri`` is
+parametrised). Milvus Lite starts in-process: one Lite file per test
 module (its in-process server starts once, ~0.2 s), one collection per test. The server is Milvus Lite's gRPC
 server (``milvus-lite server``, the same Milvus API over the network) in a child process, reached as
 ``milvus:http://127.0.0.1:PORT#collection``: the path a user's Milvus cluster takes, without Docker.
@@ -33,7 +34,7 @@ from memento.types import Case, content_hash
 from tests.conftest import unit_vectors
 
 DIM = 16
-BACKENDS = ["dir", "milvus", "server"]
+BACKENDS = ["dir", "disk", "milvus", "server"]  # disk: a directory bank with vectors="disk"
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +80,13 @@ def server_url(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(params=BACKENDS)
-def bank_uri(request: pytest.FixtureRequest, tmp_path: Path, lite_file: Path) -> str:
-    if request.param == "dir":
+def bank_uri(request: pytest.FixtureRequest, tmp_path: Path, lite_file: Path,
+             monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "disk":  # every directory bank the test creates keeps its vectors in vectors.f32
+        create = CaseBank.create.__func__  # type: ignore[attr-defined]
+        monkeypatch.setattr(CaseBank, "create", classmethod(
+            lambda cls, *args, **kwargs: create(cls, *args, **{**kwargs, "vectors": "disk"})))
+    if request.param in ("dir", "disk"):
         return str(tmp_path / "bank")
     if request.param == "server":
         return f"milvus:{request.getfixturevalue('server_url')}#t{uuid.uuid4().hex[:12]}"

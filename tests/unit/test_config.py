@@ -92,9 +92,10 @@ def test_to_dict_is_plain_and_nested() -> None:
     data = to_dict(cfg)
     assert data == {
         "dim": 384,
-        "index": {"factory": "HNSW32,Flat", "ef_search": 64, "nprobe": 32},
+        "index": {"factory": "HNSW32,Flat", "ef_search": 64, "nprobe": 32, "refine": 1},
         "encoder": {"model": "/models/simcse", "pooling": "cls", "max_length": 128, "batch_size": 64,
                     "normalize": True},
+        "vectors": "ram",
     }
     assert json.loads(json.dumps(data)) == data
 
@@ -143,7 +144,7 @@ def test_unknown_key_rejected() -> None:
         from_dict(IndexConfig, {"factory": "Flat", "nprob": 4})
     message = str(info.value)
     assert message.startswith("IndexConfig: unknown field(s) ['nprob']")
-    assert "known: ['ef_search', 'factory', 'nprobe']" in message
+    assert "known: ['ef_search', 'factory', 'nprobe', 'refine']" in message
 
 
 def test_unknown_nested_key_names_the_path() -> None:
@@ -220,7 +221,7 @@ def test_save_json_is_sorted_and_indented(tmp_path) -> None:
     path = tmp_path / "c.json"
     save_json(IndexConfig(), path)
     text = path.read_text(encoding="utf-8")
-    assert text == '{\n  "ef_search": 128,\n  "factory": "Flat",\n  "nprobe": 32\n}\n'
+    assert text == '{\n  "ef_search": 128,\n  "factory": "Flat",\n  "nprobe": 32,\n  "refine": 1\n}\n'
 
 
 def test_load_json_missing_file(tmp_path) -> None:
