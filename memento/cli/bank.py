@@ -48,6 +48,10 @@ _IMPORT_DESCRIPTION = ("Read a case file, encode the states and add every case i
                        "An import that is killed or fails part-way leaves none of its cases, in a directory\n"
                        "bank (SQLite) and in a Milvus bank (rows past its committed count are removed when\n"
                        "it is next opened); run it again to add them all.\n\n"
+                       "With --embeddings VECS (precomputed vectors, checked whole first) no encoder runs;\n"
+                       "an index that needs training is trained once on a sample of all the vectors, then\n"
+                       "the cases are added --chunk per transaction: a killed import leaves whole chunks,\n"
+                       "and running it again skips the cases already stored and adds the rest.\n\n"
                        "formats:\n" + CASE_FORMAT_HELP)
 
 
@@ -70,6 +74,12 @@ def add_parser(commands: Any) -> None:
                      help="input format (default: case)")
     imp.add_argument("--allow-duplicates", action="store_true",
                      help="store cases whose content is already in the bank")
+    imp.add_argument("--embeddings", metavar="VECS", default=None,
+                     help="precomputed unit-norm vectors, row i for line i: a .npy file or a .safetensors file "
+                          "with one [N, D] tensor (no encoder runs; a new bank records no encoder unless "
+                          "--encoder names one)")
+    imp.add_argument("--chunk", type=int_arg, default=50_000,
+                     help="with --embeddings: cases per transaction (default: 50000)")
     add_encoder_options(imp.add_argument_group("encoder (used when the bank is created)"))
     add_storage_options(imp)
 
@@ -217,6 +227,8 @@ def _copy(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     refuse_artifact(args.bank)
     cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
+    if args.embeddings is not None:
+        return _import_embeddings(args, cases)
     if bank_exists(args.bank, options=bank_options(args)):
         bank, encoder = open_bank(args.bank, options=bank_options(args)), None
     else:
@@ -234,6 +246,36 @@ def _import(args: argparse.Namespace) -> int:
         added = len(bank) - before
         print(f"imported {added} case(s) from {args.file} into {bank.path} "
               f"({len(cases) - added} duplicate(s) skipped; {len(bank)} in the bank)")
+    return EXIT_OK
+
+
+def _import_embeddings(args: argparse.Namespace, cases: list[Any]) -> int:
+    """``bank import FILE --embeddings VECS``: the vectors given, checked whole before the bank is created or
+    opened, then added a chunk per transaction (:mod:`memento.memory.bulk`)."""
+    from memento.memory.bulk import check_embeddings, import_with_embeddings, read_embeddings
+
+    check_count("--chunk", args.chunk, 1, 10_000_000)
+    vectors = read_embeddings(args.embeddings)
+    where = f"{args.embeddings} (for {args.file})"
+    check_embeddings(vectors, len(cases), int(vectors.shape[1]) if vectors.ndim == 2 else 0, where)
+    if bank_exists(args.bank, options=bank_options(args)):
+        bank = open_bank(args.bank, options=bank_options(args))
+    else:  # the bank records an encoder only when one is named (then its dim must be the vectors')
+        bank, encoder = _create_bank(args, None if args.encoder else int(vectors.shape[1]))
+        if encoder is not None and encoder.dim != vectors.shape[1]:
+            bank.close()
+            raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, {args.embeddings} holds "
+                                 f"dim={vectors.shape[1]} vectors")
+        print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
+    with bank:
+        try:
+            bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
+        except DataFormatError as error:
+            raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
+        added = import_with_embeddings(bank, cases, vectors, allow_duplicates=args.allow_duplicates,
+                                       chunk=args.chunk, where=where, checked=True)
+        print(f"imported {added} case(s) from {args.file} into {bank.path} "
+              f"({len(cases) - added} already stored or duplicate(s) skipped; {len(bank)} in the bank)")
     return EXIT_OK
 
 

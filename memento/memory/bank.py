@@ -687,6 +687,19 @@ class FaissVectors:
             self._index.train(self._take(sample) if sample is not None else self._embeddings_ND(), self._rng)
             self._fill(0)
 
+    def train_on(self, vectors_ND: np.ndarray) -> bool:
+        """Train the untrained index on a sample of ``vectors_ND`` (any array, e.g. a memory map: only the sample
+        is read) and add the bank's rows to it; False when the index is trained already, needs no training, or
+        ``vectors_ND`` and the bank together are fewer than it trains on."""
+        if self._index.is_trained or self._count + len(vectors_ND) < self._index.min_train:
+            return False
+        positions = self._index.train_sample(len(vectors_ND), self._rng)
+        sample = vectors_ND if positions is None else vectors_ND[positions]
+        self._index.train(np.asarray(sample, dtype=np.float32), self._rng)
+        self._fill(0)
+        self._dirty = True
+        return True
+
     def added(self, rows: Sequence[NewRow]) -> None:
         emb_MD = np.stack([r.vector_D for r in rows])
         first_new = self._count
@@ -896,6 +909,20 @@ class CaseBank(BankFront):
             conn.close()
             raise
         return cls(rows, vectors, SqliteFeatures(rows, config.dim), config=config, uid=uid, read_only=read_only)
+
+
+    def train_index(self, vectors_ND: Any) -> bool:
+        """Train this bank's index (IVF, PQ...) on a sample of ``vectors_ND`` ``[N, D]``, unit-norm vectors like
+        those about to be added, before adding them (``memento bank import --embeddings``): the adds then only
+        encode. False (nothing done) when the index is trained already, needs no training, or the bank and
+        ``vectors_ND`` together are fewer vectors than it needs; the bank otherwise trains on its own rows
+        once it holds enough."""
+        self._check_writable()
+        shape = np.shape(vectors_ND)
+        if len(shape) != 2 or shape[1] != self.dim:
+            raise DimensionError(f"train_index takes [N, {self.dim}] vectors, got shape {tuple(shape)}")
+        assert isinstance(self._index, FaissVectors)
+        return self._index.train_on(vectors_ND)
 
 
 def _read_meta(path: Path, conn: sqlite3.Connection, *, dim: int | None,

@@ -276,7 +276,7 @@ def validate_query(query: Any, dim: int) -> np.ndarray:
 
 def case_meta_json(case: Case) -> str:
     """A case's meta as the banks store it (JSON, keys sorted, UTF-8 kept)."""
-    return json.dumps(case.meta, ensure_ascii=False, sort_keys=True)
+    return json.dumps(case.meta, ensure_ascii=False, sort_keys=True) if case.meta else "{}"
 
 
 class BankFront:
