@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import mmap
 import os
 import sqlite3
 import threading
@@ -67,7 +68,7 @@ from memento.memory.index import FaissIndex, exact_topk
 from memento.memory.where import Scope, Where
 from memento.types import SCOPE_FIELDS, Case, shown
 
-__all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "CaseBank", "FaissVectors", "SqliteFeatures",
+__all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "DERIVED_NAMES", "CaseBank", "FaissVectors", "SqliteFeatures",
            "SqliteRows", "VectorFile"]
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,12 @@ INDEX_NAME = "index.faiss"
 INDEX_META_NAME = "index.json"
 VECTORS_NAME = "vectors.f32"
 VECTORS_META_NAME = "vectors.json"
+DERIVED_NAMES = (INDEX_NAME, INDEX_META_NAME, VECTORS_NAME, VECTORS_META_NAME)
+"""The files beside cases.sqlite that the bank rebuilds from it (a copy of a bank copies those that exist)."""
 _FILL_CHUNK = 32_768  # rows per pass over a bank's vectors (filling the index, loading the codes)
+_RESIDENT_BUDGET = 64 << 20  # bytes of vectors.f32 pages read through the map before they are dropped from it
+_PAGE = mmap.PAGESIZE
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 _CHUNK = 900  # below SQLite's bound on host parameters
 
 _SCHEMA = """
@@ -469,6 +475,8 @@ class VectorFile:
         self._uid, self._dim = uid, dim
         self._row_bytes = 4 * dim
         self._map: np.ndarray | None = None
+        self._mmap: mmap.mmap | None = None
+        self._touched = 0  # rows read through the map since its pages were last dropped
 
     def _owned(self) -> bool:
         try:
@@ -497,7 +505,7 @@ class VectorFile:
             for start in range(have, count, _FILL_CHUNK):
                 _, _, emb, _ = rows.mirror(start, min(count, start + _FILL_CHUNK))
                 self.append(emb)
-        self._map = None
+        self._map = self._mmap = None
 
     def append(self, emb_ND: np.ndarray) -> None:
         with open(self.path, "ab") as out:
@@ -505,16 +513,31 @@ class VectorFile:
 
     def truncate(self, n: int) -> None:
         os.truncate(self.path, n * self._row_bytes)
-        self._map = None
+        self._map = self._mmap = None
 
     def view(self, n: int) -> np.ndarray:
-        """Rows ``0..n-1`` memory-mapped (read-only)."""
+        """Rows ``0..n-1`` memory-mapped (read-only; a plain array over the map, faster to index than np.memmap)."""
         if n == 0:
             return np.zeros((0, self._dim), dtype=np.float32)
         if self._map is None or self._map.shape[0] < n:
-            rows = self.path.stat().st_size // self._row_bytes  # a plain array over the map: faster to index
-            self._map = np.memmap(self.path, dtype="<f4", mode="r", shape=(rows, self._dim)).view(np.ndarray)
+            rows = self.path.stat().st_size // self._row_bytes
+            with open(self.path, "rb") as handle:
+                self._mmap = mmap.mmap(handle.fileno(), rows * self._row_bytes, access=mmap.ACCESS_READ)
+            self._map = np.frombuffer(self._mmap, dtype="<f4").reshape(rows, self._dim)
+            self._touched = 0
         return self._map[:n]
+
+    def take(self, positions: np.ndarray, n: int) -> np.ndarray:
+        """The rows at ``positions`` (any shape, all < ``n``) as a new array. The pages read stay mapped, and count
+        as the process's resident memory, until :data:`_RESIDENT_BUDGET` bytes of them were read: then they are
+        dropped from the map (``MADV_DONTNEED``; the kernel's page cache keeps them), so RSS stays bounded
+        however many queries a large bank answers."""
+        out = self.view(n)[positions]
+        self._touched += out.size * 4 // self._row_bytes
+        if self._touched * _PAGE > _RESIDENT_BUDGET and self._mmap is not None and _DONTNEED is not None:
+            self._mmap.madvise(_DONTNEED)
+            self._touched = 0
+        return out
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` read into memory (not mapped)."""
@@ -523,7 +546,7 @@ class VectorFile:
                                                                                                     copy=False)
 
     def close(self) -> None:
-        self._map = None
+        self._map = self._mmap = None
 
 
 class FaissVectors:
@@ -657,10 +680,10 @@ class FaissVectors:
         if self._file is None:
             return self._embeddings_ND()[positions]
         if not len(self._tail_ND):
-            return np.asarray(self._file.view(self._count)[positions], dtype=np.float32)
+            return self._file.take(positions, self._count)
         out = np.empty((*np.shape(positions), self.config.dim), dtype=np.float32)
         in_file = positions < self._file_rows
-        out[in_file] = self._file.view(self._file_rows)[positions[in_file]]
+        out[in_file] = self._file.take(positions[in_file], self._file_rows)
         out[~in_file] = self._tail_ND[positions[~in_file] - self._file_rows]
         return out
 
@@ -742,9 +765,11 @@ class FaissVectors:
         if self._file is not None:
             self._file.truncate(n)
             self._file_rows = n
+        self._dirty = True
+        if self._index.is_trained and self._index.truncate(n):
+            return  # trained as before: a resumed run searches the codes the uninterrupted one did
         self._index = FaissIndex(self.config.index, self.config.dim, use_gpu=self._use_gpu)
         self._train_and_fill(0)
-        self._dirty = True
 
     def _live_mask(self, dead_N: np.ndarray) -> np.ndarray | None:
         """``~deleted`` over positions ``0..count-1`` (cached while the store hands the same array), or None."""

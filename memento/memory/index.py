@@ -100,6 +100,17 @@ def _faiss_reason(error: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _centroids(index: faiss.Index) -> int:
+    """The centroids of the largest quantizer ``index`` trains: its IVF lists or its product quantizer's codes
+    (``2 ** nbits`` per sub-quantizer); 0 for an index with neither (HNSW, Flat, SQ)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    inner = faiss.downcast_index(ivf if ivf is not None else index)
+    while isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    pq = getattr(inner, "pq", None)
+    return max(int(ivf.nlist) if ivf is not None else 0, 1 << int(pq.nbits) if pq is not None else 0)
+
+
 class FaissIndex:
     """A faiss index over bank positions ``0..ntotal-1`` with inner-product metric."""
 
@@ -119,9 +130,9 @@ class FaissIndex:
         self._apply_search_knobs()
         self._use_gpu = use_gpu and gpu_available()
         self._gpu_index: faiss.Index | None = None
-        ivf = faiss.try_extract_index_ivf(self.index)
-        # faiss warns below 39 training points per centroid; below that, searches stay exact
-        self.min_train = 39 * int(ivf.nlist) if ivf is not None else 10_000
+        # faiss warns below 39 training points per centroid (IVF lists, PQ codes); below that, searches stay exact
+        centroids = _centroids(self.index)
+        self.min_train = 39 * centroids if centroids else 10_000
 
     @classmethod
     def from_faiss(cls, index: faiss.Index, config: IndexConfig, *, use_gpu: bool = False) -> FaissIndex:
@@ -153,10 +164,10 @@ class FaissIndex:
         return bool(self.index.is_trained)
 
     def train_sample(self, n: int, rng: np.random.Generator) -> np.ndarray | None:
-        """The sorted positions of ``n`` vectors that :meth:`train` uses (at most 64 points per IVF centroid,
-        100,000 otherwise), or None for all of them."""
-        ivf = faiss.try_extract_index_ivf(self.index)
-        cap = 64 * int(ivf.nlist) if ivf is not None else 100_000
+        """The sorted positions of ``n`` vectors that :meth:`train` uses (at most 64 points per centroid of its
+        largest quantizer, IVF lists or PQ codes; 100,000 otherwise), or None for all of them."""
+        centroids = _centroids(self.index)
+        cap = 64 * centroids if centroids else 100_000
         return np.sort(rng.choice(n, size=cap, replace=False)) if n > cap else None
 
     def train(self, vectors_ND: np.ndarray, rng: np.random.Generator) -> None:
@@ -182,6 +193,18 @@ class FaissIndex:
                             f"({_faiss_reason(error)})") from None
         if self._gpu_index is not None:
             self._gpu_index.add(vectors_ND)
+
+    def truncate(self, n: int) -> bool:
+        """Remove positions ``n..ntotal-1``, keeping what the index was trained on (IVF, PQ, Flat); False when
+        this index cannot remove vectors (HNSW), which is then rebuilt by its owner."""
+        if n >= self.ntotal:
+            return True
+        try:
+            self.index.remove_ids(faiss.IDSelectorRange(n, self.ntotal))
+        except RuntimeError:
+            return False
+        self._gpu_index = None
+        return self.ntotal == n
 
     def _searcher(self) -> faiss.Index:
         if not self._use_gpu:

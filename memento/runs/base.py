@@ -258,14 +258,15 @@ def run_bank(target: Path, dim: int, *, bank_dir: Path | str | None, index: str,
              device: torch.device) -> CaseBank:
     """A run's fresh bank at ``target``: a copy of the bank named ``bank_dir`` (a directory or ``milvus:URI``,
     :func:`memento.memory.uri.open_bank`; read only, not changed; its index factory and encoder win), or an empty
-    one with ``index``. A seed bank of another dimension is a :class:`DimensionError` naming both."""
+    one with ``index``. A seed bank of another dimension is a :class:`DimensionError` naming both. The copy keeps
+    where the seed keeps its vectors (``BankConfig.vectors``)."""
     if bank_dir is None:
         return CaseBank.create(target, dim, index=index, encoder=encoder_config, use_gpu=use_gpu_for(device))
     with open_bank(bank_dir, read_only=True) as seed:
         if seed.dim != dim:
             raise DimensionError(f"{bank_dir}: the seed bank holds dim={seed.dim} vectors, the encoder gives dim={dim}")
         bank = CaseBank.create(target, dim, index=seed.config.index, encoder=seed.config.encoder or encoder_config,
-                               use_gpu=use_gpu_for(device))
+                               use_gpu=use_gpu_for(device), vectors=seed.config.vectors)
         try:
             cases = list(seed.iter_cases())
             if cases:

@@ -13,6 +13,7 @@ An exported selector is a directory::
     learner/             SoftQLearner.save: both networks, optimiser state, alpha, update counter, generator
     replay/              ReplayBuffer.save: the decisions the learner samples from
     bank/                the case bank: cases.sqlite (cases + float32 embeddings), index.faiss, index.json
+                         (and vectors.f32, vectors.json for a bank with vectors on disk)
     feedback.sqlite      the feedback log: one row per Selector.feedback (live, see below)
     README.md            a model card generated from the source run and the artifact's own counts
 
@@ -99,7 +100,7 @@ from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
 from memento.memory import rows as bank_rows
-from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION, CaseBank
+from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION, DERIVED_NAMES, CaseBank
 
 __all__ = [
     "BANK_DB",
@@ -110,6 +111,7 @@ __all__ = [
     "MANIFEST_NAME",
     "POLICY_FORMAT",
     "POLICY_NAME",
+    "REBUILT_FILES",
     "REQUIRED_FILES",
     "SELECTOR_FORMAT",
     "SELECTOR_FORMAT_VERSION",
@@ -173,6 +175,9 @@ LIVE_FILES = (BANK_DB, FEEDBACK_NAME)
 """SQLite files that grow between saves (new cases, feedback)."""
 DERIVED_FILES = (f"{BANK_DIR}/index.faiss", f"{BANK_DIR}/index.json")
 """Rebuilt from cases.sqlite by the bank when stale; they change when cases are added."""
+REBUILT_FILES = tuple(f"{BANK_DIR}/{name}" for name in DERIVED_NAMES)
+"""The :data:`DERIVED_FILES` and, for a bank with its vectors on disk, vectors.f32 and vectors.json: all that the
+bank rebuilds from cases.sqlite."""
 
 _SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 _HASH_CHUNK = 1 << 20
@@ -855,7 +860,7 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         if rel in LIVE_FILES:
             continue
         path = root / rel
-        derived_may_differ = rel in DERIVED_FILES and cases_appended
+        derived_may_differ = rel in REBUILT_FILES and cases_appended
         if not path.is_file():
             if derived_may_differ:
                 continue
@@ -1410,7 +1415,7 @@ def save_copy(root: Path, target: Path, parts: LiveParts, previous: dict[str, An
         parts.bank.flush()
         (tmp / BANK_DIR).mkdir()
         sqlite_copy(root / BANK_DB, tmp / BANK_DB)
-        for name in DERIVED_FILES:
+        for name in REBUILT_FILES:
             if (root / name).is_file():
                 shutil.copy2(root / name, tmp / name)
         sqlite_copy(root / FEEDBACK_NAME, tmp / FEEDBACK_NAME)

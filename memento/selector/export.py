@@ -49,6 +49,7 @@ from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
 from memento.memory import CaseBank, bank_exists, copy_bank, parse_bank_uri
 from memento.memory import rows as bank_rows
+from memento.memory.bank import DERIVED_NAMES
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
 from memento.selector.artifact import BANK_DIR, MANIFEST_NAME, EncoderSpec, SelectorConfig
@@ -180,7 +181,7 @@ def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
         raise CheckpointError(f"{src.bank_dir}: the run's case bank is missing (no cases.sqlite)")
     dst.mkdir(parents=True)
     sqlite_copy(db, dst / "cases.sqlite")
-    for name in ("index.faiss", "index.json"):
+    for name in DERIVED_NAMES:
         if (src.bank_dir / name).is_file():
             shutil.copy2(src.bank_dir / name, dst / name)
     truncated = False
@@ -310,7 +311,7 @@ def _stage_bank(where: Any, dst: Path, bank_options: Any | None) -> None:
     they are (usage statistics and action vectors included), a Milvus bank's rows, ids, positions and vectors."""
     if where.path is not None:
         sqlite_copy(where.path / "cases.sqlite", dst / "cases.sqlite")
-        for name in ("index.faiss", "index.json"):
+        for name in DERIVED_NAMES:
             if (where.path / name).is_file():
                 shutil.copy2(where.path / name, dst / name)
     else:

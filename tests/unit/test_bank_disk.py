@@ -17,7 +17,7 @@ from memento.types import Case
 from tests.conftest import unit_vectors
 
 DIM = 16
-PQ = "IVF8,PQ4x4"  # 4-bit codes: trains in milliseconds (8-bit PQ needs 256 x 39 points per sub-quantizer)
+PQ = "IVF8,PQ4x4"  # 4-bit codes train in milliseconds, on 39 x 16 = 624 points or more
 
 
 def clustered(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
@@ -48,7 +48,7 @@ def test_config_round_trip_and_old_banks_read_as_ram() -> None:
 
 def test_disk_bank_answers_as_the_ram_bank(tmp_path: Path) -> None:
     """Same vectors, same seed: the same trained index, the same hits and the same candidate vectors."""
-    emb = clustered(np.random.default_rng(0), 600)
+    emb = clustered(np.random.default_rng(0), 700)
     q = emb[:5] + 0.01
     with make(tmp_path / "ram", emb, "ram") as ram, make(tmp_path / "disk", emb, "disk") as disk:
         assert disk.stats()["vectors"] == "disk" and disk.stats()["index_trained"]
@@ -84,20 +84,20 @@ def test_refine_reranks_by_exact_vectors(tmp_path: Path) -> None:
 
 
 def test_file_is_repaired_from_sqlite(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    emb = clustered(np.random.default_rng(2), 500)
+    emb = clustered(np.random.default_rng(2), 700)
     make(tmp_path / "b", emb, "disk").close()
     path = tmp_path / "b" / VECTORS_NAME
     row = 4 * DIM
     with open(path, "r+b") as f:  # a crash after SQLite committed: the last rows missing, one torn
-        f.truncate(480 * row + 7)
+        f.truncate(680 * row + 7)
     with CaseBank.open(tmp_path / "b") as bank:
         assert "behind SQLite" in caplog.text
-        assert path.stat().st_size == 500 * row
-        np.testing.assert_array_equal(bank.candidates(emb[499], 1).embeddings_CD[0], emb[499])
+        assert path.stat().st_size == 700 * row
+        np.testing.assert_array_equal(bank.embeddings(bank.ids_at([699]))[0], emb[699])
     with open(path, "ab") as f:  # rows SQLite does not hold (an add rolled back after the file write)
         f.write(emb[:3].tobytes())
     CaseBank.open(tmp_path / "b").close()
-    assert path.stat().st_size == 500 * row
+    assert path.stat().st_size == 700 * row
     (tmp_path / "b" / VECTORS_META_NAME).write_text('{"uid": "another bank", "dim": 16}')
     with CaseBank.open(tmp_path / "b") as bank:  # a file of another bank is rebuilt
         np.testing.assert_array_equal(np.fromfile(path, dtype="<f4").reshape(-1, DIM), emb)
