@@ -66,7 +66,6 @@ from memento.config import (
     QNetConfig,
     VectorStore,
     check,
-    check_choice,
     check_factory,
     check_int_tuple,
     check_ints,
@@ -97,7 +96,8 @@ class SelectBenchConfig:
     - ``archs``: Q-network architectures for the soft-Q policy (``hidden`` units, temperature ``alpha``);
     - ``queries``: timed single queries per (size, setting, policy), after 5 warm-up queries;
     - ``nprobe``: the IVF ``nprobe`` values searched (an IVF factory), one setting each;
-    - ``vectors``: where the banks keep their float32 vectors (``BankConfig.vectors``: ``ram`` or ``disk``);
+    - ``vectors``: where the banks keep their float32 vectors (``BankConfig.vectors``: ``ram``, ``disk``), one bank
+      of each size per value, built and measured one after the other;
     - ``refine``: the ``IndexConfig.refine`` values (re-rank ``refine * C`` index hits by their exact vectors)
       searched with each ``ef_search``/``nprobe`` value at the approximate sizes, one setting each;
     - ``chunk``: vectors drawn and added per chunk (the most the bench itself holds at once);
@@ -118,7 +118,7 @@ class SelectBenchConfig:
     exact_max: int = 20_000
     ef_search: tuple[int, ...] = (64,)
     nprobe: tuple[int, ...] = (32,)
-    vectors: VectorStore = "ram"
+    vectors: tuple[VectorStore, ...] = ("ram",)
     refine: tuple[int, ...] = (1,)
     archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
     hidden: int = 512
@@ -148,7 +148,8 @@ class SelectBenchConfig:
         check_int_tuple(self, "ef_search", 1, MAX_EF_SEARCH)
         check_int_tuple(self, "nprobe", 1, MAX_NLIST)
         check_int_tuple(self, "refine", 1, MAX_REFINE)
-        check_choice(self, "vectors", VectorStore)
+        check(distinct_choices(self.vectors, VectorStore), cls, "vectors", self.vectors,
+              f"need distinct values from {get_args(VectorStore)}")
         check(distinct_choices(self.archs, QNetArch), cls, "archs", self.archs,
               f"need distinct values from {get_args(QNetArch)}")
         check(self.data in ("uniform", "clustered"), cls, "data", self.data, "must be 'uniform' or 'clustered'")
@@ -390,7 +391,7 @@ def _timed_training(faiss_index: FaissIndex | None, spent: list[float]) -> None:
     faiss_index.train = timed  # type: ignore[method-assign]
 
 
-def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
+def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
                   policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
     [(_, queries_QD)] = vector_chunks(config.seed, 1, config.queries, config.dim, config.data, config.queries)
     c = min(config.candidates, n)
@@ -400,9 +401,9 @@ def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, r
                                  queries_QD[:recall_q], c)
     exact_s = time.perf_counter() - t0
     factory = config.factory_for(n)
-    path = root / f"bank-{n}"
+    path = root / f"bank-{n}-{vectors}"
     logger.info("bench select: n=%d factory=%s: building", n, factory)
-    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed, vectors=config.vectors)
+    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed, vectors=vectors)
     try:
         train_spent: list[float] = []
         _timed_training(_faiss_of(bank), train_spent)
@@ -412,7 +413,7 @@ def _measure_size(n: int, config: SelectBenchConfig, rng: np.random.Generator, r
         first_query_s = time.perf_counter() - t0
         after_build = _memory_mib()
         row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
-                               "vectors": config.vectors,
+                               "vectors": vectors,
                                "build_s": build_s, "add_per_s": n / build_s, "first_query_s": first_query_s,
                                "train_s": sum(train_spent) if train_spent else None, "chunk": config.chunk,
                                "recall_queries": recall_q, "exact_topk_s": exact_s,
@@ -470,7 +471,8 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         for n in config.measured_sizes:
-            results["results"].append(_measure_size(n, config, rng, root, policies))
+            for vectors in config.vectors:
+                results["results"].append(_measure_size(n, vectors, config, rng, root, policies))
             if out is not None:
                 write_results(out, results)
     finally:
@@ -479,7 +481,7 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     if config.reference_size:
         logger.info("bench select: reference at n=%d", config.reference_size)
         reference = _time_reference(config)
-        row = next(r for r in results["results"] if r["n"] == config.reference_size)
+        row = next(r for r in results["results"] if r["n"] == config.reference_size)  # the first store's
         soft_q = {p["arch"]: p["p50_ms"] for p in row["settings"][0]["policies"] if p["policy"] == "soft_q"}
         reference["soft_q_p50_ms"] = soft_q
         reference["ratio"] = {arch: reference["p50_ms"] / ms for arch, ms in soft_q.items()}

@@ -127,9 +127,9 @@ def _add_select(suites: Any) -> None:
                     help="largest bank that uses Flat, exact search (default: 20000)")
     bs.add_argument("--ef-search", type=int_arg, nargs="+", default=[64], help="HNSW efSearch values (default: 64)")
     bs.add_argument("--nprobe", type=int_arg, nargs="+", default=[32], help="IVF nprobe values (default: 32)")
-    bs.add_argument("--vectors", choices=["ram", "disk"], default="ram",
+    bs.add_argument("--vectors", choices=["ram", "disk"], nargs="+", default=["ram"],
                     help="where the banks keep their float32 vectors: in RAM, or in a memory-mapped file read by "
-                         "position (default: ram)")
+                         "position; one bank per value and size (default: ram)")
     bs.add_argument("--refine", type=int_arg, nargs="+", default=[1],
                     help="re-rank REFINE x C index hits by their exact vectors, one setting per value, at the sizes "
                          "above --exact-max (default: 1, the index's own order)")
@@ -155,8 +155,8 @@ def _add_select(suites: Any) -> None:
 def _run_select(args: argparse.Namespace) -> int:
     config = SelectBenchConfig(
         sizes=tuple(args.sizes), k=args.k, candidates=args.candidates, factory=args.factory,
-        exact_max=args.exact_max, ef_search=tuple(args.ef_search), nprobe=tuple(args.nprobe), vectors=args.vectors,
-        refine=tuple(args.refine), archs=tuple(args.archs),
+        exact_max=args.exact_max, ef_search=tuple(args.ef_search), nprobe=tuple(args.nprobe),
+        vectors=tuple(args.vectors), refine=tuple(args.refine), archs=tuple(args.archs),
         data=args.data, dim=args.dim, queries=args.queries, chunk=args.chunk, recall_queries=args.recall_queries,
         reference_size=args.reference_size,
         reference_queries=args.reference_queries, torch_threads=args.torch_threads, seed=args.seed)

@@ -132,3 +132,21 @@ def test_select_cli_takes_chunk_nprobe_and_recall_queries(tmp_path, capsys):
     assert "| 1,200 | IVF8,Flat | nprobe=2 |" in capsys.readouterr().out
     assert main(["bench", "select", "--chunk", "0", "--json", str(out)]) == 2
     assert "SelectBenchConfig.chunk" in capsys.readouterr().err
+
+
+def test_select_compares_ram_and_disk_banks_and_refine(tmp_path, capsys):
+    out = tmp_path / "select.json"
+    assert main(["bench", "select", "--sizes", "1500", "--dim", "16", "--queries", "10", "--candidates", "16",
+                 "--archs", "mlp", "--reference-size", "0", "--chunk", "500", "--recall-queries", "8",
+                 "--exact-max", "1000", "--factory", "IVF8,PQ4x4", "--nprobe", "8", "--vectors", "ram", "disk",
+                 "--refine", "1", "4", "--json", str(out), "--workdir", str(tmp_path)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["n"], r["vectors"]) for r in rows] == [(1500, "ram"), (1500, "disk")]
+    for row in rows:
+        assert [(s["value"], s["refine"]) for s in row["settings"]] == [(8, 1), (8, 4)]
+        plain, refined = row["settings"]
+        assert refined["recall_at_c"] > plain["recall_at_c"]  # 4-bit codes rank coarsely; exact re-ranking helps
+    assert [s["recall_at_c"] for s in rows[0]["settings"]] == [s["recall_at_c"] for s in rows[1]["settings"]]
+    printed = capsys.readouterr().out
+    assert "| 1,500 | IVF8,PQ4x4 (disk) | nprobe=8, refine=4 |" in printed
+    assert not list(tmp_path.glob("memento-bench-*"))  # the banks are removed
