@@ -35,6 +35,7 @@ the gap.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -102,7 +103,8 @@ class SelectBenchConfig:
       searched with each ``ef_search``/``nprobe`` value at the approximate sizes, one setting each;
     - ``chunk``: vectors drawn and added per chunk (the most the bench itself holds at once);
     - ``recall_queries``: the first queries whose exact top-C is streamed over the chunks for the recall;
-    - ``torch_threads``: torch intra-op threads while selections are timed (0: torch's default, one
+    - ``torch_threads``: torch intra-op threads, and numpy's BLAS threads, while selections are timed (0: the
+      libraries' defaults, one
       per core). One query scores only C candidates: ops too small to gain from threads, and on a
       2-core machine with any other load, 2 threads make each op wait for a descheduled thread
       (20-40x slower in our runs). The reference always runs with torch's default;
@@ -391,6 +393,43 @@ def _timed_training(faiss_index: FaissIndex | None, spent: list[float]) -> None:
     faiss_index.train = timed  # type: ignore[method-assign]
 
 
+def _blas_threads(threads: int) -> Any:
+    """numpy's BLAS (it runs the MLP Q-network's products on the CPU) held to ``threads`` while selections are timed,
+    as torch is (``torch_threads``; 0 leaves it as it is)."""
+    if not threads:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
+def _measure_setting(bank: Any, knob: str | None, value: int | None, refine: int, n: int, c: int, recall_q: int,
+                     queries_QD: np.ndarray, truth_QC: np.ndarray, config: SelectBenchConfig,
+                     rng: np.random.Generator, policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
+    """One search setting of a built bank: raw faiss next to the bank's candidates, then every policy."""
+    bank.set_search_params(refine=refine, **({knob: value} if knob else {}))
+    setting: dict[str, Any] = {"param": knob, "value": value, "refine": refine, "policies": []}
+    faiss_index = _faiss_of(bank)
+    if faiss_index is not None and faiss_index.is_trained and faiss_index.ntotal == n:
+        peers, labels = _time_peers(bank, faiss_index.index, queries_QD, c, recall_q)
+        setting.update(peers, faiss_recall_at_c=_recall(labels, truth_QC))
+    else:  # an index still untrained (too few vectors): the bank searches exactly, faiss has no peer
+        setting.update(faiss_alone=None, bank_candidates=None, candidates_over_faiss_p50=None,
+                       candidates_over_faiss_p99=None, faiss_recall_at_c=None)
+    recall = None
+    for name, arch, policy in policies:
+        timing, found = _time_policy(bank, policy, queries_QD, config, rng)
+        if recall is None:
+            recall = _recall(found[:recall_q], truth_QC)
+        setting["policies"].append({"policy": name, "arch": arch, **timing})
+    setting["recall_at_c"] = recall
+    similarity = next(p["p50_ms"] for p in setting["policies"] if p["policy"] == "similarity")
+    setting["softq_over_similarity_p50"] = {p["arch"]: p["p50_ms"] / similarity
+                                            for p in setting["policies"] if p["policy"] == "soft_q"}
+    logger.info("bench select: n=%d %s", n, setting)
+    return setting
+
+
 def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
                   policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
     [(_, queries_QD)] = vector_chunks(config.seed, 1, config.queries, config.dim, config.data, config.queries)
@@ -421,28 +460,10 @@ def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: 
         knob = "ef_search" if "HNSW" in factory else "nprobe" if "IVF" in factory else None
         values = config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe" else (None,)
         refines = config.refine if factory != "Flat" else (1,)
-        for value, refine in [(value, refine) for value in values for refine in refines]:
-            bank.set_search_params(refine=refine, **({knob: value} if knob else {}))
-            setting: dict[str, Any] = {"param": knob, "value": value, "refine": refine, "policies": []}
-            faiss_index = _faiss_of(bank)
-            if faiss_index is not None and faiss_index.is_trained and faiss_index.ntotal == n:
-                peers, labels = _time_peers(bank, faiss_index.index, queries_QD, c, recall_q)
-                setting.update(peers, faiss_recall_at_c=_recall(labels, truth_QC))
-            else:  # an index still untrained (too few vectors): the bank searches exactly, faiss has no peer
-                setting.update(faiss_alone=None, bank_candidates=None, candidates_over_faiss_p50=None,
-                               candidates_over_faiss_p99=None, faiss_recall_at_c=None)
-            recall = None
-            for name, arch, policy in policies:
-                timing, found = _time_policy(bank, policy, queries_QD, config, rng)
-                if recall is None:
-                    recall = _recall(found[:recall_q], truth_QC)
-                setting["policies"].append({"policy": name, "arch": arch, **timing})
-            setting["recall_at_c"] = recall
-            similarity = next(p["p50_ms"] for p in setting["policies"] if p["policy"] == "similarity")
-            setting["softq_over_similarity_p50"] = {p["arch"]: p["p50_ms"] / similarity
-                                                    for p in setting["policies"] if p["policy"] == "soft_q"}
-            row["settings"].append(setting)
-            logger.info("bench select: n=%d %s", n, setting)
+        with _blas_threads(config.torch_threads):
+            row["settings"] = [_measure_setting(bank, knob, value, refine, n, c, recall_q, queries_QD, truth_QC,
+                                                config, rng, policies)
+                               for value in values for refine in refines]
         after_select = _memory_mib()
         row["rss_after_select_mib"] = after_select["rss_mib"]
         row["peak_rss_mib"] = after_select["peak_rss_mib"]

@@ -58,7 +58,7 @@ import torch
 
 from memento.config import PolicyConfig
 from memento.errors import DataFormatError, DimensionError
-from memento.learn.qnet import QNetwork, eval_call
+from memento.learn.qnet import MLPQNetwork, QNetwork, eval_call
 from memento.memory import Candidates
 from memento.types import Selection
 
@@ -477,8 +477,9 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
     The network runs on ``device`` or, when ``None``, on the device of its first floating-point
     parameter or buffer (read at every call, so a moved network is followed; CPU for a parameterless
     one). A :class:`~memento.learn.qnet.QNetwork` scores through :meth:`~memento.learn.qnet.QNetwork.score`
-    (the eval-mode values, its mode untouched); any other module is put in ``eval()`` mode for the call
-    and its training flag restored afterwards.
+    (the eval-mode values, its mode untouched), an MLP network on the CPU in float32 through its numpy twin
+    :meth:`~memento.learn.qnet.MLPQNetwork.numpy_scores` (the same values to float32 rounding, faster for one
+    state); any other module is put in ``eval()`` mode for the call and its training flag restored afterwards.
     """
     state = check_candidates(state_D, candidates)
     if isinstance(qnet, QNetwork):
@@ -491,6 +492,10 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
                 break
     where = device or where
     vectors = candidates.embeddings_CD if cases_CE is None else cases_CE
+    if isinstance(qnet, MLPQNetwork) and where.type == "cpu" and dtype == torch.float32:
+        fast_C = qnet.numpy_scores(state, np.asarray(vectors))
+        if fast_C is not None:
+            return np.array(fast_C, dtype=np.float64)
     with torch.inference_mode():
         state_BD = torch.as_tensor(state, dtype=dtype, device=where).unsqueeze(0)
         cases_BCD = torch.as_tensor(np.asarray(vectors), dtype=dtype, device=where).unsqueeze(0)

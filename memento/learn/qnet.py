@@ -50,6 +50,7 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -218,6 +219,45 @@ class MLPQNetwork(QNetwork):
         if type(self).forward is not MLPQNetwork.forward or not self._scores_fast():
             return super().score(state_BD, cases_BCD)
         return self._q(state_BD, cases_BCD, False, None, in_place=True)
+
+    def numpy_scores(self, state_D: np.ndarray, cases_CE: np.ndarray) -> np.ndarray | None:
+        """``q_C`` of one state, as :meth:`score` gives it (to float32 rounding), computed with numpy on the CPU;
+        None where that does not apply (parameters on another device or of another dtype, a subclass's forward,
+        forward hooks). One selection scores ~64 candidates: numpy's BLAS (OpenBLAS) runs these small products
+        faster than torch's CPU kernels, whose MKL takes a generic path on some CPUs (AMD's), and skips torch's
+        per-op dispatch (``memento bench select``; docs/benchmarks.md)."""
+        weight = self.state_in.weight
+        if (weight.device.type != "cpu" or weight.dtype != torch.float32
+                or type(self).forward is not MLPQNetwork.forward or not self._scores_fast()):
+            return None
+
+        def w(param: torch.Tensor) -> np.ndarray:
+            return param.detach().numpy()
+
+        s_D = np.asarray(state_D, dtype=np.float32)
+        cases = np.asarray(cases_CE, dtype=np.float32)
+        d = self.config.dim
+        if s_D.shape != (d,) or cases.ndim != 2 or cases.shape[1] != self.config.case_dim:
+            return None  # let score() raise its one error about the shapes
+        emb_CD = cases[:, :d]
+        x_CE = np.concatenate([cases, s_D * emb_CD, np.abs(s_D - emb_CD)], axis=1) if self.interact else cases
+        h_CH = x_CE @ w(self.case_in.weight).T
+        h_CH += w(self.state_in.weight) @ s_D + w(self.state_in.bias)
+        if self.features or self.anchored:  # as F.cosine_similarity: x.y / max(|x| |y|, eps)
+            norms_C = np.linalg.norm(emb_CD, axis=1) * np.linalg.norm(s_D)
+            cos_C = (emb_CD @ s_D) / np.maximum(norms_C, np.float32(1e-8))
+        if self.features:
+            h_CH += cos_C[:, None] * w(self.cos_in.weight)[:, 0]
+        np.maximum(h_CH, 0, out=h_CH)
+        for layer in self.hidden_layers:
+            h_CH = h_CH @ w(layer.weight).T + w(layer.bias)
+            np.maximum(h_CH, 0, out=h_CH)
+        q_C = h_CH @ w(self.out.weight)[0] + w(self.out.bias)[0]
+        if self.relation:  # (U s) . (V c)
+            q_C = q_C + (emb_CD @ w(self.relation_case.weight).T) @ (w(self.relation_state.weight) @ s_D)
+        if self.anchored:
+            q_C = q_C + w(self.anchor_scale) * cos_C + w(self.anchor_offset)
+        return q_C
 
     def _q(self, state_BD: torch.Tensor, cases_BCD: torch.Tensor, training: bool,
            generator: torch.Generator | None, *, in_place: bool) -> torch.Tensor:
