@@ -361,6 +361,27 @@ def _time_peers(bank: Any, faiss_index: Any, queries_QD: np.ndarray, c: int,
             "candidates_over_faiss_p99": cand["p99_ms"] / raw["p99_ms"]}, labels
 
 
+def _time_vector_reads(bank: Any, n: int, c: int, reads: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A disk bank's two ways to read the exact vectors of ``c`` random positions, timed interleaved ``reads``
+    times: through its memory map (what the bank does) and from SQLite (``SELECT embedding ... WHERE pos IN``)."""
+    vectors, conn = bank._index, bank._rows.conn  # noqa: SLF001 - the bench compares the bank's own parts
+    map_s, sql_s = np.empty(reads), np.empty(reads)
+    marks = ", ".join("?" * c)
+    for i in range(reads):
+        positions = np.sort(rng.choice(n, size=c, replace=False))
+        t0 = time.perf_counter()
+        from_map = vectors._take(positions)  # noqa: SLF001
+        t1 = time.perf_counter()
+        rows = conn.execute(f"SELECT pos, embedding FROM cases WHERE pos IN ({marks})", positions.tolist()).fetchall()
+        from_sql = np.frombuffer(b"".join(blob for _, blob in sorted(rows)), dtype=np.float32).reshape(c, -1)
+        t2 = time.perf_counter()
+        if i == 0 and not np.array_equal(from_map, from_sql):
+            raise AssertionError("vectors.f32 and SQLite disagree")  # never: the file is SQLite's copy
+        map_s[i], sql_s[i] = t1 - t0, t2 - t1
+    mapped, sql = _percentiles(map_s * 1e3), _percentiles(sql_s * 1e3)
+    return {"rows": c, "map": mapped, "sqlite": sql, "sqlite_over_map_p50": sql["p50_ms"] / mapped["p50_ms"]}
+
+
 def _add_chunks(bank: Any, n: int, config: SelectBenchConfig) -> float:
     """Add the ``n`` base vectors chunk by chunk (``_ADD_CHUNK`` cases per ``bank.add``); returns the seconds spent
     in ``bank.add`` (drawing the vectors is not timed)."""
@@ -464,6 +485,9 @@ def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: 
             row["settings"] = [_measure_setting(bank, knob, value, refine, n, c, recall_q, queries_QD, truth_QC,
                                                 config, rng, policies)
                                for value in values for refine in refines]
+            if vectors == "disk":
+                row["vector_reads"] = _time_vector_reads(bank, n, c, config.queries,
+                                                         np.random.default_rng((config.seed, n, 7)))
         after_select = _memory_mib()
         row["rss_after_select_mib"] = after_select["rss_mib"]
         row["peak_rss_mib"] = after_select["peak_rss_mib"]
@@ -560,6 +584,14 @@ def format_table(results: dict[str, Any]) -> str:
                          f"{num(row.get('build_s'), '.1f')} | {num(row.get('train_s'), '.1f')} | "
                          f"{num(row.get('rss_after_build_mib'), ',.0f')} | "
                          f"{num(row.get('rss_after_select_mib'), ',.0f')} | {num(row.get('peak_rss_mib'), ',.0f')} |")
+    reads = [row for row in results["results"] if row.get("vector_reads")]
+    if reads:
+        lines += ["", f"| N | index | read {c} vectors: map p50 (ms) | p99 (ms) | SQLite p50 (ms) | p99 (ms) | "
+                  "SQLite / map p50 |", "|---:|---|---:|---:|---:|---:|---:|"]
+        for row in reads:
+            r, mapped, sql = row["vector_reads"], row["vector_reads"]["map"], row["vector_reads"]["sqlite"]
+            lines.append(f"| {row['n']:,} | {_index(row)} | {mapped['p50_ms']:.3f} | {mapped['p99_ms']:.3f} | "
+                         f"{sql['p50_ms']:.3f} | {sql['p99_ms']:.3f} | {r['sqlite_over_map_p50']:.1f}x |")
     ref = results.get("reference")
     if ref:
         lines += ["", "| N | reference p50 (ms) | p99 (ms) | soft-Q arch | soft-Q p50 (ms) | ratio |",

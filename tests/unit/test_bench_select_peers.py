@@ -147,6 +147,10 @@ def test_select_compares_ram_and_disk_banks_and_refine(tmp_path, capsys):
         plain, refined = row["settings"]
         assert refined["recall_at_c"] > plain["recall_at_c"]  # 4-bit codes rank coarsely; exact re-ranking helps
     assert [s["recall_at_c"] for s in rows[0]["settings"]] == [s["recall_at_c"] for s in rows[1]["settings"]]
+    assert "vector_reads" not in rows[0]
+    reads = rows[1]["vector_reads"]
+    assert reads["rows"] == 16 and 0 < reads["map"]["p50_ms"] and 0 < reads["sqlite"]["p50_ms"]
     printed = capsys.readouterr().out
+    assert "SQLite / map p50" in printed
     assert "| 1,500 | IVF8,PQ4x4 (disk) | nprobe=8, refine=4 |" in printed
     assert not list(tmp_path.glob("memento-bench-*"))  # the banks are removed
