@@ -115,7 +115,8 @@ def add_parser(commands: Any) -> None:
     copy.add_argument("dst", metavar="DST", help="the new bank")
     add_bank_option(copy, "the bank to copy", required=True, metavar="SRC")
     copy.add_argument("--index", default=None,
-                      help="DST's index factory (default: SRC's; Milvus takes Flat, IVF<n>,Flat, HNSW<M>,Flat)")
+                      help="DST's index factory (default: SRC's; Milvus takes Flat, IVF<n>,Flat, IVF<n>,SQ8, "
+                           "HNSW<M>,Flat)")
     for action in (copy, create, imp, exp, search, stats):
         add_connect_timeout(action)
 

@@ -36,16 +36,16 @@ what it inserted and raises. Cost: one property update (Milvus Lite rewrites and
 file, 4-13 ms) per write; the insert path is unchanged. A bank made before the watermark has no such property
 (its count is the dense prefix) until its first write.
 
-**Index and flush.** The faiss factory string of the bank's :class:`IndexConfig` names the Milvus index:
-``Flat`` -> FLAT (exact), ``IVF<n>,Flat`` -> IVF_FLAT (nlist n; ``nprobe`` at search time), ``HNSW<M>[,Flat]``
--> HNSW (``ef`` = ``ef_search``). The index is declared when the collection is created; Milvus builds it per
-sealed segment. Milvus Lite answers from unsealed (unflushed) rows by brute force in Python: measured on 2
-cores with 384-dim vectors, a search over 20,000 unflushed rows takes ~520 ms, ~9 ms once flushed with
-IVF_FLAT; 100 unflushed rows add ~4 ms to every search and 1,000 add ~30 ms, and a flush costs ~11 ms + 0.1 ms
-per row. So a Milvus Lite bank flushes when ``MilvusOptions.flush_rows`` (256) rows are unflushed -- after
-an ``add`` that brings them there, so a bulk import seals once at its end and the online loop's one case per
-step seals every 256 steps -- and on ``flush()``/``close()``. A server seals segments itself (its growing
-segments are indexed in memory), so ``flush_rows`` is 0 there by default: no flush from memento.
+**Index and flush.** The faiss factory string of the bank's :class:`IndexConfig` names the Milvus index: ``Flat`` ->
+FLAT (exact), ``IVF<n>,Flat`` -> IVF_FLAT (nlist n; ``nprobe`` at search time), ``IVF<n>,SQ8`` -> IVF_SQ8 (8-bit
+scalar codes; Milvus Lite has no IVF_PQ), ``HNSW<M>[,Flat]`` -> HNSW (``ef`` = ``ef_search``). The index is declared
+when the collection is created; Milvus builds it per sealed segment. Milvus Lite answers from unsealed (unflushed)
+rows by brute force in Python: measured on 2 cores with 384-dim vectors, a search over 20,000 unflushed rows takes
+~520 ms, ~9 ms once flushed with IVF_FLAT; 100 unflushed rows add ~4 ms to every search and 1,000 add ~30 ms, and a
+flush costs ~11 ms + 0.1 ms per row. So a Milvus Lite bank flushes when ``MilvusOptions.flush_rows`` (256) rows are
+unflushed -- after an ``add`` that brings them there, so a bulk import seals once at its end and the online loop's
+one case per step seals every 256 steps -- and on ``flush()``/``close()``. A server seals segments itself (its
+growing segments are indexed in memory), so ``flush_rows`` is 0 there by default: no flush from memento.
 
 **What stays in this process.** Like a directory bank's mirror of ids, the bank keeps the ids, content hashes
 and tombstone flags of all rows in memory (loaded on first need: Milvus Lite answers a scalar filter such as
@@ -137,11 +137,14 @@ def milvus_index(factory: str) -> tuple[str, dict[str, Any]]:
     match = re.fullmatch(r"IVF(\d+),Flat", text)
     if match:
         return "IVF_FLAT", {"nlist": int(match.group(1))}
+    match = re.fullmatch(r"IVF(\d+),SQ8", text)  # 8-bit scalar codes: Milvus Lite's compressed index
+    if match:
+        return "IVF_SQ8", {"nlist": int(match.group(1))}
     match = re.fullmatch(r"HNSW(\d+)(,Flat)?", text)
     if match:
         return "HNSW", {"M": int(match.group(1)), "efConstruction": 200}
-    raise ConfigError(f"IndexConfig.factory={factory!r}: a Milvus bank takes 'Flat', 'IVF<nlist>,Flat' or "
-                      "'HNSW<M>,Flat'")
+    raise ConfigError(f"IndexConfig.factory={factory!r}: a Milvus bank takes 'Flat', 'IVF<nlist>,Flat', "
+                      "'IVF<nlist>,SQ8' or 'HNSW<M>,Flat'")
 
 
 def _pymilvus() -> Any:

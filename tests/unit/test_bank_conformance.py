@@ -528,11 +528,12 @@ def test_case_features_from_candidates(filled, rng) -> None:
 def test_bench_bank_runs_both_backends_side_by_side(tmp_path) -> None:
     from memento.bench.bank import BankBenchConfig, format_table, run_bank_bench
 
-    config = BankBenchConfig(sizes=(400,), factories=("Flat", "IVF{nlist},Flat"), dim=DIM, queries=10, k=8,
-                             nprobe=(64,), backends=("dir", "milvus"), op="candidates")
+    config = BankBenchConfig(sizes=(400,), factories=("Flat", "IVF{nlist},Flat", "IVF{nlist},SQ8"), dim=DIM,
+                             queries=10, k=8, nprobe=(64,), backends=("dir", "milvus"), op="candidates")
     results = run_bank_bench(config, out=tmp_path / "bench.json", workdir=tmp_path)
     rows = {(r["backend"], r["factory"]): r for r in results["results"]}
-    assert set(rows) == {("dir", "Flat"), ("dir", "IVF8,Flat"), ("milvus", "Flat"), ("milvus", "IVF8,Flat")}
+    assert set(rows) == {(backend, factory) for backend in ("dir", "milvus")
+                         for factory in ("Flat", "IVF8,Flat", "IVF8,SQ8")}  # SQ8: compressed codes on both
     for key in (("dir", "Flat"), ("milvus", "Flat")):  # exact on both backends
         assert rows[key]["search"][0]["recall@8"] == 1.0
     assert all(r["add_per_s"] > 0 and r["bytes"] > 0 for r in rows.values())
