@@ -74,7 +74,7 @@ from memento.config import (
 from memento.encoders import Encoder
 from memento.learn.qnet import build_qnet
 from memento.memory import CaseBank
-from memento.memory.index import FaissIndex
+from memento.memory.index import FaissIndex, use_gpu_for
 from memento.types import Case
 from policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 
@@ -108,6 +108,7 @@ class SelectBenchConfig:
       per core). One query scores only C candidates: ops too small to gain from threads, and on a
       2-core machine with any other load, 2 threads make each op wait for a descheduled thread
       (20-40x slower in our runs). The reference always runs with torch's default;
+    - ``device``: where the Q-networks score and, with faiss-gpu, where the banks search (``use_gpu_for``);
     - ``reference_size``: cases scored by the Memento-style reference (0: skip it), timed over
       ``reference_queries`` queries; the soft-Q latency it is compared with is measured at the same
       size (added to the sizes if missing).
@@ -133,6 +134,7 @@ class SelectBenchConfig:
     reference_size: int = 1_000
     reference_queries: int = 5
     torch_threads: int = 1
+    device: Literal["cpu", "cuda"] = "cpu"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -155,6 +157,7 @@ class SelectBenchConfig:
         check(distinct_choices(self.archs, QNetArch), cls, "archs", self.archs,
               f"need distinct values from {get_args(QNetArch)}")
         check(self.data in ("uniform", "clustered"), cls, "data", self.data, "must be 'uniform' or 'clustered'")
+        check(self.device in ("cpu", "cuda"), cls, "device", self.device, "must be 'cpu' or 'cuda'")
         alpha = self.alpha
         check(isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and bool(np.isfinite(alpha))
               and alpha > 0, cls, "alpha", alpha, "must be a finite number > 0")
@@ -262,12 +265,12 @@ def _time_reference(config: SelectBenchConfig) -> dict[str, Any]:
 
 
 def _make_policies(config: SelectBenchConfig) -> list[tuple[str, str | None, Any]]:
-    """``(policy, arch, Policy)``: similarity, then soft-Q per architecture, all on the CPU."""
+    """``(policy, arch, Policy)``: similarity, then soft-Q per architecture, its Q-network on ``config.device``."""
 
     out: list[tuple[str, str | None, Any]] = [("similarity", None, SimilarityPolicy())]
     for arch in config.archs:
         qnet = build_qnet(QNetConfig(arch=arch, dim=config.dim, hidden=config.hidden, seed=config.seed)).eval()
-        out.append(("soft_q", arch, SoftQPolicy(qnet, alpha=config.alpha, device="cpu")))
+        out.append(("soft_q", arch, SoftQPolicy(qnet.to(config.device), alpha=config.alpha, device=config.device)))
     return out
 
 
@@ -310,7 +313,7 @@ def _environment() -> dict[str, Any]:
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "faiss": faiss.__version__, "numpy": np.__version__, "torch": torch.__version__,
             "faiss_omp_threads": faiss.omp_get_max_threads(), "torch_default_threads": torch.get_num_threads(),
-            "policy_device": "cpu", "loadavg_start": list(os.getloadavg())}
+            "loadavg_start": list(os.getloadavg())}
 
 
 def _memory_mib() -> dict[str, float | None]:
@@ -463,7 +466,8 @@ def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: 
     factory = config.factory_for(n)
     path = root / f"bank-{n}-{vectors}"
     logger.info("bench select: n=%d factory=%s: building", n, factory)
-    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed, vectors=vectors)
+    bank = CaseBank.create(path, config.dim, index=factory, seed=config.seed, vectors=vectors,
+                           use_gpu=use_gpu_for(config.device))
     try:
         train_spent: list[float] = []
         _timed_training(_faiss_of(bank), train_spent)
@@ -512,6 +516,8 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     root = Path(tempfile.mkdtemp(prefix="memento-bench-", dir=workdir))
     default_threads = torch.get_num_threads()
     results["environment"]["select_torch_threads"] = config.torch_threads or default_threads
+    results["environment"]["policy_device"] = config.device
+    results["environment"]["faiss_gpu"] = use_gpu_for(config.device)
     try:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)

@@ -147,19 +147,22 @@ def _add_select(suites: Any) -> None:
                     help="cases scored by the Memento-style reference (default: 1000; 0 skips it)")
     bs.add_argument("--reference-queries", type=int_arg, default=5, help="queries timed for the reference (default: 5)")
     add_torch_threads(bs, 1, "torch threads while selections are timed (default: 1; 0: torch's default)")
+    bs.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the Q-networks score and, with faiss-gpu, where the banks search (default: cpu)")
     add_seed(bs)
     add_workdir(bs)
     add_results_file(bs)
 
 
 def _run_select(args: argparse.Namespace) -> int:
+    check_device(args.device)  # cuda without a CUDA device: one line, before any work
     config = SelectBenchConfig(
         sizes=tuple(args.sizes), k=args.k, candidates=args.candidates, factory=args.factory,
         exact_max=args.exact_max, ef_search=tuple(args.ef_search), nprobe=tuple(args.nprobe),
         vectors=tuple(args.vectors), refine=tuple(args.refine), archs=tuple(args.archs),
         data=args.data, dim=args.dim, queries=args.queries, chunk=args.chunk, recall_queries=args.recall_queries,
-        reference_size=args.reference_size,
-        reference_queries=args.reference_queries, torch_threads=args.torch_threads, seed=args.seed)
+        reference_size=args.reference_size, reference_queries=args.reference_queries,
+        torch_threads=args.torch_threads, device=args.device, seed=args.seed)
     return _printed(format_select(run_select_bench(config, out=args.json, workdir=args.workdir)), args)
 
 

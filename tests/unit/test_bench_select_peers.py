@@ -154,3 +154,29 @@ def test_select_compares_ram_and_disk_banks_and_refine(tmp_path, capsys):
     assert "SQLite / map p50" in printed
     assert "| 1,500 | IVF8,PQ4x4 (disk) | nprobe=8, refine=4 |" in printed
     assert not list(tmp_path.glob("memento-bench-*"))  # the banks are removed
+
+
+def test_select_on_cuda_needs_a_cuda_device(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: tests/unit/test_bench_select_train.py runs the GPU bench")
+    assert main(["bench", "select", "--sizes", "1200", "--device", "cuda", "--json", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device is available" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.gpu
+def test_select_on_cuda_scores_and_searches_on_the_gpu(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present")
+    results = run_select_bench(_config(sizes=(1500,), exact_max=1000, factory="IVF8,PQ4x4", vectors=("disk",),
+                                       refine=(1, 4), device="cuda"), workdir=tmp_path)
+    assert results["environment"]["policy_device"] == "cuda"
+    [row] = results["results"]
+    assert row["vectors"] == "disk" and [s["refine"] for s in row["settings"]] == [1, 4]
+    for setting in row["settings"]:
+        assert all(p["p50_ms"] > 0 for p in setting["policies"])
