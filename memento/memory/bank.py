@@ -830,11 +830,11 @@ class FaissVectors:
                 labels_BW: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
         """The ``k`` of the index's ``W`` hits per query whose exact vectors score best, with those vectors."""
         vectors_BWD = self._take(np.maximum(labels_BW, 0))
-        exact_BW = np.einsum("bwd,bd->bw", vectors_BWD, np.asarray(q_BD, dtype=np.float32))
+        exact_BW = np.matmul(vectors_BWD, np.asarray(q_BD, dtype=np.float32)[:, :, None])[:, :, 0]
         exact_BW = np.where(labels_BW < 0, -np.inf, exact_BW).astype(np.float32)
         top_BK = np.argsort(-exact_BW, axis=1, kind="stable")[:, :k]
-        return ((np.take_along_axis(exact_BW, top_BK, axis=1), np.take_along_axis(labels_BW, top_BK, axis=1)),
-                np.take_along_axis(vectors_BWD, top_BK[:, :, None], axis=1))
+        rows_B1 = np.arange(len(top_BK))[:, None]  # plain fancy indexing: take_along_axis over [B, K, D] is ~10x slower
+        return (exact_BW[rows_B1, top_BK], labels_BW[rows_B1, top_BK]), vectors_BWD[rows_B1, top_BK]
 
     def vectors_at(self, positions_N: np.ndarray) -> np.ndarray:
         return np.array(self._take(positions_N), dtype=np.float32)

@@ -657,10 +657,10 @@ class BankFront:
         scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
         if not bool(np.all(scores_BK[:, 1:] < scores_BK[:, :-1])):  # ties or padding: the order is ours to set
             order_BK = np.lexsort((np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK), -scores_BK), axis=1)
-            scores_BK = np.take_along_axis(scores_BK, order_BK, axis=1)
-            labels_BK = np.take_along_axis(labels_BK, order_BK, axis=1)
+            rows_B1 = np.arange(len(order_BK))[:, None]
+            scores_BK, labels_BK = scores_BK[rows_B1, order_BK], labels_BK[rows_B1, order_BK]
             if vectors_BKD is not None:
-                vectors_BKD = np.take_along_axis(vectors_BKD, order_BK[:, :, None], axis=1)
+                vectors_BKD = vectors_BKD[rows_B1, order_BK]
         labels_BK = labels_BK.astype(np.int64, copy=False)
         if width > k:  # pad to the width asked for
             extra = ((0, 0), (0, width - k))
