@@ -8,6 +8,7 @@ malformed record cannot reach the bank or the planner.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -234,8 +235,9 @@ class Case:
         if self.created is not None and finite_float(self.created) is None:  # not a number, NaN, inf, 10 ** 400
             raise DataFormatError(f"Case.created must be a finite number (Unix seconds), got {shown(self.created)}")
 
-    @property
+    @functools.cached_property
     def content_hash(self) -> str:
+        """:func:`content_hash` of this case, computed once (the fields it reads are frozen)."""
         return content_hash(self.state, self.action, self.env, self.kind, self.scope)
 
     @property
