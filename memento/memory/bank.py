@@ -86,6 +86,7 @@ _FILL_CHUNK = 32_768  # rows per pass over a bank's vectors (filling the index, 
 _RESIDENT_BUDGET = 64 << 20  # bytes of vectors.f32 pages read through the map before they are dropped from it
 _PAGE = mmap.PAGESIZE
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+_PAGES_PER_ROW = 16  # a read fault maps the pages around it too (Linux's fault_around_bytes, 64 KiB by default)
 _CHUNK = 900  # below SQLite's bound on host parameters
 
 _SCHEMA = """
@@ -476,7 +477,7 @@ class VectorFile:
         self._row_bytes = 4 * dim
         self._map: np.ndarray | None = None
         self._mmap: mmap.mmap | None = None
-        self._touched = 0  # rows read through the map since its pages were last dropped
+        self._touched = 0  # pages read through the map since they were last dropped (at most, counted per row)
 
     def _owned(self) -> bool:
         try:
@@ -529,11 +530,12 @@ class VectorFile:
 
     def take(self, positions: np.ndarray, n: int) -> np.ndarray:
         """The rows at ``positions`` (any shape, all < ``n``) as a new array. The pages read stay mapped, and count
-        as the process's resident memory, until :data:`_RESIDENT_BUDGET` bytes of them were read: then they are
-        dropped from the map (``MADV_DONTNEED``; the kernel's page cache keeps them), so RSS stays bounded
-        however many queries a large bank answers."""
+        as the process's resident memory (each read maps the 64 KiB around it), until :data:`_RESIDENT_BUDGET`
+        bytes may have been mapped: then they are dropped from the map (``MADV_DONTNEED``, ~0.1 ms; the kernel's
+        page cache keeps them, so the next reads are minor faults), so RSS stays bounded however many queries a
+        large bank answers."""
         out = self.view(n)[positions]
-        self._touched += out.size * 4 // self._row_bytes
+        self._touched += out.size * 4 // self._row_bytes * _PAGES_PER_ROW
         if self._touched * _PAGE > _RESIDENT_BUDGET and self._mmap is not None and _DONTNEED is not None:
             self._mmap.madvise(_DONTNEED)
             self._touched = 0
