@@ -317,9 +317,9 @@ def _environment() -> dict[str, Any]:
 
 
 def _memory_mib() -> dict[str, float | None]:
-    """The process's resident memory now (``VmRSS``) and its peak so far (``VmHWM``) in MiB, from
-    ``/proc/self/status`` (None where there is none)."""
-    found: dict[str, float | None] = {"VmRSS": None, "VmHWM": None}
+    """The process's resident memory now (``VmRSS``; its anonymous and file-backed parts ``RssAnon``, ``RssFile``)
+    and its peak so far (``VmHWM``) in MiB, from ``/proc/self/status`` (None where there is none)."""
+    found: dict[str, float | None] = {"VmRSS": None, "VmHWM": None, "RssAnon": None, "RssFile": None}
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:
@@ -328,7 +328,8 @@ def _memory_mib() -> dict[str, float | None]:
                     found[key] = int(value.split()[0]) / 1024
     except (OSError, ValueError):
         pass
-    return {"rss_mib": found["VmRSS"], "peak_rss_mib": found["VmHWM"]}
+    return {"rss_mib": found["VmRSS"], "peak_rss_mib": found["VmHWM"], "rss_anon_mib": found["RssAnon"],
+            "rss_file_mib": found["RssFile"]}
 
 
 def _faiss_of(bank: Any) -> FaissIndex | None:
@@ -494,6 +495,8 @@ def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: 
                                                          np.random.default_rng((config.seed, n, 7)))
         after_select = _memory_mib()
         row["rss_after_select_mib"] = after_select["rss_mib"]
+        row["rss_after_select_anon_mib"] = after_select["rss_anon_mib"]
+        row["rss_after_select_file_mib"] = after_select["rss_file_mib"]
         row["peak_rss_mib"] = after_select["peak_rss_mib"]
     finally:
         bank.close()
