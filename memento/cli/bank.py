@@ -258,7 +258,7 @@ def _import_embeddings(args: argparse.Namespace, cases: list[Any]) -> int:
     check_count("--chunk", args.chunk, 1, 10_000_000)
     vectors = read_embeddings(args.embeddings)
     where = f"{args.embeddings} (for {args.file})"
-    check_embeddings(vectors, len(cases), int(vectors.shape[1]) if vectors.ndim == 2 else 0, where)
+    check_embeddings(vectors, len(cases), int(vectors.shape[1]), where)  # read_embeddings: [N, D]
     if bank_exists(args.bank, options=bank_options(args)):
         bank = open_bank(args.bank, options=bank_options(args))
     else:  # the bank records an encoder only when one is named (then its dim must be the vectors')

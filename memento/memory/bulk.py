@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from memento.errors import DataFormatError, DimensionError
-from memento.memory.front import _NORM_TOLERANCE
+from memento.memory.front import check_embedding_shape, check_unit_rows
 from memento.types import Case
 
 __all__ = ["DEFAULT_CHUNK", "check_embeddings", "import_with_embeddings", "read_embeddings"]
@@ -62,25 +62,24 @@ def read_embeddings(path: str | Path) -> np.ndarray:
 
 
 def _check_shape(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
-    if tuple(vectors_ND.shape) != (n, dim):
-        raise DimensionError(f"{where}: embeddings have shape {tuple(vectors_ND.shape)}, expected ({n}, {dim}) "
-                             f"for {n} case(s) in a dim={dim} bank")
+    try:
+        check_embedding_shape(vectors_ND.shape, n, dim)
+    except DimensionError as error:
+        raise DimensionError(f"{where}: {error}") from None
 
 
 def check_embeddings(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
-    """``vectors_ND`` is ``[n, dim]``, finite and unit-norm (read a chunk at a time); one ``DimensionError`` or
-    ``DataFormatError`` naming ``where`` and the first bad row otherwise."""
+    """``vectors_ND`` is ``[n, dim]``, finite and unit-norm (read a chunk at a time, checked as
+    :meth:`memento.memory.front.BankFront.add` checks them); one ``DimensionError`` or ``DataFormatError`` naming
+    ``where`` and the first bad row otherwise."""
     _check_shape(vectors_ND, n, dim, where)
     for start in range(0, n, _CHECK_CHUNK):
-        chunk = np.asarray(vectors_ND[start:start + _CHECK_CHUNK], dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(chunk).all(axis=1))
-        if bad.size:
-            raise DataFormatError(f"{where}: embedding row {start + int(bad[0])} contains NaN or inf")
-        norms = np.linalg.norm(chunk, axis=1)
-        off = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
-        if off.size:
-            raise DataFormatError(f"{where}: embedding row {start + int(off[0])} has norm {norms[off[0]]:.4f}; "
-                                  "bank vectors must be unit-norm")
+        with np.errstate(over="ignore", invalid="ignore"):  # a float64 beyond float32 becomes inf: reported below
+            chunk = np.asarray(vectors_ND[start:start + _CHECK_CHUNK], dtype=np.float32)
+        try:
+            check_unit_rows(chunk, start=start)
+        except DataFormatError as error:
+            raise DataFormatError(f"{where}: {error}") from None
 
 
 def import_with_embeddings(bank: Any, cases: Sequence[Case], vectors_ND: np.ndarray, *,

@@ -217,25 +217,36 @@ class FeatureStore(Protocol):
     def set_actions(self, positions_C: np.ndarray, emb_CD: np.ndarray) -> None: ...
 
 
+def check_embedding_shape(shape: tuple[int, ...], n: int, dim: int) -> None:
+    """Embeddings of ``shape`` are ``[n, dim]``; one ``DimensionError`` naming both shapes otherwise."""
+    if tuple(shape) != (n, dim):
+        raise DimensionError(f"embeddings have shape {tuple(shape)}, expected ({n}, {dim}) "
+                             f"for {n} case(s) in a dim={dim} bank")
+
+
+def check_unit_rows(emb_ND: np.ndarray, *, start: int = 0) -> None:
+    """Every row of ``emb_ND`` finite and unit-norm; one ``DataFormatError`` naming the first bad row (rows
+    numbered from ``start``) otherwise."""
+    bad = np.flatnonzero(~np.isfinite(emb_ND).all(axis=1))
+    if bad.size:
+        raise DataFormatError(f"embedding row {start + int(bad[0])} contains NaN or inf")
+    norms = np.linalg.norm(emb_ND, axis=1)
+    off = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+    if off.size:
+        raise DataFormatError(f"embedding row {start + int(off[0])} has norm {norms[off[0]]:.4f}; bank vectors "
+                              "must be unit-norm (encode with normalize=True)")
+
+
 def validate_embeddings(embeddings: Any, n: int, dim: int) -> np.ndarray:
     """``n`` unit-norm float vectors ``[n, dim]`` (one ``[dim]`` vector when ``n == 1``), as float32."""
     emb = np.asarray(embeddings)
     if emb.ndim == 1 and n == 1:
         emb = emb[None, :]
-    if emb.ndim != 2 or emb.shape != (n, dim):
-        raise DimensionError(f"embeddings have shape {tuple(emb.shape)}, expected ({n}, {dim}) "
-                             f"for {n} case(s) in a dim={dim} bank")
+    check_embedding_shape(emb.shape, n, dim)
     if not np.issubdtype(emb.dtype, np.floating):
         raise DataFormatError(f"embeddings must be floating point, got dtype {emb.dtype}")
     emb = np.ascontiguousarray(emb, dtype=np.float32)
-    bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
-    if bad.size:
-        raise DataFormatError(f"embedding row {int(bad[0])} contains NaN or inf")
-    norms = np.linalg.norm(emb, axis=1)
-    off = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
-    if off.size:
-        raise DataFormatError(f"embedding row {int(off[0])} has norm {norms[off[0]]:.4f}; bank vectors must be "
-                              "unit-norm (encode with normalize=True)")
+    check_unit_rows(emb)
     return emb
 
 
