@@ -834,6 +834,11 @@ LabelTarget = Literal["gold", "hindsight"]
 (else the hindsight target); ``"hindsight"``, only the planner's own output when the judge rewarded it."""
 
 
+LabelWhen = Literal["always", "informative"]
+"""Which steps online labels score (``OnlineLabelsConfig.when``): ``"always"`` every ``every``-th step;
+``"informative"`` only those where a label can tell the agent something it does not know yet (see
+:class:`OnlineLabelsConfig`)."""
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OnlineLabelsConfig:
     """Per-candidate planner labels online (EPR / LLM-R brought into the loop; docs/training.md, "From
@@ -849,12 +854,18 @@ class OnlineLabelsConfig:
     listwise loss ``memento train --from-labels`` uses, ``KL(softmax(score / tau) || softmax(Q / alpha))`` over a
     task's ``m`` candidates, on ``batch_size`` labelled tasks.
 
-    - ``m``: candidates scored per labelled task (0: no labels, the default); ``every``: label every n-th step;
+    - ``m``: candidates scored per labelled task (0: no labels, this class's default; the QA loop's soft-Q default
+      is 8, :func:`memento.runs.base.loop_policy`); ``every``: label every n-th step; ``when``: ``"always"`` labels
+      each such step, ``"informative"`` (default) only one that failed or showed a case never labelled (what a
+      label can still teach: the cost falls as the per-case evidence fills in);
     - ``target``, ``tau``, ``weight``, ``capacity``, ``batch_size``: as above.
     """
 
     m: int = 0
     every: int = dataclasses.field(default=1, metadata={"help": "label every N-th task only"})
+    when: LabelWhen = dataclasses.field(default="informative", metadata={"help": (
+        "always: label every (every-th) step; informative: only a step that failed or showed a case never "
+        "labelled")})
     target: LabelTarget = "gold"
     tau: float = 1.0
     weight: float = 1.0
@@ -866,6 +877,7 @@ class OnlineLabelsConfig:
         check_int(self, "m", 0)
         check(self.m <= 256, cls, "m", self.m, "must be <= 256 (scored prompts per task)")
         check_int(self, "every", 1, MAX_STEPS)
+        check_choice(self, "when", LabelWhen)
         check_choice(self, "target", LabelTarget)
         check_float(self, "tau", low=0.0, low_open=True)
         check_float(self, "weight", low=0.0)
@@ -877,6 +889,85 @@ class OnlineLabelsConfig:
     def active(self) -> bool:
         """Whether the run labels candidates (``m >= 2``: one candidate has nothing to rank)."""
         return self.m >= 2
+
+
+SetSizes = Literal["fixed", "learned"]
+"""How many cases a soft-Q decision shows (``SetChoiceConfig.sizes``): ``"fixed"`` always K; ``"learned"`` the size
+of 1..K whose set the planner's set-level labels value most."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvidenceConfig:
+    """Per-case evidence (:mod:`memento.learn.evidence`): what the planner's labels said about *this* case, kept in the
+    bank beside its usage and added to the embedding Q-network's score, ``Q'(s, c) = Q(s, c) + weight * e(c)``.
+
+    A labelled candidate's evidence is its label advantage over its *look-alike* rivals in the same labelled set,
+    each rival weighted by ``exp((cos(c, c') - 1) / bandwidth)`` on the two cases' question embeddings (a case
+    worded like it weighs 1, an unrelated one almost 0: what tells two look-alike cases apart is exactly what a Q
+    over embeddings cannot learn); ``e(c)`` is the summed weighted advantage over the summed weights plus
+    ``prior`` (shrunk towards 0 while evidence is thin). A case never labelled has ``e(c) = 0`` and ranks as the
+    embedding part says.
+
+    - ``weight``: Q units per nat (per answer token) of label advantage; 0 turns the term off;
+    - ``bandwidth``: the look-alike kernel's width in cosine; ``prior``: pseudo-weight of the shrinkage.
+    """
+
+    weight: float = dataclasses.field(default=2.0, metadata={"help": (
+        "per-case evidence: Q units per nat of label advantage over look-alike cases (0: off)")})
+    bandwidth: float = dataclasses.field(default=0.05, metadata={"help": (
+        "per-case evidence: width in cosine of the look-alike kernel exp((cos - 1) / bandwidth)")})
+    prior: float = dataclasses.field(default=1.0, metadata={"help": (
+        "per-case evidence: pseudo-weight that shrinks thin evidence towards 0")})
+
+    def __post_init__(self) -> None:
+        check_float(self, "weight", low=0.0)
+        check_float(self, "bandwidth", low=0.0, low_open=True)
+        check_float(self, "prior", low=0.0, low_open=True)
+
+    @property
+    def active(self) -> bool:
+        return self.weight > 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SetChoiceConfig:
+    """Which set a soft-Q decision shows (:mod:`memento.learn.evidence`), beyond ranking single cases.
+
+    - ``redundancy``: a candidate whose question embedding has cosine >= this with a case already drawn for the set
+      is not drawn beside it (two look-alike cases are a contradiction or a repeat); 1.0 keeps only exact
+      duplicates out (a value above 1 turns it off). Draws stay exact: each draw is a softmax over the candidates
+      still allowed, and the selection's ``set_prob`` is the product of those draws' probabilities;
+    - ``sizes``: ``"fixed"`` shows K cases; ``"learned"`` shows the size ``n`` in 1..K with the highest set value
+      ``V(n)``, learned from set-level labels: on a labelled step the planner also scores the prefixes of sizes
+      ``scored`` (spread over 1..K, 1 and K included) of the policy's ranking against the same target, and ``V``
+      moves by ``lr`` along the listwise loss ``KL(softmax(score / tau) || softmax(V / tau))`` over them. ``V``
+      starts at 0 with ties going to the larger size, so a fresh agent shows K cases as before;
+    - ``scored``: set sizes scored per labelled step (their prefixes cost one forward pass each; size 1 is the
+      top-ranked single label, already scored).
+    """
+
+    redundancy: float = dataclasses.field(default=0.95, metadata={"help": (
+        "no two cases whose questions have cosine >= this in one shown set (above 1: off)")})
+    sizes: SetSizes = dataclasses.field(default="learned", metadata={"help": (
+        "fixed: always show K cases; learned: the size 1..K that set-level labels value most")})
+    scored: int = dataclasses.field(default=3, metadata={"help": "set sizes scored per labelled step (learned)"})
+    tau: float = 0.5
+    lr: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_float(self, "redundancy", low=0.0, low_open=True, high=2.0)
+        check_choice(self, "sizes", SetSizes)
+        check_int(self, "scored", 1, MAX_K)
+        check_float(self, "tau", low=0.0, low_open=True)
+        check_float(self, "lr", low=0.0)
+
+    def scored_sizes(self, k: int) -> tuple[int, ...]:
+        """The set sizes scored for a decision of ``k`` cases: ``scored`` sizes spread over ``1..k`` (1 and ``k``
+        included); none when the sizes are fixed or ``k == 1``."""
+        if self.sizes == "fixed" or k <= 1:
+            return ()
+        n = min(self.scored, k)
+        return (k,) if n == 1 else tuple(sorted({1 + i * (k - 1) // (n - 1) for i in range(n)}))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -912,10 +1003,14 @@ class SoftQConfig:
     positive_only: bool = False
     init_qnet: str | None = None
     labels: OnlineLabelsConfig = dataclasses.field(default_factory=OnlineLabelsConfig)
+    evidence: EvidenceConfig = dataclasses.field(default_factory=EvidenceConfig)
+    sets: SetChoiceConfig = dataclasses.field(default_factory=SetChoiceConfig)
 
     def __post_init__(self) -> None:
         cls = type(self)
         check_choice(self, "kind", Literal["soft_q"])
+        check(isinstance(self.evidence, EvidenceConfig), cls, "evidence", self.evidence, "must be an EvidenceConfig")
+        check(isinstance(self.sets, SetChoiceConfig), cls, "sets", self.sets, "must be a SetChoiceConfig")
         check(isinstance(self.qnet, QNetConfig), cls, "qnet", self.qnet, "must be a QNetConfig")
         check(isinstance(self.learner, LearnerConfig), cls, "learner", self.learner, "must be a LearnerConfig")
         if self.alpha is not None:

@@ -35,7 +35,7 @@ from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 from memento.runs.compare import comparison_table, run_comparison
-from memento.runs.qa import LoopConfig, check_seed_bank, loop_policy
+from memento.runs.qa import LoopConfig, check_seed_bank, loop_policy, without_labels
 from memento.runs.ray import WorkersConfig
 from policies import make_policy
 
@@ -240,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
     if systems is not None:
         config = dataclasses.replace(config, systems=systems)
     workers = _workers_config(args)
+    if workers is not None and args.labels_m is None and soft_q.labels.active:  # labels run in-process only
+        print("online labels off: rollout workers (--workers) run without them")
+        configs = [without_labels(c) for c in configs]
+        config = dataclasses.replace(config, policy=configs[0])
     check_tensorboard(config)
     out = Path(args.out)
     if not args.resume:
@@ -269,12 +273,30 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as error:
             raise PlannerError(f"planner {spec}: not available ({error})") from None
         if any(isinstance(c, SoftQConfig) and c.labels.active for c in configs):
-            _check_label_scoring(planner, tasks)  # before --out is written: one line, exit 2
+            configs, config = _label_default(args, planner, tasks, configs, config)
         comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
                                     planner=planner, **common)
     print(comparison_table(comparison))
     print(f"results in {out} (comparison.json, learning_curves.svg, <policy>/summary.json)")
     return EXIT_OK
+
+
+def _label_default(args: argparse.Namespace, planner: Any, tasks: list[Any], configs: list[Any],
+                   config: LoopConfig) -> tuple[list[Any], LoopConfig]:
+    """Online labels are on by default: one line says so. ``--labels M`` given: the planner must score (else one
+    line, exit 2, before --out is written); not given: a planner that cannot score runs without them, one line."""
+    labels = next(c.labels for c in configs if isinstance(c, SoftQConfig) and c.labels.active)
+    try:
+        _check_label_scoring(planner, tasks)
+    except (ConfigError, PlannerError) as error:
+        if args.labels_m is not None:
+            raise
+        print(f"online labels off: {one_line(error)}")
+        configs = [without_labels(c) for c in configs]
+        return configs, dataclasses.replace(config, policy=configs[0])
+    print(f"online labels on: soft_q scores its top {labels.m} candidates (and {labels.when} steps only) against "
+          f"the {labels.target} answer with the planner; --labels 0 turns them off")
+    return configs, config
 
 
 def _check_label_scoring(planner: Any, tasks: list[Any]) -> None:

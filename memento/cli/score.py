@@ -60,7 +60,8 @@ def add_parser(commands: Any) -> None:
                         DESCRIPTION)
     source = score.add_mutually_exclusive_group(required=True)
     source.add_argument("--suite", metavar="NAME|DIR", default=None,
-                        help="a shipped suite (facts, facts-real, arith-real, elements-real) or a suite directory")
+                        help="a shipped suite (facts, facts-real, arith-real, elements-real, contradict-real) or a "
+                             "suite directory")
     source.add_argument("--tasks", metavar="FILE", default=None, help="Task JSONL {id, question, answers, ...}")
     score.add_argument("--split", choices=["train", "test", "all"], default=None,
                        help="split of --suite (default: train)")

@@ -42,13 +42,16 @@ import torch
 
 from memento.config import ReplayConfig, SoftQConfig
 from memento.errors import CheckpointError, ConfigError, DimensionError
+from memento.learn.evidence import draw_set, evidence_term, ranked_prefixes, set_size, update_set_values
 from memento.learn.learner import SoftQLearner
 from memento.learn.listwise import LabelBuffer
 from memento.learn.policy import (
     Observation,
     PolicyContext,
     RewardFn,
+    EvidenceFn,
     boltzmann_select,
+    check_k,
     positive_pool,
     q_values,
     softmax,
@@ -104,7 +107,8 @@ class SoftQAgent:
     kind = "soft_q"
 
     def __init__(self, config: SoftQConfig, *, learner: SoftQLearner, buffer: ReplayBuffer,
-                 reward_of: RewardFn | None = None, fixed_alpha: float | None = None, featurizer: Any | None = None):
+                 reward_of: RewardFn | None = None, fixed_alpha: float | None = None, featurizer: Any | None = None,
+                 evidence_of: EvidenceFn | None = None):
         if not isinstance(config, SoftQConfig):
             raise ConfigError(f"SoftQAgent: config={type(config).__name__}: must be a SoftQConfig")
         if config.positive_only and reward_of is None:
@@ -122,6 +126,7 @@ class SoftQAgent:
         self.reward_of = reward_of
         self.fixed_alpha = fixed_alpha
         self.featurizer = featurizer
+        self.evidence_of = evidence_of if config.evidence.active else None
         labels = config.labels
         self.label_buffer = LabelBuffer(capacity=labels.capacity, dim=buffer.config.dim, m=labels.m,
                                         case_width=buffer.config.case_width, device=learner.device) \
@@ -145,7 +150,8 @@ class SoftQAgent:
                                            **({"store_next": True, "c_max": context.c_max} if multi_step else {})),
                               device=device)
         return cls(config, learner=learner, buffer=buffer, reward_of=context.reward_of, fixed_alpha=fixed_alpha,
-                   featurizer=context.featurizer if qnet.config.features != "none" else None)
+                   featurizer=context.featurizer if qnet.config.features != "none" else None,
+                   evidence_of=context.evidence_of)
 
     # ------------------------------------------------------------------ the Policy protocol
 
@@ -175,9 +181,44 @@ class SoftQAgent:
         return self.featurizer.case_vectors(candidates)
 
     def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
-        """``Q(s, c)`` for every candidate (float64 ``q_C``)."""
+        """``Q(s, c)`` for every candidate (float64 ``q_C``): the Q-network's score plus, with per-case evidence
+        (``SoftQConfig.evidence``), ``weight * e(c)`` (:mod:`memento.learn.evidence`)."""
         cases_CE = None if self.featurizer is None else self.case_vectors(candidates)
-        return q_values(self.learner.qnet, state_D, candidates, cases_CE=cases_CE)
+        q_C = q_values(self.learner.qnet, state_D, candidates, cases_CE=cases_CE)
+        if self.evidence_of is not None and len(candidates):
+            cfg = self.config.evidence
+            _, weight_C, value_C = self.evidence_of(np.asarray(candidates.positions_C, dtype=np.int64))
+            q_C = q_C + cfg.weight * evidence_term(weight_C, value_C, cfg.prior)
+        return q_C
+
+    def evidence(self, candidates: Candidates) -> np.ndarray:
+        """Each candidate's shrunk per-case evidence ``e(c)`` (zeros without an evidence source)."""
+        if self.evidence_of is None or not len(candidates):
+            return np.zeros(len(candidates))
+        _, weight_C, value_C = self.evidence_of(np.asarray(candidates.positions_C, dtype=np.int64))
+        return evidence_term(weight_C, value_C, self.config.evidence.prior)
+
+    @property
+    def set_values(self) -> list[float]:
+        """The learned value ``V(n)`` of showing ``n`` cases, ``set_values[n - 1]`` (empty before any set label)."""
+        return list(self.learner.set_values)
+
+    def set_size(self, k: int) -> int:
+        """How many of at most ``k`` cases a decision shows: ``k`` with fixed sizes, else the best-valued size."""
+        return k if self.config.sets.sizes == "fixed" else set_size(self.learner.set_values, k)
+
+    def label_sets(self, selection: Selection, candidates: Candidates, k: int) -> list[list[int]]:
+        """The sets a labelled step scores (set-level labels, :class:`~memento.config.SetChoiceConfig`): the prefixes
+        of the scored sizes of the policy's ranking (its probabilities over the pool it chose from, look-alikes of a
+        case ranked higher skipped), as rows into ``candidates``; none with fixed sizes."""
+        sizes = self.config.sets.scored_sizes(k)
+        if not sizes:
+            return []
+        rows_P = candidates.rows_of(list(selection.candidate_ids))
+        order_P = np.argsort(-np.asarray(selection.probs_C, dtype=np.float64), kind="stable")
+        emb_PD = np.asarray(candidates.embeddings_CD)[rows_P]
+        prefixes = ranked_prefixes(order_P, emb_PD, self.config.sets.redundancy, sizes)
+        return [[int(rows_P[i]) for i in prefix] for prefix in prefixes]
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``softmax(Q / alpha)`` over the candidates (before any positive-only restriction)."""
@@ -193,7 +234,12 @@ class SoftQAgent:
         forward pass that made the choice (a served selector reports them as the cases' scores)."""
         pool = self._pool(candidates)
         q_C = self.q_values(state_D, pool)
-        selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
+        n, redundancy = self.set_size(k), self.config.sets.redundancy
+        if redundancy > 1.0 and n == k:  # today's draw: Gumbel-top-k over the whole pool
+            selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
+        else:
+            selection = draw_set(q_C, pool.embeddings_CD, pool.ids, check_k(n, len(pool)), self.alpha,
+                                 redundancy=redundancy, rng=rng, greedy=greedy)
         return selection, np.asarray(q_C, dtype=np.float64)[np.asarray(selection.positions_K, dtype=np.int64)]
 
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
@@ -229,7 +275,13 @@ class SoftQAgent:
         return {**out, "listwise": float(np.mean(listwise))} if listwise else out
 
     def _add_labels(self, obs: Observation) -> None:
-        """An observation's planner labels into the label buffer (the best ``m`` when it carries more)."""
+        """An observation's planner labels into the label buffer (the best ``m`` when it carries more), and its
+        set-level labels into the set values (``SoftQConfig.sets``)."""
+        if obs.labels is not None and len(obs.labels.sets) >= 2 and self.config.sets.sizes == "learned":
+            cfg = self.config.sets
+            self.learner.set_values = update_set_values(
+                self.learner.set_values, [len(rows) for rows in obs.labels.sets], obs.labels.set_score_S,
+                tau=cfg.tau, lr=cfg.lr)
         if self.label_buffer is None or obs.labels is None or len(obs.labels.rows_M) < 2:
             return
         rows_M = np.asarray(obs.labels.rows_M, dtype=np.int64)[:self.label_buffer.m]

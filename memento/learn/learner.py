@@ -189,6 +189,7 @@ class SoftQLearner:
             raise ValueError(f"SoftQLearner: generator is on {generator.device}, the learner on {self.device}")
         self.generator = generator
         self.updates = 0
+        self.set_values: list[float] = []  # the soft-Q agent's value of each set size (memento.learn.evidence)
 
     @property
     def alpha(self) -> float:
@@ -298,6 +299,7 @@ class SoftQLearner:
             "generator_device": self.generator.device.type,
             "config": to_dict(self.config),
             "qnet_config": to_dict(self.qnet.config),
+            "set_values": [float(v) for v in self.set_values],
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
@@ -322,6 +324,11 @@ class SoftQLearner:
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.updates = int(state["updates"])
+        set_values = state.get("set_values", [])  # absent from a learner saved before set sizes were learned
+        if not isinstance(set_values, list) or not all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                       for v in set_values):
+            raise CheckpointError(f"learner state: set_values={set_values!r} must be a list of finite numbers")
+        self.set_values = [float(v) for v in set_values]
         if state.get("generator_device") == self.generator.device.type:
             self.generator.set_state(state["generator"].cpu())
         else:
@@ -341,7 +348,7 @@ class SoftQLearner:
         uid = uuid.uuid4().hex
         meta = {"format": LEARNER_FORMAT, "format_version": LEARNER_FORMAT_VERSION, "uid": uid,
                 "updates": state["updates"], "generator_device": state["generator_device"],
-                "config": state["config"], "qnet_config": state["qnet_config"],
+                "config": state["config"], "qnet_config": state["qnet_config"], "set_values": state["set_values"],
                 "optimizer": _flatten_optimizer(state["optimizer"], "optimizer", tensors)}
         if "alpha_optimizer" in state:
             meta["alpha_optimizer"] = _flatten_optimizer(state["alpha_optimizer"], "alpha_optimizer", tensors)
@@ -376,6 +383,7 @@ class SoftQLearner:
                 "log_alpha": tensors["log_alpha"], "generator": tensors["generator"],
                 "updates": meta["updates"], "generator_device": meta["generator_device"],
                 "config": meta["config"], "qnet_config": meta["qnet_config"],
+                "set_values": meta.get("set_values", []),
             }
             if "alpha_optimizer" in meta:
                 state["alpha_optimizer"] = _unflatten_optimizer(meta["alpha_optimizer"], tensors)

@@ -64,6 +64,7 @@ from memento.types import Selection
 
 __all__ = [
     "CandidateLabels",
+    "EvidenceFn",
     "Observation",
     "Policy",
     "PolicyContext",
@@ -90,6 +91,8 @@ _SUM_TOLERANCE = 1e-6
 
 
 RewardFn = Callable[[Sequence[str]], Any]
+EvidenceFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""``evidence_of(positions_C) -> (count_C, weight_C, value_C)``: per-case evidence (the bank's ``evidence_at``)."""
 """``reward_of(case_ids) -> rewards``: the stored rewards of cases (e.g. ``CaseBank.rewards``)."""
 
 
@@ -97,16 +100,24 @@ RewardFn = Callable[[Sequence[str]], Any]
 class CandidateLabels:
     """Per-candidate planner labels of one decision (the online loop's, :class:`~memento.config.OnlineLabelsConfig`):
     ``rows_M``, indices into the observation's ``candidates`` of the labelled ones, and ``score_M``, the planner's
-    length-normalised log-likelihood of the target answer with each as the only demonstration."""
+    length-normalised log-likelihood of the target answer with each as the only demonstration; ``sets`` (rows into
+    ``candidates``, in prompt order) and ``set_score_S``, the same score of a few whole sets (set-level labels,
+    :class:`~memento.config.SetChoiceConfig`)."""
 
     rows_M: np.ndarray
     score_M: np.ndarray
+    sets: tuple[tuple[int, ...], ...] = ()
+    set_score_S: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         rows_M, score_M = np.asarray(self.rows_M), np.asarray(self.score_M, dtype=np.float64)
         if rows_M.ndim != 1 or score_M.shape != rows_M.shape or not np.isfinite(score_M).all():
             raise DimensionError(f"CandidateLabels: rows_M.shape={rows_M.shape}, score_M.shape={score_M.shape} "
                                  f"(finite: {bool(np.isfinite(score_M).all())}) must be equal 1-D and finite")
+        set_score = np.zeros(0) if self.set_score_S is None else np.asarray(self.set_score_S, dtype=np.float64)
+        if set_score.shape != (len(self.sets),) or not np.isfinite(set_score).all():
+            raise DimensionError(f"CandidateLabels: {len(self.sets)} set(s), set_score_S.shape={set_score.shape} "
+                                 "must match and be finite")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -168,7 +179,9 @@ class PolicyContext:
     (for positive-only choices); ``featurizer``: the case vectors of a Q-network with case features
     (:class:`memento.learn.features.CaseFeaturizer` over the run's bank and encoder; ``None``: the run gives none);
     ``c_max``: the most next-state candidates a multi-step decision logs (the game loop's candidate count; a
-    soft-Q learner with ``gamma > 0`` keeps them in its replay buffer).
+    soft-Q learner with ``gamma > 0`` keeps them in its replay buffer); ``evidence_of``: the per-case evidence at
+    bank positions, ``(count_C, weight_C, value_C)`` (the bank's :meth:`~memento.memory.CaseBank.evidence_at`;
+    ``None``: the run keeps none).
     """
 
     dim: int
@@ -179,6 +192,7 @@ class PolicyContext:
     reward_of: RewardFn | None = None
     featurizer: Any | None = None
     c_max: int = 32
+    evidence_of: EvidenceFn | None = None
 
 
 PolicyFactory = Callable[[PolicyConfig, PolicyContext], "Policy"]

@@ -18,7 +18,10 @@ write, so a bank that never uses them is left byte for byte as it was:
   statistics (times shown, reward when shown) are an aggregate of an append-only log; a resumed run
   rolls it back to its checkpoint with ``truncate_usage(step)``, exactly;
 - ``action_embeddings (pos, embedding)``: the encoder's vector of each case's action (answer),
-  computed once per case (``set_action_embeddings``).
+  computed once per case (``set_action_embeddings``);
+- ``evidence (step, pos, weight, value)``: one row per time a case was labelled by the planner
+  (``record_evidence``: its label advantage over its look-alike rivals, :mod:`memento.learn.evidence`), the
+  soft-Q agent's per-case memory; rolled back with the usage log by ``truncate_usage(step)``.
 
 SQLite is the source of truth. Writes commit to SQLite first, then reach the in-memory
 index; the index file is written on ``flush()``/``close()``. Opening a bank compares the
@@ -111,6 +114,9 @@ _FEATURE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS usage (step INTEGER NOT NULL, pos INTEGER NOT NULL, reward REAL NOT NULL)",
     "CREATE INDEX IF NOT EXISTS usage_step ON usage(step)",
     "CREATE TABLE IF NOT EXISTS action_embeddings (pos INTEGER PRIMARY KEY, embedding BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS evidence (step INTEGER NOT NULL, pos INTEGER NOT NULL, weight REAL NOT NULL, "
+    "value REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS evidence_step ON evidence(step)",
 )
 
 _DELETED_SCHEMA = ("CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY, id TEXT NOT NULL, time REAL NOT NULL, "
@@ -402,8 +408,11 @@ class SqliteFeatures:
     def _has_tables(self) -> bool:
         return self._rows._has_table("usage")
 
+    def _has_evidence(self) -> bool:
+        return self._rows._has_table("evidence")  # a bank written before the evidence log has usage without it
+
     def _ensure_tables(self) -> None:
-        if not self._has_tables():
+        if not self._has_tables() or not self._has_evidence():
             with self._conn:
                 for statement in _FEATURE_SCHEMA:
                     self._conn.execute(statement)
@@ -423,23 +432,44 @@ class SqliteFeatures:
                 shown_N[pos], reward_N[pos] = int(count), float(total)
         return shown_N, reward_N
 
-    def truncate_steps(self, step: int) -> int:
-        if not self._has_tables():
-            return 0
+    def record_evidence(self, step: int, positions_M: np.ndarray, weight_M: np.ndarray, value_M: np.ndarray) -> None:
+        self._ensure_tables()
         with self._conn:
-            return int(self._conn.execute("DELETE FROM usage WHERE step >= ?", (step,)).rowcount)
+            self._conn.executemany("INSERT INTO evidence (step, pos, weight, value) VALUES (?, ?, ?, ?)",
+                                   [(step, int(p), float(w), float(v))
+                                    for p, w, v in zip(positions_M, weight_M, value_M)])
+
+    def evidence_totals(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        count_N, weight_N, value_N = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
+        if self._has_evidence():
+            for pos, count, weight, value in self._conn.execute(
+                    "SELECT pos, COUNT(*), SUM(weight), SUM(value) FROM evidence WHERE pos < ? GROUP BY pos", (n,)):
+                count_N[pos], weight_N[pos], value_N[pos] = int(count), float(weight), float(value)
+        return count_N, weight_N, value_N
+
+    def _logs(self) -> tuple[str, ...]:
+        """The per-step logs that exist: ``usage`` and ``evidence``."""
+        return tuple(name for name, have in (("usage", self._has_tables()), ("evidence", self._has_evidence()))
+                     if have)
+
+    def truncate_steps(self, step: int) -> int:
+        logs = self._logs()
+        with self._conn:
+            return sum(int(self._conn.execute(f"DELETE FROM {name} WHERE step >= ?", (step,)).rowcount)
+                       for name in logs)
 
     def forget(self, positions: Sequence[int]) -> None:
         if not self._has_tables():
             return
+        tables = (*self._logs(), "action_embeddings")
         for chunk in _chunks([int(p) for p in positions]):
-            self._conn.execute(f"DELETE FROM usage WHERE pos IN ({_marks(chunk)})", list(chunk))
-            self._conn.execute(f"DELETE FROM action_embeddings WHERE pos IN ({_marks(chunk)})", list(chunk))
+            for name in tables:
+                self._conn.execute(f"DELETE FROM {name} WHERE pos IN ({_marks(chunk)})", list(chunk))
 
     def truncate(self, n: int) -> None:
         if self._has_tables():
-            self._conn.execute("DELETE FROM usage WHERE pos >= ?", (n,))
-            self._conn.execute("DELETE FROM action_embeddings WHERE pos >= ?", (n,))
+            for name in (*self._logs(), "action_embeddings"):
+                self._conn.execute(f"DELETE FROM {name} WHERE pos >= ?", (n,))
 
     def actions_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         emb_CD = np.zeros((positions_C.size, self._dim), dtype=np.float32)

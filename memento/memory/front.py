@@ -196,7 +196,8 @@ class VectorIndex(Protocol):
 
 
 class FeatureStore(Protocol):
-    """The case features' storage: a usage log ``(step, pos, reward)`` and one action vector per position."""
+    """The case features' storage: a usage log ``(step, pos, reward)``, an evidence log ``(step, pos, weight,
+    value)`` and one action vector per position."""
 
     def record(self, step: int, positions_K: np.ndarray, reward: float) -> None: ...
 
@@ -204,7 +205,17 @@ class FeatureStore(Protocol):
         """``(shown_N, reward_sum_N)`` over positions ``0..n-1``."""
         ...
 
-    def truncate_steps(self, step: int) -> int: ...
+    def truncate_steps(self, step: int) -> int:
+        """Drop the usage and evidence rows logged at ``step`` or later; returns how many."""
+        ...
+
+    def record_evidence(self, step: int, positions_M: np.ndarray, weight_M: np.ndarray, value_M: np.ndarray) -> None:
+        """Append one evidence row per labelled position (the soft-Q agent's per-case memory)."""
+        ...
+
+    def evidence_totals(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(count_N, weight_sum_N, value_sum_N)`` over positions ``0..n-1``."""
+        ...
 
     def forget(self, positions: Sequence[int]) -> None:
         """Drop the usage rows and action vectors of those positions (tombstoned: in the same transaction)."""
@@ -305,6 +316,7 @@ class BankFront:
         self._count = rows.count()
         self._closed = False
         self._usage: tuple[np.ndarray, np.ndarray] | None = None  # (shown_N, reward_sum_N), loaded on first need
+        self._evidence: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (count_N, weight_N, value_N)
 
     # ------------------------------------------------------------------ basics
 
@@ -489,10 +501,11 @@ class BankFront:
         return positions_M
 
     def _after_tombstone(self, positions_M: np.ndarray) -> None:
-        if self._usage is not None:  # a deleted case was never shown, as far as the statistics go
-            shown_N, reward_N = self._load_usage()  # grown to the cases added since
-            shown_N[positions_M] = 0
-            reward_N[positions_M] = 0.0
+        # a deleted case was never shown nor labelled, as far as the statistics go
+        for loaded, load in ((self._usage, self._load_usage), (self._evidence, self._load_evidence)):
+            if loaded is not None:
+                for column_N in load():  # grown to the cases added since
+                    column_N[positions_M] = 0
 
     def delete(self, ids: str | Sequence[str]) -> int:
         """Forget the cases ``ids`` (stored before this returns): they are never found, listed or chosen again;
@@ -549,7 +562,7 @@ class BankFront:
         with self._rows.transaction("the truncation violates"):
             self._rows.truncate(int(n))
             self._features.truncate(int(n))
-        self._usage = None
+        self._usage = self._evidence = None
         self._count = int(n)
         self._index.truncate(int(n))
         logger.info("%s: truncated to %d case(s) (%d removed)", self.path, n, removed)
@@ -734,14 +747,51 @@ class BankFront:
 
     # ------------------------------------------------------------------ usage statistics and action vectors
 
+    def _grown(self, columns: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """Per-position totals grown with zeros to the bank's size (the cases added since were never shown or
+        labelled)."""
+        grow = self._count - columns[0].shape[0]
+        return columns if grow <= 0 else tuple(np.concatenate([c, np.zeros(grow, dtype=c.dtype)]) for c in columns)
+
     def _load_usage(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._usage is not None and self._usage[0].shape[0] < self._count:  # cases added since: never shown
-            grow = self._count - self._usage[0].shape[0]
-            self._usage = (np.concatenate([self._usage[0], np.zeros(grow, dtype=np.int64)]),
-                           np.concatenate([self._usage[1], np.zeros(grow, dtype=np.float64)]))
         if self._usage is None:
             self._usage = self._features.totals(self._count)
+        self._usage = self._grown(self._usage)  # type: ignore[assignment]
         return self._usage
+
+    def _load_evidence(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._evidence is None:
+            self._evidence = self._features.evidence_totals(self._count)
+        self._evidence = self._grown(self._evidence)  # type: ignore[assignment]
+        return self._evidence
+
+    def record_evidence(self, step: int, ids: Sequence[str], weight: Any, value: Any) -> None:
+        """Log what the planner's labels at ``step`` said of the cases ``ids`` (the soft-Q agent's per-case memory,
+        :mod:`memento.learn.evidence`): per case a finite ``weight >= 0`` (how much look-alike rivalry the label
+        had) and a finite ``value`` (its weighted label advantage over them)."""
+        self._check_writable()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise DataFormatError(f"record_evidence: step must be an integer >= 0, got {step!r}")
+        positions_M = self._positions(list(ids))
+        weight_M = np.asarray(weight, dtype=np.float64).reshape(-1)
+        value_M = np.asarray(value, dtype=np.float64).reshape(-1)
+        if weight_M.shape != positions_M.shape or value_M.shape != positions_M.shape:
+            raise DimensionError(f"record_evidence: {len(positions_M)} id(s), weight.shape={weight_M.shape}, "
+                                 f"value.shape={value_M.shape}")
+        if not (np.isfinite(weight_M).all() and np.isfinite(value_M).all() and (weight_M >= 0).all()):
+            raise DataFormatError("record_evidence: weights must be finite and >= 0, values finite")
+        count_N, weight_N, value_N = self._load_evidence()
+        self._features.record_evidence(int(step), positions_M, weight_M, value_M)
+        np.add.at(count_N, positions_M, 1)
+        np.add.at(weight_N, positions_M, weight_M)
+        np.add.at(value_N, positions_M, value_M)
+
+    def evidence_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(count_C, weight_C, value_C)``: how often the cases at ``positions`` were labelled, and the sums of
+        their evidence weights and values (:meth:`record_evidence`)."""
+        self._check_open()
+        positions_C = self._check_positions(positions)
+        return tuple(column_N[positions_C].copy() for column_N in self._load_evidence())  # type: ignore[return-value]
 
     def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None:
         """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (in [0, 1];
@@ -764,11 +814,11 @@ class BankFront:
         return shown_N[positions_C].copy(), reward_N[positions_C].copy()
 
     def truncate_usage(self, step: int) -> int:
-        """Forget every usage row logged at ``step`` or later (a resume to a checkpoint at ``step``); returns
-        how many were removed."""
+        """Forget every usage and evidence row logged at ``step`` or later (a resume to a checkpoint at ``step``);
+        returns how many were removed."""
         self._check_writable()
         removed = self._features.truncate_steps(int(step))
-        self._usage = None
+        self._usage = self._evidence = None
         return int(removed)
 
     def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,8 @@ One collection per bank, one row per case::
 The case features (the Q-network's usage statistics and action vectors, :mod:`memento.learn.features`) live
 in two side collections, created on first write: ``<collection>__usage`` (one row per time a case was shown:
 ``step``, ``pos``, ``reward``; an auto-id key, and a constant 2-d vector since Milvus wants one in every
-collection) and ``<collection>__actions`` (``pos`` primary key, the action's ``vector``). ``delete`` and
+collection), ``<collection>__actions`` (``pos`` primary key, the action's ``vector``) and ``<collection>__evidence``
+(one row per time a case was labelled: ``step``, ``pos``, ``weight``, ``value``, as the usage log). ``delete`` and
 ``truncate`` remove a case's rows there too.
 
 The bank's identity lives in the collection's properties: ``memento.format``, ``memento.format_version``,
@@ -84,13 +85,14 @@ from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
 from memento.memory.where import milvus_attrs
 from memento.types import SCOPE_FIELDS, Case, shown
 
-__all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures", "MilvusOptions",
+__all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "EVIDENCE_SUFFIX", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures", "MilvusOptions",
            "MilvusRows", "MilvusVectors", "milvus_index"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "memento_cases"
 USAGE_SUFFIX = "__usage"  # the side collections of the case features
+EVIDENCE_SUFFIX = "__evidence"
 ACTIONS_SUFFIX = "__actions"
 _MAX_TEXT = 65_535  # bytes in a Milvus VARCHAR
 _MAX_ID = 512
@@ -701,6 +703,7 @@ class MilvusFeatures:
         self._dim = dim
         self.usage = f"{rows.collection}{USAGE_SUFFIX}"
         self.actions = f"{rows.collection}{ACTIONS_SUFFIX}"
+        self.evidence = f"{rows.collection}{EVIDENCE_SUFFIX}"
         self._have: dict[str, bool] = {}
         rows._forget_hook = self._remove
 
@@ -708,8 +711,8 @@ class MilvusFeatures:
         """Delete the side rows of ``positions``, or of every position ``>= beyond``."""
         listed = f"pos >= {int(beyond)}" if positions is None else \
             f"pos in [{', '.join(str(int(p)) for p in positions)}]"
-        self._delete(self.usage, listed)
-        self._delete(self.actions, listed)
+        for name in (self.usage, self.actions, self.evidence):
+            self._delete(name, listed)
 
     def _exists(self, name: str) -> bool:
         """Whether the side collection ``name`` exists (then loaded: a collection is searched once loaded)."""
@@ -725,13 +728,14 @@ class MilvusFeatures:
             return
         pymilvus = _pymilvus()  # created once, with its index, then loaded
         DataType = pymilvus.DataType
-        usage = name == self.usage
+        usage = name in (self.usage, self.evidence)  # the per-step logs: an auto-id row each
         schema = pymilvus.MilvusClient.create_schema(auto_id=usage, enable_dynamic_field=False)
         if usage:
             schema.add_field("seq", DataType.INT64, is_primary=True)
             schema.add_field("step", DataType.INT64)
             schema.add_field("pos", DataType.INT64)
-            schema.add_field("reward", DataType.DOUBLE)
+            for column in (("reward",) if name == self.usage else ("weight", "value")):
+                schema.add_field(column, DataType.DOUBLE)
         else:
             schema.add_field("pos", DataType.INT64, is_primary=True)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2 if usage else self._dim)
@@ -761,6 +765,28 @@ class MilvusFeatures:
             batches.close()
         return shown_N, reward_N
 
+    def record_evidence(self, step: int, positions_M: np.ndarray, weight_M: np.ndarray, value_M: np.ndarray) -> None:
+        self._ensure(self.evidence)
+        rows = [{"step": step, "pos": int(p), "weight": float(w), "value": float(v), "vector": [1.0, 0.0]}
+                for p, w, v in zip(positions_M, weight_M, value_M)]
+        self._rows.call("insert", self._rows.client.insert, self.evidence, rows)
+
+    def evidence_totals(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        count_N, weight_N, value_N = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
+        if not self._exists(self.evidence):
+            return count_N, weight_N, value_N
+        batches = self._rows.call("read", self._rows.client.query_iterator, self.evidence, batch_size=4096,
+                                  filter=f"pos < {n}", output_fields=["pos", "weight", "value"])
+        try:
+            while batch := self._rows.call("read", batches.next):
+                positions = np.asarray([int(r["pos"]) for r in batch], dtype=np.int64)
+                np.add.at(count_N, positions, 1)
+                np.add.at(weight_N, positions, np.asarray([float(r["weight"]) for r in batch]))
+                np.add.at(value_N, positions, np.asarray([float(r["value"]) for r in batch]))
+        finally:
+            batches.close()
+        return count_N, weight_N, value_N
+
     def _delete(self, name: str, expression: str) -> int:
         """Delete the rows of a side collection matching ``expression``; returns how many there were."""
         if not self._exists(name):
@@ -773,7 +799,7 @@ class MilvusFeatures:
         return count
 
     def truncate_steps(self, step: int) -> int:
-        return self._delete(self.usage, f"step >= {int(step)}")
+        return sum(self._delete(name, f"step >= {int(step)}") for name in (self.usage, self.evidence))
 
     def forget(self, positions: Sequence[int]) -> None:
         """In a transaction, after its commit point (see :meth:`MilvusRows.transaction`)."""
@@ -781,8 +807,8 @@ class MilvusFeatures:
             self._remove(positions, None)
 
     def truncate(self, n: int) -> None:
-        self._delete(self.usage, f"pos >= {n}")
-        self._delete(self.actions, f"pos >= {n}")
+        for name in (self.usage, self.actions, self.evidence):
+            self._delete(name, f"pos >= {n}")
 
     def actions_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         emb_CD = np.zeros((positions_C.size, self._dim), dtype=np.float32)
@@ -1046,7 +1072,7 @@ def drop_milvus_bank(uri: str, collection: str, *, options: MilvusOptions | None
     options = options or MilvusOptions()
     client, lite_dir = MilvusBank.connect(uri, options=options, must_exist=False)
     try:
-        for name in (collection, collection + USAGE_SUFFIX, collection + ACTIONS_SUFFIX):
+        for name in (collection, *(collection + suffix for suffix in (USAGE_SUFFIX, ACTIONS_SUFFIX, EVIDENCE_SUFFIX))):
             if client.has_collection(name):
                 client.drop_collection(name)
         others = client.list_collections()

@@ -38,10 +38,12 @@ operation                          Milvus bank
 ``set_search_params``              yes (``nprobe`` for IVF_FLAT, ``ef`` for HNSW)
 ``refresh`` / ``rows_on_disk``     yes (a re-count; a Milvus Lite file is locked to one process at a time)
 ``flush`` / ``close``              yes (``flush`` seals the rows added since into an indexed segment)
-``record_usage`` / ``usage_at`` /  yes: usage statistics and action vectors (the Q-network's ``usage`` and
-``truncate_usage`` /               ``action`` case features) in two side collections, ``<collection>__usage``
-``action_embeddings_at`` /         and ``<collection>__actions``, created on first write
-``set_action_embeddings``
+``record_usage`` / ``usage_at`` /  yes: usage statistics, action vectors and per-case evidence (the Q-network's
+``truncate_usage`` /               ``usage`` and ``action`` case features, the agent's per-case memory) in three
+``action_embeddings_at`` /         side collections, ``<collection>__usage``, ``<collection>__actions`` and
+``set_action_embeddings`` /        ``<collection>__evidence``, created on first write
+``record_evidence`` /
+``evidence_at``
 ================================  =======================================================================
 
 ``positive=True`` on ``search``, ``search_positions`` and ``candidates`` is the top-k among the cases whose stored
@@ -166,6 +168,10 @@ class Bank(Protocol):
     def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def truncate_usage(self, step: int) -> int: ...
+
+    def record_evidence(self, step: int, ids: Sequence[str], weight: Any, value: Any) -> None: ...
+
+    def evidence_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 

@@ -435,7 +435,7 @@ def _evaluate_targets(specs: Sequence[TargetSpec], data: LoadedSteps, *, bank: A
         logger_m = [slate_moments(d, pairs=True, rng=moment_rng, max_enumerate=config.max_enumerate,
                                   mc_samples=config.mc_samples) for d in data.logger_d]
     context = PolicyContext(dim=bank.dim, k_max=data.k_max, reward_of=bank.rewards,
-                            featurizer=CaseFeaturizer(bank, encode, store=False))
+                            featurizer=CaseFeaturizer(bank, encode, store=False), evidence_of=bank.evidence_at)
     estimates: dict[str, list[OPEResult]] = {}
     for i, spec in enumerate(specs):
         policy = None if spec.kind == "logged" else make_policy(_policy_config(spec, bank.dim), context)

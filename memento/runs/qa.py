@@ -87,6 +87,7 @@ from memento.config import MAX_BATCH, MAX_STEPS, SoftQConfig, check, check_choic
 from memento.errors import CheckpointError, ConfigError, DataFormatError
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.judges import first_line
+from memento.learn.evidence import lookalike_advantage
 from memento.learn.policy import CandidateLabels, Observation, PolicyFactory
 from memento.memory import Candidates, CaseBank
 from memento.memory.uri import open_bank
@@ -111,7 +112,7 @@ if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a 
 
 __all__ = ["COMPONENTS", "Acted", "LoopConfig", "OnlineLoop", "check_seed_bank", "encode_checked",
            "leave_one_out_credit", "loop_policy", "plan_outputs", "restore_bank", "rollout", "run_bank", "run_online",
-           "success_by_window", "task_env", "task_order", "tasks_fingerprint", "torch_seed"]
+           "success_by_window", "task_env", "task_order", "tasks_fingerprint", "torch_seed", "without_labels"]
 
 logger = logging.getLogger(__name__)
 
@@ -255,6 +256,13 @@ def labels_config(config: LoopConfig) -> Any:
     return policy.labels if isinstance(policy, SoftQConfig) and policy.labels.active else None
 
 
+def without_labels(policy: Any) -> Any:
+    """A soft-Q policy config with its online labels off (``labels.m = 0``); any other policy config as it is."""
+    if not isinstance(policy, SoftQConfig):
+        return policy
+    return dataclasses.replace(policy, labels=dataclasses.replace(policy.labels, m=0))
+
+
 def _judge_reward(result: Any, judge: Any) -> tuple[float, str]:
     reward = getattr(result, "reward", None)
     if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
@@ -381,6 +389,13 @@ class OnlineLoop(Run):
                  bank_dir: str | Path | None = None, seed_cases: Sequence[Case] | None = None,
                  device: str | torch.device = "cpu", resume: bool = False, progress: bool = False,
                  retain_judge: Callable[[Task, str], Any] | None = None):
+        if labels_config(config) is not None:
+            from memento.planners.base import can_score
+
+            if not can_score(planner):  # labels are on by default: a planner without log-probabilities runs without
+                logger.warning("online labels off: the planner %r gives no log-probabilities (score_many); soft_q "
+                               "learns from the rewards alone", planner)
+                config = dataclasses.replace(config, policy=without_labels(config.policy))
         super().__init__(config, make_policy=make_policy, encoder=encoder, planner=planner, out_dir=out_dir,
                          bank_dir=bank_dir, device=device, resume=resume, progress=progress)
         tasks = list(tasks)
@@ -401,12 +416,6 @@ class OnlineLoop(Run):
         if config.credit == "leave_one_out" and not callable(getattr(planner, "score_many", None)):
             raise ConfigError(f"LoopConfig.credit='leave_one_out' needs a planner that scores answers "
                               f"(score_many); {planner!r} has none")
-        if labels_config(config) is not None:
-            from memento.planners.base import can_score
-
-            if not can_score(planner):
-                raise ConfigError(f"online labels (SoftQConfig.labels.m={config.policy.labels.m}) need a planner "
-                                  f"that gives log-probabilities (score_many); {planner!r} cannot score")
         self.judge = judge
         self.retain_judge = retain_judge
         self.tasks = tasks
@@ -542,9 +551,10 @@ class OnlineLoop(Run):
         if lcfg is None:
             return out
         from memento.learn.labels import LabelRow, prompt_name  # not at import: it reaches the planners package
-        rows, case_sets, answers, kinds, picked = [], [], [], [], []
+        rows, case_sets, answers, kinds, picked, set_rows = [], [], [], [], [], []
+        label_sets = getattr(self.policy, "label_sets", None)
         for b, (task, sel) in enumerate(zip(tasks, selections)):
-            if sel is None or (first_step + b) % lcfg.every:
+            if sel is None or (first_step + b) % lcfg.every or not self._informative(bank, cands[b], sel, judged[b]):
                 continue
             if lcfg.target == "gold" and task.answers:
                 answer, kind = None, "gold"
@@ -557,9 +567,15 @@ class OnlineLoop(Run):
             if order_P.size < 2:
                 continue
             rows_M = pool_rows_P[order_P]
+            # set-level labels: the policy's ranked prefixes of a few sizes (a single case is already scored)
+            labelled = set(rows_M.tolist())  # a set label's cases are among the labelled ones (the row format)
+            sets = [prefix for prefix in (label_sets(sel, cands[b], self.config.k) if label_sets else [])
+                    if len(prefix) > 1 and labelled.issuperset(prefix)]
             rows.append(b)
             picked.append(rows_M)
-            case_sets.append([[case] for case in bank.get([cands[b].ids[i] for i in rows_M])])
+            set_rows.append(sets)
+            singles = [[case] for case in bank.get([cands[b].ids[i] for i in rows_M])]
+            case_sets.append(singles + [bank.get([cands[b].ids[i] for i in prefix]) for prefix in sets])
             answers.append(answer)
             kinds.append(kind)
         if not rows:
@@ -567,9 +583,14 @@ class OnlineLoop(Run):
         scores = self.planner.score_many([tasks[b] for b in rows], case_sets, answers)
         planner_name, prompt = repr(self.planner), prompt_name(self.planner)
         labels_handle = self.handles[self.run_dir.labels]
-        for b, rows_M, task_scores, answer, kind in zip(rows, picked, scores, answers, kinds):
-            score_M = np.asarray([s.logprob / max(1, s.n_tokens) for s in task_scores], dtype=np.float64)
-            out[b] = CandidateLabels(rows_M=rows_M, score_M=score_M)
+        for b, rows_M, all_scores, sets, answer, kind in zip(rows, picked, scores, set_rows, answers, kinds):
+            per_token = [s.logprob / max(1, s.n_tokens) for s in all_scores]
+            task_scores = all_scores[:len(rows_M)]
+            score_M = np.asarray(per_token[:len(rows_M)], dtype=np.float64)
+            label_sets_S = [(int(rows_M[0]),)] + [tuple(prefix) for prefix in sets] if sets else []
+            set_score_S = np.asarray(per_token[:1] + per_token[len(rows_M):], dtype=np.float64) \
+                if sets else None
+            out[b] = CandidateLabels(rows_M=rows_M, score_M=score_M, sets=tuple(label_sets_S), set_score_S=set_score_S)
             row = LabelRow(task_id=tasks[b].id, state=tasks[b].question,
                            answer=tasks[b].answers[0] if answer is None else answer,
                            candidate_ids=tuple(cands[b].ids[i] for i in rows_M),
@@ -577,14 +598,27 @@ class OnlineLoop(Run):
                            mean_logprob=tuple(float(x) for x in score_M),
                            n_tokens=tuple(int(s.n_tokens) for s in task_scores), planner=planner_name, prompt=prompt,
                            cosine=tuple(float(cands[b].scores_C[i]) for i in rows_M),
-                           prompt_tokens=tuple(int(s.prompt_tokens) for s in task_scores))
+                           prompt_tokens=tuple(int(s.prompt_tokens) for s in task_scores),
+                           **({"sets": tuple(tuple(cands[b].ids[i] for i in rows_S) for rows_S in label_sets_S),
+                               "set_logprob": tuple(float(all_scores[0].logprob) if i == 0 else
+                                                    float(all_scores[len(rows_M) + i - 1].logprob)
+                                                    for i in range(len(label_sets_S)))} if sets else {}))
             labels_handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
             self.counters["labelled"] += 1
             self.counters[f"labelled_{kind}"] += 1
-            self.counters["label_passes"] += len(task_scores)
-            self.counters["score_calls"] += len(task_scores)
+            self.counters["label_passes"] += len(all_scores)
+            self.counters["score_calls"] += len(all_scores)
         labels_handle.flush()
         return out
+
+    def _informative(self, bank: CaseBank, candidates: Candidates, selection: Selection,
+                     judged: tuple[float, str]) -> bool:
+        """Whether a step's labels can tell the agent something (``OnlineLabelsConfig.when``): always with
+        ``"always"``; with ``"informative"``, when the step failed or a case it showed was never labelled."""
+        if labels_config(self.config).when == "always" or judged[0] < self.config.success_threshold:
+            return True
+        count_K, _, _ = bank.evidence_at(candidates.positions_C[candidates.rows_of(list(selection.ids))])
+        return bool((count_K == 0).any())
 
     # ------------------------------------------------------------------ commit: what a round changes
 
@@ -604,6 +638,7 @@ class OnlineLoop(Run):
         with timed(ms, "usage"):
             for obs in observations:  # the usage statistics of the case features, after the policy saw the round
                 bank.record_usage(obs.step, list(obs.selection.ids), obs.reward)
+            self._record_evidence(bank, observations)
         self.counters["llm_calls"] += len(tasks)
         self.counters["score_calls"] += acted.score_calls
         self.counters["memory_tokens"] += acted.memory_tokens
@@ -614,6 +649,21 @@ class OnlineLoop(Run):
         self._log(records)
         self.step = first_step + len(tasks)
         return records
+
+    def _record_evidence(self, bank: CaseBank, observations: Sequence[Observation]) -> None:
+        """Per-case evidence (``SoftQConfig.evidence``): each labelled case's label advantage over its look-alike
+        rivals (:func:`memento.learn.evidence.lookalike_advantage`) into the bank, after the policy saw the round
+        (so a label is read as evidence from the next round on)."""
+        policy = self.config.policy
+        if not isinstance(policy, SoftQConfig) or not policy.evidence.active:
+            return
+        for obs in observations:
+            if obs.labels is None or len(obs.labels.rows_M) < 2:
+                continue
+            rows_M = np.asarray(obs.labels.rows_M, dtype=np.int64)
+            emb_MD = np.asarray(obs.candidates.embeddings_CD)[rows_M]
+            weight_M, value_M = lookalike_advantage(obs.labels.score_M, emb_MD, policy.evidence.bandwidth)
+            bank.record_evidence(obs.step, [obs.candidates.ids[i] for i in rows_M], weight_M, value_M)
 
     def _log(self, records: list[StepRecord]) -> None:
         """The round's records into ``steps.jsonl`` and onto TensorBoard."""

@@ -70,11 +70,13 @@ from memento import sqlite
 from memento.config import (
     BankConfig,
     EncoderConfig,
+    EvidenceConfig,
     IndexConfig,
     LearnerConfig,
     Pooling,
     QNetConfig,
     ReplayConfig,
+    SetChoiceConfig,
     check,
     check_choice,
     check_float,
@@ -263,6 +265,8 @@ class SelectorConfig:
       store of pending selections, ``.pending.sqlite`` (about 8 KB each at D=384, k=4), small);
     - ``qnet``, ``learner``, ``replay``, ``index``: the component configs (``learner.gamma`` must be 0:
       feedback is single-step);
+    - ``evidence``, ``sets``: the per-case evidence added to Q and the choice of the shown set
+      (:mod:`memento.learn.evidence`; the evidence rows are in the artifact's bank);
     - ``run``: the full ``LoopConfig`` of the run it was trained in (``None`` when unknown).
     """
 
@@ -279,6 +283,8 @@ class SelectorConfig:
     learner: LearnerConfig
     replay: ReplayConfig
     index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
+    evidence: EvidenceConfig = dataclasses.field(default_factory=EvidenceConfig)
+    sets: SetChoiceConfig = dataclasses.field(default_factory=SetChoiceConfig)
     run: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -295,7 +301,7 @@ class SelectorConfig:
         if self.pending_ttl_s is not None:
             check_float(self, "pending_ttl_s", low=0.0, low_open=True)
         for field, kind in (("qnet", QNetConfig), ("learner", LearnerConfig), ("replay", ReplayConfig),
-                            ("index", IndexConfig)):
+                            ("index", IndexConfig), ("evidence", EvidenceConfig), ("sets", SetChoiceConfig)):
             check(isinstance(getattr(self, field), kind), cls, field, getattr(self, field),
                    f"must be a {kind.__name__}")
         check(self.learner.gamma == 0.0, cls, "learner", f"gamma={self.learner.gamma}",

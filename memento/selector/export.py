@@ -295,7 +295,7 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
                                 positive_only=soft_q.positive_only, warmup=soft_q.warmup,
                                 updates_per_step=soft_q.updates_per_step, qnet=learner.qnet.config,
                                 learner=learner.config, replay=buffer.config, index=bank_config.index,
-                                run=to_dict(src.loop))
+                                evidence=soft_q.evidence, sets=soft_q.sets, run=to_dict(src.loop))
         Selector.create(tmp, out, learner=learner, buffer=buffer, config=config, spec=spec, cases=cases,
                          source=_source_info(src, cases, learner.updates))
     except BaseException:

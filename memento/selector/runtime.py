@@ -218,7 +218,7 @@ class Selector:
         self._fb_shown: dict[int, int] = {}  # usage since the saved bank: from the feedback log
         self._fb_reward: dict[int, float] = {}
         self._agent = SoftQAgent(agent_config(config), learner=learner, buffer=buffer, reward_of=bank.rewards,
-                                 fixed_alpha=config.alpha, featurizer=featurizer)
+                                 fixed_alpha=config.alpha, featurizer=featurizer, evidence_of=bank.evidence_at)
         self._encoder = encoder
         self._encoder_device = encoder_device
         self._hash_cache = hash_cache if hash_cache is not None else {}
@@ -972,4 +972,4 @@ def agent_config(config: SelectorConfig) -> SoftQConfig:
     """The soft-Q agent a selector config describes (its Q-network, learner, replay size and learning rule)."""
     return SoftQConfig(qnet=config.qnet, learner=config.learner, replay_capacity=config.replay.capacity,
                        warmup=config.warmup, updates_per_step=config.updates_per_step,
-                       positive_only=config.positive_only)
+                       positive_only=config.positive_only, evidence=config.evidence, sets=config.sets)

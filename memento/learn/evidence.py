@@ -1,0 +1,145 @@
+"""Per-case evidence and the choice of the shown set: what a Q over embeddings cannot do on its own (issue 39).
+
+A Q-network reads a case only through its vectors, so two cases worded alike (a current answer and a stale one to
+the same question) look alike to it: what a label says about *this* case is spread over every case that resembles
+it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`memento.learn.agent.SoftQAgent`):
+
+- **Per-case evidence** (:class:`~memento.config.EvidenceConfig`). When the planner labels a task's candidates (each
+  scored alone against the target, :class:`~memento.learn.policy.CandidateLabels`), each labelled case gets one
+  evidence row in the bank (:meth:`memento.memory.CaseBank.record_evidence`): its label advantage over its
+  *look-alike* rivals in that labelled set, :func:`lookalike_advantage`. The agent adds
+  ``weight * value_sum / (weight_sum + prior)`` (:func:`evidence_term`) to the Q-network's score; a case never
+  labelled adds 0 and ranks as the embedding part says. The rows live in the bank beside the usage log (both back
+  ends), roll back with it on resume, travel in an exported selector's bank and leave with a deleted or replaced
+  case.
+- **The set** (:class:`~memento.config.SetChoiceConfig`). Cases are drawn one at a time from the softmax over the
+  candidates still allowed, where a candidate whose question is a look-alike (cosine >= ``redundancy``) of one
+  already drawn is not allowed (:func:`draw_set`; the exact probability of the ordered set is logged), and the set's
+  size is the one of 1..K whose value ``V(n)`` is highest (:func:`update_set_values` learns ``V`` from set-level
+  labels: the planner's score of the policy's ranked prefixes of a few sizes; :func:`ranked_prefixes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from memento.errors import DimensionError
+from memento.types import Selection
+
+__all__ = ["draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes", "set_size", "update_set_values"]
+
+
+def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(weight_M, value_M)`` of M cases labelled together: ``w_ij = exp((cos(e_i, e_j) - 1) / bandwidth)`` for
+    ``j != i``, ``weight_i = sum_j w_ij`` and ``value_i = sum_j w_ij (score_i - score_j)`` (so ``value / weight`` is
+    the case's advantage over its look-alikes, and an unrelated rival counts for almost nothing)."""
+    score_M = np.asarray(score_M, dtype=np.float64).reshape(-1)
+    emb_MD = np.asarray(emb_MD, dtype=np.float64)
+    if emb_MD.ndim != 2 or emb_MD.shape[0] != score_M.shape[0]:
+        raise DimensionError(f"lookalike_advantage: score_M.shape={score_M.shape}, emb_MD.shape={emb_MD.shape}")
+    cos_MM = np.clip(emb_MD @ emb_MD.T, -1.0, 1.0)
+    w_MM = np.exp((cos_MM - 1.0) / bandwidth)
+    np.fill_diagonal(w_MM, 0.0)
+    weight_M = w_MM.sum(axis=1)
+    value_M = (w_MM * (score_M[:, None] - score_M[None, :])).sum(axis=1)
+    return weight_M, value_M
+
+
+def evidence_term(weight_C: np.ndarray, value_C: np.ndarray, prior: float) -> np.ndarray:
+    """A case's shrunk evidence ``value_sum / (weight_sum + prior)`` (0 for a case never labelled)."""
+    return np.asarray(value_C, dtype=np.float64) / (np.asarray(weight_C, dtype=np.float64) + prior)
+
+
+def set_size(values: Sequence[float] | None, k: int) -> int:
+    """The size in 1..k with the highest value ``values[n - 1]`` (ties go to the larger; no values: ``k``)."""
+    if not values or k <= 1:
+        return max(1, k)
+    v = np.asarray(values[:k], dtype=np.float64)
+    best = np.flatnonzero(v >= v.max() - 1e-12)
+    return int(best[-1]) + 1 if best.size else k
+
+
+def update_set_values(values: list[float], sizes_S: Sequence[int], score_S: np.ndarray, *, tau: float,
+                      lr: float) -> list[float]:
+    """One step of the listwise loss ``KL(softmax(score_S / tau) || softmax(V[sizes_S] / tau))`` on the values of
+    the scored sizes (the others are left as they are); returns the new values (grown to the largest size)."""
+    sizes = [int(n) for n in sizes_S]
+    out = list(values) + [0.0] * max(0, max(sizes) - len(values))
+    if len(sizes) < 2:
+        return out
+    score = np.asarray(score_S, dtype=np.float64) / tau
+    v = np.asarray([out[n - 1] for n in sizes], dtype=np.float64) / tau
+    p = np.exp(score - score.max())
+    q = np.exp(v - v.max())
+    grad = (q / q.sum() - p / p.sum()) / tau  # d KL / d V
+    for n, g in zip(sizes, grad):
+        out[n - 1] -= lr * float(g)
+    return out
+
+
+def _allowed(cos_CC: np.ndarray, chosen: list[int], allowed_C: np.ndarray, redundancy: float) -> np.ndarray:
+    out = allowed_C.copy()
+    for i in chosen:
+        out &= cos_CC[i] < redundancy - 1e-6
+    return out
+
+
+def ranked_prefixes(order_P: np.ndarray, emb_PD: np.ndarray, redundancy: float, sizes: Sequence[int]
+                    ) -> list[list[int]]:
+    """The prefixes of ``sizes`` of a ranking ``order_P`` (indices into ``emb_PD``) once look-alikes of a case
+    ranked higher are skipped; a size the ranking cannot fill gives the longest prefix (duplicates dropped)."""
+    emb = np.asarray(emb_PD, dtype=np.float64)
+    cos_PP = emb @ emb.T
+    ranked: list[int] = []
+    for i in np.asarray(order_P, dtype=np.int64).tolist():
+        if all(cos_PP[i, j] < redundancy - 1e-6 for j in ranked):
+            ranked.append(i)
+    out: list[list[int]] = []
+    for n in sizes:
+        prefix = ranked[:n]
+        if prefix and prefix not in out:
+            out.append(prefix)
+    return out
+
+
+def draw_set(q_C: np.ndarray, emb_CD: np.ndarray, candidate_ids: Sequence[str], n: int, alpha: float, *,
+             redundancy: float, rng: np.random.Generator, greedy: bool = False) -> Selection:
+    """``n`` cases drawn one at a time from ``softmax(q / alpha)`` over the candidates still allowed (not a
+    look-alike, cosine >= ``redundancy``, of one drawn before); fewer when the allowed ones run out. ``greedy``
+    takes the best allowed one each time (``set_prob = 1``); otherwise ``set_prob`` is the product of each draw's
+    probability, exact. ``probs_C`` is the softmax over all candidates and ``probs_K`` its value at the drawn
+    cases (each case's first-draw propensity)."""
+    q = np.asarray(q_C, dtype=np.float64)
+    c = q.shape[0]
+    z = (q - q.max()) / alpha
+    p_C = np.exp(z)
+    probs_C = p_C / p_C.sum()
+    emb = np.asarray(emb_CD, dtype=np.float64)
+    cos_CC = emb @ emb.T
+    allowed = np.ones(c, dtype=bool)
+    chosen: list[int] = []
+    log_prob = 0.0
+    for _ in range(min(n, c)):
+        allowed = _allowed(cos_CC, chosen[-1:], allowed, redundancy) if chosen else allowed
+        allowed[chosen] = False
+        idx = np.flatnonzero(allowed)
+        if not idx.size:
+            break
+        if greedy:
+            pick = int(idx[np.argmax(q[idx])])  # the first of equal values: the earlier candidate
+        else:
+            logits = z[idx]
+            logp = logits - logits.max()
+            logp = logp - math.log(np.exp(logp).sum())
+            j = int(np.argmax(logp + rng.gumbel(size=idx.size)))
+            pick = int(idx[j])
+            log_prob += float(logp[j])
+        chosen.append(pick)
+    order_K = np.asarray(chosen, dtype=np.int64)
+    ids = list(candidate_ids)
+    return Selection(ids=[ids[i] for i in order_K], positions_K=order_K, probs_K=probs_C[order_K].copy(),
+                     set_prob=1.0 if greedy else float(math.exp(log_prob)), candidate_ids=ids, probs_C=probs_C,
+                     greedy=bool(greedy))
