@@ -970,6 +970,13 @@ class SetChoiceConfig:
         return (k,) if n == 1 else tuple(sorted({1 + i * (k - 1) // (n - 1) for i in range(n)}))
 
 
+NO_EVIDENCE = EvidenceConfig(weight=0.0)
+"""Per-case evidence off: the Q-network's score alone (:class:`SoftQConfig`'s own default; the QA loop turns it on)."""
+FIXED_SETS = SetChoiceConfig(sizes="fixed", redundancy=2.0)
+"""K cases drawn by Gumbel-top-k, look-alikes allowed (:class:`SoftQConfig`'s own default, Memento's choice; the QA
+loop learns the set)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SoftQConfig:
     """The soft-Q agent (:class:`memento.learn.agent.SoftQAgent`): a Q-network, its learner and its replay buffer.
@@ -988,7 +995,11 @@ class SoftQConfig:
       run starts from instead of a fresh one (the optimiser starts fresh with ``learner``; ``qnet`` is then
       unused);
     - ``labels``: per-candidate planner labels online and the listwise loss on them
-      (:class:`OnlineLabelsConfig`; default off).
+      (:class:`OnlineLabelsConfig`; default off);
+    - ``evidence``: per-case evidence from those labels added to Q (:class:`EvidenceConfig`; default off,
+      :data:`NO_EVIDENCE`); ``sets``: which set is shown (:class:`SetChoiceConfig`; default K cases as Memento draws
+      them, :data:`FIXED_SETS`). The QA loop's default soft-Q (:func:`memento.runs.base.loop_policy`) turns all three
+      on.
     """
 
     kind: Literal["soft_q"] = "soft_q"
@@ -1003,8 +1014,8 @@ class SoftQConfig:
     positive_only: bool = False
     init_qnet: str | None = None
     labels: OnlineLabelsConfig = dataclasses.field(default_factory=OnlineLabelsConfig)
-    evidence: EvidenceConfig = dataclasses.field(default_factory=EvidenceConfig)
-    sets: SetChoiceConfig = dataclasses.field(default_factory=SetChoiceConfig)
+    evidence: EvidenceConfig = dataclasses.field(default_factory=lambda: NO_EVIDENCE)
+    sets: SetChoiceConfig = dataclasses.field(default_factory=lambda: FIXED_SETS)
 
     def __post_init__(self) -> None:
         cls = type(self)

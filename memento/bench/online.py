@@ -92,8 +92,9 @@ logger = logging.getLogger(__name__)
 
 
 SoftQCandidates = Literal["all", "positive"]
-BenchPolicy = Literal["similarity", "random", "uniform_positive", "soft_q", "soft_q_anchored", "soft_q_features",
-                      "soft_q_labels", "soft_q_labels_relation", "soft_q_hindsight", "soft_q_hindsight_relation",
+BenchPolicy = Literal["similarity", "similarity_k1", "random", "uniform_positive", "soft_q", "soft_q_anchored",
+                      "soft_q_features", "soft_q_labels", "soft_q_labels_relation", "soft_q_hindsight",
+                      "soft_q_hindsight_relation", "soft_q_default", "soft_q_default_k1", "soft_q_default_hindsight",
                       "soft_q_pretrained", "soft_q_pretrained_frozen", "linucb", "best_of_c"]
 """The policies the benchmark compares: the four kinds, plus ``uniform_positive`` (uniform among the rewarded
 candidates: the floor for a choice within similarity's pool), ``soft_q_anchored`` (soft-Q whose Q-network
@@ -104,7 +105,10 @@ also learns from per-candidate planner labels online against the gold answer, :d
 answer), ``soft_q_labels_relation`` / ``soft_q_hindsight_relation`` (either with the Q-network's bilinear
 relation term, ``QNetConfig.relation_rank`` = :data:`BENCH_RELATION_RANK`), ``soft_q_pretrained`` (soft-Q starting from
 the trained Q-network ``OnlineBenchConfig.init_qnet``, e.g. ``memento train --from-labels`` on the train split,
-learning on), ``soft_q_pretrained_frozen`` (the same without online updates) and ``best_of_c`` (not a
+learning on), ``soft_q_pretrained_frozen`` (the same without online updates), ``soft_q_default`` (the QA loop's
+default soft-Q, :func:`memento.runs.base.loop_policy`: per-case evidence, the learned set, online labels on the
+informative steps), ``soft_q_default_hindsight`` (the same with hindsight targets only), ``similarity_k1`` and
+``soft_q_default_k1`` (similarity and the default shown at most one case: K = 1) and ``best_of_c`` (not a
 policy: an upper bound that scores the ``best_of_c`` positive-only nearest cases one by one with the planner's
 likelihood of the *gold* answer and shows the best K)."""
 
@@ -138,7 +142,12 @@ def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_
                 raise ConfigError(f"bench policy {name!r} needs a trained Q-network (--init-qnet DIR)")
             return dataclasses.replace(soft_q, init_qnet=str(init_qnet),
                                        updates_per_step=0 if name == "soft_q_pretrained_frozen" else 1)
-        case "best_of_c":
+        case "soft_q_default" | "soft_q_default_k1" | "soft_q_default_hindsight":
+            default = loop_policy("soft_q")
+            assert isinstance(default, SoftQConfig)
+            target = "hindsight" if name.endswith("_hindsight") else "gold"
+            return dataclasses.replace(default, labels=dataclasses.replace(default.labels, target=target))
+        case "best_of_c" | "similarity_k1":
             return SimilarityConfig(positive_only=True)
         case _:
             return loop_policy(name)  # type: ignore[arg-type]
@@ -147,7 +156,13 @@ def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_
 def _kind(name: str) -> PolicyKind:
     if name.startswith("soft_q"):
         return "soft_q"
-    return {"uniform_positive": "random", "best_of_c": "similarity"}.get(name, name)  # type: ignore[return-value]
+    return {"uniform_positive": "random", "best_of_c": "similarity",  # type: ignore[return-value]
+            "similarity_k1": "similarity"}.get(name, name)
+
+
+def bench_k(name: str, k: int) -> int:
+    """The cases a benchmark policy shows: 1 for the ``*_k1`` arms, else ``k``."""
+    return 1 if name.endswith("_k1") else k
 
 
 class BestOfCPlanner:
@@ -396,7 +411,8 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
     ope_per_seed: dict[str, Any] = {}
     successes: dict[str, list[np.ndarray]] = {name: [] for name in config.policies}
     cost: dict[str, dict[str, list[float]]] = {name: {"llm_calls_per_task": [], "forward_passes_per_task": [],
-                                                      "ms_per_task": []} for name in config.policies}
+                                                      "ms_per_task": [], "memory_tokens_per_task": [],
+                                                      "cases_per_task": []} for name in config.policies}
     for seed in config.seeds:
         loop_config = LoopConfig(steps=config.steps, seed=seed, checkpoint_every=0, tensorboard=False,
                                  window=config.window)
@@ -405,8 +421,13 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
                       judge=make_judge("exact"), tasks=tasks, seed_cases=cases, resume=config.resume,
                       retain_judge=None if config.retain_judge is None else make_judge(config.retain_judge))
         learned = {name: c for name, c in config.loop_policies().items() if name != "best_of_c"}
-        comparison = (run_comparison(learned, config=loop_config, out_dir=out, planner=planner, **common)
-                      if learned else {"policies": {}})
+        comparison: dict[str, Any] = {"policies": {}}
+        for k in sorted({bench_k(name, loop_config.k) for name in learned}, reverse=True):  # one stream per K
+            arms = {name: c for name, c in learned.items() if bench_k(name, loop_config.k) == k}
+            part = run_comparison(arms, config=dataclasses.replace(loop_config, k=k),
+                                  out_dir=out / ("" if k == loop_config.k else f"k{k}"), planner=planner, **common)
+            comparison = {**part, "policies": {**comparison["policies"], **part["policies"]}} \
+                if comparison["policies"] else part
         passes: dict[str, float] = {name: comparison["policies"][name]["llm_calls"]
                                     + comparison["policies"][name].get("score_calls", 0) for name in learned}
         if "best_of_c" in config.policies:  # the upper bound: C cases reach the planner wrapper, which keeps K
@@ -419,12 +440,15 @@ def _real(config: OnlineBenchConfig, encoder: Any, workdir: Path) -> dict[str, A
                 len(r.chosen_ids) for r in shown if len(r.chosen_ids) > loop_config.k)
         per_seed[str(seed)] = comparison
         for name in config.policies:
-            records = read_steps_jsonl(out / ("upper" if name == "best_of_c" else "") / name / "steps.jsonl")
+            sub = "upper" if name == "best_of_c" else "" if bench_k(name, loop_config.k) == loop_config.k else "k1"
+            records = read_steps_jsonl(out / sub / name / "steps.jsonl")
             successes[name].append(np.asarray([r.success for r in records], dtype=np.float64))
             run = comparison["policies"][name]
             cost[name]["llm_calls_per_task"].append(run["llm_calls"] / max(1, config.steps))
             cost[name]["forward_passes_per_task"].append(passes[name] / max(1, config.steps))
             cost[name]["ms_per_task"].append(run["ms_per_step"]["total"])
+            cost[name]["memory_tokens_per_task"].append(run.get("memory_tokens", 0) / max(1, len(records)))
+            cost[name]["cases_per_task"].append(float(np.mean([len(r.chosen_ids) for r in records])) if records else 0.)
         if config.ope and OPE_LOGGER in config.policies:
             ope_per_seed[str(seed)] = _real_ope(config, encoder, out, seed, successes)
     summary = summarize_real(successes, window=config.window, late_steps=config.late_steps,

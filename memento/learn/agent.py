@@ -46,10 +46,10 @@ from memento.learn.evidence import draw_set, evidence_term, ranked_prefixes, set
 from memento.learn.learner import SoftQLearner
 from memento.learn.listwise import LabelBuffer
 from memento.learn.policy import (
+    EvidenceFn,
     Observation,
     PolicyContext,
     RewardFn,
-    EvidenceFn,
     boltzmann_select,
     check_k,
     positive_pool,

@@ -85,8 +85,8 @@ from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
 from memento.memory.where import milvus_attrs
 from memento.types import SCOPE_FIELDS, Case, shown
 
-__all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "EVIDENCE_SUFFIX", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures", "MilvusOptions",
-           "MilvusRows", "MilvusVectors", "milvus_index"]
+__all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "EVIDENCE_SUFFIX", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures",
+           "MilvusOptions", "MilvusRows", "MilvusVectors", "milvus_index"]
 
 logger = logging.getLogger(__name__)
 

@@ -35,14 +35,17 @@ import numpy as np
 import torch
 
 from memento.config import (
+    FIXED_SETS,
     MAX_CANDIDATES,
     MAX_K,
     MAX_SEED,
     MAX_STEPS,
     POLICY_CONFIGS,
+    EvidenceConfig,
     OnlineLabelsConfig,
     PolicyConfig,
     PolicyKind,
+    SetChoiceConfig,
     SimilarityConfig,
     SoftQConfig,
     check,
@@ -106,7 +109,8 @@ def loop_policy(kind: PolicyKind, *, gamma: float = 0.0, rewarded_only: bool = T
             base = soft_q
         else:
             labels = OnlineLabelsConfig(m=DEFAULT_LABELS if gamma == 0 else 0)
-            base = anchored(SoftQConfig(positive_only=rewarded_only, labels=labels))
+            base = anchored(SoftQConfig(positive_only=rewarded_only, labels=labels, evidence=EvidenceConfig(),
+                                        sets=SetChoiceConfig() if gamma == 0 else FIXED_SETS))
         return dataclasses.replace(base, learner=dataclasses.replace(base.learner, gamma=float(gamma)))
     return POLICY_CONFIGS[kind]()
 

@@ -68,6 +68,8 @@ import torch
 
 from memento import sqlite
 from memento.config import (
+    FIXED_SETS,
+    NO_EVIDENCE,
     BankConfig,
     EncoderConfig,
     EvidenceConfig,
@@ -266,7 +268,9 @@ class SelectorConfig:
     - ``qnet``, ``learner``, ``replay``, ``index``: the component configs (``learner.gamma`` must be 0:
       feedback is single-step);
     - ``evidence``, ``sets``: the per-case evidence added to Q and the choice of the shown set
-      (:mod:`memento.learn.evidence`; the evidence rows are in the artifact's bank);
+      (:mod:`memento.learn.evidence`; the evidence rows are in the artifact's bank). Absent from an artifact
+      written before them: off, as it chose then; ``memento export`` writes the run's, and a selector made from a
+      bank the QA loop's defaults;
     - ``run``: the full ``LoopConfig`` of the run it was trained in (``None`` when unknown).
     """
 
@@ -283,8 +287,8 @@ class SelectorConfig:
     learner: LearnerConfig
     replay: ReplayConfig
     index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
-    evidence: EvidenceConfig = dataclasses.field(default_factory=EvidenceConfig)
-    sets: SetChoiceConfig = dataclasses.field(default_factory=SetChoiceConfig)
+    evidence: EvidenceConfig = dataclasses.field(default_factory=lambda: NO_EVIDENCE)
+    sets: SetChoiceConfig = dataclasses.field(default_factory=lambda: FIXED_SETS)
     run: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

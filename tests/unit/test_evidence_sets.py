@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from memento.config import EvidenceConfig, OnlineLabelsConfig, SetChoiceConfig, SoftQConfig
-from memento.memory import CaseBank
 from memento.learn.evidence import draw_set, lookalike_advantage, ranked_prefixes, set_size, update_set_values
+from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy, without_labels
 from memento.types import Case, Task
