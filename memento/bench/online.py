@@ -78,7 +78,7 @@ from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
 from memento.runs.base import anchored
 from memento.runs.compare import run_comparison
-from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
+from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy, qa_policy
 from memento.runs.regret import RegretConfig, regret_policy, run_regret
 from memento.runs.rundir import RunDir
 from memento.runs.spans import success_spans
@@ -143,7 +143,7 @@ def bench_policy(name: BenchPolicy, *, soft_q_positive_only: bool = False, init_
             return dataclasses.replace(soft_q, init_qnet=str(init_qnet),
                                        updates_per_step=0 if name == "soft_q_pretrained_frozen" else 1)
         case "soft_q_default" | "soft_q_default_k1" | "soft_q_default_hindsight":
-            default = loop_policy("soft_q")
+            default = qa_policy("soft_q")
             assert isinstance(default, SoftQConfig)
             target = "hindsight" if name.endswith("_hindsight") else "gold"
             return dataclasses.replace(default, labels=dataclasses.replace(default.labels, target=target))

@@ -28,14 +28,23 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import MAX_STEPS, MAX_WORKERS, OnlineLabelsConfig, PolicyKind, QNetConfig, SoftQConfig
+from memento.config import (
+    MAX_STEPS,
+    MAX_WORKERS,
+    EvidenceConfig,
+    OnlineLabelsConfig,
+    PolicyKind,
+    QNetConfig,
+    SetChoiceConfig,
+    SoftQConfig,
+)
 from memento.errors import ConfigError, DataFormatError
 from memento.flags import check_count, check_device, config_option, field_help, int_arg
 from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 from memento.runs.compare import comparison_table, run_comparison
-from memento.runs.qa import LoopConfig, check_seed_bank, loop_policy, without_labels
+from memento.runs.qa import LoopConfig, check_seed_bank, qa_policy, without_labels
 from memento.runs.ray import WorkersConfig
 from policies import make_policy
 
@@ -62,7 +71,7 @@ planners:
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
 uninterrupted run with the same seed on the CPU)."""
 
-SOFT_Q = loop_policy("soft_q")
+SOFT_Q = qa_policy("soft_q")
 """The soft_q config `memento online` starts from (the loop's default; flags override its fields)."""
 
 _LOOP_FIELDS = {  # LoopConfig field -> the help of its flag (the run configs carry no help metadata)
@@ -140,6 +149,14 @@ def _add_soft_q_options(online: Any) -> None:
                   "needs a planner that gives log-probabilities; 0: off", flag="--labels", dest="labels_m",
                   shown_default=SOFT_Q.labels.m)
     config_option(online, OnlineLabelsConfig, "every", flag="--labels-every", dest="labels_every")
+    config_option(online, OnlineLabelsConfig, "when", flag="--labels-when", dest="labels_when",
+                  shown_default=SOFT_Q.labels.when)
+    config_option(online, EvidenceConfig, "weight", flag="--evidence-weight", dest="evidence_weight",
+                  shown_default=SOFT_Q.evidence.weight)
+    config_option(online, SetChoiceConfig, "sizes", flag="--set-sizes", dest="sets_sizes",
+                  shown_default=SOFT_Q.sets.sizes)
+    config_option(online, SetChoiceConfig, "redundancy", flag="--set-redundancy", dest="sets_redundancy",
+                  shown_default=SOFT_Q.sets.redundancy)
     config_option(online, OnlineLabelsConfig, "target",
                   "what the labels score: gold (the task's gold answer; the planner's own output when the judge "
                   "rewarded it where a task has none) or hindsight (only the rewarded outputs: no gold answer used)",
@@ -172,10 +189,12 @@ def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     qnet = {name: getattr(args, name) for name in _QNET_FLAGS if getattr(args, name) is not None}
     if qnet:
         given["qnet"] = dataclasses.replace(SOFT_Q.qnet, **qnet)
-    labels = {name: getattr(args, f"labels_{name}") for name in ("m", "every", "target")
-              if getattr(args, f"labels_{name}", None) is not None}
-    if labels:
-        given["labels"] = dataclasses.replace(SOFT_Q.labels, **labels)
+    for field, prefix, names in (("labels", "labels", ("m", "every", "when", "target")),
+                                 ("evidence", "evidence", ("weight",)), ("sets", "sets", ("sizes", "redundancy"))):
+        changes = {name: getattr(args, f"{prefix}_{name}") for name in names
+                   if getattr(args, f"{prefix}_{name}", None) is not None}
+        if changes:
+            given[field] = dataclasses.replace(getattr(SOFT_Q, field), **changes)
     return dataclasses.replace(SOFT_Q, **given)
 
 
@@ -234,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     if args.bank is not None:
         check_seed_bank(args.bank)  # read whole: a damaged bank fails before --out is made
     soft_q = soft_q_config(args)
-    configs = [soft_q if kind == "soft_q" else loop_policy(kind) for kind in policies]  # type: ignore[arg-type]
+    configs = [soft_q if kind == "soft_q" else qa_policy(kind) for kind in policies]  # type: ignore[arg-type]
     config = loop_config(args, policy=configs[0])
     systems = systems_from_args(args, config.systems)
     if systems is not None:
@@ -294,8 +313,9 @@ def _label_default(args: argparse.Namespace, planner: Any, tasks: list[Any], con
         print(f"online labels off: {one_line(error)}")
         configs = [without_labels(c) for c in configs]
         return configs, dataclasses.replace(config, policy=configs[0])
-    print(f"online labels on: soft_q scores its top {labels.m} candidates (and {labels.when} steps only) against "
-          f"the {labels.target} answer with the planner; --labels 0 turns them off")
+    steps = "every step" if labels.when == "always" else "each step that failed or showed a case never labelled"
+    print(f"online labels on: on {steps}, the planner scores soft_q's top {labels.m} candidates against the "
+          f"{labels.target} answer; --labels 0 turns them off")
     return configs, config
 
 

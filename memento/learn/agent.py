@@ -42,7 +42,14 @@ import torch
 
 from memento.config import ReplayConfig, SoftQConfig
 from memento.errors import CheckpointError, ConfigError, DimensionError
-from memento.learn.evidence import draw_set, evidence_term, ranked_prefixes, set_size, update_set_values
+from memento.learn.evidence import (
+    draw_set,
+    evidence_term,
+    ranked_prefixes,
+    set_context,
+    set_size,
+    update_set_values,
+)
 from memento.learn.learner import SoftQLearner
 from memento.learn.listwise import LabelBuffer
 from memento.learn.policy import (
@@ -199,13 +206,21 @@ class SoftQAgent:
         return evidence_term(weight_C, value_C, self.config.evidence.prior)
 
     @property
-    def set_values(self) -> list[float]:
-        """The learned value ``V(n)`` of showing ``n`` cases, ``set_values[n - 1]`` (empty before any set label)."""
-        return list(self.learner.set_values)
+    def set_values(self) -> dict[str, list[float]]:
+        """The learned value ``V(context, n)`` of showing ``n`` cases, ``set_values[context][n - 1]`` (a context
+        without set labels yet is absent; :func:`memento.learn.evidence.set_context`)."""
+        return {context: list(values) for context, values in self.learner.set_values.items()}
 
-    def set_size(self, k: int) -> int:
-        """How many of at most ``k`` cases a decision shows: ``k`` with fixed sizes, else the best-valued size."""
-        return k if self.config.sets.sizes == "fixed" else set_size(self.learner.set_values, k)
+    def _context(self, candidates: Candidates, row: int) -> str:
+        """The set-size context of candidate ``row`` as the top case: what its per-case evidence says."""
+        return set_context(float(self.evidence(candidates.take(np.asarray([row], dtype=np.int64)))[0]))
+
+    def set_size(self, k: int, candidates: Candidates | None = None, top: int = 0) -> int:
+        """How many of at most ``k`` cases a decision shows: ``k`` with fixed sizes, else the best-valued size in
+        the context of its top case (``candidates`` row ``top``)."""
+        if self.config.sets.sizes == "fixed" or candidates is None or not len(candidates):
+            return k
+        return set_size(self.learner.set_values.get(self._context(candidates, top)), k)
 
     def label_sets(self, selection: Selection, candidates: Candidates, k: int) -> list[list[int]]:
         """The sets a labelled step scores (set-level labels, :class:`~memento.config.SetChoiceConfig`): the prefixes
@@ -234,7 +249,7 @@ class SoftQAgent:
         forward pass that made the choice (a served selector reports them as the cases' scores)."""
         pool = self._pool(candidates)
         q_C = self.q_values(state_D, pool)
-        n, redundancy = self.set_size(k), self.config.sets.redundancy
+        n, redundancy = self.set_size(k, pool, int(np.argmax(q_C))) if len(pool) else k, self.config.sets.redundancy
         if redundancy > 1.0 and n == k:  # today's draw: Gumbel-top-k over the whole pool
             selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
         else:
@@ -279,9 +294,10 @@ class SoftQAgent:
         set-level labels into the set values (``SoftQConfig.sets``)."""
         if obs.labels is not None and len(obs.labels.sets) >= 2 and self.config.sets.sizes == "learned":
             cfg = self.config.sets
-            self.learner.set_values = update_set_values(
-                self.learner.set_values, [len(rows) for rows in obs.labels.sets], obs.labels.set_score_S,
-                tau=cfg.tau, lr=cfg.lr)
+            context = self._context(obs.candidates, obs.labels.sets[0][0])  # the ranking's top case
+            self.learner.set_values[context] = update_set_values(
+                self.learner.set_values.get(context, []), [len(rows) for rows in obs.labels.sets],
+                obs.labels.set_score_S, tau=cfg.tau, lr=cfg.lr)
         if self.label_buffer is None or obs.labels is None or len(obs.labels.rows_M) < 2:
             return
         rows_M = np.asarray(obs.labels.rows_M, dtype=np.int64)[:self.label_buffer.m]

@@ -15,8 +15,9 @@ it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`mem
 - **The set** (:class:`~memento.config.SetChoiceConfig`). Cases are drawn one at a time from the softmax over the
   candidates still allowed, where a candidate whose question is a look-alike (cosine >= ``redundancy``) of one
   already drawn is not allowed (:func:`draw_set`; the exact probability of the ordered set is logged), and the set's
-  size is the one of 1..K whose value ``V(n)`` is highest (:func:`update_set_values` learns ``V`` from set-level
-  labels: the planner's score of the policy's ranked prefixes of a few sizes; :func:`ranked_prefixes`).
+  size is the one of 1..K whose value ``V(context, n)`` is highest, where the context is what the evidence says of the
+  policy's top case (:func:`set_context`); :func:`update_set_values` learns ``V`` from set-level labels: the
+  planner's score of the policy's ranked prefixes of a few sizes (:func:`ranked_prefixes`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import numpy as np
 from memento.errors import DimensionError
 from memento.types import Selection
 
-__all__ = ["draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes", "set_size", "update_set_values"]
+__all__ = ["SET_CONTEXTS", "draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes", "set_context",
+           "set_size", "update_set_values"]
 
 
 def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +53,17 @@ def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: floa
 def evidence_term(weight_C: np.ndarray, value_C: np.ndarray, prior: float) -> np.ndarray:
     """A case's shrunk evidence ``value_sum / (weight_sum + prior)`` (0 for a case never labelled)."""
     return np.asarray(value_C, dtype=np.float64) / (np.asarray(weight_C, dtype=np.float64) + prior)
+
+
+SET_CONTEXTS = ("none", "positive", "negative")
+"""What the set size is conditioned on: the per-case evidence of the policy's top case (none yet, or it beat or lost to
+its look-alikes). A case whose evidence says it is the right one is best shown alone when the planner copies
+whatever else it is shown; a case nothing is known about may need company."""
+
+
+def set_context(evidence: float) -> str:
+    """The :data:`SET_CONTEXTS` entry of a top case with shrunk evidence ``evidence``."""
+    return "none" if abs(evidence) < 1e-9 else "positive" if evidence > 0 else "negative"
 
 
 def set_size(values: Sequence[float] | None, k: int) -> int:

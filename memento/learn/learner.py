@@ -189,7 +189,7 @@ class SoftQLearner:
             raise ValueError(f"SoftQLearner: generator is on {generator.device}, the learner on {self.device}")
         self.generator = generator
         self.updates = 0
-        self.set_values: list[float] = []  # the soft-Q agent's value of each set size (memento.learn.evidence)
+        self.set_values: dict[str, list[float]] = {}  # the soft-Q agent's set-size values (memento.learn.evidence)
 
     @property
     def alpha(self) -> float:
@@ -299,7 +299,7 @@ class SoftQLearner:
             "generator_device": self.generator.device.type,
             "config": to_dict(self.config),
             "qnet_config": to_dict(self.qnet.config),
-            "set_values": [float(v) for v in self.set_values],
+            "set_values": {context: [float(v) for v in values] for context, values in self.set_values.items()},
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
@@ -324,11 +324,14 @@ class SoftQLearner:
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.updates = int(state["updates"])
-        set_values = state.get("set_values", [])  # absent from a learner saved before set sizes were learned
-        if not isinstance(set_values, list) or not all(isinstance(v, (int, float)) and math.isfinite(v)
-                                                       for v in set_values):
-            raise CheckpointError(f"learner state: set_values={set_values!r} must be a list of finite numbers")
-        self.set_values = [float(v) for v in set_values]
+        set_values = state.get("set_values", {})  # absent from a learner saved before set sizes were learned
+        if not isinstance(set_values, dict) or not all(
+                isinstance(key, str) and isinstance(values, list)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+                for key, values in set_values.items()):
+            raise CheckpointError(f"learner state: set_values={set_values!r} must map contexts to lists of finite "
+                                  "numbers")
+        self.set_values = {key: [float(v) for v in values] for key, values in set_values.items()}
         if state.get("generator_device") == self.generator.device.type:
             self.generator.set_state(state["generator"].cpu())
         else:
@@ -383,7 +386,7 @@ class SoftQLearner:
                 "log_alpha": tensors["log_alpha"], "generator": tensors["generator"],
                 "updates": meta["updates"], "generator_device": meta["generator_device"],
                 "config": meta["config"], "qnet_config": meta["qnet_config"],
-                "set_values": meta.get("set_values", []),
+                "set_values": meta.get("set_values", {}),
             }
             if "alpha_optimizer" in meta:
                 state["alpha_optimizer"] = _unflatten_optimizer(meta["alpha_optimizer"], tensors)

@@ -35,17 +35,13 @@ import numpy as np
 import torch
 
 from memento.config import (
-    FIXED_SETS,
     MAX_CANDIDATES,
     MAX_K,
     MAX_SEED,
     MAX_STEPS,
     POLICY_CONFIGS,
-    EvidenceConfig,
-    OnlineLabelsConfig,
     PolicyConfig,
     PolicyKind,
-    SetChoiceConfig,
     SimilarityConfig,
     SoftQConfig,
     check,
@@ -70,9 +66,6 @@ __all__ = ["Run", "RunConfig", "TaskOrder", "anchored", "crossed", "encode_check
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LABELS = 8
-"""Candidates the QA loop's default soft-Q labels per labelled step (``OnlineLabelsConfig.m``)."""
-
 SEED_STREAMS = 5
 """Streams spawned from a run's seed (``SeedSequence.spawn`` children do not depend on how many are spawned)."""
 
@@ -90,10 +83,7 @@ def loop_policy(kind: PolicyKind, *, gamma: float = 0.0, rewarded_only: bool = T
     - similarity: among the successful cases only (``rewarded_only``), as Memento's non-parametric client
       retrieves them;
     - soft_q: ``soft_q`` when given, else among the same successful cases with a Q-network anchored on cosine
-      similarity that sees the case features (:func:`anchored`), per-case evidence, the learned choice of the set
-      and, in single-step runs (``gamma = 0``), online labels of its top :data:`DEFAULT_LABELS` candidates on the
-      informative steps (a run whose planner cannot score turns them off and says so): the configuration measured
-      best on ``facts-real``
+      similarity that sees the case features (:func:`anchored`): the configuration measured best on ``facts-real``
       (docs/benchmarks.md; :class:`~memento.config.SoftQConfig`'s own defaults stay the plain Memento Q-network,
       which needs no bank to build); its ``learner.gamma`` set to ``gamma`` (0: cross-entropy on each step's own
       reward; > 0: soft TD with the target network, for the game loop).
@@ -105,12 +95,7 @@ def loop_policy(kind: PolicyKind, *, gamma: float = 0.0, rewarded_only: bool = T
     if kind == "similarity":
         return SimilarityConfig(positive_only=rewarded_only)
     if kind == "soft_q":
-        if soft_q is not None:
-            base = soft_q
-        else:
-            labels = OnlineLabelsConfig(m=DEFAULT_LABELS if gamma == 0 else 0)
-            base = anchored(SoftQConfig(positive_only=rewarded_only, labels=labels, evidence=EvidenceConfig(),
-                                        sets=SetChoiceConfig() if gamma == 0 else FIXED_SETS))
+        base = soft_q if soft_q is not None else anchored(SoftQConfig(positive_only=rewarded_only))
         return dataclasses.replace(base, learner=dataclasses.replace(base.learner, gamma=float(gamma)))
     return POLICY_CONFIGS[kind]()
 

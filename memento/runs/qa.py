@@ -83,7 +83,20 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 import torch
 
-from memento.config import MAX_BATCH, MAX_STEPS, SoftQConfig, check, check_choice, check_float, check_int
+from memento.config import (
+    MAX_BATCH,
+    MAX_STEPS,
+    EvidenceConfig,
+    OnlineLabelsConfig,
+    PolicyConfig,
+    PolicyKind,
+    SetChoiceConfig,
+    SoftQConfig,
+    check,
+    check_choice,
+    check_float,
+    check_int,
+)
 from memento.errors import CheckpointError, ConfigError, DataFormatError
 from memento.formats import StepRecord, read_steps_jsonl
 from memento.judges import first_line
@@ -112,7 +125,8 @@ if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a 
 
 __all__ = ["COMPONENTS", "Acted", "LoopConfig", "OnlineLoop", "check_seed_bank", "encode_checked",
            "leave_one_out_credit", "loop_policy", "plan_outputs", "restore_bank", "rollout", "run_bank", "run_online",
-           "success_by_window", "task_env", "task_order", "tasks_fingerprint", "torch_seed", "without_labels"]
+           "qa_policy", "success_by_window", "task_env", "task_order", "tasks_fingerprint", "torch_seed",
+           "without_labels"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +147,8 @@ class LoopConfig(RunConfig):
 
     - ``steps``: tasks (= LLM calls) to run; ``k``: cases shown per task; ``candidates``: C, the size
       of the cosine pre-selection the policy chooses from (``k <= C``);
-    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`: ``loop_policy("soft_q")`` (default),
-      ``SimilarityConfig``, ``RandomConfig`` or ``LinUCBConfig``; :func:`loop_policy` gives the loop's
+    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`: ``qa_policy("soft_q")`` (default),
+      ``SimilarityConfig``, ``RandomConfig`` or ``LinUCBConfig``; :func:`qa_policy` gives the loop's
       default of each kind). A ``SoftQConfig`` must have ``learner.gamma = 0``: the loop is single-step;
     - ``batch_size``: B tasks selected with the same policy parameters and planned together with
       ``plan_many``, then all retained and learned from (default 1: Algorithm 1 as written);
@@ -170,6 +184,7 @@ class LoopConfig(RunConfig):
     :class:`~memento.runs.base.RunConfig`'s.
     """
 
+    policy: PolicyConfig = dataclasses.field(default_factory=lambda: qa_policy("soft_q"))
     steps: int = 500
     batch_size: int = 1
     retain: bool = True
@@ -254,6 +269,23 @@ def labels_config(config: LoopConfig) -> Any:
     """The run's :class:`~memento.config.OnlineLabelsConfig` when its policy learns from online labels, else None."""
     policy = config.policy
     return policy.labels if isinstance(policy, SoftQConfig) and policy.labels.active else None
+
+
+DEFAULT_LABELS = 8
+"""Candidates the QA loop's default soft-Q labels per labelled step (``OnlineLabelsConfig.m``)."""
+
+
+def qa_policy(kind: PolicyKind) -> PolicyConfig:
+    """The QA loop's default config of each policy kind: :func:`loop_policy`'s, and for soft-Q also per-case
+    evidence (:class:`~memento.config.EvidenceConfig`), the learned choice of the set
+    (:class:`~memento.config.SetChoiceConfig`) and online labels of its top :data:`DEFAULT_LABELS` candidates on the
+    informative steps (:class:`~memento.config.OnlineLabelsConfig`; a run whose planner cannot score turns them off
+    and says so)."""
+    policy = loop_policy(kind)
+    if not isinstance(policy, SoftQConfig):
+        return policy
+    return dataclasses.replace(policy, labels=OnlineLabelsConfig(m=DEFAULT_LABELS), evidence=EvidenceConfig(),
+                               sets=SetChoiceConfig())
 
 
 def without_labels(policy: Any) -> Any:

@@ -150,13 +150,15 @@ def test_resume_with_labels_equals_an_uninterrupted_run(tmp_path) -> None:
         assert torch.equal(a, b)
 
 
-def test_labels_need_a_planner_that_scores(tmp_path) -> None:
+def test_labels_are_off_with_one_line_when_the_planner_cannot_score(tmp_path, caplog) -> None:
     config = LoopConfig(steps=2, k=1, candidates=8, tensorboard=False, policy=_labels_policy())
-    with pytest.raises(ConfigError, match="log-probabilities") as error:
-        OnlineLoop(config, make_policy=make_policy, encoder=HashingEncoder(dim=256), judge=ExactJudge(),
-                   planner=CallablePlanner(_plan), tasks=TASKS, seed_cases=SEEDS, out_dir=tmp_path / "x")
-    assert "\n" not in str(error.value)
-    assert not (tmp_path / "x").exists()  # refused before anything is written
+    loop = OnlineLoop(config, make_policy=make_policy, encoder=HashingEncoder(dim=256), judge=ExactJudge(),
+                      planner=CallablePlanner(_plan), tasks=TASKS, seed_cases=SEEDS, out_dir=tmp_path / "x")
+    warnings = [r.getMessage() for r in caplog.records if "online labels off" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and "log-probabilities" in warnings[0]
+    loop.run()
+    assert loop.config.policy.labels.m == 0  # type: ignore[union-attr]
+    assert not loop.run_dir.labels.exists() or not loop.run_dir.labels.read_text(encoding="utf-8")
 
 
 def test_labels_config_bounds() -> None:
