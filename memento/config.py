@@ -855,9 +855,10 @@ class OnlineLabelsConfig:
     task's ``m`` candidates, on ``batch_size`` labelled tasks.
 
     - ``m``: candidates scored per labelled task (0: no labels, this class's default; the QA loop's soft-Q default
-      is 8, :func:`memento.runs.base.loop_policy`); ``every``: label every n-th step; ``when``: ``"always"`` labels
-      each such step, ``"informative"`` (default) only one that failed or showed a case never labelled (what a
-      label can still teach: the cost falls as the per-case evidence fills in);
+      is 8, :func:`memento.runs.qa.qa_policy`); ``every``: label every n-th step; ``when``: ``"always"`` scores the
+      top ``m`` on each such step, ``"informative"`` (default) only on a step that failed or showed a case never
+      labelled, and then only the never-labelled ones of the top ``m`` beside the top case (what a label can still
+      teach: the cost falls as the per-case evidence fills in);
     - ``target``, ``tau``, ``weight``, ``capacity``, ``batch_size``: as above.
     """
 
@@ -865,7 +866,7 @@ class OnlineLabelsConfig:
     every: int = dataclasses.field(default=1, metadata={"help": "label every N-th task only"})
     when: LabelWhen = dataclasses.field(default="informative", metadata={"help": (
         "always: label every (every-th) step; informative: only a step that failed or showed a case never "
-        "labelled")})
+        "labelled, scoring the never-labelled ones of the top M beside the top case")})
     target: LabelTarget = "gold"
     tau: float = 1.0
     weight: float = 1.0

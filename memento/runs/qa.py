@@ -575,9 +575,10 @@ class OnlineLoop(Run):
                 outputs: list[PlanOutput], judged: list[tuple[float, str]], first_step: int
                 ) -> list[CandidateLabels | None]:
         """Online labels (``SoftQConfig.labels``): for each task of the round on a labelled step (every
-        ``labels.every``-th) with a target (the gold answer, or the planner's own rewarded output), the ``m``
-        candidates the policy ranked highest, each scored alone with the planner in one ``score_many`` call;
-        the rows go to ``labels.jsonl`` (the format of ``memento score``)."""
+        ``labels.every``-th, and an informative one, :meth:`_label_rows`) with a target (the gold answer, or the
+        planner's own rewarded output), the candidates the policy ranked highest, each scored alone, and the
+        policy's ranked prefixes of a few set sizes (set-level labels, ``SoftQConfig.sets``), with the planner in
+        one ``score_many`` call; the rows go to ``labels.jsonl`` (the format of ``memento score``)."""
         lcfg = labels_config(self.config)
         out: list[CandidateLabels | None] = [None] * len(tasks)
         if lcfg is None:
@@ -586,7 +587,7 @@ class OnlineLoop(Run):
         rows, case_sets, answers, kinds, picked, set_rows = [], [], [], [], [], []
         label_sets = getattr(self.policy, "label_sets", None)
         for b, (task, sel) in enumerate(zip(tasks, selections)):
-            if sel is None or (first_step + b) % lcfg.every or not self._informative(bank, cands[b], sel, judged[b]):
+            if sel is None or (first_step + b) % lcfg.every:
                 continue
             if lcfg.target == "gold" and task.answers:
                 answer, kind = None, "gold"
@@ -594,15 +595,12 @@ class OnlineLoop(Run):
                 answer, kind = first_line(outputs[b].text), "hindsight"  # what the judges read
             else:
                 continue
-            pool_rows_P = cands[b].rows_of(list(sel.candidate_ids))
-            order_P = np.argsort(-np.asarray(sel.probs_C, dtype=np.float64), kind="stable")[:lcfg.m]
-            if order_P.size < 2:
+            rows_M = self._label_rows(bank, cands[b], sel, judged[b], lcfg)
+            if rows_M is None:
                 continue
-            rows_M = pool_rows_P[order_P]
-            # set-level labels: the policy's ranked prefixes of a few sizes (a single case is already scored)
-            labelled = set(rows_M.tolist())  # a set label's cases are among the labelled ones (the row format)
+            # set-level labels: the policy's ranked prefixes of a few sizes (size 1, its top case, is scored already)
             sets = [prefix for prefix in (label_sets(sel, cands[b], self.config.k) if label_sets else [])
-                    if len(prefix) > 1 and labelled.issuperset(prefix)]
+                    if len(prefix) > 1]
             rows.append(b)
             picked.append(rows_M)
             set_rows.append(sets)
@@ -623,6 +621,8 @@ class OnlineLoop(Run):
             set_score_S = np.asarray(per_token[:1] + per_token[len(rows_M):], dtype=np.float64) \
                 if sets else None
             out[b] = CandidateLabels(rows_M=rows_M, score_M=score_M, sets=tuple(label_sets_S), set_score_S=set_score_S)
+            # the row format keeps the sets whose cases are all among the row's candidates (memento score's)
+            written = [i for i, rows_S in enumerate(label_sets_S) if set(rows_S) <= set(rows_M.tolist())]
             row = LabelRow(task_id=tasks[b].id, state=tasks[b].question,
                            answer=tasks[b].answers[0] if answer is None else answer,
                            candidate_ids=tuple(cands[b].ids[i] for i in rows_M),
@@ -631,10 +631,10 @@ class OnlineLoop(Run):
                            n_tokens=tuple(int(s.n_tokens) for s in task_scores), planner=planner_name, prompt=prompt,
                            cosine=tuple(float(cands[b].scores_C[i]) for i in rows_M),
                            prompt_tokens=tuple(int(s.prompt_tokens) for s in task_scores),
-                           **({"sets": tuple(tuple(cands[b].ids[i] for i in rows_S) for rows_S in label_sets_S),
-                               "set_logprob": tuple(float(all_scores[0].logprob) if i == 0 else
-                                                    float(all_scores[len(rows_M) + i - 1].logprob)
-                                                    for i in range(len(label_sets_S)))} if sets else {}))
+                           **({"sets": tuple(tuple(cands[b].ids[i] for i in label_sets_S[j]) for j in written),
+                               "set_logprob": tuple(float(all_scores[0].logprob) if j == 0 else
+                                                    float(all_scores[len(rows_M) + j - 1].logprob)
+                                                    for j in written)} if len(written) > 1 else {}))
             labels_handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
             self.counters["labelled"] += 1
             self.counters[f"labelled_{kind}"] += 1
@@ -643,14 +643,27 @@ class OnlineLoop(Run):
         labels_handle.flush()
         return out
 
-    def _informative(self, bank: CaseBank, candidates: Candidates, selection: Selection,
-                     judged: tuple[float, str]) -> bool:
-        """Whether a step's labels can tell the agent something (``OnlineLabelsConfig.when``): always with
-        ``"always"``; with ``"informative"``, when the step failed or a case it showed was never labelled."""
-        if labels_config(self.config).when == "always" or judged[0] < self.config.success_threshold:
-            return True
-        count_K, _, _ = bank.evidence_at(candidates.positions_C[candidates.rows_of(list(selection.ids))])
-        return bool((count_K == 0).any())
+    def _label_rows(self, bank: CaseBank, candidates: Candidates, selection: Selection, judged: tuple[float, str],
+                    lcfg: OnlineLabelsConfig) -> np.ndarray | None:
+        """The candidates (rows) a step's labels score, best-ranked first, or ``None`` for an unlabelled step.
+
+        The ``m`` candidates the policy ranked highest over the pool it chose from; with ``when="always"`` all of
+        them. With ``"informative"`` only where a label can teach something: the step failed or showed a case never
+        labelled, and among the ``m`` some were never labelled; then those are scored, beside the top-ranked one
+        (the reference their advantage is measured against; it is scored either way)."""
+        pool_rows_P = candidates.rows_of(list(selection.candidate_ids))
+        order_P = np.argsort(-np.asarray(selection.probs_C, dtype=np.float64), kind="stable")[:lcfg.m]
+        rows_M = pool_rows_P[order_P]
+        if lcfg.when == "informative" and rows_M.size >= 2:
+            count_M, _, _ = bank.evidence_at(candidates.positions_C[rows_M])
+            count_K, _, _ = bank.evidence_at(candidates.positions_C[candidates.rows_of(list(selection.ids))])
+            failed = judged[0] < self.config.success_threshold
+            if not (count_M == 0).any() or not (failed or (count_K == 0).any()):
+                return None
+            keep_M = count_M == 0
+            keep_M[0] = True
+            rows_M = rows_M[keep_M]
+        return rows_M if rows_M.size >= 2 else None
 
     # ------------------------------------------------------------------ commit: what a round changes
 
