@@ -114,8 +114,8 @@ likelihood of the *gold* answer and shows the best K)."""
 
 _PRETRAINED = ("soft_q_pretrained", "soft_q_pretrained_frozen")
 BENCH_LABELS = OnlineLabelsConfig(m=8, when="always")
-"""The online labels of the ``soft_q_labels*`` / ``soft_q_hindsight*`` arms (issue 29's: every step; their ``target`` set
-per arm)."""
+"""The online labels of the ``soft_q_labels*`` / ``soft_q_hindsight*`` arms (issue 29's: every step; their ``target``
+set per arm)."""
 BENCH_RELATION_RANK = 16
 """The bilinear relation term's rank in the ``*_relation`` arms."""
 

@@ -421,7 +421,7 @@ class OnlineLoop(Run):
                  bank_dir: str | Path | None = None, seed_cases: Sequence[Case] | None = None,
                  device: str | torch.device = "cpu", resume: bool = False, progress: bool = False,
                  retain_judge: Callable[[Task, str], Any] | None = None):
-        if labels_config(config) is not None:
+        if isinstance(config, LoopConfig) and labels_config(config) is not None:
             from memento.planners.base import can_score
 
             if not can_score(planner):  # labels are on by default: a planner without log-probabilities runs without

@@ -270,7 +270,7 @@ class SelectorConfig:
     - ``evidence``, ``sets``: the per-case evidence added to Q and the choice of the shown set
       (:mod:`memento.learn.evidence`; the evidence rows are in the artifact's bank). Absent from an artifact
       written before them: off, as it chose then; ``memento export`` writes the run's, and a selector made from a
-      bank the QA loop's defaults;
+      bank reads the bank's evidence and draws K cases as Memento does (it has no set labels to learn sizes from);
     - ``run``: the full ``LoopConfig`` of the run it was trained in (``None`` when unknown).
     """
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from memento.config import (
+    FIXED_SETS,
     MAX_CANDIDATES,
     MAX_K,
     MAX_REPLAY_CAPACITY,
@@ -37,7 +38,6 @@ from memento.config import (
     LearnerConfig,
     QNetConfig,
     ReplayConfig,
-    SetChoiceConfig,
     SoftQConfig,
     from_dict,
     to_dict,
@@ -408,7 +408,7 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
         config = SelectorConfig(k=k, candidates=candidates, positive_only=positive_only, warmup=warmup,
                                 updates_per_step=updates_per_step,
                                 qnet=qnet_config, learner=learner_config, replay=buffer.config,
-                                index=bank_config.index, evidence=EvidenceConfig(), sets=SetChoiceConfig())
+                                index=bank_config.index, evidence=EvidenceConfig(), sets=FIXED_SETS)
         source = {"kind": "bank", "path": str(bank_dir.resolve()) if bank_dir is not None else where.text,
                   "bank_cases": cases,
                   "learner_updates": trainer.updates, "policy": "soft_q", "summary": None, "comparison": None}

@@ -42,7 +42,17 @@ from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
 from memento.planners.spec import PlannerSpec, parse_planner_spec
 from memento.runs.compare import comparison_table, run_comparison
-from memento.runs.qa import COMPONENTS, LoopConfig, OnlineLoop, loop_policy, run_online, success_by_window, task_order
+from memento.runs.qa import (
+    COMPONENTS,
+    LoopConfig,
+    OnlineLoop,
+    loop_policy,
+    qa_policy,
+    run_online,
+    success_by_window,
+    task_order,
+    without_labels,
+)
 from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, Judged, make_env
 
@@ -176,7 +186,9 @@ def test_summary_fields_are_consistent(comparison, policy):
     state = json.loads((run / "checkpoint" / "state.json").read_text())
     assert state["step"] == STEPS and state["bank_size"] == summary["bank_size_end"]
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert from_dict(LoopConfig, json.loads((run / "config.json").read_text())).policy == loop_policy(policy)
+    # the QA loop's default, its labels off: the text env's planner gives no log-probabilities
+    assert from_dict(LoopConfig, json.loads((run / "config.json").read_text())).policy == without_labels(
+        qa_policy(policy))
     if policy == "soft_q":
         assert summary["updates"] == STEPS - 16 + 1  # one update per step once 16 decisions are logged
         assert r["policy_version"] == summary["updates"] - 1 and r["set_propensity"] < 1
