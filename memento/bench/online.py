@@ -885,7 +885,8 @@ def format_online_table(results: dict[str, Any]) -> str:
                   f"policy, seeds {seeds} (mean over seeds; early: first {real['window']}, late: last "
                   f"{real['late_steps']}; difference to similarity with a 95% paired-bootstrap interval):", "",
                   "| policy | overall | early | late | late - similarity [95% CI] | early - similarity [95% CI] "
-                  "| LLM calls/task | forward passes/task | ms/task |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| LLM calls/task | forward passes/task | ms/task | cases shown | memory tokens/call |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
         def gap(entry: dict[str, Any], span: str) -> str:
             d = entry.get(f"{span}_minus_similarity")
@@ -894,7 +895,8 @@ def format_online_table(results: dict[str, Any]) -> str:
         for policy, r in real["summary"].items():
             lines.append(f"| {policy} | {r['overall']:.3f} | {r['early']:.3f} | {r['late']:.3f} | {gap(r, 'late')} | "
                          f"{gap(r, 'early')} | {r['llm_calls_per_task']:.2f} | "
-                         f"{r.get('forward_passes_per_task', r['llm_calls_per_task']):.2f} | {r['ms_per_task']:.0f} |")
+                         f"{r.get('forward_passes_per_task', r['llm_calls_per_task']):.2f} | {r['ms_per_task']:.0f} | "
+                         f"{r.get('cases_per_task', math.nan):.2f} | {r.get('memory_tokens_per_task', math.nan):.0f} |")
         lines.append("")
         if "ope" in real:
             lines += _ope_table(real["ope"])

@@ -96,6 +96,7 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
             "cumulative_reward": summary["cumulative_reward"],
             "bank_size_start": summary["bank_size_start"], "bank_size_end": summary["bank_size_end"],
             "ms_per_step": summary["ms_per_step"], "updates": summary["updates"], "dir": kind,
+            "memory_tokens": summary.get("memory_tokens", 0),
         }
     atomic_write_text(out_dir / "learning_curves.svg", learning_curves_svg(
         curves, window=config.window, title=f"moving success rate ({config.window} steps), seed {config.seed}"))
