@@ -859,7 +859,10 @@ class OnlineLabelsConfig:
       top ``m`` on each such step, ``"informative"`` (default) only on a step that failed or showed a case never
       labelled, and then only the never-labelled ones of the top ``m`` beside the top case (what a label can still
       teach: the cost falls as the per-case evidence fills in);
-    - ``target``, ``tau``, ``weight``, ``capacity``, ``batch_size``: as above.
+    - ``target``, ``tau``, ``weight``, ``capacity``, ``batch_size``: as above;
+    - ``budget``: the most scored prompts (singles and sets) per task on average since the run's start; a step
+      whose labels would take the count past ``budget * steps`` is not labelled (``None``: no limit). The count
+      is the run's ``label_passes`` counter, part of its checkpoint, so a resumed run labels the same steps.
     """
 
     m: int = 0
@@ -872,6 +875,9 @@ class OnlineLabelsConfig:
     weight: float = 1.0
     capacity: int = 2048
     batch_size: int = 16
+    budget: float | None = dataclasses.field(default=None, metadata={"help": (
+        "at most this many scored prompts per task on average, counted from the run's start (a step whose labels "
+        "would exceed it is not labelled); none: no limit")})
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -885,6 +891,8 @@ class OnlineLabelsConfig:
         check_int(self, "capacity", 1)
         check(self.capacity <= 1_000_000, cls, "capacity", self.capacity, "must be <= 1000000")
         check_int(self, "batch_size", 1, MAX_BATCH)
+        if self.budget is not None:
+            check_float(self, "budget", low=0.0)
 
     @property
     def active(self) -> bool:

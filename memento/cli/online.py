@@ -151,6 +151,7 @@ def _add_soft_q_options(online: Any) -> None:
     config_option(online, OnlineLabelsConfig, "every", flag="--labels-every", dest="labels_every")
     config_option(online, OnlineLabelsConfig, "when", flag="--labels-when", dest="labels_when",
                   shown_default=SOFT_Q.labels.when)
+    config_option(online, OnlineLabelsConfig, "budget", flag="--labels-budget", dest="labels_budget")
     config_option(online, EvidenceConfig, "weight", flag="--evidence-weight", dest="evidence_weight",
                   shown_default=SOFT_Q.evidence.weight)
     config_option(online, SetChoiceConfig, "sizes", flag="--set-sizes", dest="sets_sizes",
@@ -189,7 +190,7 @@ def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     qnet = {name: getattr(args, name) for name in _QNET_FLAGS if getattr(args, name) is not None}
     if qnet:
         given["qnet"] = dataclasses.replace(SOFT_Q.qnet, **qnet)
-    for field, prefix, names in (("labels", "labels", ("m", "every", "when", "target")),
+    for field, prefix, names in (("labels", "labels", ("m", "every", "when", "target", "budget")),
                                  ("evidence", "evidence", ("weight",)), ("sets", "sets", ("sizes", "redundancy"))):
         changes = {name: getattr(args, f"{prefix}_{name}") for name in names
                    if getattr(args, f"{prefix}_{name}", None) is not None}

@@ -586,6 +586,7 @@ class OnlineLoop(Run):
         from memento.learn.labels import LabelRow, prompt_name  # not at import: it reaches the planners package
         rows, case_sets, answers, kinds, picked, set_rows = [], [], [], [], [], []
         label_sets = getattr(self.policy, "label_sets", None)
+        passes = int(self.counters.get("label_passes", 0))  # the budget's count, with this round's planned ones
         for b, (task, sel) in enumerate(zip(tasks, selections)):
             if sel is None or (first_step + b) % lcfg.every:
                 continue
@@ -601,6 +602,9 @@ class OnlineLoop(Run):
             # set-level labels: the policy's ranked prefixes of a few sizes (size 1, its top case, is scored already)
             sets = [prefix for prefix in (label_sets(sel, cands[b], self.config.k) if label_sets else [])
                     if len(prefix) > 1]
+            if lcfg.budget is not None and passes + len(rows_M) + len(sets) > lcfg.budget * (first_step + b + 1):
+                continue
+            passes += len(rows_M) + len(sets)
             rows.append(b)
             picked.append(rows_M)
             set_rows.append(sets)

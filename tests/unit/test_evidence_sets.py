@@ -256,3 +256,14 @@ def test_default_soft_q_labels_and_a_planner_that_cannot_score_runs_without_them
     loop.run()
     assert "online labels off" in caplog.text
     assert json.loads((tmp_path / "x" / "config.json").read_text())["policy"]["labels"]["m"] == 0
+
+
+def test_a_label_budget_caps_the_scored_prompts_per_task(tmp_path) -> None:
+    policy = dataclasses.replace(_policy(), labels=OnlineLabelsConfig(m=8, when="always", budget=2.0))
+    loop = _run(tmp_path, "budget", policy, seeds=C_SEEDS, tasks=C_TASKS, plan=_copy_plan, score=_copy_score, k=4,
+                steps=36)
+    passes = loop.counters["label_passes"]
+    assert 0 < passes <= 2.0 * 36 and 0 < loop.counters["labelled"] < 36
+    unlimited = _run(tmp_path, "all", _policy(), seeds=C_SEEDS, tasks=C_TASKS, plan=_copy_plan, score=_copy_score,
+                     k=4, steps=36)
+    assert unlimited.counters["label_passes"] > 2.0 * 36
