@@ -900,9 +900,10 @@ class OnlineLabelsConfig:
         return self.m >= 2
 
 
-SetSizes = Literal["fixed", "learned"]
-"""How many cases a soft-Q decision shows (``SetChoiceConfig.sizes``): ``"fixed"`` always K; ``"learned"`` the size
-of 1..K whose set the planner's set-level labels value most."""
+SetSizes = Literal["fixed", "reward", "labels"]
+"""How many cases a soft-Q decision shows (``SetChoiceConfig.sizes``): ``"fixed"`` always K; ``"reward"`` a size
+drawn by what the shown sets of each size earned; ``"labels"`` the size whose set the planner's set-level labels
+value most."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -946,37 +947,56 @@ class SetChoiceConfig:
       is not drawn beside it (two look-alike cases are a contradiction or a repeat); 1.0 keeps only exact
       duplicates out (a value above 1 turns it off). Draws stay exact: each draw is a softmax over the candidates
       still allowed, and the selection's ``set_prob`` is the product of those draws' probabilities;
-    - ``sizes``: ``"fixed"`` shows K cases; ``"learned"`` shows the size ``n`` in 1..K with the highest set value
-      ``V(n)``, learned from set-level labels: on a labelled step the planner also scores the prefixes of sizes
-      ``scored`` (spread over 1..K, 1 and K included) of the policy's ranking against the same target, and ``V``
-      moves by ``lr`` along the listwise loss ``KL(softmax(score / tau) || softmax(V / tau))`` over them. ``V``
-      starts at 0 with ties going to the larger size, so a fresh agent shows K cases as before;
-    - ``scored``: set sizes scored per labelled step (their prefixes cost one forward pass each; size 1 is the
-      top-ranked single label, already scored).
+    - ``sizes``: ``"fixed"`` shows K cases. The other two choose among the sizes ``arms`` (spread over 1..K, 1 and K
+      included), separately in each context of what the per-case evidence says of the policy's top case
+      (:func:`memento.learn.evidence.set_context`: none yet, it beat its look-alikes, it lost to them):
+      ``"reward"`` (default) draws the size from ``softmax(m(n) / explore)``, ``m(n)`` the mean reward of the sets
+      of size ``n`` shown in that context so far, shrunk towards ``prior_mean`` (and ``prior_mean + k_bonus`` for
+      K, so a fresh agent mostly shows K cases) with ``prior`` pseudo-counts; the draw's probability is part of the
+      selection's ``set_prob``. ``"labels"`` shows the size with the highest value ``V(n)``, learned from set-level
+      labels: on a labelled step the planner also scores the prefixes of the sizes ``arms`` of the policy's
+      ranking against the same target, and ``V`` moves by ``lr`` along the listwise loss ``KL(softmax(score /
+      tau) || softmax(V / tau))``; ``V`` starts at 0, ties going to the larger size. Measured on contradicting
+      memories, the gold answer's likelihood rises with more cases of the right format around the current one
+      while greedy answers copy them (docs/benchmarks.md, issue 39): ``"labels"`` kept showing 4 where one is best;
+    - ``arms``: how many sizes are considered (their prefixes cost one forward pass each with ``"labels"``).
     """
 
     redundancy: float = dataclasses.field(default=0.95, metadata={"help": (
         "no two cases whose questions have cosine >= this in one shown set (above 1: off)")})
-    sizes: SetSizes = dataclasses.field(default="learned", metadata={"help": (
-        "fixed: always show K cases; learned: the size 1..K that set-level labels value most")})
-    scored: int = dataclasses.field(default=3, metadata={"help": "set sizes scored per labelled step (learned)"})
+    sizes: SetSizes = dataclasses.field(default="reward", metadata={"help": (
+        "fixed: always show K cases; reward: a size drawn by what shown sets of each size earned; labels: the size "
+        "whose set the planner's set-level labels value most")})
+    arms: int = dataclasses.field(default=3, metadata={"help": "set sizes considered (spread over 1..K)"})
+    explore: float = 0.05
+    prior: float = 2.0
+    prior_mean: float = 0.5
+    k_bonus: float = 0.1
     tau: float = 0.5
     lr: float = 0.5
 
     def __post_init__(self) -> None:
         check_float(self, "redundancy", low=0.0, low_open=True, high=2.0)
         check_choice(self, "sizes", SetSizes)
-        check_int(self, "scored", 1, MAX_K)
+        check_int(self, "arms", 1, MAX_K)
+        check_float(self, "explore", low=0.0, low_open=True)
+        check_float(self, "prior", low=0.0, low_open=True)
+        check_float(self, "prior_mean", low=0.0, high=1.0)
+        check_float(self, "k_bonus", low=0.0, high=1.0)
         check_float(self, "tau", low=0.0, low_open=True)
         check_float(self, "lr", low=0.0)
 
-    def scored_sizes(self, k: int) -> tuple[int, ...]:
-        """The set sizes scored for a decision of ``k`` cases: ``scored`` sizes spread over ``1..k`` (1 and ``k``
-        included); none when the sizes are fixed or ``k == 1``."""
+    def arm_sizes(self, k: int) -> tuple[int, ...]:
+        """The set sizes considered for a decision of at most ``k`` cases: ``arms`` sizes spread over ``1..k`` (1 and
+        ``k`` included); ``(k,)`` when the sizes are fixed or ``k == 1``."""
         if self.sizes == "fixed" or k <= 1:
-            return ()
-        n = min(self.scored, k)
+            return (k,)
+        n = min(self.arms, k)
         return (k,) if n == 1 else tuple(sorted({1 + i * (k - 1) // (n - 1) for i in range(n)}))
+
+    def scored_sizes(self, k: int) -> tuple[int, ...]:
+        """The set sizes a labelled step scores (``sizes="labels"`` only; none otherwise)."""
+        return self.arm_sizes(k) if self.sizes == "labels" and k > 1 else ()
 
 
 NO_EVIDENCE = EvidenceConfig(weight=0.0)

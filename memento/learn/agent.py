@@ -43,9 +43,11 @@ import torch
 from memento.config import ReplayConfig, SoftQConfig
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.learn.evidence import (
+    add_reward,
     draw_set,
     evidence_term,
     ranked_prefixes,
+    reward_size,
     set_context,
     set_size,
     update_set_values,
@@ -207,20 +209,30 @@ class SoftQAgent:
 
     @property
     def set_values(self) -> dict[str, list[float]]:
-        """The learned value ``V(context, n)`` of showing ``n`` cases, ``set_values[context][n - 1]`` (a context
-        without set labels yet is absent; :func:`memento.learn.evidence.set_context`)."""
+        """What the agent learned about set sizes, per context (:func:`memento.learn.evidence.set_context`):
+        ``"<context>/reward"`` and ``"<context>/count"`` (the summed reward and count of the shown sets of size ``n``
+        at ``[n - 1]``, ``sets.sizes="reward"``) or ``"<context>"`` (the value ``V(n)`` at ``[n - 1]``,
+        ``sets.sizes="labels"``); a context not seen yet is absent."""
         return {context: list(values) for context, values in self.learner.set_values.items()}
 
     def _context(self, candidates: Candidates, row: int) -> str:
         """The set-size context of candidate ``row`` as the top case: what its per-case evidence says."""
         return set_context(float(self.evidence(candidates.take(np.asarray([row], dtype=np.int64)))[0]))
 
-    def set_size(self, k: int, candidates: Candidates | None = None, top: int = 0) -> int:
-        """How many of at most ``k`` cases a decision shows: ``k`` with fixed sizes, else the best-valued size in
-        the context of its top case (``candidates`` row ``top``)."""
-        if self.config.sets.sizes == "fixed" or candidates is None or not len(candidates):
-            return k
-        return set_size(self.learner.set_values.get(self._context(candidates, top)), k)
+    def set_size(self, k: int, candidates: Candidates | None = None, top: int = 0, *,
+                 rng: np.random.Generator | None = None, greedy: bool = True) -> tuple[int, float]:
+        """How many of at most ``k`` cases a decision shows and the probability of that choice: ``k`` with fixed
+        sizes, else chosen in the context of its top case (``candidates`` row ``top``) by ``SoftQConfig.sets``."""
+        cfg = self.config.sets
+        if cfg.sizes == "fixed" or candidates is None or not len(candidates) or k <= 1:
+            return k, 1.0
+        context = self._context(candidates, top)
+        values = self.learner.set_values
+        if cfg.sizes == "labels":
+            return set_size(values.get(context), k), 1.0
+        return reward_size(values.get(f"{context}/reward"), values.get(f"{context}/count"), cfg.arm_sizes(k), k,
+                           explore=cfg.explore, prior=cfg.prior, prior_mean=cfg.prior_mean, k_bonus=cfg.k_bonus,
+                           rng=rng if rng is not None else np.random.default_rng(0), greedy=greedy or rng is None)
 
     def label_sets(self, selection: Selection, candidates: Candidates, k: int) -> list[list[int]]:
         """The sets a labelled step scores (set-level labels, :class:`~memento.config.SetChoiceConfig`): the prefixes
@@ -249,17 +261,21 @@ class SoftQAgent:
         forward pass that made the choice (a served selector reports them as the cases' scores)."""
         pool = self._pool(candidates)
         q_C = self.q_values(state_D, pool)
-        n, redundancy = self.set_size(k, pool, int(np.argmax(q_C))) if len(pool) else k, self.config.sets.redundancy
+        n, p_n = self.set_size(k, pool, int(np.argmax(q_C)), rng=rng, greedy=greedy) if len(pool) else (k, 1.0)
+        redundancy = self.config.sets.redundancy
         if redundancy > 1.0 and n == k:  # today's draw: Gumbel-top-k over the whole pool
             selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
         else:
             selection = draw_set(q_C, pool.embeddings_CD, pool.ids, check_k(n, len(pool)), self.alpha,
                                  redundancy=redundancy, rng=rng, greedy=greedy)
+        if p_n < 1.0:  # the size was drawn too: the set's probability is the size's times the draws'
+            selection = dataclasses.replace(selection, set_prob=float(selection.set_prob * p_n))
         return selection, np.asarray(q_C, dtype=np.float64)[np.asarray(selection.positions_K, dtype=np.int64)]
 
     def observe(self, observations: Sequence[Observation], *, learn: bool = True) -> dict[str, float]:
         k_max = self.buffer.config.k_max
         for obs in observations:
+            self._add_set_reward(obs)
             cases_KD = self.case_vectors(obs.candidates.take(obs.chosen_rows()))  # the chosen cases, in draw order
             probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
             nxt = self._next(obs)
@@ -289,10 +305,22 @@ class SoftQAgent:
         out = {"loss": float(np.mean(losses)), "updates": float(len(losses))} if losses else {}
         return {**out, "listwise": float(np.mean(listwise))} if listwise else out
 
+    def _add_set_reward(self, obs: Observation) -> None:
+        """With ``sets.sizes="reward"``: the shown set's size and reward into its context's statistics (the context
+        of the pool's top case, as when it was chosen: evidence changes only after the round's observe)."""
+        n = len(obs.selection.ids)
+        if self.config.sets.sizes != "reward" or n == 0 or not len(obs.selection.candidate_ids):
+            return
+        top = obs.selection.candidate_ids[int(np.argmax(np.asarray(obs.selection.probs_C)))]
+        context = self._context(obs.candidates, int(obs.candidates.rows_of([top])[0]))
+        values = self.learner.set_values
+        values[f"{context}/reward"], values[f"{context}/count"] = add_reward(
+            values.get(f"{context}/reward", []), values.get(f"{context}/count", []), n, obs.reward)
+
     def _add_labels(self, obs: Observation) -> None:
         """An observation's planner labels into the label buffer (the best ``m`` when it carries more), and its
         set-level labels into the set values (``SoftQConfig.sets``)."""
-        if obs.labels is not None and len(obs.labels.sets) >= 2 and self.config.sets.sizes == "learned":
+        if obs.labels is not None and len(obs.labels.sets) >= 2 and self.config.sets.sizes == "labels":
             cfg = self.config.sets
             context = self._context(obs.candidates, obs.labels.sets[0][0])  # the ranking's top case
             self.learner.set_values[context] = update_set_values(

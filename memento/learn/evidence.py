@@ -15,9 +15,11 @@ it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`mem
 - **The set** (:class:`~memento.config.SetChoiceConfig`). Cases are drawn one at a time from the softmax over the
   candidates still allowed, where a candidate whose question is a look-alike (cosine >= ``redundancy``) of one
   already drawn is not allowed (:func:`draw_set`; the exact probability of the ordered set is logged), and the set's
-  size is the one of 1..K whose value ``V(context, n)`` is highest, where the context is what the evidence says of the
-  policy's top case (:func:`set_context`); :func:`update_set_values` learns ``V`` from set-level labels: the
-  planner's score of the policy's ranked prefixes of a few sizes (:func:`ranked_prefixes`).
+  size is chosen among a few of 1..K separately in each context of what the evidence says of the policy's top case
+  (:func:`set_context`): by default drawn from a softmax over the mean reward the shown sets of each size earned
+  there (:func:`reward_size`, :func:`add_reward`; the draw's probability is logged), or, with set-level labels, the
+  size whose value ``V(context, n)`` is highest (:func:`update_set_values` learns ``V`` from the planner's score of
+  the policy's ranked prefixes of a few sizes, :func:`ranked_prefixes`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import numpy as np
 from memento.errors import DimensionError
 from memento.types import Selection
 
-__all__ = ["SET_CONTEXTS", "draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes", "set_context",
-           "set_size", "update_set_values"]
+__all__ = ["SET_CONTEXTS", "add_reward", "draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes",
+           "reward_size", "set_context", "set_size", "update_set_values"]
 
 
 def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +75,38 @@ def set_size(values: Sequence[float] | None, k: int) -> int:
     v = np.asarray(values[:k], dtype=np.float64)
     best = np.flatnonzero(v >= v.max() - 1e-12)
     return int(best[-1]) + 1 if best.size else k
+
+
+def reward_size(sums: Sequence[float] | None, counts: Sequence[float] | None, arms: Sequence[int], k: int, *,
+                explore: float, prior: float, prior_mean: float, k_bonus: float, rng: np.random.Generator,
+                greedy: bool = False) -> tuple[int, float]:
+    """A set size drawn from ``softmax(m(n) / explore)`` over ``arms``, where ``m(n) = (sum_n + prior * m0_n) /
+    (count_n + prior)`` is the shrunk mean reward of the sets of size ``n`` shown so far (``sums[n - 1]``,
+    ``counts[n - 1]``; ``m0_n = prior_mean``, plus ``k_bonus`` for ``n = k``); ``greedy`` takes the best (ties: the
+    larger). Returns ``(n, probability of the draw)``."""
+    sizes = np.asarray(arms, dtype=np.int64)
+    s = np.zeros(sizes.size) if not sums else np.asarray([sums[n - 1] if n <= len(sums) else 0.0 for n in sizes])
+    c = np.zeros(sizes.size) if not counts else np.asarray([counts[n - 1] if n <= len(counts) else 0.0
+                                                            for n in sizes])
+    m0 = prior_mean + k_bonus * (sizes == k)
+    mean = (s + prior * m0) / (c + prior)
+    z = (mean - mean.max()) / explore
+    p = np.exp(z)
+    p /= p.sum()
+    if greedy:
+        best = np.flatnonzero(mean >= mean.max() - 1e-12)
+        return int(sizes[best[-1]]), 1.0
+    j = int(np.argmax(np.log(np.maximum(p, 1e-300)) + rng.gumbel(size=sizes.size)))
+    return int(sizes[j]), float(p[j])
+
+
+def add_reward(sums: list[float], counts: list[float], n: int, reward: float) -> tuple[list[float], list[float]]:
+    """``sums``/``counts`` with one shown set of ``n`` cases that earned ``reward`` (grown to ``n``)."""
+    sums = list(sums) + [0.0] * max(0, n - len(sums))
+    counts = list(counts) + [0.0] * max(0, n - len(counts))
+    sums[n - 1] += float(reward)
+    counts[n - 1] += 1.0
+    return sums, counts
 
 
 def update_set_values(values: list[float], sizes_S: Sequence[int], score_S: np.ndarray, *, tau: float,

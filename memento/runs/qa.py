@@ -654,7 +654,8 @@ class OnlineLoop(Run):
         The ``m`` candidates the policy ranked highest over the pool it chose from; with ``when="always"`` all of
         them. With ``"informative"`` only where a label can teach something: the step failed or showed a case never
         labelled, and among the ``m`` some were never labelled; then those are scored, beside the top-ranked one
-        (the reference their advantage is measured against; it is scored either way)."""
+        (a reference, scored either way) and, with per-case evidence, their look-alikes among the ``m`` (cosine >=
+        ``1 - 2 * bandwidth``: what their advantage is measured against)."""
         pool_rows_P = candidates.rows_of(list(selection.candidate_ids))
         order_P = np.argsort(-np.asarray(selection.probs_C, dtype=np.float64), kind="stable")[:lcfg.m]
         rows_M = pool_rows_P[order_P]
@@ -666,6 +667,11 @@ class OnlineLoop(Run):
                 return None
             keep_M = count_M == 0
             keep_M[0] = True
+            policy = self.config.policy
+            if isinstance(policy, SoftQConfig) and policy.evidence.active:  # and the look-alikes of the new ones
+                emb_MD = np.asarray(candidates.embeddings_CD, dtype=np.float64)[rows_M]
+                near_MM = emb_MD @ emb_MD.T >= 1.0 - 2.0 * policy.evidence.bandwidth
+                keep_M |= near_MM[:, count_M == 0].any(axis=1)
             rows_M = rows_M[keep_M]
         return rows_M if rows_M.size >= 2 else None
 

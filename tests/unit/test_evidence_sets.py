@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,7 +23,15 @@ import pytest
 import torch
 
 from memento.config import EvidenceConfig, OnlineLabelsConfig, SetChoiceConfig, SoftQConfig
-from memento.learn.evidence import draw_set, lookalike_advantage, ranked_prefixes, set_size, update_set_values
+from memento.learn.evidence import (
+    add_reward,
+    draw_set,
+    lookalike_advantage,
+    ranked_prefixes,
+    reward_size,
+    set_size,
+    update_set_values,
+)
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
 from memento.runs.qa import LoopConfig, OnlineLoop, qa_policy, without_labels
@@ -40,13 +49,14 @@ def _thing(text: str) -> str | None:
 
 def _contradicting_world() -> tuple[list[Case], list[Task]]:
     cases, tasks = [], []
+    words = iter(np.random.default_rng(1).permutation(
+        [a + b for a in ("ka", "lo", "mi", "nu", "pe", "ro", "sa", "ti") for b in ("bar", "dex", "fin", "gol", "mur")]))
     for i, thing in enumerate(THINGS):
         question = f"What is the currency of {thing}?"
-        stale = [f"old{j}-{thing.split()[0]}" for j in range(1 + i % 2)]
-        for j, answer in enumerate([f"now-{thing.split()[0]}", *stale]):
+        answers = [str(next(words)) for _ in range(2 + i % 2)]  # no word marks the current one
+        for j, answer in enumerate(answers):
             cases.append(Case(state=question, action=answer, reward=1.0, meta={"current": j == 0}))
-        tasks.append(Task(id=f"t{i}", question=f"Which currency does {thing} use today?",
-                          answers=(f"now-{thing.split()[0]}",)))
+        tasks.append(Task(id=f"t{i}", question=f"Which currency does {thing} use today?", answers=(answers[0],)))
     order = np.random.default_rng(0).permutation(len(cases))  # current not always first
     return [cases[i] for i in order], tasks
 
@@ -63,7 +73,7 @@ def _copy_score(task: Task, cases: Sequence[Case], answer: str) -> float:
 C_SEEDS, C_TASKS = _contradicting_world()
 
 
-def _policy(*, evidence: bool = True, sizes: str = "learned", when: str = "always", m: int = 8) -> SoftQConfig:
+def _policy(*, evidence: bool = True, sizes: str = "reward", when: str = "always", m: int = 8) -> SoftQConfig:
     base = qa_policy("soft_q")
     assert isinstance(base, SoftQConfig)
     return dataclasses.replace(base, labels=OnlineLabelsConfig(m=m, when=when),  # type: ignore[arg-type]
@@ -159,15 +169,25 @@ def _one_score(task: Task, cases: Sequence[Case], answer: str) -> float:
 O_SEEDS, O_TASKS = _one_world()
 
 
-def test_a_world_where_one_case_beats_four_learns_to_show_one(tmp_path) -> None:
-    learned = _run(tmp_path, "learned", _policy(), seeds=O_SEEDS, tasks=O_TASKS, plan=_one_plan, score=_one_score,
-                   k=4, steps=80)
-    sizes = [len(step["chosen_ids"]) for step in _steps(learned)]
-    assert sizes[0] == 4  # a fresh agent shows K cases, as before
-    assert np.mean(np.asarray(sizes[-40:]) == 1) >= 0.9, sizes
+@pytest.mark.parametrize("sizes", ["reward", "labels"])
+def test_a_world_where_one_case_beats_four_learns_to_show_one(tmp_path, sizes) -> None:
+    learned = _run(tmp_path, "learned", _policy(sizes=sizes), seeds=O_SEEDS, tasks=O_TASKS, plan=_one_plan,
+                   score=_one_score, k=4, steps=80)
+    shown = [len(step["chosen_ids"]) for step in _steps(learned)]
+    assert shown[0] == 4  # a fresh agent shows K cases, as before
+    assert np.mean(np.asarray(shown[-40:]) == 1) >= 0.9, shown
     assert np.mean(learned.successes[-40:]) >= 0.8
-    values = learned.policy.set_values["none"]  # no look-alikes: the top case never has evidence
-    assert values[0] == max(values)
+    values = learned.policy.set_values
+    if sizes == "labels":
+        assert all(v[0] == max(v) for v in values.values())
+    else:  # summed over the contexts of the top case's evidence
+        def total(suffix: str) -> np.ndarray:
+            return np.sum([np.pad(v, (0, 4 - len(v))) for key, v in values.items() if key.endswith(suffix)], axis=0)
+
+        sums, counts = total("/reward"), total("/count")
+        assert sums[0] / counts[0] > 0.9 and sums[3] / max(1, counts[3]) < 0.1 and counts[0] >= 30
+        steps = _steps(learned)
+        assert any(s["set_propensity"] < 1 for s in steps)  # the size draw is part of the logged probability
     fixed = _run(tmp_path, "fixed", _policy(sizes="fixed"), seeds=O_SEEDS, tasks=O_TASKS, plan=_one_plan,
                  score=_one_score, k=4, steps=80)
     assert {len(step["chosen_ids"]) for step in _steps(fixed)} == {4} and not any(fixed.successes)
@@ -189,7 +209,7 @@ def test_resume_with_evidence_and_set_labels_equals_an_uninterrupted_run(tmp_pat
     resumed.run()
     assert resumed.successes == full.successes
     assert resumed.run_dir.labels.read_bytes() == full.run_dir.labels.read_bytes()
-    assert resumed.policy.set_values == full.policy.set_values and full.policy.set_values
+    assert resumed.policy.set_values == full.policy.set_values and full.policy.set_values["none/count"]
     for a, b in zip(full.policy.qnet.state_dict().values(), resumed.policy.qnet.state_dict().values()):
         assert torch.equal(a, b)
     with CaseBank.open(full.run_dir.bank, read_only=True) as one, \
@@ -243,7 +263,21 @@ def test_set_values_and_prefixes() -> None:
     assert set_size(values, 4) == 1 and len(values) == 4
     emb = np.asarray([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
     assert ranked_prefixes(np.arange(4), emb, 0.95, (1, 2, 4)) == [[0], [0, 2], [0, 2, 3]]
-    assert SetChoiceConfig().scored_sizes(4) == (1, 2, 4) and SetChoiceConfig(sizes="fixed").scored_sizes(4) == ()
+    assert SetChoiceConfig(sizes="labels").scored_sizes(4) == (1, 2, 4) and SetChoiceConfig().scored_sizes(4) == ()
+    assert SetChoiceConfig().arm_sizes(4) == (1, 2, 4) and SetChoiceConfig(sizes="fixed").arm_sizes(4) == (4,)
+    rng = np.random.default_rng(0)
+    sums, counts = add_reward([], [], 1, 1.0)
+    for _ in range(9):
+        sums, counts = add_reward(sums, counts, 1, 1.0)
+    assert reward_size(sums, counts, (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, k_bonus=0.1, rng=rng,
+                       greedy=True) == (1, 1.0)
+    assert reward_size([], [], (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, k_bonus=0.1, rng=rng,
+                       greedy=True) == (4, 1.0)
+    draws = [reward_size([], [], (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, k_bonus=0.1, rng=rng)
+             for _ in range(2000)]
+    p4 = math.exp(2.0) / (math.exp(2.0) + 2.0)
+    assert np.mean([n == 4 for n, _ in draws]) == pytest.approx(p4, abs=0.03)
+    assert all(p == pytest.approx(p4 if n == 4 else 1 / (math.exp(2.0) + 2.0)) for n, p in draws)
 
 
 def test_default_soft_q_labels_and_a_planner_that_cannot_score_runs_without_them(tmp_path, caplog) -> None:
