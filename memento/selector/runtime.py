@@ -392,7 +392,7 @@ class Selector:
             ids, cases_KD, probs = [ids[i] for i in keep], np.asarray(cases_KD)[keep], [probs[i] for i in keep]
         k = len(ids)
         probs_K = np.asarray(probs, dtype=np.float64)
-        positions_K = self._bank.positions_of(list(ids)) if self._featured else np.arange(k)
+        positions_K = self._bank.positions_of(list(ids))  # case features and per-case evidence read by position
         candidates = Candidates(ids=list(ids), positions_C=positions_K, scores_C=np.zeros(k),
                                 embeddings_CD=np.asarray(cases_KD))
         selection = Selection(ids=list(ids), positions_K=np.arange(k), probs_K=probs_K, set_prob=float(set_prob),

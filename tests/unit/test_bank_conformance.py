@@ -460,6 +460,34 @@ def test_usage_statistics(bank, rng) -> None:
     assert bank.usage_at([2, 3])[0].tolist() == [0, 0]
 
 
+def test_per_case_evidence(bank, rng) -> None:
+    ids = bank.add(make_cases(4), unit_vectors(rng, 4, DIM))
+    assert bank.evidence_at([0, 3])[0].tolist() == [0, 0]  # nothing recorded yet
+    bank.record_evidence(0, ids[:2], [1.0, 0.5], [2.0, -1.0])
+    bank.record_evidence(1, [ids[1], ids[2]], [1.0, 0.0], [0.5, 0.0])
+    bank.record_evidence(2, [ids[1]], [1.0], [-3.0])
+    count, weight, value = bank.evidence_at([0, 1, 2, 3])
+    assert count.tolist() == [1, 3, 1, 0] and weight.tolist() == [1.0, 2.5, 0.0, 0.0]
+    assert value.tolist() == [2.0, -3.5, 0.0, 0.0]
+    assert bank.truncate_usage(2) == 1  # a resume to step 2: the evidence rows of steps >= 2 go too
+    assert bank.evidence_at([1])[2].tolist() == [-0.5]
+    bank.delete(ids[0])  # a deleted case leaves no evidence
+    assert bank.evidence_at([0, 1])[0].tolist() == [0, 2]
+    with pytest.raises(UnknownCaseError):
+        bank.record_evidence(3, ["nope"], [1.0], [0.0])
+    with pytest.raises(DataFormatError, match="step"):
+        bank.record_evidence(-1, ids[1:2], [1.0], [0.0])
+    with pytest.raises(DataFormatError, match="finite"):
+        bank.record_evidence(3, ids[1:2], [-1.0], [0.0])
+    with pytest.raises(DimensionError):
+        bank.record_evidence(3, ids[1:3], [1.0], [0.0])
+    bank.truncate(2)
+    bank.add(make_cases(2, start=2), unit_vectors(rng, 2, DIM))  # the truncated positions again: never labelled
+    assert bank.evidence_at([1, 2, 3])[0].tolist() == [2, 0, 0]
+    new_id = bank.replace(ids[1], make_cases(1, "replaced")[0], unit_vectors(rng, 1, DIM)[0])
+    assert bank.evidence_at(bank.positions_of([ids[1], new_id]))[0].tolist() == [0, 0]
+
+
 def test_action_vectors(bank, rng) -> None:
     ids = bank.add(make_cases(4), unit_vectors(rng, 4, DIM))
     emb, have = bank.action_embeddings_at([0, 1])
@@ -487,7 +515,9 @@ def test_usage_and_action_vectors_survive_a_reopen(bank_uri, rng) -> None:
         bank.record_usage(0, ids, 1.0)
         bank.record_usage(1, ids[1:], 0.0)
         bank.set_action_embeddings([0, 2], actions)
+        bank.record_evidence(1, ids[:2], [1.0, 1.0], [0.5, -0.5])
     with open_bank(bank_uri) as bank:
+        assert bank.evidence_at([0, 1, 2])[2].tolist() == [0.5, -0.5, 0.0]
         shown, total = bank.usage_at([0, 1, 2])
         assert shown.tolist() == [1, 2, 2] and total.tolist() == [1.0, 1.0, 1.0]
         emb, have = bank.action_embeddings_at([0, 1, 2])

@@ -301,3 +301,17 @@ def test_a_label_budget_caps_the_scored_prompts_per_task(tmp_path) -> None:
     unlimited = _run(tmp_path, "all", _policy(), seeds=C_SEEDS, tasks=C_TASKS, plan=_copy_plan, score=_copy_score,
                      k=4, steps=36)
     assert unlimited.counters["label_passes"] > 2.0 * 36
+
+
+def test_an_exported_selector_carries_the_evidence_and_the_set_choice(tmp_path) -> None:
+    from memento.selector.export import export_selector, load_selector
+
+    loop = _run(tmp_path, "run", _policy(), seeds=C_SEEDS, tasks=C_TASKS, plan=_copy_plan, score=_copy_score, k=4,
+                steps=len(C_TASKS))
+    out = export_selector(loop.run_dir.path, tmp_path / "selector")
+    current = {c.action for c in C_SEEDS if c.meta["current"]}
+    with load_selector(out, encoder=HashingEncoder(dim=256)) as selector:
+        assert selector.config.evidence.weight == 2.0 and selector.config.sets.sizes == "reward"
+        picked = [selector.select(task.question, k=1, mode="greedy", track=False).cases[0].action
+                  for task in C_TASKS]
+    assert np.mean([a in current for a in picked]) >= 0.9
