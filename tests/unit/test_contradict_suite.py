@@ -21,6 +21,7 @@ from memento.envs.tasks import load_suite, seed_cases, suite_dir, suite_names
 from memento.formats import read_cases_jsonl, read_tasks_jsonl
 from memento.judges import ExactMatchJudge, normalize_answer
 from memento.types import Case, Task
+from tests.suite_builders import load_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -33,14 +34,7 @@ COMMAND = ".venv/bin/python data/build_contradict_suite.py --out data/"
 @pytest.fixture(scope="module")
 def builder() -> ModuleType:
     """data/build_contradict_suite.py as a module (it imports babel and pycountry only when it builds)."""
-    name = "build_contradict_suite"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, DATA / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_builder("build_contradict_suite")
 
 
 @pytest.fixture(scope="module")

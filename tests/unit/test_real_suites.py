@@ -5,7 +5,6 @@ misleadingly formatted demonstrations carry reward 1), while every task is exact
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from memento.envs.tasks import load_suite, seed_cases, suite_dir, suite_names
 from memento.formats import read_cases_jsonl, read_tasks_jsonl
 from memento.judges import ContainsJudge, ExactMatchJudge, normalize_answer
 from memento.types import Case, Task
+from tests.suite_builders import load_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -27,14 +27,7 @@ MIN_FAMILIES = {"facts-real": 12, "arith-real": 8}
 
 
 def _load_module(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, DATA / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_builder(name)
 
 
 @pytest.fixture(scope="module")

