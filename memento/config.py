@@ -943,10 +943,11 @@ class EvidenceConfig:
 class SetChoiceConfig:
     """Which set a soft-Q decision shows (:mod:`memento.learn.evidence`), beyond ranking single cases.
 
-    - ``redundancy``: a candidate whose question embedding has cosine >= this with a case already drawn for the set
-      is not drawn beside it (two look-alike cases are a contradiction or a repeat); 1.0 keeps only exact
-      duplicates out (a value above 1 turns it off). Draws stay exact: each draw is a softmax over the candidates
-      still allowed, and the selection's ``set_prob`` is the product of those draws' probabilities;
+    - ``redundancy``: a candidate whose question embedding has cosine >= this with a case already drawn for the set,
+      and less per-case evidence than it, is not drawn beside it (two look-alike cases are a contradiction or a
+      repeat, and the evidence says which to keep; look-alikes nothing tells apart yet are both allowed); 1.0
+      keeps only exact duplicates out (a value above 1 turns it off). Draws stay exact: each draw is a softmax over
+      the candidates still allowed, and the selection's ``set_prob`` is the product of those draws' probabilities;
     - ``sizes``: ``"fixed"`` shows K cases. The other two choose among the sizes ``arms`` (spread over 1..K, 1 and K
       included), separately in each context of what the per-case evidence says of the policy's top case
       (:func:`memento.learn.evidence.set_context`: none yet, it beat its look-alikes, it lost to them):
@@ -963,12 +964,13 @@ class SetChoiceConfig:
     """
 
     redundancy: float = dataclasses.field(default=0.95, metadata={"help": (
-        "no two cases whose questions have cosine >= this in one shown set (above 1: off)")})
+        "a case whose question has cosine >= this with a shown case, and less per-case evidence, is not shown "
+        "beside it (above 1: off)")})
     sizes: SetSizes = dataclasses.field(default="reward", metadata={"help": (
         "fixed: always show K cases; reward: a size drawn by what shown sets of each size earned; labels: the size "
         "whose set the planner's set-level labels value most")})
     arms: int = dataclasses.field(default=3, metadata={"help": "set sizes considered (spread over 1..K)"})
-    explore: float = 0.05
+    explore: float = 0.1
     prior: float = 2.0
     prior_mean: float = 0.5
     k_bonus: float = 0.1

@@ -244,7 +244,8 @@ class SoftQAgent:
         rows_P = candidates.rows_of(list(selection.candidate_ids))
         order_P = np.argsort(-np.asarray(selection.probs_C, dtype=np.float64), kind="stable")
         emb_PD = np.asarray(candidates.embeddings_CD)[rows_P]
-        prefixes = ranked_prefixes(order_P, emb_PD, self.config.sets.redundancy, sizes)
+        prefixes = ranked_prefixes(order_P, emb_PD, self.config.sets.redundancy, sizes,
+                                   self.evidence(candidates.take(rows_P)))
         return [[int(rows_P[i]) for i in prefix] for prefix in prefixes]
 
     def probs(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
@@ -267,7 +268,7 @@ class SoftQAgent:
             selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
         else:
             selection = draw_set(q_C, pool.embeddings_CD, pool.ids, check_k(n, len(pool)), self.alpha,
-                                 redundancy=redundancy, rng=rng, greedy=greedy)
+                                 redundancy=redundancy, rng=rng, greedy=greedy, evidence_C=self.evidence(pool))
         if p_n < 1.0:  # the size was drawn too: the set's probability is the size's times the draws'
             selection = dataclasses.replace(selection, set_prob=float(selection.set_prob * p_n))
         return selection, np.asarray(q_C, dtype=np.float64)[np.asarray(selection.positions_K, dtype=np.int64)]

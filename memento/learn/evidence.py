@@ -14,12 +14,14 @@ it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`mem
   case.
 - **The set** (:class:`~memento.config.SetChoiceConfig`). Cases are drawn one at a time from the softmax over the
   candidates still allowed, where a candidate whose question is a look-alike (cosine >= ``redundancy``) of one
-  already drawn is not allowed (:func:`draw_set`; the exact probability of the ordered set is logged), and the set's
-  size is chosen among a few of 1..K separately in each context of what the evidence says of the policy's top case
-  (:func:`set_context`): by default drawn from a softmax over the mean reward the shown sets of each size earned
-  there (:func:`reward_size`, :func:`add_reward`; the draw's probability is logged), or, with set-level labels, the
-  size whose value ``V(context, n)`` is highest (:func:`update_set_values` learns ``V`` from the planner's score of
-  the policy's ranked prefixes of a few sizes, :func:`ranked_prefixes`).
+  already drawn, with less per-case evidence than it, is not allowed (look-alikes nothing tells apart yet are both
+  allowed: showing both hedges where a choice would be a coin flip; :func:`draw_set`, the exact probability of the
+  ordered set is logged), and the set's size is chosen among a few of 1..K separately in each context of what the
+  evidence says of the policy's top case (:func:`set_context`): by default drawn from a softmax over the mean
+  reward the shown sets of each size earned there (:func:`reward_size`, :func:`add_reward`; the draw's probability
+  is logged), or, with set-level labels, the size whose value ``V(context, n)`` is highest
+  (:func:`update_set_values` learns ``V`` from the planner's score of the policy's ranked prefixes of a few sizes,
+  :func:`ranked_prefixes`).
 """
 
 from __future__ import annotations
@@ -127,23 +129,29 @@ def update_set_values(values: list[float], sizes_S: Sequence[int], score_S: np.n
     return out
 
 
-def _allowed(cos_CC: np.ndarray, chosen: list[int], allowed_C: np.ndarray, redundancy: float) -> np.ndarray:
-    out = allowed_C.copy()
-    for i in chosen:
-        out &= cos_CC[i] < redundancy - 1e-6
-    return out
+def _beaten(cos_CC: np.ndarray, evidence_C: np.ndarray | None, i: int, redundancy: float) -> np.ndarray:
+    """The candidates case ``i`` rules out once shown: its look-alikes (cosine >= ``redundancy``) whose per-case
+    evidence is below its own. Look-alikes nothing tells apart (no evidence, or as much) stay: showing both hedges
+    where a choice would be a coin flip."""
+    lookalike_C = cos_CC[i] >= redundancy - 1e-6
+    if evidence_C is None:
+        return lookalike_C
+    return lookalike_C & (evidence_C < evidence_C[i] - 1e-9)
 
 
-def ranked_prefixes(order_P: np.ndarray, emb_PD: np.ndarray, redundancy: float, sizes: Sequence[int]
-                    ) -> list[list[int]]:
-    """The prefixes of ``sizes`` of a ranking ``order_P`` (indices into ``emb_PD``) once look-alikes of a case
-    ranked higher are skipped; a size the ranking cannot fill gives the longest prefix (duplicates dropped)."""
+def ranked_prefixes(order_P: np.ndarray, emb_PD: np.ndarray, redundancy: float, sizes: Sequence[int],
+                    evidence_P: np.ndarray | None = None) -> list[list[int]]:
+    """The prefixes of ``sizes`` of a ranking ``order_P`` (indices into ``emb_PD``) once the cases a case ranked
+    higher rules out are skipped (:func:`draw_set`'s rule); a size the ranking cannot fill gives the longest prefix
+    (duplicates dropped)."""
     emb = np.asarray(emb_PD, dtype=np.float64)
     cos_PP = emb @ emb.T
     ranked: list[int] = []
+    out_P = np.zeros(cos_PP.shape[0], dtype=bool)
     for i in np.asarray(order_P, dtype=np.int64).tolist():
-        if all(cos_PP[i, j] < redundancy - 1e-6 for j in ranked):
+        if not out_P[i]:
             ranked.append(i)
+            out_P |= _beaten(cos_PP, evidence_P, i, redundancy)
     out: list[list[int]] = []
     for n in sizes:
         prefix = ranked[:n]
@@ -153,9 +161,11 @@ def ranked_prefixes(order_P: np.ndarray, emb_PD: np.ndarray, redundancy: float, 
 
 
 def draw_set(q_C: np.ndarray, emb_CD: np.ndarray, candidate_ids: Sequence[str], n: int, alpha: float, *,
-             redundancy: float, rng: np.random.Generator, greedy: bool = False) -> Selection:
-    """``n`` cases drawn one at a time from ``softmax(q / alpha)`` over the candidates still allowed (not a
-    look-alike, cosine >= ``redundancy``, of one drawn before); fewer when the allowed ones run out. ``greedy``
+             redundancy: float, rng: np.random.Generator, greedy: bool = False,
+             evidence_C: np.ndarray | None = None) -> Selection:
+    """``n`` cases drawn one at a time from ``softmax(q / alpha)`` over the candidates still allowed (not ruled
+    out by one drawn before: a look-alike, cosine >= ``redundancy``, with less per-case evidence ``evidence_C``
+    than it; with no evidence given, every look-alike); fewer when the allowed ones run out. ``greedy``
     takes the best allowed one each time (``set_prob = 1``); otherwise ``set_prob`` is the product of each draw's
     probability, exact. ``probs_C`` is the softmax over all candidates and ``probs_K`` its value at the drawn
     cases (each case's first-draw propensity)."""
@@ -170,7 +180,8 @@ def draw_set(q_C: np.ndarray, emb_CD: np.ndarray, candidate_ids: Sequence[str], 
     chosen: list[int] = []
     log_prob = 0.0
     for _ in range(min(n, c)):
-        allowed = _allowed(cos_CC, chosen[-1:], allowed, redundancy) if chosen else allowed
+        if chosen:
+            allowed &= ~_beaten(cos_CC, evidence_C, chosen[-1], redundancy)
         allowed[chosen] = False
         idx = np.flatnonzero(allowed)
         if not idx.size:

@@ -174,7 +174,8 @@ def test_a_world_where_one_case_beats_four_learns_to_show_one(tmp_path, sizes) -
     learned = _run(tmp_path, "learned", _policy(sizes=sizes), seeds=O_SEEDS, tasks=O_TASKS, plan=_one_plan,
                    score=_one_score, k=4, steps=80)
     shown = [len(step["chosen_ids"]) for step in _steps(learned)]
-    assert shown[0] == 4  # a fresh agent shows K cases, as before
+    if sizes == "labels":
+        assert shown[0] == 4  # a fresh agent shows K cases, as before (with rewards: mostly, a drawn size)
     assert np.mean(np.asarray(shown[-40:]) == 1) >= 0.9, shown
     assert np.mean(learned.successes[-40:]) >= 0.8
     values = learned.policy.set_values
