@@ -952,12 +952,13 @@ class SetChoiceConfig:
       included), separately in each context of what the per-case evidence says of the policy's top case
       (:func:`memento.learn.evidence.set_context`: none yet, it beat its look-alikes, it lost to them):
       ``"reward"`` (default) draws the size from ``softmax(m(n) / explore)``, ``m(n)`` the mean reward of the sets
-      of size ``n`` shown in that context so far, shrunk towards ``prior_mean`` (and ``prior_mean + k_bonus`` for
-      K, so a fresh agent mostly shows K cases) with ``prior`` pseudo-counts; the draw's probability is part of the
-      selection's ``set_prob``. ``"labels"`` shows the size with the highest value ``V(n)``, learned from set-level
-      labels: on a labelled step the planner also scores the prefixes of the sizes ``arms`` of the policy's
-      ranking against the same target, and ``V`` moves by ``lr`` along the listwise loss ``KL(softmax(score /
-      tau) || softmax(V / tau))``; ``V`` starts at 0, ties going to the larger size. Measured on contradicting
+      of size ``n`` shown in that context so far, shrunk with ``prior`` pseudo-counts towards ``prior_mean``, and
+      ``prior_mean + bonus`` for the size the prior leans to (:func:`memento.learn.evidence.leaning`: 1 when the top
+      case beat its look-alikes, else K, so a fresh agent mostly shows K cases, as Memento); the draw's
+      probability is part of the selection's ``set_prob``. ``"labels"`` shows the size with the highest value
+      ``V(n)``, learned from set-level labels: on a labelled step the planner also scores the prefixes of the
+      sizes ``arms`` of the policy's ranking against the same target, and ``V`` moves by ``lr`` along the listwise
+      loss ``KL(softmax(score / tau) || softmax(V / tau))``; ``V`` starts at 0, ties going to the larger size. Measured on contradicting
       memories, the gold answer's likelihood rises with more cases of the right format around the current one
       while greedy answers copy them (docs/benchmarks.md, issue 39): ``"labels"`` kept showing 4 where one is best;
     - ``arms``: how many sizes are considered (their prefixes cost one forward pass each with ``"labels"``).
@@ -973,7 +974,7 @@ class SetChoiceConfig:
     explore: float = 0.1
     prior: float = 2.0
     prior_mean: float = 0.5
-    k_bonus: float = 0.1
+    bonus: float = 0.2
     tau: float = 0.5
     lr: float = 0.5
 
@@ -984,7 +985,7 @@ class SetChoiceConfig:
         check_float(self, "explore", low=0.0, low_open=True)
         check_float(self, "prior", low=0.0, low_open=True)
         check_float(self, "prior_mean", low=0.0, high=1.0)
-        check_float(self, "k_bonus", low=0.0, high=1.0)
+        check_float(self, "bonus", low=0.0, high=1.0)
         check_float(self, "tau", low=0.0, low_open=True)
         check_float(self, "lr", low=0.0)
 

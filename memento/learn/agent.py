@@ -46,6 +46,7 @@ from memento.learn.evidence import (
     add_reward,
     draw_set,
     evidence_term,
+    leaning,
     ranked_prefixes,
     reward_size,
     set_context,
@@ -230,8 +231,9 @@ class SoftQAgent:
         values = self.learner.set_values
         if cfg.sizes == "labels":
             return set_size(values.get(context), k), 1.0
-        return reward_size(values.get(f"{context}/reward"), values.get(f"{context}/count"), cfg.arm_sizes(k), k,
-                           explore=cfg.explore, prior=cfg.prior, prior_mean=cfg.prior_mean, k_bonus=cfg.k_bonus,
+        return reward_size(values.get(f"{context}/reward"), values.get(f"{context}/count"), cfg.arm_sizes(k),
+                           leaning(context, k), explore=cfg.explore, prior=cfg.prior, prior_mean=cfg.prior_mean,
+                           bonus=cfg.bonus,
                            rng=rng if rng is not None else np.random.default_rng(0), greedy=greedy or rng is None)
 
     def label_sets(self, selection: Selection, candidates: Candidates, k: int) -> list[list[int]]:

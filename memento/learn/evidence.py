@@ -35,7 +35,7 @@ from memento.errors import DimensionError
 from memento.types import Selection
 
 __all__ = ["SET_CONTEXTS", "add_reward", "draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes",
-           "reward_size", "set_context", "set_size", "update_set_values"]
+           "leaning", "reward_size", "set_context", "set_size", "update_set_values"]
 
 
 def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +65,12 @@ its look-alikes). A case whose evidence says it is the right one is best shown a
 whatever else it is shown; a case nothing is known about may need company."""
 
 
+def leaning(context: str, k: int) -> int:
+    """The size the reward prior leans to in a context: 1 for a top case that beat its look-alikes (the planner's
+    labels showed it the right demonstration: shown alone, nothing beside it to copy), else ``k`` (Memento's K)."""
+    return 1 if context == "positive" else k
+
+
 def set_context(evidence: float) -> str:
     """The :data:`SET_CONTEXTS` entry of a top case with shrunk evidence ``evidence``."""
     return "none" if abs(evidence) < 1e-9 else "positive" if evidence > 0 else "negative"
@@ -79,18 +85,18 @@ def set_size(values: Sequence[float] | None, k: int) -> int:
     return int(best[-1]) + 1 if best.size else k
 
 
-def reward_size(sums: Sequence[float] | None, counts: Sequence[float] | None, arms: Sequence[int], k: int, *,
-                explore: float, prior: float, prior_mean: float, k_bonus: float, rng: np.random.Generator,
+def reward_size(sums: Sequence[float] | None, counts: Sequence[float] | None, arms: Sequence[int], lean: int, *,
+                explore: float, prior: float, prior_mean: float, bonus: float, rng: np.random.Generator,
                 greedy: bool = False) -> tuple[int, float]:
     """A set size drawn from ``softmax(m(n) / explore)`` over ``arms``, where ``m(n) = (sum_n + prior * m0_n) /
     (count_n + prior)`` is the shrunk mean reward of the sets of size ``n`` shown so far (``sums[n - 1]``,
-    ``counts[n - 1]``; ``m0_n = prior_mean``, plus ``k_bonus`` for ``n = k``); ``greedy`` takes the best (ties: the
-    larger). Returns ``(n, probability of the draw)``."""
+    ``counts[n - 1]``; ``m0_n = prior_mean``, plus ``bonus`` for the size the prior leans to, ``n = lean``);
+    ``greedy`` takes the best (ties: the larger). Returns ``(n, probability of the draw)``."""
     sizes = np.asarray(arms, dtype=np.int64)
     s = np.zeros(sizes.size) if not sums else np.asarray([sums[n - 1] if n <= len(sums) else 0.0 for n in sizes])
     c = np.zeros(sizes.size) if not counts else np.asarray([counts[n - 1] if n <= len(counts) else 0.0
                                                             for n in sizes])
-    m0 = prior_mean + k_bonus * (sizes == k)
+    m0 = prior_mean + bonus * (sizes == lean)
     mean = (s + prior * m0) / (c + prior)
     z = (mean - mean.max()) / explore
     p = np.exp(z)

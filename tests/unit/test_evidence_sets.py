@@ -270,11 +270,11 @@ def test_set_values_and_prefixes() -> None:
     sums, counts = add_reward([], [], 1, 1.0)
     for _ in range(9):
         sums, counts = add_reward(sums, counts, 1, 1.0)
-    assert reward_size(sums, counts, (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, k_bonus=0.1, rng=rng,
+    assert reward_size(sums, counts, (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, bonus=0.1, rng=rng,
                        greedy=True) == (1, 1.0)
-    assert reward_size([], [], (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, k_bonus=0.1, rng=rng,
+    assert reward_size([], [], (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, bonus=0.1, rng=rng,
                        greedy=True) == (4, 1.0)
-    draws = [reward_size([], [], (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, k_bonus=0.1, rng=rng)
+    draws = [reward_size([], [], (1, 2, 4), 4, explore=0.05, prior=2.0, prior_mean=0.5, bonus=0.1, rng=rng)
              for _ in range(2000)]
     p4 = math.exp(2.0) / (math.exp(2.0) + 2.0)
     assert np.mean([n == 4 for n, _ in draws]) == pytest.approx(p4, abs=0.03)
