@@ -958,9 +958,10 @@ class SetChoiceConfig:
       probability is part of the selection's ``set_prob``. ``"labels"`` shows the size with the highest value
       ``V(n)``, learned from set-level labels: on a labelled step the planner also scores the prefixes of the
       sizes ``arms`` of the policy's ranking against the same target, and ``V`` moves by ``lr`` along the listwise
-      loss ``KL(softmax(score / tau) || softmax(V / tau))``; ``V`` starts at 0, ties going to the larger size. Measured on contradicting
-      memories, the gold answer's likelihood rises with more cases of the right format around the current one
-      while greedy answers copy them (docs/benchmarks.md, issue 39): ``"labels"`` kept showing 4 where one is best;
+      loss ``KL(softmax(score / tau) || softmax(V / tau))``; ``V`` starts at 0, ties going to the larger size.
+      Measured on contradicting memories, the gold answer's likelihood rises with more cases of the right format
+      around the current one while greedy answers copy them (docs/benchmarks.md, issue 39): ``"labels"`` kept
+      showing 4 where one is best;
     - ``arms``: how many sizes are considered (their prefixes cost one forward pass each with ``"labels"``).
     """
 
