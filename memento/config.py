@@ -909,14 +909,19 @@ value most."""
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvidenceConfig:
     """Per-case evidence (:mod:`memento.learn.evidence`): what the planner's labels said about *this* case, kept in the
-    bank beside its usage and added to the embedding Q-network's score, ``Q'(s, c) = Q(s, c) + weight * e(c)``.
+    bank beside its usage and added to the embedding Q-network's score, ``Q'(s, c) = Q(s, c) + weight * (e(c) -
+    ē(c))``, where ``ē(c)`` is the kernel-weighted mean evidence of ``c``'s look-alikes among the candidates (itself
+    included; :func:`memento.learn.evidence.relative_evidence`), so the term reorders look-alikes and moves nothing
+    else.
 
     A labelled candidate's evidence is its label advantage over its *look-alike* rivals in the same labelled set,
     each rival weighted by ``exp((cos(c, c') - 1) / bandwidth)`` on the two cases' question embeddings (a case
     worded like it weighs 1, an unrelated one almost 0: what tells two look-alike cases apart is exactly what a Q
     over embeddings cannot learn); ``e(c)`` is the summed weighted advantage over the summed weights plus
-    ``prior`` (shrunk towards 0 while evidence is thin). A case never labelled has ``e(c) = 0`` and ranks as the
-    embedding part says.
+    ``prior`` (shrunk towards 0 while evidence is thin). A case never labelled has ``e(c) = 0``; one whose look-alikes
+    were not labelled either ranks as the embedding part says. Measured on contradicting memories, ``e(c)`` added
+    as it is lifted a case that beat its own stale look-alikes by a wide margin above the right cases of other
+    tasks (docs/benchmarks.md, issue 39).
 
     - ``weight``: Q units per nat (per answer token) of label advantage; 0 turns the term off;
     - ``bandwidth``: the look-alike kernel's width in cosine; ``prior``: pseudo-weight of the shrinkage.

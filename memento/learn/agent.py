@@ -48,6 +48,7 @@ from memento.learn.evidence import (
     evidence_term,
     leaning,
     ranked_prefixes,
+    relative_evidence,
     reward_size,
     set_context,
     set_size,
@@ -192,21 +193,23 @@ class SoftQAgent:
 
     def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
         """``Q(s, c)`` for every candidate (float64 ``q_C``): the Q-network's score plus, with per-case evidence
-        (``SoftQConfig.evidence``), ``weight * e(c)`` (:mod:`memento.learn.evidence`)."""
+        (``SoftQConfig.evidence``), ``weight`` times each case's evidence relative to its look-alikes among the
+        candidates (:meth:`evidence`, :mod:`memento.learn.evidence`)."""
         cases_CE = None if self.featurizer is None else self.case_vectors(candidates)
         q_C = q_values(self.learner.qnet, state_D, candidates, cases_CE=cases_CE)
         if self.evidence_of is not None and len(candidates):
-            cfg = self.config.evidence
-            _, weight_C, value_C = self.evidence_of(np.asarray(candidates.positions_C, dtype=np.int64))
-            q_C = q_C + cfg.weight * evidence_term(weight_C, value_C, cfg.prior)
+            q_C = q_C + self.config.evidence.weight * self.evidence(candidates)
         return q_C
 
     def evidence(self, candidates: Candidates) -> np.ndarray:
-        """Each candidate's shrunk per-case evidence ``e(c)`` (zeros without an evidence source)."""
+        """Each candidate's shrunk per-case evidence ``e(c)`` relative to its look-alikes among ``candidates``
+        (:func:`memento.learn.evidence.relative_evidence`: it reorders look-alikes and moves nothing else; zeros
+        without an evidence source)."""
         if self.evidence_of is None or not len(candidates):
             return np.zeros(len(candidates))
+        cfg = self.config.evidence
         _, weight_C, value_C = self.evidence_of(np.asarray(candidates.positions_C, dtype=np.int64))
-        return evidence_term(weight_C, value_C, self.config.evidence.prior)
+        return relative_evidence(evidence_term(weight_C, value_C, cfg.prior), candidates.embeddings_CD, cfg.bandwidth)
 
     @property
     def set_values(self) -> dict[str, list[float]]:
@@ -218,7 +221,7 @@ class SoftQAgent:
 
     def _context(self, candidates: Candidates, row: int) -> str:
         """The set-size context of candidate ``row`` as the top case: what its per-case evidence says."""
-        return set_context(float(self.evidence(candidates.take(np.asarray([row], dtype=np.int64)))[0]))
+        return set_context(float(self.evidence(candidates)[row]))
 
     def set_size(self, k: int, candidates: Candidates | None = None, top: int = 0, *,
                  rng: np.random.Generator | None = None, greedy: bool = True) -> tuple[int, float]:

@@ -7,9 +7,10 @@ it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`mem
 - **Per-case evidence** (:class:`~memento.config.EvidenceConfig`). When the planner labels a task's candidates (each
   scored alone against the target, :class:`~memento.learn.policy.CandidateLabels`), each labelled case gets one
   evidence row in the bank (:meth:`memento.memory.CaseBank.record_evidence`): its label advantage over its
-  *look-alike* rivals in that labelled set, :func:`lookalike_advantage`. The agent adds
-  ``weight * value_sum / (weight_sum + prior)`` (:func:`evidence_term`) to the Q-network's score; a case never
-  labelled adds 0 and ranks as the embedding part says. The rows live in the bank beside the usage log (both back
+  *look-alike* rivals in that labelled set, :func:`lookalike_advantage`. The agent adds ``weight`` times the shrunk
+  mean ``value_sum / (weight_sum + prior)`` (:func:`evidence_term`), centred on the case's look-alikes among the
+  candidates (:func:`relative_evidence`), to the Q-network's score: look-alikes are reordered, nothing else moves,
+  and a case never labelled ranks as the embedding part says. The rows live in the bank beside the usage log (both back
   ends), roll back with it on resume, travel in an exported selector's bank and leave with a deleted or replaced
   case.
 - **The set** (:class:`~memento.config.SetChoiceConfig`). Cases are drawn one at a time from the softmax over the
@@ -35,7 +36,7 @@ from memento.errors import DimensionError
 from memento.types import Selection
 
 __all__ = ["SET_CONTEXTS", "add_reward", "draw_set", "evidence_term", "lookalike_advantage", "ranked_prefixes",
-           "leaning", "reward_size", "set_context", "set_size", "update_set_values"]
+           "leaning", "relative_evidence", "reward_size", "set_context", "set_size", "update_set_values"]
 
 
 def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
@@ -74,6 +75,20 @@ def leaning(context: str, k: int) -> int:
 def set_context(evidence: float) -> str:
     """The :data:`SET_CONTEXTS` entry of a top case with shrunk evidence ``evidence``."""
     return "none" if abs(evidence) < 1e-9 else "positive" if evidence > 0 else "negative"
+
+
+def relative_evidence(e_C: np.ndarray, emb_CD: np.ndarray, bandwidth: float) -> np.ndarray:
+    """``e(c)`` minus the kernel-weighted mean evidence of ``c``'s look-alikes among the C candidates, itself included
+    (``exp((cos - 1) / bandwidth)``, as :func:`lookalike_advantage`). Evidence says which of two cases worded alike
+    helps, not how much a case helps another question: added to Q as it is, a case that beat its own look-alikes by
+    a wide margin would rise above the right cases of every other task; centred on its look-alikes it reorders the
+    look-alikes and leaves a case without any where the embedding part puts it."""
+    e = np.asarray(e_C, dtype=np.float64)
+    if not e.any():
+        return e
+    emb = np.asarray(emb_CD, dtype=np.float64)
+    w_CC = np.exp((np.clip(emb @ emb.T, -1.0, 1.0) - 1.0) / bandwidth)
+    return e - (w_CC @ e) / w_CC.sum(axis=1)
 
 
 def set_size(values: Sequence[float] | None, k: int) -> int:

@@ -28,6 +28,7 @@ from memento.learn.evidence import (
     draw_set,
     lookalike_advantage,
     ranked_prefixes,
+    relative_evidence,
     reward_size,
     set_size,
     update_set_values,
@@ -316,3 +317,10 @@ def test_an_exported_selector_carries_the_evidence_and_the_set_choice(tmp_path) 
         picked = [selector.select(task.question, k=1, mode="greedy", track=False).cases[0].action
                   for task in C_TASKS]
     assert np.mean([a in current for a in picked]) >= 0.9
+
+
+def test_relative_evidence_reorders_lookalikes_and_moves_nothing_else() -> None:
+    emb = np.asarray([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    rel = relative_evidence(np.asarray([1.0, -1.0, 3.0]), emb, 0.05)
+    assert rel[0] == pytest.approx(1.0) and rel[1] == pytest.approx(-1.0) and abs(rel[2]) < 1e-6
+    assert not relative_evidence(np.zeros(3), emb, 0.05).any()
