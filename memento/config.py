@@ -977,7 +977,7 @@ class SetChoiceConfig:
         "fixed: always show K cases; reward: a size drawn by what shown sets of each size earned; labels: the size "
         "whose set the planner's set-level labels value most")})
     arms: int = dataclasses.field(default=3, metadata={"help": "set sizes considered (spread over 1..K)"})
-    explore: float = 0.1
+    explore: float = 0.05
     prior: float = 2.0
     prior_mean: float = 0.5
     bonus: float = 0.2
