@@ -314,9 +314,10 @@ def _label_default(args: argparse.Namespace, planner: Any, tasks: list[Any], con
         print(f"online labels off: {one_line(error)}")
         configs = [without_labels(c) for c in configs]
         return configs, dataclasses.replace(config, policy=configs[0])
-    steps = "every step" if labels.when == "always" else "each step that failed or showed a case never labelled"
-    print(f"online labels on: on {steps}, the planner scores soft_q's top {labels.m} candidates against the "
-          f"{labels.target} answer; --labels 0 turns them off")
+    which = (f"on every step, the planner scores soft_q's top {labels.m} candidates" if labels.when == "always" else
+             f"on each step that failed or showed a case never labelled, the planner scores the never-labelled ones "
+             f"of soft_q's top {labels.m} candidates")
+    print(f"online labels on: {which} against the {labels.target} answer; --labels 0 turns them off")
     return configs, config
 
 
