@@ -200,6 +200,31 @@ def test_cli_labels_with_a_server_without_logprobs_is_one_line_and_writes_nothin
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_default_labels_are_off_with_one_line_when_the_server_gives_no_logprobs(tmp_path, capsys) -> None:
+    from memento.cli.entry import main
+    from tests.unit.test_openai_compat import FakeServer
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": t.id, "question": t.question, "answers": list(t.answers)}) + "\n"
+                             for t in TASKS[:4]), encoding="utf-8")
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join(json.dumps({"id": f"c{i}", "state": c.state, "action": c.action, "reward": c.reward})
+                             + "\n" for i, c in enumerate(SEEDS[:6])), encoding="utf-8")
+    server = FakeServer()  # answers every POST with a chat reply: no prompt logprobs
+    try:
+        code = main(["online", "--tasks", str(tasks), "--cases", str(cases), "--planner",
+                     f"openai:m@{server.base_url}", "--policy", "soft_q", "--steps", "2", "--no-tensorboard",
+                     "--out", str(tmp_path / "out"), "--no-progress"])
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    said = [line for line in out.splitlines() if line.startswith("online labels")]
+    assert len(said) == 1 and said[0].startswith("online labels off: "), out
+    config = json.loads((tmp_path / "out" / "soft_q" / "config.json").read_text(encoding="utf-8"))
+    assert config["policy"]["labels"]["m"] == 0 and config["policy"]["evidence"]["weight"] > 0
+
+
 def test_a_runs_online_labels_train_a_selector_offline(tmp_path) -> None:
     pytest.importorskip("lightning")
     from training.data import load_labels
