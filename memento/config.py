@@ -953,10 +953,11 @@ class SetChoiceConfig:
       repeat, and the evidence says which to keep; look-alikes nothing tells apart yet are both allowed); 1.0
       keeps only exact duplicates out (a value above 1 turns it off). Draws stay exact: each draw is a softmax over
       the candidates still allowed, and the selection's ``set_prob`` is the product of those draws' probabilities;
-    - ``sizes``: ``"fixed"`` shows K cases. The other two choose among the sizes ``arms`` (spread over 1..K, 1 and K
+    - ``sizes``: ``"fixed"`` (default) shows K cases: measured, a learned size cost ``elements-real`` 8 points late
+      (docs/benchmarks.md, issue 39). The other two choose among the sizes ``arms`` (spread over 1..K, 1 and K
       included), separately in each context of what the per-case evidence says of the policy's top case
       (:func:`memento.learn.evidence.set_context`: none yet, it beat its look-alikes, it lost to them):
-      ``"reward"`` (default) draws the size from ``softmax(m(n) / explore)``, ``m(n)`` the mean reward of the sets
+      ``"reward"`` draws the size from ``softmax(m(n) / explore)``, ``m(n)`` the mean reward of the sets
       of size ``n`` shown in that context so far, shrunk with ``prior`` pseudo-counts towards ``prior_mean``, and
       ``prior_mean + bonus`` for the size the prior leans to (:func:`memento.learn.evidence.leaning`: 1 when the top
       case beat its look-alikes, else K, so a fresh agent mostly shows K cases, as Memento); the draw's
@@ -973,7 +974,7 @@ class SetChoiceConfig:
     redundancy: float = dataclasses.field(default=0.95, metadata={"help": (
         "a case whose question has cosine >= this with a shown case, and less per-case evidence, is not shown "
         "beside it (above 1: off)")})
-    sizes: SetSizes = dataclasses.field(default="reward", metadata={"help": (
+    sizes: SetSizes = dataclasses.field(default="fixed", metadata={"help": (
         "fixed: always show K cases; reward: a size drawn by what shown sets of each size earned; labels: the size "
         "whose set the planner's set-level labels value most")})
     arms: int = dataclasses.field(default=3, metadata={"help": "set sizes considered (spread over 1..K)"})

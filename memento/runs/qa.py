@@ -277,10 +277,11 @@ DEFAULT_LABELS = 8
 
 def qa_policy(kind: PolicyKind) -> PolicyConfig:
     """The QA loop's default config of each policy kind: :func:`loop_policy`'s, and for soft-Q also per-case
-    evidence (:class:`~memento.config.EvidenceConfig`), the learned choice of the set
-    (:class:`~memento.config.SetChoiceConfig`) and online labels of its top :data:`DEFAULT_LABELS` candidates on the
-    informative steps (:class:`~memento.config.OnlineLabelsConfig`; a run whose planner cannot score turns them off
-    and says so)."""
+    evidence (:class:`~memento.config.EvidenceConfig`), look-alikes kept apart once the evidence tells them apart
+    (:class:`~memento.config.SetChoiceConfig`, ``redundancy``; K cases: the learned size, ``sizes="reward"``, cost
+    ``elements-real`` 8 points late, docs/benchmarks.md, issue 39) and online labels of its top
+    :data:`DEFAULT_LABELS` candidates on the informative steps (:class:`~memento.config.OnlineLabelsConfig`; a run
+    whose planner cannot score turns them off and says so)."""
     policy = loop_policy(kind)
     if not isinstance(policy, SoftQConfig):
         return policy

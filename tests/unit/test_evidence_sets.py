@@ -265,8 +265,9 @@ def test_set_values_and_prefixes() -> None:
     assert set_size(values, 4) == 1 and len(values) == 4
     emb = np.asarray([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
     assert ranked_prefixes(np.arange(4), emb, 0.95, (1, 2, 4)) == [[0], [0, 2], [0, 2, 3]]
-    assert SetChoiceConfig(sizes="labels").scored_sizes(4) == (1, 2, 4) and SetChoiceConfig().scored_sizes(4) == ()
-    assert SetChoiceConfig().arm_sizes(4) == (1, 2, 4) and SetChoiceConfig(sizes="fixed").arm_sizes(4) == (4,)
+    reward = SetChoiceConfig(sizes="reward")
+    assert SetChoiceConfig(sizes="labels").scored_sizes(4) == (1, 2, 4) and reward.scored_sizes(4) == ()
+    assert reward.arm_sizes(4) == (1, 2, 4) and SetChoiceConfig().arm_sizes(4) == (4,)
     rng = np.random.default_rng(0)
     sums, counts = add_reward([], [], 1, 1.0)
     for _ in range(9):
