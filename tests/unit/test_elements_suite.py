@@ -8,10 +8,7 @@ from __future__ import annotations
 import collections
 import importlib.metadata
 import importlib.util
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +18,7 @@ from memento.envs.tasks import load_suite, seed_cases, suite_dir, suite_names
 from memento.formats import read_cases_jsonl, read_tasks_jsonl
 from memento.judges import ExactMatchJudge, normalize_answer
 from memento.types import Case, Task
-from tests.suite_builders import load_builder
+from tests.suite_builders import assert_rebuild_matches, load_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -53,14 +50,7 @@ def _symbol(task_id: str) -> str:
 def test_command_line_rebuild_matches_the_shipped_files(tmp_path: Path) -> None:
     """The command line, in a fresh interpreter with another hash seed, writes the shipped bytes."""
     pytest.importorskip("mendeleev", reason="the data extra builds elements-real")
-    env = {**os.environ, "PYTHONHASHSEED": "4321"}
-    result = subprocess.run([sys.executable, str(DATA / "build_elements_suite.py"), "--out", str(tmp_path)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    assert f"{SUITE}: " in result.stdout
-    for name in FILES:
-        assert (tmp_path / SUITE / name).read_bytes() == (DATA / SUITE / name).read_bytes(), (
-            f"data/{SUITE}/{name} is stale: rebuild with `.venv/bin/python data/build_elements_suite.py --out data/`")
+    assert_rebuild_matches("build_elements_suite", SUITE, FILES, tmp_path)
 
 
 def test_contexts_are_cleaned(builder: ModuleType) -> None:

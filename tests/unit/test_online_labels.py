@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,16 +179,22 @@ def test_game_loop_refuses_labels() -> None:
         GameLoopConfig(policy=_labels_policy())
 
 
-def test_cli_labels_with_a_server_without_logprobs_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
-    from memento.cli.entry import main
-    from tests.unit.test_openai_compat import FakeServer
-
+def _cli_files(tmp_path) -> tuple[Path, Path]:
+    """Four of the world's tasks and six of its cases as the CLI's task and case files."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": t.id, "question": t.question, "answers": list(t.answers)}) + "\n"
                              for t in TASKS[:4]), encoding="utf-8")
     cases = tmp_path / "cases.jsonl"
     cases.write_text("".join(json.dumps({"id": f"c{i}", "state": c.state, "action": c.action, "reward": c.reward})
                              + "\n" for i, c in enumerate(SEEDS[:6])), encoding="utf-8")
+    return tasks, cases
+
+
+def test_cli_labels_with_a_server_without_logprobs_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+    from memento.cli.entry import main
+    from tests.unit.test_openai_compat import FakeServer
+
+    tasks, cases = _cli_files(tmp_path)
     server = FakeServer()  # answers every POST with a chat reply: no prompt logprobs
     try:
         code = main(["online", "--tasks", str(tasks), "--cases", str(cases), "--planner",
@@ -204,12 +211,7 @@ def test_cli_default_labels_are_off_with_one_line_when_the_server_gives_no_logpr
     from memento.cli.entry import main
     from tests.unit.test_openai_compat import FakeServer
 
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"id": t.id, "question": t.question, "answers": list(t.answers)}) + "\n"
-                             for t in TASKS[:4]), encoding="utf-8")
-    cases = tmp_path / "cases.jsonl"
-    cases.write_text("".join(json.dumps({"id": f"c{i}", "state": c.state, "action": c.action, "reward": c.reward})
-                             + "\n" for i, c in enumerate(SEEDS[:6])), encoding="utf-8")
+    tasks, cases = _cli_files(tmp_path)
     server = FakeServer()  # answers every POST with a chat reply: no prompt logprobs
     try:
         code = main(["online", "--tasks", str(tasks), "--cases", str(cases), "--planner",
