@@ -191,14 +191,16 @@ class SoftQAgent:
             return np.asarray(candidates.embeddings_CD)
         return self.featurizer.case_vectors(candidates)
 
-    def q_values(self, state_D: np.ndarray, candidates: Candidates) -> np.ndarray:
+    def q_values(self, state_D: np.ndarray, candidates: Candidates, *,
+                 evidence_C: np.ndarray | None = None) -> np.ndarray:
         """``Q(s, c)`` for every candidate (float64 ``q_C``): the Q-network's score plus, with per-case evidence
         (``SoftQConfig.evidence``), ``weight`` times each case's evidence relative to its look-alikes among the
-        candidates (:meth:`evidence`, :mod:`memento.learn.evidence`)."""
+        candidates (:meth:`evidence`, or ``evidence_C`` when the caller has it, :mod:`memento.learn.evidence`)."""
         cases_CE = None if self.featurizer is None else self.case_vectors(candidates)
         q_C = q_values(self.learner.qnet, state_D, candidates, cases_CE=cases_CE)
         if self.evidence_of is not None and len(candidates):
-            q_C = q_C + self.config.evidence.weight * self.evidence(candidates)
+            e_C = self.evidence(candidates) if evidence_C is None else evidence_C
+            q_C = q_C + self.config.evidence.weight * e_C
         return q_C
 
     def evidence(self, candidates: Candidates) -> np.ndarray:
@@ -219,18 +221,19 @@ class SoftQAgent:
         ``sets.sizes="labels"``); a context not seen yet is absent."""
         return {context: list(values) for context, values in self.learner.set_values.items()}
 
-    def _context(self, candidates: Candidates, row: int) -> str:
+    def _context(self, candidates: Candidates, row: int, evidence_C: np.ndarray | None = None) -> str:
         """The set-size context of candidate ``row`` as the top case: what its per-case evidence says."""
-        return set_context(float(self.evidence(candidates)[row]))
+        return set_context(float((self.evidence(candidates) if evidence_C is None else evidence_C)[row]))
 
     def set_size(self, k: int, candidates: Candidates | None = None, top: int = 0, *,
-                 rng: np.random.Generator | None = None, greedy: bool = True) -> tuple[int, float]:
+                 rng: np.random.Generator | None = None, greedy: bool = True,
+                 evidence_C: np.ndarray | None = None) -> tuple[int, float]:
         """How many of at most ``k`` cases a decision shows and the probability of that choice: ``k`` with fixed
         sizes, else chosen in the context of its top case (``candidates`` row ``top``) by ``SoftQConfig.sets``."""
         cfg = self.config.sets
         if cfg.sizes == "fixed" or candidates is None or not len(candidates) or k <= 1:
             return k, 1.0
-        context = self._context(candidates, top)
+        context = self._context(candidates, top, evidence_C)
         values = self.learner.set_values
         if cfg.sizes == "labels":
             return set_size(values.get(context), k), 1.0
@@ -266,14 +269,16 @@ class SoftQAgent:
         """:meth:`select`, and ``Q(s, c)`` of each chosen case in draw order (``q_K``): the values of the one
         forward pass that made the choice (a served selector reports them as the cases' scores)."""
         pool = self._pool(candidates)
-        q_C = self.q_values(state_D, pool)
-        n, p_n = self.set_size(k, pool, int(np.argmax(q_C)), rng=rng, greedy=greedy) if len(pool) else (k, 1.0)
+        e_C = self.evidence(pool)  # once: Q, the size's context and the look-alike rule all read it
+        q_C = self.q_values(state_D, pool, evidence_C=e_C)
+        n, p_n = self.set_size(k, pool, int(np.argmax(q_C)), rng=rng, greedy=greedy, evidence_C=e_C) \
+            if len(pool) else (k, 1.0)
         redundancy = self.config.sets.redundancy
         if redundancy > 1.0 and n == k:  # today's draw: Gumbel-top-k over the whole pool
             selection = boltzmann_select(q_C, pool, k, self.alpha, rng=rng, greedy=greedy)
         else:
             selection = draw_set(q_C, pool.embeddings_CD, pool.ids, check_k(n, len(pool)), self.alpha,
-                                 redundancy=redundancy, rng=rng, greedy=greedy, evidence_C=self.evidence(pool))
+                                 redundancy=redundancy, rng=rng, greedy=greedy, evidence_C=e_C)
         if p_n < 1.0:  # the size was drawn too: the set's probability is the size's times the draws'
             selection = dataclasses.replace(selection, set_prob=float(selection.set_prob * p_n))
         return selection, np.asarray(q_C, dtype=np.float64)[np.asarray(selection.positions_K, dtype=np.int64)]
