@@ -39,6 +39,13 @@ __all__ = ["SET_CONTEXTS", "add_reward", "draw_set", "evidence_term", "lookalike
            "leaning", "relative_evidence", "reward_size", "set_context", "set_size", "update_set_values"]
 
 
+def _lookalike_weights(emb_ND: np.ndarray, bandwidth: float) -> np.ndarray:
+    """``exp((cos(e_i, e_j) - 1) / bandwidth)`` for every pair of the N unit vectors: 1 for cases worded alike, almost 0
+    for unrelated ones (the look-alike kernel of :func:`lookalike_advantage` and :func:`relative_evidence`)."""
+    emb = np.asarray(emb_ND, dtype=np.float64)
+    return np.exp((np.clip(emb @ emb.T, -1.0, 1.0) - 1.0) / bandwidth)
+
+
 def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
     """``(weight_M, value_M)`` of M cases labelled together: ``w_ij = exp((cos(e_i, e_j) - 1) / bandwidth)`` for
     ``j != i``, ``weight_i = sum_j w_ij`` and ``value_i = sum_j w_ij (score_i - score_j)`` (so ``value / weight`` is
@@ -47,8 +54,7 @@ def lookalike_advantage(score_M: np.ndarray, emb_MD: np.ndarray, bandwidth: floa
     emb_MD = np.asarray(emb_MD, dtype=np.float64)
     if emb_MD.ndim != 2 or emb_MD.shape[0] != score_M.shape[0]:
         raise DimensionError(f"lookalike_advantage: score_M.shape={score_M.shape}, emb_MD.shape={emb_MD.shape}")
-    cos_MM = np.clip(emb_MD @ emb_MD.T, -1.0, 1.0)
-    w_MM = np.exp((cos_MM - 1.0) / bandwidth)
+    w_MM = _lookalike_weights(emb_MD, bandwidth)
     np.fill_diagonal(w_MM, 0.0)
     weight_M = w_MM.sum(axis=1)
     value_M = (w_MM * (score_M[:, None] - score_M[None, :])).sum(axis=1)
@@ -86,8 +92,7 @@ def relative_evidence(e_C: np.ndarray, emb_CD: np.ndarray, bandwidth: float) -> 
     e = np.asarray(e_C, dtype=np.float64)
     if not e.any():
         return e
-    emb = np.asarray(emb_CD, dtype=np.float64)
-    w_CC = np.exp((np.clip(emb @ emb.T, -1.0, 1.0) - 1.0) / bandwidth)
+    w_CC = _lookalike_weights(emb_CD, bandwidth)
     return e - (w_CC @ e) / w_CC.sum(axis=1)
 
 
@@ -108,9 +113,12 @@ def reward_size(sums: Sequence[float] | None, counts: Sequence[float] | None, ar
     ``counts[n - 1]``; ``m0_n = prior_mean``, plus ``bonus`` for the size the prior leans to, ``n = lean``);
     ``greedy`` takes the best (ties: the larger). Returns ``(n, probability of the draw)``."""
     sizes = np.asarray(arms, dtype=np.int64)
-    s = np.zeros(sizes.size) if not sums else np.asarray([sums[n - 1] if n <= len(sums) else 0.0 for n in sizes])
-    c = np.zeros(sizes.size) if not counts else np.asarray([counts[n - 1] if n <= len(counts) else 0.0
-                                                            for n in sizes])
+
+    def at(values: Sequence[float] | None) -> np.ndarray:  # values[n - 1] per arm, 0 where none was recorded
+        known = values or []
+        return np.asarray([known[n - 1] if n <= len(known) else 0.0 for n in sizes], dtype=np.float64)
+
+    s, c = at(sums), at(counts)
     m0 = prior_mean + bonus * (sizes == lean)
     mean = (s + prior * m0) / (c + prior)
     z = (mean - mean.max()) / explore
