@@ -42,6 +42,35 @@ _NORM_TOLERANCE = 1e-3
 _MAX_PADDED = 1 << 24  # a batch search result padded past the bank's size holds at most this many entries
 
 
+TIE_TOLERANCE = 1e-6  # relative: scores this close are one score (equal vectors, scored by other SIMD lanes)
+
+
+def _tie_tolerance(scores: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return TIE_TOLERANCE * np.maximum(1.0, np.abs(scores))
+
+
+def _order_ties(scores_BK: np.ndarray, labels_BK: np.ndarray,
+                vectors_BKD: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Each row best first, runs of scores within :data:`TIE_TOLERANCE` of their neighbour one tie given the
+    run's first score, ties in position order, padding (label -1) last."""
+    rows_B1 = np.arange(len(scores_BK))[:, None]
+    order_BK = np.argsort(-scores_BK, axis=1, kind="stable")
+    scores_BK, labels_BK = scores_BK[rows_B1, order_BK], labels_BK[rows_B1, order_BK]
+    with np.errstate(invalid="ignore"):  # -inf - -inf: padding stays one run
+        gap_BK = scores_BK[:, :-1] - scores_BK[:, 1:] > _tie_tolerance(scores_BK[:, :-1])
+    run_BK = np.concatenate([np.zeros((len(scores_BK), 1), dtype=np.int64), np.cumsum(gap_BK, axis=1)], axis=1)
+    position_BK = np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK)
+    tie_order_BK = np.lexsort((position_BK, run_BK), axis=1)
+    labels_BK, run_BK = labels_BK[rows_B1, tie_order_BK], run_BK[rows_B1, tie_order_BK]
+    first_BK = np.concatenate([np.ones((len(scores_BK), 1), dtype=bool), run_BK[:, 1:] != run_BK[:, :-1]], axis=1)
+    scores_BK = np.take_along_axis(scores_BK, np.maximum.accumulate(
+        np.where(first_BK, np.arange(scores_BK.shape[1])[None, :], 0), axis=1), axis=1)
+    if vectors_BKD is not None:
+        vectors_BKD = vectors_BKD[rows_B1, order_BK][rows_B1, tie_order_BK]
+    return scores_BK, labels_BK, vectors_BKD
+
+
 @dataclass(frozen=True)
 class Candidates:
     """A candidate set for one state: ``C`` case ids, their bank positions, similarity scores and vectors."""
@@ -661,7 +690,9 @@ class BankFront:
         """:meth:`search_positions`; without ``pad``, the result is at most the bank's size wide (a search for
         more cases than the bank holds finds them all, whatever ``k``). Equal scores (cases with the same
         question, hence the same vector) come in position order: an index leaves the order of ties to its
-        kernels, which differ between CPUs, and a seeded run must not."""
+        kernels, which differ between CPUs, and a seeded run must not. Its kernels may even score two equal
+        vectors a few units in the last place apart (seen on an AMD EPYC), so scores within
+        :data:`TIE_TOLERANCE` of their neighbour are one score (see :func:`_order_ties`)."""
         self._check_open()
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise DataFormatError(f"k must be a positive integer, got {k!r}")
@@ -679,12 +710,8 @@ class BankFront:
         scores_BK, labels_BK, vectors_BKD = self._index.topk(q_BD, k, where, self._rows.deleted_positions(),
                                                              with_vectors)
         scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
-        if not bool(np.all(scores_BK[:, 1:] < scores_BK[:, :-1])):  # ties or padding: the order is ours to set
-            order_BK = np.lexsort((np.where(labels_BK < 0, np.iinfo(np.int64).max, labels_BK), -scores_BK), axis=1)
-            rows_B1 = np.arange(len(order_BK))[:, None]
-            scores_BK, labels_BK = scores_BK[rows_B1, order_BK], labels_BK[rows_B1, order_BK]
-            if vectors_BKD is not None:
-                vectors_BKD = vectors_BKD[rows_B1, order_BK]
+        if not bool(np.all(scores_BK[:, :-1] - scores_BK[:, 1:] > _tie_tolerance(scores_BK[:, :-1]))):
+            scores_BK, labels_BK, vectors_BKD = _order_ties(scores_BK, labels_BK, vectors_BKD)
         labels_BK = labels_BK.astype(np.int64, copy=False)
         if width > k:  # pad to the width asked for
             extra = ((0, 0), (0, width - k))

@@ -1065,3 +1065,20 @@ def test_a_stored_row_out_of_range_is_a_bank_error_naming_the_case(filled, bank_
         with pytest.raises(BankError, match=rf"case '{ids[1]}' in cases.sqlite is out of range: Case.reward must be"):
             again.get(ids[1])
         assert again.get(ids[0]).state  # the other rows read
+
+
+def test_scores_a_few_last_places_apart_are_one_tie_in_position_order() -> None:
+    """An index may score two equal vectors one unit in the last place apart (other SIMD lanes, another CPU):
+    such runs are one tie, given the run's first score and ordered by position; real gaps and padding keep
+    their order, and the vectors follow their rows."""
+    from memento.memory.front import _order_ties
+
+    near = np.nextafter(np.float32(0.9697622), np.float32(1.0))
+    scores_BK = np.array([[near, np.float32(0.9697622), np.float32(0.5), -np.inf],
+                          [np.float32(0.8), np.float32(0.7), np.float32(0.7), -np.inf]], dtype=np.float32)
+    labels_BK = np.array([[17, 15, 3, -1], [9, 8, 2, -1]], dtype=np.int64)
+    vectors_BKD = labels_BK[..., None].astype(np.float32)
+    scores, labels, vectors = _order_ties(scores_BK, labels_BK, vectors_BKD)
+    assert labels.tolist() == [[15, 17, 3, -1], [9, 2, 8, -1]]
+    assert scores[0, 0] == scores[0, 1] == near and scores[0, 2] == np.float32(0.5) and scores[0, 3] == -np.inf
+    assert vectors[..., 0].tolist() == labels.astype(np.float32).tolist()

@@ -3,7 +3,9 @@
 ``tests/golden/golden.json`` was written by ``python -m tests.golden.capture`` at commit 86025c1, before the
 learning step, the policy construction and the run directory were given one owner each, and written again (issue
 29) when the bank began to order equal scores by position: the order faiss gave ties (cases with the same question
-have the same vector) differed between CPUs, so the recording failed on an AMD EPYC at its first tie. Every seeded
+have the same vector) differed between CPUs, so the recording failed on an AMD EPYC at its first tie; and written
+again (issue 39's CI) when scores within a relative 1e-6 became one tie: that EPYC's faiss scores two equal vectors
+one unit in the last place apart, so "equal" scores were not equal there. Every seeded
 online run (soft-Q, soft-Q among rewarded candidates with batches, similarity, random, LinUCB), every
 regret run and a served selector's choices and learning must stay exactly as they were: same steps.jsonl
 records, same checkpoint tensors, same regret per step, same artifact files.
