@@ -710,7 +710,9 @@ class BankFront:
         scores_BK, labels_BK, vectors_BKD = self._index.topk(q_BD, k, where, self._rows.deleted_positions(),
                                                              with_vectors)
         scores_BK = np.where(labels_BK < 0, -np.inf, scores_BK).astype(np.float32)
-        if not bool(np.all(scores_BK[:, :-1] - scores_BK[:, 1:] > _tie_tolerance(scores_BK[:, :-1]))):
+        with np.errstate(invalid="ignore"):  # -inf - -inf (padding) is nan: not a gap, so ordered below
+            spaced = bool(np.all(scores_BK[:, :-1] - scores_BK[:, 1:] > _tie_tolerance(scores_BK[:, :-1])))
+        if not spaced:  # ties or padding: the order is ours to set
             scores_BK, labels_BK, vectors_BKD = _order_ties(scores_BK, labels_BK, vectors_BKD)
         labels_BK = labels_BK.astype(np.int64, copy=False)
         if width > k:  # pad to the width asked for

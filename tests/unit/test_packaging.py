@@ -100,7 +100,30 @@ def test_install_hints_name_the_distribution() -> None:
     for path in (ROOT / "memento").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "pip install 'memento[" not in text and 'pip install "memento[' not in text, path
-    assert f"pip install '{NAME}[serve]'" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+_PIP_LINE = re.compile(r"pip install (?P<args>[^`\n#]*)")
+
+
+def test_install_lines_in_the_docs_are_true_for_this_repository() -> None:
+    """The distribution is on no package index: every ``pip install`` of it in README.md and docs/ installs a
+    clone (``-e .``, ``-e '.[EXTRA]'``) or a git URL, and names only extras pyproject.toml declares."""
+    extras = set(_project()["optional-dependencies"])
+    seen = 0
+    for path in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in _PIP_LINE.finditer(line):
+                args = match.group("args")
+                named = re.findall(r"(?:\.|memento-mdp)\[([a-z0-9_,-]+)\]", args)
+                if NAME not in args and not re.search(r"-e ['\"]?\.", args):
+                    continue  # another package (torch, faiss-gpu, ...)
+                seen += 1
+                where = f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                if NAME in args:
+                    assert "@ git+" in args, f"{where}: {NAME} is on no package index; install a clone or git"
+                for group in named:
+                    assert set(group.split(",")) <= extras, f"{where}: unknown extra"
+    assert seen >= 5
 
 
 def test_python_dash_m_memento(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
