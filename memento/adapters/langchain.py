@@ -9,11 +9,17 @@
     ...                                                          # the agent solves the task with them
     learner.feedback(docs, reward=1.0)                           # or learner.feedback(selection_id, 1.0)
 
-Scoped and filtered (:mod:`memento.adapters`)::
+Scoped, filtered and cut off (:mod:`memento.adapters`)::
 
     alice = MementoRetriever(selector=selector, scope={"user": "alice"}, filter={"topic": {"in": ["geo", "sci"]}})
     docs = alice.invoke("What is the capital of Peru?")                      # only alice's geo/sci cases
     docs = retriever.invoke("...", scope={"user": "bob"}, filter={"topic": "geo"}, k=2)   # per call
+    likely = MementoRetriever(selector=selector, search_kwargs={"k": 8, "score_threshold": 0.1})
+
+``search_kwargs`` takes what LangChain's ``VectorStoreRetriever`` does that applies to a learned selection:
+``k``, ``score_threshold``, ``filter``, plus ``scope`` and ``env``; each is also a field (give it once) and a
+per-call argument of ``invoke``. MMR's ``fetch_k``/``lambda_mult``, and any other key or argument, are refused in
+one line (``DataFormatError``); MMR is a vector store's.
 
 A LangChain ``VectorStore`` over a selector's bank, :class:`MementoVectorStore` (a plain cosine search: no
 policy, nothing recorded; see its docstring)::
@@ -23,12 +29,14 @@ policy, nothing recorded; see its docstring)::
     store.similarity_search("capital of Peru", k=2, filter={"user": "alice", "topic": {"in": ["geo"]}})
     store.as_retriever(search_kwargs={"k": 2, "filter": {"topic": "geo"}}).invoke("capital of Peru")
 
-Each ``Document``: ``page_content`` ``"Task: <state>\\nAction: <action>"``, ``id`` the case id, ``metadata``
-``{id, reward, env, kind, score, q, similarity, prob, selection_id, mode, policy_version, user?, agent?,
-session?}``: ``score`` the
-relevance (``sigmoid(Q)``, or the cosine with ``score="similarity"``), ``prob`` the draw probability,
-``selection_id`` ``None`` unless ``track=True`` (see :mod:`memento.adapters` for the defaults). ``on_select``
-(optional) is called with each :class:`memento.selector.runtime.SelectionResult`.
+Each ``Document`` of :class:`MementoRetriever`: ``page_content`` ``"Task: <state>\\nAction: <action>"``, ``id``
+the case id, ``metadata`` ``{id, reward, env, kind, score, q, similarity, prob, policy_prob, selection_id, mode,
+policy_version, user?, agent?, session?}``: ``score`` the relevance, by default the policy's probability of the
+case, ``softmax(Q / alpha)`` over the candidate set (in (0, 1], higher for a higher Q, at most 1 summed over the
+documents; ``score="success"``: ``sigmoid(Q)``, ``score="similarity"``: the cosine; see :mod:`memento.adapters`),
+``score_threshold`` a cutoff on it, ``prob`` the draw probability (1.0 in greedy mode), ``selection_id`` ``None``
+unless ``track=True``. ``on_select`` (optional) is called with each
+:class:`memento.selector.runtime.SelectionResult`.
 """
 
 from __future__ import annotations
@@ -38,11 +46,16 @@ from typing import Any, Literal
 
 from memento.adapters import (
     ScoreKind,
+    above,
     case_metadata,
     case_text,
+    check_k,
     check_retriever_options,
+    check_threshold,
+    check_unknown,
     check_where,
     missing_extra,
+    select_where,
     selection_id_of,
 )
 from memento.errors import DataFormatError
@@ -61,49 +74,85 @@ except ImportError:
 
 __all__ = ["MementoRetriever", "MementoVectorStore"]
 
+_SEARCH_KEYS = ("k", "score_threshold", "filter", "scope", "env")
+"""What :class:`MementoRetriever` takes in ``search_kwargs`` and per call."""
+_MMR_KEYS = ("fetch_k", "lambda_mult")
+
 
 class MementoRetriever(BaseRetriever):
     """``selector.select(query, k, mode, env, track=track, scope=scope, filter=filter)`` as a LangChain retriever;
-    see the module docstring. ``invoke(query, scope=..., filter=..., k=...)`` overrides the fields for one call."""
+    see the module docstring. ``invoke(query, k=..., score_threshold=..., filter=..., scope=..., env=...)``
+    overrides the fields for one call; ``search_kwargs`` (LangChain's) sets the same fields at construction."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     selector: Any = Field(description="a loaded memento Selector")
     k: int = Field(4, ge=1, description="cases per query")
     mode: Literal["sample", "greedy"] = Field("greedy", description="greedy: the top k by Q (a retriever); "
                                               "sample: explore (needs track=True)")
     track: bool = Field(False, description="record each retrieval as a pending selection so feedback() can follow")
-    score: ScoreKind = Field("success", description="metadata['score']: sigmoid(Q), or the cosine similarity")
+    score: ScoreKind = Field("policy", description="metadata['score']: the policy's probability softmax(Q/alpha) "
+                             "over the candidates; sigmoid(Q) ('success'); or the cosine ('similarity')")
+    score_threshold: float | None = Field(None, description="keep only the documents whose score is at least this")
     env: str | None = None
     scope: dict[str, Any] | None = Field(None, description='only cases of this scope: {"user", "agent", "session"}')
     filter: dict[str, Any] | None = Field(None, description='only cases whose meta match, e.g. {"topic": "geo"}')
+    search_kwargs: dict[str, Any] = Field(default_factory=dict, description="LangChain's search arguments: k, "
+                                          "score_threshold, filter, scope, env (each also a field: give it once)")
     on_select: Callable[[Any], None] | None = None
+
+    def __init__(self, **data: Any) -> None:
+        # checked here, not by pydantic, so that each is one line: an unknown argument, and search_kwargs
+        check_unknown(data, type(self).model_fields, "MementoRetriever")
+        search = data.get("search_kwargs")
+        if search is not None:
+            if not isinstance(search, Mapping):
+                raise DataFormatError("MementoRetriever: search_kwargs must be a dict such as {\"k\": 2}, got "
+                                      f"{type(search).__name__}")
+            mmr = sorted(set(search) & set(_MMR_KEYS))
+            if mmr:
+                raise DataFormatError(f"MementoRetriever: search_kwargs {mmr} are MMR's; the learned selection does "
+                                      "not diversify by MMR")
+            check_unknown(search, _SEARCH_KEYS, "MementoRetriever: search_kwargs", "key")
+            twice = sorted(key for key in search if key in data and data[key] != search[key])
+            if twice:
+                raise DataFormatError(f"MementoRetriever: {', '.join(twice)} is given twice (as an argument and in "
+                                      "search_kwargs, with different values); give it once")
+            if "k" in search:
+                check_k(search["k"], "MementoRetriever: search_kwargs")
+            check_threshold(search.get("score_threshold"), "MementoRetriever: search_kwargs")
+            data = {**data, **search, "search_kwargs": dict(search)}
+        super().__init__(**data)
 
     @model_validator(mode="after")
     def _sample_needs_track(self) -> MementoRetriever:
         check_retriever_options(self.mode, self.track, self.score)  # a ConfigError is a ValueError: pydantic reports it
-        check_where(self.scope, self.filter)
+        check_threshold(self.score_threshold, "MementoRetriever")
+        select_where(self.scope, self.filter)
         return self
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
-                                scope: dict[str, Any] | None = None, filter: dict[str, Any] | None = None,
-                                k: int | None = None) -> list[Document]:
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise DataFormatError(f"MementoRetriever: k must be a positive integer, got {str(k)[:80]}")
-        result = self.selector.select(query, k=self.k if k is None else k, mode=self.mode, env=self.env,
-                                      track=self.track, scope=self.scope if scope is None else scope,
-                                      filter=self.filter if filter is None else filter)
+                                **kwargs: Any) -> list[Document]:
+        check_unknown(kwargs, _SEARCH_KEYS, "MementoRetriever.invoke")
+        k = self.k if kwargs.get("k") is None else check_k(kwargs["k"], "MementoRetriever")
+        threshold = (check_threshold(kwargs["score_threshold"], "MementoRetriever") if "score_threshold" in kwargs
+                     else self.score_threshold)
+        possible, scope, filter = select_where(self.scope if kwargs.get("scope") is None else kwargs["scope"],
+                                               self.filter if kwargs.get("filter") is None else kwargs["filter"])
+        if not possible:
+            return []
+        result = self.selector.select(query, k=k, mode=self.mode, env=kwargs.get("env") or self.env,
+                                      track=self.track, scope=scope, filter=filter)
         if self.on_select is not None:
             self.on_select(result)
         return [Document(page_content=case_text(case), id=case.id, metadata=metadata)
-                for case, _, metadata in case_metadata(result, self.score)]
+                for case, _, metadata in above(case_metadata(result, self.score), threshold)]
 
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
-                                       scope: dict[str, Any] | None = None, filter: dict[str, Any] | None = None,
-                                       k: int | None = None) -> list[Document]:
+                                       **kwargs: Any) -> list[Document]:
         # LangChain's default drops the per-call arguments; run the sync retrieval in its executor with them
         return await run_in_executor(None, self._get_relevant_documents, query, run_manager=run_manager.get_sync(),
-                                     scope=scope, filter=filter, k=k)
+                                     **kwargs)
 
     def feedback(self, selection: str | Sequence[Document], reward: float) -> dict[str, Any]:
         """Report the reward in [0, 1] of what was done with one retrieval (its documents, or its selection id) made
