@@ -416,7 +416,7 @@ def test_unknown_or_conflicting_arguments_are_one_line(selector) -> None:  # typ
         return str(error.value)
 
     for bad, message in [({"search_kwargs": {"kk": 2}}, r"search_kwargs: unknown key\(s\) \['kk'\]"),
-                         ({"search_kwargs": {"fetch_k": 9}}, "fetch_k.*MMR"),
+                         ({"search_kwargs": {"fetch_k": 9}}, "fetch_k.*MMR.*MementoVectorStore"),
                          ({"search_kwargs": {"k": 0}}, "k must be a positive integer"),
                          ({"search_kwargs": {"score_threshold": "high"}}, "score_threshold must be a number"),
                          ({"search_kwargs": ["k", 2]}, "search_kwargs must be a dict"),
