@@ -143,7 +143,10 @@ class SelectionResult:
       estimates the probability that the task succeeds with this case); greedy picks the top k by it;
     - ``similarities``: each case's cosine similarity to the query, as the bank's search returned it;
     - ``set_prob``: the Plackett-Luce probability of drawing exactly this ordered set (1.0 for greedy);
-    - ``mode``: ``"sample"`` or ``"greedy"``; ``policy_version``: learner updates made before this choice.
+    - ``mode``: ``"sample"`` or ``"greedy"``; ``policy_version``: learner updates made before this choice;
+    - ``policy_probs``: each case's probability under the policy, ``softmax(Q / alpha)`` over the candidate set
+      (its first-draw probability: ``probs`` of a sampled choice, kept for a greedy one too, whose ``probs``
+      are 1.0); in (0, 1], at most 1 summed over the chosen cases, higher for a higher Q.
     """
 
     selection_id: str | None
@@ -155,6 +158,7 @@ class SelectionResult:
     policy_version: int
     scores: tuple[float, ...] = ()
     similarities: tuple[float, ...] = ()
+    policy_probs: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -771,6 +775,7 @@ class Selector:
         version = self._agent.version
         scores: tuple[float, ...] = ()
         similarities: tuple[float, ...] = ()
+        policy_probs: tuple[float, ...] = ()
         if len(candidates) == 0:
             ids: list[str] = []
             probs: list[float] = []
@@ -780,7 +785,8 @@ class Selector:
             rng: Any = LockedGenerator(self._rng, self._rng_lock)  # the same draws, one call at a time
             selection, q_K = self._agent.select_scored(state_D, candidates, k, rng=rng, greedy=mode == "greedy")
             ids = list(selection.ids)
-            probs = [1.0] * len(ids) if mode == "greedy" else [float(p) for p in selection.probs_K]
+            policy_probs = tuple(float(p) for p in selection.probs_K)  # softmax(Q / alpha) over the candidates
+            probs = [1.0] * len(ids) if mode == "greedy" else list(policy_probs)
             set_prob = float(selection.set_prob)
             rows_K = candidates.rows_of(ids)
             cases_KD = candidates.embeddings_CD[rows_K]
@@ -794,7 +800,7 @@ class Selector:
                                                   born=time.monotonic()))
         return SelectionResult(selection_id=selection_id, ids=tuple(ids), cases=cases, probs=tuple(probs),
                                set_prob=set_prob, mode=mode, policy_version=version, scores=scores,
-                               similarities=similarities)
+                               similarities=similarities, policy_probs=policy_probs)
 
     def stats(self) -> dict[str, Any]:
         """Counts and settings: cases, feedbacks, updates, pending selections, dim, learn, and more."""

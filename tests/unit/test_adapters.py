@@ -55,7 +55,8 @@ def test_langchain_retriever_through_the_runnable_interface(selector) -> None:  
     assert all(0.0 < d.metadata["prob"] <= 1.0 and d.metadata["reward"] == selector.get_case(d.id).reward
                for d in docs)
     assert [d.metadata["q"] for d in docs] == list(seen[0].scores)
-    assert all(d.metadata["score"] == pytest.approx(1 / (1 + math.exp(-d.metadata["q"]))) for d in docs)
+    # the score is the policy's probability of the case (a sampled draw's first-draw probability), not sigmoid(Q)
+    assert [d.metadata["score"] for d in docs] == list(seen[0].policy_probs) == [d.metadata["prob"] for d in docs]
     assert retriever.feedback(docs, 1.0)["recorded"] is True
     with pytest.raises(MementoError, match="unknown selection"):
         retriever.feedback(docs[0].metadata["selection_id"], 1.0)  # answered once
@@ -94,8 +95,8 @@ def test_llamaindex_retriever_and_query_engine(selector) -> None:  # type: ignor
     case = selector.get_case(nodes[0].node.node_id)
     assert nodes[0].node.get_content() == f"Task: {case.state}\nAction: {case.action}"
     assert [n.score for n in nodes] == [n.node.metadata["score"] for n in nodes]  # the relevance, not the draw prob
-    assert all(n.score == pytest.approx(1 / (1 + math.exp(-n.node.metadata["q"]))) and 0.0 < n.score < 1.0
-               and 0.0 < n.node.metadata["prob"] <= 1.0 for n in nodes)
+    assert all(n.score == n.node.metadata["policy_prob"] == n.node.metadata["prob"] and 0.0 < n.score < 1.0
+               for n in nodes)  # sampled: the policy's probability is the draw's
     assert retriever.feedback(nodes, 1.0)["recorded"] is True
     anodes = asyncio.run(retriever.aretrieve(QUESTION))
     assert len(anodes) == 3 and retriever.feedback(anodes, 0.5)["recorded"]
@@ -350,3 +351,131 @@ def test_llamaindex_retriever_scope_filter_and_metadata_filters(selector) -> Non
         with pytest.raises(DataFormatError, match="MementoRetriever"):
             MementoRetriever(selector, **bad)
     assert selector.stats()["pending"] == 0
+
+
+# ---------------------------------------------------------------- scores, search_kwargs, unknown arguments
+
+def _policy_probs(selector, query: str, ids) -> list[float]:  # type: ignore[no-untyped-def]
+    """softmax(Q / alpha) over the query's candidate set, at ``ids``: computed here from the agent's Q."""
+    import numpy as np
+
+    state_D = selector._state(query)
+    candidates = selector.bank.candidates(state_D, selector.config.candidates)
+    z_C = selector.agent.q_values(state_D, candidates) / selector.alpha
+    p_C = np.exp(z_C - z_C.max())
+    p_C /= p_C.sum()
+    return [float(p) for p in p_C[candidates.rows_of(list(ids))]]
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_the_default_score_is_the_policys_probability_over_the_candidates(framework: str, selector) -> None:  # type: ignore[no-untyped-def]
+    _, retrieve = _retriever(framework, selector, k=5)
+    got = retrieve(QUESTION)
+    ids, scores = [i for i, _, _ in got], [s for _, s, _ in got]
+    assert scores == pytest.approx(_policy_probs(selector, QUESTION, ids), rel=1e-5)
+    assert all(m["score"] == m["policy_prob"] == s and m["prob"] == 1.0 for _, s, m in got)  # greedy draws
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) == 5 and 0.0 < sum(scores) <= 1.0
+    _, retrieve_success = _retriever(framework, selector, k=5, score="success")  # the old score, on request
+    assert all(s == pytest.approx(1 / (1 + math.exp(-m["q"]))) for _, s, m in retrieve_success(QUESTION))
+
+
+def test_langchain_search_kwargs_are_honoured(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("langchain_core")
+    from memento.adapters.langchain import MementoRetriever
+
+    ids = _add_scoped(selector)
+    two = MementoRetriever(selector=selector, search_kwargs={"k": 2})
+    assert two.k == 2 and len(two.invoke(QUESTION)) == 2  # was: accepted and ignored (4 documents)
+    alice = MementoRetriever(selector=selector, search_kwargs={"k": 4, "scope": {"user": "alice"}})
+    assert {d.id for d in alice.invoke(QUESTION)} == {ids["alice", "geo"], ids["alice", "sci"]}
+    geo = MementoRetriever(selector=selector, search_kwargs={"k": 4, "filter": {"topic": "geo"}})
+    assert {d.id for d in geo.invoke(QUESTION)} == {ids["alice", "geo"], ids["bob", "geo"]}
+    # LangChain's filter idiom: a top-level user/agent/session equality selects the scope (as the VectorStore's)
+    bob = MementoRetriever(selector=selector, search_kwargs={"k": 4, "filter": {"user": "bob", "topic": "geo"}})
+    assert [d.id for d in bob.invoke(QUESTION)] == [ids["bob", "geo"]]
+    assert MementoRetriever(selector=selector, scope={"user": "alice"}, filter={"user": "bob"}).invoke(QUESTION) == []
+    scores = [d.metadata["score"] for d in MementoRetriever(selector=selector, k=6).invoke(QUESTION)]
+    cutoff = (scores[0] + scores[-1]) / 2
+    kept = MementoRetriever(selector=selector, search_kwargs={"k": 6, "score_threshold": cutoff}).invoke(QUESTION)
+    assert 0 < len(kept) < 6 and [d.metadata["score"] for d in kept] == [s for s in scores if s >= cutoff]
+    per_call = MementoRetriever(selector=selector, k=6).invoke(QUESTION, score_threshold=cutoff)
+    assert [d.id for d in per_call] == [d.id for d in kept]
+    assert MementoRetriever(selector=selector, search_kwargs={"k": 2}).search_kwargs == {"k": 2}
+    assert selector.stats()["pending"] == 0
+
+
+def test_unknown_or_conflicting_arguments_are_one_line(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from memento.adapters.langchain import MementoRetriever as LangChainRetriever
+    from memento.adapters.llamaindex import MementoRetriever as LlamaRetriever
+    from memento.errors import DataFormatError
+
+    def one_line(error: pytest.ExceptionInfo) -> str:  # type: ignore[type-arg]
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    for bad, message in [({"search_kwargs": {"kk": 2}}, r"search_kwargs: unknown key\(s\) \['kk'\]"),
+                         ({"search_kwargs": {"fetch_k": 9}}, "fetch_k.*MMR.*MementoVectorStore"),
+                         ({"search_kwargs": {"k": 0}}, "k must be a positive integer"),
+                         ({"search_kwargs": {"score_threshold": "high"}}, "score_threshold must be a number"),
+                         ({"search_kwargs": ["k", 2]}, "search_kwargs must be a dict"),
+                         ({"k": 3, "search_kwargs": {"k": 2}}, "k is given twice"),
+                         ({"search_type": "mmr"}, r"unknown argument\(s\) \['search_type'\]"),
+                         ({"top_k": 2}, r"unknown argument\(s\) \['top_k'\]")]:
+        with pytest.raises(DataFormatError, match=message) as error:
+            LangChainRetriever(selector=selector, **bad)
+        assert one_line(error).startswith("MementoRetriever")
+    retriever = LangChainRetriever(selector=selector, k=2)
+    with pytest.raises(DataFormatError, match=r"unknown argument\(s\) \['fetch_k'\]") as error:
+        retriever.invoke(QUESTION, fetch_k=3)
+    one_line(error)
+    with pytest.raises(DataFormatError, match=r"unknown argument\(s\) \['similarity_top_k'\]") as error:
+        LlamaRetriever(selector, similarity_top_k=2)
+    one_line(error)
+    with pytest.raises(DataFormatError, match=r"llm_metadata_keys: unknown key\(s\) \['topic'\]") as error:
+        LlamaRetriever(selector, llm_metadata_keys=("env", "topic"))
+    one_line(error)
+    assert LlamaRetriever(selector, verbose=True, k=2).retrieve(QUESTION)  # LlamaIndex's own arguments pass
+
+
+def test_llamaindex_nodes_show_the_llm_only_the_named_metadata(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.schema import MetadataMode
+
+    from memento.adapters.llamaindex import MementoRetriever
+
+    _add_scoped(selector)
+    nodes = MementoRetriever(selector, k=3, scope={"user": "alice"}).retrieve(QUESTION)
+    for node in (n.node for n in nodes):
+        assert {"q", "selection_id", "user", "score"} <= set(node.metadata)  # kept for code, not for the LLM
+        assert node.get_content(metadata_mode=MetadataMode.LLM) == node.get_content()  # the case text only
+        assert node.get_content(metadata_mode=MetadataMode.EMBED) == node.get_content()
+    named = MementoRetriever(selector, k=3, llm_metadata_keys=("env", "reward"), embed_metadata_keys=("env",))
+    for node in (n.node for n in named.retrieve(QUESTION)):
+        llm = node.get_content(metadata_mode=MetadataMode.LLM)
+        assert f"env: {node.metadata['env']}" in llm and f"reward: {node.metadata['reward']}" in llm
+        assert "q: " not in llm and "selection_id" not in llm and "policy_version" not in llm
+        embed = node.get_content(metadata_mode=MetadataMode.EMBED)
+        assert "env: " in embed and "reward" not in embed
+    # what the query engine's LLM is sent (MockLLM answers with its prompt)
+    prompt = str(RetrieverQueryEngine.from_args(MementoRetriever(selector, k=3, scope={"user": "alice"}),
+                                                llm=MockLLM()).query(QUESTION))
+    assert "Task: " in prompt and not any(f"{key}: " in prompt for key in ("selection_id", "q", "prob", "user",
+                                                                            "policy_version", "similarity"))
+
+
+def test_llamaindex_metadata_filters_on_scope_fields_select_the_scope(selector) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    from memento.adapters.llamaindex import MementoRetriever
+
+    ids = _add_scoped(selector)
+    # a node shows metadata["user"]: filtering on it selects the scope (it used to look in meta and match nothing)
+    nodes = MementoRetriever(selector, k=6, filters=MetadataFilters(filters=[
+        MetadataFilter(key="user", value="bob"), MetadataFilter(key="topic", value="geo")])).retrieve(QUESTION)
+    assert [n.node.node_id for n in nodes] == [ids["bob", "geo"]]
+    assert MementoRetriever(selector, k=6, scope={"user": "alice"}, filter={"user": "bob"}).retrieve(QUESTION) == []

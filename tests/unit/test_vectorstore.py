@@ -175,3 +175,64 @@ def test_from_texts_and_bad_arguments(selector) -> None:  # type: ignore[no-unty
         vs.similarity_search("q", filter={"topic": {"gt": 1}})
     with pytest.raises(DataFormatError, match="unknown search argument"):
         vs.similarity_search("q", fetch_k=3)
+
+
+# ---------------------------------------------------------------- by vector, MMR, thresholds
+
+def test_search_by_vector_matches_the_text_search(selector, store) -> None:  # type: ignore[no-untyped-def]
+    vs, ids = store
+    vector = vs.embeddings.embed_query(TEXTS[0])
+    assert isinstance(vector, list) and len(vector) == selector.dim
+    assert vs.embeddings.embed_documents(TEXTS[:2])[0] == pytest.approx(vector)
+    by_text = vs.similarity_search_with_score(TEXTS[0], k=3, filter={"topic": "geo"})
+    by_vector = vs.similarity_search_with_score_by_vector(vector, k=3, filter={"topic": "geo"})
+    assert [(d.id, pytest.approx(s, abs=1e-6)) for d, s in by_vector] == [(d.id, s) for d, s in by_text]
+    assert [d.id for d in vs.similarity_search_by_vector(vector, k=1, scope={"user": "bob"})] == [ids[2]]
+    adocs = asyncio.run(vs.asimilarity_search_by_vector(vector, k=1))
+    assert [d.id for d in adocs] == [ids[0]]
+    with pytest.raises(Exception, match="expects"):
+        vs.similarity_search_by_vector([1.0, 0.0], k=1)  # wrong dimension: one line from the selector
+    with pytest.raises(DataFormatError, match=r"unknown search argument\(s\) \['fetch_k'\]"):
+        vs.similarity_search_by_vector(vector, k=1, fetch_k=3)
+
+
+def test_max_marginal_relevance_trades_similarity_for_diversity(selector) -> None:  # type: ignore[no-untyped-def]
+    vs = MementoVectorStore(selector)
+    texts = ["What is the capital of Peru?", "What is the capital of Peru? Lima.", "What is the capital city of Peru?",
+             "Who painted Guernica?"]
+    ids = vs.add_texts(texts, [{"topic": "geo"}, {"topic": "geo"}, {"topic": "geo"}, {"topic": "art"}])
+    query = "capital of Peru"
+    nearest = [d.id for d in vs.similarity_search(query, k=2, filter={"topic": {"in": ["geo", "art"]}})]
+    diverse = vs.max_marginal_relevance_search(query, k=2, fetch_k=10, lambda_mult=0.0,
+                                               filter={"topic": {"in": ["geo", "art"]}})
+    assert nearest[0] == diverse[0].id and nearest[1] in ids[:3]
+    assert diverse[1].id == ids[3]  # lambda 0: the most different of the fetched, Guernica
+    assert [d.id for d in vs.max_marginal_relevance_search(query, k=2, fetch_k=10, lambda_mult=1.0,
+                                                           filter={"topic": {"in": ["geo", "art"]}})] == nearest
+    vector = vs.embeddings.embed_query(query)
+    assert [d.id for d in vs.max_marginal_relevance_search_by_vector(
+        vector, k=2, fetch_k=10, lambda_mult=0.0, filter={"topic": {"in": ["geo", "art"]}})] == [d.id for d in diverse]
+    assert len(vs.max_marginal_relevance_search(query, k=3, fetch_k=2, filter={"topic": "geo"})) == 2  # fetch_k caps
+    mmr = vs.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 10, "lambda_mult": 0.0,
+                                                            "filter": {"topic": {"in": ["geo", "art"]}}})
+    assert [d.id for d in mmr.invoke(query)] == [d.id for d in diverse]
+    assert [d.id for d in asyncio.run(mmr.ainvoke(query))] == [d.id for d in diverse]
+    for bad, message in [({"lambda_mult": 1.5}, "lambda_mult must be a number in"), ({"fetch_k": 0}, "fetch_k"),
+                         ({"k": -1}, "k must be"), ({"top_n": 2}, r"unknown search argument\(s\) \['top_n'\]")]:
+        with pytest.raises(DataFormatError, match=message):
+            vs.max_marginal_relevance_search(query, **bad)
+
+
+def test_a_score_threshold_is_a_relevance_for_every_search(store) -> None:  # type: ignore[no-untyped-def]
+    vs, ids = store
+    relevance = vs.similarity_search_with_relevance_scores(TEXTS[0], k=6)
+    cutoff = (relevance[0][1] + relevance[-1][1]) / 2
+    expected = [d.id for d, r in relevance if r >= cutoff]
+    assert 0 < len(expected) < 6
+    assert [d.id for d in vs.similarity_search(TEXTS[0], k=6, score_threshold=cutoff)] == expected
+    retriever = vs.as_retriever(search_kwargs={"k": 6, "score_threshold": cutoff})  # similarity search
+    assert [d.id for d in retriever.invoke(TEXTS[0])] == expected
+    assert [d.id for d in vs.max_marginal_relevance_search(TEXTS[0], k=6, lambda_mult=1.0,
+                                                           score_threshold=cutoff)] == expected
+    with pytest.raises(DataFormatError, match="score_threshold must be a number"):
+        vs.similarity_search(TEXTS[0], score_threshold="high")
