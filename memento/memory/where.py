@@ -360,7 +360,8 @@ class Where:
             types = "= 'text'" if isinstance(value, str) else "IN ('integer', 'real')"
             return (f"(json_type({column}, ?) {types} AND json_extract({column}, ?) {_SQL_OP[self.op]} ?)",
                     [path, path, value])
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[Any] = []
         for value in self.values:
             if isinstance(value, bool):
                 clauses.append(f"json_type({column}, ?) = ?")
