@@ -172,31 +172,26 @@ class SqliteRows:
         return f"{_CASE_COLUMNS}, {scope}"
 
     def matching(self, scope: Scope | None, meta: Where | None, count: int) -> np.ndarray:
-        """A bool mask over positions ``0..count-1``: the cases in ``scope`` whose meta matches ``meta`` (one
+        """A bool mask over positions ``0..count-1``: the cases in ``scope`` that match the filter ``meta`` (one
         SQLite query, kept until the bank changes)."""
-        key = (json.dumps([None if scope is None else scope.to_json(), None if meta is None else meta.to_json()],
-                          sort_keys=True), count, self.generation)
+        key = (json.dumps([None if scope is None else [scope.to_json(), scope.include_global],
+                           None if meta is None else meta.to_json()], sort_keys=True), count, self.generation)
         mask = self._matches.get(key)
         if mask is not None:
             return mask
         clauses, params = ["pos < ?"], [count]
-        if scope is not None and scope:
-            if not self.has_scope_columns():
-                mask = np.zeros(count, dtype=bool)  # no case carries a scope yet
-            for name, value in scope.items():
-                clauses.append(f"scope_{name} = ?")
-                params.append(value)
-        if mask is None:
-            if meta is not None:
-                sql, extra = meta.sql("meta")
+        scoped = self.has_scope_columns()  # without the columns, no case carries a scope yet
+        for part in (scope, meta):
+            if part is not None:
+                sql, extra = part.sql(scoped=scoped)
                 clauses.append(sql)
                 params += extra
-            mask = np.zeros(count, dtype=bool)
-            try:
-                rows = self.conn.execute(f"SELECT pos FROM cases WHERE {' AND '.join(clauses)}", params)
-                mask[np.fromiter((row[0] for row in rows), dtype=np.int64)] = True
-            except sqlite3.DatabaseError as error:
-                raise BankError(f"{self.name}: damaged bank ({DB_NAME}: {error})") from None
+        mask = np.zeros(count, dtype=bool)
+        try:
+            rows = self.conn.execute(f"SELECT pos FROM cases WHERE {' AND '.join(clauses)}", params)
+            mask[np.fromiter((row[0] for row in rows), dtype=np.int64)] = True
+        except sqlite3.DatabaseError as error:
+            raise BankError(f"{self.name}: damaged bank ({DB_NAME}: {error})") from None
         if len(self._matches) >= _MATCH_CACHE:
             self._matches.pop(next(iter(self._matches)))
         self._matches[key] = mask

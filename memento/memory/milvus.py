@@ -628,9 +628,10 @@ class MilvusVectors:
         if where.positive:
             parts.append("reward > 0")
         if where.scope is not None:
-            if not self._rows.scoped:
+            if self._rows.scoped:
+                parts.append(where.scope.milvus())
+            elif not where.scope.include_global:
                 return "pos < 0"  # no case of a collection made before scopes has one: nothing matches
-            parts += [f"scope_{name} == {_quote(value)}" for name, value in where.scope.items()]
         if where.meta is not None:
             if not self._rows.scoped:
                 raise BankError(f"{self._rows.name}: this collection was created before metadata filters; export "

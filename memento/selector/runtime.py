@@ -530,16 +530,17 @@ class Selector:
 
     def select(self, query: str | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
                env: str | None = None, *, track: bool = True, scope: Scope | Mapping[str, Any] | None = None,
-               filter: Where | Mapping[str, Any] | None = None) -> SelectionResult:
+               filter: Where | Mapping[str, Any] | None = None, include_global: bool = False) -> SelectionResult:
         """Choose ``k`` cases for a task text or state vector (see the module docstring).
 
         ``track=False`` retrieves only: no pending selection is written (nothing on disk changes) and the
         result's ``selection_id`` is ``None``, so no feedback can follow. The cases chosen, and the draws
         taken from the seeded generator, are the same either way. ``scope`` (``{"user": ..., "agent": ...,
         "session": ...}``) and ``filter`` (on the cases' meta: ``{"topic": {"in": ["geo", "sci"]}}``, AND/OR;
-        :mod:`memento.memory.where`) restrict the candidates; one that matches nothing gives an empty result."""
+        :mod:`memento.memory.where`) restrict the candidates; one that matches nothing gives an empty result.
+        ``include_global``: beside a scope, the cases without any owner (no user, agent, session) are candidates too."""
         k = _check_select_args(k, mode, env, track)
-        scope, filter = as_scope(scope), parse_filter(filter)
+        scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
         self._check_open()
         state_D = self._state(query)  # text is encoded outside the lock (batched with other callers' when on)
         with self._rw.read():
@@ -632,11 +633,13 @@ class Selector:
 
     def search_cases(self, query: str | np.ndarray, k: int = 10, *, env: str | None = None,
                      scope: Scope | Mapping[str, Any] | None = None,
-                     filter: Where | Mapping[str, Any] | None = None) -> list[tuple[Case, float]]:
+                     filter: Where | Mapping[str, Any] | None = None,
+                     include_global: bool = False) -> list[tuple[Case, float]]:
         """The ``k`` cases nearest to a task text or state vector by cosine, with their similarity (a plain search:
-        no policy, no draw, nothing recorded), among the cases of ``scope`` whose meta match ``filter``."""
+        no policy, no draw, nothing recorded), among the cases of ``scope`` (and, with ``include_global``, those
+        without any owner) that match ``filter``."""
         k = _check_select_args(k, "greedy", env, False)
-        scope, filter = as_scope(scope), parse_filter(filter)
+        scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
         self._check_open()
         state_D = self._state(query)
         with self._rw.read():
@@ -645,12 +648,14 @@ class Selector:
             return list(zip(self._bank.get(found.ids), (float(s) for s in found.scores_C))) if found.ids else []
 
     def list_cases(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
-                   filter: Where | Mapping[str, Any] | None = None, limit: int = 100, offset: int = 0) -> list[Case]:
-        """Live cases in position order (deleted ones left out), those of ``env`` and ``scope`` whose meta match
-        ``filter``, from the ``offset``-th match, at most ``limit`` (1..10,000)."""
+                   filter: Where | Mapping[str, Any] | None = None, limit: int = 100, offset: int = 0,
+                   include_global: bool = False) -> list[Case]:
+        """Live cases in position order (deleted ones left out), those of ``env`` and ``scope`` (and, with
+        ``include_global``, those without any owner) that match ``filter``, from the ``offset``-th match, at most
+        ``limit`` (1..10,000)."""
         if env is not None:
             check_id(env, "env")
-        scope, filter = as_scope(scope), parse_filter(filter)
+        scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
         for name, value, top in (("limit", limit, 10_000), ("offset", offset, 2 ** 62)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
                     (1 if name == "limit" else 0) <= value <= top):
@@ -662,7 +667,7 @@ class Selector:
             self._check_open()
             for case in self._bank.iter_cases():
                 if (env is not None and case.env != env) or (scope is not None and not scope.matches(case)) or (
-                        filter is not None and not filter.matches(case.meta)):
+                        filter is not None and not filter.matches(case)):
                     continue
                 seen += 1
                 if seen > offset:
@@ -722,14 +727,15 @@ class Selector:
 
     def select_many(self, queries: Sequence[str] | np.ndarray, k: int = 4, mode: SelectionMode = "sample",
                     env: str | None = None, *, track: bool = True, scope: Scope | Mapping[str, Any] | None = None,
-                    filter: Where | Mapping[str, Any] | None = None) -> list[SelectionResult]:
+                    filter: Where | Mapping[str, Any] | None = None,
+                    include_global: bool = False) -> list[SelectionResult]:
         """:meth:`select` for several tasks: the texts are encoded in one ``encode`` call and the candidates of
         all of them found in one bank search; each result has its own pending selection id (feedback each
         one). Greedy results equal ``select`` called on each query in turn; sampled ones draw from the same
-        generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors. ``track``: as for
-        :meth:`select`."""
+        generator in query order. ``queries``: texts, or a ``[B, D]`` array of state vectors. ``track``, ``scope``,
+        ``filter``, ``include_global``: as for :meth:`select`."""
         k = _check_select_args(k, mode, env, track)
-        scope, filter = as_scope(scope), parse_filter(filter)
+        scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
         if isinstance(queries, str):
             raise DataFormatError("select_many takes a list of queries; for one text use select()")
         self._check_open()

@@ -36,7 +36,8 @@ from memento.serve.common import (
     thread_limiter,
     token_matches,
 )
-from memento.serve.schema import request_models
+from memento.serve.schema import OWNER_ARGS, owner_scope, request_models, unknown_message
+from memento.types import check_id
 
 logger = logging.getLogger("memento.serve.app")
 access_logger = logging.getLogger("memento.serve.access")
@@ -50,21 +51,22 @@ class _Problem(Exception):
     """An error answered as ``{"detail": ...}`` with a status (and the field for 422)."""
 
     def __init__(self, status: int, message: str, *, field: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, where: str = "body"):
         super().__init__(message)
-        self.status, self.message, self.field, self.headers = status, message, field, headers
+        self.status, self.message, self.field, self.headers, self.where = status, message, field, headers, where
 
     def response(self) -> JSONResponse:
         if self.status == 422:  # the same shape as FastAPI's own validation errors
-            loc = ["body"] if self.field is None else ["body", self.field]
+            loc = [self.where] if self.field is None else [self.where, self.field]
             detail: Any = [{"loc": loc, "msg": self.message, "type": "value_error"}]
         else:
             detail = self.message
         return JSONResponse({"detail": detail}, status_code=self.status, headers=self.headers)
 
 
-def _problem_from(error: BaseException, *, field: str | None = None) -> _Problem:
-    """The HTTP answer to an error the selector or the writer raised."""
+def _problem_from(error: BaseException, *, field: str | None = None, where: str = "body") -> _Problem:
+    """The HTTP answer to an error the selector or the writer raised (a 422 points at ``where``: the body or the
+    query)."""
     if isinstance(error, (ServerUnavailableError, BatcherClosedError)):
         return _Problem(503, str(error), headers={"Retry-After": "1"})
     if isinstance(error, KeyError):  # UnknownSelectionError, UnknownCaseError
@@ -73,14 +75,71 @@ def _problem_from(error: BaseException, *, field: str | None = None) -> _Problem
     if isinstance(error, DimensionError):
         return _Problem(422, str(error), field=field or "embedding")
     if isinstance(error, (DataFormatError, ValueError)):
-        return _Problem(422, str(error), field=field)
+        return _Problem(422, str(error), field=field, where=where)
     if isinstance(error, MementoError):
         return _Problem(400, str(error))
     raise error
 
 
+def _not_utf8(body: bytes, content_type: str | None) -> str | None:
+    """Why a JSON request body is not UTF-8 JSON text (RFC 8259), or None. Python's ``json.loads`` reads UTF-16 and
+    UTF-32 bytes too (and FastAPI uses it), so they are refused here: a byte order mark, a NUL byte (no UTF-8 JSON
+    text holds one), bytes that are not UTF-8, or a ``charset`` other than UTF-8."""
+    if content_type is not None:
+        media, _, params = content_type.partition(";")
+        media = media.strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            return None
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+                return f"charset={value.strip()[:20]}"
+    if body.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        return "it starts with a byte order mark"
+    if b"\x00" in body:
+        return "it holds NUL bytes (UTF-16 or UTF-32?)"
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"byte {error.start} is not UTF-8"
+    return None
+
+
+def _query_names(route: Any) -> frozenset[str]:
+    """The query parameters a route takes (its own and its dependencies'), read once per route."""
+    names = getattr(route, "_memento_query_names", None)
+    if names is None:
+        found: set[str] = set()
+        todo = [route.dependant]
+        while todo:
+            dependant = todo.pop()
+            found.update(param.alias for param in dependant.query_params)
+            todo.extend(dependant.dependencies)
+        names = route._memento_query_names = frozenset(found)
+    return names  # type: ignore[no-any-return]
+
+
+def _known_query(request: Request) -> None:
+    """Every endpoint's query parameters: one it does not take is a 422 (``?user_id=alice`` on an endpoint without
+    that parameter once listed every tenant's cases), and so is one given twice (which value would count?)."""
+    route = request.scope.get("route")
+    if route is None or not hasattr(route, "dependant"):
+        return
+    takes = _query_names(route)
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
+        if name not in takes:
+            listed = ", ".join(sorted(takes)) or "none"
+            raise _Problem(422, f"{unknown_message(name, 'query parameter')}; {request.url.path} takes {listed}",
+                           field=name, where="query")
+        if name in seen:
+            raise _Problem(422, f"query parameter {name!r} is given twice", field=name, where="query")
+        seen.add(name)
+
+
 class _BodyLimit:
-    """Refuse request bodies over ``max_bytes`` with 413, before anything parses them.
+    """Refuse request bodies over ``max_bytes`` with 413, before anything parses them, and JSON bodies that are not
+    UTF-8 with 415 (:func:`_not_utf8`).
 
     The Content-Length header is checked first; a body without one (chunked) is read up to the
     limit and replayed to the app.
@@ -116,6 +175,12 @@ class _BodyLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        kind = headers.get(b"content-type")
+        problem = _not_utf8(b"".join(chunks), None if kind is None else kind.decode("latin-1")) if size else None
+        if problem is not None:
+            response = JSONResponse({"detail": f"the request body is not UTF-8 JSON: {problem}"}, status_code=415)
+            await response(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Any:
@@ -266,6 +331,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     ends = _Endpoints(selector, token=token, config=config, writer=writer, link=link, process=process)
     # /docs (Swagger UI: scripts from a CDN, a form that takes the token) only without auth; the spec stays public
     app = FastAPI(title="memento selector", version=__version__, lifespan=ends.lifespan, redoc_url=None,
+                  dependencies=[Depends(_known_query)],
                   docs_url="/docs" if token is None else None,
                   description="Choose past cases for a frozen LLM with a trained soft-Q selector; report outcomes "
                               "to keep it learning. Every /v1 endpoint needs `Authorization: Bearer TOKEN` "
@@ -284,7 +350,11 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         # FastAPI's shape, without echoing the input back (it may be large, or NaN, which JSON cannot carry)
-        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        path = request.url.path
+        takes = "scope" if path in ("/v1/select", "/v1/search") else "owner" if path.startswith("/v1/cases") else ""
+        detail = [{"loc": list(e.get("loc", ())), "type": str(e.get("type", "")),
+                   "msg": (unknown_message(str(e["loc"][-1]), "field", takes=takes)
+                           if e.get("type") == "extra_forbidden" and e.get("loc") else str(e.get("msg", "")))}
                   for e in error.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
 
@@ -330,7 +400,7 @@ def _selector_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SelectRequ
             link.sync()
         try:
             result = selector.select(query, k=body.k, mode=body.mode, env=body.env, scope=body.scope,
-                                     filter=body.filter)
+                                     filter=body.filter, include_global=body.include_global)
         except Exception as error:  # noqa: BLE001
             raise _problem_from(error, field="embedding" if body.query is None else "query") from None
         # rendered here: FastAPI's own response validation and serialisation would cost more than the select
@@ -359,7 +429,8 @@ def _search_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SearchReques
         if link is not None:
             link.sync()
         try:
-            found = selector.search_cases(query, k=body.k, env=body.env, scope=body.scope, filter=body.filter)
+            found = selector.search_cases(query, k=body.k, env=body.env, scope=body.scope, filter=body.filter,
+                                          include_global=body.include_global)
         except Exception as error:  # noqa: BLE001
             raise _problem_from(error, field="embedding" if body.query is None else "query") from None
         return JSONResponse(json_safe({"cases": [{**case.to_json(), "similarity": similarity}  # type: ignore[return-value]
@@ -368,18 +439,28 @@ def _search_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SearchReques
     @app.get("/v1/cases", dependencies=auth, tags=["cases"],
              summary="list cases (position order, deleted ones left out) of an env, scope and metadata filter")
     def list_cases(env: str | None = None, user: str | None = None, agent: str | None = None,
-                   session: str | None = None, filter: str | None = None, limit: int = 100,
-                   offset: int = 0) -> dict[str, Any]:
-        """``filter`` is the filter's JSON text (URL-encoded), e.g. ``filter={"topic":"geo"}``."""
+                   session: str | None = None, user_id: str | None = None, agent_id: str | None = None,
+                   run_id: str | None = None, include_global: bool = False, filter: str | None = None,
+                   limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        """The scope is ``user``, ``agent``, ``session`` (or mem0's ``user_id``, ``agent_id``, ``run_id``);
+        ``include_global=true`` adds the cases without any owner; ``filter`` is the filter's JSON text
+        (URL-encoded), e.g. ``filter={"topic":"geo"}``. An unknown parameter is a 422, not ignored."""
         if link is not None:
             link.sync()
+        named = dict(zip(OWNER_ARGS, (user, agent, session, user_id, agent_id, run_id)))
+        for name, value in (("env", env), *named.items()):
+            if value is not None:
+                try:
+                    check_id(value, name)
+                except DataFormatError as error:
+                    raise _problem_from(error, field=name, where="query") from None
         try:
             where = None if filter is None else parse_json(filter, where="filter", error=DataFormatError)
-            scope = {name: value for name, value in (("user", user), ("agent", agent), ("session", session))
-                     if value is not None}
-            cases = selector.list_cases(env=env, scope=scope or None, filter=where, limit=limit, offset=offset)
+            scope = owner_scope(named)
+            cases = selector.list_cases(env=env, scope=scope, filter=where, limit=limit, offset=offset,
+                                        include_global=include_global)
         except Exception as error:  # noqa: BLE001
-            raise _problem_from(error) from None
+            raise _problem_from(error, where="query") from None
         return json_safe({"cases": [case.to_json() for case in cases], "offset": offset, "limit": limit})
 
 

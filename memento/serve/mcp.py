@@ -2,20 +2,26 @@
 
 Tools (:data:`TOOLS_HELP`, which ``memento mcp --help`` prints):
 
-- ``select_cases(task, k=4, scope?, filter?, env?)``: choose ``k`` past cases for a task; returns the cases (state,
-  action, reward, probability, ``score`` = the Q-network's logit, ``similarity`` = the cosine, scope, meta) and a
-  ``selection_id``;
+- ``select_cases(task, k=4, scope?, filter?, env?, include_global=false)``: choose ``k`` past cases for a task;
+  returns the cases (state, action, reward, probability, ``score`` = the Q-network's logit, ``similarity`` = the
+  cosine, scope, meta) and a ``selection_id``;
 - ``record_outcome(selection_id, reward)``: the reward in [0, 1] of what the agent did with them;
-- ``add_case(state, action, reward, user?, agent?, session?, meta?, env?)``: store a new case; returns its id;
+- ``add_case(state, action, reward, user?, agent?, session?, meta?, env?)``: store a new case (``user_id``,
+  ``agent_id``, ``run_id``: mem0's names of the scope fields); returns its id;
 - ``delete_case(case_id)``: forget a stale or wrong case: it is never selected again;
-- ``search_cases(query, k=10, scope?, filter?, env?)``: the ``k`` nearest cases by cosine, each with its
-  ``similarity`` (a plain search: no policy, nothing recorded);
-- ``list_cases(scope?, filter?, env?, limit=100, offset=0)``: the stored cases, in position order;
+- ``search_cases(query, k=10, scope?, filter?, env?, include_global=false)``: the ``k`` nearest cases by cosine,
+  each with its ``similarity`` (a plain search: no policy, nothing recorded);
+- ``list_cases(scope?, filter?, env?, limit=100, offset=0, include_global=false)``: the stored cases, in position
+  order;
 - ``get_case(case_id)``: one stored case.
 
-A ``scope`` is ``{"user"?, "agent"?, "session"?}`` (only the cases of that scope), a ``filter`` a metadata filter
-(``{"topic": "geo"}``, ``{"topic": {"in": ["geo", "sci"]}}``, ``{"AND": [...]}``, ``{"OR": [...]}``; see
-:mod:`memento.memory.where`); one that matches nothing gives no cases, not an error.
+A ``scope`` is ``{"user"?, "agent"?, "session"?}`` (or mem0's ``user_id``, ``agent_id``, ``run_id``; ids, never
+null): only the cases of that scope, and with ``include_global`` the cases without any owner as well. A
+``filter`` (``{"topic": "geo"}``, ``{"level": {"gte": 2, "lt": 5}}``, ``{"user": "alice"}``, ``{"created":
+{"gte": "2024-05-01"}}``, ``{"AND": [...]}``, ``{"OR": [...]}``, ``{"NOT": {...}}``; see
+:mod:`memento.memory.where`) that matches nothing gives no cases, not an error. An argument a tool does not take
+is refused (a tool error naming it), never ignored: ``list_cases(user="alice")`` is an error, not every tenant's
+cases.
 
 Writes go through the same single :class:`~memento.serve.app.Writer` as the HTTP service: a tool
 answers after the selector committed the write, checkpoints are periodic, and the queue is drained
@@ -23,7 +29,8 @@ and saved when the client closes the connection (or sends SIGTERM/SIGINT). The S
 when a server is built.
 
 The tools' arguments have the strict types of the HTTP request bodies (:mod:`memento.serve.schema`, same
-limits): ``"k": true``, ``"k": "4"`` or ``"reward": true`` are refused as over HTTP. No ``from __future__ import
+limits): ``"k": true``, ``"k": "4"`` or ``"reward": true`` are refused as over HTTP, and so is an argument the
+tool does not take (the SDK's argument models ignore one: :func:`_strict_tool` forbids it). No ``from __future__ import
 annotations``: the tools' annotations carry per-server limits and the SDK reads them as objects.
 """
 
@@ -39,6 +46,9 @@ from memento.serve.app import ServeConfig, Writer, _json_safe, require_extra, th
 
 __all__ = ["TOOLS_HELP", "build_mcp_server", "run_mcp"]
 
+_TAKES = {"select_cases": "scope", "search_cases": "scope", "list_cases": "scope", "add_case": "owner"}
+"""What a tool takes of a scope (the hint its unknown-argument errors give)."""
+
 logger = logging.getLogger(__name__)
 
 _INSTRUCTIONS = """\
@@ -48,22 +58,27 @@ task, call record_outcome with the selection_id and a reward in [0, 1] (1 = succ
 learns. add_case stores a new experience (optionally scoped: user, agent, session; with meta); delete_case
 forgets a stale or wrong one (by its id). search_cases, list_cases and get_case read the stored cases without
 recording anything. select_cases, search_cases and list_cases take an optional scope {"user", "agent", "session"}
-and a metadata filter ({"topic": "geo"}, {"topic": {"in": ["geo", "sci"]}}, {"AND": [...]}, {"OR": [...]})."""
+(ids; mem0's user_id, agent_id, run_id too), include_global=true to add the cases without any owner, and a filter
+({"topic": "geo"}, {"level": {"gte": 2}}, {"user": "alice"}, {"created": {"gte": "2024-05-01"}}, {"AND": [...]},
+{"OR": [...]}, {"NOT": {...}}). Unknown arguments are refused."""
 
 TOOLS_HELP = """\
-tools (scope: {"user"?, "agent"?, "session"?}; filter: on the cases' meta, e.g. {"topic": "geo"},
-{"topic": {"in": ["geo", "sci"]}}, {"AND": [...]}, {"OR": [...]}; one that matches nothing gives no cases):
-  select_cases(task, k=4, scope?, filter?, env?)
+tools (scope: {"user"?, "agent"?, "session"?} or mem0's user_id/agent_id/run_id, ids; include_global: the cases
+without any owner too; filter: e.g. {"topic": "geo"}, {"level": {"gte": 2, "lt": 5}}, {"user": "alice"},
+{"created": {"gte": "2024-05-01"}}, {"AND": [...]}, {"OR": [...]}, {"NOT": {...}}; one that matches nothing gives no
+cases; an unknown argument is an error):
+  select_cases(task, k=4, scope?, filter?, env?, include_global?)
                                        choose k past cases for the task -> {selection_id, cases: [{id, state,
                                        action, reward, prob, score (Q logit), similarity (cosine), ...}]}
   record_outcome(selection_id, reward) the reward in [0, 1] of the task solved with them (committed when answered)
   add_case(state, action, reward, user?, agent?, session?, meta?, env?)
-                                       store a new case (scoped when user/agent/session is given) -> {id}
+                                       store a new case (scoped when user/agent/session, or mem0's
+                                       user_id/agent_id/run_id, is given) -> {id}
   delete_case(case_id)                 forget a stored case: never selected again -> {id, deleted, ...}
-  search_cases(query, k=10, scope?, filter?, env?)
+  search_cases(query, k=10, scope?, filter?, env?, include_global?)
                                        the k nearest cases by cosine, no policy, nothing recorded
                                        -> {cases: [{id, state, action, reward, similarity, ...}]}
-  list_cases(scope?, filter?, env?, limit=100, offset=0)
+  list_cases(scope?, filter?, env?, limit=100, offset=0, include_global?)
                                        stored cases in position order -> {cases, limit, offset}
   get_case(case_id)                    one stored case -> {id, state, action, reward, user?, meta?, ...}"""
 
@@ -78,10 +93,9 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
     from mcp.server.mcpserver.exceptions import ToolError
 
     from memento._version import __version__
-    from memento.serve.schema import fields
+    from memento.serve.schema import OWNER_ARGS, fields, owner_scope
 
     config = config or ServeConfig()
-    server = _server_class()(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING")
 
     def fail(error: Exception) -> ToolError:
         if isinstance(error, KeyError) and error.args:
@@ -97,15 +111,16 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
     Offset = Annotated[int, Strict(), Field(ge=0, le=2 ** 62)]
 
     def select_cases(task: f.text, k: f.k = 4, scope: f.scope | None = None, filter: f.filter | None = None,
-                     env: f.env | None = None) -> dict[str, Any]:
-        """Choose k past cases to show the LLM for this task, among those of scope ({"user", "agent", "session"})
-        whose meta match filter ({"topic": "geo"}, {"topic": {"in": [...]}}, {"AND": [...]}, {"OR": [...]}).
+                     env: f.env | None = None, include_global: f.include_global = False) -> dict[str, Any]:
+        """Choose k past cases to show the LLM for this task, among those of scope ({"user", "agent", "session"};
+        with include_global, the cases without any owner too) that match filter ({"topic": "geo"},
+        {"level": {"gte": 2}}, {"user": "alice"}, {"AND": [...]}, {"OR": [...]}, {"NOT": {...}}).
         Returns selection_id (pass it to record_outcome), and cases: [{id, state, action, reward, env, prob,
         score (the Q-network's logit), similarity (cosine), user?, agent?, session?, meta?}] in the order chosen."""
         limit_threads()
         try:
-            return _json_safe(selector.select(task, k=k, mode="sample", env=env, scope=scope,
-                                              filter=filter).to_dict())
+            return _json_safe(selector.select(task, k=k, mode="sample", env=env, scope=scope, filter=filter,
+                                              include_global=include_global).to_dict())
         except Exception as error:  # noqa: BLE001 - every selector error is the caller's to read
             raise fail(error) from None
 
@@ -117,15 +132,15 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    def add_case(state: f.text, action: f.text, reward: f.reward, user: f.env | None = None,
-                 agent: f.env | None = None, session: f.env | None = None, meta: f.meta | None = None,
-                 env: f.env | None = None) -> dict[str, Any]:
+    def add_case(state: f.text, action: f.text, reward: f.reward, user: f.owner = None, agent: f.owner = None,
+                 session: f.owner = None, meta: f.meta | None = None, env: f.env | None = None,
+                 user_id: f.owner = None, agent_id: f.owner = None, run_id: f.owner = None) -> dict[str, Any]:
         """Store a new case (the task, what was done, its reward in [0, 1]), optionally scoped (user, agent,
-        session: whose case it is) and with meta (a JSON object that filters match). Returns {"id": the case id}."""
-        scope = {name: value for name, value in (("user", user), ("agent", agent), ("session", session))
-                 if value is not None}
+        session: whose case it is; or mem0's user_id, agent_id, run_id) and with meta (a JSON object that filters
+        match). Returns {"id": the case id}."""
         try:
-            return {"id": writer.submit_case(state, action, reward, env=env, meta=meta, scope=scope or None).result()}
+            scope = owner_scope(dict(zip(OWNER_ARGS, (user, agent, session, user_id, agent_id, run_id))))
+            return {"id": writer.submit_case(state, action, reward, env=env, meta=meta, scope=scope).result()}
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
@@ -138,23 +153,26 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
             raise fail(error) from None
 
     def search_cases(query: f.text, k: f.k = 10, scope: f.scope | None = None, filter: f.filter | None = None,
-                     env: f.env | None = None) -> dict[str, Any]:
-        """The k stored cases nearest to the query by cosine, among those of scope whose meta match filter (a
-        plain search: no policy, nothing recorded). Returns cases: [{id, state, action, reward, similarity,
-        user?, agent?, session?, meta?}], the most similar first."""
+                     env: f.env | None = None, include_global: f.include_global = False) -> dict[str, Any]:
+        """The k stored cases nearest to the query by cosine, among those of scope (with include_global, the cases
+        without any owner too) that match filter (a plain search: no policy, nothing recorded). Returns cases:
+        [{id, state, action, reward, similarity, user?, agent?, session?, meta?}], the most similar first."""
         limit_threads()
         try:
-            found = selector.search_cases(query, k=k, env=env, scope=scope, filter=filter)
+            found = selector.search_cases(query, k=k, env=env, scope=scope, filter=filter,
+                                          include_global=include_global)
             return _json_safe({"cases": [{**case.to_json(), "similarity": similarity} for case, similarity in found]})
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
     def list_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
-                   limit: Limit = 100, offset: Offset = 0) -> dict[str, Any]:
-        """The stored cases of scope whose meta match filter, in position order (deleted ones left out), from
-        the offset-th match, at most limit (1..10000). Returns {cases: [...], limit, offset}."""
+                   limit: Limit = 100, offset: Offset = 0, include_global: f.include_global = False) -> dict[str, Any]:
+        """The stored cases of scope (with include_global, the cases without any owner too) that match filter, in
+        position order (deleted ones left out), from the offset-th match, at most limit (1..10000). Returns
+        {cases: [...], limit, offset}."""
         try:
-            cases = selector.list_cases(env=env, scope=scope, filter=filter, limit=limit, offset=offset)
+            cases = selector.list_cases(env=env, scope=scope, filter=filter, limit=limit, offset=offset,
+                                        include_global=include_global)
             return _json_safe({"cases": [case.to_json() for case in cases], "limit": limit, "offset": offset})
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
@@ -166,9 +184,29 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    for fn in (select_cases, record_outcome, add_case, delete_case, search_cases, list_cases, get_case):
-        server.add_tool(fn)
-    return server
+    tools = [_strict_tool(fn) for fn in (select_cases, record_outcome, add_case, delete_case, search_cases,
+                                          list_cases, get_case)]
+    return _server_class()(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING",
+                           tools=tools)
+
+
+def _strict_tool(fn: Any) -> Any:
+    """The SDK's tool for ``fn``, with an argument model that refuses an argument ``fn`` does not take (the SDK's
+    model ignores one: ``list_cases(user="alice")`` listed every tenant's cases); the schema it publishes says so
+    (``additionalProperties: false``)."""
+    from mcp.server.mcpserver.tools import Tool
+    from pydantic import ConfigDict
+
+    tool = Tool.from_function(fn)
+    loose = tool.fn_metadata.arg_model
+
+    class StrictArguments(loose):  # type: ignore[misc, valid-type]
+        model_config = ConfigDict(extra="forbid")
+
+    StrictArguments.__name__ = StrictArguments.__qualname__ = loose.__name__
+    metadata = tool.fn_metadata.model_copy(update={"arg_model": StrictArguments})
+    return tool.model_copy(update={"fn_metadata": metadata,
+                                   "parameters": StrictArguments.model_json_schema(by_alias=True)})
 
 
 def _server_class() -> type:
@@ -237,7 +275,8 @@ def _server_class() -> type:
                 cause = error.__cause__
                 if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
                     raise
-                raise ToolError(f"{name}: invalid arguments: {error_line(cause)}") from cause
+                raise ToolError(f"{name}: invalid arguments: "
+                                f"{error_line(cause, takes=_TAKES.get(name, ''))}") from cause
 
         async def run_stdio_async(self) -> None:
             async with stdio_server() as (read_stream, write_stream):

@@ -10,6 +10,13 @@ as the library's, the JSONL readers' and the CLI's: a blank or NUL text, an id w
 carries ``Strict()`` itself, so it stays strict inside a model that is not (the MCP SDK builds the tools' argument
 models from their signatures).
 
+Nothing unknown passes: a body key, a tool argument or (:mod:`memento.serve.http`) a query parameter that the
+endpoint or tool does not take is refused, never ignored, and a scope field's value is an id, never ``null`` (a
+``{"user": null}`` scope meant every user's cases; a ``"user": null`` case, a case for everyone). mem0's
+``user_id``, ``agent_id`` and ``run_id`` are aliases of ``user``, ``agent`` and ``session`` wherever a scope is
+given (both with different values is an error). ``include_global`` beside a scope also takes the cases without any
+owner (:mod:`memento.memory.where`).
+
 Imported only by :mod:`memento.serve.http` and :mod:`memento.serve.mcp` (pydantic comes with both extras). No
 ``from __future__ import annotations``: the models are built per config and pydantic reads their annotations as
 objects.
@@ -18,13 +25,26 @@ objects.
 import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    model_validator,
+)
 
-from memento.memory.where import as_scope, parse_filter
+from memento.memory.where import SCOPE_ALIASES, as_scope, parse_filter
 from memento.serve.common import ServeConfig
-from memento.types import MAX_ID_CHARS, check_id, check_reward, check_text, json_value_problem
+from memento.types import MAX_ID_CHARS, SCOPE_FIELDS, check_id, check_reward, check_text, json_value_problem
 
-__all__ = ["Fields", "RequestModels", "error_line", "fields", "request_models"]
+__all__ = ["OWNER_ARGS", "Fields", "RequestModels", "error_line", "fields", "owner_scope", "request_models",
+           "unknown_message"]
+
+OWNER_ARGS = (*SCOPE_FIELDS, *SCOPE_ALIASES)
+"""The arguments that say whose a new case is: ``user``, ``agent``, ``session`` and mem0's names for them."""
 
 ENV_CHARS = MAX_ID_CHARS
 SELECTION_ID_CHARS = MAX_ID_CHARS
@@ -51,8 +71,10 @@ class Fields:
     case_id: Any  # check_id: 1 to 256 characters
     embedding: Any  # 1 to max_embedding_dim finite numbers
     meta: Any  # a JSON object
-    scope: Any  # {"user"?, "agent"?, "session"?}: ids (memento.memory.where.as_scope)
-    filter: Any  # a metadata filter (memento.memory.where.parse_filter): equality, {"in": [...]}, AND/OR
+    scope: Any  # {"user"?, "agent"?, "session"?} or mem0's names: ids, never null (memento.memory.where.as_scope)
+    filter: Any  # a filter (memento.memory.where.parse_filter): meta keys, scope fields, created; operators, AND/OR/NOT
+    owner: Any  # a new case's user/agent/session: an id; null refused (leave it out for a case without an owner)
+    include_global: Any  # a bool: beside a scope, the cases without any owner too
 
 
 def fields(config: ServeConfig) -> Fields:
@@ -78,7 +100,35 @@ def fields(config: ServeConfig) -> Fields:
         meta=Annotated[dict[str, Any], Strict(), AfterValidator(_json_value)],
         scope=Annotated[dict[str, Any], Strict(), AfterValidator(_scope)],
         filter=Annotated[dict[str, Any], Strict(), AfterValidator(_filter)],
+        owner=Annotated[str, BeforeValidator(_not_null), Strict(), Field(min_length=1, max_length=MAX_ID_CHARS),
+                        AfterValidator(lambda v: check_id(v, "id"))],
+        include_global=Annotated[bool, Strict()],
     )
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("a scope field's value is an id, not null (leave it out for a case without an owner)")
+    return value
+
+
+def owner_scope(given: dict[str, Any]) -> dict[str, str] | None:
+    """The scope of a new case from its owner arguments (:data:`OWNER_ARGS`, those given), mem0's names mapped to
+    ours; a name and its alias that differ raise ``DataFormatError``."""
+    scope = as_scope({name: value for name, value in given.items() if value is not None})
+    return None if scope is None else scope.to_json()
+
+
+def unknown_message(name: str, what: str = "argument", *, takes: str = "") -> str:
+    """Why an unknown body key, tool argument or query parameter ``name`` is refused, with a hint where a request
+    that ``takes`` a ``"scope"`` got a scope field, or one that takes an ``"owner"`` (a new case's user, agent,
+    session) got a scope."""
+    hint = ""
+    if takes == "scope" and name in OWNER_ARGS:
+        hint = f'; a scope goes in scope, e.g. scope={{"{SCOPE_ALIASES.get(name, name)}": ...}}'
+    elif takes == "owner" and name == "scope":
+        hint = "; a new case's owner is given as user, agent, session (or user_id, agent_id, run_id)"
+    return f"unknown {what} {name!r}{hint}"
 
 
 def _scope(value: dict[str, Any]) -> dict[str, Any]:
@@ -116,9 +166,14 @@ def request_models(config: ServeConfig) -> RequestModels:
         k: f.k = Field(4, description="cases to select")
         mode: Literal["sample", "greedy"] = Field("sample", description="sample from the policy or take its argmax")
         env: f.env | None = Field(None, description="only cases of this env")
-        scope: f.scope | None = Field(None, description='only cases of this scope: {"user", "agent", "session"}')
-        filter: f.filter | None = Field(None, description='only cases whose meta match, e.g. {"topic": "geo"}, '
-                                                          '{"topic": {"in": ["geo", "sci"]}}, {"OR": [...]}')
+        scope: f.scope | None = Field(None, description='only cases of this scope: {"user", "agent", "session"} '
+                                                        "(or mem0's user_id, agent_id, run_id); ids, never null")
+        filter: f.filter | None = Field(None, description='only cases that match, e.g. {"topic": "geo"}, '
+                                                          '{"level": {"gte": 2, "lt": 5}}, {"user": "alice"}, '
+                                                          '{"created": {"gte": "2024-05-01"}}, {"NOT": {...}}, '
+                                                          '{"OR": [...]}')
+        include_global: f.include_global = Field(False, description="beside a scope, the cases without any owner "
+                                                                    "(no user, agent, session) too")
 
         @model_validator(mode="after")
         def _one_query(self) -> "SelectRequest":
@@ -144,13 +199,20 @@ def request_models(config: ServeConfig) -> RequestModels:
         meta: f.meta | None = None
         embedding: f.embedding | None = Field(None,
                                               description="the state's embedding (default: the server encodes it)")
-        user: f.env | None = Field(None, description="scope: whose case it is")
-        agent: f.env | None = Field(None, description="scope: which agent's")
-        session: f.env | None = Field(None, description="scope: which session's")
+        user: f.owner = Field(None, description="scope: whose case it is (left out: no owner; never null)")
+        agent: f.owner = Field(None, description="scope: which agent's")
+        session: f.owner = Field(None, description="scope: which session's")
+        user_id: f.owner = Field(None, description="mem0's name of user")
+        agent_id: f.owner = Field(None, description="mem0's name of agent")
+        run_id: f.owner = Field(None, description="mem0's name of session")
 
-        def scope(self) -> dict[str, Any]:
-            return {name: getattr(self, name) for name in ("user", "agent", "session")
-                    if getattr(self, name) is not None}
+        @model_validator(mode="after")
+        def _one_owner(self) -> "CaseRequest":
+            self.scope()  # a name and its alias that differ: refused here, before the writer sees it
+            return self
+
+        def scope(self) -> dict[str, str] | None:
+            return owner_scope({name: getattr(self, name) for name in OWNER_ARGS})
 
     class SearchRequest(SelectRequest):
         """The ``k`` cases nearest to a task by cosine (no policy, nothing recorded), in a scope and filter."""
@@ -161,11 +223,14 @@ def request_models(config: ServeConfig) -> RequestModels:
     return RequestModels(SelectRequest, FeedbackRequest, CaseRequest, SearchRequest)
 
 
-def error_line(error: ValidationError) -> str:
-    """The problems of a validation error on one line, each naming its field (never echoing the input)."""
+def error_line(error: ValidationError, *, takes: str = "") -> str:
+    """The problems of a validation error on one line, each naming its field (never echoing the input); an unknown
+    key is named as such (:func:`unknown_message`)."""
     problems = []
     for e in error.errors():
         loc = ".".join(str(part) for part in e.get("loc", ()))
         msg = " ".join(str(e.get("msg", "")).split())
+        if e.get("type") == "extra_forbidden" and e.get("loc"):
+            msg = unknown_message(str(e["loc"][-1]), takes=takes)
         problems.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(problems)

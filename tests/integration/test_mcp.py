@@ -46,7 +46,8 @@ def test_mcp_tools_over_stdio(artifact: Path, tmp_path: Path) -> None:
                 assert set(tools) == {"select_cases", "record_outcome", "add_case", "delete_case", "search_cases",
                                       "list_cases", "get_case"}
                 assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k", "scope", "filter",
-                                                                                 "env"}
+                                                                                 "env", "include_global"}
+                assert tools["list_cases"].input_schema["additionalProperties"] is False  # unknown: refused
 
                 chosen = await session.call_tool("select_cases", {"task": QUESTION, "k": 4})
                 assert not chosen.is_error, chosen.content
@@ -91,7 +92,7 @@ def test_mcp_tools_over_stdio(artifact: Path, tmp_path: Path) -> None:
                 assert got.structured_content["user"] == "bob" and got.structured_content["action"] == "Lima (bob)"
                 none = await session.call_tool("search_cases", {"query": QUESTION, "scope": {"user": "carol"}})
                 assert not none.is_error and none.structured_content["cases"] == []
-                bad = await session.call_tool("search_cases", {"query": QUESTION, "filter": {"topic": {"gt": 1}}})
+                bad = await session.call_tool("search_cases", {"query": QUESTION, "filter": {"topic": {"like": 1}}})
                 assert bad.is_error and "filter:" in bad.content[0].text
 
     anyio.run(drive)

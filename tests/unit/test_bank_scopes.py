@@ -44,6 +44,13 @@ SUITE = [
     ({"user": "nobody"}, None),
     (None, {"topic": "nothing"}),
     (None, {"tags": "x"}),  # a list is not a scalar: never equal to one
+    (None, {"level": {"gte": 1, "lt": 3}}),
+    (None, {"topic": {"contains": "e"}, "NOT": {"level": {"in": [0, 1]}}}),
+    (None, {"user_id": {"ne": "alice"}, "session": {"nin": ["s1", "s3"]}}),
+    ({"user_id": "bob"}, {"OR": [{"agent": "planner"}, {"NOT": {"done": True}}]}),
+    (None, {"meta.user": "alice"}),  # no case has that meta key
+    ({"user": "alice", "include_global": True}, None),
+    ({"agent_id": "planner", "include_global": True}, {"topic": {"ne": "geo"}}),
 ]
 
 
@@ -66,9 +73,13 @@ def _exact(emb, keep, q, k) -> list[int]:
 @pytest.mark.parametrize("scope,raw", SUITE)
 def test_top_k_of_the_matching_cases(scoped, scope, raw) -> None:
     bank, cases, ids, emb = scoped
+    if scope is not None and "include_global" in scope:  # an argument beside the scope: here, a Scope
+        scope = as_scope({k: v for k, v in scope.items() if k != "include_global"}, include_global=True)
     parsed_scope, where = as_scope(scope), parse_filter(raw)
-    keep = np.array([(parsed_scope is None or parsed_scope.matches(c)) and (where is None or where.matches(c.meta))
+    keep = np.array([(parsed_scope is None or parsed_scope.matches(c)) and (where is None or where.matches(c))
                      for c in cases])
+    assert keep.any() or raw in ({"topic": "nothing"}, {"tags": "x"}, {"meta.user": "alice"}) or scope == {
+        "user": "nobody"}
     q = emb[7]
     cands = bank.candidates(q, 6, scope=scope, filter=raw)
     assert cands.positions_C.tolist() == _exact(emb, keep, q, 6)
@@ -125,6 +136,23 @@ def test_bad_filter_is_one_line_before_any_search(scoped) -> None:
         bank.candidates(emb[0], 4, filter={"bad key": 1})
     with pytest.raises(DataFormatError, match="unknown scope field"):
         bank.search(emb[0], 4, scope={"team": "x"})
+    with pytest.raises(DataFormatError, match="scope.user is null"):
+        bank.search(emb[0], 4, scope={"user": None})  # not "every user"
+
+
+def test_a_time_range_on_created(bank_uri, rng) -> None:  # noqa: F811
+    bank = create_bank(bank_uri, DIM, encoder=EncoderConfig())
+    try:
+        times = [1714521600.0 + 86400 * day for day in range(5)]  # 2024-05-01 .. 2024-05-05, midnight UTC
+        ids = bank.add([Case(state=f"s{i}", action="a", reward=1.0, created=t) for i, t in enumerate(times)],
+                       unit_vectors(rng, 5, DIM))
+        q = unit_vectors(rng, 1, DIM)[0]
+        found = bank.search(q, 10, filter={"created": {"gte": "2024-05-02", "lt": "2024-05-04T00:00:00+00:00"}})[1]
+        assert sorted(found) == sorted(ids[1:3])
+        assert sorted(bank.search(q, 10, filter={"created": {"gt": times[3]}})[1]) == [ids[4]]
+        assert sorted(bank.search(q, 10, filter={"NOT": {"created": {"in": times[:4]}}})[1]) == [ids[4]]
+    finally:
+        bank.close()
 
 
 def test_a_directory_bank_made_before_scopes_gains_them_on_the_first_scoped_case(tmp_path, rng) -> None:

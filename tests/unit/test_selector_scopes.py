@@ -105,6 +105,9 @@ def test_scopes_and_filters_over_http(selector) -> None:
         listed = client.get("/v1/cases", headers=auth, params={"user": "alice", "filter": '{"topic": "sci"}'})
         assert listed.status_code == 200, listed.text
         assert [(c["user"], c["meta"]["topic"]) for c in listed.json()["cases"]] == [("alice", "sci")]
+        mem0 = client.get("/v1/cases", headers=auth, params={"user_id": "alice"})  # was: every tenant's cases
+        assert mem0.status_code == 200 and {c["user"] for c in mem0.json()["cases"]} == {"alice"}
+        assert client.get("/v1/cases", headers=auth, params={"owner": "alice"}).status_code == 422
         assert client.get("/v1/cases", headers=auth, params={"filter": "{not json"}).status_code == 422
         assert client.get("/v1/cases", headers=auth, params={"limit": 0}).status_code == 422
         assert client.get("/v1/cases", params={"user": "alice"}).status_code == 401
@@ -120,3 +123,57 @@ def test_scores_are_the_q_values_that_made_the_choice(selector) -> None:
     again = selector._agent.q_values(state_D, chosen)  # a second, separate forward pass over the chosen cases
     assert np.allclose(result.scores, again, atol=1e-5)
     assert np.allclose(result.similarities, chosen.embeddings_CD @ state_D, atol=1e-5)
+
+
+def test_include_global_adds_the_cases_without_an_owner(selector) -> None:
+    shared = selector.add_case(f"{QUESTION} shared", "shared answer", 1.0)  # no user, agent nor session
+    unowned = {c.id for c in selector.list_cases(limit=10_000) if c.scope == (None, None, None)}
+    alice = {c.id for c in selector.list_cases(scope={"user": "alice"})}
+    assert shared in unowned and len(alice) == 2
+    both = selector.list_cases(scope={"user": "alice"}, include_global=True, limit=10_000)
+    assert {c.id for c in both} == alice | unowned and all(c.user in ("alice", None) for c in both)
+    wide = selector.config.candidates + 10
+    found = selector.search_cases(QUESTION, k=wide, scope={"user_id": "alice"}, include_global=True)
+    assert {c.id for c, _ in found} == alice | unowned
+    chosen = selector.select(QUESTION, k=4, mode="greedy", scope={"user": "alice"}, include_global=True, track=False)
+    assert set(chosen.ids) <= alice | unowned and set(chosen.ids) & unowned  # the shared pool competes
+    many = selector.select_many([QUESTION], k=4, mode="greedy", scope={"user": "alice"}, include_global=True,
+                                track=False)
+    assert many[0].ids == chosen.ids
+    bob_only = selector.select(QUESTION, k=4, mode="greedy", scope={"user": "bob"}, track=False)
+    assert {c.user for c in bob_only.cases} == {"bob"}  # without it, still only the scope's own
+
+
+def test_scope_fields_and_times_in_filters(selector) -> None:
+    alice = [c.id for c in selector.list_cases(scope={"user": "alice"})]
+    # filter={"user": ...} was read as a meta key "user" and silently matched nothing
+    assert [c.id for c in selector.list_cases(filter={"user": "alice"})] == alice
+    assert [c.id for c in selector.list_cases(filter={"user_id": "alice", "topic": {"ne": "sci"}})] == alice[:1]
+    assert selector.list_cases(filter={"meta.user": "alice"}) == []  # the meta key, which no case has
+    found = selector.search_cases(QUESTION, k=10, filter={"NOT": {"user": {"in": ["alice", "bob"]}}})
+    assert all(c.user is None for c, _ in found) and found
+    created = sorted(c.created for c in selector.list_cases(limit=10_000))
+    newest = selector.list_cases(filter={"created": {"gte": created[-1]}}, limit=10_000)
+    assert newest and all(c.created == created[-1] for c in newest)
+    assert selector.list_cases(filter={"created": {"lt": "1970-01-02"}}) == []
+
+
+def test_a_null_scope_field_and_unknown_arguments_are_refused(selector) -> None:
+    calls = (lambda scope: selector.select(QUESTION, scope=scope), lambda scope: selector.list_cases(scope=scope),
+             lambda scope: selector.search_cases(QUESTION, scope=scope),
+             lambda scope: selector.select_many([QUESTION], scope=scope))
+    for scope in ({"user": None}, {"user_id": None}, {"user": "alice", "session": None}):
+        for call in calls:
+            with pytest.raises(DataFormatError, match="is null"):  # it meant every user's cases
+                call(scope)
+    with pytest.raises(DataFormatError, match="differ"):
+        selector.list_cases(scope={"user": "alice", "user_id": "bob"})
+    with pytest.raises(DataFormatError, match="unknown scope field"):
+        selector.list_cases(scope={"owner": "alice"})
+    with pytest.raises(TypeError):
+        selector.list_cases(user_id="alice")  # type: ignore[call-arg]
+    with pytest.raises(DataFormatError, match="include_global"):
+        selector.list_cases(scope={"user": "alice"}, include_global="yes")  # type: ignore[arg-type]
+    assert selector.list_cases(scope={"user_id": "alice"}) == selector.list_cases(scope={"user": "alice"})
+    new_id = selector.add_case("run case", "a", 1.0, scope={"run_id": "r1", "agent_id": "p"})
+    assert selector.get_case(new_id).scope == (None, "p", "r1")

@@ -67,37 +67,39 @@ class FakeSelector:
         self.block = block
 
     def select(self, query: Any, k: int = 4, mode: str = "sample", env: str | None = None, *, track: bool = True,
-               scope: Any = None, filter: Any = None) -> _Result:
+               scope: Any = None, filter: Any = None, include_global: bool = False) -> _Result:
         with self.lock:
             if isinstance(query, np.ndarray):
                 if query.shape != (self.dim,):
                     raise DimensionError(f"query embedding shape={query.shape}, selector dim={self.dim}")
             elif not query.strip():
                 raise DataFormatError("query text is empty")
-            ids = tuple(case_id for case_id, case in self.cases.items() if self._keeps(case, env, scope, filter))[:k]
+            ids = tuple(case_id for case_id, case in self.cases.items()
+                        if self._keeps(case, env, scope, filter, include_global))[:k]
             sid = uuid.uuid4().hex
             self.pending.add(sid)
             return _Result(sid, ids, tuple(self.cases[i] for i in ids), tuple(1.0 / len(ids) for _ in ids), mode)
 
     @staticmethod
-    def _keeps(case: Case, env: str | None, scope: Any, filter: Any) -> bool:
+    def _keeps(case: Case, env: str | None, scope: Any, filter: Any, include_global: bool = False) -> bool:
         """The real selector's verdicts (memento.memory.where), for the scoped reads."""
         from memento.memory.where import as_scope, parse_filter
 
-        scope, where = as_scope(scope), parse_filter(filter)
+        scope, where = as_scope(scope, include_global=include_global), parse_filter(filter)
         return ((env is None or case.env == env) and (scope is None or scope.matches(case))
-                and (where is None or where.matches(case.meta)))
+                and (where is None or where.matches(case)))
 
     def search_cases(self, query: Any, k: int = 10, *, env: str | None = None, scope: Any = None,
-                     filter: Any = None) -> list[tuple[Case, float]]:
+                     filter: Any = None, include_global: bool = False) -> list[tuple[Case, float]]:
         with self.lock:
-            kept = [case for case in self.cases.values() if self._keeps(case, env, scope, filter)][:k]
+            kept = [case for case in self.cases.values() if self._keeps(case, env, scope, filter, include_global)][:k]
             return [(case, 1.0 - r / 10) for r, case in enumerate(kept)]
 
     def list_cases(self, *, env: str | None = None, scope: Any = None, filter: Any = None, limit: int = 100,
-                   offset: int = 0) -> list[Case]:
+                   offset: int = 0, include_global: bool = False) -> list[Case]:
         with self.lock:
-            return [case for case in self.cases.values() if self._keeps(case, env, scope, filter)][offset:][:limit]
+            return [case for case in self.cases.values()
+                    if self._keeps(case, env, scope, filter, include_global)][offset:][:limit]
 
     def feedback(self, selection_id: str, reward: float) -> dict[str, Any]:
         if self.block is not None:
@@ -513,9 +515,12 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert set(tools) == {"select_cases", "record_outcome", "add_case", "delete_case", "search_cases",
                                   "list_cases", "get_case"}
-            assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k", "scope", "filter", "env"}
+            assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k", "scope", "filter", "env",
+                                                                              "include_global"}
             assert set(tools["add_case"].input_schema["properties"]) == {"state", "action", "reward", "user", "agent",
-                                                                          "session", "meta", "env"}
+                                                                          "session", "meta", "env", "user_id",
+                                                                          "agent_id", "run_id"}
+            assert all(tool.input_schema["additionalProperties"] is False for tool in tools.values())
             chosen = await client.call_tool("select_cases", {"task": "capital of Peru?", "k": 2})
             assert not chosen.is_error
             body = chosen.structured_content
@@ -562,7 +567,7 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
             assert missing.is_error and "unknown case id" in missing.content[0].text
             for tool, args, field in (("list_cases", {"limit": 0}, "limit"), ("list_cases", {"offset": -1}, "offset"),
                                       ("list_cases", {"limit": True}, "limit"),
-                                      ("search_cases", {"query": "q", "filter": {"topic": {"gt": 1}}}, "filter"),
+                                      ("search_cases", {"query": "q", "filter": {"topic": {"like": 1}}}, "filter"),
                                       ("list_cases", {"scope": {"owner": "x"}}, "scope"),
                                       ("get_case", {"case_id": ""}, "case_id")):
                 refused = await client.call_tool(tool, args)
@@ -572,6 +577,146 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
     anyio.run(drive)
     writer.stop(5)
     assert selector.feedbacks and selector.saves == 1
+
+
+# ---------------------------------------------------------------- nothing unknown passes (issue 40)
+
+
+def _scoped(selector: FakeSelector) -> dict[str, str]:
+    """Cases of alice and bob beside the fixture's unowned ones: {owner: id}."""
+    made = {}
+    for user in ("alice", "bob"):
+        case_id = f"c{len(selector.cases)}"
+        selector.cases[case_id] = Case(id=case_id, state=f"{user}'s", action="a", reward=1.0, user=user)
+        made[user] = case_id
+    return made
+
+
+def test_every_endpoint_refuses_an_unknown_query_parameter(client: Any) -> None:
+    from fastapi.routing import APIRoute
+
+    routes = [r for r in client.app.routes if isinstance(r, APIRoute)]
+    assert {"/v1/select", "/v1/search", "/v1/cases", "/v1/cases/{case_id}", "/v1/stats", "/healthz"} <= {
+        r.path for r in routes}
+    for route in routes:
+        for method in route.methods:
+            path = route.path.replace("{case_id}", "c1")
+            response = client.request(method, path, params={"user_id": "alice", "bogus": "1"}, headers=AUTH,
+                                      json={"query": "q"} if method in ("POST", "PUT") else None)
+            assert response.status_code == 422, (method, path, response.text)
+            (problem,) = response.json()["detail"]
+            assert problem["loc"][0] == "query" and "unknown query parameter" in problem["msg"], (method, path)
+            assert "\n" not in problem["msg"]
+    twice = client.get("/v1/cases", params=[("user", "alice"), ("user", "bob")], headers=AUTH)
+    assert twice.status_code == 422 and "given twice" in twice.text
+
+
+def test_scope_names_over_http_are_mem0s_too_and_never_null(client: Any, selector: FakeSelector) -> None:
+    owners = _scoped(selector)
+    # GET /v1/cases?user_id=alice ignored the parameter and listed every tenant's cases
+    listed = client.get("/v1/cases", params={"user_id": "alice"}, headers=AUTH)
+    assert listed.status_code == 200 and [c["id"] for c in listed.json()["cases"]] == [owners["alice"]]
+    for params in ({"user": "alice", "user_id": "bob"}, {"agent": ""}, {"run_id": "x\x01"}):
+        assert client.get("/v1/cases", params=params, headers=AUTH).status_code == 422, params
+    added = client.post("/v1/cases", headers=AUTH, json={"state": "s", "action": "a", "reward": 1, "user_id": "carol",
+                                                         "agent_id": "p", "run_id": "r"})
+    assert added.status_code == 200, added.text
+    assert selector.cases[added.json()["id"]].scope == ("carol", "p", "r")
+    n = len(selector.cases)
+    for body, needle in (({"user": None}, "not null"), ({"user": "a", "user_id": "b"}, "differ"),
+                         ({"scope": {"user": "a"}}, "unknown field 'scope'")):
+        refused = client.post("/v1/cases", headers=AUTH, json={"state": "s", "action": "a", "reward": 1, **body})
+        assert refused.status_code == 422 and needle in refused.text, (body, refused.text)
+    assert len(selector.cases) == n  # nothing stored unscoped
+    for path in ("/v1/select", "/v1/search"):
+        mem0 = client.post(path, headers=AUTH, json={"query": "q", "k": 8, "scope": {"user_id": "alice"}})
+        assert [c["id"] for c in mem0.json()["cases"]] == [owners["alice"]]
+        for body, needle in (({"scope": {"user": None}}, "is null"), ({"user_id": "alice"}, "a scope goes in scope"),
+                             ({"scope": {"user": "alice", "user_id": "bob"}}, "differ")):
+            refused = client.post(path, headers=AUTH, json={"query": "q", **body})
+            assert refused.status_code == 422 and needle in refused.text, (path, body, refused.text)
+        by_filter = client.post(path, headers=AUTH, json={"query": "q", "k": 8, "filter": {"user": "alice"}})
+        assert [c["id"] for c in by_filter.json()["cases"]] == [owners["alice"]]  # the scope field, not a meta key
+
+
+def test_include_global_over_http(client: Any, selector: FakeSelector) -> None:
+    owners = _scoped(selector)
+    unowned = [case_id for case_id, case in selector.cases.items() if case.user is None]
+    for path in ("/v1/select", "/v1/search"):
+        both = client.post(path, headers=AUTH, json={"query": "q", "k": 20, "scope": {"user": "alice"},
+                                                     "include_global": True})
+        assert both.status_code == 200, both.text
+        assert sorted(c["id"] for c in both.json()["cases"]) == sorted([owners["alice"], *unowned])
+        assert client.post(path, headers=AUTH, json={"query": "q", "include_global": 1}).status_code == 422
+    listed = client.get("/v1/cases", params={"user": "bob", "include_global": "true"}, headers=AUTH)
+    assert sorted(c["id"] for c in listed.json()["cases"]) == sorted([owners["bob"], *unowned])
+
+
+@pytest.mark.parametrize("raw,content_type", [
+    ('{"query": "q"}'.encode("utf-16"), "application/json"),  # with a byte order mark
+    ('{"query": "q"}'.encode("utf-16-le"), "application/json"),  # without one: json.loads reads it anyway
+    ('{"query": "q"}'.encode("utf-32"), "application/json"),
+    ('{"query": "q\u00e9"}'.encode("latin-1"), "application/json"),
+    ('{"query": "q"}'.encode("utf-8-sig"), "application/json"),
+    (b'{"query": "q"}', "application/json; charset=utf-16"),
+    ('{"query": "q"}'.encode("utf-16-le"), None),
+])
+def test_a_json_body_that_is_not_utf8_is_refused(client: Any, selector: FakeSelector, raw: bytes,
+                                                 content_type: str | None) -> None:
+    headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
+    response = client.post("/v1/select", content=raw, headers=headers)
+    assert 400 <= response.status_code < 500 and response.status_code != 200, response.text
+    if content_type is not None:
+        assert response.status_code == 415 and "not UTF-8 JSON" in response.json()["detail"]
+    ok = client.post("/v1/select", content='{"query": "qu\u00e9"}'.encode(), headers={
+        **AUTH, "Content-Type": "application/json; charset=UTF-8"})
+    assert ok.status_code == 200, ok.text
+
+
+def test_mcp_tools_refuse_unknown_arguments_and_null_owners(selector: FakeSelector) -> None:
+    import anyio
+    from mcp import Client
+
+    from memento.serve.mcp import build_mcp_server
+
+    owners = _scoped(selector)
+    unowned = sorted(case_id for case_id, case in selector.cases.items() if case.user is None)
+    writer = Writer(selector).start()
+
+    async def drive() -> None:
+        async with Client(build_mcp_server(selector, writer)) as client:
+            async def refused(tool: str, args: dict[str, Any], needle: str) -> None:
+                result = await client.call_tool(tool, args)
+                text = result.content[0].text
+                assert result.is_error and needle in text and "\n" not in text, (tool, args, text)
+
+            async def ids(tool: str, args: dict[str, Any]) -> list[str]:
+                result = await client.call_tool(tool, args)
+                assert not result.is_error, result.content
+                return sorted(c["id"] for c in result.structured_content["cases"])
+
+            # list_cases(user=...) listed every tenant's cases; add_case(user_id=...) stored the case unscoped
+            await refused("list_cases", {"user": "alice"}, "unknown argument 'user'; a scope goes in scope")
+            await refused("search_cases", {"query": "q", "user_id": "alice"}, "unknown argument 'user_id'")
+            await refused("select_cases", {"task": "q", "scope": {"user": None}}, "scope.user is null")
+            await refused("get_case", {"case_id": "c0", "user": "alice"}, "unknown argument 'user'")
+            await refused("add_case", {"state": "s", "action": "a", "reward": 1, "scope": {"user": "a"}},
+                          "a new case's owner is given as user")
+            await refused("add_case", {"state": "s", "action": "a", "reward": 1, "user": None}, "not null")
+            await refused("add_case", {"state": "s", "action": "a", "reward": 1, "user": "a", "user_id": "b"},
+                          "differ")
+            made = await client.call_tool("add_case", {"state": "s", "action": "a", "reward": 1, "user_id": "carol",
+                                                       "run_id": "r1"})
+            assert selector.cases[made.structured_content["id"]].scope == ("carol", None, "r1")
+            assert await ids("list_cases", {"scope": {"user_id": "alice"}}) == [owners["alice"]]
+            assert await ids("search_cases", {"query": "q", "filter": {"user": "bob"}}) == [owners["bob"]]
+            assert await ids("list_cases", {"scope": {"user": "alice"}, "include_global": True}) == sorted(
+                [owners["alice"], *unowned])
+            assert await ids("search_cases", {"query": "q", "k": 20, "scope": {"user": "bob"},
+                                              "include_global": True}) == sorted([owners["bob"], *unowned])
+
+    anyio.run(drive)
+    writer.stop(5)
 
 
 _BAD_ARGUMENTS = [  # (tool, HTTP path, arguments, the field named): refused alike by both transports
@@ -589,7 +734,7 @@ _BAD_ARGUMENTS = [  # (tool, HTTP path, arguments, the field named): refused ali
     ("select_cases", "/v1/select", {"scope": {"owner": "x"}}, "scope"),
     ("select_cases", "/v1/select", {"scope": "alice"}, "scope"),
     ("select_cases", "/v1/select", {"scope": {"user": "a\x01"}}, "scope"),
-    ("select_cases", "/v1/select", {"filter": {"topic": {"gt": 1}}}, "filter"),
+    ("select_cases", "/v1/select", {"filter": {"topic": {"like": 1}}}, "filter"),
     ("select_cases", "/v1/select", {"filter": ["geo"]}, "filter"),
     ("select_cases", "/v1/select", {"filter": {"level": 1e300}}, "filter"),
     ("add_case", "/v1/cases", {"user": ""}, "user"),
