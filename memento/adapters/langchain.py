@@ -81,14 +81,15 @@ except ImportError:
 
 __all__ = ["MementoEmbeddings", "MementoRetriever", "MementoVectorStore"]
 
-_SEARCH_KEYS = ("k", "score_threshold", "filter", "scope", "env")
+_SEARCH_KEYS = ("k", "score_threshold", "filter", "scope", "include_global", "env")
 """What :class:`MementoRetriever` takes in ``search_kwargs`` and per call."""
 _MMR_KEYS = ("fetch_k", "lambda_mult")
 
 
 class MementoRetriever(BaseRetriever):
     """``selector.select(query, k, mode, env, track=track, scope=scope, filter=filter)`` as a LangChain retriever;
-    see the module docstring. ``invoke(query, k=..., score_threshold=..., filter=..., scope=..., env=...)``
+    see the module docstring. ``invoke(query, k=..., score_threshold=..., filter=..., scope=..., include_global=...,
+    env=...)``
     overrides the fields for one call; ``search_kwargs`` (LangChain's) sets the same fields at construction."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -104,8 +105,10 @@ class MementoRetriever(BaseRetriever):
     env: str | None = None
     scope: dict[str, Any] | None = Field(None, description='only cases of this scope: {"user", "agent", "session"}')
     filter: dict[str, Any] | None = Field(None, description='only cases whose meta match, e.g. {"topic": "geo"}')
+    include_global: bool = Field(False, description="beside a scope, also the cases without any owner")
     search_kwargs: dict[str, Any] = Field(default_factory=dict, description="LangChain's search arguments: k, "
-                                          "score_threshold, filter, scope, env (each also a field: give it once)")
+                                          "score_threshold, filter, scope, include_global, env (each also a "
+                                          "field: give it once)")
     on_select: Callable[[Any], None] | None = None
 
     def __init__(self, **data: Any) -> None:
@@ -149,8 +152,10 @@ class MementoRetriever(BaseRetriever):
                                                self.filter if kwargs.get("filter") is None else kwargs["filter"])
         if not possible:
             return []
+        include_global = self.include_global if kwargs.get("include_global") is None else kwargs["include_global"]
         result = self.selector.select(query, k=k, mode=self.mode, env=kwargs.get("env") or self.env,
-                                      track=self.track, scope=scope, filter=filter)
+                                      track=self.track, scope=scope, filter=filter,
+                                      include_global=include_global)
         if self.on_select is not None:
             self.on_select(result)
         return [Document(page_content=case_text(case), id=case.id, metadata=metadata)

@@ -58,28 +58,38 @@ except ImportError:
 __all__ = ["MementoRetriever", "metadata_filters_json"]
 
 
+_OPERATORS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt", FilterOperator.GTE: "gte",
+              FilterOperator.LT: "lt", FilterOperator.LTE: "lte", FilterOperator.IN: "in", FilterOperator.NIN: "nin",
+              FilterOperator.TEXT_MATCH: "contains"}
+"""LlamaIndex's operators and memento's (:mod:`memento.memory.where`); ``text_match`` is a substring match."""
+
+
 def metadata_filters_json(filters: MetadataFilters) -> dict[str, Any]:
-    """LlamaIndex ``MetadataFilters`` as memento filter JSON (:mod:`memento.memory.where`): ``==`` and ``in``
-    (``ExactMatchFilter`` too) under AND/OR, nested; any other operator or condition raises ``DataFormatError``."""
+    """LlamaIndex ``MetadataFilters`` as memento filter JSON (:mod:`memento.memory.where`): ``== != > >= < <= in nin
+    text_match`` (``ExactMatchFilter`` too) under AND/OR/NOT, nested; any other operator raises ``DataFormatError``."""
     if not isinstance(filters, MetadataFilters):
         raise DataFormatError(f"filters must be a llama_index MetadataFilters, got {type(filters).__name__}")
-    if filters.condition not in (FilterCondition.AND, FilterCondition.OR, None):
-        raise DataFormatError(f"filters: condition {str(filters.condition)[:40]!r} is not supported (AND, OR)")
+    if filters.condition not in (FilterCondition.AND, FilterCondition.OR, FilterCondition.NOT, None):
+        raise DataFormatError(f"filters: condition {str(filters.condition)[:40]!r} is not supported (AND, OR, NOT)")
     parts: list[dict[str, Any]] = []
     for item in filters.filters:
         if isinstance(item, MetadataFilters):
             parts.append(metadata_filters_json(item))
-        elif isinstance(item, MetadataFilter) and item.operator == FilterOperator.EQ:
-            parts.append({item.key: item.value})
-        elif isinstance(item, MetadataFilter) and item.operator == FilterOperator.IN:
-            values = item.value if isinstance(item.value, list) else [item.value]
-            parts.append({item.key: {"in": values}})
+        elif isinstance(item, MetadataFilter) and item.operator in _OPERATORS:
+            operator = _OPERATORS[item.operator]
+            value = item.value
+            if operator in ("in", "nin") and not isinstance(value, list):
+                value = [value]
+            parts.append({item.key: value} if operator == "eq" else {item.key: {operator: value}})
         else:
             operator = getattr(item, "operator", type(item).__name__)
             raise DataFormatError(f"filters: operator {str(getattr(operator, 'value', operator))[:40]!r} is not "
-                                  "supported (memento filters take '==' and 'in' under AND/OR)")
+                                  "supported (memento filters take == != > >= < <= in nin text_match under "
+                                  "AND/OR/NOT)")
     if not parts:
         return {}
+    if filters.condition == FilterCondition.NOT:  # none of them holds
+        return {"NOT": parts[0] if len(parts) == 1 else {"OR": parts}}
     return parts[0] if len(parts) == 1 else {"OR" if filters.condition == FilterCondition.OR else "AND": parts}
 
 
@@ -97,8 +107,11 @@ class MementoRetriever(BaseRetriever):
                  env: str | None = None, on_select: Callable[[Any], None] | None = None, *, track: bool = False,
                  score: ScoreKind = "policy", scope: dict[str, Any] | None = None,
                  filter: dict[str, Any] | None = None, filters: MetadataFilters | None = None,
-                 llm_metadata_keys: Sequence[str] = (), embed_metadata_keys: Sequence[str] = (), **kwargs: Any):
+                 llm_metadata_keys: Sequence[str] = (), embed_metadata_keys: Sequence[str] = (),
+                 include_global: bool = False, **kwargs: Any):
         check_unknown(kwargs, _BASE_ARGUMENTS, "MementoRetriever")
+        if not isinstance(include_global, bool):
+            raise DataFormatError(f"MementoRetriever: include_global must be true or false, got {include_global!r}")
         k = check_k(k, "MementoRetriever")
         check_retriever_options(mode, track, score)
         if filters is not None:
@@ -113,7 +126,7 @@ class MementoRetriever(BaseRetriever):
         super().__init__(**kwargs)
         self.selector, self.k, self.mode, self.env, self.on_select = selector, k, mode, env, on_select
         self.track, self.score = track, score
-        self.possible, self.scope, self.filter = possible, owner, where
+        self.possible, self.scope, self.filter, self.include_global = possible, owner, where, include_global
 
     def _node(self, case: Any, metadata: dict[str, Any]) -> TextNode:
         return TextNode(id_=case.id, text=case_text(case), metadata=metadata,
@@ -125,7 +138,8 @@ class MementoRetriever(BaseRetriever):
         if not self.possible:  # the scope and the filter name two owners: nothing matches
             return []
         result = self.selector.select(query_bundle.query_str, k=self.k, mode=self.mode, env=self.env,
-                                      track=self.track, scope=self.scope, filter=self.filter)
+                                      track=self.track, scope=self.scope, filter=self.filter,
+                                      include_global=self.include_global)
         if self.on_select is not None:
             self.on_select(result)
         return [NodeWithScore(node=self._node(case, metadata), score=relevance)

@@ -342,11 +342,21 @@ def test_llamaindex_retriever_scope_filter_and_metadata_filters(selector) -> Non
     assert got(filters=nested, filter={"topic": "art"}) == {ids["bob", "art"]}  # both: ANDed
     assert got(filters=nested, scope={"user": "alice"}) == set()
     assert got(filters=eq, scope={"user": "alice"}) == {ids["alice", "sci"]}
-    with pytest.raises(DataFormatError, match="operator '>' is not supported"):
-        MementoRetriever(selector, filters=MetadataFilters(filters=[MetadataFilter(key="level", value=2,
-                                                                                   operator=FilterOperator.GT)]))
-    with pytest.raises(DataFormatError, match="condition"):
-        MementoRetriever(selector, filters=MetadataFilters(condition=FilterCondition.NOT, filters=[eq]))
+    # the comparison operators, text_match and NOT, as memento's filters take them
+    above_one = MetadataFilters(filters=[MetadataFilter(key="level", value=1, operator=FilterOperator.GT)])
+    assert metadata_filters_json(above_one) == {"level": {"gt": 1}}
+    assert got(filters=above_one) == {ids["alice", "sci"], ids["bob", "geo"]}
+    not_geo = MetadataFilters(condition=FilterCondition.NOT, filters=[
+        MetadataFilter(key="topic", value="geo")])
+    assert metadata_filters_json(not_geo) == {"NOT": {"topic": "geo"}}
+    # (NOT holds for the bank's other cases too, which have no topic: the level range keeps the four)
+    assert got(filters=not_geo, filter={"level": {"gte": 1}}) == {ids["alice", "sci"], ids["bob", "art"]}
+    outside = MetadataFilters(filters=[MetadataFilter(key="topic", value=["geo", "art"], operator=FilterOperator.NIN),
+                                       MetadataFilter(key="topic", value="sc", operator=FilterOperator.TEXT_MATCH)])
+    assert got(filters=outside) == {ids["alice", "sci"]}
+    with pytest.raises(DataFormatError, match="operator 'any' is not supported"):
+        MementoRetriever(selector, filters=MetadataFilters(filters=[MetadataFilter(key="level", value=[2],
+                                                                                   operator=FilterOperator.ANY)]))
     for bad in ({"scope": {"owner": "x"}}, {"filter": {"topic": {"in": []}}}):
         with pytest.raises(DataFormatError, match="MementoRetriever"):
             MementoRetriever(selector, **bad)
@@ -479,3 +489,23 @@ def test_llamaindex_metadata_filters_on_scope_fields_select_the_scope(selector) 
         MetadataFilter(key="user", value="bob"), MetadataFilter(key="topic", value="geo")])).retrieve(QUESTION)
     assert [n.node.node_id for n in nodes] == [ids["bob", "geo"]]
     assert MementoRetriever(selector, k=6, scope={"user": "alice"}, filter={"user": "bob"}).retrieve(QUESTION) == []
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_include_global_adds_the_cases_without_an_owner(framework: str, selector) -> None:  # type: ignore[no-untyped-def]
+    """A scope's cases and the shared pool (cases with no owner) in one retrieval; not without the flag."""
+    pytest.importorskip("langchain_core" if framework == "langchain" else "llama_index.core")
+    ids = _add_scoped(selector)
+    shared = selector.add_case(f"{QUESTION} (shared)", "answer for everyone", 1.0, meta={"topic": "pool", "level": 1})
+    mine = {"level": {"gte": 1}}  # the test's cases, not the artifact's own (unowned too)
+    alice = {ids["alice", "geo"], ids["alice", "sci"]}
+    bob = {ids["bob", "geo"], ids["bob", "art"]}
+    own, retrieve_own = _retriever(framework, selector, k=8, scope={"user": "alice"}, filter=mine)
+    _, retrieve_pooled = _retriever(framework, selector, k=8, scope={"user": "alice"}, filter=mine,
+                                    include_global=True)
+    assert {i for i, _, _ in retrieve_own(QUESTION)} == alice
+    found = {i for i, _, _ in retrieve_pooled(QUESTION)}
+    assert found == alice | {shared}
+    if framework == "langchain":
+        per_call = {d.id for d in own.invoke(QUESTION, include_global=True)}
+        assert per_call == alice | {shared} and not per_call & bob
