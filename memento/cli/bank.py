@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -98,9 +99,12 @@ def add_parser(commands: Any) -> None:
     search.add_argument("--kind", default=None, help="only cases of this kind")
     for name in SCOPE_FIELDS:
         search.add_argument(f"--{name}", default=None, metavar="ID", help=f"only cases of this {name} (scope)")
+    search.add_argument("--include-global", action="store_true",
+                        help="beside a scope, also the cases without any owner (a shared pool plus the scope's own)")
     search.add_argument("--filter", default=None, metavar="JSON",
-                        help='only cases whose meta match, e.g. \'{"topic": "geo"}\', '
-                             '\'{"topic": {"in": ["geo", "sci"]}}\', \'{"OR": [{"level": 1}, {"done": true}]}\'')
+                        help='only cases that match, e.g. \'{"topic": "geo"}\', \'{"level": {"gte": 2}}\', '
+                             '\'{"topic": {"in": ["geo", "sci"]}}\', \'{"OR": [{"level": 1}, {"done": true}]}\', '
+                             '\'{"created": {"gte": "2024-05-01"}}\' (docs/formats.md)')
     add_json_flag(search)
 
     stats = add_command(actions, "stats", "counts, rewards, index and file sizes", raw=False)
@@ -306,6 +310,11 @@ def _search_where(args: argparse.Namespace) -> tuple[Any, Any]:
         _utf8_argument(getattr(args, name), f"--{name}")
     _utf8_argument(args.filter, "--filter")
     scope = as_scope({name: getattr(args, name) for name in SCOPE_FIELDS if getattr(args, name) is not None})
+    if args.include_global:
+        if scope is None:
+            raise DataFormatError("--include-global goes beside a scope (--user, --agent or --session): without one "
+                                  "every case is searched already")
+        scope = dataclasses.replace(scope, include_global=True)
     where = None
     if args.filter is not None:
         where = parse_filter(parse_json(args.filter, where="--filter", error=DataFormatError, finite=True),

@@ -90,6 +90,10 @@ def test_import_keeps_the_scope_and_meta_of_every_row(bank: str, tmp_path: Path,
     (["--filter", '{"done": 1}'], set()),  # a number never matches a boolean
     (["--user", "alice", "--filter", '{"topic": "art"}'], set()),  # matches nothing: empty, not an error
     (["--user", "carol"], set()),
+    (["--user", "alice", "--include-global"], {"a-geo", "a-sci", "none"}),  # hers and the unowned pool
+    (["--user", "carol", "--include-global"], {"none"}),
+    (["--filter", '{"level": {"gte": 2}}'], {"a-sci", "b-geo"}),
+    (["--filter", '{"user": "bob"}'], {"b-geo", "b-art"}),  # a scope field in a filter
     (["--filter", "{}"], {row["id"] for row in ROWS}),
     ([], {row["id"] for row in ROWS}),
 ])
@@ -135,6 +139,7 @@ def test_text_output_shows_the_scope_and_meta(bank: str, capsys: pytest.CaptureF
     (["--filter", '{"topic": "' + "x" * 5000 + '"}'], "at most 256 characters"),
     (["--user", "al\x01ice"], "scope.user"),
     (["--agent", ""], "scope.agent"),
+    (["--include-global"], "--include-global goes beside a scope"),
     (["--filter", '{"topic": "\udcff"}'], "--filter is not UTF-8"),
 ])
 def test_a_bad_scope_or_filter_is_one_line_before_the_encoder_runs(bank: str, encoder: _HashEncoder,
