@@ -1,9 +1,9 @@
 """Hugging Face Hub ids for encoders, selector artifacts and planners, through ``huggingface_hub``.
 
 **How a Hub id is named**: always explicitly, ``hf://org/name`` (optionally ``hf://org/name@revision``: a
-branch, tag or commit), wherever a selector, an encoder or a planner model is accepted (``--planner
-hf://org/name`` too). Any other text is a local path; a local path that does not exist is a one-line error
-and never a Hub lookup (``checkpoints/demo`` missing on this machine must not fetch a Hub repository of that
+branch, tag or commit, :func:`revision_problem`), wherever a selector, an encoder or a planner model is accepted
+(``--planner hf://org/name`` too). Any other text is a local path; a local path that does not exist is a one-line
+error and never a Hub lookup (``checkpoints/demo`` missing on this machine must not fetch a Hub repository of that
 name). :func:`hub_ref` parses the explicit form; :func:`local_or_hub` is the check every caller makes.
 
 - :func:`resolve_snapshot` turns a repository id ``"org/name"`` (+ a revision) into a local snapshot
@@ -38,14 +38,17 @@ from typing import Any
 from memento.errors import CheckpointError, ConfigError, EncoderError, MementoError
 from memento.io import parse_json
 
-__all__ = ["CARD_METADATA", "HUB_PREFIX", "PUSH_IGNORE", "default_cache_dir", "hub_cache_dir", "hub_offline",
-           "hub_ref", "is_hub_id", "local_or_hub", "portable_card", "portable_text", "push_folder", "resolve_selector",
-           "resolve_snapshot", "snapshot_of", "split_revision"]
+__all__ = ["CARD_METADATA", "HUB_PREFIX", "MAX_REVISION_CHARS", "PUSH_IGNORE", "default_cache_dir", "hub_cache_dir",
+           "hub_offline", "hub_ref", "is_hub_id", "local_or_hub", "portable_card", "portable_text", "push_folder",
+           "resolve_selector", "resolve_snapshot", "revision_problem", "snapshot_of", "split_revision"]
 
 logger = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REVISION = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_+-][A-Za-z0-9._+-]*)*")
+MAX_REVISION_CHARS = 256
+"""The longest revision (branch, tag or commit) after ``@``."""
 PUSH_IGNORE = [".*", "*/.*", "*-wal", "*-shm", "*-journal", "*.creating"]
 """``ignore_patterns`` of an upload: dot-named files and directories at any depth, SQLite sidecars."""
 
@@ -63,10 +66,29 @@ def split_revision(name: str) -> tuple[str, str | None]:
     return (base, revision or None) if sep else (name, None)
 
 
+def revision_problem(revision: str) -> str | None:
+    """Why ``revision`` (the text after ``@``) is no branch, tag or commit name, or None: empty, longer than
+    :data:`MAX_REVISION_CHARS`, or not path components of letters, digits and ``._+-`` (each starting with none
+    of ``.``), joined by single ``/``, without ``..`` and not ending in ``.lock`` (git's ref-name rules, narrowed:
+    ``refs/pr/1`` and a 40-digit commit pass; ``@``, ``../..``, spaces and control characters do not)."""
+    if not isinstance(revision, str) or not revision:
+        return "an empty revision after @ (give a branch, tag or commit, or no @)"
+    if len(revision) > MAX_REVISION_CHARS:
+        return f"a revision of {len(revision)} characters (at most {MAX_REVISION_CHARS})"
+    if not _REVISION.fullmatch(revision) or ".." in revision or revision.endswith((".", ".lock")):
+        return (f"revision {revision[:60]!r} is not a branch, tag or commit name (letters, digits and ._+- in "
+                "components joined by /, no '..')")
+    return None
+
+
 def is_hub_id(name: str) -> bool:
-    """``"org/name"`` (optionally ``@revision``): two plain components, no ``..``, not an absolute path (the
-    repository id after :data:`HUB_PREFIX`; on its own it names no Hub repository: see the module docstring)."""
-    base, _ = split_revision(str(name))
+    """``"org/name"`` (optionally ``@revision``, :func:`revision_problem`): two plain components, no ``..``, not an
+    absolute path (the repository id after :data:`HUB_PREFIX`; on its own it names no Hub repository: see the
+    module docstring)."""
+    text = str(name)
+    base, revision = split_revision(text)
+    if "@" in text and revision_problem(text.partition("@")[2]) is not None:
+        return False
     return bool(_HUB_ID.match(base)) and ".." not in base
 
 
@@ -83,6 +105,9 @@ def hub_ref(text: str | Path, *, what: str = "model",
     if not isinstance(text, str) or not text.startswith(HUB_PREFIX):
         return None
     rest = text[len(HUB_PREFIX):]
+    base, at, revision = rest.partition("@")
+    if at and is_hub_id(base) and (problem := revision_problem(revision)) is not None:
+        raise error(f"{what} {text[:120]!r}: {problem}; expected {HUB_PREFIX}org/name[@revision]")
     if not is_hub_id(rest):
         raise error(f"{what} {text!r}: not a Hugging Face Hub id (expected {HUB_PREFIX}org/name[@revision])")
     return split_revision(rest)
@@ -136,6 +161,8 @@ def resolve_snapshot(repo_id: str, *, revision: str | None = None, what: str = "
     Online: ``snapshot_download`` (which itself falls back to the cache when the Hub cannot be reached);
     offline, or when that fails: the local cache only. Raises ``error`` naming the id when neither works.
     """
+    if revision is not None and (problem := revision_problem(revision)) is not None:  # never sent to the Hub
+        raise error(f"{what} {HUB_PREFIX + str(repo_id)[:120]!r}: {problem}")
     from huggingface_hub import snapshot_download
 
     cache = hub_cache_dir()
@@ -292,6 +319,8 @@ def push_folder(folder: Path, repo_id: str, *, token: str | None = None, private
     repo_id = repo_id[len(HUB_PREFIX):] if repo_id.startswith(HUB_PREFIX) else repo_id
     if not is_hub_id(repo_id) or "@" in repo_id:
         raise CheckpointError(f"push_to_hub: {repo_id!r} is not a Hub repository id (expected 'user/name')")
+    if revision is not None and (problem := revision_problem(revision)) is not None:
+        raise CheckpointError(f"push_to_hub {HUB_PREFIX}{repo_id}: {problem}")
     folder = Path(folder)
     api = HfApi(token=token)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.push-", dir=folder.parent))

@@ -18,6 +18,7 @@ from memento.cli.options import (
     add_encoder_options,
     add_json_flag,
     bank_options,
+    check_index_flag,
     encoder_config,
     index_factory,
     load_encoder,
@@ -224,6 +225,7 @@ def _create(args: argparse.Namespace) -> int:
 
 def _copy(args: argparse.Namespace) -> int:
     refuse_artifact(args.dst, "DST")
+    check_index_flag(args.index)  # '' is refused, never read as "the source's"
     n = copy_bank(args.bank, args.dst, index=args.index, options=bank_options(args))
     print(f"copied {n} case(s) from {args.bank} to {args.dst}")
     return EXIT_OK

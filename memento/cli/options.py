@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
-from memento.config import EncoderConfig, IndexConfig, Pooling, field_default
+from memento.config import EncoderConfig, IndexConfig, Pooling, factory_problem, field_default
 from memento.encoders import saved_pooling
+from memento.errors import ConfigError
 from memento.extras import require
 from memento.flags import (
     BANK,
@@ -28,12 +29,13 @@ from memento.flags import (
 )
 from memento.formats import CaseFormat
 from memento.memory import MilvusOptions
+from memento.types import shown
 
 __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "JUDGES", "PLANNER_SPECS", "RAW",
            "add_bank_option", "add_cases_format", "add_command", "add_connect_timeout", "add_encoder_flag",
            "add_encoder_options", "add_json_flag", "add_listen_options", "add_no_progress", "add_planner_option",
            "add_results_file", "add_seed", "add_systems_flags", "add_torch_threads", "add_workdir", "bank_options",
-           "check_count", "check_device", "check_torch_threads", "int_arg",
+           "check_count", "check_device", "check_index_flag", "check_torch_threads", "int_arg",
            "comma_list", "config_option", "encoder_config", "index_factory", "load_encoder",
            "one_line", "progress", "set_torch_threads", "systems_from_args"]
 
@@ -43,7 +45,8 @@ PLANNER_SPECS = ("gemma | hf:PATH | hf://ORG/NAME[@REV] | openai:MODEL@URL[?KEY=
                  "server; keys: mode=chat|completions (completions for a base model without a chat template; never "
                  "chosen automatically: servers do not say whether a model has one), "
                  "max_tokens, temperature, stop (repeatable; percent-encoded or \\n), api_key_env (a variable name, "
-                 "or none), timeout_s, max_retries, concurrency, top_p, seed; quote the spec in a shell)")
+                 "or none), timeout_s, score_timeout_s, max_retries, concurrency, top_p, seed; quote the spec in a "
+                 "shell)")
 JUDGES = ["exact", "f1", "contains", "numeric"]
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -132,8 +135,18 @@ def encoder_config(args: argparse.Namespace) -> EncoderConfig:
 
 
 def index_factory(args: argparse.Namespace) -> str:
-    """``--index``, else IndexConfig's default factory."""
-    return args.index or field_default(IndexConfig, "factory")
+    """``--index``, else IndexConfig's default factory; a given one that is empty or out of bounds is one line
+    (``--index ''`` is refused, never read as the default)."""
+    if args.index is None:
+        return field_default(IndexConfig, "factory")
+    check_index_flag(args.index)
+    return args.index
+
+
+def check_index_flag(factory: str | None) -> None:
+    """``--index FACTORY``, when given: a faiss factory string within the bounds (:func:`factory_problem`)."""
+    if factory is not None and (problem := factory_problem(factory)) is not None:
+        raise ConfigError(f"--index {shown(factory)}: {problem}")
 
 
 def bank_options(args: argparse.Namespace) -> MilvusOptions:

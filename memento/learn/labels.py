@@ -62,10 +62,11 @@ from memento.errors import DataFormatError, DimensionError
 from memento.formats import iter_jsonl, write_jsonl
 from memento.io import atomic_write_text, finite_float
 from memento.planners.base import PlannerError
-from memento.types import Case, Task, shown
+from memento.types import Case, Task, check_id, check_text, shown
 
-__all__ = ["LABELS_SUMMARY_FORMAT", "LabelConfig", "LabelCost", "LabelRow", "iter_labels", "label_tasks",
-           "prompt_name", "read_label_tasks", "read_labels", "score_candidates", "summary_path", "write_labels"]
+__all__ = ["COSINE_SLACK", "LABELS_SUMMARY_FORMAT", "LabelConfig", "LabelCost", "LabelRow", "iter_labels",
+           "label_tasks", "prompt_name", "read_label_tasks", "read_labels", "score_candidates", "summary_path",
+           "write_labels"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ _REQUIRED = ("task_id", "state", "answer", "candidate_ids", "logprob", "mean_log
              "prompt")
 _OPTIONAL = ("cosine", "prompt_tokens", "sets", "set_logprob")
 _KEYS = set(_REQUIRED) | set(_OPTIONAL)
+_MAX_COUNT = 2 ** 31 - 1  # the largest token count a row may hold
+COSINE_SLACK = 0.05
+"""How far beyond [-1, 1] a row's ``cosine`` may lie: an approximate (compressed) index scores a candidate with its
+quantised vector, a little off the exact cosine."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,7 +126,9 @@ class LabelConfig:
 
 
 def _finite_list(row: dict[str, Any], name: str, n: int, *, integer: bool = False, low: float | None = None,
-                 what: str = "candidate(s)") -> tuple[Any, ...]:
+                 high: float | None = None, what: str = "candidate(s)", meaning: str = "") -> tuple[Any, ...]:
+    """``row[name]``: a list of ``n`` finite numbers (integers when ``integer``) in ``[low, high]`` (either bound
+    optional; ``meaning`` says what the range is, for the error)."""
     value = row.get(name)
     if not isinstance(value, (list, tuple)):
         raise DataFormatError(f"missing field {name!r}" if value is None else
@@ -133,21 +140,26 @@ def _finite_list(row: dict[str, Any], name: str, n: int, *, integer: bool = Fals
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise DataFormatError(f"field {name!r}[{i}] must be a number, got {shown(item)}")
         number = finite_float(item)  # None for NaN, infinity and integers past float range (never raises)
+        if integer and (not isinstance(item, int) or (low is not None and item < low)
+                        or (high is not None and item > high)):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise DataFormatError(f"field {name!r}[{i}] must be an integer {bounds}{meaning}, got {shown(item)}")
         if number is None:
             raise DataFormatError(f"field {name!r}[{i}] is {shown(item)}: scores must be finite")
-        if integer and (not isinstance(item, int) or (low is not None and item < low)):
-            raise DataFormatError(f"field {name!r}[{i}] must be an integer >= {low}, got {shown(item)}")
+        if (low is not None and number < low) or (high is not None and number > high):
+            bounds = f"<= {high:g}" if low is None else f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+            raise DataFormatError(f"field {name!r}[{i}] is {shown(item)}: must be {bounds}{meaning}")
         out.append(int(item) if integer else number)
     return tuple(out)
 
 
-def _nonempty(row: dict[str, Any], name: str) -> str:
+def _text(row: dict[str, Any], name: str, *, is_id: bool = False) -> str:
+    """``row[name]``: a text (1 to MAX_TEXT_CHARS characters, not blank, no NUL) or, ``is_id``, an id (at most
+    MAX_ID_CHARS, no control character), as every record's field is checked (:mod:`memento.types`)."""
     value = row.get(name)
     if value is None:
         raise DataFormatError(f"missing field {name!r}")
-    if not isinstance(value, str) or not value.strip():
-        raise DataFormatError(f"field {name!r} must be a non-empty string, got {shown(value)}")
-    return value
+    return (check_id if is_id else check_text)(value, f"field {name!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -207,31 +219,51 @@ class LabelRow:
 
 
 def _parse_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The checked, normalised field values of a label row (lists as tuples, numbers as float / int)."""
+    """The checked, normalised field values of a label row (lists as tuples, numbers as float / int).
+
+    Every field is checked for what it means: ids are ids and texts texts (:mod:`memento.types`: bounded, no NUL,
+    not blank); ``logprob``, ``mean_logprob`` and ``set_logprob`` are log-probabilities (finite, <= 0) and
+    ``mean_logprob`` is ``logprob / n_tokens`` (within 1e-3); ``n_tokens`` is a token count in [1, 2**31 - 1] and
+    ``prompt_tokens`` in [0, 2**31 - 1]; ``cosine`` is a cosine similarity (in [-1, 1], with
+    :data:`COSINE_SLACK` for an approximate index's scores); at most :data:`~memento.config.MAX_CANDIDATES`
+    candidates, each once; at most :data:`~memento.config.MAX_K_SETS` sets of 1 to
+    :data:`~memento.config.MAX_K` candidates, each case once in a set and no set listed twice."""
     if not isinstance(row, dict):
         raise DataFormatError(f"a label row must be an object, got {type(row).__name__}")
     unknown = sorted(set(row) - _KEYS)
     if unknown:
         raise DataFormatError(f"unknown field(s) {shown(unknown)} in a label row; known: {sorted(_KEYS)}")
-    task_id = _nonempty(row, "task_id")
-    state, answer = _nonempty(row, "state"), _nonempty(row, "answer")
+    task_id = _text(row, "task_id", is_id=True)
+    state, answer = _text(row, "state"), _text(row, "answer")
     ids = row.get("candidate_ids")
     if ids is None:
         raise DataFormatError("missing field 'candidate_ids'")
-    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, str) and i for i in ids):
+    if not isinstance(ids, (list, tuple)) or not ids:
         raise DataFormatError(f"field 'candidate_ids' must be a non-empty list of case ids, got {shown(ids)}")
+    if len(ids) > MAX_CANDIDATES:
+        raise DataFormatError(f"field 'candidate_ids' lists {len(ids)} candidates, more than {MAX_CANDIDATES}")
+    for i, case_id in enumerate(ids):
+        check_id(case_id, f"field 'candidate_ids'[{i}]")
     if len(set(ids)) != len(ids):
         raise DataFormatError(f"field 'candidate_ids' lists a case twice: {shown(list(ids))}")
     n = len(ids)
+    logprob = _finite_list(row, "logprob", n, high=0.0, meaning=" (a log-probability)")
+    mean = _finite_list(row, "mean_logprob", n, high=0.0, meaning=" (a log-probability per token)")
+    n_tokens = _finite_list(row, "n_tokens", n, integer=True, low=1, high=_MAX_COUNT, meaning=" (a token count)")
+    for i, (total, per_token, count) in enumerate(zip(logprob, mean, n_tokens)):
+        if not math.isclose(per_token, total / count, rel_tol=1e-3, abs_tol=1e-3):
+            raise DataFormatError(f"field 'mean_logprob'[{i}] is {shown(per_token)}, but logprob / n_tokens is "
+                                  f"{shown(total)} / {count} = {shown(total / count)}")
     values: dict[str, Any] = {
         "task_id": task_id, "state": state, "answer": answer, "candidate_ids": tuple(ids),
-        "logprob": _finite_list(row, "logprob", n), "mean_logprob": _finite_list(row, "mean_logprob", n),
-        "n_tokens": _finite_list(row, "n_tokens", n, integer=True, low=1),
-        "planner": _nonempty(row, "planner"), "prompt": _nonempty(row, "prompt")}
+        "logprob": logprob, "mean_logprob": mean, "n_tokens": n_tokens,
+        "planner": _text(row, "planner"), "prompt": _text(row, "prompt", is_id=True)}
     if row.get("cosine") is not None:
-        values["cosine"] = _finite_list(row, "cosine", n)
+        values["cosine"] = _finite_list(row, "cosine", n, low=-1.0 - COSINE_SLACK, high=1.0 + COSINE_SLACK,
+                                        meaning=" (a cosine similarity)")
     if row.get("prompt_tokens") is not None:
-        values["prompt_tokens"] = _finite_list(row, "prompt_tokens", n, integer=True, low=0)
+        values["prompt_tokens"] = _finite_list(row, "prompt_tokens", n, integer=True, low=0, high=_MAX_COUNT,
+                                               meaning=" (a token count)")
     has_sets, has_scores = row.get("sets") is not None, row.get("set_logprob") is not None
     if has_sets != has_scores:
         raise DataFormatError("fields 'sets' and 'set_logprob' go together: one of them is missing")
@@ -239,19 +271,29 @@ def _parse_row(row: dict[str, Any]) -> dict[str, Any]:
         sets = row["sets"]
         if not isinstance(sets, (list, tuple)):
             raise DataFormatError(f"field 'sets' must be a list of case-id lists, got {type(sets).__name__}")
+        if len(sets) > MAX_K_SETS:
+            raise DataFormatError(f"field 'sets' lists {len(sets)} sets, more than {MAX_K_SETS}")
         known = set(ids)
-        parsed = []
+        parsed: list[tuple[str, ...]] = []
         for j, case_set in enumerate(sets):
             if (not isinstance(case_set, (list, tuple)) or not case_set
                     or not all(isinstance(i, str) and i for i in case_set)):
                 raise DataFormatError(f"field 'sets'[{j}] must be a non-empty list of case ids, "
                                       f"got {shown(case_set)}")
+            if len(case_set) > MAX_K:
+                raise DataFormatError(f"field 'sets'[{j}] holds {len(case_set)} cases, more than {MAX_K}")
             outside = [i for i in case_set if i not in known]
             if outside:
                 raise DataFormatError(f"field 'sets'[{j}] holds {shown(outside[0])}, which is not a candidate")
+            if len(set(case_set)) != len(case_set):
+                raise DataFormatError(f"field 'sets'[{j}] holds a case twice: {shown(list(case_set))}")
+            if tuple(case_set) in parsed:
+                raise DataFormatError(f"field 'sets'[{j}] repeats 'sets'[{parsed.index(tuple(case_set))}]: "
+                                      f"{shown(list(case_set))}")
             parsed.append(tuple(case_set))
         values["sets"] = tuple(parsed)
-        values["set_logprob"] = _finite_list(row, "set_logprob", len(parsed), what="set(s)")
+        values["set_logprob"] = _finite_list(row, "set_logprob", len(parsed), high=0.0, what="set(s)",
+                                             meaning=" (a log-probability)")
     return values
 
 

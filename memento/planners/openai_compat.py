@@ -4,10 +4,15 @@
 applies the model's chat template; a base model without one (e.g. the bundled Gemma 3 270M served by
 llama-cpp-python) needs ``mode="completions"``, the rendered prompt posted to
 ``<base_url>/completions`` (on the CLI: ``--planner 'openai:MODEL@URL?mode=completions'``, see
-:mod:`memento.planners.spec`).
+:mod:`memento.planners.spec`). No server says whether a model has a chat template, so the mode is not guessed;
+instead the first empty answer in chat mode logs one warning naming the fix (``?mode=completions``).
 
 Requests go through one pooled ``httpx`` client per planner (keep-alive: calls reuse their
-connections; up to ``concurrency`` of them), created at the first call and closed by :meth:`close`;
+connections; up to ``concurrency`` of them), created at the first call and closed by :meth:`close`. Its
+transport is a custom ``httpx.BaseTransport`` over an ``httpcore`` connection pool given a network backend that
+enforces the deadline below (public APIs of both: httpx's custom transports, httpcore's ``network_backend``
+parameter and ``NetworkBackend``/``NetworkStream`` interface; an environment proxy, ``http(s)_proxy`` /
+``all_proxy`` less ``no_proxy``, is used as httpx would);
 ``httpx`` (or its successor ``httpx2``) comes with the extra ``memento-mdp[openai]`` and is imported
 only when a planner is built. The API key is read from an environment variable at every call
 (optional: local servers need none). ``seed``, ``top_p`` and ``extra_body`` (merged into the body last)
@@ -22,10 +27,15 @@ Every error is one line naming the method, the URL and what went wrong, e.g.
 
 The server is a network peer: its replies are input, checked before anything is used.
 
-- **Time.** ``timeout_s`` is the deadline of a whole attempt (connecting, sending, the headers and
-  the last byte of the body), not of one socket read: a server that drips a byte a second, headers or
+- **Time.** ``timeout_s`` is the deadline of a whole generation attempt (connecting, sending, the headers
+  and the last byte of the body), not of one socket read: a server that drips a byte a second, headers or
   body, is cut off at ``timeout_s`` (every socket operation of the attempt waits at most what is left
-  of it) and the attempt counts as timed out (retried).
+  of it) and the attempt counts as timed out (retried). A scoring attempt's deadline is ``score_timeout_s``
+  when set; by default it grows with the prompt, ``timeout_s + SCORE_S_PER_CHAR * chars`` (1 s per character),
+  where ``chars`` counts the request's prompt and, when ``concurrency > 1``, the ``concurrency - 1`` longest other
+  prompts of the same ``score_many`` call (a server that scores one request at a time makes each wait for those
+  ahead of it): llama-cpp-python costs 0.6-1.7 s per echoed prompt token, so a label prompt of 150 characters
+  takes 30-75 s, past a flat 30 s (:data:`SCORE_S_PER_CHAR`).
 - **Size.** A reply body may hold at most :data:`MAX_REPLY_BYTES` (16 MiB) on the wire and once
   decompressed (``gzip``/``deflate``; other content codings are refused): a larger
   ``Content-Length`` is refused before reading, a longer body (or a gzip bomb) as soon as it passes
@@ -111,6 +121,13 @@ MAX_TOKENS = 2 ** 20
 """The most tokens ``max_tokens`` may ask for (1048576)."""
 MAX_TIMEOUT_S = 86400.0
 """The longest ``timeout_s`` (a day; a socket cannot wait for ever)."""
+SCORE_S_PER_CHAR = 1.0
+"""Seconds a scoring attempt may take per prompt character it waits for, beyond ``timeout_s``, when
+``score_timeout_s`` is not set. Derived from llama-cpp-python 0.3.36 serving the bundled Gemma 3 270M on 2 cores,
+the slowest server scoring was measured on: it sorts the 262k-token vocabulary in Python for every echoed prompt
+token, 0.6-0.7 s per token (0.2 s per character) with the machine's load at 3 and up to 1.7 s per token (about
+0.5 s per character) at 5-7; 1.0 is twice the worst. A fast server (vLLM) answers long before; a hung one is
+cut off later."""
 MAX_RETRIES = 100
 """The most retries ``max_retries`` may ask for."""
 MAX_CONCURRENCY = 256
@@ -224,21 +241,116 @@ class _DeadlineBackend:
         self._backend.sleep(seconds)
 
 
-def _bound_by_deadline(client: Any, deadline: threading.local) -> bool:
-    """Put a :class:`_DeadlineBackend` under every connection pool of an ``httpx`` client; False when this
-    ``httpx`` does not expose them (the deadline is then checked between the body's chunks only)."""
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url``, read as ``httpx`` reads it: ``urllib.request.getproxies()``
+    (``http_proxy``, ``https_proxy``, ``all_proxy``), less the hosts of ``no_proxy`` (``*``; a host, ``localhost``
+    or an IP address exactly; ``example.com`` for it and its subdomains, ``.example.com`` for its subdomains only;
+    an IP network ``10.0.0.0/8``); None when no proxy applies."""
+    import ipaddress
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    host = (parts.hostname or "").lower()
+    for entry in (item.strip().lower() for item in proxies.get("no", "").split(",")):
+        if "://" in entry:
+            entry = urllib.parse.urlsplit(entry).hostname or ""
+        if not entry:
+            continue
+        if entry == "*" or entry.strip("[]") == host:
+            return None
+        try:
+            if host and ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
+                return None
+            continue  # an IP address or network that does not hold the host
+        except ValueError:
+            pass
+        if host.endswith(entry if entry.startswith(".") else f".{entry}"):
+            return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _deadline_transport(httpx: Any, deadline: threading.local, base_url: str, connections: int) -> Any:
+    """An ``httpx`` transport whose connections run on a :class:`_DeadlineBackend`, built only from the public
+    APIs of ``httpx`` (a custom ``BaseTransport``, ``Proxy``, ``create_ssl_context``) and ``httpcore`` (a
+    ``ConnectionPool``, ``HTTPProxy`` or ``SOCKSProxy`` given a ``network_backend``, its ``Request``/``URL``
+    models and exceptions), as ``httpx.HTTPTransport`` builds its own; an environment proxy for ``base_url`` is
+    used as ``httpx`` would. None when this ``httpx`` lacks those names (the deadline is then checked between the
+    body's chunks only)."""
     try:
         import httpcore
-    except ImportError:  # pragma: no cover - httpx always brings httpcore
-        return False
-    wrapped = False
-    for transport in [getattr(client, "_transport", None), *getattr(client, "_mounts", {}).values()]:
-        pool = getattr(transport, "_pool", None)
-        backend = getattr(pool, "_network_backend", None)
-        if backend is not None and not isinstance(backend, _DeadlineBackend):
-            pool._network_backend = _DeadlineBackend(backend, httpcore, deadline)  # type: ignore[union-attr]
-            wrapped = True
-    return wrapped
+
+        base, stream_base = httpx.BaseTransport, httpx.SyncByteStream
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        ssl_context = httpx.create_ssl_context()
+        backend = _DeadlineBackend(httpcore.SyncBackend(), httpcore, deadline)
+        common = dict(ssl_context=ssl_context, max_connections=connections, max_keepalive_connections=connections,
+                      keepalive_expiry=limits.keepalive_expiry, network_backend=backend)
+        proxy_url = _env_proxy(base_url)
+        if proxy_url is None:
+            pool = httpcore.ConnectionPool(**common)
+        else:
+            proxy = httpx.Proxy(url=proxy_url)
+            target = httpcore.URL(scheme=proxy.url.raw_scheme, host=proxy.url.raw_host, port=proxy.url.port,
+                                  target=proxy.url.raw_path)
+            if proxy.url.scheme in ("http", "https"):
+                pool = httpcore.HTTPProxy(proxy_url=target, proxy_auth=proxy.raw_auth, proxy_headers=proxy.headers.raw,
+                                          proxy_ssl_context=proxy.ssl_context, **common)
+            else:  # socks5 / socks5h (httpcore needs socksio for it, as httpx does)
+                pool = httpcore.SOCKSProxy(proxy_url=target, proxy_auth=proxy.raw_auth, **common)
+    except (ImportError, AttributeError, TypeError, ValueError) as error:
+        logger.debug("no deadline transport (%s: %s): the deadline is checked between reads", type(error).__name__,
+                     error)
+        return None
+
+    def mapped(error: Exception) -> Exception | None:
+        """An ``httpcore`` exception as the ``httpx`` exception of the same name (both export one set)."""
+        for kind in type(error).__mro__:
+            target = getattr(httpx, kind.__name__, None) if kind.__module__ == "httpcore" else None
+            if isinstance(target, type) and issubclass(target, Exception):
+                return target(str(error))
+        return None
+
+    class Stream(stream_base):  # type: ignore[misc, valid-type]
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+
+        def __iter__(self) -> Any:
+            try:
+                yield from self._stream
+            except Exception as error:  # noqa: BLE001 - re-raised as httpx's own, or as it is
+                translated = mapped(error)
+                if translated is None:
+                    raise
+                raise translated from error
+
+        def close(self) -> None:
+            self._stream.close()
+
+    class DeadlineTransport(base):  # type: ignore[misc, valid-type]
+        def handle_request(self, request: Any) -> Any:
+            url = request.url
+            core = httpcore.Request(method=request.method, url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+                headers=request.headers.raw, content=request.stream, extensions=request.extensions)
+            try:
+                response = pool.handle_request(core)
+            except Exception as error:  # noqa: BLE001 - re-raised as httpx's own, or as it is
+                translated = mapped(error)
+                if translated is None:
+                    raise
+                raise translated from error
+            return httpx.Response(status_code=response.status, headers=response.headers,
+                                  stream=Stream(response.stream), extensions=response.extensions)
+
+        def close(self) -> None:
+            pool.close()
+
+    return DeadlineTransport()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -249,8 +361,9 @@ class OpenAICompatConfig:
     - ``api_key_env``: the environment variable holding the key (``None``: never send one);
     - ``mode``: ``"chat"`` (``/chat/completions``, messages) or ``"completions"`` (``/completions``,
       one prompt string; what a base model wants);
-    - ``timeout_s``: per attempt; ``max_retries``: retries after the first attempt;
-      ``backoff_s``: the first retry's delay, doubled each retry;
+    - ``timeout_s``: the deadline of one generation attempt; ``score_timeout_s``: the deadline of one scoring
+      attempt (``None``, the default: derived per request, :meth:`score_deadline_s`); ``max_retries``:
+      retries after the first attempt; ``backoff_s``: the first retry's delay, doubled each retry;
     - ``max_tokens``, ``temperature``, ``stop`` (``None``: the prompt style's stop strings):
       sent with every request;
     - ``concurrency``: requests in flight at once in ``plan_many`` (and pooled connections kept alive);
@@ -271,6 +384,7 @@ class OpenAICompatConfig:
     stop: tuple[str, ...] | None = None
     concurrency: int = 1
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+    score_timeout_s: float | None = None
     seed: int | None = None
     top_p: float | None = None
     extra_body: dict[str, Any] | None = None
@@ -286,6 +400,11 @@ class OpenAICompatConfig:
         check_choice(self, "mode", ApiMode)
         check(_finite(self.timeout_s, 0.0, low_open=True) and self.timeout_s <= MAX_TIMEOUT_S, cls, "timeout_s",
                self.timeout_s, f"must be a number > 0 and <= {MAX_TIMEOUT_S:g} (a day)")
+        if self.score_timeout_s is not None:
+            check(_finite(self.score_timeout_s, 0.0, low_open=True) and self.score_timeout_s <= MAX_TIMEOUT_S, cls,
+                   "score_timeout_s", self.score_timeout_s,
+                   f"must be None or a number > 0 and <= {MAX_TIMEOUT_S:g} (a day)")
+            object.__setattr__(self, "score_timeout_s", float(self.score_timeout_s))
         check_int(self, "max_retries", 0, MAX_RETRIES)
         check(_finite(self.backoff_s, 0.0), cls, "backoff_s", self.backoff_s, "must be a number >= 0")
         check_int(self, "max_tokens", 1, MAX_TOKENS)
@@ -320,6 +439,14 @@ class OpenAICompatConfig:
     @property
     def url(self) -> str:
         return self.base_url.rstrip("/") + ("/chat/completions" if self.mode == "chat" else "/completions")
+
+    def score_deadline_s(self, queued_chars: int) -> float:
+        """The deadline of one scoring attempt whose prompt, with those it may wait behind, holds ``queued_chars``
+        characters: ``score_timeout_s`` when set, else ``timeout_s + SCORE_S_PER_CHAR * queued_chars`` (at most
+        :data:`MAX_TIMEOUT_S`)."""
+        if self.score_timeout_s is not None:
+            return self.score_timeout_s
+        return min(MAX_TIMEOUT_S, self.timeout_s + SCORE_S_PER_CHAR * max(0, queued_chars))
 
 
 def _excerpt(text: str) -> str:
@@ -411,13 +538,15 @@ class OpenAICompatPlanner:
         seed: int | None = None,
         top_p: float | None = None,
         extra_body: dict[str, Any] | None = None,
+        score_timeout_s: float | None = None,
     ):
         self.config = OpenAICompatConfig(
             model=model, base_url=base_url, api_key_env=api_key_env, mode=mode, timeout_s=timeout_s,
             max_retries=max_retries, backoff_s=backoff_s, max_tokens=max_tokens, temperature=temperature,
             stop=stop if stop is None or isinstance(stop, str) else tuple(stop), concurrency=concurrency,
             prompt=prompt or PromptConfig(), seed=seed, top_p=top_p,
-            extra_body=dict(extra_body) if isinstance(extra_body, dict) else extra_body)
+            extra_body=dict(extra_body) if isinstance(extra_body, dict) else extra_body,
+            score_timeout_s=score_timeout_s)
         self._httpx = _httpx()
         self._client: Any = None
         self.url = self.config.url
@@ -426,6 +555,7 @@ class OpenAICompatPlanner:
         self.attempts = 0
         self._lock = threading.Lock()
         self._deadline = threading.local()  # .end: the monotonic deadline of this thread's attempt
+        self._empty_chat_warned = False
 
     def _http(self) -> Any:
         """The pooled client (created at the first request; thread-safe, shared by ``plan_many``'s threads)."""
@@ -433,12 +563,10 @@ class OpenAICompatPlanner:
             if self._client is None:
                 httpx = self._httpx
                 n = self.config.concurrency
-                client = httpx.Client(timeout=httpx.Timeout(self.config.timeout_s),
-                                      limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                                      follow_redirects=False)
-                if not _bound_by_deadline(client, self._deadline):
-                    logger.debug("this httpx hides its network backend: the deadline is checked between reads")
-                self._client = client
+                transport = _deadline_transport(httpx, self._deadline, self.config.base_url, n)
+                self._client = httpx.Client(timeout=httpx.Timeout(self.config.timeout_s),
+                                            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                                            follow_redirects=False, transport=transport)
             return self._client
 
     def close(self) -> None:
@@ -490,24 +618,24 @@ class OpenAICompatPlanner:
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _attempt(self, data: bytes, url: str) -> bytes:
-        """One POST within ``timeout_s`` in all: the body of a 2xx reply, or :class:`_Retryable` / a
-        :class:`PlannerError` (:class:`_Refused` for a 4xx)."""
+    def _attempt(self, data: bytes, url: str, deadline_s: float, why: str) -> bytes:
+        """One POST within ``deadline_s`` in all (``why``: how that deadline was set, for the error): the body of
+        a 2xx reply, or :class:`_Retryable` / a :class:`PlannerError` (:class:`_Refused` for a 4xx)."""
         httpx = self._httpx
         client = self._http()
         with self._lock:
             self.attempts += 1
-        timeout_s = self.config.timeout_s
-        self._deadline.end = end = time.monotonic() + timeout_s
+        self._deadline.end = end = time.monotonic() + deadline_s
         try:
-            request = client.build_request("POST", url, content=data, headers=self._headers())
+            request = client.build_request("POST", url, content=data, headers=self._headers(),
+                                           timeout=httpx.Timeout(deadline_s))
             response = client.send(request, stream=True)
             try:
                 return self._read(response, url, end)
             finally:
                 response.close()
         except httpx.TimeoutException:
-            raise _Retryable(f"timed out (timeout_s={timeout_s:g} for the whole attempt)") from None
+            raise _Retryable(f"timed out ({why} for the whole attempt)") from None
         except httpx.ConnectError as error:
             raise _Retryable("cannot connect", _excerpt(str(error) or type(error).__name__)) from None
         except httpx.TransportError as error:  # the connection dropped, a reply cut short, a protocol error
@@ -590,13 +718,16 @@ class OpenAICompatPlanner:
                                  stop=tenacity.stop_after_attempt(total), wait=wait, before_sleep=log,
                                  sleep=lambda seconds: time.sleep(seconds), reraise=True)
 
-    def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
-        """The JSON object a POST of ``body`` answers, after the retries (a 4xx: a :class:`PlannerError` at once)."""
+    def _post(self, body: dict[str, Any], url: str | None = None, deadline: tuple[float, str] | None = None
+              ) -> dict[str, Any]:
+        """The JSON object a POST of ``body`` answers, after the retries (a 4xx: a :class:`PlannerError` at once);
+        ``deadline``: ``(seconds, how they were set)`` of each attempt (default: ``timeout_s``)."""
         url = url or self.url
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         total = self.config.max_retries + 1
+        deadline_s, why = deadline or (self.config.timeout_s, f"timeout_s={self.config.timeout_s:g}")
         try:
-            raw = self._retrying(url, total)(self._attempt, data, url)
+            raw = self._retrying(url, total)(self._attempt, data, url, deadline_s, why)
         except _Refused as error:
             raise PlannerError(str(error)) from None
         except _Retryable as error:
@@ -666,8 +797,22 @@ class OpenAICompatPlanner:
         cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if cuts:
             text = text[:min(cuts)]
+        if self.config.mode == "chat" and not text.strip():
+            self._warn_empty_chat()
         return PlanOutput(text=text.strip(), prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                           latency_s=time.perf_counter() - start)
+
+    def _warn_empty_chat(self) -> None:
+        """The first empty answer in chat mode: one warning (per planner) naming the fix, ``mode=completions``.
+        A base model without a chat template answers nothing in chat mode (llama-cpp-python falls back to a
+        llama-2 template and the bundled Gemma 3 270M answers ``""``), and no server says whether a model has one."""
+        with self._lock:
+            if self._empty_chat_warned:
+                return
+            self._empty_chat_warned = True
+        logger.warning("planner %s: chat mode got an empty answer from model %r; a base model without a chat "
+                       "template (such as the bundled Gemma 3 270M) answers nothing in chat mode: add "
+                       "?mode=completions to the planner spec (warned once)", self.url, self.config.model)
 
     def plan_many(self, tasks: Sequence[Task], cases: Sequence[Sequence[Case]]) -> list[PlanOutput]:
         if len(tasks) != len(cases):
@@ -695,17 +840,35 @@ class OpenAICompatPlanner:
                    answers: Sequence[str | None] | None = None) -> list[list[AnswerScore]]:
         """:meth:`score` for several tasks; ``concurrency`` requests in flight (one per case set)."""
         requests = score_requests(tasks, case_sets_per_task, answers)
+        bodies = [self.score_request_body(r.task, r.cases, r.answer) for r in requests]
+        deadlines = self._score_deadlines([len(body["prompt"]) for body in bodies])
         if self.config.concurrency == 1 or len(requests) <= 1:
-            scores = [self._score_one(request) for request in requests]
+            scores = [self._score_one(*item) for item in zip(requests, bodies, deadlines)]
         else:
             with ThreadPoolExecutor(max_workers=min(self.config.concurrency, len(requests))) as pool:
-                scores = list(pool.map(self._score_one, requests))
+                scores = list(pool.map(self._score_one, requests, bodies, deadlines))
         return group_scores(requests, scores, len(tasks))
 
-    def _score_one(self, request: ScoreRequest) -> AnswerScore:
+    def _score_deadlines(self, chars: list[int]) -> list[tuple[float, str]]:
+        """Each scoring request's ``(deadline seconds, how they were set)``. With ``score_timeout_s`` unset, a server
+        that scores one request at a time (llama-cpp-python) makes a request wait for the ones ahead of it: the
+        deadline counts the request's own prompt and the ``concurrency - 1`` longest others of the same call."""
+        config = self.config
+        if config.score_timeout_s is not None:
+            return [(config.score_timeout_s, f"score_timeout_s={config.score_timeout_s:g}")] * len(chars)
+        width = min(config.concurrency, len(chars))
+        longest = sorted(chars, reverse=True)[:width]
+        out = []
+        for n in chars:
+            queued = sum(longest) if n in longest else n + sum(longest[:width - 1])
+            seconds = config.score_deadline_s(queued)
+            out.append((seconds, f"{seconds:.4g} s: timeout_s={config.timeout_s:g} + {SCORE_S_PER_CHAR:g} s per "
+                                 f"prompt character, {queued} queued; or set score_timeout_s"))
+        return out
+
+    def _score_one(self, request: ScoreRequest, body: dict[str, Any], deadline: tuple[float, str]) -> AnswerScore:
         start = time.perf_counter()
-        body = self.score_request_body(request.task, request.cases, request.answer)
-        response = self._post(body, self.completions_url)
+        response = self._post(body, self.completions_url, deadline)
         continuation = render_answer(self.config.prompt, request.answer)
         logprob, n_tokens, prompt_tokens = self._parse_score(response, body, continuation)
         check_score(f"POST {self.completions_url}", request, logprob, n_tokens)

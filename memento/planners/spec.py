@@ -10,8 +10,9 @@ An ``openai:`` spec may end in a query string of planner options (the keys of :d
 - ``mode``: ``chat`` (the default: ``/chat/completions``; the server applies the model's chat template) or
   ``completions`` (``/completions`` with the rendered prompt: what a base model without a chat template needs);
 - ``max_tokens`` (1..1048576), ``temperature`` (>= 0), ``top_p`` (in (0, 1]), ``seed`` (an integer),
-  ``timeout_s`` (> 0), ``max_retries`` (0..100), ``concurrency`` (1..256): as in
-  :class:`~memento.planners.openai_compat.OpenAICompatConfig`;
+  ``timeout_s`` (> 0, the deadline of a generation attempt, 30 s by default), ``score_timeout_s`` (> 0, the
+  deadline of a scoring attempt; by default 30 s plus 1 s per prompt character queued), ``max_retries``
+  (0..100), ``concurrency`` (1..256): as in :class:`~memento.planners.openai_compat.OpenAICompatConfig`;
 - ``stop``: a stop string, repeatable (``stop=a&stop=b``); ``stop=`` alone sends none; without it, the prompt
   style's stop strings;
 - ``api_key_env``: the environment variable holding the API key (default ``OPENAI_API_KEY``); ``none`` never
@@ -24,11 +25,12 @@ value. ``str(spec)`` writes the options back, so they are saved with a run's con
 
 The mode is never guessed (there is no ``mode=auto``): OpenAI-compatible servers do not say whether a model has a
 chat template. llama-cpp-python's server (0.3.36) answers ``/v1/models`` with ``id``, ``object``, ``owned_by`` and
-``permissions`` only, and none of its endpoints (``/v1/completions``, ``/v1/chat/completions``,
-``/v1/embeddings``, ``/v1/models``, ``/extras/tokenize``, ``/extras/tokenize/count``, ``/extras/detokenize``)
-exposes the GGUF's ``tokenizer.chat_template``; serving a base model without one, its ``/chat/completions`` falls
-back to a llama-2 ``[INST]`` format and the bundled Gemma answers ``""`` (``--chat_format gemma`` makes it echo
-the question). So a base model needs ``mode=completions``.
+``permissions`` only, has no ``/props`` (llama.cpp's own ``llama-server`` does), and none of its endpoints
+(``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/models``, ``/extras/tokenize``,
+``/extras/tokenize/count``, ``/extras/detokenize``) exposes the GGUF's ``tokenizer.chat_template``; serving a
+base model without one, its ``/chat/completions`` falls back to a llama-2 ``[INST]`` format and the bundled Gemma
+answers ``""`` (``--chat_format gemma`` makes it echo the question). So a base model needs ``mode=completions``,
+and the planner's first empty answer in chat mode logs one warning saying so (whatever the server).
 
 :func:`parse_planner_spec` turns a string into a :class:`PlannerSpec` (a bad one is a one-line
 ``ConfigError``), :func:`check_planner_spec` makes the cheap checks before anything loads, and
@@ -56,12 +58,12 @@ __all__ = ["MAX_SPEC_CHARS", "OPENAI_OPTIONS", "PlannerSpec", "build_planner", "
 MAX_SPEC_CHARS = 4096
 """The longest ``--planner`` value read."""
 
-OPENAI_OPTIONS = ("mode", "max_tokens", "temperature", "stop", "api_key_env", "timeout_s", "max_retries",
-                  "concurrency", "top_p", "seed")
+OPENAI_OPTIONS = ("mode", "max_tokens", "temperature", "stop", "api_key_env", "timeout_s", "score_timeout_s",
+                  "max_retries", "concurrency", "top_p", "seed")
 """The keys an ``openai:MODEL@URL?...`` query string may set (each once, but ``stop`` repeats)."""
 
 _INTS = {"max_tokens", "max_retries", "concurrency", "seed"}
-_FLOATS = {"temperature", "timeout_s", "top_p"}
+_FLOATS = {"temperature", "timeout_s", "score_timeout_s", "top_p"}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER_CHARS = 40  # a number written with more characters than this is refused before it is converted
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

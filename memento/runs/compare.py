@@ -76,11 +76,17 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
     if isinstance(late_steps, bool) or not isinstance(late_steps, int) or late_steps < 1:
         raise ConfigError(f"run_comparison: late_steps={late_steps!r}: must be an integer >= 1")
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[bool]] = {}
     results: dict[str, Any] = {}
     for kind, policy in named:
-        loop = loop_class(dataclasses.replace(config, policy=policy), out_dir=out_dir / kind, **kwargs)
+        try:
+            loop = loop_class(dataclasses.replace(config, policy=policy), out_dir=out_dir / kind, **kwargs)
+        except BaseException:
+            if created and not results and not any(out_dir.iterdir()):  # refused before anything was written
+                out_dir.rmdir()
+            raise
         summary = loop.run()
         success_T = np.asarray(loop.successes, dtype=np.float64)
         curves[kind] = list(loop.successes)
@@ -119,6 +125,23 @@ def comparison_table(comparison: dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    early = f"first {comparison['window']}"
-    return "\n".join(lines) + (f"\n(early: {early} steps; late: last {comparison['late_steps']} steps; scored prompts: "
-                               "online labels or leave-one-out credit, forward passes without generation)")
+    spans = f"early: {_span_label(comparison, 'early')}; late: {_span_label(comparison, 'late')}"
+    return "\n".join(lines) + (f"\n({spans}; scored prompts: online labels or leave-one-out credit, forward passes "
+                               "without generation)")
+
+
+def _span_label(comparison: dict[str, Any], which: str) -> str:
+    """How many steps the ``early`` (first) or ``late`` (last) column averaged, from the spans each policy's row
+    records (a run shorter than the window or ``late_steps`` averages fewer); per policy when they differ."""
+    first_or_last = "first" if which == "early" else "last"
+    labels = {}
+    for policy in comparison["order"]:
+        span = comparison["policies"][policy].get(f"{which}_steps")
+        if span is None:  # a comparison written before the spans were recorded: what was asked for
+            n = min(comparison["window" if which == "early" else "late_steps"], comparison["steps"])
+        else:
+            n = max(0, int(span[1]) - int(span[0]))
+        labels[policy] = f"{first_or_last} {n} step{'' if n == 1 else 's'}"
+    if len(set(labels.values())) == 1:
+        return next(iter(labels.values()))
+    return ", ".join(f"{label} ({policy})" for policy, label in labels.items())

@@ -38,7 +38,9 @@ and the set's Plackett-Luce probability, all *of the snapshot that chose*, and `
 snapshot's version, so ``steps.jsonl`` stays a correct log for off-policy evaluation. ``workers.jsonl`` has one
 line per transition: the worker, the attempt, the snapshot version and the learner's version when it was
 committed; their difference is the transition's staleness (also on TensorBoard as ``workers/staleness`` and in
-``summary.json``).
+``summary.json``). ``summary.json``'s ``workers`` figures cover the whole run (a resumed run adds its own to the
+checkpoint's), except ``tasks_per_s``: the steady rate of the last driver process, the transitions it committed
+after its first commit (``process_transitions`` in all) over the time to its last.
 
 **The schedule (commit order, and why it is deterministic).** Units are committed in stream order. Unit ``u`` is
 dispatched right after the driver committed unit ``d(u) - 1``, where ``d(u) = max(u - N + 1, s(u))`` and ``s(u)``
@@ -114,7 +116,7 @@ from memento.types import Case, Selection, Task
 
 __all__ = ["MAX_WORKERS", "WORKERS_LOG", "WORKER_KINDS", "PolicySnapshot", "RayOnlineLoop", "RolloutWorker",
            "UnitResult", "WorkUnit", "WorkerError", "WorkerSetup", "WorkersConfig", "import_ray", "ray_runtime",
-           "read_workers_log", "require_ray", "worker_loop_class"]
+           "read_workers_log", "require_ray", "steady_rate", "worker_loop_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -650,7 +652,10 @@ class RayOnlineLoop(OnlineLoop):
                 self.writer.add_scalar("workers/staleness", staleness, record.step)
         self.workers_handle.flush()
         now = time.perf_counter()
+        if not self._commit_times:
+            self._first_commit_transitions = len(records)
         self._commit_times = [self._commit_times[0] if self._commit_times else now, now]
+        self._process_transitions += len(records)
         stats = self.worker_stats
         stats["transitions"] += len(records)
         stats["staleness_sum"] += staleness * len(records)
@@ -675,7 +680,9 @@ class RayOnlineLoop(OnlineLoop):
     def _drive(self, bank: CaseBank) -> None:
         """The units left, dispatched to the workers and committed in stream order (the module docstring's
         schedule), between starting Ray and stopping it."""
-        self._commit_times: list[float] = []  # perf_counter at the first and the latest commit
+        self._commit_times: list[float] = []  # perf_counter at the first and the latest commit of this process
+        self._process_transitions = 0  # the transitions this process committed (a resumed run's share)
+        self._first_commit_transitions = 0  # ... of which its first commit held
         self.loop_s = 0.0
         with self._open_workers_log(self.resumed_from is not None) as self.workers_handle:
             if self.step < self.config.steps:
@@ -725,9 +732,11 @@ class RayOnlineLoop(OnlineLoop):
         # over every driver process of the run (a resumed run adds its figures to the checkpoint's)
         stats["loop_s"] = self.loop_s_before + self.loop_s  # from starting the workers to the last commit
         stats["processes"] = self.processes
-        times = self._commit_times
-        stats["tasks_per_s"] = (n - 1) / (times[1] - times[0]) if n > 1 and len(times) == 2 and times[1] > times[0] \
-            else None  # steady state: between the first and the last committed transition
+        # steady state, of this process only (a resumed run's checkpoint holds no commit times of the earlier
+        # processes): the transitions it committed after its first commit, over the time to its last commit
+        stats["process_transitions"] = getattr(self, "_process_transitions", 0)
+        stats["tasks_per_s"] = steady_rate(stats["process_transitions"], getattr(self, "_first_commit_transitions", 0),
+                                           getattr(self, "_commit_times", []))
         summary["workers"] = stats
         return summary
 
@@ -855,6 +864,14 @@ class RayOnlineLoop(OnlineLoop):
         logger.info("rollout worker %d is back (pid %d): steps %d-%d again (attempt %d)", flight.worker, info["pid"],
                     flight.message.steps[0], flight.message.steps[-1], flight.attempt)
         p.submit(i, dataclasses.replace(flight, ref=None))
+
+
+def steady_rate(transitions: int, first: int, times: Sequence[float]) -> float | None:
+    """Transitions per second between a process's first and last commit: the ``transitions - first`` committed
+    after the first commit (which held ``first``) over ``times[1] - times[0]``; None without two commits apart."""
+    if len(times) != 2 or not times[1] > times[0] or transitions <= first:
+        return None
+    return (transitions - first) / (times[1] - times[0])
 
 
 def _cause(error: BaseException) -> str:

@@ -69,6 +69,10 @@ import torch
 from memento import sqlite
 from memento.config import (
     FIXED_SETS,
+    MAX_CANDIDATES,
+    MAX_K,
+    MAX_STEPS,
+    MAX_UPDATES_PER_STEP,
     NO_EVIDENCE,
     BankConfig,
     EncoderConfig,
@@ -294,14 +298,14 @@ class SelectorConfig:
     def __post_init__(self) -> None:
         cls = type(self)
         check_choice(self, "policy", SelectorPolicy)
-        check_int(self, "k", 1)
-        check_int(self, "candidates", 1)
+        check_int(self, "k", 1, MAX_K)
+        check_int(self, "candidates", 1, MAX_CANDIDATES)
         if self.alpha is not None:
             check_float(self, "alpha", low=0.0, low_open=True)
         check(isinstance(self.positive_only, bool), cls, "positive_only", self.positive_only, "must be true or false")
-        check_int(self, "warmup", 0)
-        check_int(self, "updates_per_step", 0)
-        check_int(self, "max_pending", 1)
+        check_int(self, "warmup", 0, MAX_STEPS)
+        check_int(self, "updates_per_step", 0, MAX_UPDATES_PER_STEP)
+        check_int(self, "max_pending", 1, MAX_STEPS)
         if self.pending_ttl_s is not None:
             check_float(self, "pending_ttl_s", low=0.0, low_open=True)
         for field, kind in (("qnet", QNetConfig), ("learner", LearnerConfig), ("replay", ReplayConfig),

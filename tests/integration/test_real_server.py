@@ -15,6 +15,7 @@ loaded 2-core machine), so the scoring tests use three short prompts (about 30 t
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -226,21 +227,67 @@ def test_leave_one_out_credit_through_the_server(server, tmp_path, capsys):
     assert isinstance(credit, float) and 0.0 < credit < 1.0
 
 
-def test_chat_mode_against_the_base_model(server):
+def test_chat_mode_against_the_base_model(server, caplog):
     """The base model has no chat template: llama-cpp-python falls back to its llama-2 format (``[INST]``) and
-    the reply is no answer; ``mode=completions`` answers."""
+    the reply is no answer; the planner warns once, naming ``mode=completions``, which answers."""
     from memento.planners.spec import build_planner, parse_planner_spec
     from memento.types import Task
 
+    caplog.set_level(logging.WARNING, logger="memento.planners.openai_compat")
     task = Task(id="t", question="What is the capital of France?", answers=("Paris",))
-    with build_planner(parse_planner_spec(_spec(server, mode="chat"))) as chat:
-        chatted = chat.plan(task, [])
+    spec = _spec(server).replace("mode=completions&", "")  # the default mode: chat
+    with build_planner(parse_planner_spec(spec)) as chat:
+        assert chat.config.mode == "chat"
+        chatted = [chat.plan(task, []) for _ in range(2)]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    caplog.clear()
     with build_planner(parse_planner_spec(_spec(server))) as completions:
         completed = completions.plan(task, [])
-    print(f"\nchat mode: {chatted.text!r}; completions mode: {completed.text!r}")
+    print(f"\nchat mode: {[c.text for c in chatted]!r}; completions mode: {completed.text!r}; warned: {warned}")
     assert "Paris" in completed.text
-    assert "Paris" not in chatted.text
+    assert all("Paris" not in c.text for c in chatted)
+    assert len(warned) == 1 and "chat mode got an empty answer" in warned[0] and "?mode=completions" in warned[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # completions mode: no warning
     # the raw reply shows the fallback template
     raw = _post(f"{server}/chat/completions", {"model": "gemma", "max_tokens": 16, "temperature": 0,
                                                 "messages": [{"role": "user", "content": "Capital of France?"}]})
     print(f"raw chat reply: {raw['choices'][0]['message']['content']!r}")
+
+
+LONG_CASE = ("In the far north of the old kingdom, past the river that the traders of the coast called the grey "
+             "road, there was a city of bridges and markets where the council met every spring to choose the "
+             "keeper of the seal; travellers who asked which city held the council, and so the seal, were "
+             "always given the same short answer by the boatmen at the eastern gate of the harbour: which city "
+             "is the capital of the northern province?")
+"""A case whose label prompt is about 500 characters (~110 tokens): 70-190 s to score on llama-cpp-python, far
+past the flat 30 s the README's spec used to mean."""
+
+
+def _long_suite(tmp_path: Path) -> tuple[Path, Path]:
+    task = {"id": "capital-fr", "question": "What is the capital of France?", "answers": ["Paris"]}
+    cases = [{"id": "long", "state": LONG_CASE, "action": "Haldor", "reward": 1.0},
+             {"id": "short", "state": "What is the capital of Italy?", "action": "Rome", "reward": 1.0}]
+    task_file, case_file = tmp_path / "tasks.jsonl", tmp_path / "cases.jsonl"
+    task_file.write_text(json.dumps(task) + "\n")
+    case_file.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    return task_file, case_file
+
+
+def test_the_readme_spec_labels_online_with_the_default_deadlines(server, tmp_path, capsys):
+    """The README's spec (no timeout_s): ``memento online --labels`` through the server completes although one
+    label prompt takes minutes. A flat 30 s per attempt timed out here (issue 40: ``--labels 4`` failed after
+    4 attempts); a scoring attempt's deadline now grows with the prompt (``timeout_s`` + 1 s per character)."""
+    tasks, cases = _long_suite(tmp_path)
+    spec = f"openai:gemma@{server}?mode=completions&max_tokens=16&api_key_env=none"  # as in the README
+    out = tmp_path / "run"
+    argv = ["online", "--tasks", str(tasks), "--cases", str(cases), "--planner", spec, "--policy", "soft_q",
+            "--labels", "2", "--labels-when", "always", "--k", "1", "--steps", "1", "--seed", "0",
+            "--no-tensorboard", "--no-progress", "--out", str(out)]
+    seconds = _online(argv, capsys)
+    summary = json.loads((out / "soft_q" / "summary.json").read_text())
+    [row] = _labels(out / "soft_q" / "labels.jsonl")
+    print(f"\n--labels 2 through the server with the default deadlines: {seconds:.1f} s in all; "
+          f"prompt tokens {row['prompt_tokens']}, summary ms per step {json.dumps(summary['ms_per_step'])}")
+    assert summary["llm_calls"] == 1 and summary["score_calls"] == 2
+    assert sorted(row["candidate_ids"]) == ["long", "short"] and all(v <= 0.0 for v in row["logprob"])
+    assert max(row["prompt_tokens"]) >= 80  # the long case's prompt: minutes, not seconds, to score here

@@ -131,6 +131,38 @@ def test_hub_ref_parses_only_the_explicit_form() -> None:
             hub_ref(bad)
 
 
+@pytest.mark.parametrize("revision, problem", [
+    ("", "an empty revision after @"),
+    ("@", "revision '@' is not a branch, tag or commit name"),
+    ("../../", "revision '../../' is not a branch, tag or commit name"),
+    ("a/../b", "is not a branch, tag or commit name"),
+    ("v1 beta", "is not a branch, tag or commit name"),
+    ("ma\nin", "is not a branch, tag or commit name"),
+    ("x.lock", "is not a branch, tag or commit name"),
+    ("r" * 257, "a revision of 257 characters (at most 256)"),
+])
+def test_a_bad_revision_is_one_line_and_never_reaches_the_hub(fake_hub: list[str], revision: str,
+                                                              problem: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        hub_ref(f"hf://org/name@{revision}")
+    assert problem in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(PlannerError, match="revision"):
+        build_planner(parse_planner_spec(f"hf://org/fake-lm@{revision}"))
+    with pytest.raises(EncoderError, match="revision"):
+        Encoder.from_pretrained(f"hf://org/fake-encoder@{revision}", device="cpu", use_cache=False)
+    with pytest.raises(EncoderError, match="revision"):
+        Encoder.from_pretrained("hf://org/fake-encoder", revision=revision or "@", device="cpu", use_cache=False)
+    assert fake_hub == []
+
+
+def test_good_revisions_pass() -> None:
+    from memento.hub import revision_problem
+
+    for revision in ("main", "v1.0", "refs/pr/1", "release-2024_01", "a" * 40, "v1+build"):
+        assert revision_problem(revision) is None, revision
+        assert hub_ref(f"hf://org/name@{revision}") == ("org/name", revision)
+
+
 def test_a_bank_whose_encoder_path_is_missing_is_not_exported_as_a_hub_id(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """``org/name`` recorded as a local path that no longer exists is refused, never written to encoder.json as a

@@ -187,7 +187,7 @@ BAD_ROWS = [
     (_row(logprob=[-1.0, float("nan")]), "field 'logprob'[1] is nan: scores must be finite"),
     (_row(mean_logprob=[-0.5, float("inf")]), "field 'mean_logprob'[1] is inf"),
     (_row(mean_logprob=[-0.5]), "field 'mean_logprob' has 1 value(s) for 2 candidate(s)"),
-    (_row(n_tokens=[2, 0]), "field 'n_tokens'[1] must be an integer >= 1"),
+    (_row(n_tokens=[2, 0]), "field 'n_tokens'[1] must be an integer in [1, 2147483647] (a token count), got 0"),
     (_row(candidate_ids=["c1", "c1"]), "lists a case twice"),
     (_row(sets=[["c1"]]), "'sets' and 'set_logprob' go together"),
     (_row(sets=[["c1", "c9"]], set_logprob=[-1.0]), "holds 'c9', which is not a candidate"),
@@ -195,8 +195,36 @@ BAD_ROWS = [
     (_row(extra=1), "unknown field(s) ['extra']"),
 ]
 
+# issue 40's fuzz holes: each was accepted by `memento train --from-labels`
+FUZZ_HOLES = [
+    (_row(logprob=[-1.0, 0.5], mean_logprob=[-0.5, 0.25]),
+     "field 'logprob'[1] is 0.5: must be <= 0 (a log-probability)"),
+    (_row(mean_logprob=[-0.5, 3.0]), "field 'mean_logprob'[1] is 3.0: must be <= 0"),
+    (_row(sets=[["c1"]], set_logprob=[2.0]), "field 'set_logprob'[0] is 2.0: must be <= 0"),
+    (_row(cosine=[0.9, 5.0]), "field 'cosine'[1] is 5.0: must be in [-1.05, 1.05] (a cosine similarity)"),
+    (_row(cosine=[-7, 0.5]), "field 'cosine'[0] is -7: must be in [-1.05, 1.05]"),
+    (_row(n_tokens=[2, 10 ** 300]), "field 'n_tokens'[1] must be an integer in [1, 2147483647] (a token count), got an "
+                                    "integer of 301 digits"),
+    (_row(prompt_tokens=[3, 10 ** 300]), "field 'prompt_tokens'[1] must be an integer in [0, 2147483647]"),
+    (_row(prompt_tokens=[3, -1]), "field 'prompt_tokens'[1] must be an integer in [0, 2147483647]"),
+    (_row(mean_logprob=[-0.5, -0.1]), "field 'mean_logprob'[1] is -0.1, but logprob / n_tokens is -2.0 / 2 = -1.0"),
+    (_row(state="\x00"), "field 'state' holds a NUL character"),
+    (_row(answer="\x00\x00"), "field 'answer' holds a NUL character"),
+    (_row(task_id="\x00"), "field 'task_id' holds a NUL character"),
+    (_row(planner="\x00"), "field 'planner' holds a NUL character"),
+    (_row(prompt="\x01"), "field 'prompt' holds a control character"),
+    (_row(state=" \n "), "field 'state' is empty"),
+    (_row(state="q" * 1_000_001), "field 'state' is 1000001 characters long; a text holds at most 1000000"),
+    (_row(answer="a" * 1_000_001), "field 'answer' is 1000001 characters long"),
+    (_row(task_id="t" * 257), "field 'task_id' is 257 characters long; an id holds at most 256"),
+    (_row(candidate_ids=["c1", "c\n2"]), "field 'candidate_ids'[1] holds a control character"),
+    (_row(sets=[["c1", "c1"]], set_logprob=[-1.0]), "field 'sets'[0] holds a case twice: ['c1', 'c1']"),
+    (_row(sets=[["c1", "c2"], ["c1", "c2"]], set_logprob=[-1.0, -1.0]), "field 'sets'[1] repeats 'sets'[0]"),
+    (_row(sets=[["c1"]] * 1025, set_logprob=[-1.0] * 1025), "field 'sets' lists 1025 sets, more than 1024"),
+]
 
-@pytest.mark.parametrize("bad, reason", BAD_ROWS)
+
+@pytest.mark.parametrize("bad, reason", BAD_ROWS + FUZZ_HOLES)
 def test_bad_rows_name_file_and_line(tmp_path, bad, reason):
     path = tmp_path / "labels.jsonl"
     path.write_text(json.dumps(_row()) + "\n\n" + json.dumps(bad) + "\n")  # a blank line 2: the bad row is line 3
@@ -330,5 +358,6 @@ def test_a_score_past_float_range_is_one_line_not_an_overflow(tmp_path, value):
         read_labels(path)
     assert len(str(caught.value)) < 300
     path.write_text(row("-1.0", value) + "\n")
-    with pytest.raises(DataFormatError, match=rf"'n_tokens'\[0\] is an integer of {digits} digits"):
+    with pytest.raises(DataFormatError, match=rf"'n_tokens'\[0\] must be an integer in \[1, 2147483647\] \(a token "
+                                              rf"count\), got an integer of {digits} digits"):
         read_labels(path)

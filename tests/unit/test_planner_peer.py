@@ -165,8 +165,8 @@ def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def make(peer: PeerServer, **kwargs: Any) -> OpenAICompatPlanner:
-    options: dict[str, Any] = dict(api_key_env=None, timeout_s=TIMEOUT_S, max_retries=1, backoff_s=0.01,
-                                   max_tokens=MAX_TOKENS)
+    options: dict[str, Any] = dict(api_key_env=None, timeout_s=TIMEOUT_S, score_timeout_s=TIMEOUT_S, max_retries=1,
+                                   backoff_s=0.01, max_tokens=MAX_TOKENS)
     options.update(kwargs)
     return OpenAICompatPlanner("m", peer.base_url, **options)
 

@@ -180,6 +180,13 @@ CORPUS: dict[str, Edit] = {
     "type replay.json config": _set("replay/replay.json", "config", 5),
     "type encoder.json dim": _set("encoder.json", "dim", "16"),
     "type config.json k": _set("config.json", "k", "four"),
+    # issue 40: k = candidates = 10**12 passed verify and loaded
+    "bound config.json k": _set("config.json", "k", 10 ** 12),
+    "bound config.json candidates": _set("config.json", "candidates", 10 ** 12),
+    "bound config.json k and candidates": _json("config.json", lambda d: d.update(k=10 ** 12, candidates=10 ** 12)),
+    "bound config.json warmup": _set("config.json", "warmup", 10 ** 12),
+    "bound config.json updates_per_step": _set("config.json", "updates_per_step", 10 ** 6),
+    "bound config.json max_pending": _set("config.json", "max_pending", 10 ** 12),
     "not json encoder.json": _garbage("encoder.json"),
     "not json config.json": _garbage("config.json"),
     "not json learner.json": _garbage("learner/learner.json"),
