@@ -3,7 +3,10 @@
 :func:`require` finds the extra's modules without importing them (nothing heavy loads before a command's own
 checks, and Ray is not imported before a local Ray is configured) and raises one :class:`ConfigError` line:
 
-    WHAT needs the 'EXTRA' extra (MODULE is not installed): [INSTEAD, or ]pip install 'memento-mdp[EXTRA]'
+    WHAT needs the 'EXTRA' extra (MODULE is not installed): [INSTEAD, or ]pip install -e '.[EXTRA]' (in a clone ...)
+
+:func:`install_hint` is that command for every hint: ``memento-mdp`` is on no package index, so the extra is
+installed from a clone (or from git, ``"memento-mdp[EXTRA] @ git+URL"``: README, Install).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import importlib.util
 
 from memento.errors import ConfigError
 
-__all__ = ["MODULES", "installed", "missing_extra", "require"]
+__all__ = ["MODULES", "install_hint", "installed", "missing_extra", "require"]
 
 MODULES: dict[str, tuple[str, ...]] = {
     "serve": ("fastapi", "uvicorn"),
@@ -21,6 +24,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ray": ("ray",),
 }
 """The modules an extra must provide (those a command imports), by extra."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install the extra ``extra`` (or several, ``"servers,demo"``): from a clone, as README says."""
+    return f"pip install -e '.[{extra}]' (in a clone of memento)"
 
 
 def installed(module: str) -> bool:
@@ -36,7 +44,7 @@ def missing_extra(extra: str, module: str, *, what: str, instead: str | None = N
     else the user can do (``"pass --no-tensorboard"``)."""
     alternative = f"{instead}, or " if instead else ""
     return ConfigError(f"{what} needs the '{extra}' extra ({module} is not installed): "
-                       f"{alternative}pip install 'memento-mdp[{extra}]'")
+                       f"{alternative}{install_hint(extra)}")
 
 
 def require(extra: str, *modules: str, what: str, instead: str | None = None) -> None:

@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from memento.errors import ConfigError, DataFormatError, MementoError
+from memento.extras import install_hint
 from memento.memory.where import as_scope, parse_filter
 from memento.types import SCOPE_FIELDS, Case
 
@@ -71,7 +72,7 @@ def case_text(case: Case) -> str:
 def missing_extra(framework: str, extra: str, module: str) -> MementoError:
     """The one-line error for a framework that is not installed."""
     return MementoError(f"memento.adapters.{extra} needs {framework} ({module} is not installed): "
-                        f"pip install 'memento-mdp[{extra}]'")
+                        + install_hint(extra))
 
 
 def check_retriever_options(mode: Any, track: Any, score: Any) -> None:

@@ -13,7 +13,8 @@ from memento.serve.mcp import TOOLS_HELP, run_mcp
 
 DESCRIPTION = """\
 Serve an exported selector (a directory written by `memento export`) as MCP tools over stdio, for
-agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install 'memento-mdp[mcp]'.
+agent frameworks that speak the Model Context Protocol. Needs the 'mcp' extra: pip install -e '.[mcp]'
+(in a clone of memento).
 
 {tools}
 

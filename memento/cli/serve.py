@@ -14,7 +14,7 @@ from memento.serve.common import MAX_SERVE_WORKERS
 
 DESCRIPTION = """\
 Serve an exported selector (a directory written by `memento export`) over HTTP with FastAPI and
-uvicorn. Needs the 'serve' extra: pip install 'memento-mdp[serve]'.
+uvicorn. Needs the 'serve' extra: pip install -e '.[serve]' (in a clone of memento).
 
 endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKEN'):
   POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null,

@@ -71,6 +71,7 @@ from typing import Any, Literal
 
 from memento.config import MAX_GAME_STEPS, MAX_TOKENS, check, check_choice, check_int, check_ints
 from memento.errors import ConfigError, DataFormatError, GameError
+from memento.extras import install_hint
 from memento.io import atomic_write_text, write_json
 
 __all__ = [
@@ -141,7 +142,7 @@ _SIMPLE_REWARDS = {1: "dense", 2: "balanced", 3: "sparse"}
 _LEVELS = {"coin": (1, 300), "treasure": (1, 30), "simple": (1, 3), "cooking": (1, 5), "custom": (1, 20)}
 _SEED_LIMIT = 2**32
 _GENERATE_TIMEOUT_S = 300.0  # per game
-_INSTALL_HINT = "TextWorld games need the textworld package: pip install memento-mdp[games]"
+_INSTALL_HINT = f"TextWorld games need the textworld package: {install_hint('games')}"
 _DONE_MARK = "@@memento-game-done"
 
 

@@ -79,6 +79,7 @@ from memento.errors import (
     MementoError,
     NotABankError,
 )
+from memento.extras import install_hint
 from memento.io import parse_json
 from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
@@ -153,7 +154,7 @@ def _pymilvus() -> Any:
     try:
         import pymilvus
     except ImportError:
-        raise BankError("a Milvus bank needs the 'milvus' extra: pip install 'memento-mdp[milvus]'") from None
+        raise BankError(f"a Milvus bank needs the 'milvus' extra: {install_hint('milvus')}") from None
     return pymilvus
 
 
@@ -885,7 +886,7 @@ class MilvusBank(BankFront):
                 import milvus_lite  # noqa: F401
             except ImportError:
                 raise BankError("a Milvus Lite bank needs the 'milvus' extra (milvus-lite): "
-                                "pip install 'memento-mdp[milvus]'") from None
+                                + install_hint("milvus")) from None
         try:
             client = pymilvus.MilvusClient(uri=str(lite_dir) if lite_dir else uri,
                                            timeout=options.connect_timeout_s)

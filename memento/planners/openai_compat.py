@@ -92,6 +92,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from memento.config import check, check_choice, check_int
+from memento.extras import install_hint
 from memento.io import finite_float, parse_json, shorten
 from memento.planners.base import (
     AnswerScore,
@@ -113,7 +114,6 @@ ApiMode = Literal["chat", "completions"]
 
 _EXCERPT_CHARS = 200
 _MAX_BACKOFF_S = 60.0
-_EXTRA = "memento-mdp[openai]"
 
 MAX_REPLY_BYTES = 16 * 2 ** 20
 """The most bytes a reply body may hold, on the wire and decompressed (16 MiB)."""
@@ -148,7 +148,7 @@ def _httpx() -> Any:
         try:
             import httpx2 as httpx
         except ImportError:
-            raise PlannerError(f"OpenAICompatPlanner needs the httpx package: pip install '{_EXTRA}'") from None
+            raise PlannerError(f"OpenAICompatPlanner needs the httpx package: {install_hint('openai')}") from None
     return httpx
 
 
@@ -157,7 +157,7 @@ def _tenacity() -> Any:
     try:
         import tenacity
     except ImportError:
-        raise PlannerError(f"OpenAICompatPlanner needs the tenacity package: pip install '{_EXTRA}'") from None
+        raise PlannerError(f"OpenAICompatPlanner needs the tenacity package: {install_hint('openai')}") from None
     return tenacity
 
 

@@ -51,6 +51,7 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
+from memento.extras import install_hint
 from memento.io import atomic_write
 from memento.learn.features import CaseFeaturizer
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
@@ -541,7 +542,7 @@ class Run:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             name = type(cfg).__name__
-            raise ConfigError(f"{name}.tensorboard=True needs TensorBoard: pip install 'memento-mdp[train]' "
+            raise ConfigError(f"{name}.tensorboard=True needs TensorBoard: {install_hint('train')} "
                               f"(or pass --no-tensorboard to memento online, or set \"tensorboard\": false in the "
                               f"{name})") from None
         writer = SummaryWriter(str(self.run_dir.tensorboard),

@@ -67,7 +67,7 @@ timings (``time``, ``ms``), which worker ran a unit, and the attempt counts. Ano
 schedule (other staleness), so other transitions; and a Ray run is not the in-process run (``--workers 1``),
 which draws its selections from one RNG in stream order and always chooses with the newest policy.
 
-``ray`` is an optional extra (``pip install 'memento-mdp[ray]'``), imported only when a run starts.
+``ray`` is an optional extra (``pip install -e '.[ray]'``), imported only when a run starts.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def test_a_missing_framework_is_one_line_naming_the_extra(module: str, blocked: 
             "    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     line = out.stdout.strip()
-    assert "\n" not in line and line.startswith("MementoError") and f"memento-mdp[{extra}]" in line
+    assert "\n" not in line and line.startswith("MementoError") and f"-e '.[{extra}]'" in line
 
 
 def _retriever(framework: str, selector, **options):  # type: ignore[no-untyped-def]

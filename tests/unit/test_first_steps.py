@@ -90,7 +90,7 @@ def test_train_without_lightning_is_one_line(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "lightning", None)  # import fails as if not installed
     assert main(["train", "--from-memento", str(pairs), "--out", str(tmp_path / "run")]) == 2
     err = _one_line_error(capsys)
-    assert "memento train needs the 'train' extra (lightning" in err and "pip install 'memento-mdp[train]'" in err
+    assert "memento train needs the 'train' extra (lightning" in err and "pip install -e '.[train]'" in err
     assert not (tmp_path / "run").exists()
 
 
@@ -115,7 +115,7 @@ def test_missing_extra_names_the_command_run(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("MEMENTO_SERVE_TOKEN", TOKEN)
     assert main([command, str(tmp_path)]) == 2
     err = _one_line_error(capsys)
-    assert f"memento {command} needs the '{extra}' extra" in err and f"memento-mdp[{extra}]" in err, err
+    assert f"memento {command} needs the '{extra}' extra" in err and f"-e '.[{extra}]'" in err, err
 
 
 # ---------------------------------------------------------------- 3. memento online --no-tensorboard
@@ -136,7 +136,7 @@ def test_online_no_tensorboard_flag_and_message(tmp_path: Path, monkeypatch: pyt
             "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     err = _one_line_error(capsys)
-    assert "--no-tensorboard" in err and "memento-mdp[train]" in err, err
+    assert "--no-tensorboard" in err and "-e '.[train]'" in err, err
     assert not (tmp_path / "o").exists()  # refused before the run directory is made
 
 
@@ -151,7 +151,7 @@ def test_play_no_tensorboard_flag_and_message(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     assert main(base) == 2
     err = _one_line_error(capsys)
-    assert "--no-tensorboard" in err and "memento-mdp[train]" in err, err
+    assert "--no-tensorboard" in err and "-e '.[train]'" in err, err
     assert not (tmp_path / "o").exists()
 
 

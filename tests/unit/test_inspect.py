@@ -233,7 +233,7 @@ def test_missing_serve_extra_is_one_line(monkeypatch, run_dir):
 
     monkeypatch.setitem(sys.modules, "fastapi", None)
     with Inspector.open(run_dir, encoder=HashingEncoder()) as inspector:
-        with pytest.raises(MementoError, match=r"pip install 'memento-mdp\[serve\]'"):
+        with pytest.raises(MementoError, match=r"pip install -e '\.\[serve\]'"):
             inspect_app(inspector)
 
 

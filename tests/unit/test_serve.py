@@ -442,13 +442,13 @@ def test_cli_help_explains_the_token(capsys: pytest.CaptureFixture[str]) -> None
         main(["serve", "--help"])
     out = capsys.readouterr().out
     for flag in (TOKEN_ENV, "--token-file", "--no-auth", "--learn", "--save-every-s", "--save-every-n", "--device",
-                 "--port", "--host", "--max-body-bytes", "--threads", "memento-mdp[serve]", "--batch-max-texts",
+                 "--port", "--host", "--max-body-bytes", "--threads", "-e '.[serve]'", "--batch-max-texts",
                  "--batch-wait-ms", "one forward pass"):
         assert flag in out, flag
     with pytest.raises(SystemExit):
         main(["mcp", "--help"])
     out = capsys.readouterr().out
-    for word in ("select_cases", "record_outcome", "add_case", "memento-mdp[mcp]", "--learn"):
+    for word in ("select_cases", "record_outcome", "add_case", "-e '.[mcp]'", "--learn"):
         assert word in out, word
 
 
@@ -487,7 +487,7 @@ def test_cli_missing_extra_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     assert main([command, str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"pip install 'memento-mdp[{command}]'" in err, err
+    assert err.count("\n") == 1 and f"pip install -e '.[{command}]'" in err, err
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch: 1.5-3 s
