@@ -687,12 +687,14 @@ class Selector:
     # ------------------------------------------------------------------ forgetting
 
     def _forget_deleted(self, ids: Sequence[str] | None = None) -> int:
-        """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None): their state vectors
-        are the first ``D`` columns of the case vectors the buffer stores (with or without case features)."""
+        """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None) by their bank positions
+        (:meth:`memento.learn.replay.ReplayBuffer.forget_cases`): never the slots of another case that shares a
+        deleted case's text. Slots saved without positions (an older replay save) are matched by the deleted
+        cases' state vectors, the first ``D`` columns of the case vectors the buffer stores."""
         ids = self._bank.deleted_ids() if ids is None else list(ids)
         if not ids or not len(self.replay):
             return 0
-        return int(self.replay.forget(self._bank.embeddings(ids)))
+        return int(self.replay.forget_cases(self._bank.positions_of(ids), self._bank.embeddings(ids)))
 
     def delete_case(self, case_id: str) -> dict[str, Any]:
         """Forget a case: it is never selected again (committed to the bank, then checkpointed with a save in
