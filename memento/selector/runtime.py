@@ -782,12 +782,12 @@ class Selector:
         return sorted(events + shown, key=lambda event: event.time)
 
     def count(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
-              filter: Where | Mapping[str, Any] | None = None) -> int:
-        """How many live cases there are of ``env``, in ``scope``, whose meta match ``filter``; all live cases when
-        none is given."""
+              filter: Where | Mapping[str, Any] | None = None, include_global: bool = False) -> int:
+        """How many live cases there are of ``env``, in ``scope`` (and, with ``include_global``, without any owner)
+        that match ``filter``; all live cases when none is given."""
         if env is not None:
             check_id(env, "env")
-        scope, filter = as_scope(scope), parse_filter(filter)
+        scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
         with self._rw.read():
             self._check_open()
             return self._bank.count(env=env, scope=scope, filter=filter)

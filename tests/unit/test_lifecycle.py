@@ -136,3 +136,39 @@ def test_an_audited_selector_keeps_a_deleted_cases_values(path: Path) -> None:
         events = selector.history(case_id)
         assert [event.event for event in events] == ["add", "update", "delete"]
         assert events[0].new["action"] == "v1" and events[1].new == {"action": "v2"}
+
+
+def test_http_replace_keeps_the_owner_and_deleted_cases_are_404(selector) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from memento.serve.app import create_app
+
+    auth = {"Authorization": "Bearer t0k"}
+    with TestClient(create_app(selector, token="t0k")) as client:
+        added = client.post("/v1/cases", json={"state": QUESTION, "action": "a", "reward": 1.0, "user": "alice",
+                                               "meta": {"topic": "geo"}}, headers=auth).json()["id"]
+        put = client.put(f"/v1/cases/{added}", json={"state": QUESTION + "?", "action": "b", "reward": 1.0},
+                         headers=auth)
+        assert put.status_code == 200
+        new = client.get(f"/v1/cases/{put.json()['id']}", headers=auth).json()
+        assert (new["user"], new["meta"], new["version"]) == ("alice", {"topic": "geo"}, 1)
+        assert new["created"] == new["updated"]
+        gone = client.get(f"/v1/cases/{added}", headers=auth)
+        assert gone.status_code == 404 and "was deleted" in gone.json()["detail"]
+        history = client.get(f"/v1/cases/{added}/history", headers=auth).json()["events"]
+        assert [e["event"] for e in history] == ["add", "replace"] and history[1]["replaced_by"] == put.json()["id"]
+        assert client.get("/v1/cases/nope/history", headers=auth).status_code == 404
+        patched = client.patch(f"/v1/cases/{new['id']}", json={"meta": {"topic": "sci"}}, headers=auth)
+        assert patched.status_code == 200 and patched.json()["version"] == 2 and patched.json()["meta"] == {
+            "topic": "sci"}
+        for body in ({}, {"reward": True}, {"reward": 2.0}, {"nope": 1}, {"state": "another question"}):
+            response = client.patch(f"/v1/cases/{new['id']}", json=body, headers=auth)
+            assert response.status_code == 422, body
+        assert client.patch(f"/v1/cases/{added}", json={"reward": 0.0}, headers=auth).status_code == 404
+        assert client.delete("/v1/cases", headers=auth).status_code == 422  # no scope, no filter
+        assert client.get("/v1/cases/count", params={"filter": "{not json"}, headers=auth).status_code == 422
+        assert client.get("/v1/cases/count", params={"user": "alice"}, headers=auth).json() == {"count": 1}
+        assert client.delete("/v1/cases", params={"user": "alice", "filter": '{"topic": "sci"}'},
+                             headers=auth).json()["deleted"] == 1
+        assert client.get("/v1/cases/count", params={"user": "alice"}, headers=auth).json() == {"count": 0}
