@@ -557,8 +557,7 @@ class ReplayBuffer:
         as :meth:`forget` matches), the only identity such a slot has. Returns the number of slots masked."""
         positions = torch.as_tensor(np.asarray(positions_M, dtype=np.int64).reshape(-1), device=self.device)
         masked = 0
-        for ix_name, pos_name, mask_name in (("cases_ix_NK", "case_pos_NK", "mask_NK"),
-                                             ("next_cands_ix_NC", "next_pos_NC", "next_mask_NC")):
+        for pos_name, mask_name in (("case_pos_NK", "mask_NK"), ("next_pos_NC", "next_mask_NC")):
             if pos_name not in self._t:
                 continue
             pos = self._t[pos_name]

@@ -134,7 +134,7 @@ _DELETED_SCHEMA = ("CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY,
 
 _CASE_COLUMNS = "id, state, action, reward, env, kind, meta, created"
 _SCOPE_COLUMNS = tuple(f"scope_{name}" for name in SCOPE_FIELDS)
-_VERSION_COLUMNS = ("version", "updated")  # added by a bank's first update in place (NULL: version 1, updated = created)
+_VERSION_COLUMNS = ("version", "updated")  # added by the first update in place (NULL: version 1, updated = created)
 _HISTORY_COLUMNS = ("pos", "event", "time", "version", "fields", "link", "old_action", "old_reward", "old_meta",
                     "new_action", "new_reward", "new_meta")
 _HISTORY_SCHEMA = (
@@ -1015,7 +1015,8 @@ class CaseBank(BankFront):
     @classmethod
     def create(cls, path: str | Path, dim: int, index: str | IndexConfig = "Flat", *,
                encoder: EncoderConfig | None = None, exist_ok: bool = False,
-               use_gpu: bool | None = None, seed: int = 0, vectors: VectorStore = "ram", audit: bool = False) -> CaseBank:
+               use_gpu: bool | None = None, seed: int = 0, vectors: VectorStore = "ram",
+               audit: bool = False) -> CaseBank:
         """Create an empty bank directory for ``dim``-dimensional unit vectors.
 
         ``index`` is a faiss factory string or an :class:`IndexConfig`; ``encoder`` records

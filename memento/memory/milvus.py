@@ -799,10 +799,9 @@ class MilvusFeatures:
             return
         rows = self._rows.call("read", self._rows.client.query, self.history, filter=expression,
                                output_fields=list(_HISTORY_FIELDS))
-        kept = [{**{name: row.get(name) for name in _HISTORY_FIELDS}, **{f"{side}_{name}": None for side in ("old", "new")
-                                                                    for name in UPDATABLE}, "vector": [1.0, 0.0]}
-                for row in rows if any(row.get(f"{side}_{name}") is not None for side in ("old", "new")
-                                       for name in UPDATABLE)]
+        values = [f"{side}_{name}" for side in ("old", "new") for name in UPDATABLE]
+        kept = [{**{name: row.get(name) for name in _HISTORY_FIELDS}, **dict.fromkeys(values), "vector": [1.0, 0.0]}
+                for row in rows if any(row.get(name) is not None for name in values)]
         if not kept:
             return
         self._rows.call("delete", self._rows.client.delete, self.history,

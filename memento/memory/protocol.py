@@ -10,11 +10,12 @@ and feature store:
 
 Both keep the same case ids (content-hash ids ``c<sha256[:16]>`` unless the case brings its own), the same
 dense positions (a case's position is its insertion index; the faiss label in a directory bank, the primary key
-in a Milvus collection), the same de-duplication (by :func:`memento.types.content_hash` among live cases; an ``add`` of stored content
-with new meta updates the stored case's meta in place), the same forgetting (``delete``/``replace``/``delete_all``
-tombstone a case: it is never found, listed, chosen or read by ``get`` again, but ``get(..., include_deleted=True)``
-and ``embeddings_at``/``positions_of`` still read its row, so logged decisions can be replayed) and the same case
-lifecycle (``update`` in place with a ``version``, ``history``; :mod:`memento.memory.history`).
+in a Milvus collection), the same de-duplication (by :func:`memento.types.content_hash` among live cases; an
+``add`` of stored content with new meta updates the stored case's meta in place), the same forgetting
+(``delete``/``replace``/``delete_all`` tombstone a case: it is never found, listed, chosen or read by ``get`` again,
+but ``get(..., include_deleted=True)`` and ``embeddings_at``/``positions_of`` still read its row, so logged
+decisions can be replayed) and the same case lifecycle (``update`` in place with a ``version``, ``history``;
+:mod:`memento.memory.history`).
 
 Operations, and what a Milvus bank does with each:
 
@@ -149,8 +150,8 @@ class Bank(Protocol):
 
     def history(self, case_id: str) -> list[CaseEvent]: ...
 
-    def count(self, *, env: str | None = None, kind: str | None = None,
-              scope: Scope | Mapping[str, Any] | None = None, filter: Where | Mapping[str, Any] | None = None) -> int: ...
+    def count(self, *, env: str | None = None, kind: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+              filter: Where | Mapping[str, Any] | None = None) -> int: ...
 
     def ids_where(self, *, env: str | None = None, kind: str | None = None,
                   scope: Scope | Mapping[str, Any] | None = None,

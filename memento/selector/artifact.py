@@ -27,7 +27,8 @@ deletions since) and its first rows still have the recorded digest (the saved co
 was appended since); the same row count with another hash, or fewer rows, is rejected. Cases updated in place
 (``Selector.update_case``, recorded in the bank's history log) change saved rows: for the bank the manifest also
 records ``stable_digest``, over the columns no write changes (position, id, state, env, kind, creation time,
-vector), and a bank that recorded updates is accepted when that one still matches. The faiss index files are derived from
+vector), and a bank that recorded updates is accepted when that one still matches. The faiss index files are derived
+from
 ``cases.sqlite`` and checked byte for byte unless cases were appended since the save (the bank then
 checks the index against SQLite and adds what is missing).
 

@@ -16,7 +16,8 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
                                                                         version + 1; a new state is refused: PUT)
     PUT  /v1/cases/{id} {state, action, reward, env?, meta?, embedding?, user?, agent?, session?}
                                                                      -> {id (new), replaced}; the new case keeps the
-                                                                        old one's user/agent/session and meta unless given
+                                                                        old one's user/agent/session and meta unless
+                                                                        given
     DELETE /v1/cases/{id}                                            -> {id, deleted, replay_slots_masked}
     DELETE /v1/cases?env&user&agent&session&filter&all               -> {deleted, replay_slots_masked}: the cases of a
                                                                         scope or filter (one is required, or all=true)

@@ -106,7 +106,8 @@ def test_the_bank_keeps_two_tenants_apart(bank_uri: str) -> None:
         assert all(e.new is None and e.old is None for e in bank.history(shared["bob"]))  # bob's values erased
         assert bank.history(shared["alice"])[1].new == {"action": "Lima, Peru", "meta": {"topic": "capitals"}}
     with open_bank(bank_uri) as again:  # as stored
-        assert set(again.ids_where(scope={"user": "alice"})) == mine["alice"] and again.count(scope={"user": "bob"}) == 0
+        assert set(again.ids_where(scope={"user": "alice"})) == mine["alice"]
+        assert again.count(scope={"user": "bob"}) == 0
 
 
 # ---------------------------------------------------------------- the selector's surfaces
@@ -248,7 +249,8 @@ class _Mcp:
         return result.structured_content
 
     def add(self, user: str, state: str, action: str, meta: dict[str, Any]) -> str:
-        return self.call("add_case", {"state": state, "action": action, "reward": 1.0, "meta": meta, "user": user})["id"]
+        body = {"state": state, "action": action, "reward": 1.0, "meta": meta, "user": user}
+        return self.call("add_case", body)["id"]
 
     def get(self, case_id: str) -> dict[str, Any] | None:
         result = self.portal.call(self.client.call_tool, "get_case", {"case_id": case_id})

@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 import memento
 from memento.errors import DataFormatError, UnknownCaseError

@@ -181,8 +181,9 @@ def test_healthz_and_openapi_need_no_token(client: Any) -> None:
 def test_every_v1_endpoint_refuses_a_missing_or_wrong_token(client: Any, headers: dict[str, str]) -> None:
     calls = [("post", "/v1/select", {"query": "q"}), ("post", "/v1/feedback", {"selection_id": "x", "reward": 1}),
              ("post", "/v1/cases", {"state": "s", "action": "a", "reward": 1}), ("get", "/v1/cases/c0", None),
-             ("get", "/v1/stats", None), ("patch", "/v1/cases/c0", {"reward": 1}), ("get", "/v1/cases/c0/history", None),
-             ("get", "/v1/cases/count", None), ("delete", "/v1/cases?user=u", None)]
+             ("get", "/v1/stats", None), ("patch", "/v1/cases/c0", {"reward": 1}),
+             ("get", "/v1/cases/c0/history", None), ("get", "/v1/cases/count", None),
+             ("delete", "/v1/cases?user=u", None)]
     for method, path, body in calls:
         response = client.request(method, path, json=body, headers=headers)
         assert response.status_code == 401, (path, response.text)
