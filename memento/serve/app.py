@@ -27,6 +27,8 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
     GET  /openapi.json                                               -> the OpenAPI spec (no auth: no data in it)
     GET  /docs                                                       -> Swagger UI, only with --no-auth
 
+A scope in a query string is ``user``, ``agent``, ``session`` or mem0's ``user_id``, ``agent_id``, ``run_id``;
+``GET /v1/cases`` and ``GET /v1/cases/count`` also take ``include_global=true`` (the cases without any owner too).
 ``/docs`` is not served when a token is set (Swagger UI loads its scripts from a CDN and takes the token in a
 form); the spec it shows is ``/openapi.json``, public because it holds the API's shape and no data. The
 inspector under ``/inspect`` takes the same token. No verbosity logs a token: ``?token=`` values in logged URLs
