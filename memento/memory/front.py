@@ -384,6 +384,7 @@ class BankFront:
         self.uid = uid
         self.read_only = read_only
         self.audit = audit  # a deleted case's history keeps its values (off: only kinds, times and field names)
+        self.updates_made = 0  # updates in place by this process (update, add with new meta)
         features.keep_values = audit
         self._count = rows.count()
         self._closed = False
@@ -513,6 +514,7 @@ class BankFront:
                 raise DataFormatError(f"update: case {old.id!r} would then hold the content of case {clash!r}; "
                                       "delete one of them instead")
         self._rows.update(position, new, digest)
+        self.updates_made += 1
         self._features.record_events([EventRow(pos=position, event="update", time=now, version=new.version,
                                                fields=names, old={name: getattr(old, name) for name in names},
                                                new={name: getattr(new, name) for name in names})])

@@ -624,13 +624,19 @@ class Selector:
         """Add a case to the bank (committed before this returns); returns its id.
 
         ``state`` is encoded with the artifact's encoder unless ``embedding`` (``[D]``) is given. A case
-        whose (state, action, env, scope) is already stored is not added again: the stored id is returned.
+        whose (state, action, env, scope) is already stored is not added again: the stored id is returned, and
+        when ``meta`` is given and differs from the stored case's, the stored case takes it in place (its version
+        goes up by one, as :meth:`update_case` does).
         ``scope``: whose case it is (``{"user": ..., "agent": ..., "session": ...}``).
         """
         case, state_D = self._new_case(state, action, reward, env, meta, embedding, scope)
         with self._lock:
             self._check_open()
-            return self._bank.add([case], state_D[None, :])[0]
+            updates = self._bank.updates_made
+            case_id = self._bank.add([case], state_D[None, :])[0]
+            if self._bank.updates_made != updates:  # stored content with new meta: updated in place
+                self._saved_rows_changed()
+            return case_id
 
     def _new_case(self, state: str, action: str, reward: float, env: str | None, meta: dict[str, Any] | None,
                   embedding: np.ndarray | None, scope: Scope | Mapping[str, Any] | None = None
@@ -760,7 +766,16 @@ class Selector:
             case = self._bank.update(case_id, action=action, reward=reward, meta=meta, state=state)
             if case.action != before.action and self._agent.featurizer is not None:
                 self._agent.featurizer.forget_actions(self._bank.positions_of([case_id]))
+            if case.version != before.version:
+                self._saved_rows_changed()
         return case
+
+    def _saved_rows_changed(self) -> None:
+        """After an update in place: an artifact saved before updates existed (no ``stable_digest`` for its bank in
+        the manifest) is saved now, so that a restart before the next save still verifies (see
+        :mod:`memento.selector.artifact`, "Checksums")."""
+        if "stable_digest" not in self._manifest["live"][BANK_DB]:
+            self._save_in_place()
 
     def history(self, case_id: str) -> list[CaseEvent]:
         """A case's events, oldest first: ``add``, ``update`` (the fields, their old and new values), ``replace``,

@@ -798,3 +798,17 @@ def test_count_and_delete_all_need_a_scope_or_filter(bank, rng) -> None:
     assert bank.get(ids[0]).user == "alice"  # the other tenant's case of the same question is untouched
     assert bank.delete_all(scope={"user": "carol"}) == 0
     assert bank.delete_all(all=True) == 5 and bank.count() == 0 and len(bank) == 6
+
+
+def test_a_milvus_collection_made_before_versions_updates_without_one(lite_uri, rng, caplog, monkeypatch) -> None:
+    """A collection created before case versions (no version/updated fields; Milvus Lite cannot add fields): an
+    update rewrites the row (one warning line), the case reads version 1, and its history has the update."""
+    with create_bank(lite_uri, DIM) as bank:
+        ids = bank.add(make_cases(3), unit_vectors(rng, 3, DIM))
+        monkeypatch.setattr(bank._rows, "versioned", False)
+        with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"):
+            bank.update(ids[0], action="changed")
+        assert "before case versions" in caplog.text
+        got = bank.get(ids[0])
+        assert (got.action, got.version, got.updated) == ("changed", 1, got.created)
+        assert [event.event for event in bank.history(ids[0])] == ["add", "update"]
