@@ -204,7 +204,9 @@ class Case:
     ``id`` is assigned by the bank when left ``None``. ``kind`` separates raw cases from
     derived items (tips, skills, propositions) that later policies put in the same bank.
     ``user``/``agent``/``session`` scope the case (who it belongs to): a search with a scope finds only the
-    cases of that scope (:mod:`memento.memory.where`).
+    cases of that scope (:mod:`memento.memory.where`). ``version`` counts the changes made to the stored case in
+    place (1 when added; each ``update`` adds one) and ``updated`` is the time of the last one (a bank reads it
+    as ``created`` until the case is first updated); neither is part of the Case JSONL row.
     """
 
     state: str
@@ -218,6 +220,8 @@ class Case:
     user: str | None = None
     agent: str | None = None
     session: str | None = None
+    version: int = 1
+    updated: float | None = None
 
     def __post_init__(self) -> None:
         check_text(self.state, "Case.state")
@@ -234,6 +238,11 @@ class Case:
         _meta(self.meta, "Case")
         if self.created is not None and finite_float(self.created) is None:  # not a number, NaN, inf, 10 ** 400
             raise DataFormatError(f"Case.created must be a finite number (Unix seconds), got {shown(self.created)}")
+        if isinstance(self.version, bool) or not isinstance(self.version, numbers.Integral) or self.version < 1:
+            raise DataFormatError(f"Case.version must be an integer >= 1, got {shown(self.version)}")
+        object.__setattr__(self, "version", int(self.version))
+        if self.updated is not None and finite_float(self.updated) is None:
+            raise DataFormatError(f"Case.updated must be a finite number (Unix seconds), got {shown(self.updated)}")
 
     @functools.cached_property
     def content_hash(self) -> str:

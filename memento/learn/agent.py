@@ -287,19 +287,22 @@ class SoftQAgent:
         k_max = self.buffer.config.k_max
         for obs in observations:
             self._add_set_reward(obs)
-            cases_KD = self.case_vectors(obs.candidates.take(obs.chosen_rows()))  # the chosen cases, in draw order
+            chosen = obs.candidates.take(obs.chosen_rows())  # the chosen cases, in draw order
+            cases_KD = self.case_vectors(chosen)
+            pos_K = np.asarray(chosen.positions_C, dtype=np.int64)  # their identities (forgetting masks by them)
             probs_K = np.maximum(np.asarray(obs.selection.probs_K, dtype=np.float64), _TINY)
             nxt = self._next(obs)
             if obs.case_rewards_K is not None:  # per-case credit: one row per case, each with its own target
                 for k, reward in enumerate(obs.case_rewards()):
                     self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[k:k + 1], reward=float(reward),
                                                propensity_K=probs_K[k:k + 1], step=obs.step,
-                                               policy_version=obs.policy_version, **nxt))
+                                               policy_version=obs.policy_version, case_pos_K=pos_K[k:k + 1], **nxt))
                 continue
             for start in range(0, len(cases_KD), k_max):
                 self.buffer.add(Transition(state_D=obs.state_D, cases_KD=cases_KD[start:start + k_max],
                                            reward=obs.reward, propensity_K=probs_K[start:start + k_max],
-                                           step=obs.step, policy_version=obs.policy_version, **nxt))
+                                           step=obs.step, policy_version=obs.policy_version,
+                                           case_pos_K=pos_K[start:start + k_max], **nxt))
             self._add_labels(obs)
         losses: list[float] = []
         listwise: list[float] = []
@@ -353,9 +356,11 @@ class SoftQAgent:
         empty_0E = np.zeros((0, width), dtype=np.float32)
         if obs.done or obs.next_state_D is None or obs.next_candidates is None or not len(obs.next_candidates):
             next_D = obs.state_D if obs.next_state_D is None else obs.next_state_D
-            return {"done": bool(obs.done), "next_state_D": next_D, "next_cands_CD": empty_0E}
+            return {"done": bool(obs.done), "next_state_D": next_D, "next_cands_CD": empty_0E,
+                    "next_pos_C": np.zeros(0, dtype=np.int64)}
         pool = self._pool(obs.next_candidates)
-        return {"done": False, "next_state_D": obs.next_state_D, "next_cands_CD": self.case_vectors(pool)}
+        return {"done": False, "next_state_D": obs.next_state_D, "next_cands_CD": self.case_vectors(pool),
+                "next_pos_C": np.asarray(pool.positions_C, dtype=np.int64)}
 
     def checkpoint(self, directory: Path) -> None:
         save_state(directory, self.learner, self.buffer)

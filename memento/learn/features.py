@@ -102,6 +102,12 @@ class CaseFeaturizer:
             logger.debug("case features: encoded %d action(s)", len(unique))
         return emb_CD
 
+    def forget_actions(self, positions_C: np.ndarray) -> None:
+        """Drop the action vectors kept in memory for ``positions_C`` (their action changed: encoded again on need;
+        the bank drops the ones it stores itself)."""
+        for pos in np.asarray(positions_C, dtype=np.int64).reshape(-1).tolist():
+            self._memory.pop(int(pos), None)
+
     def case_vectors(self, candidates: Candidates) -> np.ndarray:
         """``(C, 2D + CASE_SCALARS)`` float32: each candidate's state embedding, action embedding and scalars."""
         if not len(candidates):

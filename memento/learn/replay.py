@@ -23,7 +23,14 @@ policy_version_N    int64       the learner version that chose the cases
 next_state_ix_N     int64       (``store_next``) the next state
 next_cands_ix_NC    int64       (``store_next``) its candidates, zero vectors past C
 next_mask_NC        bool        (``store_next``) which of the ``c_max`` slots hold a candidate
+case_pos_NK         int64       the bank position of each chosen case (-1: unknown, on padding too)
+next_pos_NC         int64       (``store_next``) the bank position of each next candidate (-1: unknown)
 ==================  ==========  ===========================================================
+
+The positions are the cases' identities: :meth:`ReplayBuffer.forget_cases` masks the slots of deleted cases
+by position, never another case that shares its text (two tenants' cases of the same question have the same
+state vector, so the same row of ``cases``). A slot whose position is unknown (a decision added without
+positions, or read from a version-1 or -2 save) can only be matched by its vector.
 
 A table grows as needed and is compacted (vectors no stored decision refers to are dropped) when it would
 pass 1.5 times the most it can need (N rows times the slots per row); compaction changes row numbers, never
@@ -32,8 +39,9 @@ batch gathers its vectors from the tables when first read.
 
 Sampling is uniform with replacement, with a ``torch.Generator`` on the buffer's device (so a
 buffer on the GPU samples on the GPU). Saving writes ``replay.safetensors`` (the row fields of the
-filled rows and the tables, compacted: ``states_VD``, ``cases_VE``) and ``replay.json`` (format version 2,
-config, ring position), each atomically; a version-1 save (one vector per slot) still loads; a random uid
+filled rows and the tables, compacted: ``states_VD``, ``cases_VE``) and ``replay.json`` (format version 3,
+config, ring position), each atomically; a version-1 save (one vector per slot) and a version-2 save (no case
+positions: they read as unknown) still load; a random uid
 written into both detects a pair torn by a crash. Nothing is pickled.
 """
 
@@ -61,7 +69,7 @@ __all__ = ["REPLAY_FORMAT", "REPLAY_FORMAT_VERSION", "ReplayBatch", "ReplayBuffe
 logger = logging.getLogger(__name__)
 
 REPLAY_FORMAT = "memento-replay"
-REPLAY_FORMAT_VERSION = 2  # 1: one vector per slot (still read)
+REPLAY_FORMAT_VERSION = 3  # 1: one vector per slot; 2: no case positions (both still read)
 TENSORS_NAME = "replay.safetensors"
 META_NAME = "replay.json"
 
@@ -89,7 +97,9 @@ class Transition:
     - ``done``: the episode ended with this decision (a single-step task always does);
     - ``next_state_D`` / ``next_cands_CD``: the next state ``(D,)`` and its candidate cases
       ``(C', D)``, both or neither (``C' = 0`` is allowed when ``done``);
-    - ``step``, ``policy_version``: bookkeeping for off-policy evaluation and staleness.
+    - ``step``, ``policy_version``: bookkeeping for off-policy evaluation and staleness;
+    - ``case_pos_K`` / ``next_pos_C``: the bank positions of the chosen cases and of the next candidates (their
+      identity, which :meth:`ReplayBuffer.forget_cases` masks by), ``None`` when unknown.
     """
 
     state_D: np.ndarray
@@ -101,6 +111,8 @@ class Transition:
     next_cands_CD: np.ndarray | None = None
     step: int = 0
     policy_version: int = 0
+    case_pos_K: np.ndarray | None = None
+    next_pos_C: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         state_D = _vector(self.state_D, "state_D", 1)
@@ -147,6 +159,16 @@ class Transition:
                                      f"next_cands_CD.shape={next_cands_CD.shape}")
             object.__setattr__(self, "next_state_D", next_state_D)
             object.__setattr__(self, "next_cands_CD", next_cands_CD)
+        for name, rows in (("case_pos_K", k), ("next_pos_C", None if self.next_cands_CD is None
+                                                        else self.next_cands_CD.shape[0])):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            pos = np.asarray(value)
+            if rows is None or pos.shape != (rows,) or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
+                raise DimensionError(f"Transition.{name} must hold {rows} integer position(s); got "
+                                     f"{name}.shape={pos.shape}, dtype {pos.dtype}")
+            object.__setattr__(self, name, pos.astype(np.int64))
 
 
 _VECTOR_FIELDS = ("state_BD", "cases_BKD", "next_state_BD", "next_cands_BCD")
@@ -260,16 +282,18 @@ class ReplayBatch:
 _ROW_FIELDS: dict[str, tuple[torch.dtype, float]] = {
     "state_ix_N": (torch.int64, 0), "cases_ix_NK": (torch.int64, 0), "mask_NK": (torch.bool, 0),
     "reward_N": (torch.float32, 0), "propensity_NK": (torch.float32, 1), "done_N": (torch.bool, 0),
-    "step_N": (torch.int64, 0), "policy_version_N": (torch.int64, 0),
+    "step_N": (torch.int64, 0), "policy_version_N": (torch.int64, 0), "case_pos_NK": (torch.int64, -1),
 }
 _NEXT_ROW_FIELDS: dict[str, tuple[torch.dtype, float]] = {
     "next_state_ix_N": (torch.int64, 0), "next_cands_ix_NC": (torch.int64, 0), "next_mask_NC": (torch.bool, 0),
+    "next_pos_NC": (torch.int64, -1),
 }
+_POSITION_FIELDS = ("case_pos_NK", "next_pos_NC")  # absent from version-1 and -2 saves: unknown (-1)
 _TABLE_OF = {"state_ix_N": "states", "next_state_ix_N": "states", "cases_ix_NK": "cases",
              "next_cands_ix_NC": "cases"}
 _TABLE_TENSORS = {"states": "states_VD", "cases": "cases_VE"}
 _INPUT_NAME = {"state_ix_N": "state_BD", "cases_ix_NK": "cases_BKD", "next_state_ix_N": "next_state_BD",
-               "next_cands_ix_NC": "next_cands_BCD"}
+               "next_cands_ix_NC": "next_cands_BCD", "case_pos_NK": "case_pos_BK", "next_pos_NC": "next_pos_BC"}
 _V1_VECTORS = {"state_ND": "state_ix_N", "cases_NKD": "cases_ix_NK", "next_state_ND": "next_state_ix_N",
                "next_cands_NCD": "next_cands_ix_NC"}
 
@@ -286,7 +310,8 @@ class ReplayBuffer:
         n, k, c = config.capacity, config.k_max, config.c_max
         shapes = {"state_ix_N": (n,), "cases_ix_NK": (n, k), "mask_NK": (n, k), "reward_N": (n,),
                   "propensity_NK": (n, k), "done_N": (n,), "step_N": (n,), "policy_version_N": (n,),
-                  "next_state_ix_N": (n,), "next_cands_ix_NC": (n, c), "next_mask_NC": (n, c)}
+                  "next_state_ix_N": (n,), "next_cands_ix_NC": (n, c), "next_mask_NC": (n, c),
+                  "case_pos_NK": (n, k), "next_pos_NC": (n, c)}
         fields = {**_ROW_FIELDS, **(_NEXT_ROW_FIELDS if config.store_next else {})}
         # the row fields of one dtype share one [N, F] tensor (a sample is one index_select per dtype);
         # self._t holds each field as a view of its columns
@@ -346,7 +371,8 @@ class ReplayBuffer:
         if t.state_D.shape[0] != d or k > k_max or t.cases_KD.shape[1] != e:
             raise DimensionError(f"replay buffer holds dim={d}, k_max={k_max}, cases of {e} numbers; got "
                                  f"state_D.shape={t.state_D.shape}, cases_KD.shape={t.cases_KD.shape}")
-        nexts: dict[str, np.ndarray | None] = {"next_state_BD": None, "next_cands_BCD": None, "next_mask_BC": None}
+        nexts: dict[str, np.ndarray | None] = {"next_state_BD": None, "next_cands_BCD": None, "next_mask_BC": None,
+                                               "next_pos_BC": None}
         if t.next_state_D is not None and self.config.store_next:  # (without store_next they are not kept)
             assert t.next_cands_CD is not None
             c = t.next_cands_CD.shape[0]
@@ -355,21 +381,27 @@ class ReplayBuffer:
                                      f"next_cands_CD.shape={t.next_cands_CD.shape}")
             cands_1CD = np.zeros((1, max(c, 1), e), dtype=np.float32)
             cands_1CD[0, :c] = t.next_cands_CD
+            pos_1C = np.full((1, max(c, 1)), -1, dtype=np.int64)
+            if t.next_pos_C is not None:
+                pos_1C[0, :c] = t.next_pos_C
             nexts = {"next_state_BD": t.next_state_D[None], "next_cands_BCD": cands_1CD,
-                     "next_mask_BC": (np.arange(max(c, 1)) < c)[None]}
+                     "next_mask_BC": (np.arange(max(c, 1)) < c)[None], "next_pos_BC": pos_1C}
         self.add_batch(state_BD=t.state_D[None], cases_BKD=t.cases_KD[None],
                        reward_B=np.array([t.reward], dtype=np.float32), propensity_BK=t.propensity_K[None],
                        done_B=np.array([t.done]), step_B=np.array([t.step], dtype=np.int64),
-                       policy_version_B=np.array([t.policy_version], dtype=np.int64), **nexts)
+                       policy_version_B=np.array([t.policy_version], dtype=np.int64),
+                       case_pos_BK=None if t.case_pos_K is None else t.case_pos_K[None], **nexts)
 
     def add_batch(self, *, state_BD: Any, cases_BKD: Any, reward_B: Any, propensity_BK: Any | None = None,
                   mask_BK: Any | None = None, done_B: Any | None = None, step_B: Any | None = None,
                   policy_version_B: Any | None = None, next_state_BD: Any | None = None,
-                  next_cands_BCD: Any | None = None, next_mask_BC: Any | None = None) -> None:
+                  next_cands_BCD: Any | None = None, next_mask_BC: Any | None = None, case_pos_BK: Any | None = None,
+                  next_pos_BC: Any | None = None) -> None:
         """Append B decisions at once from numpy arrays or tensors (vectorised; no per-row Python).
 
         ``K`` of ``cases_BKD`` may be below ``k_max`` (and ``C`` of ``next_cands_BCD`` below ``c_max``):
-        the rest is padded. Defaults: every slot valid, propensity 1, done True, step and version 0.
+        the rest is padded. Defaults: every slot valid, propensity 1, done True, step and version 0, bank positions
+        of the cases (``case_pos_BK``, ``next_pos_BC``) unknown (-1).
         Values are not checked here (use :class:`Transition` / :meth:`add` for checked input).
         """
         cfg, dev = self.config, self.device
@@ -392,6 +424,8 @@ class ReplayBuffer:
             "done_N": (torch.ones(b, device=dev) if done_B is None else done_B, (b,)),
             "step_N": (torch.zeros(b, device=dev) if step_B is None else step_B, (b,)),
             "policy_version_N": (torch.zeros(b, device=dev) if policy_version_B is None else policy_version_B, (b,)),
+            "case_pos_NK": (torch.full((b, k), -1, dtype=torch.int64, device=dev) if case_pos_BK is None
+                            else case_pos_BK, (b, k)),
         }
         if cfg.store_next:
             if next_state_BD is None or next_cands_BCD is None:
@@ -407,6 +441,8 @@ class ReplayBuffer:
             rows["next_cands_ix_NC"] = (next_cands_BCD, (b, c, cfg.case_width))
             rows["next_mask_NC"] = (torch.ones(b, c, dtype=torch.bool, device=dev) if next_mask_BC is None
                                     else next_mask_BC, (b, c))
+            rows["next_pos_NC"] = (torch.full((b, c), -1, dtype=torch.int64, device=dev) if next_pos_BC is None
+                                   else next_pos_BC, (b, c))
         values: dict[str, torch.Tensor] = {}
         for name, (value, shape) in rows.items():
             value = torch.as_tensor(value, device=dev)
@@ -429,7 +465,7 @@ class ReplayBuffer:
         for name, value in values.items():
             store = self._t[name]
             if store.ndim >= 2 and value.shape[1] < store.shape[1]:  # pad K -> k_max, C -> c_max (zero vectors)
-                fill = 1.0 if name == "propensity_NK" else 0.0
+                fill = 1.0 if name == "propensity_NK" else -1 if name in _POSITION_FIELDS else 0.0
                 pad = torch.full((b, store.shape[1] - value.shape[1], *value.shape[2:]), fill, dtype=value.dtype,
                                  device=dev)
                 value = torch.cat([value, pad], dim=1)
@@ -479,11 +515,13 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ forgetting
 
-    def forget(self, prefix_MP: Any) -> int:
+    def forget(self, prefix_MP: Any, *, unknown_only: bool = False) -> int:
         """Mask every stored case slot, and next-candidate slot, whose case vector begins with one of the rows
-        of ``prefix_MP`` (``[M, P]``, ``1 <= P <= case width``: a deleted case's state embedding, which starts
-        its case vector with or without case features). Returns the number of slots masked; a decision left
-        with no slot weighs nothing in the loss."""
+        of ``prefix_MP`` (``[M, P]``, ``1 <= P <= case width``: a state embedding, which starts its case vector
+        with or without case features). Returns the number of slots masked; a decision left with no slot weighs
+        nothing in the loss. This matches by content: every case of that text, whoever stored it (use
+        :meth:`forget_cases` to forget cases by identity); ``unknown_only``: only the slots whose bank position
+        is unknown."""
         prefix = torch.as_tensor(prefix_MP, device=self.device)
         if prefix.ndim == 1:
             prefix = prefix.unsqueeze(0)
@@ -499,13 +537,39 @@ class ReplayBuffer:
         if not bool(match_V.any()):
             return 0
         masked = 0
-        for ix_name, mask_name in (("cases_ix_NK", "mask_NK"), ("next_cands_ix_NC", "next_mask_NC")):
+        for ix_name, mask_name, pos_name in (("cases_ix_NK", "mask_NK", "case_pos_NK"),
+                                             ("next_cands_ix_NC", "next_mask_NC", "next_pos_NC")):
             if ix_name not in self._t:
                 continue
             hit = match_V[self._t[ix_name]] & self._t[mask_name]
+            if unknown_only:
+                hit &= self._t[pos_name] < 0
             masked += int(hit.sum())
             self._t[mask_name].masked_fill_(hit, False)
         logger.info("replay buffer: forgot %d case slot(s) of %d case vector(s)", masked, int(match_V.sum()))
+        return masked
+
+    def forget_cases(self, positions_M: Any, prefix_MP: Any | None = None) -> int:
+        """Mask every stored case slot, and next-candidate slot, that holds a case at one of the bank positions
+        ``positions_M`` (the deleted cases' identities: another case that shares a deleted case's text, hence its
+        vector, keeps its slots). A slot whose position is unknown (-1: added without positions, or read from a
+        version-1 or -2 save) is masked when its vector begins with the matching row of ``prefix_MP`` (``[M, P]``,
+        as :meth:`forget` matches), the only identity such a slot has. Returns the number of slots masked."""
+        positions = torch.as_tensor(np.asarray(positions_M, dtype=np.int64).reshape(-1), device=self.device)
+        masked = 0
+        for pos_name, mask_name in (("case_pos_NK", "mask_NK"), ("next_pos_NC", "next_mask_NC")):
+            if pos_name not in self._t:
+                continue
+            pos = self._t[pos_name]
+            hit = torch.isin(pos, positions) & (pos >= 0) & self._t[mask_name]
+            masked += int(hit.sum())
+            self._t[mask_name].masked_fill_(hit, False)
+        if prefix_MP is not None and bool((self._t["case_pos_NK"][:self._size] < 0).any()
+                                          or ("next_pos_NC" in self._t
+                                              and (self._t["next_pos_NC"][:self._size] < 0).any())):
+            masked += self.forget(prefix_MP, unknown_only=True)
+        if masked:
+            logger.info("replay buffer: forgot %d case slot(s) of %d case(s)", masked, int(positions.numel()))
         return masked
 
     # ------------------------------------------------------------------ sampling
@@ -563,6 +627,10 @@ class ReplayBuffer:
         tensors = dict(state["tensors"])
         if _V1_VECTORS.keys() & tensors.keys():
             tensors = self._from_dense(tensors, size)
+        for name in _POSITION_FIELDS:  # a version-1 or -2 save: the cases' positions are unknown
+            if name in self._t and name not in tensors and isinstance(tensors.get("mask_NK"), torch.Tensor):
+                tensors[name] = torch.full((size, *self._t[name].shape[1:]), -1, dtype=torch.int64,
+                                           device=tensors["mask_NK"].device)
         expected = set(self._t) | set(_TABLE_TENSORS.values())
         if set(tensors) != expected or not 0 <= size <= self.capacity or not 0 <= ptr < self.capacity:
             raise CheckpointError(f"replay state is inconsistent: tensors {sorted(tensors)}, size={size}, ptr={ptr}")

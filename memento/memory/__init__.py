@@ -4,10 +4,11 @@ collections for the case features), and the bank URIs that name either (``DIR`` 
 
 from memento.memory.bank import CaseBank
 from memento.memory.front import Candidates
+from memento.memory.history import CaseEvent
 from memento.memory.index import FaissIndex, gpu_available
 from memento.memory.milvus import MilvusBank, MilvusOptions
 from memento.memory.protocol import Bank
 from memento.memory.uri import BankLocation, bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
 
-__all__ = ["Bank", "BankLocation", "Candidates", "CaseBank", "FaissIndex", "MilvusBank", "MilvusOptions",
+__all__ = ["Bank", "BankLocation", "Candidates", "CaseBank", "CaseEvent", "FaissIndex", "MilvusBank", "MilvusOptions",
            "bank_exists", "copy_bank", "create_bank", "gpu_available", "open_bank", "parse_bank_uri"]

@@ -2,7 +2,8 @@
 
 A bank is a directory::
     cases.sqlite   cases (id, state, action, reward, env, kind, meta JSON, created, content hash,
-                   float32 embedding) and a meta table (format, uid, BankConfig JSON)
+                   float32 embedding; scope_user/_agent/_session with the first scoped case, version and updated
+                   with the first update in place) and a meta table (format, uid, BankConfig JSON)
     index.faiss    the faiss index over the embeddings (position p = case at position p)
     index.json     which bank and how many positions the index file covers
 
@@ -21,7 +22,10 @@ write, so a bank that never uses them is left byte for byte as it was:
   computed once per case (``set_action_embeddings``);
 - ``evidence (step, pos, weight, value)``: one row per time a case was labelled by the planner
   (``record_evidence``: its label advantage over its look-alike rivals, :mod:`memento.learn.evidence`), the
-  soft-Q agent's per-case memory; rolled back with the usage log by ``truncate_usage(step)``.
+  soft-Q agent's per-case memory; rolled back with the usage log by ``truncate_usage(step)``;
+- ``history (seq, pos, event, time, version, fields, link, old_*/new_* of action, reward, meta)``: the cases'
+  stored events (``update``, and the ``add`` of a case a ``replace`` stored; :mod:`memento.memory.history`),
+  created by the first; a deletion erases its cases' values there unless the bank was opened with ``audit=True``.
 
 SQLite is the source of truth. Writes commit to SQLite first, then reach the in-memory
 index; the index file is written on ``flush()``/``close()``. Opening a bank compares the
@@ -34,9 +38,14 @@ tombstone to a ``deleted (pos, id, time, replaced_by)`` table (created on the fi
 search, candidate set and listing (``iter_cases``, ``export_jsonl``) leaves tombstoned positions out (the faiss
 index keeps their vectors and is searched with a filter). So positions stay dense, the index file and the
 artifact's append-only row digests (:mod:`memento.selector.artifact`) stay valid, and logged decisions that chose a
-deleted case can still be replayed (``embeddings``/``positions_of``/``get`` still read its row). The row's
-text stays in ``cases.sqlite``; its usage rows and action vector are removed. A deleted case's id is never
-reused: ``replace`` stores the new content under a new id.
+deleted case can still be replayed (``embeddings``/``positions_of``/``get(..., include_deleted=True)`` still read
+its row; a plain ``get`` raises ``UnknownCaseError``). The row's text stays in ``cases.sqlite``; its usage rows and
+action vector are removed, and so are the values in its history (unless ``audit=True``). A deleted case's id is
+never reused: ``replace`` stores the new content under a new id.
+
+**Updates in place.** ``update`` rewrites a case's action, reward and meta (and content hash) in its row, adds the
+``version``/``updated`` columns on the first one (a bank without them reads version 1, updated = created) and an
+``update`` event to ``history``, in one transaction.
 
 One process writes a bank at a time. Other processes may follow it: ``CaseBank.open(path, read_only=True)``
 never writes the SQLite file, the index files or temporaries (``flush``/``close`` write nothing; the write
@@ -66,7 +75,8 @@ from memento import sqlite
 from memento.config import BankConfig, EncoderConfig, IndexConfig, VectorStore, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError
 from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
-from memento.memory.front import BankFront, Filter, NewRow
+from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
+from memento.memory.history import EventRow
 from memento.memory.index import FaissIndex, exact_topk
 from memento.memory.where import Scope, Where
 from memento.types import SCOPE_FIELDS, Case, shown
@@ -124,6 +134,15 @@ _DELETED_SCHEMA = ("CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY,
 
 _CASE_COLUMNS = "id, state, action, reward, env, kind, meta, created"
 _SCOPE_COLUMNS = tuple(f"scope_{name}" for name in SCOPE_FIELDS)
+_VERSION_COLUMNS = ("version", "updated")  # added by the first update in place (NULL: version 1, updated = created)
+_HISTORY_COLUMNS = ("pos", "event", "time", "version", "fields", "link", "old_action", "old_reward", "old_meta",
+                    "new_action", "new_reward", "new_meta")
+_HISTORY_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS history (seq INTEGER PRIMARY KEY, pos INTEGER NOT NULL, event TEXT NOT NULL, "
+    "time REAL NOT NULL, version INTEGER NOT NULL, fields TEXT NOT NULL, link TEXT, old_action TEXT, "
+    "old_reward REAL, old_meta TEXT, new_action TEXT, new_reward REAL, new_meta TEXT)",
+    "CREATE INDEX IF NOT EXISTS history_pos ON history(pos)",
+)
 _MATCH_CACHE = 32  # filter masks kept per bank (each is one bool per case)
 
 
@@ -152,6 +171,7 @@ class SqliteRows:
         self._deleted_pos: np.ndarray | None = None
         self._deleted_key = -1  # MAX(rowid) of the deleted table when loaded
         self._scoped = False  # the scope columns exist (added on the first scoped case)
+        self._versioned = False  # the version columns exist (added on the first update in place)
         self._matches: dict[tuple[str, int, int], np.ndarray] = {}  # filter masks by (filter, count, generation)
         self.generation = 0  # bumped by every write that can change what a filter matches
 
@@ -167,9 +187,24 @@ class SqliteRows:
             self._scoped = set(_SCOPE_COLUMNS) <= columns
         return self._scoped
 
+    def has_version_columns(self) -> bool:
+        """Whether the ``version``/``updated`` columns exist (a bank gets them with its first update in place)."""
+        if not self._versioned:
+            columns = {row[1] for row in self.conn.execute("PRAGMA table_info(cases)")}
+            self._versioned = set(_VERSION_COLUMNS) <= columns
+        return self._versioned
+
+    def _add_version_columns(self) -> None:
+        """Inside a write's transaction (a rollback takes them back: re-read after it)."""
+        if not self.has_version_columns():
+            self.conn.execute("ALTER TABLE cases ADD COLUMN version INTEGER")
+            self.conn.execute("ALTER TABLE cases ADD COLUMN updated REAL")
+        self._versioned = False
+
     def _case_columns(self) -> str:
         scope = ", ".join(_SCOPE_COLUMNS) if self.has_scope_columns() else "NULL, NULL, NULL"
-        return f"{_CASE_COLUMNS}, {scope}"
+        version = "COALESCE(version, 1), COALESCE(updated, created)" if self.has_version_columns() else "1, created"
+        return f"{_CASE_COLUMNS}, {scope}, {version}"
 
     def matching(self, scope: Scope | None, meta: Where | None, count: int) -> np.ndarray:
         """A bool mask over positions ``0..count-1``: the cases in ``scope`` that match the filter ``meta`` (one
@@ -213,9 +248,11 @@ class SqliteRows:
             conn.commit()
         except sqlite3.IntegrityError as error:
             conn.rollback()
+            self._scoped = self._versioned = False  # columns added in it are gone
             raise DataFormatError(f"{self.name}: {what} the bank's constraints ({error})") from None
         except BaseException:
             conn.rollback()
+            self._scoped = self._versioned = False
             raise
 
     def find(self, ids: Sequence[str]) -> dict[str, int]:
@@ -240,21 +277,67 @@ class SqliteRows:
             for column in _SCOPE_COLUMNS:  # inside the write's transaction: the columns come with the rows
                 self.conn.execute(f"ALTER TABLE cases ADD COLUMN {column} TEXT")
                 self.conn.execute(f"CREATE INDEX IF NOT EXISTS cases_{column} ON cases({column})")
-        if self.has_scope_columns():
-            try:
-                self.conn.executemany(
-                    "INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, embedding, "
-                    f"{', '.join(_SCOPE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(r.pos, r.id, r.case.state, r.case.action, r.case.reward, r.case.env, r.case.kind, r.meta,
-                      r.created, r.hash, r.vector_D.tobytes(), *r.case.scope) for r in rows])
-            finally:
-                self._scoped = False  # re-read after the transaction (a rollback takes new columns back)
-            return
-        self.conn.executemany(
-            "INSERT INTO cases (pos, id, state, action, reward, env, kind, meta, created, hash, embedding) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(r.pos, r.id, r.case.state, r.case.action, r.case.reward, r.case.env, r.case.kind, r.meta, r.created,
-              r.hash, r.vector_D.tobytes()) for r in rows])
+            self._scoped = False
+        versioned = any(r.case.version != 1 or r.case.updated is not None for r in rows)  # a copied bank's cases
+        if versioned:
+            self._add_version_columns()
+        columns = ["pos", "id", "state", "action", "reward", "env", "kind", "meta", "created", "hash", "embedding"]
+        try:
+            scoped = self.has_scope_columns()
+            if scoped:
+                columns += _SCOPE_COLUMNS
+            if versioned:
+                columns += _VERSION_COLUMNS
+            self.conn.executemany(
+                f"INSERT INTO cases ({', '.join(columns)}) VALUES ({_marks(columns)})",
+                [(r.pos, r.id, r.case.state, r.case.action, r.case.reward, r.case.env, r.case.kind, r.meta, r.created,
+                  r.hash, r.vector_D.tobytes(), *(r.case.scope if scoped else ()),
+                  *((r.case.version, r.case.updated) if versioned else ())) for r in rows])
+        finally:
+            self._scoped = self._versioned = False  # re-read after the transaction (a rollback takes new columns back)
+
+    def update(self, position: int, case: Case, digest: str) -> None:
+        """Rewrite the updatable fields of the row at ``position`` (action, reward, meta), its content hash, version
+        and update time from ``case``, in the caller's transaction."""
+        self._add_version_columns()
+        self.conn.execute("UPDATE cases SET action = ?, reward = ?, meta = ?, hash = ?, version = ?, updated = ? "
+                          "WHERE pos = ?", (case.action, case.reward, case_meta_json(case), digest, case.version,
+                                            case.updated, position))
+        self._changed()
+
+    def live_positions(self, where: Filter, count: int) -> np.ndarray:
+        """The live positions below ``count`` that ``where`` keeps (env, kind, positive, scope, meta), sorted."""
+        clauses, params = ["pos < ?"], [count]
+        for column, value in (("env", where.env), ("kind", where.kind)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if where.positive:
+            clauses.append("reward > 0")
+        scoped = self.has_scope_columns()  # without the columns, no case carries a scope yet
+        for part in (where.scope, where.meta):
+            if part is not None:
+                sql, extra = part.sql(scoped=scoped)
+                clauses.append(sql)
+                params += extra
+        if self._has_table("deleted"):
+            clauses.append("pos NOT IN (SELECT pos FROM deleted)")
+        try:
+            rows = self.conn.execute(f"SELECT pos FROM cases WHERE {' AND '.join(clauses)} ORDER BY pos", params)
+            return np.fromiter((row[0] for row in rows), dtype=np.int64)
+        except sqlite3.DatabaseError as error:
+            raise BankError(f"{self.name}: damaged bank ({DB_NAME}: {error})") from None
+
+    def tombstones_at(self, positions: Sequence[int]) -> dict[int, tuple[float, str | None]]:
+        """``{pos: (time, replaced_by)}`` of those ``positions`` that are tombstoned."""
+        if not self._has_table("deleted"):
+            return {}
+        out: dict[int, tuple[float, str | None]] = {}
+        for chunk in _chunks(sorted({int(p) for p in positions})):
+            for pos, when, replaced_by in self.conn.execute(
+                    f"SELECT pos, time, replaced_by FROM deleted WHERE pos IN ({_marks(chunk)})", list(chunk)):
+                out[int(pos)] = (float(when), replaced_by or None)
+        return out
 
     def tombstone(self, positions: Sequence[int], ids: Sequence[str], replaced_by: str | None) -> None:
         self.conn.execute(_DELETED_SCHEMA)
@@ -295,7 +378,7 @@ class SqliteRows:
         return [self._ids[p] for p in positions]
 
     def _case(self, row: tuple[Any, ...]) -> Case:
-        case_id, state, action, reward, env, kind, meta, created, user, agent, session = row
+        case_id, state, action, reward, env, kind, meta, created, user, agent, session, version, updated = row
         try:
             data = json.loads(meta)
         except (TypeError, ValueError) as error:
@@ -303,7 +386,7 @@ class SqliteRows:
                             f"{error})") from None
         try:
             return Case(id=case_id, state=state, action=action, reward=reward, env=env, kind=kind, meta=data,
-                        created=created, user=user, agent=agent, session=session)
+                        created=created, user=user, agent=agent, session=session, version=version, updated=updated)
         except DataFormatError as error:  # a row written outside memento, or before a field's range was decided
             raise BankError(f"{self.name}: case {shown(case_id)} in {DB_NAME} is out of range: {error}") from None
 
@@ -343,9 +426,9 @@ class SqliteRows:
             if not rows:
                 return
             for row in rows:
-                if row[11] not in dead:
-                    yield self._case(row[:11])
-            start = rows[-1][11] + 1
+                if row[-1] not in dead:
+                    yield self._case(row[:-1])
+            start = rows[-1][-1] + 1
 
     def mirror(self, start: int, stop: int | None = None) -> tuple[list[str | None], list[str], np.ndarray, int]:
         """``(envs, kinds, emb_ND, dim)`` of the rows ``start..stop-1`` (all from ``start`` when None), checked
@@ -390,11 +473,14 @@ class SqliteRows:
 
 class SqliteFeatures:
     """The case features of a directory bank: the ``usage`` and ``action_embeddings`` tables of ``cases.sqlite``
-    (created on first write). ``forget``/``truncate`` run in the row store's transaction."""
+    (created on first write), and the cases' ``history`` log (:mod:`memento.memory.history`, created on the first
+    event). ``forget``/``truncate``/``record_events`` run in the row store's transaction. ``keep_values``: a
+    forgotten case's history keeps its values (a bank opened with ``audit=True``)."""
 
     def __init__(self, rows: SqliteRows, dim: int):
         self._rows = rows
         self._dim = dim
+        self.keep_values = False
 
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -454,17 +540,46 @@ class SqliteFeatures:
                        for name in logs)
 
     def forget(self, positions: Sequence[int]) -> None:
-        if not self._has_tables():
-            return
-        tables = (*self._logs(), "action_embeddings")
+        tables = (*self._logs(), "action_embeddings") if self._has_tables() else ()
+        erase = not self.keep_values and self._rows._has_table("history")
         for chunk in _chunks([int(p) for p in positions]):
             for name in tables:
                 self._conn.execute(f"DELETE FROM {name} WHERE pos IN ({_marks(chunk)})", list(chunk))
+            if erase:  # the values go; kind, time, version and the fields' names stay
+                self._conn.execute("UPDATE history SET old_action = NULL, old_reward = NULL, old_meta = NULL, "
+                                   "new_action = NULL, new_reward = NULL, new_meta = NULL "
+                                   f"WHERE pos IN ({_marks(chunk)})", list(chunk))
 
     def truncate(self, n: int) -> None:
         if self._has_tables():
             for name in (*self._logs(), "action_embeddings"):
                 self._conn.execute(f"DELETE FROM {name} WHERE pos >= ?", (n,))
+        if self._rows._has_table("history"):
+            self._conn.execute("DELETE FROM history WHERE pos >= ?", (n,))
+
+    def drop_actions(self, positions: Sequence[int]) -> None:
+        """Remove the stored action vectors of ``positions`` (their action changed), in the caller's transaction."""
+        if self._has_tables():
+            for chunk in _chunks([int(p) for p in positions]):
+                self._conn.execute(f"DELETE FROM action_embeddings WHERE pos IN ({_marks(chunk)})", list(chunk))
+
+    def record_events(self, events: Sequence[EventRow]) -> None:
+        """Append events to the history log, in the caller's transaction (the table is created by the first)."""
+        if not events:
+            return
+        for statement in _HISTORY_SCHEMA:
+            self._conn.execute(statement)
+        self._conn.executemany(f"INSERT INTO history ({', '.join(_HISTORY_COLUMNS)}) VALUES "
+                               f"({_marks(_HISTORY_COLUMNS)})",
+                               [tuple(e.columns()[name] for name in _HISTORY_COLUMNS) for e in events])
+
+    def events_at(self, position: int) -> list[EventRow]:
+        """The stored events of the case at ``position``, oldest first."""
+        if not self._rows._has_table("history"):
+            return []
+        rows = self._conn.execute(f"SELECT {', '.join(_HISTORY_COLUMNS)} FROM history WHERE pos = ? ORDER BY seq",
+                                  (int(position),)).fetchall()
+        return [EventRow.from_columns(dict(zip(_HISTORY_COLUMNS, row))) for row in rows]
 
     def actions_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         emb_CD = np.zeros((positions_C.size, self._dim), dtype=np.float32)
@@ -900,12 +1015,13 @@ class CaseBank(BankFront):
     @classmethod
     def create(cls, path: str | Path, dim: int, index: str | IndexConfig = "Flat", *,
                encoder: EncoderConfig | None = None, exist_ok: bool = False,
-               use_gpu: bool | None = None, seed: int = 0, vectors: VectorStore = "ram") -> CaseBank:
+               use_gpu: bool | None = None, seed: int = 0, vectors: VectorStore = "ram",
+               audit: bool = False) -> CaseBank:
         """Create an empty bank directory for ``dim``-dimensional unit vectors.
 
         ``index`` is a faiss factory string or an :class:`IndexConfig`; ``encoder`` records
         which encoder fills the bank (the CLI uses it to encode queries); ``vectors`` where the
-        float32 vectors are read from (:data:`memento.config.VectorStore`).
+        float32 vectors are read from (:data:`memento.config.VectorStore`); ``audit``: as :meth:`open`.
         """
         path = Path(path)
         index_config = IndexConfig(factory=index) if isinstance(index, str) else index
@@ -913,7 +1029,7 @@ class CaseBank(BankFront):
         FaissIndex(config.index, dim)  # fail on a bad factory string before touching the disk
         if (path / DB_NAME).exists():
             if exist_ok:
-                return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed)
+                return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed, audit=audit)
             raise BankError(f"{path}: a case bank already exists here")
         if path.exists() and not path.is_dir():
             raise BankError(f"{path}: exists and is not a directory")
@@ -922,11 +1038,12 @@ class CaseBank(BankFront):
             "format": BANK_FORMAT, "format_version": str(BANK_FORMAT_VERSION), "uid": uuid.uuid4().hex,
             "config": json.dumps(to_dict(config), sort_keys=True), "created": repr(time.time())})
         logger.info("created case bank %s (dim=%d, index=%s)", path, dim, index_config.factory)
-        return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed)
+        return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed, audit=audit)
 
     @classmethod
     def open(cls, path: str | Path, *, dim: int | None = None, use_gpu: bool | None = None,
-             seed: int = 0, index: IndexConfig | None = None, read_only: bool = False) -> CaseBank:
+             seed: int = 0, index: IndexConfig | None = None, read_only: bool = False,
+             audit: bool = False) -> CaseBank:
         """Open an existing bank; ``dim``, when given, must match the bank's dimension.
 
         ``read_only``: this process never writes the bank (another one does; see :meth:`refresh`): no
@@ -934,7 +1051,9 @@ class CaseBank(BankFront):
 
         ``index`` overrides the search knobs (``ef_search``, ``nprobe``) for this session;
         its factory must be the bank's. ``use_gpu=None`` searches on a GPU when faiss-gpu
-        sees one.
+        sees one. ``audit``: a deleted (or replaced) case's history keeps its values (old and new field values);
+        by default a deletion erases them, and the history keeps only its events' kinds, times and field names
+        (:mod:`memento.memory.history`).
         """
         path = Path(path)
         db = path / DB_NAME
@@ -960,7 +1079,8 @@ class CaseBank(BankFront):
         except BaseException:
             conn.close()
             raise
-        return cls(rows, vectors, SqliteFeatures(rows, config.dim), config=config, uid=uid, read_only=read_only)
+        return cls(rows, vectors, SqliteFeatures(rows, config.dim), config=config, uid=uid, read_only=read_only,
+                   audit=audit)
 
 
     def train_index(self, vectors_ND: Any) -> bool:

@@ -10,8 +10,14 @@ replay buffer from a storage, a sampler and a writer):
 
 :class:`memento.memory.bank.CaseBank` and :class:`memento.memory.milvus.MilvusBank` are this front with their
 parts (their ``create``/``open`` build the parts). Positions are dense (a case's position is its insertion
-index); a tombstoned case is never found, listed or chosen again, but ``get``/``embeddings_at``/
-``positions_of`` still read it (see :mod:`memento.memory.protocol`).
+index); a tombstoned (deleted or replaced) case is never found, listed, chosen or read again (``get`` raises
+``UnknownCaseError`` for it), but the internal readers of logged decisions (``get(..., include_deleted=True)``,
+``embeddings``/``embeddings_at``/``positions_of``) still read its row (see :mod:`memento.memory.protocol`).
+
+The lifecycle verbs (mem0's): ``update`` changes a case's action, reward or meta in place (same id, ``version``
+bumped, ``updated`` set, an ``update`` event in its history); ``add`` of content already stored with other meta
+updates the stored case's meta the same way; ``history`` lists a case's events (:mod:`memento.memory.history`);
+``count`` and ``delete_all`` act on the live cases of a scope or metadata filter.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ import numpy as np
 from memento.config import BankConfig, IndexConfig, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, UnknownCaseError
 from memento.formats import read_case_file, write_jsonl
+from memento.memory.history import UPDATABLE, CaseEvent, EventRow
 from memento.memory.where import Scope, Where, as_scope, parse_filter
-from memento.types import Case, check_reward
+from memento.types import Case, check_reward, check_text, shown
 
 __all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex"]
 
@@ -180,6 +187,19 @@ class RowStore(Protocol):
 
     def set_reward(self, position: int, reward: float) -> None: ...
 
+    def update(self, position: int, case: Case, digest: str) -> None:
+        """Rewrite the row at ``position`` with ``case``'s action, reward, meta, version and update time and the
+        content hash ``digest`` (in :meth:`transaction`)."""
+        ...
+
+    def live_positions(self, where: Filter, count: int) -> np.ndarray:
+        """The live positions below ``count`` that ``where`` keeps, sorted int64."""
+        ...
+
+    def tombstones_at(self, positions: Sequence[int]) -> dict[int, tuple[float, str | None]]:
+        """``{pos: (time, replaced_by)}`` of those ``positions`` that are tombstoned."""
+        ...
+
     def scan(self, batch_size: int) -> Iterator[Case]:
         """The live cases in position order."""
         ...
@@ -247,7 +267,22 @@ class FeatureStore(Protocol):
         ...
 
     def forget(self, positions: Sequence[int]) -> None:
-        """Drop the usage rows and action vectors of those positions (tombstoned: in the same transaction)."""
+        """Drop the usage rows and action vectors of those positions (tombstoned: in the same transaction), and
+        erase the values of their history unless ``keep_values``."""
+        ...
+
+    keep_values: bool  # a forgotten case's history keeps its values (a bank opened with audit=True)
+
+    def drop_actions(self, positions: Sequence[int]) -> None:
+        """Drop the action vectors of those positions (their action changed)."""
+        ...
+
+    def record_events(self, events: Sequence[EventRow]) -> None:
+        """Append events to the cases' history log (:mod:`memento.memory.history`)."""
+        ...
+
+    def events_at(self, position: int) -> list[EventRow]:
+        """The stored events of the case at ``position``, oldest first."""
         ...
 
     def truncate(self, n: int) -> None: ...
@@ -327,7 +362,11 @@ def validate_query(query: Any, dim: int) -> np.ndarray:
 
 def case_meta_json(case: Case) -> str:
     """A case's meta as the banks store it (JSON, keys sorted, UTF-8 kept)."""
-    return json.dumps(case.meta, ensure_ascii=False, sort_keys=True) if case.meta else "{}"
+    return _meta_text(case.meta)
+
+
+def _meta_text(meta: Mapping[str, Any]) -> str:
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True) if meta else "{}"
 
 
 class BankFront:
@@ -335,13 +374,18 @@ class BankFront:
     docstring). Backends subclass it and build the parts in their ``create``/``open``."""
 
     def __init__(self, rows: RowStore, index: VectorIndex, features: FeatureStore, *, config: BankConfig,
-                 uid: str, read_only: bool = False):
+                 uid: str, read_only: bool = False, audit: bool = False):
+        if not isinstance(audit, bool):
+            raise DataFormatError(f"audit must be true or false, got {shown(audit)}")
         self._rows = rows
         self._index = index
         self._features = features
         self.config = config
         self.uid = uid
         self.read_only = read_only
+        self.audit = audit  # a deleted case's history keeps its values (off: only kinds, times and field names)
+        self.updates_made = 0  # updates in place by this process (update, add with new meta)
+        features.keep_values = audit
         self._count = rows.count()
         self._closed = False
         self._usage: tuple[np.ndarray, np.ndarray] | None = None  # (shown_N, reward_sum_N), loaded on first need
@@ -397,13 +441,18 @@ class BankFront:
 
     # ------------------------------------------------------------------ writes
 
-    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False) -> list[str]:
+    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False,
+            update_meta: bool = True) -> list[str]:
         """Store cases and their unit-norm embeddings ``[N, D]``.
 
-        Returns one id per input case. A case whose content (state, action, env, kind) is already stored, or
-        repeats an earlier case of the same call, is skipped and its stored id returned, unless
-        ``allow_duplicates``. Ids left ``None`` are derived from the content hash. Nothing is written if any case
-        or embedding is invalid. (What a crash during the call leaves: :mod:`memento.memory.protocol`.)
+        Returns one id per input case. A case whose content (state, action, env, kind, scope) is already stored,
+        or repeats an earlier case of the same call, is skipped and its stored id returned, unless
+        ``allow_duplicates``; when it brings meta other than the stored case's (a non-empty ``meta``), the stored
+        case takes that meta in place, as :meth:`update` does (its version bumped, an ``update`` event in its
+        history; mem0's ``add``), unless ``update_meta=False`` (the online loops' retention: a resumed run adds again
+        what it re-plays, and :meth:`truncate` would not roll an update in place back). Ids left ``None`` are
+        derived from the content hash. Nothing is written if any case or embedding is invalid. (What a crash during
+        the call leaves: :mod:`memento.memory.protocol`.)
         """
         self._check_writable()
         cases = list(cases)
@@ -422,11 +471,56 @@ class BankFront:
             out, planned = self._plan_ids(cases, hashes, allow_duplicates=allow_duplicates, warn=True)
             new_rows = self._new_rows(cases, hashes, emb_ND, planned)
             self._rows.insert(new_rows)
+            updated = self._take_new_meta(cases, out, planned) if update_meta and not allow_duplicates else 0
         self._stored(new_rows)
         skipped = len(cases) - len(new_rows)
         if skipped:
-            logger.debug("%s: skipped %d duplicate case(s)", self.path, skipped)
+            logger.debug("%s: skipped %d duplicate case(s)%s", self.path, skipped,
+                         f", {updated} of them with new meta (updated in place)" if updated else "")
         return out
+
+    def _take_new_meta(self, cases: Sequence[Case], out: Sequence[str], planned: Sequence[tuple[int, str]]) -> int:
+        """The stored cases that ``cases`` repeat with other, non-empty meta take it (in the caller's transaction;
+        the last of a call wins); returns how many were updated."""
+        new_ids = {case_id for _, case_id in planned}
+        wanted: dict[str, dict[str, Any]] = {}
+        for case, case_id in zip(cases, out):
+            if case.meta and case_id not in new_ids:
+                wanted[case_id] = case.meta
+        if not wanted:
+            return 0
+        found = self._rows.find(list(wanted))
+        stored = self._rows.cases_at([found[case_id] for case_id in wanted])
+        now = time.time()
+        updated = 0
+        for case_id, old in zip(wanted, stored):
+            if _meta_text(wanted[case_id]) != _meta_text(old.meta):
+                self._apply_update(found[case_id], old, {"meta": wanted[case_id]}, now)
+                updated += 1
+        return updated
+
+    def _apply_update(self, position: int, old: Case, changes: dict[str, Any], now: float) -> Case:
+        """Write ``changes`` (of :data:`memento.memory.history.UPDATABLE` fields) to the case ``old`` at
+        ``position`` with its version bumped and an ``update`` event, in the caller's transaction; returns the new
+        case. Content that another live case holds already is refused (``DataFormatError``)."""
+        names = tuple(name for name in UPDATABLE if name in changes)
+        new = dataclasses.replace(old, **{name: changes[name] for name in names}, version=old.version + 1,
+                                  updated=now)
+        self._check_text(new, 0)
+        digest = new.content_hash
+        if digest != old.content_hash:
+            clash = self._rows.live_by_hash([digest], None).get(digest)
+            if clash is not None and clash != old.id:
+                raise DataFormatError(f"update: case {old.id!r} would then hold the content of case {clash!r}; "
+                                      "delete one of them instead")
+        self._rows.update(position, new, digest)
+        self.updates_made += 1
+        self._features.record_events([EventRow(pos=position, event="update", time=now, version=new.version,
+                                               fields=names, old={name: getattr(old, name) for name in names},
+                                               new={name: getattr(new, name) for name in names})])
+        if "action" in names:  # the action's vector (a case feature) is computed again on need
+            self._features.drop_actions([position])
+        return new
 
     def _new_rows(self, cases: Sequence[Case], hashes: Sequence[str], emb_ND: np.ndarray,
                   planned: Sequence[tuple[int, str]]) -> list[NewRow]:
@@ -490,12 +584,41 @@ class BankFront:
 
     def update_reward(self, case_id: str, reward: float) -> None:
         """Set the reward of a stored case: a number in [0, 1] (:func:`memento.types.check_reward`, as every entry
-        point checks it); anything else raises ``DataFormatError`` and changes nothing."""
+        point checks it); anything else raises ``DataFormatError`` and changes nothing. ``update(case_id,
+        reward=reward)``: a change is an update in place (version, history)."""
+        self.update(case_id, reward=check_reward(reward, "reward"))
+
+    def update(self, case_id: str, *, action: str | None = None, reward: float | None = None,
+               meta: dict[str, Any] | None = None, state: str | None = None) -> Case:
+        """Change a live case in place (mem0's ``update``): its ``action``, ``reward`` and/or ``meta`` (replaced
+        whole), keeping its id, vector, scope and usage; its ``version`` goes up by one, ``updated`` is now, and
+        its history gets an ``update`` event with the old and new values. Returns the case as stored now (as it
+        was, with no version bump, when nothing given differs). ``state`` may only repeat the stored state: a new
+        state would need a new vector, so :meth:`replace` the case instead. An unknown or deleted id raises
+        ``UnknownCaseError``; a bad value ``DataFormatError``, and nothing changes."""
         self._check_writable()
-        value = check_reward(reward, "reward")
-        (position,) = self._positions([case_id]).tolist()
-        with self._rows.transaction("the reward violates"):
-            self._rows.set_reward(position, value)
+        if action is None and reward is None and meta is None and state is None:
+            raise DataFormatError("update: give at least one of action, reward or meta")
+        (position,) = self._live_positions([case_id], "update").tolist()
+        old = self._rows.cases_at([position])[0]
+        if state is not None and state != old.state:
+            raise DataFormatError(f"update cannot change the state of case {case_id!r} (its vector would change): "
+                                  "replace the case instead (replace_case, PUT /v1/cases/{id})")
+        changes: dict[str, Any] = {}
+        if action is not None and check_text(action, "action") != old.action:
+            changes["action"] = action
+        if reward is not None and check_reward(reward, "reward") != old.reward:
+            changes["reward"] = check_reward(reward, "reward")
+        if meta is not None:
+            dataclasses.replace(old, meta=meta)  # checked as a case's meta is
+            if _meta_text(meta) != _meta_text(old.meta):
+                changes["meta"] = meta
+        if not changes:
+            return old
+        with self._rows.transaction("the update violates"):
+            new = self._apply_update(position, old, changes, time.time())
+        logger.info("%s: updated case %r (%s; version %d)", self.path, case_id, ", ".join(changes), new.version)
+        return new
 
     # ------------------------------------------------------------------ forgetting (tombstones)
 
@@ -572,6 +695,8 @@ class BankFront:
                                           dead=int(positions_M[0]))
             new_rows = self._new_rows([case], [digest], emb_1D, planned)
             self._rows.insert(new_rows)
+            self._features.record_events([EventRow(pos=row.pos, event="add", time=row.created, version=1,
+                                                   fields=(), link=case_id) for row in new_rows])
             self._rows.tombstone(positions_M.tolist(), [case_id], out[0])
             self._features.forget(positions_M.tolist())
         self._stored(new_rows)
@@ -605,13 +730,89 @@ class BankFront:
     @overload
     def get(self, ids: Sequence[str]) -> list[Case]: ...
 
-    def get(self, ids: str | Sequence[str]) -> Case | list[Case]:
-        """The stored case(s), in the order asked; an unknown id raises ``UnknownCaseError``."""
+    def get(self, ids: str | Sequence[str], *, include_deleted: bool = False) -> Case | list[Case]:
+        """The stored case(s), in the order asked; an unknown or deleted (or replaced) id raises
+        ``UnknownCaseError``. ``include_deleted``: read deleted cases' rows too (for the internal readers of logged
+        decisions: the inspector, off-policy evaluation, a bank copy; never an answer to a user's read)."""
         self._check_open()
         single = isinstance(ids, str)
         wanted: list[str] = [ids] if isinstance(ids, str) else list(ids)
-        result = self._rows.cases_at(self._positions(wanted).tolist())
+        positions = self._positions(wanted)
+        if not include_deleted:
+            gone = np.flatnonzero(np.isin(positions, self._rows.deleted_positions()))
+            if gone.size:
+                raise UnknownCaseError(f"{self.path}: case {wanted[int(gone[0])]!r} was deleted")
+        result = self._rows.cases_at(positions.tolist())
         return result[0] if single else result
+
+    def history(self, case_id: str) -> list[CaseEvent]:
+        """The events of a stored case, oldest first (:mod:`memento.memory.history`): its ``add``, its ``update``
+        events with the fields changed and their old and new values, and its ``replace`` or ``delete``. A deleted
+        or replaced case's history keeps only the events' kinds, times, versions and field names, unless the bank
+        was opened with ``audit=True``. An unknown id raises ``UnknownCaseError``."""
+        self._check_open()
+        if not isinstance(case_id, str) or not case_id:
+            raise DataFormatError(f"history: case id must be a non-empty string, got {shown(case_id)}")
+        (position,) = self._positions([case_id]).tolist()
+        case = self._rows.cases_at([position])[0]
+        tomb = self._rows.tombstones_at([position]).get(position)
+        values = tomb is None or self.audit
+        stored = self._features.events_at(position)
+        updates = [event for event in stored if event.event == "update"]
+        replaces = next((event.link for event in stored if event.event == "add"), None)
+        first = {name: getattr(case, name) for name in UPDATABLE}
+        for event in reversed(updates):  # the values it was added with: the oldest update's old values
+            first.update(event.old or {name: None for name in event.fields})  # None: erased, not known
+        added = {**{key: value for key, value in case.to_json().items() if key != "id"}, **first}
+        if not added.get("meta"):  # no meta (or none known)
+            added.pop("meta", None)
+        events = [CaseEvent(event="add", time=float(case.created or 0.0), case_id=case_id, version=1,
+                            fields=tuple(added), new=added if values else None, replaces=replaces)]
+        events += [CaseEvent(event="update", time=event.time, case_id=case_id, version=event.version,
+                             fields=event.fields, old=event.old if values else None,
+                             new=event.new if values else None) for event in updates]
+        if tomb is not None:
+            when, replaced_by = tomb
+            events.append(CaseEvent(event="replace" if replaced_by else "delete", time=when, case_id=case_id,
+                                    version=case.version, replaced_by=replaced_by))
+        return events
+
+    def count(self, *, env: str | None = None, kind: str | None = None,
+              scope: Scope | Mapping[str, Any] | None = None, filter: Where | Mapping[str, Any] | None = None) -> int:
+        """How many live cases there are of ``env``/``kind``, in ``scope``, whose meta match ``filter``
+        (:mod:`memento.memory.where`); all live cases when none is given."""
+        self._check_open()
+        return int(self._rows.live_positions(Filter.of(env, kind, False, scope, filter), self._count).size)
+
+    def ids_where(self, *, env: str | None = None, kind: str | None = None,
+                  scope: Scope | Mapping[str, Any] | None = None,
+                  filter: Where | Mapping[str, Any] | None = None) -> list[str]:
+        """The ids of the live cases :meth:`count` counts, in position order."""
+        self._check_open()
+        return self._rows.ids_at(self._rows.live_positions(Filter.of(env, kind, False, scope, filter),
+                                                           self._count).tolist())
+
+    def delete_where(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+                     filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> list[str]:
+        """:meth:`delete_all`, returning the ids it deleted (in position order)."""
+        self._check_writable()
+        if not isinstance(all, (bool, np.bool_)):
+            raise DataFormatError(f"delete_all: all must be true or false, got {shown(all)}")
+        where = Filter.of(env, None, False, scope, filter)
+        if where.scope is None and where.meta is None and not all:
+            raise DataFormatError("delete_all needs a scope (user, agent, session) or a metadata filter, so that no "
+                                  "one deletes every tenant's cases by accident; pass all=True to delete every case")
+        ids = self.ids_where(env=env, scope=where.scope, filter=where.meta)
+        if ids:
+            self.delete(ids)
+        return ids
+
+    def delete_all(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+                   filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> int:
+        """Delete every live case of ``scope`` whose meta match ``filter`` (and of ``env`` when given), as
+        :meth:`delete` does (one transaction); returns how many. A scope or a filter is required, so that no one
+        wipes every tenant's cases by accident: ``all=True`` deletes every (matching) case without one."""
+        return len(self.delete_where(env=env, scope=scope, filter=filter, all=all))
 
     def rewards(self, ids: Sequence[str]) -> np.ndarray:
         """The stored rewards ``[N]`` (float64) of the given case ids, in the order asked."""

@@ -11,6 +11,8 @@ One collection per bank, one row per case::
     state, action, kind, meta    VARCHAR (meta is JSON text, keys sorted); env VARCHAR, nullable
     reward, created              DOUBLE
     deleted  BOOL                a tombstone (delete/replace); deleted_at DOUBLE, replaced_by VARCHAR
+    version  INT64, updated DOUBLE   changes in place (``update``) and the time of the last one (collections
+                                 made before them read version 1, updated = created)
     vector   FLOAT_VECTOR(dim)   the unit-norm state vector, inner-product metric
 
 The case features (the Q-network's usage statistics and action vectors, :mod:`memento.learn.features`) live
@@ -18,7 +20,9 @@ in two side collections, created on first write: ``<collection>__usage`` (one ro
 ``step``, ``pos``, ``reward``; an auto-id key, and a constant 2-d vector since Milvus wants one in every
 collection), ``<collection>__actions`` (``pos`` primary key, the action's ``vector``) and ``<collection>__evidence``
 (one row per time a case was labelled: ``step``, ``pos``, ``weight``, ``value``, as the usage log). ``delete`` and
-``truncate`` remove a case's rows there too.
+``truncate`` remove a case's rows there too. The cases' history (:mod:`memento.memory.history`) is a fourth,
+``<collection>__history`` (one row per stored event, an auto-id key; a delete erases its cases' values there unless
+the bank was opened with ``audit=True``).
 
 The bank's identity lives in the collection's properties: ``memento.format``, ``memento.format_version``,
 ``memento.uid`` and ``memento.config`` (the :class:`BankConfig` JSON: dim, index, encoder), written by the one
@@ -83,10 +87,12 @@ from memento.extras import install_hint
 from memento.io import parse_json
 from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
+from memento.memory.history import UPDATABLE, EventRow
 from memento.memory.where import milvus_attrs
 from memento.types import SCOPE_FIELDS, Case, shown
 
-__all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "EVIDENCE_SUFFIX", "USAGE_SUFFIX", "MilvusBank", "MilvusFeatures",
+__all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "EVIDENCE_SUFFIX", "HISTORY_SUFFIX", "USAGE_SUFFIX", "MilvusBank",
+           "MilvusFeatures",
            "MilvusOptions", "MilvusRows", "MilvusVectors", "milvus_index"]
 
 logger = logging.getLogger(__name__)
@@ -95,6 +101,7 @@ DEFAULT_COLLECTION = "memento_cases"
 USAGE_SUFFIX = "__usage"  # the side collections of the case features
 EVIDENCE_SUFFIX = "__evidence"
 ACTIONS_SUFFIX = "__actions"
+HISTORY_SUFFIX = "__history"  # the cases' history log (memento.memory.history)
 _MAX_TEXT = 65_535  # bytes in a Milvus VARCHAR
 _MAX_ID = 512
 _MAX_TOPK = 16_384  # Milvus' limit on a search's top-k and on nq
@@ -105,6 +112,9 @@ _FIELDS = ("pos", "id", "hash", "state", "action", "reward", "env", "kind", "met
 _CASE_FIELDS = ["pos", "id", "state", "action", "reward", "env", "kind", "meta", "created"]
 _SCOPE_FIELDS = [f"scope_{name}" for name in SCOPE_FIELDS]
 _ATTRS = "attrs"  # the meta as a JSON field (what metadata filters read)
+_VERSION_FIELDS = ["version", "updated"]  # collections made before updates in place have neither
+_HISTORY_FIELDS = ("seq", "pos", "event", "time", "version", "fields", "link", "old_action", "old_reward", "old_meta",
+                   "new_action", "new_reward", "new_meta")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -207,6 +217,7 @@ class MilvusRows:
         described = self.call("open", self.client.describe_collection, self.collection)
         names = {str(field.get("name")) for field in described.get("fields") or []}
         self.scoped = _ATTRS in names and set(_SCOPE_FIELDS) <= names  # created with scopes (memento >= 0.33)
+        self.versioned = set(_VERSION_FIELDS) <= names  # created with case versions
         self.rows = self.count()
         self.committed = self.rows  # what readers and searches see (rows past it: a write in progress)
         self._forget_hook: Any = None  # MilvusFeatures' removal of side rows (set by it)
@@ -460,6 +471,10 @@ class MilvusRows:
             raise BankError(f"{self.name}: this collection was created before cases had scopes (user, agent, "
                             "session); export it (bank export) and import it into a new collection to store scoped "
                             "cases")
+        if self.versioned:
+            for row, r in zip(data, rows):
+                row["version"] = int(r.case.version)
+                row["updated"] = float(r.created if r.case.updated is None else r.case.updated)
         step = self.options.insert_batch
         for start in range(0, len(data), step):
             batch = data[start:start + step]
@@ -489,6 +504,51 @@ class MilvusRows:
 
     def set_reward(self, position: int, reward: float) -> None:
         self._upsert("upsert", self.read([position], self.all_fields()), reward=reward)
+
+    def update(self, position: int, case: Case, digest: str) -> None:
+        """Rewrite the row at ``position`` with ``case``'s action, reward and meta, its content hash and (in a
+        collection made with them) its version and update time; the mirror of hashes follows."""
+        changes: dict[str, Any] = {"action": case.action, "reward": float(case.reward), "meta": case_meta_json(case),
+                                   "hash": digest}
+        if self.scoped:
+            changes[_ATTRS] = milvus_attrs(case.meta)
+        if self.versioned:
+            changes.update(version=int(case.version), updated=float(case.updated or 0.0))
+        else:
+            logger.warning("%s: this collection was created before case versions: case %r was updated, but its "
+                           "version reads 1 (its history records the update)", self.name, case.id)
+        self._upsert("update", self.read([position], self.all_fields()), **changes)
+        self._ensure_loaded()
+        old = self._hashes[position]
+        if old != digest:
+            self._hashes[position] = digest
+            if self._live_hash.get(old) == case.id:
+                del self._live_hash[old]
+                others = [self._ids[p] for p, h in enumerate(self._hashes) if h == old and p not in self._deleted]
+                if others:
+                    self._live_hash[old] = min(others)
+            if digest not in self._live_hash or str(case.id) < self._live_hash[digest]:
+                self._live_hash[digest] = str(case.id)
+
+    def live_positions(self, where: Filter, count: int) -> np.ndarray:
+        """The live positions below ``count`` that ``where`` keeps, sorted (one filtered scan)."""
+        expression = f"{_filter_expression(self, where)} and pos < {int(count)}"
+        found: set[int] = set()
+        batches = self.call("read", self.client.query_iterator, self.collection, batch_size=4096, filter=expression,
+                            output_fields=["pos"])
+        try:
+            while batch := self.call("read", batches.next):
+                found.update(int(r["pos"]) for r in batch)
+        finally:
+            batches.close()
+        return np.asarray(sorted(found), dtype=np.int64)
+
+    def tombstones_at(self, positions: Sequence[int]) -> dict[int, tuple[float, str | None]]:
+        """``{pos: (time, replaced_by)}`` of those ``positions`` that are tombstoned."""
+        self._ensure_loaded()
+        dead = [int(p) for p in positions if int(p) in self._deleted]
+        rows = self.read(dead, ["pos", "deleted_at", "replaced_by"]) if dead else {}
+        return {p: (float(row["deleted_at"]), row.get("replaced_by") or None) for p, row in rows.items()}
 
     def tombstone(self, positions: Sequence[int], ids: Sequence[str], replaced_by: str | None) -> None:
         """Flag rows deleted: in a transaction, after its commit point (the mirror follows at once)."""
@@ -539,16 +599,21 @@ class MilvusRows:
 
     def all_fields(self) -> list[str]:
         """Every field of a row (what an upsert rewrites)."""
-        return [*_FIELDS, _ATTRS, *_SCOPE_FIELDS] if self.scoped else list(_FIELDS)
+        fields = [*_FIELDS, _ATTRS, *_SCOPE_FIELDS] if self.scoped else list(_FIELDS)
+        return fields + _VERSION_FIELDS if self.versioned else fields
 
     def case_fields(self) -> list[str]:
-        return _CASE_FIELDS + _SCOPE_FIELDS if self.scoped else _CASE_FIELDS
+        fields = _CASE_FIELDS + _SCOPE_FIELDS if self.scoped else _CASE_FIELDS
+        return fields + _VERSION_FIELDS if self.versioned else fields
 
     def _case(self, row: dict[str, Any]) -> Case:
         try:
             meta = parse_json(row["meta"], where="meta", error=DataFormatError)
+            created = float(row["created"])
+            updated = row.get("updated")
             return Case(id=row["id"], state=row["state"], action=row["action"], reward=float(row["reward"]),
-                        env=row.get("env"), kind=row["kind"], meta=meta, created=float(row["created"]),
+                        env=row.get("env"), kind=row["kind"], meta=meta, created=created,
+                        version=int(row.get("version") or 1), updated=created if updated is None else float(updated),
                         **{name: row.get(field) for name, field in zip(SCOPE_FIELDS, _SCOPE_FIELDS)})
         except DataFormatError as error:  # a row written outside memento, or before a field's range was decided
             raise BankError(f"{self.name}: case {shown(row.get('id'))} is out of range: {error}") from None
@@ -609,6 +674,28 @@ class MilvusRows:
         disconnect(self.client, self.lite_dir)
 
 
+def _filter_expression(rows: MilvusRows, where: Filter) -> str:
+    """The Milvus filter expression of ``where`` over the live committed rows of a bank's collection."""
+    parts = [f"pos < {rows.committed}", "deleted == false"]  # rows past it: a write in progress
+    if where.env is not None:
+        parts.append(f"env == {_quote(where.env)}")
+    if where.kind is not None:
+        parts.append(f"kind == {_quote(where.kind)}")
+    if where.positive:
+        parts.append("reward > 0")
+    if where.scope is not None:
+        if rows.scoped:
+            parts.append(where.scope.milvus())
+        elif not where.scope.include_global:
+            return "pos < 0"  # no case of a collection made before scopes has one: nothing matches
+    if where.meta is not None:
+        if not rows.scoped:
+            raise BankError(f"{rows.name}: this collection was created before metadata filters; export "
+                            "it (bank export) and import it into a new collection to filter on metadata")
+        parts.append(where.meta.milvus(_ATTRS))
+    return " and ".join(parts)
+
+
 class MilvusVectors:
     """The vector index of a Milvus bank: the collection's ``vector`` field and its Milvus index; filters become
     a Milvus filter expression (``deleted == false and env == ... and reward > 0``)."""
@@ -621,24 +708,7 @@ class MilvusVectors:
         """Nothing: the row store's insert wrote the vectors."""
 
     def _filter(self, where: Filter) -> str:
-        parts = [f"pos < {self._rows.committed}", "deleted == false"]  # rows past it: a write in progress
-        if where.env is not None:
-            parts.append(f"env == {_quote(where.env)}")
-        if where.kind is not None:
-            parts.append(f"kind == {_quote(where.kind)}")
-        if where.positive:
-            parts.append("reward > 0")
-        if where.scope is not None:
-            if self._rows.scoped:
-                parts.append(where.scope.milvus())
-            elif not where.scope.include_global:
-                return "pos < 0"  # no case of a collection made before scopes has one: nothing matches
-        if where.meta is not None:
-            if not self._rows.scoped:
-                raise BankError(f"{self._rows.name}: this collection was created before metadata filters; export "
-                                "it (bank export) and import it into a new collection to filter on metadata")
-            parts.append(where.meta.milvus(_ATTRS))
-        return " and ".join(parts)
+        return _filter_expression(self._rows, where)
 
     def _search_params(self, k: int) -> dict[str, Any]:
         index_type, _ = milvus_index(self.config.index.factory)
@@ -706,15 +776,60 @@ class MilvusFeatures:
         self.usage = f"{rows.collection}{USAGE_SUFFIX}"
         self.actions = f"{rows.collection}{ACTIONS_SUFFIX}"
         self.evidence = f"{rows.collection}{EVIDENCE_SUFFIX}"
+        self.history = f"{rows.collection}{HISTORY_SUFFIX}"
+        self.keep_values = False  # a forgotten case's history keeps its values (a bank opened with audit=True)
         self._have: dict[str, bool] = {}
         rows._forget_hook = self._remove
 
     def _remove(self, positions: Sequence[int] | None, beyond: int | None) -> None:
-        """Delete the side rows of ``positions``, or of every position ``>= beyond``."""
+        """Delete the side rows of ``positions`` (and erase the values of their history unless ``keep_values``), or
+        of every position ``>= beyond``."""
         listed = f"pos >= {int(beyond)}" if positions is None else \
             f"pos in [{', '.join(str(int(p)) for p in positions)}]"
         for name in (self.usage, self.actions, self.evidence):
             self._delete(name, listed)
+        if positions is None:
+            self._delete(self.history, listed)
+        elif not self.keep_values:
+            self._erase(listed)
+
+    def _erase(self, expression: str) -> None:
+        """Rewrite the history rows matching ``expression`` without their values (deleted, then inserted again:
+        an auto-id collection takes no upsert; the order is by time)."""
+        if not self._exists(self.history):
+            return
+        rows = self._rows.call("read", self._rows.client.query, self.history, filter=expression,
+                               output_fields=list(_HISTORY_FIELDS))
+        values = [f"{side}_{name}" for side in ("old", "new") for name in UPDATABLE]
+        kept = [{**{name: row.get(name) for name in _HISTORY_FIELDS}, **dict.fromkeys(values), "vector": [1.0, 0.0]}
+                for row in rows if any(row.get(name) is not None for name in values)]
+        if not kept:
+            return
+        self._rows.call("delete", self._rows.client.delete, self.history,
+                        filter=f"seq in [{', '.join(str(int(row['seq'])) for row in rows)}]")
+        for row in kept:
+            row.pop("seq", None)
+        self._rows.call("insert", self._rows.client.insert, self.history, kept)
+
+    def record_events(self, events: Sequence[EventRow]) -> None:
+        if not events:
+            return
+        self._ensure(self.history)
+        rows = [{**event.columns(), "vector": [1.0, 0.0]} for event in events]
+        for row in rows:
+            row["link"] = row["link"] or ""
+        self._rows.call("insert", self._rows.client.insert, self.history, rows)
+
+    def events_at(self, position: int) -> list[EventRow]:
+        if not self._exists(self.history):
+            return []
+        rows = self._rows.call("read", self._rows.client.query, self.history, filter=f"pos == {int(position)}",
+                               output_fields=list(_HISTORY_FIELDS))
+        rows.sort(key=lambda row: (float(row["time"]), int(row["seq"])))
+        return [EventRow.from_columns(row) for row in rows]
+
+    def drop_actions(self, positions: Sequence[int]) -> None:
+        self._delete(self.actions, f"pos in [{', '.join(str(int(p)) for p in positions)}]")
 
     def _exists(self, name: str) -> bool:
         """Whether the side collection ``name`` exists (then loaded: a collection is searched once loaded)."""
@@ -731,8 +846,20 @@ class MilvusFeatures:
         pymilvus = _pymilvus()  # created once, with its index, then loaded
         DataType = pymilvus.DataType
         usage = name in (self.usage, self.evidence)  # the per-step logs: an auto-id row each
-        schema = pymilvus.MilvusClient.create_schema(auto_id=usage, enable_dynamic_field=False)
-        if usage:
+        schema = pymilvus.MilvusClient.create_schema(auto_id=usage or name == self.history, enable_dynamic_field=False)
+        if name == self.history:  # one auto-id row per event; values nullable (erased after a delete)
+            schema.add_field("seq", DataType.INT64, is_primary=True)
+            schema.add_field("pos", DataType.INT64)
+            schema.add_field("event", DataType.VARCHAR, max_length=16)
+            schema.add_field("time", DataType.DOUBLE)
+            schema.add_field("version", DataType.INT64)
+            schema.add_field("fields", DataType.VARCHAR, max_length=256)
+            schema.add_field("link", DataType.VARCHAR, max_length=_MAX_ID)
+            for side in ("old", "new"):
+                schema.add_field(f"{side}_action", DataType.VARCHAR, max_length=_MAX_TEXT, nullable=True)
+                schema.add_field(f"{side}_reward", DataType.DOUBLE, nullable=True)
+                schema.add_field(f"{side}_meta", DataType.VARCHAR, max_length=_MAX_TEXT, nullable=True)
+        elif usage:
             schema.add_field("seq", DataType.INT64, is_primary=True)
             schema.add_field("step", DataType.INT64)
             schema.add_field("pos", DataType.INT64)
@@ -740,7 +867,7 @@ class MilvusFeatures:
                 schema.add_field(column, DataType.DOUBLE)
         else:
             schema.add_field("pos", DataType.INT64, is_primary=True)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2 if usage else self._dim)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2 if usage or name == self.history else self._dim)
         client = self._rows.client
         self._rows.call("create", client.create_collection, name, schema=schema, consistency_level="Strong")
         self._rows.call("create", _declare_index, client, name, "FLAT", {})
@@ -809,7 +936,7 @@ class MilvusFeatures:
             self._remove(positions, None)
 
     def truncate(self, n: int) -> None:
-        for name in (self.usage, self.actions, self.evidence):
+        for name in (self.usage, self.actions, self.evidence, self.history):
             self._delete(name, f"pos >= {n}")
 
     def actions_at(self, positions_C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -841,7 +968,7 @@ class MilvusBank(BankFront):
     """
 
     def __init__(self, client: Any, *, uri: str, collection: str, name: str, config: BankConfig, uid: str,
-                 lite_dir: Path | None, options: MilvusOptions, read_only: bool = False):
+                 lite_dir: Path | None, options: MilvusOptions, read_only: bool = False, audit: bool = False):
         rows = MilvusRows(client, uri=uri, collection=collection, name=name, lite_dir=lite_dir, options=options)
         features = MilvusFeatures(rows, config.dim)
         if not read_only:
@@ -850,7 +977,8 @@ class MilvusBank(BankFront):
             except MementoError:
                 disconnect(client, lite_dir)
                 raise
-        super().__init__(rows, MilvusVectors(rows, config), features, config=config, uid=uid, read_only=read_only)
+        super().__init__(rows, MilvusVectors(rows, config), features, config=config, uid=uid, read_only=read_only,
+                         audit=audit)
         self.uri = uri
         self.collection = collection
         self.options = options
@@ -900,7 +1028,7 @@ class MilvusBank(BankFront):
     @classmethod
     def create(cls, uri: str, dim: int, index: str | IndexConfig = "Flat", *, collection: str = DEFAULT_COLLECTION,
                encoder: EncoderConfig | None = None, exist_ok: bool = False,
-               options: MilvusOptions | None = None) -> MilvusBank:
+               options: MilvusOptions | None = None, audit: bool = False) -> MilvusBank:
         """Create an empty bank: the collection ``collection`` at ``uri`` for ``dim``-dimensional unit vectors."""
         options = options or MilvusOptions()
         index_config = IndexConfig(factory=index) if isinstance(index, str) else index
@@ -913,7 +1041,7 @@ class MilvusBank(BankFront):
             if client.has_collection(collection):
                 disconnect(client, lite_dir)
                 if exist_ok:
-                    return cls.open(uri, collection=collection, dim=dim, options=options)
+                    return cls.open(uri, collection=collection, dim=dim, options=options, audit=audit)
                 raise BankError(f"{name}: a collection of that name already exists")
             pymilvus = _pymilvus()
             DataType = pymilvus.DataType
@@ -934,6 +1062,8 @@ class MilvusBank(BankFront):
             schema.add_field("deleted", DataType.BOOL)
             schema.add_field("deleted_at", DataType.DOUBLE)
             schema.add_field("replaced_by", DataType.VARCHAR, max_length=_MAX_ID)
+            schema.add_field("version", DataType.INT64, nullable=True)  # null: 1
+            schema.add_field("updated", DataType.DOUBLE, nullable=True)  # null: created
             schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
             uid = uuid.uuid4().hex
             properties = {f"{_PROP}format": BANK_FORMAT, f"{_PROP}format_version": str(BANK_FORMAT_VERSION),
@@ -950,13 +1080,14 @@ class MilvusBank(BankFront):
             raise BankError(f"{name}: cannot create the collection: {_one_line(error)}") from None
         logger.info("created Milvus case bank %s (dim=%d, index=%s)", name, dim, index_type)
         return cls(client, uri=uri, collection=collection, name=name, config=config, uid=uid, lite_dir=lite_dir,
-                   options=options)
+                   options=options, audit=audit)
 
     @classmethod
     def open(cls, uri: str, *, collection: str = DEFAULT_COLLECTION, dim: int | None = None,
              encoder: EncoderConfig | None = None, index: IndexConfig | None = None, read_only: bool = False,
-             options: MilvusOptions | None = None) -> MilvusBank:
-        """Open an existing bank; ``dim``/``encoder``, when given, must be the bank's (one-line errors)."""
+             options: MilvusOptions | None = None, audit: bool = False) -> MilvusBank:
+        """Open an existing bank; ``dim``/``encoder``, when given, must be the bank's (one-line errors). ``audit``:
+        a deleted case's history keeps its values (:mod:`memento.memory.history`)."""
         options = options or MilvusOptions()
         name = f"milvus:{uri}#{collection}"
         client, lite_dir = cls.connect(uri, options=options, must_exist=True)
@@ -991,7 +1122,7 @@ class MilvusBank(BankFront):
             disconnect(client, lite_dir)
             raise BankError(f"{name}: cannot open: {_one_line(error)}") from None
         bank = cls(client, uri=uri, collection=collection, name=name, config=config, uid=props[f"{_PROP}uid"],
-                   lite_dir=lite_dir, options=options, read_only=read_only)
+                   lite_dir=lite_dir, options=options, read_only=read_only, audit=audit)
         return bank
 
 
@@ -1074,7 +1205,8 @@ def drop_milvus_bank(uri: str, collection: str, *, options: MilvusOptions | None
     options = options or MilvusOptions()
     client, lite_dir = MilvusBank.connect(uri, options=options, must_exist=False)
     try:
-        for name in (collection, *(collection + suffix for suffix in (USAGE_SUFFIX, ACTIONS_SUFFIX, EVIDENCE_SUFFIX))):
+        for name in (collection, *(collection + suffix for suffix in (USAGE_SUFFIX, ACTIONS_SUFFIX, EVIDENCE_SUFFIX,
+                                                                     HISTORY_SUFFIX))):
             if client.has_collection(name):
                 client.drop_collection(name)
         others = client.list_collections()

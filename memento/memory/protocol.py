@@ -10,9 +10,12 @@ and feature store:
 
 Both keep the same case ids (content-hash ids ``c<sha256[:16]>`` unless the case brings its own), the same
 dense positions (a case's position is its insertion index; the faiss label in a directory bank, the primary key
-in a Milvus collection), the same de-duplication (by :func:`memento.types.content_hash` among live cases) and
-the same forgetting (``delete``/``replace`` tombstone a case: it is never found, listed or chosen again, but
-``get``/``embeddings_at``/``positions_of`` still read it, so logged decisions can be replayed).
+in a Milvus collection), the same de-duplication (by :func:`memento.types.content_hash` among live cases; an
+``add`` of stored content with new meta updates the stored case's meta in place), the same forgetting
+(``delete``/``replace``/``delete_all`` tombstone a case: it is never found, listed, chosen or read by ``get`` again,
+but ``get(..., include_deleted=True)`` and ``embeddings_at``/``positions_of`` still read its row, so logged
+decisions can be replayed) and the same case lifecycle (``update`` in place with a ``version``, ``history``;
+:mod:`memento.memory.history`).
 
 Operations, and what a Milvus bank does with each:
 
@@ -29,7 +32,12 @@ operation                          Milvus bank
                                    (:mod:`memento.memory.where`) become a Milvus filter expression
 ``candidates``                     yes; the vectors come back with the hits (``output_fields``)
 ``update_reward``                  yes (the row is rewritten with ``upsert``)
-``delete`` / ``replace``           yes (a ``deleted`` flag on the row; searches filter on it); whole
+``update``                         yes (the row is rewritten with ``upsert``; a collection made before case
+                                   versions stores no version: it reads 1, the history has the update)
+``history``                        yes (events in a side collection ``<collection>__history``)
+``count`` / ``ids_where``          yes (a filtered query over the live committed rows)
+``delete`` / ``replace`` /         yes (a ``deleted`` flag on the row; searches filter on it); whole
+``delete_all``
 ``is_deleted`` / ``deleted_ids``    yes
 ``iter_cases`` / ``export_jsonl``  yes (position order; deleted cases left out)
 ``import_jsonl``                   yes
@@ -73,6 +81,7 @@ import numpy as np
 
 from memento.config import BankConfig
 from memento.memory.front import Candidates
+from memento.memory.history import CaseEvent
 from memento.memory.where import Scope, Where
 from memento.types import Case
 
@@ -86,6 +95,7 @@ class Bank(Protocol):
     uid: str
     config: BankConfig
     read_only: bool
+    audit: bool
 
     @property
     def path(self) -> Path | str:
@@ -107,13 +117,23 @@ class Bank(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
     # ---- writes
-    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False) -> list[str]: ...
+    def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False,
+            update_meta: bool = True) -> list[str]: ...
 
     def check_ids(self, cases: Sequence[Case], *, allow_duplicates: bool = False) -> None: ...
 
     def update_reward(self, case_id: str, reward: float) -> None: ...
 
+    def update(self, case_id: str, *, action: str | None = None, reward: float | None = None,
+               meta: dict[str, Any] | None = None, state: str | None = None) -> Case: ...
+
     def delete(self, ids: str | Sequence[str]) -> int: ...
+
+    def delete_all(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+                   filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> int: ...
+
+    def delete_where(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+                     filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> list[str]: ...
 
     def replace(self, case_id: str, case: Case, embedding: Any) -> str: ...
 
@@ -123,9 +143,19 @@ class Bank(Protocol):
                      allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]: ...
 
     # ---- reads
-    def get(self, ids: Any) -> Any:
-        """``get(id) -> Case``, ``get([ids]) -> list[Case]``; an unknown id raises ``UnknownCaseError``."""
+    def get(self, ids: Any, *, include_deleted: bool = False) -> Any:
+        """``get(id) -> Case``, ``get([ids]) -> list[Case]``; an unknown or deleted id raises ``UnknownCaseError``
+        (``include_deleted``: deleted rows too, for the readers of logged decisions)."""
         ...
+
+    def history(self, case_id: str) -> list[CaseEvent]: ...
+
+    def count(self, *, env: str | None = None, kind: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+              filter: Where | Mapping[str, Any] | None = None) -> int: ...
+
+    def ids_where(self, *, env: str | None = None, kind: str | None = None,
+                  scope: Scope | Mapping[str, Any] | None = None,
+                  filter: Where | Mapping[str, Any] | None = None) -> list[str]: ...
 
     def rewards(self, ids: Sequence[str]) -> np.ndarray: ...
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from memento import sqlite
 
-__all__ = ["BankFileFacts", "count", "digest", "distinct", "facts", "has_tombstones", "page", "vacuum"]
+__all__ = ["BankFileFacts", "count", "digest", "distinct", "facts", "has_tombstones", "has_updates", "page", "vacuum"]
 
 _DIGEST_COLUMNS = "pos, id, state, action, reward, env, kind, meta, created, hash, embedding"
+_STABLE_COLUMNS = "pos, id, state, env, kind, created, embedding"  # what no write changes once a case is stored
 _PAGE_COLUMNS = ("pos", "id", "state", "action", "reward", "env", "kind")
 _FILTER_COLUMNS = ("env", "kind")
 
@@ -39,13 +40,27 @@ def count(db: Path) -> int:
         return int(conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0])
 
 
-def digest(db: Path, stop: int, *, start: int = 0, previous: str | None = None) -> str:
+def digest(db: Path, stop: int, *, start: int = 0, previous: str | None = None, stable: bool = False) -> str:
     """Chained sha256 (:func:`memento.sqlite.chain_digest`) of the cases at positions ``start <= pos < stop``
-    (content and embedding), extending ``previous``."""
+    (content and embedding), extending ``previous``. ``stable``: of the columns no write changes once a case is
+    stored (position, id, state, env, kind, creation time, embedding; ``update`` changes the action, reward and
+    meta in place)."""
     with _open(db) as conn:
-        rows = conn.execute(f"SELECT {_DIGEST_COLUMNS} FROM cases WHERE pos >= ? AND pos < ? ORDER BY pos",
-                            (start, stop))
+        rows = conn.execute(f"SELECT {_STABLE_COLUMNS if stable else _DIGEST_COLUMNS} FROM cases WHERE pos >= ? "
+                            "AND pos < ? ORDER BY pos", (start, stop))
         return sqlite.chain_digest(rows, previous)
+
+
+def has_updates(db: Path) -> bool:
+    """The bank records updates in place (``CaseBank.update``: an ``update`` event in its history log): its saved
+    rows may change without new rows."""
+    try:
+        with _open(db) as conn:
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'history'").fetchone() is None:
+                return False
+            return conn.execute("SELECT 1 FROM history WHERE event = 'update' LIMIT 1").fetchone() is not None
+    except sqlite3.Error:
+        return False
 
 
 def has_tombstones(db: Path) -> bool:

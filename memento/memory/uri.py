@@ -113,35 +113,36 @@ def _check_encoder(bank: Bank, encoder: EncoderConfig | None) -> None:
 
 def open_bank(uri: str | Path | BankLocation, *, dim: int | None = None, encoder: EncoderConfig | None = None,
               read_only: bool = False, index: IndexConfig | None = None, use_gpu: bool | None = None, seed: int = 0,
-              options: Any | None = None) -> Bank:
+              options: Any | None = None, audit: bool = False) -> Bank:
     """Open the bank named ``uri``; ``dim``/``encoder``, when given, must be the bank's (one-line errors).
 
     ``use_gpu``/``seed`` are a directory bank's (its faiss index); ``options`` a Milvus bank's
-    (:class:`memento.memory.milvus.MilvusOptions`: connect timeout, flush policy)."""
+    (:class:`memento.memory.milvus.MilvusOptions`: connect timeout, flush policy). ``audit``: a deleted case's
+    history keeps its values (:mod:`memento.memory.history`)."""
     where = uri if isinstance(uri, BankLocation) else parse_bank_uri(uri)
     if where.backend == "dir":
         assert where.path is not None
         bank: Bank = CaseBank.open(where.path, dim=dim, use_gpu=use_gpu, seed=seed, index=index,
-                                   read_only=read_only)
+                                   read_only=read_only, audit=audit)
         _check_encoder(bank, encoder)
         return bank
     from memento.memory.milvus import MilvusBank
 
     assert where.uri is not None and where.collection is not None
     return MilvusBank.open(where.uri, collection=where.collection, dim=dim, encoder=encoder, index=index,
-                           read_only=read_only, options=_options(options))
+                           read_only=read_only, options=_options(options), audit=audit)
 
 
 def create_bank(uri: str | Path | BankLocation, dim: int, index: str | IndexConfig = "Flat", *,
                 encoder: EncoderConfig | None = None, exist_ok: bool = False, use_gpu: bool | None = None,
-                seed: int = 0, options: Any | None = None, vectors: VectorStore = "ram") -> Bank:
+                seed: int = 0, options: Any | None = None, vectors: VectorStore = "ram", audit: bool = False) -> Bank:
     """Create an empty bank named ``uri`` for ``dim``-dimensional unit vectors (see :meth:`CaseBank.create`).
     ``vectors="disk"`` (a directory bank's setting) keeps the vectors in a memory-mapped file, not in RAM."""
     where = uri if isinstance(uri, BankLocation) else parse_bank_uri(uri)
     if where.backend == "dir":
         assert where.path is not None
         return CaseBank.create(where.path, dim, index=index, encoder=encoder, exist_ok=exist_ok, use_gpu=use_gpu,
-                               seed=seed, vectors=vectors)
+                               seed=seed, vectors=vectors, audit=audit)
     if vectors != "ram":
         raise ConfigError(f"vectors={shown(vectors, 40)}: a Milvus bank keeps its vectors in Milvus; "
                           "vectors='disk' is a directory bank's setting")
@@ -149,7 +150,7 @@ def create_bank(uri: str | Path | BankLocation, dim: int, index: str | IndexConf
 
     assert where.uri is not None and where.collection is not None
     return MilvusBank.create(where.uri, dim, index, collection=where.collection, encoder=encoder,
-                             exist_ok=exist_ok, options=_options(options))
+                             exist_ok=exist_ok, options=_options(options), audit=audit)
 
 
 def bank_exists(uri: str | Path | BankLocation, *, options: Any | None = None) -> bool:
@@ -175,10 +176,11 @@ def copy_bank(src: str | Path | BankLocation, dst: str | Path | BankLocation, *,
               options: Any | None = None) -> int:
     """Copy the bank ``src`` to a new bank ``dst`` (any two backends); returns the rows copied.
 
-    Every row keeps its position, id, state, action, reward, env, kind, meta, creation time and vector
-    (float32, bit for bit); deleted cases are copied and deleted again, so positions (the faiss labels, the
-    Milvus primary keys) are the same on both sides. The copy is a new bank (its own uid). Not copied: a
-    bank's usage statistics and action vectors, and which case replaced a deleted one.
+    Every row keeps its position, id, state, action, reward, env, kind, meta, scope, creation time, version,
+    update time and vector (float32, bit for bit); deleted cases are copied and deleted again, so positions (the
+    faiss labels, the Milvus primary keys) are the same on both sides. The copy is a new bank (its own uid). Not
+    copied: a bank's usage statistics and action vectors, its cases' history of updates, and which case replaced
+    a deleted one.
 
     ``dst`` must not hold a bank. On any error nothing is left at ``dst``: a directory is built beside it and
     renamed into place at the end; a Milvus collection is dropped (and a Milvus Lite file this call made,
@@ -239,7 +241,7 @@ def _copy_rows(src: Bank, dst: Bank) -> int:
         for start in range(0, total, _COPY_BATCH):
             positions = list(range(start, min(total, start + _COPY_BATCH)))
             ids = src.ids_at(positions)
-            dst.add(src.get(ids), src.embeddings_at(positions), allow_duplicates=True)
+            dst.add(src.get(ids, include_deleted=True), src.embeddings_at(positions), allow_duplicates=True)
         dead = src.deleted_ids()
         if dead:
             dst.delete(dead)

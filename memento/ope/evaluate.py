@@ -389,8 +389,9 @@ class LoadedSteps:
 
 
 def _stored_rewards(bank: Any, ids: Sequence[str]) -> np.ndarray:
-    """The candidates' stored rewards, read through their whole rows (a damaged row is refused, not skipped)."""
-    return np.array([case.reward for case in bank.get(list(ids))], dtype=np.float64)
+    """The candidates' stored rewards, read through their whole rows (a damaged row is refused, not skipped); a
+    logged candidate deleted since is read too."""
+    return np.array([case.reward for case in bank.get(list(ids), include_deleted=True)], dtype=np.float64)
 
 
 def _load_steps(steps: list[LoggedStep], steps_path: Path, bank: Any, encode: Any) -> LoadedSteps:

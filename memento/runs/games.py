@@ -687,7 +687,7 @@ class GameLoop(Run):
         if not new_cases:
             return None
         before = len(bank)
-        ids = bank.add(new_cases, np.stack(vectors))
+        ids = bank.add(new_cases, np.stack(vectors), update_meta=False)  # a repeat keeps the stored case (resume)
         new_trajectory = cfg.cases in ("episode", "both") and ids[-1] not in self.systems.graph
         self.systems.added(new_cases, ids)
         self.counters["retained"] += len(bank) - before

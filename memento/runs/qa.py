@@ -768,7 +768,7 @@ class OnlineLoop(Run):
             rows.append(b)
         if new_cases:
             before = len(bank)
-            ids = bank.add(new_cases, state_BD[rows])
+            ids = bank.add(new_cases, state_BD[rows], update_meta=False)  # a repeat keeps the stored case (resume)
             fresh = set(bank.ids_at(range(before, len(bank))))
             new_ids = set(fresh)  # the loop below empties fresh
             for b, case_id in zip(rows, ids):

@@ -22,9 +22,13 @@ and sha256; a missing, truncated or changed file is a ``CheckpointError`` naming
 *live*: ``bank/cases.sqlite`` (``Selector.add_case`` commits new cases there) and ``feedback.sqlite``
 (``Selector.feedback`` commits there), so both may legitimately grow after the last save. For them the
 manifest also records the row count and a chained sha256 over the rows in order. A live file whose
-hash no longer matches is accepted only if it holds *more* rows than were saved and its first rows
-still have the recorded digest (the saved content is intact; the rest was appended since); the same
-row count with another hash, or fewer rows, is rejected. The faiss index files are derived from
+hash no longer matches is accepted only if it holds *more* rows than were saved (or the bank recorded
+deletions since) and its first rows still have the recorded digest (the saved content is intact; the rest
+was appended since); the same row count with another hash, or fewer rows, is rejected. Cases updated in place
+(``Selector.update_case``, recorded in the bank's history log) change saved rows: for the bank the manifest also
+records ``stable_digest``, over the columns no write changes (position, id, state, env, kind, creation time,
+vector), and a bank that recorded updates is accepted when that one still matches. The faiss index files are derived
+from
 ``cases.sqlite`` and checked byte for byte unless cases were appended since the save (the bank then
 checks the index against SQLite and adds what is missing).
 
@@ -767,7 +771,8 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for name in LIVE_FILES:
         entry = live.get(name)
         if (not isinstance(entry, dict) or isinstance(entry.get("rows"), bool) or not isinstance(entry.get("rows"), int)
-                or entry["rows"] < 0 or not isinstance(entry.get("digest"), str)):
+                or entry["rows"] < 0 or not isinstance(entry.get("digest"), str)
+                or not isinstance(entry.get("stable_digest", ""), str)):
             raise CheckpointError(f"{path}: damaged manifest (live entry for {name}: {entry!r})")
     for key, low in (("dim", 1), ("saves", 1), ("learner_updates", 0)):
         value = manifest.get(key, low)
@@ -853,12 +858,16 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         if n < saved["rows"]:
             raise CheckpointError(f"{path}: holds {n} {table} row(s), {MANIFEST_NAME} records {saved['rows']} "
                                   "(truncated or rolled back)")
-        if n == saved["rows"] and not intact and not (table == "cases" and bank_rows.has_tombstones(path)):
+        updated = table == "cases" and bank_rows.has_updates(path)
+        if n == saved["rows"] and not intact and not (table == "cases" and (bank_rows.has_tombstones(path)
+                                                                            or updated)):
             raise CheckpointError(f"{path}: changed after it was saved (size or sha256 differs from {MANIFEST_NAME}, "
                                   "and no rows were appended)")
-        # rows appended, or cases deleted (tombstones) since the save: the saved rows themselves must be intact
+        # rows appended, or cases deleted (tombstones) since the save: the saved rows themselves must be intact;
+        # cases updated in place (recorded): what no update changes must be
         digest = (bank_rows.digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
-        if digest != saved["digest"]:
+        if digest != saved["digest"] and not (updated and "stable_digest" in saved and bank_rows.digest(
+                path, saved["rows"], stable=True) == saved["stable_digest"]):
             raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
                                   f"(row digest differs from {MANIFEST_NAME})")
         rows[rel], appended[rel] = n, n - saved["rows"]
@@ -1295,7 +1304,8 @@ def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: Repla
         "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
         "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
         "source": source, "dim": spec.dim, "learner_updates": learner.updates,
-        "live": {BANK_DB: {"rows": cases, "digest": bank_rows.digest(tmp / BANK_DB, cases)},
+        "live": {BANK_DB: {"rows": cases, "digest": bank_rows.digest(tmp / BANK_DB, cases),
+                           "stable_digest": bank_rows.digest(tmp / BANK_DB, cases, stable=True)},
                  FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
     }
     atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
@@ -1346,12 +1356,19 @@ def checkpoint_live(root: Path, bank: CaseBank, feedback: FeedbackLog) -> None:
 
 def _live_entries(parts: LiveParts, previous: dict[str, Any], bank_db: Path,
                   feedback_db: sqlite3.Connection | Path) -> dict[str, dict[str, Any]]:
-    """Row counts and digests of the live files, extending the ``previous`` manifest's digests over new rows."""
+    """Row counts and digests of the live files, extending the ``previous`` manifest's digests over new rows; the
+    bank's from its first row when it recorded updates in place (saved rows may have changed), its stable digest
+    when the previous manifest has none (written before updates in place)."""
     n_cases, n_feedback = len(parts.bank), len(parts.feedback)
     old_cases, old_feedback = previous["live"][BANK_DB], previous["live"][FEEDBACK_NAME]
+    again = bank_rows.has_updates(bank_db)
+    stable = old_cases.get("stable_digest")
     return {
-        BANK_DB: {"rows": n_cases, "digest": bank_rows.digest(bank_db, n_cases, start=old_cases["rows"],
-                                                              previous=old_cases["digest"])},
+        BANK_DB: {"rows": n_cases,
+                  "digest": bank_rows.digest(bank_db, n_cases, start=0 if again else old_cases["rows"],
+                                             previous=None if again else old_cases["digest"]),
+                  "stable_digest": bank_rows.digest(bank_db, n_cases, start=0 if stable is None else old_cases["rows"],
+                                                    previous=stable, stable=True)},
         FEEDBACK_NAME: {"rows": n_feedback,
                         "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],
                                                        previous=old_feedback["digest"])},

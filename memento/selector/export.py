@@ -67,7 +67,8 @@ _SUMMARY_KEYS = ("steps", "success_rate", "moving_success_rate", "window", "succ
 
 
 def load_selector(path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
-                  seed: int = 0, verify: bool = True, encoder: Any = None, revision: str | None = None) -> Selector:
+                  seed: int = 0, verify: bool = True, encoder: Any = None, revision: str | None = None,
+                  audit: bool = False) -> Selector:
     """Load a selector artifact: a directory, or a Hugging Face Hub id written ``"hf://user/repo"`` (at
     ``revision``), resolved from the Hugging Face cache offline and downloaded online (:mod:`memento.hub`); a
     missing directory is a one-line ``CheckpointError``, never a Hub lookup.
@@ -79,9 +80,11 @@ def load_selector(path: str | Path, device: str | torch.device | None = None, *,
     - ``verify``: check every file's sha256 against the manifest first (dimensions and format versions
       are always checked); a tampered, truncated or missing file raises ``CheckpointError`` naming it;
     - ``encoder``: an object with ``encode(texts)`` and ``dim`` to encode query texts instead of the one
-      ``encoder.json`` names (needed when the run used a custom encoder).
+      ``encoder.json`` names (needed when the run used a custom encoder);
+    - ``audit``: a deleted case's history keeps its values (:meth:`~memento.selector.runtime.Selector.history`).
     """
-    return Selector.load(path, device, learn=learn, seed=seed, verify=verify, encoder=encoder, revision=revision)
+    return Selector.load(path, device, learn=learn, seed=seed, verify=verify, encoder=encoder, revision=revision,
+                         audit=audit)
 
 
 def verify(path: str | Path) -> dict[str, Any]:

@@ -31,6 +31,15 @@ decision (state vector, chosen case vectors, propensities, reward) enters the re
 selection uses the new weights.
 ``add_case`` commits the case to the bank's SQLite before it returns.
 
+**A case's lifecycle** (mem0's verbs, over the bank's: :mod:`memento.memory.history`). ``add_case`` of stored
+content (same state, action, env and scope) with other meta updates the stored case's meta in place;
+``update_case`` changes a case's action, reward or meta in place (same id, ``version`` bumped); ``replace_case``
+supersedes a case by new content under a new id, keeping the old case's scope and meta unless given;
+``delete_case`` and ``delete_all`` (which needs a scope or filter) forget cases: they are never selected, listed,
+searched or read again (``get_case`` raises ``UnknownCaseError``), and the replay slots that held them, by their
+bank positions, are masked; ``count`` counts the live cases of a scope or filter; ``history`` lists a case's
+events, with the rewards reported on the selections that showed it (from ``feedback.sqlite``).
+
 **Restarts.** ``save()`` writes the Q-network, learner and replay state and a fresh manifest. Feedback
 recorded after the last save is replayed on load, in order, into the replay buffer, repeating the
 gradient steps it triggered, so a selector that crashed after acknowledging feedback comes back with the
@@ -91,6 +100,7 @@ from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
 from memento.memory import Candidates, CaseBank
 from memento.memory.front import finite_float32
+from memento.memory.history import CaseEvent
 from memento.memory.index import use_gpu_for
 from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.selector.artifact import (
@@ -109,6 +119,7 @@ from memento.selector.artifact import (
     check_artifact,
     check_dims,
     checkpoint_live,
+    feedback_with_case,
     load_encoder,
     read_manifest,
     read_policy,
@@ -271,12 +282,13 @@ class Selector:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, *, learn: bool = False,
              seed: int = 0, verify: bool = True, encoder: Any = None, read_only: bool = False,
-             shared: bool = False, revision: str | None = None) -> Selector:
+             shared: bool = False, revision: str | None = None, audit: bool = False) -> Selector:
         """Load an artifact directory, or a Hub id ``"hf://user/repo"`` at ``revision`` (see
         :func:`memento.load_selector`); a missing directory is an error, never a Hub lookup.
 
         ``read_only``: another process writes this artifact (see "Processes" in the module docstring);
         ``shared``: this selector writes it while read-only selectors in other processes select over it.
+        ``audit``: a deleted case's history keeps its values (see :meth:`history`).
         """
         where = local_or_hub(path, what="selector", error=CheckpointError)
         path = where if isinstance(where, Path) else resolve_selector(where[0], revision=revision or where[1])
@@ -299,7 +311,7 @@ class Selector:
         if encoder is not None:
             dims["the encoder passed in"] = int(encoder.dim)
         check_dims(path, dims)
-        bank = CaseBank.open(path / BANK_DIR, use_gpu=use_gpu_for(where), read_only=read_only)
+        bank = CaseBank.open(path / BANK_DIR, use_gpu=use_gpu_for(where), read_only=read_only, audit=audit)
         feedback_log: FeedbackLog | None = None
         try:
             dims[f"{BANK_DIR}/ (faiss index and embeddings)"] = bank.dim
@@ -612,13 +624,19 @@ class Selector:
         """Add a case to the bank (committed before this returns); returns its id.
 
         ``state`` is encoded with the artifact's encoder unless ``embedding`` (``[D]``) is given. A case
-        whose (state, action, env, scope) is already stored is not added again: the stored id is returned.
+        whose (state, action, env, scope) is already stored is not added again: the stored id is returned, and
+        when ``meta`` is given and differs from the stored case's, the stored case takes it in place (its version
+        goes up by one, as :meth:`update_case` does).
         ``scope``: whose case it is (``{"user": ..., "agent": ..., "session": ...}``).
         """
         case, state_D = self._new_case(state, action, reward, env, meta, embedding, scope)
         with self._lock:
             self._check_open()
-            return self._bank.add([case], state_D[None, :])[0]
+            updates = self._bank.updates_made
+            case_id = self._bank.add([case], state_D[None, :])[0]
+            if self._bank.updates_made != updates:  # stored content with new meta: updated in place
+                self._saved_rows_changed()
+            return case_id
 
     def _new_case(self, state: str, action: str, reward: float, env: str | None, meta: dict[str, Any] | None,
                   embedding: np.ndarray | None, scope: Scope | Mapping[str, Any] | None = None
@@ -687,12 +705,14 @@ class Selector:
     # ------------------------------------------------------------------ forgetting
 
     def _forget_deleted(self, ids: Sequence[str] | None = None) -> int:
-        """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None): their state vectors
-        are the first ``D`` columns of the case vectors the buffer stores (with or without case features)."""
+        """Mask the replay slots of the deleted cases ``ids`` (all deleted cases when None) by their bank positions
+        (:meth:`memento.learn.replay.ReplayBuffer.forget_cases`): never the slots of another case that shares a
+        deleted case's text. Slots saved without positions (an older replay save) are matched by the deleted
+        cases' state vectors, the first ``D`` columns of the case vectors the buffer stores."""
         ids = self._bank.deleted_ids() if ids is None else list(ids)
         if not ids or not len(self.replay):
             return 0
-        return int(self.replay.forget(self._bank.embeddings(ids)))
+        return int(self.replay.forget_cases(self._bank.positions_of(ids), self._bank.embeddings(ids)))
 
     def delete_case(self, case_id: str) -> dict[str, Any]:
         """Forget a case: it is never selected again (committed to the bank, then checkpointed with a save in
@@ -713,15 +733,97 @@ class Selector:
                      scope: Scope | Mapping[str, Any] | None = None) -> str:
         """Supersede a case by a new one (one bank transaction, then a save in place, as :meth:`delete_case`):
         the old case is never selected again, the new one can be; returns the new case's id (ids are never
-        reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given."""
+        reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given.
+        The new case keeps the old one's owner (``user``/``agent``/``session``) and ``meta`` unless ``scope`` or
+        ``meta`` is given (``scope={}``: no owner, ``meta={}``: no meta)."""
         check_id(case_id, "case id")
-        case, state_D = self._new_case(state, action, reward, env, meta, embedding, scope)
+        self._check_open()
+        with self._rw.read():
+            old = self._bank.get(case_id)  # unknown or deleted: UnknownCaseError
+        if scope is None:
+            scope = Scope(user=old.user, agent=old.agent, session=old.session)
+        case, state_D = self._new_case(state, action, reward, env, old.meta if meta is None else meta, embedding,
+                                       scope)
         with self._lock:
             self._check_open()
             new_id = self._bank.replace(case_id, case, state_D)
             self._forget_deleted([case_id])
             self._save_in_place()
         return new_id
+
+    def update_case(self, case_id: str, *, action: str | None = None, reward: float | None = None,
+                    meta: dict[str, Any] | None = None, state: str | None = None) -> Case:
+        """Change a case in place (mem0's ``update``; committed before this returns): its ``action``, ``reward``
+        and/or ``meta`` (replaced whole). The id, the vector, the scope and the usage stay; ``version`` goes up by
+        one and ``updated`` is now (:meth:`memento.memory.CaseBank.update`). A new ``state`` would need a new
+        vector: it is refused (use :meth:`replace_case`). Returns the case as stored now; an unknown or deleted id
+        raises ``UnknownCaseError``."""
+        check_id(case_id, "case id")
+        self._check_writable()
+        with self._lock:
+            self._check_open()
+            before = self._bank.get(case_id)
+            case = self._bank.update(case_id, action=action, reward=reward, meta=meta, state=state)
+            if case.action != before.action and self._agent.featurizer is not None:
+                self._agent.featurizer.forget_actions(self._bank.positions_of([case_id]))
+            if case.version != before.version:
+                self._saved_rows_changed()
+        return case
+
+    def _saved_rows_changed(self) -> None:
+        """After an update in place: an artifact saved before updates existed (no ``stable_digest`` for its bank in
+        the manifest) is saved now, so that a restart before the next save still verifies (see
+        :mod:`memento.selector.artifact`, "Checksums")."""
+        if "stable_digest" not in self._manifest["live"][BANK_DB]:
+            self._save_in_place()
+
+    def history(self, case_id: str) -> list[CaseEvent]:
+        """A case's events, oldest first: ``add``, ``update`` (the fields, their old and new values), ``replace``,
+        ``delete`` (:meth:`memento.memory.CaseBank.history`) and ``feedback``: each reward reported on a selection
+        that showed it (from ``feedback.sqlite``; a selection is logged once its reward is). A deleted or replaced
+        case's events keep only their kind, time, version and field names (no values, no rewards) unless the bank
+        audits (``load(..., audit=True)``). An unknown id raises ``UnknownCaseError``."""
+        check_id(case_id, "case id")
+        self._check_open()
+        with self._rw.read():
+            self._check_open()
+            events = self._bank.history(case_id)
+            _, rows = feedback_with_case(self.path / FEEDBACK_NAME, case_id)
+        erase = events[-1].event in ("delete", "replace") and not self._bank.audit
+        shown = [CaseEvent(event="feedback", time=float(row.time), case_id=case_id, reward=float(row.reward),
+                           selection_id=row.selection_id) for row in rows]
+        if erase:
+            shown = [event.erased() for event in shown]
+        return sorted(events + shown, key=lambda event: event.time)
+
+    def count(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+              filter: Where | Mapping[str, Any] | None = None, include_global: bool = False) -> int:
+        """How many live cases there are of ``env``, in ``scope`` (and, with ``include_global``, without any owner)
+        that match ``filter``; all live cases when none is given."""
+        if env is not None:
+            check_id(env, "env")
+        scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
+        with self._rw.read():
+            self._check_open()
+            return self._bank.count(env=env, scope=scope, filter=filter)
+
+    def delete_all(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
+                   filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> dict[str, Any]:
+        """Forget every live case of ``scope`` whose meta match ``filter`` (and of ``env`` when given), as
+        :meth:`delete_case` forgets one (one bank transaction, replay slots masked by position, a save in place).
+        A scope or a filter is required, so that no one deletes every tenant's cases by accident: ``all=True``
+        goes without. Returns ``{"deleted": n, "replay_slots_masked": m}``."""
+        if env is not None:
+            check_id(env, "env")
+        scope, filter = as_scope(scope), parse_filter(filter)
+        self._check_writable()
+        with self._lock:
+            self._check_open()
+            ids = self._bank.delete_where(env=env, scope=scope, filter=filter, all=all)
+            masked = self._forget_deleted(ids) if ids else 0
+            if ids:
+                self._save_in_place()
+        return {"deleted": len(ids), "replay_slots_masked": masked}
 
     # ------------------------------------------------------------------ several tasks at once
 

@@ -4,16 +4,31 @@ Endpoints (JSON; every one but ``/healthz`` and the OpenAPI spec needs ``Authori
 
     POST /v1/select     {query | embedding, k, mode, env}            -> the selection (ids, cases, probs, selection_id)
     POST /v1/feedback   {selection_id, reward}                       -> {selection_id, reward, recorded, updates}
-    POST /v1/cases      {state, action, reward, env?, meta?, embedding?} -> {id}
-    GET  /v1/cases/{id}                                              -> the case (404 when unknown)
-    PUT  /v1/cases/{id} {state, action, reward, env?, meta?, embedding?} -> {id (new), replaced}
+    POST /v1/cases      {state, action, reward, env?, meta?, embedding?, user?, agent?, session?} -> {id}
+                        (stored content with other meta: that case's meta is updated in place, same id)
+    GET  /v1/cases?env&user&agent&session&filter&limit&offset        -> {cases, limit, offset} (live cases only)
+    GET  /v1/cases/count?env&user&agent&session&filter               -> {count}
+    GET  /v1/cases/{id}                                              -> the case with its version, created and
+                                                                        updated (404 when unknown, deleted or replaced)
+    GET  /v1/cases/{id}/history                                      -> {id, events: [{event, time, ...}]}: add,
+                                                                        update, replace, delete, feedback
+    PATCH /v1/cases/{id} {action?, reward?, meta?}                   -> the case, changed in place (same id,
+                                                                        version + 1; a new state is refused: PUT)
+    PUT  /v1/cases/{id} {state, action, reward, env?, meta?, embedding?, user?, agent?, session?}
+                                                                     -> {id (new), replaced}; the new case keeps the
+                                                                        old one's user/agent/session and meta unless
+                                                                        given
     DELETE /v1/cases/{id}                                            -> {id, deleted, replay_slots_masked}
+    DELETE /v1/cases?env&user&agent&session&filter&all               -> {deleted, replay_slots_masked}: the cases of a
+                                                                        scope or filter (one is required, or all=true)
     GET  /v1/stats                                                   -> selector counts + server counters
     GET  /healthz                                                    -> {"status": "ok"} (no auth): liveness
     GET  /readyz                                                     -> 200 once warmed up, 503 before (no auth)
     GET  /openapi.json                                               -> the OpenAPI spec (no auth: no data in it)
     GET  /docs                                                       -> Swagger UI, only with --no-auth
 
+A scope in a query string is ``user``, ``agent``, ``session`` or mem0's ``user_id``, ``agent_id``, ``run_id``;
+``GET /v1/cases`` and ``GET /v1/cases/count`` also take ``include_global=true`` (the cases without any owner too).
 ``/docs`` is not served when a token is set (Swagger UI loads its scripts from a CDN and takes the token in a
 form); the spec it shows is ``/openapi.json``, public because it holds the API's shape and no data. The
 inspector under ``/inspect`` takes the same token. No verbosity logs a token: ``?token=`` values in logged URLs
@@ -96,6 +111,7 @@ from memento.serve.common import (
     redact_server_logs,
     thread_limiter,
 )
+from memento.serve.common import case_record as _case_record  # noqa: F401 - memento.serve.mcp imports it from here
 from memento.serve.common import json_safe as _json_safe  # noqa: F401 - memento.serve.mcp imports it from here
 from memento.serve.common import token_matches as token_matches
 

@@ -26,7 +26,7 @@ from memento.config import check, check_float, check_int, check_ints
 from memento.errors import MementoError
 
 __all__ = ["MAX_SERVE_WORKERS", "LearnerLink", "ServeConfig", "ServerUnavailableError", "TokenRedactor", "Writer",
-           "json_safe", "redact", "redact_server_logs", "thread_limiter", "token_matches"]
+           "case_record", "json_safe", "redact", "redact_server_logs", "thread_limiter", "token_matches"]
 
 logger = logging.getLogger("memento.serve.app")
 
@@ -118,9 +118,12 @@ def thread_limiter(threads: int) -> Callable[[], None]:
 # ---------------------------------------------------------------- the single writer
 
 
+_JobKind = Literal["feedback", "case", "delete", "replace", "update", "delete_all"]
+
+
 @dataclasses.dataclass
 class _Job:
-    kind: Literal["feedback", "case", "delete", "replace"]
+    kind: _JobKind
     args: dict[str, Any]
     future: concurrent.futures.Future[Any]
 
@@ -166,8 +169,7 @@ class Writer:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def _submit(self, kind: Literal["feedback", "case", "delete", "replace"],
-                args: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    def _submit(self, kind: _JobKind, args: dict[str, Any]) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._submit_lock:  # no write slips in after stop() closed the door
             if not self._accepting or not self._thread.is_alive():
@@ -204,6 +206,18 @@ class Writer:
             args["embedding"] = embedding
         return self._submit("replace", args)
 
+    def submit_update(self, case_id: str, *, action: str | None = None, reward: float | None = None,
+                      meta: dict[str, Any] | None = None, state: str | None = None) -> concurrent.futures.Future[Any]:
+        """Change a case in place (``Selector.update_case``); the future holds the case as stored now."""
+        return self._submit("update", {"case_id": case_id, "action": action, "reward": reward, "meta": meta,
+                                       "state": state})
+
+    def submit_delete_all(self, *, env: str | None = None, scope: dict[str, Any] | None = None,
+                          filter: dict[str, Any] | None = None, all: bool = False) -> concurrent.futures.Future[Any]:
+        """Delete the cases of a scope or filter (``Selector.delete_all``: committed and checkpointed when the future
+        resolves); the future holds ``{"deleted", "replay_slots_masked"}``."""
+        return self._submit("delete_all", {"env": env, "scope": scope, "filter": filter, "all": all})
+
     def _run(self) -> None:
         thread_limiter(self.config.threads)()
         poll = 0.5
@@ -239,6 +253,13 @@ class Writer:
             elif job.kind == "replace":
                 result = self.selector.replace_case(**job.args)
                 self.counts["replaced"] = self.counts.get("replaced", 0) + 1
+            elif job.kind == "update":
+                case_id = job.args["case_id"]
+                result = self.selector.update_case(case_id, **{k: v for k, v in job.args.items() if k != "case_id"})
+                self.counts["updated"] = self.counts.get("updated", 0) + 1
+            elif job.kind == "delete_all":
+                result = self.selector.delete_all(**job.args)
+                self.counts["deleted"] = self.counts.get("deleted", 0) + int(result.get("deleted", 0))
             else:
                 result = self.selector.add_case(**job.args)
                 self.counts["cases"] += 1
@@ -454,6 +475,12 @@ def token_matches(header: str | None, token: str) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8"))
+
+
+def case_record(case: Any) -> dict[str, Any]:
+    """A stored case as the services answer a read of it: its Case JSONL row with its ``version``, ``created``
+    and ``updated`` times (Unix seconds)."""
+    return {**case.to_json(), "version": case.version, "created": case.created, "updated": case.updated}
 
 
 def json_safe(value: Any) -> Any:

@@ -31,12 +31,13 @@ from memento.serve.common import (
     ServeConfig,
     ServerUnavailableError,
     Writer,
+    case_record,
     json_safe,
     redact,
     thread_limiter,
     token_matches,
 )
-from memento.serve.schema import OWNER_ARGS, owner_scope, request_models, unknown_message
+from memento.serve.schema import OWNER_ARGS, owner_scope, request_models, unknown_message, update_model
 from memento.types import check_id
 
 logger = logging.getLogger("memento.serve.app")
@@ -376,6 +377,7 @@ def build_app(selector: Any, *, token: str | None, config: ServeConfig, writer: 
     models = request_models(config)  # the schema the MCP tools validate through too
     _selector_routes(app, ends, auth, models.select, models.feedback)
     _search_routes(app, ends, auth, models.search)
+    _lifecycle_routes(app, ends, auth, update_model(config))  # before /v1/cases/{case_id}: /v1/cases/count is a route
     _case_routes(app, ends, auth, models.case)
 
     @app.get("/v1/stats", dependencies=auth, tags=["meta"], summary="selector counts and server counters")
@@ -487,7 +489,8 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
         return json_safe(await ends.write(lambda w: w.submit_delete(case_id)))
 
     @app.put("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
-             summary="replace a case by a new one (a new id; the old one is deleted; answered once committed)")
+             summary="replace a case by a new one (a new id; the old one is deleted; answered once committed); the "
+                     "new case keeps the old one's user/agent/session and meta unless given")
     async def replace_case(case_id: str, request_body: CaseRequest, request: Request  # type: ignore[valid-type]
                            ) -> dict[str, Any]:
         body: Any = request_body
@@ -496,13 +499,91 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float64)
         new_id = await ends.write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward,
                                                              env=body.env, meta=body.meta, embedding=embedding,
-                                                             scope=body.scope()))
+                                                             scope=body.scope() or None))  # none: the old case's
         return {"id": new_id, "replaced": case_id}
 
-    @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"], summary="one case by id")
+    @app.get("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
+             summary="one case by id, with its version (404 when unknown, deleted or replaced)")
     def get_case(case_id: str) -> dict[str, Any]:
         try:
             case = selector.get_case(case_id)
         except (UnknownCaseError, KeyError) as error:
             raise _problem_from(error) from None
-        return json_safe(case.to_json())
+        return json_safe(case_record(case))
+
+
+def _where_query(env: str | None, owners: tuple[str | None, ...],
+                 filter: str | None) -> tuple[dict[str, str] | None, Any]:
+    """The scope and the filter of a query string as ``GET /v1/cases`` takes them: ``owners`` the values of
+    :data:`~memento.serve.schema.OWNER_ARGS` (``user``, ``agent``, ``session`` and mem0's names), ``filter`` JSON
+    text; a bad value is a 422 naming its parameter."""
+    named = dict(zip(OWNER_ARGS, owners))
+    for name, value in (("env", env), *named.items()):
+        if value is not None:
+            try:
+                check_id(value, name)
+            except DataFormatError as error:
+                raise _problem_from(error, field=name, where="query") from None
+    try:
+        where = None if filter is None else parse_json(filter, where="filter", error=DataFormatError)
+        return owner_scope(named), where
+    except Exception as error:  # noqa: BLE001
+        raise _problem_from(error, where="query") from None
+
+
+def _lifecycle_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], UpdateRequest: type[BaseModel]) -> None:
+    """PATCH /v1/cases/{case_id}, GET /v1/cases/{case_id}/history, GET /v1/cases/count and DELETE /v1/cases."""
+    selector, link = ends.selector, ends.link
+
+    @app.get("/v1/cases/count", dependencies=auth, tags=["cases"],
+             summary="how many live cases there are of an env, scope and metadata filter")
+    def count_cases(env: str | None = None, user: str | None = None, agent: str | None = None,
+                    session: str | None = None, user_id: str | None = None, agent_id: str | None = None,
+                    run_id: str | None = None, include_global: bool = False,
+                    filter: str | None = None) -> dict[str, Any]:
+        """The scope, ``include_global`` and ``filter`` as ``GET /v1/cases`` takes them."""
+        if link is not None:
+            link.sync()
+        scope, where = _where_query(env, (user, agent, session, user_id, agent_id, run_id), filter)
+        try:
+            return {"count": int(selector.count(env=env, scope=scope, filter=where, include_global=include_global))}
+        except Exception as error:  # noqa: BLE001
+            raise _problem_from(error, where="query") from None
+
+    @app.delete("/v1/cases", dependencies=auth, tags=["cases"],
+                summary="delete every case of a scope or metadata filter (one of them, or all=true, is required; "
+                        "answered once committed and checkpointed)")
+    async def delete_all_cases(request: Request, env: str | None = None, user: str | None = None,
+                               agent: str | None = None, session: str | None = None, user_id: str | None = None,
+                               agent_id: str | None = None, run_id: str | None = None, filter: str | None = None,
+                               all: bool = False) -> dict[str, Any]:
+        """The scope and ``filter`` as ``GET /v1/cases`` takes them (not ``include_global``: a delete names whose
+        cases go)."""
+        scope, where = _where_query(env, (user, agent, session, user_id, agent_id, run_id), filter)
+        if link is not None:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return await ends.forward(request, "DELETE", target)  # type: ignore[no-any-return]
+        return json_safe(await ends.write(lambda w: w.submit_delete_all(env=env, scope=scope, filter=where, all=all)))
+
+    @app.patch("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
+               summary="change a case's action, reward or meta in place (same id, version + 1; answered once "
+                       "committed)")
+    async def update_case(case_id: str, request_body: UpdateRequest, request: Request  # type: ignore[valid-type]
+                          ) -> dict[str, Any]:
+        body: Any = request_body
+        if link is not None:
+            return await ends.forward(request, "PATCH", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+        case = await ends.write(lambda w: w.submit_update(case_id, action=body.action, reward=body.reward,
+                                                          meta=body.meta, state=body.state))
+        return json_safe(case_record(case))
+
+    @app.get("/v1/cases/{case_id}/history", dependencies=auth, tags=["cases"],
+             summary="a case's events, oldest first: add, update, replace, delete, feedback")
+    def case_history(case_id: str) -> dict[str, Any]:
+        if link is not None:
+            link.sync()
+        try:
+            events = selector.history(case_id)
+        except Exception as error:  # noqa: BLE001
+            raise _problem_from(error) from None
+        return json_safe({"id": case_id, "events": [event.to_json() for event in events]})

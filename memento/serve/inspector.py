@@ -425,7 +425,7 @@ class Inspector:
         with self.lock:
             if view.refresh:
                 view.bank.refresh()
-            case = view.bank.get(case_id)
+            case = view.bank.get(case_id, include_deleted=True)  # the logs that showed a deleted case name it too
             (pos,) = view.bank.positions_of([case_id]).tolist()
             shown_C, reward_C = view.bank.usage_at([pos])
         out: dict[str, Any] = {"case": case, "pos": int(pos), "shown": int(shown_C[0]),
@@ -478,7 +478,7 @@ class Inspector:
             with self.lock:
                 for case_id in dict.fromkeys(candidates + chosen):
                     try:
-                        cases[case_id] = view.bank.get(case_id)
+                        cases[case_id] = view.bank.get(case_id, include_deleted=True)  # a logged step
                     except UnknownCaseError:
                         pass
         out = []

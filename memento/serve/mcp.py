@@ -7,13 +7,20 @@ Tools (:data:`TOOLS_HELP`, which ``memento mcp --help`` prints):
   cosine, scope, meta) and a ``selection_id``;
 - ``record_outcome(selection_id, reward)``: the reward in [0, 1] of what the agent did with them;
 - ``add_case(state, action, reward, user?, agent?, session?, meta?, env?)``: store a new case (``user_id``,
-  ``agent_id``, ``run_id``: mem0's names of the scope fields); returns its id;
-- ``delete_case(case_id)``: forget a stale or wrong case: it is never selected again;
+  ``agent_id``, ``run_id``: mem0's names of the scope fields); returns its id (the content already stored with
+  other meta: that case's meta is updated in place, same id);
+- ``update_case(case_id, action?, reward?, meta?)``: change a case in place (same id, its version + 1; a new state
+  is refused: it needs a new case);
+- ``delete_case(case_id)``: forget a stale or wrong case: it is never selected or read again;
+- ``delete_all_cases(scope?, filter?, env?, all=false)``: forget every case of a scope or filter (one of them, or
+  ``all``, is required);
+- ``count_cases(scope?, filter?, env?, include_global=false)``: how many cases a scope or filter holds;
+- ``case_history(case_id)``: a case's events, oldest first (add, update, replace, delete, feedback);
 - ``search_cases(query, k=10, scope?, filter?, env?, include_global=false)``: the ``k`` nearest cases by cosine,
   each with its ``similarity`` (a plain search: no policy, nothing recorded);
 - ``list_cases(scope?, filter?, env?, limit=100, offset=0, include_global=false)``: the stored cases, in position
   order;
-- ``get_case(case_id)``: one stored case.
+- ``get_case(case_id)``: one stored case, with its version (a deleted or replaced case is a tool error).
 
 A ``scope`` is ``{"user"?, "agent"?, "session"?}`` (or mem0's ``user_id``, ``agent_id``, ``run_id``; ids, never
 null): only the cases of that scope, and with ``include_global`` the cases without any owner as well. A
@@ -42,11 +49,12 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any
 
-from memento.serve.app import ServeConfig, Writer, _json_safe, require_extra, thread_limiter
+from memento.serve.app import ServeConfig, Writer, _case_record, _json_safe, require_extra, thread_limiter
 
 __all__ = ["TOOLS_HELP", "build_mcp_server", "run_mcp"]
 
-_TAKES = {"select_cases": "scope", "search_cases": "scope", "list_cases": "scope", "add_case": "owner"}
+_TAKES = {"select_cases": "scope", "search_cases": "scope", "list_cases": "scope", "add_case": "owner",
+          "count_cases": "scope", "delete_all_cases": "scope"}
 """What a tool takes of a scope (the hint its unknown-argument errors give)."""
 
 logger = logging.getLogger(__name__)
@@ -55,12 +63,14 @@ _INSTRUCTIONS = """\
 A case selector trained to pick the past cases (task, what was done, reward) that help this agent's LLM.
 Call select_cases with the task before solving it and put the returned cases in the prompt; after the
 task, call record_outcome with the selection_id and a reward in [0, 1] (1 = success) so the selector
-learns. add_case stores a new experience (optionally scoped: user, agent, session; with meta); delete_case
-forgets a stale or wrong one (by its id). search_cases, list_cases and get_case read the stored cases without
-recording anything. select_cases, search_cases and list_cases take an optional scope {"user", "agent", "session"}
-(ids; mem0's user_id, agent_id, run_id too), include_global=true to add the cases without any owner, and a filter
-({"topic": "geo"}, {"level": {"gte": 2}}, {"user": "alice"}, {"created": {"gte": "2024-05-01"}}, {"AND": [...]},
-{"OR": [...]}, {"NOT": {...}}). Unknown arguments are refused."""
+learns. add_case stores a new experience (optionally scoped: user, agent, session; with meta); update_case changes
+one in place (action, reward, meta); delete_case forgets a stale or wrong one (by its id), delete_all_cases every
+case of a scope or filter. search_cases, list_cases, count_cases, get_case and case_history read the stored cases
+without recording anything. select_cases, search_cases, list_cases, count_cases and delete_all_cases take an optional
+scope {"user", "agent", "session"} (ids; mem0's user_id, agent_id, run_id too), and a filter ({"topic": "geo"},
+{"level": {"gte": 2}}, {"user": "alice"}, {"created": {"gte": "2024-05-01"}}, {"AND": [...]}, {"OR": [...]},
+{"NOT": {...}}); all but delete_all_cases take include_global=true to add the cases without any owner. Unknown
+arguments are refused."""
 
 TOOLS_HELP = """\
 tools (scope: {"user"?, "agent"?, "session"?} or mem0's user_id/agent_id/run_id, ids; include_global: the cases
@@ -74,17 +84,25 @@ cases; an unknown argument is an error):
   add_case(state, action, reward, user?, agent?, session?, meta?, env?)
                                        store a new case (scoped when user/agent/session, or mem0's
                                        user_id/agent_id/run_id, is given) -> {id}
-  delete_case(case_id)                 forget a stored case: never selected again -> {id, deleted, ...}
+  update_case(case_id, action?, reward?, meta?)
+                                       change a case in place (same id, version + 1) -> the case
+  delete_case(case_id)                 forget a stored case: never selected or read again -> {id, deleted, ...}
+  delete_all_cases(scope?, filter?, env?, all=false)
+                                       forget the cases of a scope or filter (one is required, or all=true)
+                                       -> {deleted, replay_slots_masked}
+  count_cases(scope?, filter?, env?, include_global?)
+                                       how many cases -> {count}
+  case_history(case_id)                a case's events, oldest first -> {id, events: [{event, time, ...}]}
   search_cases(query, k=10, scope?, filter?, env?, include_global?)
                                        the k nearest cases by cosine, no policy, nothing recorded
                                        -> {cases: [{id, state, action, reward, similarity, ...}]}
   list_cases(scope?, filter?, env?, limit=100, offset=0, include_global?)
                                        stored cases in position order -> {cases, limit, offset}
-  get_case(case_id)                    one stored case -> {id, state, action, reward, user?, meta?, ...}"""
+  get_case(case_id)                    one stored case -> {id, state, action, reward, version, user?, meta?, ...}"""
 
 
 def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | None = None) -> Any:
-    """An ``MCPServer`` with the seven tools (:data:`TOOLS_HELP`), backed by ``selector`` (writes through ``writer``).
+    """An ``MCPServer`` with the eleven tools (:data:`TOOLS_HELP`), backed by ``selector`` (writes through ``writer``).
 
     The tools' arguments are validated with the strict field types of the HTTP request bodies
     (:mod:`memento.serve.schema`, the same ``config`` limits): a bad argument is a tool error of one line naming
@@ -178,14 +196,55 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
             raise fail(error) from None
 
     def get_case(case_id: f.case_id) -> dict[str, Any]:
-        """One stored case by id: {id, state, action, reward, kind, env?, user?, agent?, session?, meta?}."""
+        """One stored case by id: {id, state, action, reward, kind, version, created, updated, env?, user?, agent?,
+        session?, meta?}. A deleted or replaced case is an error."""
         try:
-            return _json_safe(selector.get_case(case_id).to_json())
+            return _json_safe(_case_record(selector.get_case(case_id)))
         except Exception as error:  # noqa: BLE001
             raise fail(error) from None
 
-    tools = [_strict_tool(fn) for fn in (select_cases, record_outcome, add_case, delete_case, search_cases,
-                                          list_cases, get_case)]
+    def update_case(case_id: f.case_id, action: f.text | None = None, reward: f.reward | None = None,
+                    meta: f.meta | None = None, state: f.text | None = None) -> dict[str, Any]:
+        """Change a stored case in place: its action, reward in [0, 1] and/or meta (replaced whole). The id stays;
+        its version goes up by one. The state cannot change (that is a new case: delete this one and add it).
+        Returns the case as stored now, once committed."""
+        try:
+            case = writer.submit_update(case_id, action=action, reward=reward, meta=meta, state=state).result()
+            return _json_safe(_case_record(case))
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    def case_history(case_id: f.case_id) -> dict[str, Any]:
+        """A case's events, oldest first: add, update (fields, old and new values), replace, delete, feedback (the
+        reward reported on a selection that showed it). A deleted case's events keep only their kind, time and
+        field names. Returns {id, events: [{event, time, version?, fields?, old?, new?, ...}]}."""
+        try:
+            return _json_safe({"id": case_id, "events": [event.to_json() for event in selector.history(case_id)]})
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    def delete_all_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
+                         all: Annotated[bool, Strict()] = False) -> dict[str, Any]:
+        """Forget every stored case of scope ({"user", "agent", "session"}) whose meta match filter (and of env):
+        never selected or read again. A scope or a filter is required (all=true deletes without one). Returns
+        {deleted, replay_slots_masked} once committed."""
+        try:
+            return _json_safe(writer.submit_delete_all(env=env, scope=scope, filter=filter, all=all).result())
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    def count_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
+                    include_global: f.include_global = False) -> dict[str, Any]:
+        """How many stored cases there are of scope (with include_global, the cases without any owner too) that
+        match filter (all of them when neither is given). Returns {count}."""
+        try:
+            return {"count": int(selector.count(env=env, scope=scope, filter=filter, include_global=include_global))}
+        except Exception as error:  # noqa: BLE001
+            raise fail(error) from None
+
+    tools = [_strict_tool(fn) for fn in (select_cases, record_outcome, add_case, update_case, delete_case,
+                                          delete_all_cases, search_cases, list_cases, count_cases, get_case,
+                                          case_history)]
     return _server_class()(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING",
                            tools=tools)
 

@@ -41,7 +41,7 @@ from memento.serve.common import ServeConfig
 from memento.types import MAX_ID_CHARS, SCOPE_FIELDS, check_id, check_reward, check_text, json_value_problem
 
 __all__ = ["OWNER_ARGS", "Fields", "RequestModels", "error_line", "fields", "owner_scope", "request_models",
-           "unknown_message"]
+           "unknown_message", "update_model"]
 
 OWNER_ARGS = (*SCOPE_FIELDS, *SCOPE_ALIASES)
 """The arguments that say whose a new case is: ``user``, ``agent``, ``session`` and mem0's names for them."""
@@ -234,3 +234,27 @@ def error_line(error: ValidationError, *, takes: str = "") -> str:
             msg = unknown_message(str(e["loc"][-1]), takes=takes)
         problems.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(problems)
+
+
+def update_model(config: ServeConfig) -> type[BaseModel]:
+    """The body of ``PATCH /v1/cases/{id}`` (an update in place, ``Selector.update_case``) under ``config``'s
+    limits: at least one of ``action``, ``reward``, ``meta``; a ``state`` that differs from the stored one is
+    refused by the selector (a new state needs a new vector: ``PUT`` replaces the case)."""
+    f = fields(config)
+
+    class UpdateRequest(BaseModel):
+        """New values for a stored case's action, reward and/or meta (same id; its version goes up by one)."""
+
+        model_config = ConfigDict(extra="forbid", strict=True)
+        action: f.text | None = Field(None, description="the new action (answer, plan, tip)")
+        reward: f.reward | None = Field(None, description="the new reward, in [0, 1]")
+        meta: f.meta | None = Field(None, description="the new meta (replaces the stored meta whole)")
+        state: f.text | None = Field(None, description="only the stored state (a new state: PUT replaces the case)")
+
+        @model_validator(mode="after")
+        def _something(self) -> "UpdateRequest":
+            if self.action is None and self.reward is None and self.meta is None and self.state is None:
+                raise ValueError("give at least one of 'action', 'reward' or 'meta'")
+            return self
+
+    return UpdateRequest

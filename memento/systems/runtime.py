@@ -183,7 +183,7 @@ class MemorySystems:
             return []
         if vectors_ND is None:
             vectors_ND = self.encode([item.state for item in items])
-        ids = bank.add(items, vectors_ND)
+        ids = bank.add(items, vectors_ND, update_meta=False)  # a repeated item keeps the stored one (resume)
         self.added(items, ids)
         return ids
 

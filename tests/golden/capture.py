@@ -33,10 +33,13 @@ def _steps(path: Path) -> list[dict[str, Any]]:
 
 
 def _dense_replay(tensors: dict[str, Any]) -> dict[str, Any]:
-    """A replay save of format 2 (row indices into vector tables) as format 1 stored it (one vector per slot),
-    so the digest checks the decisions themselves, whatever the layout."""
+    """A replay save of format 2 or 3 (row indices into vector tables; format 3 adds the cases' bank positions,
+    their identities, dropped here) as format 1 stored it (one vector per slot), so the digest checks the
+    decisions themselves, whatever the layout."""
     if "states_VD" not in tensors:
         return tensors
+    for name in ("case_pos_NK", "next_pos_NC"):
+        tensors.pop(name, None)
     tables = {"state": tensors.pop("states_VD"), "cases": tensors.pop("cases_VE")}
     dense = {"state_ix_N": ("state_ND", "state"), "next_state_ix_N": ("next_state_ND", "state"),
              "cases_ix_NK": ("cases_NKD", "cases"), "next_cands_ix_NC": ("next_cands_NCD", "cases")}

@@ -43,8 +43,9 @@ def test_mcp_tools_over_stdio(artifact: Path, tmp_path: Path) -> None:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
                 await session.initialize()
                 tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-                assert set(tools) == {"select_cases", "record_outcome", "add_case", "delete_case", "search_cases",
-                                      "list_cases", "get_case"}
+                assert set(tools) == {"select_cases", "record_outcome", "add_case", "update_case", "delete_case",
+                                      "delete_all_cases", "search_cases", "list_cases", "count_cases", "get_case",
+                                      "case_history"}
                 assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k", "scope", "filter",
                                                                                  "env", "include_global"}
                 assert tools["list_cases"].input_schema["additionalProperties"] is False  # unknown: refused

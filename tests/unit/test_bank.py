@@ -272,7 +272,7 @@ def test_add_keeps_meta_env_kind_created(bank: CaseBank, rng) -> None:
     case = Case(state="s", action="a", reward=0.25, env="web", kind="tip", meta={"é": [1, {"x": None}]}, created=5.0)
     [case_id] = bank.add([case], unit_vectors(rng, 1, DIM))
     assert bank.get(case_id) == Case(id=case_id, state="s", action="a", reward=0.25, env="web", kind="tip",
-                                     meta={"é": [1, {"x": None}]}, created=5.0)
+                                     meta={"é": [1, {"x": None}]}, created=5.0, updated=5.0)  # never updated
 
 
 def test_add_single_vector_for_single_case(bank: CaseBank, rng) -> None:

@@ -10,6 +10,7 @@ server (``milvus-lite server``, the same Milvus API over the network) in a child
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -244,7 +245,11 @@ def test_delete_and_replace(filled, rng) -> None:
     assert bank.deleted_ids() == [ids[1], ids[2]] and bank.num_deleted == 2
     assert ids[1] not in bank.candidates(emb[1], 30).ids
     assert ids[1] not in {c.id for c in bank.iter_cases()}
-    assert bank.get(ids[1]).state == cases[1].state  # still readable (logged decisions replay)
+    with pytest.raises(UnknownCaseError, match="was deleted"):  # never read again by a user
+        bank.get(ids[1])
+    with pytest.raises(UnknownCaseError, match="was deleted"):
+        bank.get([ids[0], ids[1]])
+    assert bank.get(ids[1], include_deleted=True).state == cases[1].state  # logged decisions replay
     with pytest.raises(UnknownCaseError, match="already deleted"):
         bank.delete(ids[1])
     again = bank.add(cases[1:2], emb[1:2])  # the content again: a new case, a new id
@@ -256,6 +261,8 @@ def test_delete_and_replace(filled, rng) -> None:
     assert bank.search(emb[5], 30)[1].tolist().count(ids[5]) == 0
     assert bank.replace(ids[6], cases[7], emb[7]) == ids[7]  # content already stored: that case's id
     assert bank.is_deleted([ids[6]]) == [True]
+    with pytest.raises(UnknownCaseError, match="was deleted"):  # a replaced case is not read either
+        bank.get(ids[5])
 
 
 def test_truncate(filled) -> None:
@@ -676,3 +683,132 @@ def test_milvus_bank_written_before_the_watermark_opens_and_gets_one(lite_uri, r
         assert len(bank) == 4 and bank.ids_at(range(4)) == ids
         bank.add(make_cases(1, "more"), unit_vectors(rng, 1, DIM))
         assert _properties(bank)["memento.committed"] == "5"
+
+
+# ---------------------------------------------------------------- the case lifecycle (issue 40): update, history,
+# add with new meta, count, delete_all
+
+
+def test_update_changes_a_case_in_place(filled, bank_uri) -> None:
+    bank, cases, ids, emb = filled
+    before = bank.get(ids[4])
+    assert before.version == 1 and before.updated == before.created
+    new = bank.update(ids[4], action="a better answer", reward=0.25, meta={"topic": "geo"})
+    assert (new.id, new.version, new.action, new.reward, new.meta) == (ids[4], 2, "a better answer", 0.25,
+                                                                       {"topic": "geo"})
+    assert new.updated is not None and new.updated >= before.created and new.state == before.state
+    got = bank.get(ids[4])
+    assert (got.version, got.action, got.reward, got.meta, got.updated) == (2, new.action, 0.25, new.meta,
+                                                                            new.updated)
+    assert np.array_equal(bank.embeddings([ids[4]]), emb[4:5]) and len(bank) == 30  # same row, same vector
+    assert bank.search(emb[4], 1, filter={"topic": "geo"})[1].tolist() == [ids[4]]  # the new meta is searched
+    assert bank.search(emb[4], 30, filter={"i": 4})[1].tolist() == []  # the old one is not
+    assert bank.update(ids[4], reward=0.25).version == 2  # nothing changed: no new version
+    assert bank.update(ids[4], state=before.state, reward=0.5).version == 3  # the same state may be given
+    with pytest.raises(DataFormatError, match="replace the case"):
+        bank.update(ids[4], state="another question")
+    with pytest.raises(DataFormatError, match="at least one"):
+        bank.update(ids[4])
+    with pytest.raises(DataFormatError):
+        bank.update(ids[4], reward=1.5)
+    assert bank.update(ids[5], action=cases[5].action + "!").version == 2
+    assert bank.update(ids[5], action=cases[5].action).version == 3  # back to its own content: no clash
+    bank.add([Case(state=cases[6].state, action="taken", reward=0.0, env=cases[6].env, kind=cases[6].kind)],
+             emb[6:7])
+    with pytest.raises(DataFormatError, match="content of case"):  # would duplicate another live case
+        bank.update(ids[6], action="taken")
+    assert bank.get(ids[6]).action == cases[6].action and bank.get(ids[6]).version == 1  # nothing changed
+    with pytest.raises(UnknownCaseError):
+        bank.update("nope", reward=1.0)
+    bank.delete(ids[7])
+    with pytest.raises(UnknownCaseError, match="already deleted"):
+        bank.update(ids[7], reward=1.0)
+    bank.close()
+    with open_bank(bank_uri) as again:  # stored, not only in this process
+        assert (again.get(ids[4]).version, again.get(ids[4]).action) == (3, "a better answer")
+        assert again.get(ids[0]).version == 1
+
+
+def test_history_lists_add_update_replace_and_delete(filled, bank_uri, rng) -> None:
+    bank, cases, ids, emb = filled
+    bank.update(ids[1], action="second", meta={"k": 1})
+    bank.update(ids[1], reward=0.0)
+    events = [event.to_json() for event in bank.history(ids[1])]
+    assert [event["event"] for event in events] == ["add", "update", "update"]
+    assert [event["version"] for event in events] == [1, 2, 3]
+    assert events[0]["new"]["action"] == cases[1].action and events[0]["new"]["meta"] == cases[1].meta
+    assert events[1]["fields"] == ["action", "meta"] and events[1]["old"] == {"action": cases[1].action,
+                                                                              "meta": cases[1].meta}
+    assert events[1]["new"] == {"action": "second", "meta": {"k": 1}}
+    assert events[2]["old"] == {"reward": cases[1].reward} and events[2]["new"] == {"reward": 0.0}
+    assert events[0]["time"] <= events[1]["time"] <= events[2]["time"]
+    new_id = bank.replace(ids[1], Case(state="a new question", action="a", reward=1.0), unit_vectors(rng, 1, DIM)[0])
+    gone = [event.to_json() for event in bank.history(ids[1])]
+    assert [event["event"] for event in gone] == ["add", "update", "update", "replace"]
+    assert gone[-1]["replaced_by"] == new_id
+    assert all("old" not in e and "new" not in e for e in gone)  # the values are erased, the fields' names kept
+    assert gone[1]["fields"] == ["action", "meta"]
+    assert [e.to_json()["event"] for e in bank.history(new_id)] == ["add"]
+    assert bank.history(new_id)[0].replaces == ids[1]
+    bank.delete(ids[2])
+    assert [e.event for e in bank.history(ids[2])] == ["add", "delete"] and bank.history(ids[2])[0].new is None
+    with pytest.raises(UnknownCaseError):
+        bank.history("nope")
+    bank.close()
+    with open_bank(bank_uri, audit=True) as audited:  # an audit keeps the values of what it deletes
+        audited.update(ids[3], action="kept")
+        audited.delete(ids[3])
+        events = audited.history(ids[3])
+        assert [e.event for e in events] == ["add", "update", "delete"]
+        assert events[0].new["action"] == cases[3].action and events[1].new == {"action": "kept"}
+        assert audited.history(ids[1])[1].old is None  # erased before: gone for good
+
+
+def test_adding_stored_content_with_new_meta_updates_it_in_place(filled) -> None:
+    bank, cases, ids, emb = filled
+    again = dataclasses.replace(cases[8], meta={"topic": "sci"})
+    assert bank.add([again], emb[8:9]) == [ids[8]] and len(bank) == 30  # the same case
+    got = bank.get(ids[8])
+    assert got.meta == {"topic": "sci"} and got.version == 2
+    assert [e.event for e in bank.history(ids[8])] == ["add", "update"]
+    assert bank.history(ids[8])[1].fields == ("meta",)
+    assert bank.add([dataclasses.replace(cases[8], meta={})], emb[8:9]) == [ids[8]]  # no meta: kept as it is
+    assert bank.add([again], emb[8:9]) == [ids[8]] and bank.get(ids[8]).version == 2  # the same meta: no change
+    assert bank.count(filter={"topic": "sci"}) == 1
+
+
+def test_count_and_delete_all_need_a_scope_or_filter(bank, rng) -> None:
+    emb = unit_vectors(rng, 6, DIM)
+    cases = [Case(state=f"q{i % 3}", action="a", reward=1.0, user=("alice", "bob")[i // 3], meta={"n": i % 2})
+             for i in range(6)]
+    ids = bank.add(cases, emb)
+    assert len(set(ids)) == 6
+    assert bank.count() == 6 and bank.count(scope={"user": "alice"}) == 3
+    assert bank.count(scope={"user": "bob"}, filter={"n": 1}) == 2 and bank.count(scope={"user": "carol"}) == 0
+    assert bank.ids_where(scope={"user": "bob"}) == ids[3:]
+    with pytest.raises(DataFormatError, match="needs a scope"):
+        bank.delete_all()
+    with pytest.raises(DataFormatError, match="needs a scope"):
+        bank.delete_all(scope={})
+    assert bank.count() == 6
+    assert bank.delete_all(scope={"user": "bob"}, filter={"n": 0}) == 1
+    assert bank.count(scope={"user": "bob"}) == 2 and bank.count(scope={"user": "alice"}) == 3
+    with pytest.raises(UnknownCaseError):
+        bank.get(ids[4])
+    assert bank.get(ids[0]).user == "alice"  # the other tenant's case of the same question is untouched
+    assert bank.delete_all(scope={"user": "carol"}) == 0
+    assert bank.delete_all(all=True) == 5 and bank.count() == 0 and len(bank) == 6
+
+
+def test_a_milvus_collection_made_before_versions_updates_without_one(lite_uri, rng, caplog, monkeypatch) -> None:
+    """A collection created before case versions (no version/updated fields; Milvus Lite cannot add fields): an
+    update rewrites the row (one warning line), the case reads version 1, and its history has the update."""
+    with create_bank(lite_uri, DIM) as bank:
+        ids = bank.add(make_cases(3), unit_vectors(rng, 3, DIM))
+        monkeypatch.setattr(bank._rows, "versioned", False)
+        with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"):
+            bank.update(ids[0], action="changed")
+        assert "before case versions" in caplog.text
+        got = bank.get(ids[0])
+        assert (got.action, got.version, got.updated) == ("changed", 1, got.created)
+        assert [event.event for event in bank.history(ids[0])] == ["add", "update"]

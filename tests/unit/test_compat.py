@@ -56,3 +56,27 @@ def test_a_format_1_run_is_refused_in_one_line(tmp_path: Path) -> None:
         loop.run()
     assert "\n" not in str(error.value)
     assert sorted(p.name for p in run.iterdir()) == before and RunDir(run).latest_checkpoint() is not None
+
+
+def test_a_format_1_selector_updates_a_case_in_place_and_still_verifies(tmp_path: Path) -> None:
+    """A bank written before case versions and histories: its cases read version 1 (updated = created); the first
+    update adds the columns and the history table, and is saved at once (the old manifest has no stable digest),
+    so the artifact verifies and loads without a later save; a replay buffer of format 1 loads, its slots
+    forgotten by vector."""
+    art = tmp_path / "selector"
+    shutil.copytree(FIXTURES / "v1-selector", art)
+    with load_selector(art, encoder=HashingEncoder(dim=16)) as selector:
+        case = selector.list_cases(limit=1)[0]
+        assert case.version == 1 and case.updated == case.created
+        assert [event.event for event in selector.history(case.id)] == ["add"]
+        changed = selector.update_case(case.id, action="changed in place", meta={"k": 1})
+        assert changed.version == 2 and changed.updated >= case.created
+        assert "stable_digest" in selector.manifest["live"]["bank/cases.sqlite"]
+        other = selector.list_cases(limit=2)[1]
+        selector.update_case(other.id, reward=0.5)  # then the process dies: no save
+    verify(art)
+    with load_selector(art, encoder=HashingEncoder(dim=16)) as again:
+        assert again.get_case(case.id).action == "changed in place" and again.get_case(other.id).reward == 0.5
+        report = again.delete_case(case.id)
+        assert report["deleted"] and again.history(case.id)[-1].event == "delete"
+    verify(art)

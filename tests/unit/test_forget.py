@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import memento
 from memento.errors import DataFormatError, UnknownCaseError
@@ -212,3 +213,48 @@ def test_feedback_for_a_selection_made_before_a_deletion_learns_without_the_case
         assert selector.replay.added == added + 1  # the other case is learned from
         state = selector.bank.embeddings([before.ids[0]])
         assert selector.replay.forget(state) == 0  # no slot holds the deleted case
+
+
+def test_deleting_one_tenants_case_keeps_another_tenants_replay_slot(artifact: tuple[Path, HashingEncoder]) -> None:
+    """Two tenants stored the same question (the same state vector): deleting bob's case masks bob's replay
+    slot only, by its bank position, never alice's (issue 40: the buffer was masked by state vector)."""
+    out, encoder = artifact
+    question, answer = "which tenant owns this question", "both do"
+    with load_selector(out, learn=True, encoder=encoder) as selector:
+        alice = selector.add_case(question, answer, 1.0, scope={"user": "alice"})
+        bob = selector.add_case(question, answer, 1.0, scope={"user": "bob"})
+        assert alice != bob and np.array_equal(*selector.bank.embeddings([alice, bob]))
+        for user, case_id in (("alice", alice), ("bob", bob)):
+            result = selector.select(question, k=1, mode="greedy", scope={"user": user})
+            assert result.ids == (case_id,)
+            selector.feedback(result.selection_id, 1.0)
+        report = selector.delete_case(bob)
+        assert report["replay_slots_masked"] == 1  # bob's one slot, not alice's
+        mask_NK = selector.replay.gather(torch.arange(len(selector.replay))).mask_BK
+        assert int(mask_NK[-2].sum()) == 1 and int(mask_NK[-1].sum()) == 0  # alice's decision, then bob's
+    with load_selector(out, learn=True, encoder=encoder) as again:  # the positions were saved with the buffer
+        mask_NK = again.replay.gather(torch.arange(len(again.replay))).mask_BK
+        assert int(mask_NK[-2].sum()) == 1 and int(mask_NK[-1].sum()) == 0
+        assert again.delete_case(alice)["replay_slots_masked"] == 1
+
+
+def test_a_replay_buffer_saved_without_positions_forgets_by_vector(tmp_path: Path) -> None:
+    """Slots of a version-2 save carry no bank position: forget_cases matches them by vector (all cases of that
+    text), and the slots added since by position."""
+    from memento.config import ReplayConfig
+    from memento.learn.replay import ReplayBuffer
+
+    buffer = ReplayBuffer(ReplayConfig(capacity=8, dim=3, k_max=1), device="cpu")
+    a = np.eye(3, dtype=np.float32)[0]
+    buffer.add_batch(state_BD=a[None], cases_BKD=a[None, None], reward_B=np.ones(1, np.float32))  # unknown
+    buffer.add_batch(state_BD=a[None], cases_BKD=a[None, None], reward_B=np.ones(1, np.float32),
+                     case_pos_BK=np.array([[4]]))
+    buffer.add_batch(state_BD=a[None], cases_BKD=a[None, None], reward_B=np.ones(1, np.float32),
+                     case_pos_BK=np.array([[5]]))
+    state = buffer.state_dict()
+    del state["tensors"]["case_pos_NK"]  # as a version-2 save holds it
+    old = ReplayBuffer(buffer.config, device="cpu")
+    old.load_state_dict(state)
+    assert old.forget_cases([5], a[None]) == 3  # no positions: every slot of that vector
+    assert buffer.forget_cases([5], a[None]) == 2  # slot 0 (unknown) by vector, slot 2 by position
+    assert buffer.gather(torch.arange(3)).mask_BK[:, 0].tolist() == [False, True, False]

@@ -170,7 +170,8 @@ def _fields(response: Any) -> list[str]:
 def test_healthz_and_openapi_need_no_token(client: Any) -> None:
     assert client.get("/healthz").json()["status"] == "ok"
     spec = client.get("/openapi.json").json()
-    for path in ("/v1/select", "/v1/feedback", "/v1/cases", "/v1/cases/{case_id}", "/v1/stats", "/healthz"):
+    for path in ("/v1/select", "/v1/feedback", "/v1/cases", "/v1/cases/{case_id}", "/v1/cases/{case_id}/history",
+                 "/v1/cases/count", "/v1/stats", "/healthz"):
         assert path in spec["paths"], path
     assert any(s.get("scheme") == "bearer" for s in spec["components"]["securitySchemes"].values())
 
@@ -180,7 +181,9 @@ def test_healthz_and_openapi_need_no_token(client: Any) -> None:
 def test_every_v1_endpoint_refuses_a_missing_or_wrong_token(client: Any, headers: dict[str, str]) -> None:
     calls = [("post", "/v1/select", {"query": "q"}), ("post", "/v1/feedback", {"selection_id": "x", "reward": 1}),
              ("post", "/v1/cases", {"state": "s", "action": "a", "reward": 1}), ("get", "/v1/cases/c0", None),
-             ("get", "/v1/stats", None)]
+             ("get", "/v1/stats", None), ("patch", "/v1/cases/c0", {"reward": 1}),
+             ("get", "/v1/cases/c0/history", None), ("get", "/v1/cases/count", None),
+             ("delete", "/v1/cases?user=u", None)]
     for method, path, body in calls:
         response = client.request(method, path, json=body, headers=headers)
         assert response.status_code == 401, (path, response.text)
@@ -513,8 +516,9 @@ def test_mcp_tools_in_process(selector: FakeSelector) -> None:
     async def drive() -> None:
         async with Client(server) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
-            assert set(tools) == {"select_cases", "record_outcome", "add_case", "delete_case", "search_cases",
-                                  "list_cases", "get_case"}
+            assert set(tools) == {"select_cases", "record_outcome", "add_case", "update_case", "delete_case",
+                                  "delete_all_cases", "search_cases", "list_cases", "count_cases", "get_case",
+                                  "case_history"}
             assert set(tools["select_cases"].input_schema["properties"]) == {"task", "k", "scope", "filter", "env",
                                                                               "include_global"}
             assert set(tools["add_case"].input_schema["properties"]) == {"state", "action", "reward", "user", "agent",

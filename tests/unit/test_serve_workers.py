@@ -323,6 +323,36 @@ def test_writes_through_a_worker_reach_the_learner(served: Any) -> None:
     assert w1.post("/v1/feedback", json={"selection_id": "x", "reward": 1.0}).status_code == 401
 
 
+def test_case_lifecycle_through_a_worker(served: Any) -> None:
+    """PATCH, PUT, DELETE /v1/cases?user= are forwarded to the learner (with their query); history, count and get
+    are answered by the worker from the shared bank, deleted and replaced cases with 404."""
+    learner, (w1, w2), _ = served
+    rng = np.random.default_rng(9)
+    added = w1.post("/v1/cases", json={"state": "a tenant's case", "action": "a", "reward": 1.0, "user": "alice",
+                                       "meta": {"t": 1}, "embedding": _unit(rng, 1)[0].tolist()}, headers=AUTH)
+    case_id = added.json()["id"]
+    patched = w2.patch(f"/v1/cases/{case_id}", json={"action": "b"}, headers=AUTH)
+    assert patched.status_code == 200 and (patched.json()["version"], patched.json()["action"]) == (2, "b")
+    assert w2.patch(f"/v1/cases/{case_id}", json={"state": "other"}, headers=AUTH).status_code == 422
+    assert learner.get_case(case_id).action == "b"
+    assert w1.get(f"/v1/cases/{case_id}", headers=AUTH).json()["version"] == 2
+    events = w1.get(f"/v1/cases/{case_id}/history", headers=AUTH).json()["events"]
+    assert [event["event"] for event in events] == ["add", "update"]
+    assert w2.get("/v1/cases/count", params={"user": "alice"}, headers=AUTH).json() == {"count": 1}
+    put = w1.put(f"/v1/cases/{case_id}", json={"state": "its replacement", "action": "c", "reward": 1.0,
+                                               "embedding": _unit(rng, 1)[0].tolist()}, headers=AUTH)
+    assert put.status_code == 200, put.text
+    new_id = put.json()["id"]
+    assert w2.get(f"/v1/cases/{new_id}", headers=AUTH).json()["user"] == "alice"  # the owner kept
+    assert w2.get(f"/v1/cases/{case_id}", headers=AUTH).status_code == 404
+    refused = w1.delete("/v1/cases", headers=AUTH)
+    assert refused.status_code == 422 and "needs a scope" in str(refused.json()["detail"])  # the learner's answer
+    deleted = w2.delete("/v1/cases", params={"user": "alice"}, headers=AUTH)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] == 1
+    assert w1.get("/v1/cases/count", params={"user": "alice"}, headers=AUTH).json() == {"count": 0}
+    assert w1.get(f"/v1/cases/{new_id}", headers=AUTH).status_code == 404
+
+
 def test_an_unreachable_learner_is_503(served: Any) -> None:
     _, (w1, _), socket_path = served
     os.unlink(socket_path)
