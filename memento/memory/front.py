@@ -543,8 +543,9 @@ class BankFront:
         out: list[str] = [""] * len(cases)
         existing = {} if allow_duplicates else self._rows.live_by_hash(list(dict.fromkeys(hashes)), dead)
         derived = {f"c{digest[:16]}" for case, digest in zip(cases, hashes) if case.id is None}
-        dead_set = set(self._rows.deleted_positions().tolist()) | ({dead} if dead is not None else set())
-        gone = {case_id for case_id, pos in self._rows.find(sorted(derived)).items() if pos in dead_set}
+        # a derived id already stored is a deleted case's (never reused) or one whose content an update changed
+        # (its id names its first content): content that reaches it anew gets an id of its own
+        gone = set(self._rows.find(sorted(derived)))
         planned: list[tuple[int, str]] = []
         for i, (case, digest) in enumerate(zip(cases, hashes)):
             if not allow_duplicates and digest in existing:
@@ -557,7 +558,7 @@ class BankFront:
             case_id = case.id if case.id is not None else (
                 f"c{digest[:16]}" if not allow_duplicates else f"c{digest[:16]}-{position}")
             if case.id is None and case_id in gone:
-                case_id = f"c{digest[:16]}-{position}"  # a deleted case's id is never reused
+                case_id = f"c{digest[:16]}-{position}"  # a deleted or updated case's id is never reused
             existing[digest] = case_id
             out[i] = case_id
             planned.append((i, case_id))

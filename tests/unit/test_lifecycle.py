@@ -172,3 +172,20 @@ def test_http_replace_keeps_the_owner_and_deleted_cases_are_404(selector) -> Non
         assert client.delete("/v1/cases", params={"user": "alice", "filter": '{"topic": "sci"}'},
                              headers=auth).json()["deleted"] == 1
         assert client.get("/v1/cases/count", params={"user": "alice"}, headers=auth).json() == {"count": 0}
+
+
+def test_content_an_update_moved_away_from_can_be_added_again(selector) -> None:
+    """An id derived from a case's first content stays with that case when an update changes it: adding that first
+    content again is a new case with an id of its own (it used to be refused: 'id ... is already used')."""
+    first = selector.add_case(QUESTION, "Room 4", 1.0, scope={"user": "alice"})
+    selector.update_case(first, action="Room 5")
+    again = selector.add_case(QUESTION, "Room 4", 1.0, scope={"user": "alice"})
+    assert again != first and selector.get_case(again).action == "Room 4"
+    assert selector.get_case(first).action == "Room 5"
+    gone = selector.add_case(QUESTION, "Room 9", 1.0, scope={"user": "bob"})
+    selector.delete_case(gone)
+    back = selector.add_case(QUESTION, "Room 9", 1.0, scope={"user": "bob"})
+    assert back != gone and selector.get_case(back).action == "Room 9"
+    with pytest.raises(DataFormatError, match="would then hold the content of case"):
+        selector.update_case(again, action="Room 5")  # two live cases of one content: refused, nothing changes
+    assert selector.get_case(again).action == "Room 4"
