@@ -218,7 +218,8 @@ class SqliteRows:
         scoped = self.has_scope_columns()  # without the columns, no case carries a scope yet
         for part in (scope, meta):
             if part is not None:
-                sql, extra = part.sql(scoped=scoped)
+                sql, extra = (part.sql(scoped=scoped) if part is scope else
+                              part.sql(scoped=scoped, versioned=self.has_version_columns()))
                 clauses.append(sql)
                 params += extra
         mask = np.zeros(count, dtype=bool)
@@ -317,7 +318,8 @@ class SqliteRows:
         scoped = self.has_scope_columns()  # without the columns, no case carries a scope yet
         for part in (where.scope, where.meta):
             if part is not None:
-                sql, extra = part.sql(scoped=scoped)
+                sql, extra = (part.sql(scoped=scoped) if part is where.scope else
+                              part.sql(scoped=scoped, versioned=self.has_version_columns()))
                 clauses.append(sql)
                 params += extra
         if self._has_table("deleted"):

@@ -692,7 +692,7 @@ def _filter_expression(rows: MilvusRows, where: Filter) -> str:
         if not rows.scoped:
             raise BankError(f"{rows.name}: this collection was created before metadata filters; export "
                             "it (bank export) and import it into a new collection to filter on metadata")
-        parts.append(where.meta.milvus(_ATTRS))
+        parts.append(where.meta.milvus(_ATTRS, versioned=rows.versioned))
     return " and ".join(parts)
 
 

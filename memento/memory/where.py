@@ -41,7 +41,7 @@ object). A search, a selection, ``bank search``, ``/v1/select`` and the MCP tool
   case without it. ``contains`` takes a string and matches string values only: lists in ``meta`` are not
   filterable (a Milvus bank does not store them in its filter field, :func:`milvus_attrs`); a Milvus bank refuses
   a ``contains`` value holding ``%``, ``_`` or ``\\`` (its ``like`` cannot match them literally). ``updated`` is
-  a time field too, refused until the banks store it (:data:`TIME_COLUMNS`). An unknown operator, a key that is
+  a time field too (a case never updated: its ``created``). An unknown operator, a key that is
   neither, a ``null`` value: one ``DataFormatError`` naming the part.
 
 Both are pushed down into the bank's search, so the top-k is the top-k *of the matching cases* (not a top-k
@@ -81,10 +81,10 @@ SCOPE_ALIASES: dict[str, str] = {"user_id": "user", "agent_id": "agent", "run_id
 """mem0's names of the scope fields."""
 TIME_FIELDS = ("created", "updated")
 """The time fields a filter names."""
-TIME_COLUMNS: dict[str, str] = {"created": "created"}
-"""The time fields the banks store, by the SQLite column and the Milvus field that hold them (Unix seconds); a time
-field missing here is refused with a clear error. A stored ``updated`` is one more line: ``"updated": "updated"``
-(a case without one, a ``NULL``, is a case without the key)."""
+TIME_COLUMNS: dict[str, str] = {"created": "created", "updated": "updated"}
+"""The time fields the banks store, by the SQLite column and the Milvus field that hold them (Unix seconds). A case
+never updated has ``updated`` = ``created``: a bank whose cases were never updated has no ``updated`` column (the
+first update in place adds it), so ``updated`` reads ``created`` there (``versioned=False``)."""
 OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains")
 _RANGES = ("gt", "gte", "lt", "lte")
 _OPS_OF = {"meta": OPERATORS, "scope": ("eq", "ne", "in", "nin"), "time": ("eq", "ne", *_RANGES, "in", "nin")}
@@ -333,21 +333,23 @@ class Where:
 
     # ------------------------------------------------------------ SQLite
 
-    def sql(self, column: str = "meta", *, scoped: bool = True) -> tuple[str, list[Any]]:
+    def sql(self, column: str = "meta", *, scoped: bool = True, versioned: bool = True) -> tuple[str, list[Any]]:
         """A SQLite condition and its parameters: meta keys read the JSON text in ``column``, scope fields the
         ``scope_*`` columns (``scoped=False``: the bank has none yet, every case is without), time fields their
-        :data:`TIME_COLUMNS`. Every comparison is two-valued (``IFNULL(..., 0)``), so a ``NOT`` is the complement."""
+        :data:`TIME_COLUMNS` (``versioned=False``: the bank has no ``updated`` column yet, every case reads its
+        ``created``). Every comparison is two-valued (``IFNULL(..., 0)``), so a ``NOT`` is the complement."""
         if self.op in ("and", "or"):
-            compiled = [part.sql(column, scoped=scoped) for part in self.parts]
+            compiled = [part.sql(column, scoped=scoped, versioned=versioned) for part in self.parts]
             joiner = " AND " if self.op == "and" else " OR "
             return "(" + joiner.join(c for c, _ in compiled) + ")", [p for _, ps in compiled for p in ps]
-        condition, params = self._sql_leaf(column, scoped)
+        condition, params = self._sql_leaf(column, scoped, versioned)
         condition = f"IFNULL({condition}, 0)"
         return (f"(NOT {condition})" if self.negated else condition), params
 
-    def _sql_leaf(self, column: str, scoped: bool) -> tuple[str, list[Any]]:
+    def _sql_leaf(self, column: str, scoped: bool, versioned: bool) -> tuple[str, list[Any]]:
         if self.kind != "meta":
-            field = TIME_COLUMNS[self.key] if self.kind == "time" else (f"scope_{self.key}" if scoped else "NULL")
+            field = _sql_time(self.key, versioned) if self.kind == "time" else (
+                f"scope_{self.key}" if scoped else "NULL")
             if self.op == "in":
                 return f"{field} IN ({', '.join('?' for _ in self.values)})", list(self.values)
             return f"{field} {_SQL_OP[self.op]} ?", [self.values[0]]
@@ -376,7 +378,7 @@ class Where:
 
     # ------------------------------------------------------------ Milvus
 
-    def milvus(self, field: str = "attrs") -> str:
+    def milvus(self, field: str = "attrs", *, versioned: bool = True) -> str:
         """A Milvus filter expression: meta keys read the JSON field ``field`` written by :func:`milvus_attrs`
         (Milvus Lite takes no ``in`` on a JSON path, so a list becomes ORed equalities; Milvus compares ``true``
         equal to ``1``, so each value is looked up under its type's key), scope fields the ``scope_*`` fields, time
@@ -384,9 +386,11 @@ class Where:
         negated comparison says ``is null`` / ``not exists`` itself."""
         if self.op in ("and", "or"):
             joiner = " and " if self.op == "and" else " or "
-            return "(" + joiner.join(part.milvus(field) for part in self.parts) + ")"
+            return "(" + joiner.join(part.milvus(field, versioned=versioned) for part in self.parts) + ")"
         if self.kind != "meta":
-            column = TIME_COLUMNS[self.key] if self.kind == "time" else f"scope_{self.key}"
+            column = f"scope_{self.key}"
+            if self.kind == "time":  # a collection made before case versions has no updated field: its created
+                column = TIME_COLUMNS[self.key] if versioned or self.key != "updated" else "created"
             if self.op == "in":
                 held = (f"{column} == {_literal(self.values[0])}" if len(self.values) == 1
                         else f"{column} in [{', '.join(_literal(v) for v in self.values)}]")
@@ -457,6 +461,14 @@ def milvus_attrs(meta: Mapping[str, Any]) -> dict[str, Any]:
     that names its type (``"s:topic"``, ``"n:level"``, ``"b:done"``), so a filter on ``true`` cannot match ``1``.
     Lists and objects are not filterable and are left out (the ``meta`` field keeps the whole object)."""
     return {_typed_key(key, value): value for key, value in meta.items() if _type_tag(value) is not None}
+
+
+def _sql_time(key: str, versioned: bool) -> str:
+    """The SQLite expression of a time field: ``updated`` is ``NULL`` until a case is updated (or the column is
+    absent until a bank's first update), and then reads ``created``."""
+    if key == "updated":
+        return "COALESCE(updated, created)" if versioned else "created"
+    return TIME_COLUMNS[key]
 
 
 def _literal(value: Value) -> str:

@@ -155,6 +155,24 @@ def test_a_time_range_on_created(bank_uri, rng) -> None:  # noqa: F811
         bank.close()
 
 
+def test_a_time_range_on_updated(bank_uri, rng) -> None:  # noqa: F811
+    """``updated`` is ``created`` until a case is updated in place, then the update's time, on every back end
+    (a directory bank gains its updated column with its first update)."""
+    bank = create_bank(bank_uri, DIM, encoder=EncoderConfig())
+    try:
+        times = [1714521600.0 + 86400 * day for day in range(3)]  # 2024-05-01 .. 2024-05-03
+        ids = bank.add([Case(state=f"s{i}", action="a", reward=1.0, created=t) for i, t in enumerate(times)],
+                       unit_vectors(rng, 3, DIM))
+        q = unit_vectors(rng, 1, DIM)[0]
+        assert sorted(bank.search(q, 10, filter={"updated": {"gte": "2024-05-02"}})[1]) == sorted(ids[1:])
+        bank.update(ids[0], action="b")  # now
+        assert sorted(bank.search(q, 10, filter={"updated": {"gte": "2025-01-01"}})[1]) == [ids[0]]
+        assert sorted(bank.search(q, 10, filter={"updated": {"lt": "2025-01-01"}})[1]) == sorted(ids[1:])
+        assert sorted(bank.search(q, 10, filter={"created": {"lt": "2024-05-02"}})[1]) == [ids[0]]
+    finally:
+        bank.close()
+
+
 def test_a_directory_bank_made_before_scopes_gains_them_on_the_first_scoped_case(tmp_path, rng) -> None:
     bank = CaseBank.create(tmp_path / "old", DIM)
     bank.add([Case(state="plain", action="a", reward=1.0)], unit_vectors(rng, 1, DIM))

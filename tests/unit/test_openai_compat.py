@@ -687,7 +687,8 @@ def test_missing_httpx_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(builtins, "__import__", no_httpx)
     with pytest.raises(PlannerError) as info:
         OpenAICompatPlanner("m", "http://127.0.0.1:1/v1")
-    assert str(info.value) == "OpenAICompatPlanner needs the httpx package: pip install -e '.[openai]' (in a clone of memento)"
+    assert str(info.value) == ("OpenAICompatPlanner needs the httpx package: pip install -e '.[openai]' (in a clone "
+                               "of memento)")
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -42,7 +42,8 @@ def test_a_missing_extra_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError) as info:
         require("train", "tensorboard", what="writing TensorBoard event files", instead="pass --no-tensorboard")
     assert str(info.value) == ("writing TensorBoard event files needs the 'train' extra (tensorboard is not "
-                               "installed): pass --no-tensorboard, or pip install -e '.[train]' (in a clone of memento)")
+                               "installed): pass --no-tensorboard, or pip install -e '.[train]' (in a clone of "
+                               "memento)")
     require("train", "json", what="a module that is there")  # found: nothing raised
 
 

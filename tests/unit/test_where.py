@@ -68,11 +68,13 @@ def test_scope_and_time_fields_and_the_meta_prefix() -> None:
         assert parse_filter(tree.to_json()) == tree
 
 
-def test_updated_is_refused_until_the_banks_store_it() -> None:
-    assert "updated" not in TIME_COLUMNS  # the lifecycle branch adds the column; then this test changes
-    with pytest.raises(DataFormatError, match="do not store an 'updated' time") as info:
-        parse_filter({"updated": {"gt": 0}})
-    assert "\n" not in str(info.value)
+def test_updated_is_a_time_field_the_banks_store() -> None:
+    assert TIME_COLUMNS["updated"] == "updated"
+    assert parse_filter({"updated": {"gt": "2024-05-01"}}) == Where("gt", key="updated", values=(1714521600.0,))
+    condition, _ = parse_filter({"updated": {"gt": 0}}).sql()
+    assert "COALESCE(updated, created)" in condition  # never updated: its created time
+    assert "COALESCE" not in parse_filter({"updated": {"gt": 0}}).sql(versioned=False)[0]  # no column yet
+    assert "created" in parse_filter({"updated": {"gt": 0}}).milvus(versioned=False)
 
 
 @pytest.mark.parametrize("bad,needle", [
