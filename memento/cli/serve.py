@@ -18,26 +18,33 @@ uvicorn. Needs the 'serve' extra: pip install -e '.[serve]' (in a clone of memen
 
 endpoints (JSON; every /v1 endpoint needs the header 'Authorization: Bearer TOKEN'):
   POST /v1/select     {"query": TEXT | "embedding": [floats], "k": 4, "mode": "sample"|"greedy", "env": null,
-                       "scope": {"user"?, "agent"?, "session"?}, "filter": {"topic": {"in": ["geo"]}, ...}}
+                       "scope": {"user"?, "agent"?, "session"?}, "filter": {"topic": {"in": ["geo"]}, ...},
+                       "include_global": false}
                       -> {"selection_id", "cases": [{"id", "state", "action", "reward", "prob", "score",
                           "similarity", "meta"?, "user"?, ...}, ...], ...}
-  POST /v1/search     {"query" | "embedding", "k": 10, "env", "scope", "filter"} -> {"cases": [{..., "similarity"}]}
-                      (the nearest cases by cosine: no policy, nothing recorded)
+  POST /v1/search     {"query" | "embedding", "k": 10, "env", "scope", "filter", "include_global"}
+                      -> {"cases": [{..., "similarity"}]}  (the nearest cases by cosine: nothing recorded)
   POST /v1/feedback   {"selection_id": ID, "reward": 0..1}  (answered once committed to disk)
   POST /v1/cases      {"state", "action", "reward", "env"?, "meta"?, "user"?, "agent"?, "session"?} -> {"id"}
-                      (answered once committed)
-  GET  /v1/cases      ?user=&agent=&session=&env=&filter=JSON&limit=100&offset=0 -> {"cases": [...]}
-  GET  /v1/cases/ID   the case (404 when unknown)
+                      (mem0's user_id/agent_id/run_id too; answered once committed)
+  GET  /v1/cases      ?user=&agent=&session=&env=&filter=JSON&include_global=&limit=100&offset=0 -> {"cases"}
+  GET  /v1/cases/count  ?user=&agent=&session=&env=&filter=JSON&include_global= -> {"count"}
+  DELETE /v1/cases    ?user=&agent=&session=&env=&filter=JSON (a scope or filter, or all=true)
+                      -> {"deleted", "replay_slots_masked"}
+  GET  /v1/cases/ID   the case, with version, created, updated (404 when unknown, deleted or replaced)
+  GET  /v1/cases/ID/history  its add, update, replace, delete and feedback events, oldest first
+  PATCH /v1/cases/ID  {"action"?, "reward"?, "meta"?} -> the case changed in place (same id, version + 1)
   PUT  /v1/cases/ID   {"state", "action", "reward", "env"?, "meta"?, "user"?, ...} -> {"id": NEW, "replaced": ID}
-                      (the old case is deleted; answered once committed)
-  DELETE /v1/cases/ID -> {"id", "deleted": true, ...}  (never selected again; answered once committed)
+                      (the old case is deleted; its owner and meta are kept unless given; answered once committed)
+  DELETE /v1/cases/ID -> {"id", "deleted": true, ...}  (never selected or read again; answered once committed)
   GET  /v1/stats      selector counts and server counters
   GET  /healthz       liveness, no auth: 200 as soon as the server answers
   GET  /readyz        readiness, no auth: 503 until the warm-up select (encoder, index and Q-network loaded
                       and run; nothing recorded) returned, then 200; --no-warmup: 200 at once
   GET  /openapi.json (the spec, no auth); GET /docs (Swagger UI) only with --no-auth;
   the inspector at /inspect takes the same token
-Invalid requests get 422 naming the field; bodies over --max-body-bytes get 413. A scope or filter that matches
+Invalid requests get 422 naming the field (an unknown body key or query parameter too); a JSON body that is not
+UTF-8 gets 415; bodies over --max-body-bytes get 413. A scope or filter that matches
 no case gives an empty list (filters: docs/formats.md, "Scopes and metadata filters").
 
 logging: with -v, one line per request on the logger memento.serve.access: METHOD PATH STATUS DURATION ms
