@@ -2,10 +2,13 @@
 
 Over a small real selector (the v1 fixture artifact, a hashing encoder) and one writer:
 
-- the MCP tools (``select_cases``, ``record_outcome``, ``add_case``, ``delete_case``) called in-process with generated
-  arguments: arbitrary JSON values (bools, numbers as strings, huge integers, NaN, nested objects, lone surrogates,
-  NUL and blank texts, unknown keys), near-valid ones and real pending selection ids;
-- the HTTP bodies of /v1/select, /v1/feedback and /v1/cases, likewise.
+- the MCP tools (``select_cases``, ``record_outcome``, ``add_case``, ``delete_case``, ``update_case``,
+  ``case_history``, ``count_cases``, ``delete_all_cases``, ``search_cases``, ``list_cases``) called in-process with
+  generated arguments: arbitrary JSON values (bools, numbers as strings, huge integers, NaN, nested objects, lone
+  surrogates, NUL and blank texts, unknown keys, null scope fields, mem0's names), near-valid ones and real pending
+  selection ids and case ids;
+- the HTTP bodies of /v1/select, /v1/search, /v1/feedback and /v1/cases and ``PATCH /v1/cases/{id}``, likewise, and
+  the query strings of ``GET /v1/cases``, ``GET /v1/cases/count`` and ``DELETE /v1/cases``.
 
 Every call is answered (MCP: a result or a one-line tool error, never an exception out of the client call; HTTP:
 2xx, or 4xx with the problem JSON, never 5xx), and no nonsense is recorded: a refused call leaves the bank, the
@@ -20,6 +23,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import event, given, settings
@@ -52,6 +56,10 @@ _GOOD: dict[str, st.SearchStrategy[Any]] = {
     "selection_id": st.just(PENDING), "case_id": st.just(ADDED), "env": st.none() | st.just("web"),
     "mode": st.sampled_from(["sample", "greedy"]), "meta": st.none() | st.just({"source": "fuzz"}),
     "embedding": st.none(),
+    "scope": st.sampled_from([{"user": "alice"}, {"user_id": "bob"}, {"agent": "a", "session": "s"}]),
+    "filter": st.sampled_from([{"source": "fuzz"}, {"created": {"gte": 0}}, {"NOT": {"source": "x"}},
+                               {"user": {"in": ["alice", "bob"]}}, {"updated": {"lt": "2100-01-01"}}]),
+    "include_global": st.booleans(), "user": st.sampled_from(["alice", "bob"]),
 }
 
 
@@ -78,13 +86,22 @@ def _arguments(required: list[str], optional: list[str], *, objects_only: bool =
     return st.one_of(near, near, near, wild) if objects_only else st.one_of(near, near, near, wild, _values)
 
 
-_MCP_TOOLS = {"select_cases": (["task"], ["k"]), "record_outcome": (["selection_id", "reward"], []),
-              "add_case": (["state", "action", "reward"], []), "delete_case": (["case_id"], [])}
+_MCP_TOOLS = {"select_cases": (["task"], ["k", "scope", "filter", "include_global"]),
+              "record_outcome": (["selection_id", "reward"], []),
+              "add_case": (["state", "action", "reward"], ["user", "meta"]), "delete_case": (["case_id"], []),
+              "update_case": (["case_id"], ["action", "reward", "meta"]), "case_history": (["case_id"], []),
+              "count_cases": ([], ["scope", "filter", "include_global"]),
+              "delete_all_cases": (["scope"], ["filter"]),
+              "search_cases": (["query"], ["k", "scope", "filter", "include_global"]),
+              "list_cases": ([], ["scope", "filter", "include_global"])}
 mcp_calls = st.sampled_from(sorted(_MCP_TOOLS)).flatmap(
     lambda tool: st.tuples(st.just(tool), _arguments(*_MCP_TOOLS[tool], objects_only=True)))
 
-_HTTP_ROUTES = {"/v1/select": (["query"], ["k", "env", "mode"]), "/v1/feedback": (["selection_id", "reward"], []),
-                "/v1/cases": (["state", "action", "reward"], ["env", "meta", "embedding"])}
+_HTTP_ROUTES = {"/v1/select": (["query"], ["k", "env", "mode", "scope", "filter", "include_global"]),
+                "/v1/search": (["query"], ["k", "scope", "filter", "include_global"]),
+                "/v1/feedback": (["selection_id", "reward"], []),
+                "/v1/cases": (["state", "action", "reward"], ["env", "meta", "embedding", "user"]),
+                "PATCH /v1/cases/{id}": ([], ["action", "reward", "meta"])}
 http_calls = st.sampled_from(sorted(_HTTP_ROUTES)).flatmap(
     lambda route: st.tuples(st.just(route), _arguments(*_HTTP_ROUTES[route])))
 
@@ -185,6 +202,26 @@ def test_mcp_tool_calls_are_answered_and_record_no_nonsense(served: tuple[Any, A
     elif tool == "delete_case":
         assert after[1] == before[1] + 1
         added.remove(arguments["case_id"])
+    elif tool == "update_case":
+        assert after[:2] == before[:2] and body["id"] == arguments["case_id"]
+        _check_stored(selector, body["id"])
+    elif tool == "delete_all_cases":
+        assert arguments.get("scope") or arguments.get("filter")  # never all tenants by omission
+        assert after[1] == before[1] + body["deleted"], (arguments, body, before, after)
+        _forget_gone(selector, added)
+    else:  # reads: nothing changes
+        assert after[:3] == before[:3], (tool, arguments, before, after)
+
+
+def _forget_gone(selector: Any, added: list[str]) -> None:
+    """Drop from ``added`` the cases a delete_all took (they answer 404 now)."""
+    from memento.errors import UnknownCaseError
+
+    for case_id in list(added):
+        try:
+            selector.get_case(case_id)
+        except UnknownCaseError:
+            added.remove(case_id)
 
 
 @pytest.fixture(scope="module")
@@ -210,14 +247,18 @@ def _dumps(value: Any) -> bytes:
 @given(call=http_calls)
 def test_http_bodies_are_answered_and_record_no_nonsense(served: tuple[Any, Any, list[str]], client: Any,
                                                          call: tuple[str, Any]) -> None:
-    selector, _, _ = served
+    selector, _, added = served
     route, body = call
     if isinstance(body, dict):
-        body = {key: _fill(value, selector, []) for key, value in body.items()}
+        body = {key: _fill(value, selector, added) for key, value in body.items()}
     record(__name__, "inputs")
     before = _state(selector)
     record(__name__, "requests")
-    response = client.post(route, content=_dumps(body), headers={"Content-Type": "application/json"})
+    if route.startswith("PATCH "):
+        target = f"/v1/cases/{added[-1] if added else 'no-such-case'}"
+        response = client.patch(target, content=_dumps(body), headers={"Content-Type": "application/json"})
+    else:
+        response = client.post(route, content=_dumps(body), headers={"Content-Type": "application/json"})
     after = _state(selector)
     event(f"{route}: {response.status_code}")
     if response.status_code >= 500:
@@ -233,3 +274,46 @@ def test_http_bodies_are_answered_and_record_no_nonsense(served: tuple[Any, Any,
         assert isinstance(body, dict) and math.isfinite(float(body["reward"]))
     elif route == "/v1/feedback":
         assert after[2] == before[2] + 1 and 0.0 <= answer["reward"] <= 1.0
+    elif route.startswith("PATCH "):
+        assert after[:2] == before[:2]
+        _check_stored(selector, answer["id"])
+    else:  # select and search: no case, deletion or feedback
+        assert after[:3] == before[:3]
+
+
+_QUERY_KEYS = ["user", "user_id", "agent", "session", "run_id", "env", "filter", "include_global", "limit",
+               "offset", "all", "extra"]
+_query_values = st.sampled_from(["alice", "bob", "", "true", "false", "1", "0", "-1", "10000000", "\x00", "null",
+                                 '{"source": "fuzz"}', '{"user": null}', '{"created": {"gte": 0}}', '{"x": {"bad":1}}',
+                                 "[1]", "\ud800", "%FF", "x" * 300]) | st.text(max_size=6)
+query_calls = st.tuples(st.sampled_from(["GET /v1/cases", "GET /v1/cases/count", "DELETE /v1/cases"]),
+                        st.lists(st.tuples(st.sampled_from(_QUERY_KEYS), _query_values), max_size=3))
+
+
+@pytest.mark.probe
+@settings(FUZZ, max_examples=examples(60))
+@given(call=query_calls)
+def test_http_query_strings_are_answered_and_delete_only_what_they_name(served: tuple[Any, Any, list[str]],
+                                                                          client: Any, call: tuple[str, Any]) -> None:
+    """List, count and delete-all by query string: never a 5xx; a refused one changes nothing; a delete-all
+    needs a scope or a filter (or all=true) and deletes exactly what it reports."""
+    selector, _, added = served
+    route, params = call
+    method, path = route.split(" ")
+    record(__name__, "inputs")
+    before = _state(selector)
+    record(__name__, "requests")
+    query = "&".join(f"{quote(key)}={quote(value.encode('utf-8', 'surrogatepass'))}" for key, value in params)
+    response = client.request(method, f"{path}?{query}" if query else path)
+    after = _state(selector)
+    event(f"{route}: {response.status_code}")
+    if response.status_code >= 500:
+        record(__name__, "tracebacks")
+    assert response.status_code < 500, (route, params, response.status_code, response.text)
+    if response.status_code >= 400 or method == "GET":
+        assert after[:3] == before[:3], (route, params, before, after)
+        return
+    names = {key for key, _ in params}
+    assert names & {"user", "user_id", "agent", "session", "run_id", "filter", "all"}, params
+    assert after[1] == before[1] + response.json()["deleted"]
+    _forget_gone(selector, added)
