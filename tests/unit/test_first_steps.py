@@ -292,7 +292,7 @@ def test_serve_help_lists_every_registered_route(capsys: pytest.CaptureFixture[s
     routes = {(method, route.path.replace("{case_id}", "ID")) for route in app.routes if isinstance(route, APIRoute)
               for method in route.methods}
     text = _help(capsys, "serve")
-    listed = {(m, p) for m, p in re.findall(r"\b(GET|POST|PUT|DELETE)\s+(/[\w/.{}]*)", text)}
+    listed = {(m, p) for m, p in re.findall(r"\b(GET|POST|PUT|PATCH|DELETE)\s+(/[\w/.{}]*)", text)}
     assert ("DELETE", "/v1/cases/ID") in routes and ("PUT", "/v1/cases/ID") in routes
     assert routes <= listed, routes - listed
     assert "--no-warmup" in text and "memento.serve.access" in text

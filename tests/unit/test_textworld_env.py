@@ -205,7 +205,7 @@ def test_bad_files_are_one_line_game_errors(game, tmp_path):
 
 def test_missing_textworld_is_a_game_error(game, monkeypatch):
     monkeypatch.setitem(sys.modules, "textworld", None)
-    with pytest.raises(GameError, match=r"memento-mdp\[games\]"):
+    with pytest.raises(GameError, match=r"pip install -e '\.\[games\]'"):
         TextWorldEnv(game)
 
 
