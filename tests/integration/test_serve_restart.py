@@ -90,3 +90,57 @@ def test_feedback_for_selections_made_before_a_restart(exported: Path, tmp_path:
         client.close()
     finally:
         assert again.stop() == 0, again.log()
+
+
+@pytest.mark.probe
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_lifecycle_writes_answered_before_a_kill_survive_it(exported: Path, tmp_path: Path, sig: int) -> None:
+    """Two tenants' cases, an update in place, a delete by scope: each answered, then the server is stopped or
+    killed. A new server finds every answered write: the update (same id, version 2), bob's cases gone (404, a
+    count of 0), alice's untouched, their history, and an artifact that verifies."""
+    from memento.selector.export import verify
+
+    artifact = Path(shutil.copytree(exported, tmp_path / "selector"))
+    server = _server(artifact, tmp_path, "before")
+    try:
+        client = HttpClient(server.url, server.headers)
+        dim = _stats(client)["dim"]
+        rng = np.random.default_rng(1)
+        ids: dict[str, list[str]] = {"alice": [], "bob": []}
+        for i in range(6):
+            user = "alice" if i % 2 == 0 else "bob"
+            vector = rng.standard_normal(dim)
+            code, body = client.request("POST", "/v1/cases", {
+                "state": f"the same question {i // 2}", "action": f"{user}'s answer", "reward": 1,
+                "embedding": (vector / np.linalg.norm(vector)).tolist(), "user_id": user, "meta": {"n": i}})
+            assert code == 200, body
+            ids[user].append(body["id"])
+        code, body = client.request("PATCH", f"/v1/cases/{ids['alice'][0]}", {"action": "alice's new answer"})
+        assert code == 200 and body["version"] == 2, body
+        code, body = client.request("DELETE", "/v1/cases?user=bob")
+        assert code == 200 and body["deleted"] == 3, body
+        client.close()
+        code = server.stop(sig)
+    finally:
+        server.kill()
+    assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), server.log()
+    record(__name__, "kills", int(sig == signal.SIGKILL))
+
+    again = _server(artifact, tmp_path, "after")
+    try:
+        client = HttpClient(again.url, again.headers)
+        code, body = client.request("GET", f"/v1/cases/{ids['alice'][0]}")
+        assert code == 200 and body["action"] == "alice's new answer" and body["version"] == 2, body
+        for case_id in ids["alice"][1:]:
+            code, body = client.request("GET", f"/v1/cases/{case_id}")
+            assert code == 200 and body["action"] == "alice's answer" and body["user"] == "alice", body
+        for case_id in ids["bob"]:
+            assert client.request("GET", f"/v1/cases/{case_id}")[0] == 404
+        assert client.request("GET", "/v1/cases/count?user=bob") == (200, {"count": 0})
+        assert client.request("GET", "/v1/cases/count?user_id=alice") == (200, {"count": 3})
+        code, body = client.request("GET", f"/v1/cases/{ids['alice'][0]}/history")
+        assert code == 200 and [e["event"] for e in body["events"]] == ["add", "update"], body
+        client.close()
+    finally:
+        assert again.stop() == 0, again.log()
+    assert verify(artifact)["cases"] >= 6  # raises a one-line CheckpointError if anything is damaged
