@@ -247,7 +247,7 @@ def test_online_refuses_absurd_sizes_in_one_line_without_allocating(tmp_path: Pa
 def test_bank_create_refuses_absurd_factories(tmp_path: Path, factory: str) -> None:
     where = tmp_path / "bank"
     code, err, rss_kb = _memento(tmp_path, "bank", "create", "--bank", str(where), "--dim", "8", "--index", factory)
-    assert code == 2 and len(err) == 1 and "factory" in err[0], err
+    assert code == 2 and len(err) == 1 and "--index" in err[0] and "must be in" in err[0], err
     assert not where.exists()
     assert rss_kb < RSS_CEILING_KB, f"peak RSS {rss_kb} kB"
 
