@@ -374,12 +374,18 @@ def test_id_collision_within_one_call(bank: CaseBank, rng) -> None:
     assert_count(bank, 0)
 
 
-def test_derived_id_collision_is_data_format_error(bank: CaseBank, rng) -> None:
+def test_a_derived_id_already_taken_gives_the_new_case_an_id_of_its_own(bank: CaseBank, rng) -> None:
+    """A case without an id whose derived id another case holds (given explicitly, or kept through an update that
+    changed its content) is stored under an id of its own; the holder keeps its id. An explicit id that is taken
+    is still refused."""
     later = Case(state="later", action="a", reward=1.0)
-    bank.add([Case(id=f"c{later.content_hash[:16]}", state="first", action="a", reward=1.0)],
-             unit_vectors(rng, 1, DIM))
-    with pytest.raises(DataFormatError):
-        bank.add([later], unit_vectors(rng, 1, DIM))
+    taken = f"c{later.content_hash[:16]}"
+    bank.add([Case(id=taken, state="first", action="a", reward=1.0)], unit_vectors(rng, 1, DIM))
+    (new_id,) = bank.add([later], unit_vectors(rng, 1, DIM))
+    assert new_id != taken and new_id.startswith(taken + "-")
+    assert bank.get(taken).state == "first" and bank.get(new_id).state == "later"
+    with pytest.raises(DataFormatError, match="already used by another case"):
+        bank.add([Case(id=taken, state="third", action="a", reward=1.0)], unit_vectors(rng, 1, DIM))
 
 
 def test_add_rejects_non_case(bank: CaseBank, rng) -> None:
