@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -311,12 +310,11 @@ def _search_where(args: argparse.Namespace) -> tuple[Any, Any]:
     for name in SCOPE_FIELDS:
         _utf8_argument(getattr(args, name), f"--{name}")
     _utf8_argument(args.filter, "--filter")
-    scope = as_scope({name: getattr(args, name) for name in SCOPE_FIELDS if getattr(args, name) is not None})
-    if args.include_global:
-        if scope is None:
-            raise DataFormatError("--include-global goes beside a scope (--user, --agent or --session): without one "
-                                  "every case is searched already")
-        scope = dataclasses.replace(scope, include_global=True)
+    fields = {name: getattr(args, name) for name in SCOPE_FIELDS if getattr(args, name) is not None}
+    if args.include_global and not fields:
+        raise DataFormatError("--include-global goes beside a scope (--user, --agent or --session): without one "
+                              "every case is searched already")
+    scope = as_scope(fields, include_global=args.include_global)
     where = None
     if args.filter is not None:
         where = parse_filter(parse_json(args.filter, where="--filter", error=DataFormatError, finite=True),

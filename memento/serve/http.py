@@ -308,6 +308,10 @@ class _Endpoints:
         return Response(content, status_code=status, headers=kept,
                         media_type=headers.get("content-type", "application/json"))
 
+    async def forward_case(self, request: Request, method: str, case_id: str) -> Any:
+        """:meth:`forward` of a write to ``/v1/cases/{case_id}``."""
+        return await self.forward(request, method, f"/v1/cases/{quote(case_id, safe='')}")
+
     def stats(self) -> dict[str, Any]:
         w = self.writer
         server = {"uptime_s": time.time() - self.started, "auth": self.token is not None,
@@ -449,16 +453,8 @@ def _search_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], SearchReques
         (URL-encoded), e.g. ``filter={"topic":"geo"}``. An unknown parameter is a 422, not ignored."""
         if link is not None:
             link.sync()
-        named = dict(zip(OWNER_ARGS, (user, agent, session, user_id, agent_id, run_id)))
-        for name, value in (("env", env), *named.items()):
-            if value is not None:
-                try:
-                    check_id(value, name)
-                except DataFormatError as error:
-                    raise _problem_from(error, field=name, where="query") from None
+        scope, where = _where_query(env, (user, agent, session, user_id, agent_id, run_id), filter)
         try:
-            where = None if filter is None else parse_json(filter, where="filter", error=DataFormatError)
-            scope = owner_scope(named)
             cases = selector.list_cases(env=env, scope=scope, filter=where, limit=limit, offset=offset,
                                         include_global=include_global)
         except Exception as error:  # noqa: BLE001
@@ -485,7 +481,7 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
                 summary="delete a case: never selected again (answered once committed and checkpointed)")
     async def delete_case(case_id: str, request: Request) -> dict[str, Any]:
         if link is not None:
-            return await ends.forward(request, "DELETE", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+            return await ends.forward_case(request, "DELETE", case_id)
         return json_safe(await ends.write(lambda w: w.submit_delete(case_id)))
 
     @app.put("/v1/cases/{case_id}", dependencies=auth, tags=["cases"],
@@ -495,7 +491,7 @@ def _case_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], CaseRequest: t
                            ) -> dict[str, Any]:
         body: Any = request_body
         if link is not None:
-            return await ends.forward(request, "PUT", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+            return await ends.forward_case(request, "PUT", case_id)
         embedding = None if body.embedding is None else np.asarray(body.embedding, dtype=np.float64)
         new_id = await ends.write(lambda w: w.submit_replace(case_id, body.state, body.action, body.reward,
                                                              env=body.env, meta=body.meta, embedding=embedding,
@@ -572,7 +568,7 @@ def _lifecycle_routes(app: FastAPI, ends: _Endpoints, auth: list[Any], UpdateReq
                           ) -> dict[str, Any]:
         body: Any = request_body
         if link is not None:
-            return await ends.forward(request, "PATCH", f"/v1/cases/{quote(case_id, safe='')}")  # type: ignore[no-any-return]
+            return await ends.forward_case(request, "PATCH", case_id)
         case = await ends.write(lambda w: w.submit_update(case_id, action=body.action, reward=body.reward,
                                                           meta=body.meta, state=body.state))
         return json_safe(case_record(case))
