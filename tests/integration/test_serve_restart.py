@@ -45,6 +45,12 @@ def _stats(client: HttpClient) -> dict[str, Any]:
     return body
 
 
+def _stopped_by(sig: int, code: int | None, server: ServerProcess) -> None:
+    """The server ended as ``sig`` makes it end (SIGTERM: drained, exit 0), counted for ``make probe``."""
+    assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), server.log()
+    record(__name__, "kills", int(sig == signal.SIGKILL))
+
+
 @pytest.mark.probe
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_feedback_for_selections_made_before_a_restart(exported: Path, tmp_path: Path, sig: int) -> None:
@@ -68,8 +74,7 @@ def test_feedback_for_selections_made_before_a_restart(exported: Path, tmp_path:
         code = server.stop(sig)
     finally:
         server.kill()
-    assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), server.log()
-    record(__name__, "kills", int(sig == signal.SIGKILL))
+    _stopped_by(sig, code, server)
     assert (artifact / PENDING_NAME).is_file()
 
     again = _server(artifact, tmp_path, "after")
@@ -123,8 +128,7 @@ def test_lifecycle_writes_answered_before_a_kill_survive_it(exported: Path, tmp_
         code = server.stop(sig)
     finally:
         server.kill()
-    assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), server.log()
-    record(__name__, "kills", int(sig == signal.SIGKILL))
+    _stopped_by(sig, code, server)
 
     again = _server(artifact, tmp_path, "after")
     try:
