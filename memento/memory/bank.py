@@ -58,8 +58,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import mmap
-import os
 import sqlite3
 import threading
 import time
@@ -78,6 +76,7 @@ from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
 from memento.memory.history import EventRow
 from memento.memory.index import FaissIndex, exact_topk
+from memento.memory.vectorfile import VECTORS_META_NAME, VECTORS_NAME, VECTORS_STORE_KEY, BlockSums, VectorFile
 from memento.memory.where import Scope, Where
 from memento.types import SCOPE_FIELDS, Case, shown
 
@@ -91,15 +90,11 @@ BANK_FORMAT_VERSION = 1
 DB_NAME = "cases.sqlite"
 INDEX_NAME = "index.faiss"
 INDEX_META_NAME = "index.json"
-VECTORS_NAME = "vectors.f32"
-VECTORS_META_NAME = "vectors.json"
 DERIVED_NAMES = (INDEX_NAME, INDEX_META_NAME, VECTORS_NAME, VECTORS_META_NAME)
-"""The files beside cases.sqlite that the bank rebuilds from it (a copy of a bank copies those that exist)."""
+"""The files beside cases.sqlite (a copy of a bank copies those that exist): the bank rebuilds the index files from
+it; ``vectors.f32`` is the vectors' store of a disk bank (a cache of SQLite's copy in a disk bank made before issue
+41), see :mod:`memento.memory.vectorfile`."""
 _FILL_CHUNK = 32_768  # rows per pass over a bank's vectors (filling the index, loading the codes)
-_RESIDENT_BUDGET = 64 << 20  # bytes of vectors.f32 pages read through the map before they are dropped from it
-_PAGE = mmap.PAGESIZE
-_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
-_PAGES_PER_ROW = 16  # a read fault maps the pages around it too (Linux's fault_around_bytes, 64 KiB by default)
 _CHUNK = 900  # below SQLite's bound on host parameters
 
 _SCHEMA = """
@@ -128,6 +123,10 @@ _FEATURE_SCHEMA = (
     "value REAL NOT NULL)",
     "CREATE INDEX IF NOT EXISTS evidence_step ON evidence(step)",
 )
+
+_VECTOR_BLOCKS_SCHEMA = ("CREATE TABLE IF NOT EXISTS vector_blocks (block INTEGER PRIMARY KEY, rows INTEGER NOT NULL, "
+                         "hash TEXT NOT NULL)")
+"""A disk bank's checksum of each block of vectors.f32 (:mod:`memento.memory.vectorfile`)."""
 
 _DELETED_SCHEMA = ("CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY, id TEXT NOT NULL, time REAL NOT NULL, "
                    "replaced_by TEXT)")
@@ -162,10 +161,11 @@ class SqliteRows:
     mirrored in memory on first need (``ids_at``); the tombstoned positions too, re-read by a read-only bank when
     another process added some (one indexed read per call)."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, *, read_only: bool):
+    def __init__(self, path: Path, conn: sqlite3.Connection, *, read_only: bool, store: VectorFile | None = None):
         self.name = path
         self.conn = conn
         self.read_only = read_only
+        self.store = store  # a disk bank's vectors.f32, where its vectors are stored (SQLite keeps none)
         self._ids: list[str] = []
         self._mirror_lock = threading.Lock()
         self._deleted_pos: np.ndarray | None = None
@@ -248,13 +248,26 @@ class SqliteRows:
             yield
             conn.commit()
         except sqlite3.IntegrityError as error:
-            conn.rollback()
-            self._scoped = self._versioned = False  # columns added in it are gone
+            self._rolled_back()
             raise DataFormatError(f"{self.name}: {what} the bank's constraints ({error})") from None
         except BaseException:
-            conn.rollback()
-            self._scoped = self._versioned = False
+            self._rolled_back()
             raise
+        if self.store is not None:
+            self.store.committed()
+
+    def _rolled_back(self) -> None:
+        self.conn.rollback()
+        self._scoped = self._versioned = False  # columns added in it are gone
+        if self.store is not None:
+            self.store.rolled_back()  # rows it appended to vectors.f32 are cut again
+
+    def block_sums(self) -> dict[int, tuple[int, str]]:
+        """The ``vector_blocks`` table: ``{block: (rows, checksum)}``."""
+        return {int(b): (int(n), str(h)) for b, n, h in self.conn.execute("SELECT block, rows, hash FROM vector_blocks")}
+
+    def _put_block_sums(self, sums: Sequence[tuple[int, int, str]]) -> None:
+        self.conn.executemany("INSERT OR REPLACE INTO vector_blocks (block, rows, hash) VALUES (?, ?, ?)", sums)
 
     def find(self, ids: Sequence[str]) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -283,6 +296,7 @@ class SqliteRows:
         if versioned:
             self._add_version_columns()
         columns = ["pos", "id", "state", "action", "reward", "env", "kind", "meta", "created", "hash", "embedding"]
+        stored = self.store is not None
         try:
             scoped = self.has_scope_columns()
             if scoped:
@@ -292,8 +306,10 @@ class SqliteRows:
             self.conn.executemany(
                 f"INSERT INTO cases ({', '.join(columns)}) VALUES ({_marks(columns)})",
                 [(r.pos, r.id, r.case.state, r.case.action, r.case.reward, r.case.env, r.case.kind, r.meta, r.created,
-                  r.hash, r.vector_D.tobytes(), *(r.case.scope if scoped else ()),
+                  r.hash, b"" if stored else r.vector_D.tobytes(), *(r.case.scope if scoped else ()),
                   *((r.case.version, r.case.updated) if versioned else ())) for r in rows])
+            if self.store is not None and rows:  # the vectors reach the disk before the commit that names them
+                self._put_block_sums(self.store.stage(np.stack([r.vector_D for r in rows]), rows[0].pos))
         finally:
             self._scoped = self._versioned = False  # re-read after the transaction (a rollback takes new columns back)
 
@@ -436,6 +452,9 @@ class SqliteRows:
         """``(envs, kinds, emb_ND, dim)`` of the rows ``start..stop-1`` (all from ``start`` when None), checked
         dense."""
         top = self.count() if stop is None else stop
+        if self.store is not None:
+            envs, kinds = self.labels(start, top)
+            return envs, kinds, self.store.read(start, top).reshape(-1), top - start
         rows = self.conn.execute("SELECT pos, env, kind, embedding FROM cases WHERE pos >= ? AND pos < ? "
                                  "ORDER BY pos", (start, top)).fetchall()
         if [r[0] for r in rows] != list(range(start, top)):
@@ -452,6 +471,11 @@ class SqliteRows:
         return [r[1] for r in rows], [r[2] for r in rows]
 
     def truncate(self, n: int) -> None:
+        if self.store is not None:  # the file is cut after the commit (FaissVectors.truncate)
+            drop_from, partial = self.store.truncation(n)
+            self.conn.execute("DELETE FROM vector_blocks WHERE block >= ?", (drop_from,))
+            if partial is not None:
+                self._put_block_sums([partial])
         self.conn.execute("DELETE FROM cases WHERE pos >= ?", (n,))
         if self._has_table("deleted"):
             self.conn.execute("DELETE FROM deleted WHERE pos >= ?", (n,))
@@ -603,96 +627,6 @@ class SqliteFeatures:
                                     for p, v in zip(positions_C, emb_CD)])
 
 
-class VectorFile:
-    """The float32 vectors of a ``vectors="disk"`` bank: row ``p`` of ``vectors.f32`` is position ``p``
-    (``dim`` little-endian float32 each), ``vectors.json`` names the bank it belongs to.
-
-    A cache of SQLite's ``embedding`` column, like the faiss index: the writer appends a row after SQLite
-    committed it, and opening the bank cuts a torn or surplus tail and appends the rows SQLite holds beyond
-    it. Reads are by position through a memory map (only the pages read are touched) or, for whole ranges,
-    by plain reads into a fresh buffer (:meth:`read`), so a pass over the bank leaves nothing mapped.
-    """
-
-    def __init__(self, directory: Path, uid: str, dim: int):
-        self.path, self._meta = directory / VECTORS_NAME, directory / VECTORS_META_NAME
-        self._uid, self._dim = uid, dim
-        self._row_bytes = 4 * dim
-        self._map: np.ndarray | None = None
-        self._mmap: mmap.mmap | None = None
-        self._touched = 0  # pages read through the map since they were last dropped (at most, counted per row)
-
-    def _owned(self) -> bool:
-        try:
-            info = json.loads(self._meta.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return False
-        return isinstance(info, dict) and info.get("uid") == self._uid and info.get("dim") == self._dim \
-            and self.path.is_file()
-
-    def rows(self) -> int:
-        """Whole rows in the file (0 when it is missing or belongs to another bank)."""
-        return self.path.stat().st_size // self._row_bytes if self._owned() else 0
-
-    def repair(self, rows: SqliteRows, count: int) -> None:
-        """Make the file hold exactly SQLite's first ``count`` rows (the writer, on open)."""
-        if not self._owned():
-            self.path.write_bytes(b"")
-            atomic_write_text(self._meta, json.dumps({"uid": self._uid, "dim": self._dim, "dtype": "float32"},
-                                                     indent=2) + "\n")
-        have = min(self.rows(), count)
-        if self.path.stat().st_size != have * self._row_bytes:  # a torn row, or rows SQLite took back
-            os.truncate(self.path, have * self._row_bytes)
-        if have < count:
-            logger.warning("%s: %s is %d case(s) behind SQLite; adding them", self.path.parent, VECTORS_NAME,
-                           count - have)
-            for start in range(have, count, _FILL_CHUNK):
-                _, _, emb, _ = rows.mirror(start, min(count, start + _FILL_CHUNK))
-                self.append(emb)
-        self._map = self._mmap = None
-
-    def append(self, emb_ND: np.ndarray) -> None:
-        with open(self.path, "ab") as out:
-            out.write(np.ascontiguousarray(emb_ND, dtype="<f4").tobytes())
-
-    def truncate(self, n: int) -> None:
-        os.truncate(self.path, n * self._row_bytes)
-        self._map = self._mmap = None
-
-    def view(self, n: int) -> np.ndarray:
-        """Rows ``0..n-1`` memory-mapped (read-only; a plain array over the map, faster to index than np.memmap)."""
-        if n == 0:
-            return np.zeros((0, self._dim), dtype=np.float32)
-        if self._map is None or self._map.shape[0] < n:
-            rows = self.path.stat().st_size // self._row_bytes
-            with open(self.path, "rb") as handle:
-                self._mmap = mmap.mmap(handle.fileno(), rows * self._row_bytes, access=mmap.ACCESS_READ)
-            self._map = np.frombuffer(self._mmap, dtype="<f4").reshape(rows, self._dim)
-            self._touched = 0
-        return self._map[:n]
-
-    def take(self, positions: np.ndarray, n: int) -> np.ndarray:
-        """The rows at ``positions`` (any shape, all < ``n``) as a new array. The pages read stay mapped, and count
-        as the process's resident memory (each read maps the 64 KiB around it), until :data:`_RESIDENT_BUDGET`
-        bytes may have been mapped: then they are dropped from the map (``MADV_DONTNEED``, ~0.1 ms; the kernel's
-        page cache keeps them, so the next reads are minor faults), so RSS stays bounded however many queries a
-        large bank answers."""
-        out = self.view(n)[positions]
-        self._touched += out.size * 4 // self._row_bytes * _PAGES_PER_ROW
-        if self._touched * _PAGE > _RESIDENT_BUDGET and self._mmap is not None and _DONTNEED is not None:
-            self._mmap.madvise(_DONTNEED)
-            self._touched = 0
-        return out
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start..stop-1`` read into memory (not mapped)."""
-        return np.fromfile(self.path, dtype="<f4", count=(stop - start) * self._dim,
-                           offset=start * self._row_bytes).reshape(stop - start, self._dim).astype(np.float32,
-                                                                                                    copy=False)
-
-    def close(self) -> None:
-        self._map = self._mmap = None
-
-
 class FaissVectors:
     """The vector index of a directory bank: a faiss index over the vectors, with env and kind codes for the
     filters. ``BankConfig.vectors="ram"`` keeps every vector in an in-memory mirror loaded from SQLite on first
@@ -720,7 +654,11 @@ class FaissVectors:
         self._file: VectorFile | None = None
         self._file_rows = 0  # disk: positions read from the file; the rest (a follower's) are in _tail_ND
         self._tail_ND = np.zeros((0, config.dim), dtype=np.float32)
-        if config.vectors == "disk":
+        if rows.store is not None:  # the file is the store: checked block by block against SQLite's checksums
+            self._file = rows.store
+            self._file.check(count, rows.block_sums(), writer=not read_only)
+            self._file_rows = count
+        elif config.vectors == "disk":  # a bank made before issue 41: the file caches SQLite's vectors
             self._file = VectorFile(self._dir, uid, config.dim)
             if read_only:
                 self._file_rows = min(self._file.rows(), count)
@@ -755,9 +693,15 @@ class FaissVectors:
 
     def _stored_index(self) -> Any:
         index_path, meta_path = self._dir / INDEX_NAME, self._dir / INDEX_META_NAME
+        for path in (index_path, meta_path):  # a link or a special file is never followed (a FIFO would hang)
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                logger.warning("%s: not a regular file; rebuilding the index from SQLite", path)
+                return None
         if not (index_path.exists() and meta_path.exists()):
             return None
         try:
+            if meta_path.stat().st_size > 1 << 16:
+                raise ValueError(f"{meta_path.stat().st_size} bytes")
             info = json.loads(meta_path.read_text(encoding="utf-8"))
             if not isinstance(info, dict):  # "[]", "null": as unreadable as bad JSON
                 raise ValueError(f"expected a JSON object, got {type(info).__name__}")
@@ -766,8 +710,9 @@ class FaissVectors:
                 return None
             stored = FaissIndex.read(str(index_path))
             return stored if stored.ntotal == info.get("ntotal") and stored.d == self.config.dim else None
-        except (OSError, ValueError, RuntimeError) as error:
-            logger.warning("%s: unreadable index (%s); rebuilding from SQLite", self._dir, error)
+        except (OSError, ValueError, RuntimeError, RecursionError) as error:
+            logger.warning("%s: unreadable index (%s); rebuilding from SQLite", self._dir,
+                           str(error).splitlines()[0][:160] if str(error) else type(error).__name__)
             return None
 
     @staticmethod
@@ -871,7 +816,8 @@ class FaissVectors:
         emb_MD = np.stack([r.vector_D for r in rows])
         first_new = self._count
         if self._file is not None:
-            self._file.append(emb_MD)
+            if not self._file.stored:  # a store has them already (written before the commit)
+                self._file.append(emb_MD)
             self._file_rows += len(rows)
         self._count += len(rows)
         if self._loaded:
@@ -1036,9 +982,13 @@ class CaseBank(BankFront):
         if path.exists() and not path.is_dir():
             raise BankError(f"{path}: exists and is not a directory")
         path.mkdir(parents=True, exist_ok=True)
-        sqlite.create(path / DB_NAME, _SCHEMA, {
-            "format": BANK_FORMAT, "format_version": str(BANK_FORMAT_VERSION), "uid": uuid.uuid4().hex,
-            "config": json.dumps(to_dict(config), sort_keys=True), "created": repr(time.time())})
+        meta = {"format": BANK_FORMAT, "format_version": str(BANK_FORMAT_VERSION), "uid": uuid.uuid4().hex,
+                "config": json.dumps(to_dict(config), sort_keys=True), "created": repr(time.time())}
+        schema = _SCHEMA
+        if vectors == "disk":  # vectors.f32 is where the vectors are stored (SQLite keeps none)
+            meta[VECTORS_STORE_KEY] = "file"
+            schema += _VECTOR_BLOCKS_SCHEMA + ";\n"
+        sqlite.create(path / DB_NAME, schema, meta)
         logger.info("created case bank %s (dim=%d, index=%s)", path, dim, index_config.factory)
         return cls.open(path, dim=dim, use_gpu=use_gpu, seed=seed, audit=audit)
 
@@ -1063,7 +1013,7 @@ class CaseBank(BankFront):
             raise NotABankError(f"{path}: not a case bank (no {DB_NAME} in a directory)")
         conn = sqlite.connect(db, error=NotABankError)
         try:  # read before switching to WAL, so a foreign SQLite file is left as it was
-            config, uid = _read_meta(path, conn, dim=dim, index=index)
+            config, uid, stored = _read_meta(path, conn, dim=dim, index=index)
             if not read_only:
                 sqlite.use_wal(conn)
         except BaseException:
@@ -1071,7 +1021,8 @@ class CaseBank(BankFront):
             raise
         if not read_only:  # a reader must not delete the writer's temporaries while it writes them
             remove_stale_temporaries(path, (INDEX_NAME, INDEX_META_NAME))  # left by a killed write of the index
-        rows = SqliteRows(path, conn, read_only=read_only)
+        store = VectorFile(path, uid, config.dim, stored=True) if stored else None
+        rows = SqliteRows(path, conn, read_only=read_only, store=store)
         try:
             vectors = FaissVectors(rows, config, uid, rows.count(), use_gpu=use_gpu if use_gpu is not None else True,
                                    seed=seed, read_only=read_only)
@@ -1100,8 +1051,9 @@ class CaseBank(BankFront):
 
 
 def _read_meta(path: Path, conn: sqlite3.Connection, *, dim: int | None,
-               index: IndexConfig | None) -> tuple[BankConfig, str]:
-    """The bank's config (search knobs from ``index`` when given) and uid from its meta table, checked."""
+               index: IndexConfig | None) -> tuple[BankConfig, str, bool]:
+    """The bank's config (search knobs from ``index`` when given), uid, and whether vectors.f32 is its vectors'
+    store, from its meta table, checked."""
     db = path / DB_NAME
     meta = sqlite.read_meta(conn, db, what="case bank", error=NotABankError)
     if meta.get("format") != BANK_FORMAT:
@@ -1110,7 +1062,11 @@ def _read_meta(path: Path, conn: sqlite3.Connection, *, dim: int | None,
                         error=BankError, hint="; upgrade memento")
     if "config" not in meta or "uid" not in meta:
         raise BankError(f"{path}: damaged bank: {DB_NAME} has no config or uid in its meta table")
-    config = from_dict(BankConfig, json.loads(meta["config"]))
+    try:
+        config = from_dict(BankConfig, json.loads(meta["config"]))
+    except (ValueError, RecursionError) as error:
+        raise BankError(f"{path}: damaged bank: unreadable config in {DB_NAME} "
+                        f"({str(error).splitlines()[0][:120] or type(error).__name__})") from None
     if dim is not None and dim != config.dim:
         raise DimensionError(f"{path}: bank holds dim={config.dim} vectors, but dim={dim} was expected "
                              "(was it made with another encoder?)")
@@ -1118,4 +1074,8 @@ def _read_meta(path: Path, conn: sqlite3.Connection, *, dim: int | None,
         if index.factory != config.index.factory:
             raise BankError(f"{path}: bank index is {config.index.factory!r}, not {index.factory!r}")
         config = dataclasses.replace(config, index=index)
-    return config, meta["uid"]
+    stored = meta.get(VECTORS_STORE_KEY) == "file"
+    if stored and config.vectors != "disk":
+        raise BankError(f"{path}: damaged bank: its vectors are stored in {VECTORS_NAME} but its config says "
+                        f"vectors={config.vectors!r}")
+    return config, meta["uid"], stored

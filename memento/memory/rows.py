@@ -8,6 +8,7 @@ only read.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from memento import sqlite
+from memento.memory.vectorfile import VECTORS_STORE_KEY, check_store, iter_rows
 
-__all__ = ["BankFileFacts", "count", "digest", "distinct", "facts", "has_tombstones", "has_updates", "page", "vacuum"]
+__all__ = ["BankFileFacts", "block_sums", "check_vectors", "count", "digest", "distinct", "facts", "has_tombstones",
+           "has_updates", "page", "vacuum"]
 
 _DIGEST_COLUMNS = "pos, id, state, action, reward, env, kind, meta, created, hash, embedding"
 _STABLE_COLUMNS = "pos, id, state, env, kind, created, embedding"  # what no write changes once a case is stored
@@ -48,7 +51,27 @@ def digest(db: Path, stop: int, *, start: int = 0, previous: str | None = None, 
     with _open(db) as conn:
         rows = conn.execute(f"SELECT {_STABLE_COLUMNS if stable else _DIGEST_COLUMNS} FROM cases WHERE pos >= ? "
                             "AND pos < ? ORDER BY pos", (start, stop))
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN (?, 'config')", (VECTORS_STORE_KEY,)))
+        if meta.get(VECTORS_STORE_KEY) == "file":  # the vectors are stored in vectors.f32: digested from there
+            dim = int(json.loads(meta["config"])["dim"])
+            vectors = iter_rows(Path(db).parent, dim, start, stop)
+            rows = ((*row[:-1], next(vectors)) for row in rows)
         return sqlite.chain_digest(rows, previous)
+
+
+def block_sums(db: Path) -> dict[int, tuple[int, str]]:
+    """The checksum of each block of a disk bank's ``vectors.f32`` (empty for a bank that keeps none)."""
+    with _open(db) as conn:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'vector_blocks'").fetchone() \
+                is None:
+            return {}
+        return {int(b): (int(n), str(h)) for b, n, h in conn.execute("SELECT block, rows, hash FROM vector_blocks")}
+
+
+def check_vectors(db: Path, uid: str, dim: int, cases: int) -> None:
+    """A disk bank's ``vectors.f32`` holds its ``cases`` vectors, each block matching its checksum (``BankError``
+    otherwise); read block by block, nothing written."""
+    check_store(Path(db).parent, uid, dim, cases, block_sums(db))
 
 
 def has_updates(db: Path) -> bool:
@@ -79,7 +102,8 @@ def _has_deleted_table(conn: sqlite3.Connection) -> bool:
 @dataclass(frozen=True)
 class BankFileFacts:
     """What a check of a bank file needs: its meta table, the case count, the range of positions, the
-    shortest and longest embedding (bytes) and how many embeddings are blobs (None bounds when empty)."""
+    shortest and longest embedding (bytes) and how many embeddings are blobs (None bounds when empty);
+    ``stored``: the vectors are in ``vectors.f32`` (SQLite's embeddings are empty)."""
 
     meta: dict[str, str]
     cases: int
@@ -88,6 +112,10 @@ class BankFileFacts:
     shortest: int | None
     longest: int | None
     blobs: int | None
+
+    @property
+    def stored(self) -> bool:
+        return self.meta.get(VECTORS_STORE_KEY) == "file"
 
 
 def facts(db: Path) -> BankFileFacts:

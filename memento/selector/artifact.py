@@ -97,7 +97,7 @@ from memento.config import (
     save_json,
     to_dict,
 )
-from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError, EncoderError
+from memento.errors import BankError, CheckpointError, ConfigError, DataFormatError, DimensionError, EncoderError
 from memento.hub import HUB_PREFIX, is_hub_id
 from memento.io import (
     atomic_write,
@@ -679,6 +679,15 @@ def check_bank_file(path: Path) -> dict[str, int]:
     if n:
         if (found.low, found.high) != (0, n - 1):
             raise CheckpointError(f"{path}: case positions are not 0..{n - 1} (found {found.low}..{found.high})")
+        if found.stored:  # the vectors are in vectors.f32, checked block by block (SQLite holds none)
+            if found.blobs != n or long != 0:
+                raise CheckpointError(f"{path}: damaged case bank (vectors stored in vectors.f32 and in SQLite)")
+            try:
+                bank_rows.check_vectors(path, found.meta["uid"], config.dim, n)
+            except BankError as error:
+                raise CheckpointError(str(error)) from None
+            out["embedding_dim"] = config.dim
+            return out
         if found.blobs != n or short != long or long % 4:
             raise CheckpointError(f"{path}: case embeddings are not all float32 vectors of one length "
                                   f"({short}..{long} bytes)")

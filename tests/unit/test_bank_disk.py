@@ -4,6 +4,7 @@ compressed (IVF-PQ), and the ``refine`` stage that re-ranks the index's hits by 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -83,9 +84,21 @@ def test_refine_reranks_by_exact_vectors(tmp_path: Path) -> None:
         np.testing.assert_array_equal(c.embeddings_CD, emb[c.positions_C])
 
 
+def legacy(path: Path, emb_ND: np.ndarray) -> None:
+    """A disk bank as made before issue 41: SQLite holds the vectors, vectors.f32 caches them (built on open)."""
+    make(path, emb_ND, "ram").close()
+    conn = sqlite3.connect(path / "cases.sqlite")
+    config = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0])
+    with conn:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'config'", (json.dumps({**config, "vectors": "disk"}),))
+    conn.close()
+    CaseBank.open(path).close()
+
+
 def test_file_is_repaired_from_sqlite(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A bank made before issue 41: its vectors.f32 is a cache of SQLite's copy."""
     emb = clustered(np.random.default_rng(2), 700)
-    make(tmp_path / "b", emb, "disk").close()
+    legacy(tmp_path / "b", emb)
     path = tmp_path / "b" / VECTORS_NAME
     row = 4 * DIM
     with open(path, "r+b") as f:  # a crash after SQLite committed: the last rows missing, one torn
@@ -107,8 +120,8 @@ def test_file_is_repaired_from_sqlite(tmp_path: Path, caplog: pytest.LogCaptureF
 
 def test_follower_reads_rows_the_file_lacks_from_sqlite(tmp_path: Path) -> None:
     emb = clustered(np.random.default_rng(3), 700)
-    writer = make(tmp_path / "b", emb[:500], "disk")
-    writer.flush()
+    legacy(tmp_path / "b", emb[:500])
+    writer = CaseBank.open(tmp_path / "b")
     follower = CaseBank.open(tmp_path / "b", read_only=True)
     writer.add(cases(200, start=500), emb[500:])
     writer.flush()

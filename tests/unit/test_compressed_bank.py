@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from memento.config import IndexConfig, QNetConfig
+from memento.errors import BankError
 from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
 from memento.runs.qa import LoopConfig, run_online
@@ -113,6 +114,8 @@ def test_served_selector_and_a_worker_on_a_compressed_bank(tmp_path: Path) -> No
     finally:
         again.close()
     copy = Path(shutil.copytree(path, tmp_path / "copy"))
-    (copy / "bank" / "vectors.f32").unlink()  # a derived file: the bank rebuilds it from cases.sqlite
-    with CaseBank.open(copy / "bank") as bank:
+    with CaseBank.open(copy / "bank") as bank:  # the copy's vectors.f32 is the store, checked on open
         np.testing.assert_array_equal(bank.embeddings([case_id])[0], vector)
+    (copy / "bank" / "vectors.f32").unlink()  # the vectors' only copy: an open names what is lost
+    with pytest.raises(BankError, match=r"vectors.f32: missing; it holds the vectors of this bank's \d+ case"):
+        CaseBank.open(copy / "bank")
