@@ -109,6 +109,11 @@ class SelectBenchConfig:
       2-core machine with any other load, 2 threads make each op wait for a descheduled thread
       (20-40x slower in our runs). The reference always runs with torch's default;
     - ``device``: where the Q-networks score and, with faiss-gpu, where the banks search (``use_gpu_for``);
+    - ``bank``: measure this existing directory bank (opened read-only; its size is its case count, its index its
+      own; ``sizes``, ``factory`` and ``vectors`` are not used), e.g. a 10M bank built once by ``memento bank
+      import`` (docs/benchmarks.md); the exact top-C of the recall is streamed over its own vectors;
+    - ``cold``: time each setting twice, first after evicting the bank's ``vectors.f32`` from the kernel's page
+      cache (``posix_fadvise(DONTNEED)``: the re-ranking and candidates' rows then come from the disk), then warm;
     - ``reference_size``: cases scored by the Memento-style reference (0: skip it), timed over
       ``reference_queries`` queries; the soft-Q latency it is compared with is measured at the same
       size (added to the sizes if missing).
@@ -136,9 +141,14 @@ class SelectBenchConfig:
     torch_threads: int = 1
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = 0
+    bank: str | None = None
+    cold: bool = False
 
     def __post_init__(self) -> None:
         cls = type(self)
+        check(self.bank is None or (isinstance(self.bank, str) and self.bank != ""), cls, "bank", self.bank,
+              "must name a directory bank")
+        check(isinstance(self.cold, bool), cls, "cold", self.cold, "must be true or false")
         check_int_tuple(self, "sizes", 1, MAX_BENCH_VECTORS)
         check_ints(self, k=(1, MAX_K), candidates=(1, MAX_CANDIDATES), dim=(1, MAX_DIM), queries=(1, MAX_BENCH_ITEMS),
                    hidden=(1, MAX_HIDDEN), reference_queries=(1, MAX_BENCH_ITEMS), chunk=(1, MAX_BENCH_VECTORS),
@@ -365,10 +375,12 @@ def _time_peers(bank: Any, faiss_index: Any, queries_QD: np.ndarray, c: int,
             "candidates_over_faiss_p99": cand["p99_ms"] / raw["p99_ms"]}, labels
 
 
-def _time_vector_reads(bank: Any, n: int, c: int, reads: int, rng: np.random.Generator) -> dict[str, Any]:
+def _time_vector_reads(bank: Any, n: int, c: int, reads: int, rng: np.random.Generator) -> dict[str, Any] | None:
     """A disk bank's two ways to read the exact vectors of ``c`` random positions, timed interleaved ``reads``
     times: through its memory map (what the bank does) and from SQLite (``SELECT embedding ... WHERE pos IN``)."""
     vectors, conn = bank._index, bank._rows.conn  # noqa: SLF001 - the bench compares the bank's own parts
+    if bank._rows.store is not None:  # noqa: SLF001 - vectors stored once, in vectors.f32: SQLite holds none
+        return None
     map_s, sql_s = np.empty(reads), np.empty(reads)
     marks = ", ".join("?" * c)
     for i in range(reads):
@@ -455,6 +467,60 @@ def _measure_setting(bank: Any, knob: str | None, value: int | None, refine: int
     return setting
 
 
+def _evict(bank: Any) -> None:
+    """Drop the bank's ``vectors.f32`` from the kernel's page cache (and its map), so the next reads are cold."""
+    path = Path(bank.path) / "vectors.f32"
+    if not path.is_file() or not hasattr(os, "posix_fadvise"):
+        return
+    bank._index._file.close()  # noqa: SLF001 - the bench measures the bank's own parts
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _bank_chunks(bank: Any, n: int, chunk: int) -> Any:
+    for start in range(0, n, chunk):
+        yield start, bank.embeddings_at(np.arange(start, min(n, start + chunk)))
+
+
+def _measure_bank(config: SelectBenchConfig, policies: list[tuple[str, str | None, Any]],
+                  rng: np.random.Generator) -> dict[str, Any]:
+    """One existing bank (``config.bank``), each setting warm, or cold then warm with ``config.cold``."""
+    bank = CaseBank.open(config.bank, read_only=True, use_gpu=use_gpu_for(config.device))
+    try:
+        n, factory = len(bank), bank.config.index.factory
+        [(_, queries_QD)] = vector_chunks(config.seed, 1, config.queries, bank.dim, config.data, config.queries)
+        c = min(config.candidates, n)
+        recall_q = min(config.recall_queries, config.queries)
+        t0 = time.perf_counter()
+        truth_QC = exact_topk_chunks(_bank_chunks(bank, n, config.chunk), queries_QD[:recall_q], c)
+        row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
+                               "vectors": bank.config.vectors, "bank": str(config.bank), "recall_queries": recall_q,
+                               "exact_topk_s": time.perf_counter() - t0, "settings": []}
+        knob = "ef_search" if "HNSW" in factory and "IVF" not in factory else "nprobe" if "IVF" in factory else None
+        values = config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe" else (None,)
+        with _blas_threads(config.torch_threads):
+            for value in values:
+                for refine in config.refine:
+                    for phase in ("cold", "warm") if config.cold else ("warm",):
+                        if phase == "cold":
+                            _evict(bank)
+                        setting = _measure_setting(bank, knob, value, refine, n, c, recall_q, queries_QD, truth_QC,
+                                                   config, rng, policies)
+                        setting["pass"] = phase
+                        setting.update({f"{key}_after": value for key, value in _memory_mib().items()})
+                        row["settings"].append(setting)
+        memory = _memory_mib()
+        row.update(rss_after_select_mib=memory["rss_mib"], rss_after_select_anon_mib=memory["rss_anon_mib"],
+                   rss_after_select_file_mib=memory["rss_file_mib"], peak_rss_mib=memory["peak_rss_mib"])
+    finally:
+        bank.close()
+    return row
+
+
 def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: np.random.Generator, root: Path,
                   policies: list[tuple[str, str | None, Any]]) -> dict[str, Any]:
     [(_, queries_QD)] = vector_chunks(config.seed, 1, config.queries, config.dim, config.data, config.queries)
@@ -524,7 +590,9 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     try:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        for n in config.measured_sizes:
+        if config.bank is not None:
+            results["results"].append(_measure_bank(config, policies, rng))
+        for n in () if config.bank is not None else config.measured_sizes:
             for vectors in config.vectors:
                 results["results"].append(_measure_size(n, vectors, config, rng, root, policies))
             if out is not None:
@@ -532,7 +600,7 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     finally:
         torch.set_num_threads(default_threads)
         shutil.rmtree(root, ignore_errors=True)
-    if config.reference_size:
+    if config.reference_size and config.bank is None:
         logger.info("bench select: reference at n=%d", config.reference_size)
         reference = _time_reference(config)
         row = next(r for r in results["results"] if r["n"] == config.reference_size)  # the first store's
@@ -548,6 +616,8 @@ def _param(setting: dict[str, Any]) -> str:
     knobs = [] if setting["param"] is None else [f"{setting['param']}={setting['value']}"]
     if setting.get("refine", 1) > 1:
         knobs.append(f"refine={setting['refine']}")
+    if "pass" in setting:
+        knobs.append(setting["pass"])
     return ", ".join(knobs)
 
 

@@ -232,6 +232,10 @@ def _copy(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     refuse_artifact(args.bank)
+    if args.embeddings is not None and args.format == "case":  # streamed: the file is checked, never held
+        from memento.memory.ingest import scan_case_file
+
+        return _import_embeddings(args, scan_case_file(args.file, progress=None))
     cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
     if args.embeddings is not None:
         return _import_embeddings(args, cases)
@@ -255,15 +259,18 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _import_embeddings(args: argparse.Namespace, cases: list[Any]) -> int:
+def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
     """``bank import FILE --embeddings VECS``: the vectors given, checked whole before the bank is created or
-    opened, then added a chunk per transaction (:mod:`memento.memory.bulk`)."""
+    opened, then added a chunk per transaction (:mod:`memento.memory.bulk`; a Case JSONL file is streamed,
+    ``cases`` is then its :class:`memento.memory.ingest.CaseFileScan`)."""
     from memento.memory.bulk import check_embeddings, import_with_embeddings, read_embeddings
+    from memento.memory.ingest import CaseFileScan, import_case_file
 
     check_count("--chunk", args.chunk, 1, 10_000_000)
     vectors = read_embeddings(args.embeddings)
     where = f"{args.embeddings} (for {args.file})"
-    check_embeddings(vectors, len(cases), int(vectors.shape[1]), where)  # read_embeddings: [N, D]
+    n_cases = cases.cases if isinstance(cases, CaseFileScan) else len(cases)
+    check_embeddings(vectors, n_cases, int(vectors.shape[1]), where)  # read_embeddings: [N, D]
     if bank_exists(args.bank, options=bank_options(args)):
         bank = open_bank(args.bank, options=bank_options(args))
     else:  # the bank records an encoder only when one is named (then its dim must be the vectors')
@@ -274,14 +281,17 @@ def _import_embeddings(args: argparse.Namespace, cases: list[Any]) -> int:
                                  f"dim={vectors.shape[1]} vectors")
         print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
     with bank:
-        try:
-            bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
-        except DataFormatError as error:
-            raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
-        added = import_with_embeddings(bank, cases, vectors, allow_duplicates=args.allow_duplicates,
-                                       chunk=args.chunk, where=where, checked=True)
+        if isinstance(cases, CaseFileScan):
+            added = import_case_file(bank, cases, vectors, allow_duplicates=args.allow_duplicates, chunk=args.chunk)
+        else:
+            try:
+                bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
+            except DataFormatError as error:
+                raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
+            added = import_with_embeddings(bank, cases, vectors, allow_duplicates=args.allow_duplicates,
+                                           chunk=args.chunk, where=where, checked=True)
         print(f"imported {added} case(s) from {args.file} into {bank.path} "
-              f"({len(cases) - added} already stored or duplicate(s) skipped; {len(bank)} in the bank)")
+              f"({n_cases - added} already stored or duplicate(s) skipped; {len(bank)} in the bank)")
     return EXIT_OK
 
 

@@ -149,6 +149,13 @@ def _add_select(suites: Any) -> None:
     add_torch_threads(bs, 1, "torch threads while selections are timed (default: 1; 0: torch's default)")
     bs.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the Q-networks score and, with faiss-gpu, where the banks search (default: cpu)")
+    bs.add_argument("--bank", default=None,
+                    help="measure this existing directory bank instead of building banks (opened read-only; "
+                         "--sizes, --factory and --vectors are then unused): e.g. a 10M bank built once with "
+                         "memento bank import")
+    bs.add_argument("--cold", action="store_true",
+                    help="time each setting twice: first after evicting the bank's vectors.f32 from the page "
+                         "cache (cold), then warm")
     add_seed(bs)
     add_workdir(bs)
     add_results_file(bs)
@@ -162,7 +169,7 @@ def _run_select(args: argparse.Namespace) -> int:
         vectors=tuple(args.vectors), refine=tuple(args.refine), archs=tuple(args.archs),
         data=args.data, dim=args.dim, queries=args.queries, chunk=args.chunk, recall_queries=args.recall_queries,
         reference_size=args.reference_size, reference_queries=args.reference_queries,
-        torch_threads=args.torch_threads, device=args.device, seed=args.seed)
+        torch_threads=args.torch_threads, device=args.device, seed=args.seed, bank=args.bank, cold=args.cold)
     return _printed(format_select(run_select_bench(config, out=args.json, workdir=args.workdir)), args)
 
 

@@ -73,7 +73,7 @@ from memento import sqlite
 from memento.config import BankConfig, EncoderConfig, IndexConfig, VectorStore, from_dict, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError
 from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
-from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
+from memento.memory.front import BankFront, Filter, NewRow, case_meta_json, stack_vectors
 from memento.memory.history import EventRow
 from memento.memory.index import FaissIndex, exact_topk
 from memento.memory.vectorfile import VECTORS_META_NAME, VECTORS_NAME, VECTORS_STORE_KEY, BlockSums, VectorFile
@@ -309,7 +309,7 @@ class SqliteRows:
                   r.hash, b"" if stored else r.vector_D.tobytes(), *(r.case.scope if scoped else ()),
                   *((r.case.version, r.case.updated) if versioned else ())) for r in rows])
             if self.store is not None and rows:  # the vectors reach the disk before the commit that names them
-                self._put_block_sums(self.store.stage(np.stack([r.vector_D for r in rows]), rows[0].pos))
+                self._put_block_sums(self.store.stage(stack_vectors(rows), rows[0].pos))
         finally:
             self._scoped = self._versioned = False  # re-read after the transaction (a rollback takes new columns back)
 
@@ -813,7 +813,7 @@ class FaissVectors:
         return True
 
     def added(self, rows: Sequence[NewRow]) -> None:
-        emb_MD = np.stack([r.vector_D for r in rows])
+        emb_MD = stack_vectors(rows)
         first_new = self._count
         if self._file is not None:
             if not self._file.stored:  # a store has them already (written before the commit)
@@ -1035,6 +1035,19 @@ class CaseBank(BankFront):
         return cls(rows, vectors, SqliteFeatures(rows, config.dim), config=config, uid=uid, read_only=read_only,
                    audit=audit)
 
+
+    @contextmanager
+    def bulk(self, cache_mib: int = 256) -> Iterator[None]:
+        """A bulk write (``memento bank import``): SQLite's page cache raised to ``cache_mib`` MiB meanwhile (the id
+        and content-hash indexes take random keys: with SQLite's default 2 MiB, inserting 400,000 cases took 2.5x
+        as long)."""
+        conn = self._rows.conn
+        before = conn.execute("PRAGMA cache_size").fetchone()[0]
+        conn.execute(f"PRAGMA cache_size = {-int(cache_mib) * 1024}")
+        try:
+            yield
+        finally:
+            conn.execute(f"PRAGMA cache_size = {int(before)}")
 
     def train_index(self, vectors_ND: Any) -> bool:
         """Train this bank's index (IVF, PQ...) on a sample of ``vectors_ND`` ``[N, D]``, unit-norm vectors like

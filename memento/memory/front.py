@@ -41,7 +41,7 @@ from memento.memory.history import UPDATABLE, CaseEvent, EventRow
 from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.types import Case, check_reward, check_text, shown
 
-__all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex"]
+__all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex", "stack_vectors"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,19 @@ class Candidates:
         retrieval, as :class:`policies.similarity.SimilarityPolicy` with ``positive_only=True`` applies it)."""
         keep_C = np.asarray(rewards_C, dtype=np.float64) > 0
         return self if keep_C.all() or not keep_C.any() else self.subset(keep_C)
+
+
+def stack_vectors(rows: Sequence[NewRow]) -> np.ndarray:
+    """The rows' vectors as one ``[M, D]`` array: the block they are views of when they are its rows in order (as
+    :meth:`BankFront._new_rows` makes them), else a stacked copy."""
+    if not rows:
+        return np.zeros((0, 0), dtype=np.float32)
+    base = rows[0].vector_D.base
+    if isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[0] == len(rows) and base.flags.c_contiguous \
+            and all(r.vector_D.base is base for r in rows) and rows[0].vector_D.ctypes.data == base.ctypes.data \
+            and rows[-1].vector_D.ctypes.data == base.ctypes.data + (len(rows) - 1) * base.strides[0]:
+        return base
+    return np.stack([r.vector_D for r in rows])
 
 
 @dataclass(frozen=True)
@@ -525,9 +538,10 @@ class BankFront:
     def _new_rows(self, cases: Sequence[Case], hashes: Sequence[str], emb_ND: np.ndarray,
                   planned: Sequence[tuple[int, str]]) -> list[NewRow]:
         now = time.time()
+        emb_MD = emb_ND[[i for i, _ in planned]]  # one block: stack_vectors hands it on without copying the rows
         return [NewRow(pos=pos, id=case_id, hash=hashes[i], case=cases[i], meta=case_meta_json(cases[i]),
-                       created=now if cases[i].created is None else float(cases[i].created), vector_D=emb_ND[i])
-                for pos, (i, case_id) in enumerate(planned, start=self._count)]
+                       created=now if cases[i].created is None else float(cases[i].created), vector_D=emb_MD[row])
+                for row, (pos, (i, case_id)) in enumerate(enumerate(planned, start=self._count))]
 
     def _stored(self, new_rows: Sequence[NewRow]) -> None:
         """After the rows were stored: the count and the index."""
