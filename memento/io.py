@@ -18,8 +18,8 @@ from typing import Any
 from memento.errors import CheckpointError, DataFormatError, MementoError
 from memento.types import finite_float, json_value_problem, shown
 
-__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "loads_json",
-           "parse_json", "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json",
+__all__ = ["atomic_write", "atomic_write_text", "check_same_save", "finite_float", "fsync_dir", "load_json_file",
+           "loads_json", "parse_json", "read_json", "read_safetensors", "read_saved_meta", "read_versioned_json",
            "remove_stale_temporaries", "shorten", "sqlite_copy", "temporary_path", "write_json"]
 
 logger = logging.getLogger(__name__)
@@ -239,6 +239,17 @@ def read_json(path: str | Path, *, error: type[MementoError] = CheckpointError, 
     if encoding == "utf-8-sig" and raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     return parse_json(raw, where=str(path), error=error, finite=finite)
+
+
+def load_json_file(path: str | Path, what: str = "JSON file", *, error: type[MementoError] = DataFormatError,
+                   encoding: str = "utf-8") -> Any:
+    """The parsed JSON of the file ``path``, every failure one line naming it: :func:`read_json` with a
+    :class:`DataFormatError` (a ``ValueError``, so a caller's ``except (OSError, ValueError)`` still treats it
+    as unreadable) unless ``error`` says otherwise. Invalid JSON, bytes that are not UTF-8, nesting deeper than
+    :data:`MAX_JSON_DEPTH` (``[`` * 100000 raises ``RecursionError`` in :func:`json.loads`), a missing file, a
+    directory and an unreadable file are all that one error; nothing else is raised. ``what`` says what the
+    file should be (``"bank vectors metadata"``)."""
+    return read_json(path, error=error, what=what, encoding=encoding)
 
 
 def read_versioned_json(path: Path, *, format: str, version: int, what: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from memento.config import MAX_CANDIDATES, MAX_DIM, BankConfig, IndexConfig, fie
 from memento.errors import BankError, DataFormatError, DimensionError, EncoderError
 from memento.flags import check_count, config_option, int_arg
 from memento.formats import CaseFormat, read_case_file
-from memento.io import parse_json
+from memento.io import loads_json, parse_json
 from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
 from memento.memory.where import as_scope, parse_filter
 from memento.types import SCOPE_FIELDS
@@ -152,7 +152,7 @@ def _selector_artifact(path: Path) -> Path | None:
             return root
         except CheckpointError:
             try:
-                found = json.loads(manifest.read_text(encoding="utf-8")[:1 << 20]).get("format")
+                found = loads_json(manifest.read_text(encoding="utf-8")[:1 << 20]).get("format")
             except (OSError, ValueError, AttributeError):
                 found = None
             if found == SELECTOR_FORMAT:

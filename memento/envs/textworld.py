@@ -72,7 +72,7 @@ from typing import Any, Literal
 from memento.config import MAX_GAME_STEPS, MAX_TOKENS, check, check_choice, check_int, check_ints
 from memento.errors import ConfigError, DataFormatError, GameError
 from memento.extras import install_hint
-from memento.io import atomic_write_text, write_json
+from memento.io import atomic_write_text, load_json_file, write_json
 
 __all__ = [
     "SUITES",
@@ -467,7 +467,7 @@ def _env_name_of(game_path: Path, metadata: Mapping[str, Any]) -> str:
     sidecar = game_path.with_suffix(".spec.json")
     if sidecar.is_file():
         try:
-            return suite_env_name(GameSpec.from_json(json.loads(sidecar.read_text(encoding="utf-8"))))
+            return suite_env_name(GameSpec.from_json(load_json_file(sidecar, "game spec")))
         except (ValueError, OSError) as error:
             logger.warning("%s: unreadable spec (%s); env name from the game", sidecar, _one_line(error))
     uuid = str(metadata.get("uuid", ""))
@@ -497,7 +497,7 @@ class TextWorldEnv:
         if not companion.is_file():
             raise GameError(f"{path}: missing the companion {companion.name} (TextWorld's game description)")
         try:
-            metadata = json.loads(companion.read_text(encoding="utf-8")).get("metadata", {})
+            metadata = load_json_file(companion, "game description").get("metadata", {})
         except (OSError, ValueError, AttributeError) as error:
             raise GameError(f"{companion}: unreadable game description ({_one_line(error)})") from error
         _check_story(path)

@@ -29,6 +29,18 @@ from typing import Any
 
 __all__ = ["EVENTS", "UPDATABLE", "CaseEvent", "EventRow"]
 
+
+def _meta(text: Any, row: dict[str, Any]) -> Any:
+    """A stored event's meta parsed; bad JSON of any kind (nested too deeply, say) is a one-line ``BankError``."""
+    from memento.errors import BankError, DataFormatError
+    from memento.io import loads_json
+
+    try:
+        return loads_json(text if isinstance(text, (str, bytes)) else str(text))
+    except DataFormatError as error:
+        raise BankError(f"damaged history: the meta of the event at position {row.get('pos')} is not readable "
+                        f"JSON ({error.reason})") from None
+
 EVENTS = ("add", "update", "replace", "delete", "feedback")
 UPDATABLE = ("action", "reward", "meta")
 """The fields ``update`` changes in place (the state would change the case's vector: ``replace`` it instead)."""
@@ -70,7 +82,7 @@ class EventRow:
             for name in UPDATABLE:
                 value = row.get(f"{side}_{name}")
                 if value is not None:
-                    values[side][name] = json.loads(value) if name == "meta" else value
+                    values[side][name] = _meta(value, row) if name == "meta" else value
         fields = tuple(name for name in str(row.get("fields") or "").split(",") if name)
         return cls(pos=int(row["pos"]), event=str(row["event"]), time=float(row["time"]),
                    version=int(row["version"]), fields=fields, link=row.get("link") or None,

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from memento.config import check, check_choice, check_int, check_ints
 from memento.extras import install_hint
+from memento.io import load_json_file
 from memento.planners.base import (
     AnswerScore,
     PlannerError,
@@ -244,8 +245,8 @@ def default_planner_path(cache_dir: str | Path | None = None) -> Path:
 
 def _read_marker(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((path / _MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = load_json_file(path / _MARKER, "planner marker")
+    except ValueError:  # missing, unreadable or not JSON (a DataFormatError): not converted yet
         return None
     return data if isinstance(data, dict) else None
 

@@ -80,6 +80,7 @@ from memento.config import (
 from memento.envs.textworld import GameState, TextWorldConfig, TextWorldEnv
 from memento.errors import CheckpointError, GameError
 from memento.formats import StepRecord
+from memento.io import parse_json
 from memento.learn.policy import Observation, Policy, PolicyFactory
 from memento.memory import Candidates, CaseBank
 from memento.planners.actor import ActorChoice, ActorConfig, CommandActor
@@ -404,7 +405,8 @@ class GameLoop(Run):
 
     def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
         self.episode_index = int(state["episode"])
-        self.episode_log = [json.loads(line) for line in self.run_dir.episodes.read_text("utf-8").splitlines()
+        self.episode_log = [parse_json(line, where=f"{self.run_dir.episodes}:{number}")  # a CheckpointError
+                            for number, line in enumerate(self.run_dir.episodes.read_bytes().splitlines(), start=1)
                             if line.strip()]
         if len(self.episode_log) != self.episode_index:
             raise CheckpointError(f"{ckpt}: episodes.jsonl holds {len(self.episode_log)} records for episode "

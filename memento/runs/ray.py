@@ -103,6 +103,7 @@ from memento.config import (
 )
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
 from memento.extras import missing_extra, require
+from memento.io import loads_json, parse_json
 from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
@@ -581,13 +582,13 @@ class RayOnlineLoop(OnlineLoop):
         path = self.out_dir / WORKERS_LOG
         kept: list[str] = []
         if resumed and path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
+            for line in path.read_bytes().splitlines():
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
+                    row = loads_json(line)
+                except DataFormatError:
                     continue  # a line cut by a killed driver
                 if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < self.step:
-                    kept.append(line + "\n")
+                    kept.append(line.decode("utf-8") + "\n")
         path.write_text("".join(kept), encoding="utf-8")
         return path.open("a", encoding="utf-8")
 
@@ -897,4 +898,5 @@ def worker_loop_class(workers: WorkersConfig, planner: PlannerSource) -> Callabl
 def read_workers_log(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's ``workers.jsonl`` (see :data:`WORKERS_LOG`)."""
     path = Path(run_dir) / WORKERS_LOG
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [parse_json(line, where=f"{path}:{number}", error=DataFormatError)
+            for number, line in enumerate(path.read_bytes().splitlines(), start=1) if line.strip()]

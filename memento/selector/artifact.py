@@ -103,6 +103,9 @@ from memento.io import (
     atomic_write,
     atomic_write_text,
     fsync_dir,
+    load_json_file,
+    loads_json,
+    parse_json,
     read_json,
     read_safetensors,
     read_versioned_json,
@@ -620,8 +623,18 @@ class FeedbackLog:
 def _feedback_row(row: tuple[Any, ...]) -> FeedbackRow:
     seq, sid, reward, when, mode, version, env, ids, probs, set_prob, learned, state = row
     return FeedbackRow(seq=seq, selection_id=sid, reward=reward, time=when, mode=mode, policy_version=version, env=env,
-                       ids=json.loads(ids), probs=json.loads(probs), set_prob=set_prob, learned=bool(learned),
-                       state=state)
+                       ids=_row_json(ids, seq, "ids"), probs=_row_json(probs, seq, "probs"), set_prob=set_prob,
+                       learned=bool(learned), state=state)
+
+
+def _row_json(text: Any, seq: Any, column: str) -> Any:
+    """A feedback row's JSON column parsed; bad JSON (nested too deeply for Python, say, which SQLite's
+    ``json_valid`` accepts) is a one-line ``CheckpointError``."""
+    try:
+        return loads_json(text if isinstance(text, (str, bytes)) else str(text))
+    except DataFormatError as error:
+        raise CheckpointError(f"{FEEDBACK_NAME}: feedback row {seq}: {column} is not readable JSON "
+                              f"({error.reason})") from None
 
 
 def feedback_with_case(path: Path, case_id: str) -> tuple[int, list[FeedbackRow]]:
@@ -671,7 +684,8 @@ def check_bank_file(path: Path) -> dict[str, int]:
     if not isinstance(found.meta.get("uid"), str) or not isinstance(found.meta.get("config"), str):
         raise CheckpointError(f"{path}: damaged case bank (no config or uid in its meta table)")
     try:
-        config = from_dict(BankConfig, json.loads(found.meta["config"]))
+        config = from_dict(BankConfig, parse_json(found.meta["config"], where=f"{path}: the config in its meta table",
+                                                  error=CheckpointError))
     except (ValueError, ConfigError) as error:
         raise CheckpointError(f"{path}: damaged case bank config ({error})") from None
     n, short, long = found.cases, found.shortest, found.longest
@@ -693,6 +707,17 @@ def check_bank_file(path: Path) -> dict[str, int]:
                                   f"({short}..{long} bytes)")
         out["embedding_dim"] = long // 4
     return out
+
+
+def check_bank_meta_files(directory: Path) -> None:
+    """The bank's index.json and vectors.json, where present, are JSON objects: the bank reads them when it opens
+    (a stale one is rebuilt from SQLite; one that does not parse, nested too deeply, say, is a damaged artifact).
+    A one-line ``CheckpointError`` naming the file otherwise."""
+    for name in DERIVED_NAMES:
+        path = directory / name
+        if name.endswith(".json") and path.is_file():
+            if not isinstance(load_json_file(path, f"bank {name}", error=CheckpointError), dict):
+                raise CheckpointError(f"{path}: damaged bank metadata (not a JSON object)")
 
 
 # ---------------------------------------------------------------- manifest
@@ -1222,6 +1247,7 @@ def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch
                               f"{to_dict(config.qnet)}")
     _check_qnet_file(path / QNET_NAME, learner)
     bank = check_bank_file(path / BANK_DB)
+    check_bank_meta_files(path / BANK_DIR)
     dims = {f"{ENCODER_NAME}": spec.dim, f"{CONFIG_NAME} (Q-network)": config.qnet.dim,
             f"{LEARNER_DIR}/ (Q-network)": learner.qnet.config.dim, f"{REPLAY_DIR}/": buffer.config.dim,
             f"{BANK_DIR}/": bank["dim"]}
@@ -1261,9 +1287,9 @@ def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], format: str, le
 def _check_qnet_config(path: Path, metadata: dict[str, str], learner: SoftQLearner, whose: str) -> None:
     """The QNetConfig a safetensors file's metadata records must be ``learner``'s."""
     try:
-        config = json.loads(metadata.get("qnet_config", ""))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path}: damaged metadata (qnet_config)") from None
+        config = loads_json(metadata.get("qnet_config", ""))
+    except DataFormatError as error:
+        raise CheckpointError(f"{path}: damaged metadata (qnet_config: {error.reason})") from None
     if not parses_to(QNetConfig, config, learner.qnet.config):
         raise CheckpointError(f"{path}: Q-network {config} differs from {whose} {to_dict(learner.qnet.config)}")
 

@@ -73,6 +73,7 @@ import numpy as np
 
 from memento import sqlite
 from memento.errors import CheckpointError, MementoError
+from memento.io import loads_json
 
 __all__ = ["PENDING_FORMAT", "PENDING_FORMAT_VERSION", "PENDING_NAME", "PendingSelection", "PendingStore",
            "answered_in"]
@@ -470,7 +471,7 @@ class PendingStore:
 
     def _decode(self, row: tuple[Any, ...]) -> PendingSelection:
         _, created, mode, version, env, ids, probs, set_prob, state, cases, k, d = row
-        ids_list, probs_list = json.loads(ids), json.loads(probs)
+        ids_list, probs_list = loads_json(ids), loads_json(probs)  # bad JSON of any kind: a DataFormatError
         if (not isinstance(ids_list, list) or not all(isinstance(i, str) for i in ids_list)
                 or not isinstance(probs_list, list) or len(probs_list) != len(ids_list) or k != len(ids_list)):
             raise ValueError(f"ids {ids!r} / probs {probs!r} / k={k} disagree")

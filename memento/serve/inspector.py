@@ -47,6 +47,7 @@ import numpy as np
 from memento.charts import svg_line_chart, windowed_success
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
 from memento.extras import require
+from memento.io import loads_json
 from memento.memory import rows as bank_rows
 from memento.memory.bank import CaseBank
 from memento.runs.rundir import RunDir, read_json
@@ -101,16 +102,16 @@ class _Steps:
         stamp = (st.st_size, st.st_mtime_ns)
         if stamp != self.stamp:
             rows = []
-            with self.path.open("r", encoding="utf-8") as f:
+            with self.path.open("rb") as f:
                 for number, line in enumerate(f, start=1):
                     if not line.strip():
                         continue
                     try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:
-                        if not line.endswith("\n"):  # the line a running loop is writing now
+                        row = loads_json(line)  # bad JSON of any kind (not UTF-8, nested too deeply): one error
+                    except DataFormatError as error:
+                        if not line.endswith(b"\n"):  # the line a running loop is writing now
                             break
-                        raise DataFormatError(f"{self.path}:{number}: not JSON") from None
+                        raise DataFormatError(f"{self.path}:{number}: not JSON ({error.reason})") from None
                     if not isinstance(row, dict) or not isinstance(row.get("step"), int):
                         raise DataFormatError(f"{self.path}:{number}: not a step record")
                     rows.append(row)
