@@ -26,6 +26,7 @@ __all__ = [
     "MAX_BENCH_ITEMS",
     "MAX_BENCH_VECTORS",
     "MAX_CANDIDATES",
+    "MAX_CASE_CACHE_MIB",
     "MAX_DIM",
     "MAX_EF_SEARCH",
     "MAX_FACTORY_CHARS",
@@ -134,6 +135,8 @@ MAX_LAYERS = 64
 """A Q-network's hidden layers."""
 MAX_QNET_PARAMS = 500_000_000
 """A Q-network's parameters (2 GB of float32, twice that with its target network), checked once D is known."""
+MAX_CASE_CACHE_MIB = 1_048_576
+"""A Q-network's per-case first-layer cache (``QNetConfig.case_cache_mib``), in MiB (1 TiB)."""
 MAX_TOKENS = 1_048_576
 """A token or word budget (an encoder's ``max_length``, PlugMem's ``budget_tokens``)."""
 MAX_UPDATES_PER_STEP = 1024
@@ -538,7 +541,12 @@ class QNetConfig:
       what the question asks and what the case's question asked, which a concatenation MLP can hardly express.
       ``V`` starts at zero, so a fresh network still scores exactly as without it (an anchored one ranks like
       cosine); 0 (default): no such term;
-    - ``seed``: seeds the parameter initialisation when :func:`memento.learn.qnet.build_qnet` gets no generator.
+    - ``seed``: seeds the parameter initialisation when :func:`memento.learn.qnet.build_qnet` gets no generator;
+    - ``case_cache_mib``: ``mlp``/``mlp_interact`` on the CPU in float32: the most MiB the network keeps of the case
+      half of its first layer per bank position (``W_c c`` of the part of a case that does not change per step,
+      computed once per position and weights version, :class:`memento.learn.qnet.CaseHalfCache`); a runtime
+      setting: the scores are the same with or without it (to float32 rounding); 0: no cache. 64 MiB hold about
+      32,000 cases at ``hidden=512``.
     """
 
     arch: QNetArch = dataclasses.field(default="mlp", metadata={"help": "architecture"})
@@ -558,6 +566,8 @@ class QNetConfig:
         "the rank of a bilinear term (U s).(V c) between the question and a "
         "case's question (0: none; it starts at 0, so a fresh network still scores as without it)")})
     seed: int = 0
+    case_cache_mib: int = dataclasses.field(default=64, metadata={"help": (
+        "MiB of per-case first-layer products kept between selections (0: none)")})
 
     def __post_init__(self) -> None:
         check_choice(self, "arch", QNetArch)
@@ -578,6 +588,7 @@ class QNetConfig:
         check(self.relation_rank == 0 or self.arch != "two_tower", type(self), "relation_rank", self.relation_rank,
               "a bilinear relation term needs arch 'mlp' or 'mlp_interact' (two_tower is one already)")
         check_int(self, "seed", 0, MAX_SEED)
+        check_int(self, "case_cache_mib", 0, MAX_CASE_CACHE_MIB)
         params = self.parameters_estimate()
         check(params is None or params <= MAX_QNET_PARAMS, type(self), "hidden", self.hidden,
               f"a Q-network of about {params} parameters with dim={self.dim}, n_layers={self.n_layers}, "

@@ -493,7 +493,8 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
     one). A :class:`~memento.learn.qnet.QNetwork` scores through :meth:`~memento.learn.qnet.QNetwork.score`
     (the eval-mode values, its mode untouched), an MLP network on the CPU in float32 through its numpy twin
     :meth:`~memento.learn.qnet.MLPQNetwork.numpy_scores` (the same values to float32 rounding, faster for one
-    state); any other module is put in ``eval()`` mode for the call and its training flag restored afterwards.
+    state), which takes the case half of its first layer for the candidates' bank positions from its cache where
+    the case's vector is the one it was computed from; any other module is put in ``eval()`` mode for the call and its training flag restored afterwards.
     """
     state = check_candidates(state_D, candidates)
     if isinstance(qnet, QNetwork):
@@ -507,7 +508,7 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
     where = device or where
     vectors = candidates.embeddings_CD if cases_CE is None else cases_CE
     if isinstance(qnet, MLPQNetwork) and where.type == "cpu" and dtype == torch.float32:
-        fast_C = qnet.numpy_scores(state, np.asarray(vectors))
+        fast_C = qnet.numpy_scores(state, np.asarray(vectors), candidates.positions_C)
         if fast_C is not None:
             return np.array(fast_C, dtype=np.float64)
     with torch.inference_mode():
