@@ -282,7 +282,8 @@ def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
         print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
     with bank:
         if isinstance(cases, CaseFileScan):
-            added = import_case_file(bank, cases, vectors, allow_duplicates=args.allow_duplicates, chunk=args.chunk)
+            added = import_case_file(bank, cases, vectors, allow_duplicates=args.allow_duplicates, chunk=args.chunk,
+                                     where=where)
         else:
             try:
                 bank.check_ids(cases, allow_duplicates=args.allow_duplicates)

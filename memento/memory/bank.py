@@ -399,7 +399,7 @@ class SqliteRows:
         case_id, state, action, reward, env, kind, meta, created, user, agent, session, version, updated = row
         try:
             data = json.loads(meta)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, RecursionError) as error:
             raise BankError(f"{self.name}: damaged bank ({DB_NAME}: the meta of case {case_id!r} is not JSON: "
                             f"{error})") from None
         try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from memento.errors import DataFormatError
+from memento.errors import DataFormatError, DimensionError
 from memento.types import MAX_ID_CHARS, MAX_TEXT_CHARS, SCOPE_FIELDS, Case, json_value_problem
 
 __all__ = ["CaseFileScan", "import_case_file", "scan_case_file"]
@@ -268,12 +268,19 @@ def _check_ids_against(bank: Any, scan: CaseFileScan, allow_duplicates: bool, ch
 
 
 def import_case_file(bank: Any, scan: CaseFileScan, vectors_ND: np.ndarray, *, allow_duplicates: bool = False,
-                     chunk: int = 50_000, progress: bool | None = None) -> int:
+                     chunk: int = 50_000, progress: bool | None = None, where: str = "embeddings") -> int:
     """Pass 2: add the cases of the checked file ``scan`` with their rows of ``vectors_ND`` (``[cases, D]``,
-    checked) to ``bank``, ``chunk`` per transaction; returns the cases added. See the module docstring."""
+    checked) to ``bank``, ``chunk`` per transaction; returns the cases added. See the module docstring. Vectors of
+    another shape than ``[cases, bank.dim]`` are one ``DimensionError`` naming ``where``."""
     from tqdm.auto import tqdm
 
     from memento.memory.bank import CaseBank
+    from memento.memory.front import check_embedding_shape
+
+    try:
+        check_embedding_shape(np.shape(vectors_ND), scan.cases, bank.dim)
+    except DimensionError as error:
+        raise DimensionError(f"{where}: {error}") from None
 
     _check_ids_against(bank, scan, allow_duplicates, chunk)
     if isinstance(bank, CaseBank) and bank.train_index(vectors_ND):

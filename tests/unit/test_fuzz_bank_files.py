@@ -310,18 +310,12 @@ def _npy(path: Path, n: int) -> Path:
     return path
 
 
-_OWNED_BY_BANK = pytest.mark.xfail(
-    raises=RecursionError, strict=False,
-    reason="memento/memory/bank.py reads vectors.json and its config with json.loads; its owner is "
-           "switching those readers to memento.io.load_json_file")
-
-
 @pytest.mark.parametrize("command", sorted(_BANK_COMMANDS))
 @pytest.mark.parametrize("name, data", [
     ("index.json", b"{not json"),
     ("vectors.json", b"\xff\xfe"),
     ("index.json", NESTED),  # the bank catches RecursionError (a RuntimeError) there, and rebuilds its index
-    pytest.param("vectors.json", NESTED, marks=_OWNED_BY_BANK),
+    ("vectors.json", NESTED),  # names the bank the store belongs to: rewritten from cases.sqlite
 ])
 def test_a_bank_file_that_does_not_parse_is_rebuilt_or_one_line(disk_bank: Path, tmp_path: Path, command: str,
                                                                  name: str, data: bytes,
@@ -336,7 +330,6 @@ def test_a_bank_file_that_does_not_parse_is_rebuilt_or_one_line(disk_bank: Path,
         assert "Traceback" not in capsys.readouterr().err
 
 
-@_OWNED_BY_BANK
 @pytest.mark.parametrize("command", sorted(_BANK_COMMANDS))
 def test_a_bank_config_nested_too_deeply_is_one_line(disk_bank: Path, tmp_path: Path, command: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
