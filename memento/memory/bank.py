@@ -805,9 +805,12 @@ class FaissVectors:
         ``vectors_ND`` and the bank together are fewer than it trains on."""
         if self._index.is_trained or self._count + len(vectors_ND) < self._index.min_train:
             return False
+        from memento.memory.bulk import gather_rows, release_pages
+
         positions = self._index.train_sample(len(vectors_ND), self._rng)
-        sample = vectors_ND if positions is None else vectors_ND[positions]
-        self._index.train(np.asarray(sample, dtype=np.float32), self._rng)
+        sample = np.asarray(vectors_ND, dtype=np.float32) if positions is None else gather_rows(vectors_ND, positions)
+        release_pages(vectors_ND)
+        self._index.train(sample, self._rng)
         self._fill(0)
         self._dirty = True
         return True

@@ -19,6 +19,7 @@ A progress bar (tqdm, on stderr when it is a terminal) counts the cases.
 from __future__ import annotations
 
 import logging
+import mmap
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -182,6 +183,36 @@ def _check_shape(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
         raise DimensionError(f"{where}: {error}") from None
 
 
+def release_pages(vectors_ND: Any) -> None:
+    """Drop the pages of a memory-mapped ``vectors_ND`` read so far from this process's map (``MADV_DONTNEED``;
+    the kernel's page cache keeps them), so a pass over a large file does not grow its resident memory by the
+    file's size. Anything else is left as it is."""
+    mapped = getattr(vectors_ND, "_mmap", None)  # np.memmap's map (numpy keeps it there)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if isinstance(mapped, mmap.mmap) and advice is not None:
+        try:
+            mapped.madvise(advice)
+        except (OSError, ValueError):  # pragma: no cover - a map that cannot take advice stays as it is
+            pass
+
+
+def gather_rows(vectors_ND: Any, positions: np.ndarray) -> np.ndarray:
+    """``vectors_ND[positions]`` (sorted positions, e.g. an index's training sample) as float32, read 64 MiB of
+    rows at a time with :func:`release_pages` after each, so a sample spread over a memory-mapped file does not
+    map the whole file at once."""
+    positions = np.asarray(positions, dtype=np.int64)
+    dim = int(np.shape(vectors_ND)[1])
+    out = np.empty((len(positions), dim), dtype=np.float32)
+    window = _rows_per(_CHECK_BYTES, dim)
+    done = 0
+    while done < len(positions):
+        stop = int(np.searchsorted(positions, positions[done] + window, side="left"))
+        out[done:stop] = vectors_ND[positions[done:stop]]
+        release_pages(vectors_ND)
+        done = stop
+    return out
+
+
 def check_embeddings(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
     """``vectors_ND`` is ``[n, dim]``, finite and unit-norm (read at most 64 MiB of float32 at a time, checked as
     :meth:`memento.memory.front.BankFront.add` checks them); one ``DimensionError`` or ``DataFormatError`` naming
@@ -195,6 +226,7 @@ def check_embeddings(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> No
             check_unit_rows(chunk, start=start)
         except DataFormatError as error:
             raise DataFormatError(f"{where}: {error}") from None
+        release_pages(vectors_ND)
 
 
 def import_with_embeddings(bank: Any, cases: Sequence[Case], vectors_ND: np.ndarray, *,

@@ -576,16 +576,17 @@ class BankFront:
             existing[digest] = case_id
             out[i] = case_id
             planned.append((i, case_id))
-        self._check_planned(planned)
+        self._check_planned(planned, free=derived - gone)
         return out, planned
 
-    def _check_planned(self, planned: Sequence[tuple[int, str]]) -> None:
+    def _check_planned(self, planned: Sequence[tuple[int, str]], free: set[str] | frozenset[str] = frozenset()) -> None:
+        """``free``: ids looked up already in this transaction and not stored (not looked up again)."""
         seen: set[str] = set()
         for i, case_id in planned:
             if case_id in seen:
                 raise DataFormatError(f"case {i}: id {case_id!r} is used twice in this call")
             seen.add(case_id)
-        taken = self._rows.find([case_id for _, case_id in planned])
+        taken = self._rows.find([case_id for _, case_id in planned if case_id not in free])
         for i, case_id in planned:
             if case_id in taken:
                 raise DataFormatError(f"case {i}: id {case_id!r} is already used by another case")

@@ -275,6 +275,7 @@ def import_case_file(bank: Any, scan: CaseFileScan, vectors_ND: np.ndarray, *, a
     from tqdm.auto import tqdm
 
     from memento.memory.bank import CaseBank
+    from memento.memory.bulk import release_pages
     from memento.memory.front import check_embedding_shape
 
     try:
@@ -292,6 +293,7 @@ def import_case_file(bank: Any, scan: CaseFileScan, vectors_ND: np.ndarray, *, a
         for cases in _read_ahead(_chunks(scan.path, chunk)):
             stop = start + len(cases)
             bank.add(cases, np.asarray(vectors_ND[start:stop], dtype=np.float32), allow_duplicates=allow_duplicates)
+            release_pages(vectors_ND)
             bar.update(stop - start)
             start = stop
     if start != scan.cases:  # the file changed between the passes

@@ -235,27 +235,27 @@ class VectorFile:
         """Append the rows ``before..`` and fsync them (before the caller's SQLite commit); returns the
         ``(block, rows, checksum)`` of every block they touch, for that transaction. :meth:`committed` or
         :meth:`rolled_back` follows."""
-        data = np.ascontiguousarray(emb_ND, dtype="<f4").tobytes()
+        data = memoryview(np.ascontiguousarray(emb_ND, dtype="<f4")).cast("B")  # no copy of the rows
         fd = _open(self.path, os.O_WRONLY)
         try:
             if os.fstat(fd).st_size != before * self._row_bytes:  # a surplus left by a failed write
                 os.ftruncate(fd, before * self._row_bytes)
             written = 0
             while written < len(data):
-                written += os.pwrite(fd, memoryview(data)[written:], before * self._row_bytes + written)
+                written += os.pwrite(fd, data[written:], before * self._row_bytes + written)
             os.fsync(fd)
         finally:
             os.close(fd)
         self._map = self._mmap = None
+        block = self.block_rows * self._row_bytes
         first_block = before // self.block_rows
-        buffer = self._tail + data  # rows from the start of the first block touched
-        sums = []
-        for offset in range(0, len(buffer), self.block_rows * self._row_bytes):
-            chunk = buffer[offset:offset + self.block_rows * self._row_bytes]
-            sums.append((first_block + offset // (self.block_rows * self._row_bytes), len(chunk) // self._row_bytes,
-                         hash_block(chunk)))
-        last = buffer[(len(buffer) // (self.block_rows * self._row_bytes)) * self.block_rows * self._row_bytes:]
-        self._staged = (before, last, True)
+        head = bytes(self._tail) + bytes(data[:block - len(self._tail)])  # the first block touched, from its start
+        sums = [(first_block, len(head) // self._row_bytes, hash_block(head))]
+        last = head
+        for offset in range(block - len(self._tail), len(data), block):
+            last = data[offset:offset + block]
+            sums.append((first_block + len(sums), len(last) // self._row_bytes, hash_block(last)))
+        self._staged = (before, bytes(last) if len(last) < block else b"", True)
         return sums
 
     def truncation(self, n: int) -> tuple[int, tuple[int, int, str] | None]:
