@@ -41,6 +41,11 @@ what it inserted and raises. Cost: one property update (Milvus Lite rewrites and
 file, 4-13 ms) per write; the insert path is unchanged. A bank made before the watermark has no such property
 (its count is the dense prefix) until its first write.
 
+**Torn index files.** milvus-lite writes a sealed segment's index file in place (a kill leaves it torn, and the
+collection then fails to load on every open). Loading a Milvus Lite collection (:func:`_load_collection`) first
+removes its index files that are torn (one warning line naming them; never a data, manifest, log or schema file),
+and milvus-lite rebuilds them from the segments' data; a read-only open refuses with one line instead.
+
 **Index and flush.** The faiss factory string of the bank's :class:`IndexConfig` names the Milvus index: ``Flat`` ->
 FLAT (exact), ``IVF<n>,Flat`` -> IVF_FLAT (nlist n; ``nprobe`` at search time), ``IVF<n>,SQ8`` -> IVF_SQ8 (8-bit
 scalar codes; Milvus Lite has no IVF_PQ), ``HNSW<M>[,Flat]`` -> HNSW (``ef`` = ``ef_search``). The index is declared
@@ -208,6 +213,7 @@ class MilvusRows:
         self.name = name
         self.lite_dir = lite_dir
         self.options = options
+        self.read_only = False  # set by MilvusBank: a read-only open refuses to repair index files
         self._flush_rows = options.flush_rows if options.flush_rows is not None else (256 if lite_dir else 0)
         self.unflushed = 0
         self.twice = 0  # rows Milvus Lite holds twice after a crash (see count): searches fetch more
@@ -232,6 +238,8 @@ class MilvusRows:
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except MementoError:
+            raise
         except Exception as error:
             raise BankError(f"{self.name}: {what} failed: {_one_line(error)}") from None
 
@@ -837,7 +845,8 @@ class MilvusFeatures:
             client = self._rows.client
             self._have[name] = bool(self._rows.call("read", client.has_collection, name))
             if self._have[name]:
-                self._rows.call("load", _declare_index, client, name, "FLAT", {})
+                self._rows.call("load", _declare_index, client, name, "FLAT", {}, lite_dir=self._rows.lite_dir,
+                                label=f"{self._rows.name} ({name})", repair=not self._rows.read_only)
         return self._have[name]
 
     def _ensure(self, name: str) -> None:
@@ -970,6 +979,7 @@ class MilvusBank(BankFront):
     def __init__(self, client: Any, *, uri: str, collection: str, name: str, config: BankConfig, uid: str,
                  lite_dir: Path | None, options: MilvusOptions, read_only: bool = False, audit: bool = False):
         rows = MilvusRows(client, uri=uri, collection=collection, name=name, lite_dir=lite_dir, options=options)
+        rows.read_only = read_only
         features = MilvusFeatures(rows, config.dim)
         if not read_only:
             try:
@@ -1114,7 +1124,7 @@ class MilvusBank(BankFront):
                 if index.factory != config.index.factory:
                     raise BankError(f"{name}: bank index is {config.index.factory!r}, not {index.factory!r}")
                 config = dataclasses.replace(config, index=index)
-            _ensure_index(client, collection, config)
+            _ensure_index(client, collection, config, lite_dir=lite_dir, name=name, repair=not read_only)
         except MementoError:
             disconnect(client, lite_dir)
             raise
@@ -1127,20 +1137,180 @@ class MilvusBank(BankFront):
 
 
 def _declare_index(client: Any, collection: str, index_type: str, build: dict[str, Any],
-                   field: str = "vector") -> None:
-    """Declare the vector index (when a crash after ``create_collection`` left none) and load the collection.
+                   field: str = "vector", *, lite_dir: Path | None = None, label: str = "",
+                   repair: bool = True) -> None:
+    """Declare the vector index (when a crash after ``create_collection`` left none) and load the collection
+    (:func:`_load_collection`: a Milvus Lite collection's torn index files are repaired first).
 
     ``sync=False``: pymilvus would otherwise poll the index state with a timestamp call Milvus Lite lacks."""
     if not client.list_indexes(collection):
         index_params = client.prepare_index_params()
         index_params.add_index(field_name=field, index_type=index_type, metric_type="IP", params=build)
         client.create_index(collection, index_params, sync=False)
-    client.load_collection(collection)
+    _load_collection(client, collection, lite_dir=lite_dir, label=label or collection, repair=repair)
 
 
-def _ensure_index(client: Any, collection: str, config: BankConfig) -> None:
+def _ensure_index(client: Any, collection: str, config: BankConfig, *, lite_dir: Path | None = None,
+                  name: str = "", repair: bool = True) -> None:
     """The bank collection's vector index (:func:`milvus_index` of its factory), declared if missing, and loaded."""
-    _declare_index(client, collection, *milvus_index(config.index.factory))
+    _declare_index(client, collection, *milvus_index(config.index.factory), lite_dir=lite_dir, label=name,
+                   repair=repair)
+
+
+# Torn index files (Milvus Lite). milvus-lite (3.2) builds a vector index per sealed segment in a background thread
+# after a flush and writes it in place, not through a temporary file and a rename, to
+# <lite dir>/collections/<collection>/partitions/<partition>/indexes/<segment stem>.<field>.<type>.idx (.sidx: a
+# scalar index). A process killed while it writes one leaves a prefix of the file; loading the collection then
+# fails (FLAT: "Failed to read all data for array ... (file seems not fully written?)"), on every open. The
+# segment's data (data/<stem>.parquet, committed by milvus-lite's atomic manifest) is whole, and milvus-lite
+# builds an index that is missing from it on load. So a writer's open removes the damaged index files (derived
+# data only: never a data, delta, WAL, manifest or schema file) and loads again.
+
+_NPY_INDEXES = ("flat", "brute_force")  # numpy .npy files: header (dtype, shape) + the vectors
+_FAISS_INDEXES = ("hnsw", "hnsw_sq", "ivf_flat", "ivf_sq8", "ivf_pq")  # faiss.write_index files
+
+
+def _index_files(lite_dir: Path, collection: str) -> list[Path]:
+    """The index sidecar files of a Milvus Lite collection (all partitions)."""
+    root = lite_dir / "collections" / collection / "partitions"
+    if not root.is_dir():
+        return []
+    return sorted(path for path in root.glob("*/indexes/*") if path.name.endswith((".idx", ".sidx"))
+                  and path.is_file())
+
+
+def _segment_rows(index_file: Path, stem: str) -> int | None:
+    """The row count of the data file an index file belongs to (its Parquet footer), or None when unreadable."""
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.read_metadata(index_file.parent.parent / "data" / f"{stem}.parquet").num_rows)
+    except Exception:
+        return None
+
+
+def _npy_damage(path: Path, size: int, rows: int | None) -> str | None:
+    from numpy.lib import format as npy
+
+    try:
+        with path.open("rb") as stream:
+            version = npy.read_magic(stream)
+            reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+            shape, _, dtype = reader(stream)
+            header = stream.tell()
+    except Exception:
+        return f"no whole .npy header ({size} bytes)"
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size != expected:
+        return f"{size} of {expected} bytes"
+    if len(shape) != 2:
+        return f"an array of shape {shape}, not (rows, dim)"
+    if rows is not None and shape[0] != rows:
+        return f"{shape[0]} vectors for a segment of {rows} rows"
+    return None
+
+
+def _faiss_damage(path: Path, rows: int | None) -> str | None:
+    try:
+        import faiss
+
+        index = faiss.read_index(str(path))
+    except ImportError:
+        return None
+    except Exception as error:
+        return f"unreadable by faiss ({_one_line(error)[:120]})"
+    if rows is not None and int(index.ntotal) != rows:
+        return f"{int(index.ntotal)} vectors for a segment of {rows} rows"
+    return None
+
+
+def _index_damage(path: Path, *, deep: bool) -> str | None:
+    """Why the index file ``path`` is torn or incomplete, or None when it looks whole.
+
+    Cheap checks always (a .npy file's size against its header, a Parquet file's closing magic); with ``deep``,
+    a faiss index file is read whole (faiss fails on a prefix) and its vector count compared with its segment's."""
+    from milvus_lite.index.files import parse_index_sidecar_name
+
+    sidecar = parse_index_sidecar_name(path.name)
+    if sidecar is None:
+        return None
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as stream:
+            head = stream.read(6)
+            stream.seek(max(0, size - 4))
+            tail = stream.read(4)
+    except OSError as error:
+        return f"unreadable ({_one_line(error)[:120]})"
+    if size == 0:
+        return "empty"
+    kind = sidecar.index_type.lower()
+    if sidecar.extension == ".sidx":  # a Parquet file
+        whole = size >= 12 and head[:4] == b"PAR1" and tail == b"PAR1"
+        return None if whole else f"no whole Parquet file ({size} bytes)"
+    if kind in _NPY_INDEXES or (kind == "autoindex" and head == b"\x93NUMPY"):
+        return _npy_damage(path, size, _segment_rows(path, sidecar.source_stem))
+    if deep and (kind in _FAISS_INDEXES or kind == "autoindex"):
+        return _faiss_damage(path, _segment_rows(path, sidecar.source_stem))
+    return None
+
+
+def _repair_index_files(lite_dir: Path, collection: str, label: str, *, deep: bool, repair: bool) -> list[str]:
+    """Remove the torn index files of a Milvus Lite collection (:func:`_index_damage`; one warning line naming
+    them) so that its next load rebuilds them from the segments' data; returns their names. ``repair=False`` (a
+    read-only open): a ``BankError`` naming them instead, when there are any."""
+    damaged = [(path, why) for path in _index_files(lite_dir, collection)
+               if (why := _index_damage(path, deep=deep)) is not None]
+    if not damaged:
+        return []
+    names = "; ".join(f"{path} ({why})" for path, why in damaged)
+    if not repair:
+        raise BankError(f"{label}: torn Milvus Lite index file(s), a crash while they were written: {names}; "
+                        "open the bank once for writing to rebuild them from the cases (which are whole)")
+    for path, _ in damaged:
+        path.unlink(missing_ok=True)
+    logger.warning("%s: removed %d torn index file(s) (a crash while Milvus Lite wrote them; rebuilt from the "
+                   "segments' data on load): %s", label, len(damaged), names)
+    return [str(path) for path, _ in damaged]
+
+
+def _load_collection(client: Any, collection: str, *, lite_dir: Path | None, label: str, repair: bool) -> None:
+    """Load a collection; in Milvus Lite, first remove its index files that are torn (:func:`_repair_index_files`,
+    cheap checks), and when the load fails anyway, check them all (faiss files read whole), remove the damaged
+    ones and load once more (a second failure propagates)."""
+    if lite_dir is None:
+        client.load_collection(collection)
+        return
+    _repair_index_files(lite_dir, collection, label, deep=False, repair=repair)
+    with _quiet_load_errors():
+        try:
+            client.load_collection(collection)
+            return
+        except Exception as error:
+            if not _repair_index_files(lite_dir, collection, label, deep=True, repair=repair):
+                raise error from None
+        client.load_collection(collection)
+
+
+class _LoadErrorFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "load_collection" not in message and "LoadCollection" not in message
+
+
+@contextmanager
+def _quiet_load_errors() -> Iterator[None]:
+    """Drop pymilvus' and milvus-lite's own ERROR records (each with a traceback) of a failed load while this
+    module loads a Milvus Lite collection: the failure is repaired, or raised as one ``BankError`` line."""
+    quiet = _LoadErrorFilter()
+    loggers = [logging.getLogger(name) for name in ("pymilvus.decorators", "milvus_lite.adapter.grpc.servicer")]
+    for each in loggers:
+        each.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(quiet)
 
 
 def _encoder_id(config: EncoderConfig) -> str:

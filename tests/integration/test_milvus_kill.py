@@ -1,15 +1,30 @@
-"""A Milvus Lite import killed with SIGKILL at 10 points is all-or-nothing.
+"""A Milvus Lite import killed with SIGKILL is all-or-nothing, and the killed bank always opens.
 
 A child process adds N cases (read from a Case JSONL file, with precomputed unit vectors: the same
 ``bank.add`` that ``memento bank import`` calls after encoding) to a Milvus Lite bank that holds a few cases,
-in insert batches of 100 rows, and is killed at one of 10 moments spread over an uninterrupted add's duration.
+in insert batches of 100 rows, and is killed (10 times per phase, times ``MEMENTO_PROBE_SCALE``) in one of three
+phases of an uninterrupted add:
+
+- ``add``: at moments spread over the whole add (mostly while it inserts);
+- ``seal``: at moments spread from the add's flush (``MilvusRows.seal``: milvus-lite writes the segment's Parquet
+  file and its manifest) to the end (the commit, milvus-lite's index build, the close);
+- ``index``: while milvus-lite writes the sealed segment's vector index file (``indexes/*.vector.flat.idx``,
+  written in place by its background thread); a killed write leaves a torn file, which milvus-lite cannot load
+  (before the repair in ``memento.memory.milvus._load_collection``, no command opened such a bank).
+
+In every phase the child writes that index file as milvus-lite does (``np.save`` into the path opened for
+writing) through a file object that pauses after each 16 KiB (~70 ms for the whole file), so that kills land
+inside the write.
+
 Reopened, the bank holds its earlier cases and either all N new ones or none (rows the killed add had inserted
 are rolled back), search works, and adding the file again completes it to exactly N new cases, each once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -28,14 +43,41 @@ pytestmark = [pytest.mark.slow, pytest.mark.probe]
 N, BEFORE, DIM, BATCH = 2000, 5, 32, 100
 
 CHILD = """
-import sys
+import sys, time
 import numpy as np
 import milvus_lite, pymilvus
+from milvus_lite.index.brute_force import BruteForceIndex
 from memento.formats import read_case_file
 from memento.memory import MilvusOptions, open_bank
+from memento.memory.milvus import MilvusRows
 uri, path, vectors, batch = sys.argv[1:5]
 cases = read_case_file(path, "case")
 vectors_ND = np.load(vectors)
+
+class Paused:  # a file whose writes pause after each 16 KiB
+    def __init__(self, stream):
+        self.stream = stream
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), 16384):
+            self.stream.write(view[start:start + 16384])
+            self.stream.flush()
+            time.sleep(0.004)
+        return len(view)
+
+def save(self, path):  # BruteForceIndex.save (milvus-lite 3.2), its writes paused; markers around it
+    print("index", len(self._vectors), flush=True)
+    with open(path, "wb") as stream:
+        np.save(Paused(stream), self._vectors, allow_pickle=False)
+    print("indexed", flush=True)
+
+BruteForceIndex.save = save
+plain_seal = MilvusRows.seal
+def seal(self):
+    if self.unflushed:
+        print("sealing", flush=True)
+    plain_seal(self)
+MilvusRows.seal = seal
 print("ready", flush=True)
 sys.stdin.readline()
 bank = open_bank(uri, options=MilvusOptions(insert_batch=int(batch)))
@@ -85,6 +127,30 @@ def wait_for(child: subprocess.Popen, word: str) -> None:
     assert line.startswith(word), (line, child.communicate(timeout=60)[1][-2000:])
 
 
+def wait_for_marker(child: subprocess.Popen, word: str) -> float:
+    """Read the child's lines up to ``word`` (the new segment's ``index`` line: more than BEFORE rows); returns
+    the time it was read."""
+    assert child.stdout is not None
+    while True:
+        line = child.stdout.readline()
+        assert line, (word, child.communicate(timeout=60)[1][-2000:])
+        parts = line.split()
+        if parts[0] == word and (word != "index" or int(parts[1]) > BEFORE):
+            return time.monotonic()
+
+
+def torn_index_files(uri: str) -> list[str]:
+    """The vector index files of a killed bank that numpy cannot read whole (checked before the bank opens)."""
+    lite = Path(uri.removeprefix("milvus:").split("#")[0])
+    torn = []
+    for path in sorted(lite.glob("collections/*/partitions/*/indexes/*.idx")):
+        try:
+            np.load(path, allow_pickle=False)
+        except Exception:
+            torn.append(path.name)
+    return torn
+
+
 def prefilled(uri: str, rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
     with create_bank(uri, DIM) as bank:
         vectors_ND = unit(rng, BEFORE)
@@ -105,25 +171,37 @@ def raw_rows(uri: str) -> int:
         disconnect(client, lite_dir)
 
 
-def test_import_killed_at_10_points_is_all_or_nothing(inputs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("phase", ["add", "seal", "index"])
+def test_import_killed_is_all_or_nothing_and_opens(inputs, tmp_path: Path, phase: str) -> None:
     _, _, cases, vectors_ND = inputs
     rng = np.random.default_rng(0)
+    chance = random.Random(f"milvus-kill-{phase}")
     calibrate = f"milvus:{tmp_path / 'calibrate.db'}#cases"
     prefilled(calibrate, rng)
     child = start(calibrate, inputs)
     go(child)
     began = time.monotonic()
-    wait_for(child, "added")
-    duration = time.monotonic() - began
+    seen = {}  # marker -> when it was read (the index lines come from milvus-lite's thread: any order after sealing)
+    assert child.stdout is not None
+    for line in child.stdout:
+        parts = line.split()
+        if parts and (parts[0] != "index" or int(parts[1]) > BEFORE):
+            seen.setdefault(parts[0], time.monotonic())
     assert child.wait(timeout=60) == 0
+    assert {"sealing", "index", "indexed", "added"} <= set(seen), seen
+    window = {"add": (began, seen["added"]), "seal": (seen["sealing"], max(seen["added"], seen["indexed"])),
+              "index": (seen["index"], seen["indexed"])}[phase]
+    width = window[1] - window[0]
     points = 10 * scale()
-    outcomes: list[tuple[float, int, int]] = []  # (delay, raw rows at the kill, cases after reopening)
+    outcomes: list[tuple[float, int, int, list[str]]] = []  # (delay, raw rows, cases after reopening, torn files)
     uris = [f"milvus:{tmp_path / f'b{i}.db'}#cases" for i in range(points)]
     child = start(uris[0], inputs)  # each child imports while the previous one's bank is checked
     for i, uri in enumerate(uris):
         before_ids, before_ND = prefilled(uri, rng)
         go(child)
-        delay = duration * (i + 0.5) / points
+        if phase != "add":
+            wait_for_marker(child, {"seal": "sealing", "index": "index"}[phase])
+        delay = chance.uniform(0.0, 1.1 * width)  # up to a little past the window's end
         time.sleep(delay)
         alive = child.poll() is None
         child.kill()
@@ -132,9 +210,10 @@ def test_import_killed_at_10_points_is_all_or_nothing(inputs, tmp_path: Path) ->
         if i + 1 < points:
             child = start(uris[i + 1], inputs)
         raw = raw_rows(uri)
-        with open_bank(uri) as bank:
+        torn = torn_index_files(uri)
+        with open_bank(uri) as bank:  # a torn index file is removed and rebuilt (one warning line)
             n = len(bank)
-            outcomes.append((delay, raw, n))
+            outcomes.append((delay, raw, n, torn))
             assert n in (BEFORE, BEFORE + N), (delay, raw, n)
             lost = sum(1 for p, case_id in enumerate(before_ids) if bank.ids_at([p]) != [case_id])
             if n == BEFORE + N:
@@ -155,5 +234,15 @@ def test_import_killed_at_10_points_is_all_or_nothing(inputs, tmp_path: Path) ->
         with open_bank(uri) as bank:
             assert len(bank) == BEFORE + N
             assert [c.id for c in bank.iter_cases()][:BEFORE] == before_ids
-    rolled_back = sum(1 for _, raw, n in outcomes if raw > BEFORE and n == BEFORE)
-    assert rolled_back >= points * 3 // 10, f"too few kills landed mid-import: {outcomes} (add took {duration:.2f} s)"
+        assert torn_index_files(uri) == []
+    logging.getLogger(__name__).info("%s: %d kills, %d rolled back, %d committed, %d with a torn index file "
+                                     "(window %.3f s): %s", phase, points,
+                                     sum(1 for o in outcomes if o[2] == BEFORE),
+                                     sum(1 for o in outcomes if o[2] == BEFORE + N),
+                                     sum(1 for o in outcomes if o[3]), width, outcomes)
+    if phase == "add":
+        rolled_back = sum(1 for _, raw, n, _ in outcomes if raw > BEFORE and n == BEFORE)
+        assert rolled_back >= points * 3 // 10, f"too few kills landed mid-import: {outcomes} (add took {width:.2f} s)"
+    if phase == "index":
+        torn = sum(1 for o in outcomes if o[3])
+        assert torn >= points * 3 // 10, f"too few kills tore the index file: {outcomes} (its write took {width:.3f} s)"
