@@ -588,6 +588,9 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
     import torch
 
     FaissIndex(IndexConfig(factory=config.factory), config.dim)  # a bad factory fails before any work
+    if config.bank is not None:  # the policies score the bank's vectors: its dimension
+        with CaseBank.open(config.bank, read_only=True, use_gpu=False) as bank:
+            config = dataclasses.replace(config, dim=bank.dim)
     rng = np.random.default_rng(config.seed)
     results: dict[str, Any] = {
         "benchmark": "select", "config": dataclasses.asdict(config), "environment": _environment(),

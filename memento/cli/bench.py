@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any, get_args
 
 from memento.bench.bank import BankBenchConfig, format_table, run_bank_bench
+from memento.bench.ingest import IngestBenchConfig, run_ingest_bench
+from memento.bench.ingest import format_table as format_import
 from memento.bench.online import BenchPolicy, OnlineBenchConfig, format_online_table, run_online_bench
 from memento.bench.select import SelectBenchConfig, run_select_bench
 from memento.bench.select import format_table as format_select
@@ -42,7 +44,7 @@ def add_parser(commands: Any) -> None:
                         description="Benchmarks. Each writes a JSON file of results; compare figures from one run "
                                     "(these machines are noisy).")
     suites = bench.add_subparsers(dest="bench_command", metavar="SUITE", required=True)
-    for add in (_add_bank, _add_select, _add_train, _add_online, _add_games, _add_stream, _add_serve):
+    for add in (_add_bank, _add_import, _add_select, _add_train, _add_online, _add_games, _add_stream, _add_serve):
         add(suites)
 
 
@@ -99,6 +101,43 @@ def _run_bank(args: argparse.Namespace) -> int:
                              queries=args.queries, k=args.k, data=args.data, ef_search=tuple(args.ef_search),
                              nprobe=tuple(args.nprobe), backends=args.backends, op=args.op, seed=args.seed)
     return _printed(format_table(run_bank_bench(config, out=args.json, workdir=args.workdir)), args)
+
+
+# ---------------------------------------------------------------- import
+
+
+def _add_import(suites: Any) -> None:
+    bi = add_command(
+        suites, "import", "bulk import of precomputed vectors: cases/s and peak memory of memento bank import",
+        raw=False,
+        description="Write N synthetic cases (cases.jsonl) and their clustered unit vectors (vectors.npy) a chunk at "
+                    "a time, then run `memento bank import cases.jsonl --embeddings vectors.npy --index FACTORY "
+                    "--vectors disk` as a child process: wall time, cases per second and the child's peak resident "
+                    "memory. --again times the same import a second time (everything already stored).")
+    bi.add_argument("--sizes", type=int_arg, nargs="+", default=list(field_default(IngestBenchConfig, "sizes")),
+                    help="cases per import (default: 100000 1000000)")
+    bi.add_argument("--factory", default=field_default(IngestBenchConfig, "factory"),
+                    help="the new bank's faiss index (default: IVF1024,PQ32x4fs)")
+    bi.add_argument("--refine", type=int_arg, default=field_default(IngestBenchConfig, "refine"),
+                    help="the bank's refine setting (default: 4)")
+    bi.add_argument("--chunk", type=int_arg, default=field_default(IngestBenchConfig, "chunk"),
+                    help="the import's --chunk, cases per transaction (default: 50000)")
+    bi.add_argument("--dim", type=int_arg, default=field_default(IngestBenchConfig, "dim"),
+                    help="vector dimension (default: 384)")
+    bi.add_argument("--data", choices=["clustered", "uniform"], default="clustered",
+                    help="clustered vectors like real embeddings (default), or uniform on the sphere")
+    bi.add_argument("--again", action="store_true", help="time a second run of the same import")
+    bi.add_argument("--keep", default=None, metavar="DIR",
+                    help="leave the generated files and the bank in DIR/import-N (default: a temporary directory)")
+    add_seed(bi)
+    add_workdir(bi)
+    add_results_file(bi)
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    config = IngestBenchConfig(sizes=tuple(args.sizes), factory=args.factory, refine=args.refine, chunk=args.chunk,
+                               dim=args.dim, data=args.data, again=args.again, keep=args.keep, seed=args.seed)
+    return _printed(format_import(run_ingest_bench(config, out=args.json, workdir=args.workdir)), args)
 
 
 # ---------------------------------------------------------------- select
@@ -453,5 +492,6 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 _SUITES: dict[str, Callable[[argparse.Namespace], int]] = {
-    "bank": _run_bank, "select": _run_select, "train": _run_train, "online": _run_online, "games": _run_games,
+    "bank": _run_bank, "import": _run_import, "select": _run_select, "train": _run_train, "online": _run_online,
+    "games": _run_games,
     "stream": _run_stream, "serve": _run_serve}

@@ -315,10 +315,13 @@ def check_embedding_shape(shape: tuple[int, ...], n: int, dim: int) -> None:
 def check_unit_rows(emb_ND: np.ndarray, *, start: int = 0) -> None:
     """Every row of ``emb_ND`` finite and unit-norm; one ``DataFormatError`` naming the first bad row (rows
     numbered from ``start``) otherwise."""
-    bad = np.flatnonzero(~np.isfinite(emb_ND).all(axis=1))
-    if bad.size:
-        raise DataFormatError(f"embedding row {start + int(bad[0])} contains NaN or inf")
-    norms = np.linalg.norm(emb_ND, axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = np.einsum("ij,ij->i", emb_ND, emb_ND)  # NaN or inf in a row make its sum so (one pass)
+    if not np.isfinite(squares).all():
+        bad = np.flatnonzero(~np.isfinite(emb_ND).all(axis=1))
+        if bad.size:
+            raise DataFormatError(f"embedding row {start + int(bad[0])} contains NaN or inf")
+    norms = np.sqrt(squares)
     off = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
     if off.size:
         raise DataFormatError(f"embedding row {start + int(off[0])} has norm {norms[off[0]]:.4f}; bank vectors "

@@ -148,12 +148,36 @@ def test_select_compares_ram_and_disk_banks_and_refine(tmp_path, capsys):
         assert refined["recall_at_c"] > plain["recall_at_c"]  # 4-bit codes rank coarsely; exact re-ranking helps
     assert [s["recall_at_c"] for s in rows[0]["settings"]] == [s["recall_at_c"] for s in rows[1]["settings"]]
     assert "vector_reads" not in rows[0]
-    reads = rows[1]["vector_reads"]
-    assert reads["rows"] == 16 and 0 < reads["map"]["p50_ms"] and 0 < reads["sqlite"]["p50_ms"]
+    assert rows[1]["vector_reads"] is None  # a disk bank stores its vectors once, in vectors.f32: no SQLite copy
     printed = capsys.readouterr().out
-    assert "SQLite / map p50" in printed
+    assert "SQLite / map p50" not in printed
     assert "| 1,500 | IVF8,PQ4x4 (disk) | nprobe=8, refine=4 |" in printed
     assert not list(tmp_path.glob("memento-bench-*"))  # the banks are removed
+
+
+def test_import_bench_then_select_on_the_kept_bank_cold_and_warm(tmp_path, capsys):
+    """``bench import`` builds a bank with the real CLI; ``bench select --bank --cold`` measures it in place."""
+    out = tmp_path / "import.json"
+    assert main(["bench", "import", "--sizes", "1200", "--dim", "16", "--factory", "IVF8,PQ4x4fs", "--chunk", "500",
+                 "--again", "--keep", str(tmp_path / "keep"), "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())["results"]
+    assert row["n"] == 1200 and row["cases_per_s"] > 0 and row["peak_rss_mib"] > 0 and row["again"]["wall_s"] > 0
+    assert row["bank_bytes"]["vectors.f32"] == 1200 * 16 * 4
+    assert "| 1,200 | IVF8,PQ4x4fs |" in capsys.readouterr().out
+    bank = tmp_path / "keep" / "import-1200" / "bank"
+    sel = tmp_path / "select.json"
+    assert main(["bench", "select", "--bank", str(bank), "--queries", "10", "--candidates", "16", "--archs", "mlp",
+                 "--recall-queries", "8", "--chunk", "500", "--nprobe", "8", "--refine", "1", "4", "--cold",
+                 "--json", str(sel)]) == 0
+    [measured] = json.loads(sel.read_text())["results"]
+    assert measured["n"] == 1200 and measured["bank"] == str(bank) and measured["factory"] == "IVF8,PQ4x4fs"
+    assert [(s["refine"], s["pass"]) for s in measured["settings"]] == [(1, "cold"), (1, "warm"), (4, "cold"),
+                                                                          (4, "warm")]
+    assert measured["settings"][2]["recall_at_c"] >= measured["settings"][0]["recall_at_c"]
+    for setting in measured["settings"]:
+        soft_q = setting["policies"][1]
+        assert soft_q["first_pass_p50_ms"] > 0 and setting["softq_over_similarity_first_pass_p50"]["mlp"] > 0
+    assert "nprobe=8, refine=4, cold" in capsys.readouterr().out
 
 
 def test_select_on_cuda_needs_a_cuda_device(tmp_path, capsys):
