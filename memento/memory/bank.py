@@ -264,7 +264,11 @@ class SqliteRows:
 
     def block_sums(self) -> dict[int, tuple[int, str]]:
         """The ``vector_blocks`` table: ``{block: (rows, checksum)}``."""
-        return {int(b): (int(n), str(h)) for b, n, h in self.conn.execute("SELECT block, rows, hash FROM vector_blocks")}
+        try:
+            return {int(b): (int(n), str(h))
+                    for b, n, h in self.conn.execute("SELECT block, rows, hash FROM vector_blocks")}
+        except (TypeError, ValueError) as error:  # a row written outside memento
+            raise BankError(f"{self.name}: damaged bank ({DB_NAME}: vector_blocks: {error})") from None
 
     def _put_block_sums(self, sums: Sequence[tuple[int, int, str]]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO vector_blocks (block, rows, hash) VALUES (?, ?, ?)", sums)

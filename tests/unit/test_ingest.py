@@ -144,3 +144,35 @@ def test_the_cli_streams_a_case_file(tmp_path: Path, capsys: pytest.CaptureFixtu
                  str(tmp_path / "new")]) == 2
     assert "c.jsonl:3: field 'state' must be a string" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_streamed_import_keeps_whole_chunks_and_a_rerun_completes_it(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    n, chunk = 20_000, 500
+    path = write(tmp_path / "c.jsonl", [{"state": f"s{i}", "action": "a", "reward": i % 2} for i in range(n)])
+    emb = unit_vectors(np.random.default_rng(2), n, DIM)
+    np.save(tmp_path / "v.npy", emb)
+    command = [sys.executable, "-m", "memento", "bank", "import", str(path), "--embeddings", str(tmp_path / "v.npy"),
+               "--bank", str(tmp_path / "bank"), "--vectors", "disk", "--index", "IVF8,PQ4x4fs", "--chunk", str(chunk)]
+    rng = np.random.default_rng(0)
+    killed = 0
+    for _ in range(3):
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(float(rng.uniform(2.5, 5.0)))
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            killed += 1
+        child.wait()
+        if (tmp_path / "bank" / "cases.sqlite").exists():
+            with CaseBank.open(tmp_path / "bank") as bank:  # every block verifies; whole chunks only
+                assert len(bank) % chunk == 0
+                assert (tmp_path / "bank" / "vectors.f32").stat().st_size == len(bank) * DIM * 4
+    assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
+    with CaseBank.open(tmp_path / "bank") as bank:
+        assert len(bank) == n
+        np.testing.assert_array_equal(bank.embeddings_at(np.arange(n)), emb)

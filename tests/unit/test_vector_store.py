@@ -199,3 +199,14 @@ def test_sigkill_during_adds_leaves_whole_adds_that_verify(tmp_path: Path) -> No
             assert (len(bank) - 10) % 300 == 0
             assert (tmp_path / "b" / VECTORS_NAME).stat().st_size == len(bank) * ROW
         bank_rows.check_vectors(tmp_path / "b" / "cases.sqlite", bank.uid, DIM, len(bank))
+
+
+@pytest.mark.parametrize("damage", ["DELETE FROM vector_blocks WHERE block = 1",
+                                    "UPDATE vector_blocks SET rows = 'many' WHERE block = 0",
+                                    "DROP TABLE vector_blocks"])
+def test_a_damaged_checksum_table_is_one_line(tmp_path: Path, damage: str) -> None:
+    make(tmp_path / "b")
+    with sqlite3.connect(tmp_path / "b" / "cases.sqlite") as conn:
+        conn.execute(damage)
+    with pytest.raises(BankError, match="damaged bank"):
+        CaseBank.open(tmp_path / "b")
