@@ -26,8 +26,16 @@ from typing import Any, Literal
 import numpy as np
 
 from memento.bench.common import environment, finish, timestamp, vector_chunks, write_results
-from memento.config import MAX_BENCH_BYTES, MAX_BENCH_VECTORS, MAX_DIM, MAX_SEED, check, check_factory, \
-    check_int_tuple, check_ints
+from memento.config import (
+    MAX_BENCH_BYTES,
+    MAX_BENCH_VECTORS,
+    MAX_DIM,
+    MAX_SEED,
+    check,
+    check_factory,
+    check_int_tuple,
+    check_ints,
+)
 
 __all__ = ["IngestBenchConfig", "format_table", "run_ingest_bench", "write_case_data"]
 

@@ -494,7 +494,8 @@ def q_values(qnet: torch.nn.Module, state_D: np.ndarray, candidates: Candidates,
     (the eval-mode values, its mode untouched), an MLP network on the CPU in float32 through its numpy twin
     :meth:`~memento.learn.qnet.MLPQNetwork.numpy_scores` (the same values to float32 rounding, faster for one
     state), which takes the case half of its first layer for the candidates' bank positions from its cache where
-    the case's vector is the one it was computed from; any other module is put in ``eval()`` mode for the call and its training flag restored afterwards.
+    the case's vector is the one it was computed from; any other module is put in ``eval()`` mode for the call and
+    its training flag restored afterwards.
     """
     state = check_candidates(state_D, candidates)
     if isinstance(qnet, QNetwork):

@@ -135,9 +135,9 @@ class CaseHalfCache:
     A direct-mapped table: position ``p`` lives in slot ``p % S``, where ``S`` grows (a power of two, from 1,024)
     with the largest position seen up to ``max_bytes // (4 * width + 8 + 4 * PROBES)`` slots; two positions that
     share a slot evict each other. Each slot keeps its row, its position and a fingerprint of the input it was
-    computed from (the bits of two fixed random float32 projections of it): a row is used only when the position and the fingerprint
-    of the vector the candidate carries now both match, so positions reused after a bank truncation, or a
-    position whose vector changed, are computed again. Rows are valid for one ``key`` (the weights' version):
+    computed from (the bits of two fixed random float32 projections of it): a row is used only when the position and
+    the fingerprint of the vector the candidate carries now both match, so positions reused after a bank truncation,
+    or a position whose vector changed, are computed again. Rows are valid for one ``key`` (the weights' version):
     a call with another key empties the table first. The table is allocated lazily; ``max_bytes=0`` keeps nothing.
 
     Thread-safe: lookups and stores hold a lock; the products of missing rows are computed outside it.

@@ -76,7 +76,7 @@ from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json, stack_vectors
 from memento.memory.history import EventRow
 from memento.memory.index import FaissIndex, exact_topk
-from memento.memory.vectorfile import VECTORS_META_NAME, VECTORS_NAME, VECTORS_STORE_KEY, BlockSums, VectorFile
+from memento.memory.vectorfile import VECTORS_META_NAME, VECTORS_NAME, VECTORS_STORE_KEY, VectorFile
 from memento.memory.where import Scope, Where
 from memento.types import SCOPE_FIELDS, Case, shown
 

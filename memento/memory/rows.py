@@ -56,7 +56,7 @@ def digest(db: Path, stop: int, *, start: int = 0, previous: str | None = None, 
         if meta.get(VECTORS_STORE_KEY) == "file":  # the vectors are stored in vectors.f32: digested from there
             dim = int(json.loads(meta["config"])["dim"])
             vectors = iter_rows(Path(db).parent, dim, start, stop)
-            rows = ((*row[:-1], next(vectors)) for row in rows)
+            return sqlite.chain_digest(((*row[:-1], next(vectors)) for row in rows), previous)
         return sqlite.chain_digest(rows, previous)
 
 

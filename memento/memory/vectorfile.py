@@ -144,7 +144,7 @@ class VectorFile:
         self._mmap: mmap.mmap | None = None
         self._touched = 0  # pages read through the map since they were last dropped (at most, counted per row)
         self._tail = b""  # the store's last, partial block (the writer's, after check())
-        self._staged: tuple[int, bytes, bool] | None = None  # (rows before, new tail, cut on rollback) of a write in flight
+        self._staged: tuple[int, bytes, bool] | None = None  # a write in flight: rows before, new tail, cut on rollback
 
     # ------------------------------------------------------------------ ownership, size
 
@@ -235,7 +235,7 @@ class VectorFile:
         """Append the rows ``before..`` and fsync them (before the caller's SQLite commit); returns the
         ``(block, rows, checksum)`` of every block they touch, for that transaction. :meth:`committed` or
         :meth:`rolled_back` follows."""
-        data = memoryview(np.ascontiguousarray(emb_ND, dtype="<f4")).cast("B")  # no copy of the rows
+        data = memoryview(np.ascontiguousarray(emb_ND, dtype="<f4")).cast("B")  # type: ignore[arg-type]  # no copy
         fd = _open(self.path, os.O_WRONLY)
         try:
             if os.fstat(fd).st_size != before * self._row_bytes:  # a surplus left by a failed write
@@ -251,7 +251,7 @@ class VectorFile:
         first_block = before // self.block_rows
         head = bytes(self._tail) + bytes(data[:block - len(self._tail)])  # the first block touched, from its start
         sums = [(first_block, len(head) // self._row_bytes, hash_block(head))]
-        last = head
+        last: bytes | memoryview = head
         for offset in range(block - len(self._tail), len(data), block):
             last = data[offset:offset + block]
             sums.append((first_block + len(sums), len(last) // self._row_bytes, hash_block(last)))
