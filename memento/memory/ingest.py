@@ -288,7 +288,10 @@ def import_case_file(bank: Any, scan: CaseFileScan, vectors_ND: np.ndarray, *, a
         logger.info("%s: index trained on a sample of the %d imported vectors", bank.path, len(vectors_ND))
     before = len(bank)
     start = 0
-    bulk = bank.bulk() if isinstance(bank, CaseBank) else contextlib.nullcontext()
+    # SQLite's page cache for the id and content-hash indexes (random keys, ~120 bytes per case): 256 MiB up to
+    # two million cases, more for larger banks (at 10M cases the indexes outgrow 256 MiB and every insert misses)
+    cache_mib = min(2048, max(256, (before + scan.cases) * 128 >> 20))
+    bulk = bank.bulk(cache_mib) if isinstance(bank, CaseBank) else contextlib.nullcontext()
     with bulk, tqdm(total=scan.cases, desc="import", unit="case", disable=progress is False or None) as bar:
         for cases in _read_ahead(_chunks(scan.path, chunk)):
             stop = start + len(cases)
