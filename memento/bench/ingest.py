@@ -4,8 +4,8 @@ For each size N, the bench writes N synthetic cases (``cases.jsonl``: short text
 (``vectors.npy``, the clustered unit vectors of :func:`memento.bench.common.vector_chunks`, the base set of
 ``memento bench select``) into its work directory, a chunk at a time, then runs ``memento bank import FILE
 --embeddings VECS --bank BANK --index FACTORY --vectors disk`` as a child process and records its wall time,
-cases per second and peak resident memory (the child's ``ru_maxrss``, from ``os.wait4``). With ``again`` it runs
-the same import a second time (every case already stored: read, check, hash, look up, write nothing). The
+cases per second and peak resident memory (the child's ``VmHWM``, read every 50 ms while it runs). With ``again``
+it runs the same import a second time (every case already stored: read, check, hash, look up, write nothing). The
 generated files are removed after each size unless ``keep`` names a directory to leave them (and the bank) in,
 e.g. for ``memento bench select --bank``.
 """
@@ -94,15 +94,37 @@ def _run_import(cases: Path, vectors: Path, bank: Path, config: IngestBenchConfi
                "--bank", str(bank), "--index", config.factory, "--vectors", "disk", "--refine", str(config.refine),
                "--chunk", str(config.chunk)]
     t0 = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - t0
-    out, err = child.stdout.read() if child.stdout else "", child.stderr.read() if child.stderr else ""
-    child.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        peak_kib = 0
+        while True:  # the child's own high-water mark (VmHWM is its address space's, from its exec on; ru_maxrss
+            # would count this process's pages, which the child shared until its exec)
+            peak_kib = max(peak_kib, _vm_hwm_kib(child.pid))
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        output, errors = out.read(), err.read()
     if child.returncode != 0:
-        raise RuntimeError(f"memento bank import exited {child.returncode}: {err.strip()[-500:]}")
-    return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, "output": out.strip().splitlines()[-1:],
+        raise RuntimeError(f"memento bank import exited {child.returncode}: {errors.strip()[-500:]}")
+    return {"wall_s": wall, "peak_rss_mib": peak_kib / 1024, "output": output.strip().splitlines()[-1:],
             "command": " ".join(command[1:])}
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    """``VmHWM`` of process ``pid`` in KiB (0 when it cannot be read: gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def run_ingest_bench(config: IngestBenchConfig, *, out: str | Path | None = None,

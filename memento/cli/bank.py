@@ -107,6 +107,18 @@ def add_parser(commands: Any) -> None:
                              '\'{"created": {"gte": "2024-05-01"}}\' (docs/formats.md)')
     add_json_flag(search)
 
+    reindex = add_command(actions, "reindex", "build a new faiss index over a directory bank's vectors", raw=False,
+                          description="Train a new faiss index (--index FACTORY, e.g. IVF4096_HNSW32,PQ64x4fs) on a "
+                                      "sample of the bank's vectors, fill it from them a chunk at a time, and make it "
+                                      "the bank's, with its search knobs (--nprobe, --ef-search, --refine). Cases, ids "
+                                      "and positions are unchanged; a directory bank only.")
+    add_bank_option(reindex, BANK, required=True)
+    reindex.add_argument("--index", required=True, help="the new index's faiss factory string")
+    for name, default_help in (("--nprobe", "IVF lists searched"), ("--ef-search", "HNSW efSearch"),
+                               ("--refine", "re-rank REFINE x C index hits by their exact vectors")):
+        reindex.add_argument(name, type=int_arg, default=None,
+                             help=f"{default_help} (default: the IndexConfig default)")
+
     stats = add_command(actions, "stats", "counts, rewards, index and file sizes", raw=False)
     add_bank_option(stats, BANK, required=True)
     add_json_flag(stats)
@@ -121,7 +133,7 @@ def add_parser(commands: Any) -> None:
     copy.add_argument("--index", default=None,
                       help="DST's index factory (default: SRC's; Milvus takes Flat, IVF<n>,Flat, IVF<n>,SQ8, "
                            "HNSW<M>,Flat)")
-    for action in (copy, create, imp, exp, search, stats):
+    for action in (copy, create, imp, exp, search, stats, reindex):
         add_connect_timeout(action)
 
 
@@ -296,6 +308,21 @@ def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
     return EXIT_OK
 
 
+def _reindex(args: argparse.Namespace) -> int:
+    from memento.memory import CaseBank
+
+    check_index_flag(args.index)
+    knobs = {name: value for name, value in (("nprobe", args.nprobe), ("ef_search", args.ef_search),
+                                             ("refine", args.refine)) if value is not None}
+    config = IndexConfig(factory=args.index, **knobs)
+    with open_bank(args.bank, options=bank_options(args)) as bank:
+        if not isinstance(bank, CaseBank):
+            raise BankError(f"{args.bank}: reindex takes a directory bank (a Milvus bank's index is Milvus's)")
+        bank.reindex(config)
+        print(f"reindexed {len(bank)} case(s) of {bank.path} with {config.factory}")
+    return EXIT_OK
+
+
 def _export(args: argparse.Namespace) -> int:
     with open_bank(args.bank, options=bank_options(args)) as bank:
         n = bank.export_jsonl(args.out)
@@ -375,5 +402,5 @@ def _stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_ACTIONS = {"create": _create, "import": _import, "export": _export, "search": _search, "stats": _stats,
-            "copy": _copy}
+_ACTIONS = {"create": _create, "import": _import, "reindex": _reindex, "export": _export, "search": _search,
+            "stats": _stats, "copy": _copy}

@@ -940,6 +940,19 @@ class FaissVectors:
         self.config = dataclasses.replace(self.config, index=config)
         self._index.set_search_params(config)
 
+    def rebuild(self, config: IndexConfig) -> None:
+        """A new index of ``config`` over every position, trained on a sample and filled a chunk at a time from the
+        vectors (the file of a disk bank), in memory; written by :meth:`flush`."""
+        index = FaissIndex(config, self.config.dim, use_gpu=self._use_gpu)
+        old, self._index = self._index, index
+        self.config = dataclasses.replace(self.config, index=config)
+        try:
+            self._train_and_fill(0)
+        except BaseException:
+            self._index, self.config = old, dataclasses.replace(self.config, index=old.config)
+            raise
+        self._dirty = True
+
     def summary(self, count: int) -> dict[str, Any]:
         return {"index_trained": self._index.is_trained, "index_ntotal": self._index.ntotal,
                 "vectors": self.config.vectors}
@@ -1042,6 +1055,26 @@ class CaseBank(BankFront):
         return cls(rows, vectors, SqliteFeatures(rows, config.dim), config=config, uid=uid, read_only=read_only,
                    audit=audit)
 
+
+    def reindex(self, index: str | IndexConfig) -> None:
+        """Build a new faiss index of ``index`` (a factory string or an :class:`IndexConfig`) over the bank's
+        vectors and make it the bank's: trained on a sample, filled a chunk at a time from the vectors (a disk
+        bank's file; nothing else is read or written), then the bank's config is committed and the index file
+        written. The cases, ids and positions are unchanged. A kill before the config commit leaves the old index;
+        after it, the next open rebuilds the new one from the vectors (its index file names the old factory)."""
+        self._check_writable()
+        config = IndexConfig(factory=index) if isinstance(index, str) else index
+        FaissIndex(config, self.dim)  # a bad factory fails before any work
+        assert isinstance(self._index, FaissVectors)
+        t0 = time.perf_counter()
+        self._index.rebuild(config)
+        new = dataclasses.replace(self.config, index=config)
+        with self._rows.transaction("reindexing violates"):
+            sqlite.write_meta(self._rows.conn, {"config": json.dumps(to_dict(new), sort_keys=True)})
+        self.config = new
+        self._index.flush()
+        logger.info("%s: reindexed %d case(s) with %s in %.1f s", self.path, len(self), config.factory,
+                    time.perf_counter() - t0)
 
     @contextmanager
     def bulk(self, cache_mib: int = 256) -> Iterator[None]:

@@ -210,3 +210,23 @@ def test_a_damaged_checksum_table_is_one_line(tmp_path: Path, damage: str) -> No
         conn.execute(damage)
     with pytest.raises(BankError, match="damaged bank"):
         CaseBank.open(tmp_path / "b")
+
+
+def test_reindex_builds_a_new_index_over_the_stored_vectors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memento.cli.entry import main
+
+    emb = make(tmp_path / "b", n=3000)
+    before = bank_rows.digest(tmp_path / "b" / "cases.sqlite", 3000)
+    assert main(["bank", "reindex", "--bank", str(tmp_path / "b"), "--index", "IVF16,PQ64x4fs", "--nprobe", "16",
+                 "--refine", "8"]) == 0
+    assert "reindexed 3000 case(s)" in capsys.readouterr().out
+    with CaseBank.open(tmp_path / "b") as bank:
+        assert bank.config.index.factory == "IVF16,PQ64x4fs" and bank.config.index.refine == 8
+        assert bank.stats()["index_trained"] and bank.stats()["index_ntotal"] == 3000
+        for i in (0, 1234, 2999):
+            assert bank.candidates(emb[i], 4).positions_C[0] == i
+    assert bank_rows.digest(tmp_path / "b" / "cases.sqlite", 3000) == before  # the cases and vectors unchanged
+    assert main(["bank", "reindex", "--bank", str(tmp_path / "b"), "--index", "IVF0,Nope"]) == 2
+    assert "memento: error:" in capsys.readouterr().err
+    with CaseBank.open(tmp_path / "b") as bank:
+        assert bank.config.index.factory == "IVF16,PQ64x4fs"
