@@ -99,6 +99,7 @@ def _dropout(x: torch.Tensor, p: float, training: bool, generator: torch.Generat
 
 
 _PROBES = 2
+_WAYS = 4  # slots per set of the case-half cache
 _PROBE_SEED = 0x6361_7365
 _CHUNK_ROWS = 4
 _CHUNKED_MAX_ROWS = 16
@@ -132,9 +133,9 @@ def _rows_product(x_MF: np.ndarray, w_FN: np.ndarray) -> np.ndarray:
 class CaseHalfCache:
     """Rows that depend on a case alone (an MLP's ``W_c c``), kept per bank position, at most ``max_bytes``.
 
-    A direct-mapped table: position ``p`` lives in slot ``p % S``, where ``S`` grows (a power of two, from 1,024)
-    with the largest position seen up to ``max_bytes // (4 * width + 8 + 4 * PROBES)`` slots; two positions that
-    share a slot evict each other. Each slot keeps its row, its position and a fingerprint of the input it was
+    A set-associative table of ``S`` slots in sets of :data:`_WAYS`: position ``p`` may sit in any slot of set
+    ``p % (S / _WAYS)``, a new row replacing the set's slots in turn; ``S`` grows (a power of two, from 1,024, the
+    table emptied when it does) with the largest position seen, up to ``max_bytes // (4 * width + 16)`` slots. Each slot keeps its row, its position and a fingerprint of the input it was
     computed from (the bits of two fixed random float32 projections of it): a row is used only when the position and
     the fingerprint of the vector the candidate carries now both match, so positions reused after a bank truncation,
     or a position whose vector changed, are computed again. Rows are valid for one ``key`` (the weights' version):
@@ -160,6 +161,7 @@ class CaseHalfCache:
         self._rows_SW = np.empty((0, self.width), dtype=np.float32)
         self._tags_S = np.empty(0, dtype=np.int64)
         self._fp_S = np.empty(0, dtype=np.int64)
+        self._next_G = np.empty(0, dtype=np.uint8)  # each set's next slot to replace (not counted in nbytes)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CaseHalfCache:  # a copied network starts empty
         return CaseHalfCache(self.max_bytes, self.width, self.in_width)
@@ -189,23 +191,27 @@ class CaseHalfCache:
             self._reset()
 
     def _fit(self, max_pos: int) -> None:
-        """Grow the table (under the lock) so that ``max_pos`` has its own slot, up to ``slots_max`` slots.
-        Below ``slots_max`` every stored position is below the table's size, so rows keep their slots."""
+        """Grow the table (under the lock) to the power of two above ``max_pos`` (at least 1,024, at most
+        ``slots_max`` slots, a multiple of :data:`_WAYS`); a table that grows starts empty (its sets change)."""
         size = len(self._tags_S)
-        if max_pos < size or size >= self.slots_max:
+        if max_pos < size or size >= (self.slots_max // _WAYS) * _WAYS:
             return
-        new = min(self.slots_max, max(1024, 1 << int(max_pos).bit_length()))
-        rows_SW = np.empty((new, self.width), dtype=np.float32)
-        tags_S = np.full(new, -1, dtype=np.int64)
-        fp_S = np.empty(new, dtype=np.int64)
-        rows_SW[:size], tags_S[:size], fp_S[:size] = self._rows_SW, self._tags_S, self._fp_S
-        self._rows_SW, self._tags_S, self._fp_S = rows_SW, tags_S, fp_S
+        new = max(_WAYS, (min(self.slots_max, max(1024, 1 << int(max_pos).bit_length())) // _WAYS) * _WAYS)
+        if new <= size:
+            return
+        self._rows_SW = np.empty((new, self.width), dtype=np.float32)
+        self._tags_S = np.full(new, -1, dtype=np.int64)
+        self._fp_S = np.empty(new, dtype=np.int64)
+        self._next_G = np.zeros(new // _WAYS, dtype=np.uint8)
 
     def rows(self, key: Hashable, positions_C: np.ndarray, x_CF: np.ndarray,
              compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """``compute(x_CF)`` as a new ``(C, width)`` float32 array, taking the rows of positions already computed
         under ``key`` from the table and computing (and storing) the others; a negative position is never stored.
-        ``compute`` must give each row's values from that row alone."""
+        ``compute`` must give each row's values from that row alone.
+
+        The table is :data:`_WAYS`-way set-associative: position ``p`` may sit in any slot of set ``p % G``, and a
+        new row replaces the set's slots in turn, so positions far apart rarely evict each other."""
         pos_C = np.asarray(positions_C, dtype=np.int64).reshape(-1)
         known_C = pos_C >= 0
         if not self.enabled or pos_C.shape[0] != x_CF.shape[0] or not known_C.any():
@@ -216,8 +222,12 @@ class CaseHalfCache:
                 self._tags_S.fill(-1)
                 self._key = key
             self._fit(int(pos_C.max()))
-            slots_C = pos_C % len(self._tags_S)
-            hit_C = (self._tags_S[slots_C] == pos_C) & (self._fp_S[slots_C] == fp_C) & known_C
+            sets = len(self._tags_S) // _WAYS
+            set_C = pos_C % sets
+            ways_CW = set_C[:, None] * _WAYS + np.arange(_WAYS)
+            match_CW = (self._tags_S[ways_CW] == pos_C[:, None]) & (self._fp_S[ways_CW] == fp_C[:, None])
+            hit_C = match_CW.any(axis=1) & known_C
+            slots_C = ways_CW[np.arange(len(pos_C)), match_CW.argmax(axis=1)]
             out_CW = self._rows_SW[slots_C]  # a copy; the missing rows are filled in below
         miss_M = np.flatnonzero(~hit_C)
         self.hits += len(pos_C) - len(miss_M)
@@ -229,10 +239,14 @@ class CaseHalfCache:
                 with self._lock:
                     if self._key == key:  # not emptied for other weights meanwhile
                         self._fit(int(pos_C[store_M].max()))
-                        slots_M = pos_C[store_M] % len(self._tags_S)
-                        self._rows_SW[slots_M] = out_CW[store_M]
-                        self._tags_S[slots_M] = pos_C[store_M]
-                        self._fp_S[slots_M] = fp_C[store_M]
+                        sets = len(self._tags_S) // _WAYS
+                        for m in store_M.tolist():  # in turn: two new rows of one set take two of its slots
+                            group = int(pos_C[m]) % sets
+                            slot = group * _WAYS + int(self._next_G[group])
+                            self._next_G[group] = (self._next_G[group] + 1) % _WAYS
+                            self._rows_SW[slot] = out_CW[m]
+                            self._tags_S[slot] = pos_C[m]
+                            self._fp_S[slot] = fp_C[m]
         return out_CW
 
 

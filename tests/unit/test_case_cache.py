@@ -217,3 +217,28 @@ def test_the_table_alone() -> None:
     assert calls == [4, 4]
     cache.clear()
     assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_positions_of_one_set_do_not_evict_each_other() -> None:
+    """Four positions that a direct-mapped table of 1,024 slots would put in one slot (``p % 1024``) all stay."""
+    from memento.learn.qnet import CaseHalfCache
+
+    width, in_width = 8, 4
+    cache = CaseHalfCache(1024 * (4 * width + 16), width, in_width)
+    rng = np.random.default_rng(0)
+    x_CF = rng.standard_normal((5, in_width)).astype(np.float32)
+    calls = []
+
+    def compute(x: np.ndarray) -> np.ndarray:
+        calls.append(len(x))
+        return np.repeat(x.sum(axis=1, keepdims=True), width, axis=1).astype(np.float32)
+
+    same_set = np.array([3, 3 + 1024, 3 + 2048, 3 + 3072])  # 1,024 slots in 256 sets of 4: one set
+    cache.rows("k", same_set, x_CF[:4], compute)
+    assert cache.misses == 4
+    out = cache.rows("k", same_set, x_CF[:4], compute)
+    assert cache.hits == 4 and cache.misses == 4
+    np.testing.assert_allclose(out[:, 0], x_CF[:4].sum(axis=1), rtol=1e-6)
+    cache.rows("k", np.array([3 + 4096]), x_CF[4:5], compute)  # a fifth of the set replaces its oldest slot
+    cache.rows("k", same_set[1:], x_CF[1:4], compute)
+    assert cache.hits == 7 and cache.misses == 5
