@@ -135,10 +135,11 @@ class CaseHalfCache:
 
     A set-associative table of ``S`` slots in sets of :data:`_WAYS`: position ``p`` may sit in any slot of set
     ``p % (S / _WAYS)``, a new row replacing the set's slots in turn; ``S`` grows (a power of two, from 1,024, the
-    table emptied when it does) with the largest position seen, up to ``max_bytes // (4 * width + 16)`` slots. Each slot keeps its row, its position and a fingerprint of the input it was
-    computed from (the bits of two fixed random float32 projections of it): a row is used only when the position and
-    the fingerprint of the vector the candidate carries now both match, so positions reused after a bank truncation,
-    or a position whose vector changed, are computed again. Rows are valid for one ``key`` (the weights' version):
+    table emptied when it does) with the largest position seen, up to ``max_bytes // (4 * width + 16)`` slots.
+    Each slot keeps its row, its position and a fingerprint of the input it was computed from (the bits of two
+    fixed random float32 projections of it): a row is used only when the position and the fingerprint of the
+    vector the candidate carries now both match, so positions reused after a bank truncation, or a position whose
+    vector changed, are computed again. Rows are valid for one ``key`` (the weights' version):
     a call with another key empties the table first. The table is allocated lazily; ``max_bytes=0`` keeps nothing.
 
     Thread-safe: lookups and stores hold a lock; the products of missing rows are computed outside it.
