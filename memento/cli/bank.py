@@ -39,7 +39,8 @@ memento-np-memory  Memento non-parametric memory {"question", "plan", "reward": 
 memento-training   Memento retriever pairs {"query", "case", "case_label", "plan", "truth_label"}
                    (imports the unique cases they mention)"""
 
-_DESCRIPTION = ("A case bank is a directory: cases.sqlite (cases + embeddings) and index.faiss beside it; or a Milvus "
+_DESCRIPTION = ("A case bank is a directory: cases.sqlite (cases + embeddings) and index.faiss beside it (with "
+                "--vectors disk, the embeddings are stored once, in vectors.f32, checked by block); or a Milvus "
                 "collection (the 'milvus' extra): --bank milvus:FILE.db is Milvus Lite in a local file, --bank "
                 "milvus:http://host:19530 a server, each with an optional #collection (default memento_cases).")
 
