@@ -76,7 +76,13 @@ from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.memory.front import BankFront, Filter, NewRow, case_meta_json, stack_vectors
 from memento.memory.history import EventRow
 from memento.memory.index import FaissIndex, exact_topk
-from memento.memory.vectorfile import VECTORS_META_NAME, VECTORS_NAME, VECTORS_STORE_KEY, VectorFile
+from memento.memory.vectorfile import (
+    VECTORS_META_NAME,
+    VECTORS_NAME,
+    VECTORS_STORE_KEY,
+    VectorFile,
+    read_block_sums,
+)
 from memento.memory.where import Scope, Where
 from memento.types import SCOPE_FIELDS, Case, shown
 
@@ -264,11 +270,7 @@ class SqliteRows:
 
     def block_sums(self) -> dict[int, tuple[int, str]]:
         """The ``vector_blocks`` table: ``{block: (rows, checksum)}``."""
-        try:
-            return {int(b): (int(n), str(h))
-                    for b, n, h in self.conn.execute("SELECT block, rows, hash FROM vector_blocks")}
-        except (TypeError, ValueError) as error:  # a row written outside memento
-            raise BankError(f"{self.name}: damaged bank ({DB_NAME}: vector_blocks: {error})") from None
+        return read_block_sums(self.conn, f"{self.name}: {DB_NAME}")
 
     def _put_block_sums(self, sums: Sequence[tuple[int, int, str]]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO vector_blocks (block, rows, hash) VALUES (?, ?, ?)", sums)

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memento import sqlite
-from memento.errors import BankError
-from memento.memory.vectorfile import VECTORS_STORE_KEY, check_store, iter_rows
+from memento.memory.vectorfile import VECTORS_STORE_KEY, check_store, iter_rows, read_block_sums
 
 __all__ = ["BankFileFacts", "block_sums", "check_vectors", "count", "digest", "distinct", "facts", "has_tombstones",
            "has_updates", "page", "vacuum"]
@@ -66,10 +65,7 @@ def block_sums(db: Path) -> dict[int, tuple[int, str]]:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'vector_blocks'").fetchone() \
                 is None:
             return {}
-        try:
-            return {int(b): (int(n), str(h)) for b, n, h in conn.execute("SELECT block, rows, hash FROM vector_blocks")}
-        except (TypeError, ValueError) as error:  # a row written outside memento
-            raise BankError(f"{db}: damaged bank (vector_blocks: {error})") from None
+        return read_block_sums(conn, db)
 
 
 def check_vectors(db: Path, uid: str, dim: int, cases: int) -> None:

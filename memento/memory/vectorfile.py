@@ -27,7 +27,9 @@ import json
 import logging
 import mmap
 import os
+import sqlite3
 import stat
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from memento.errors import BankError
 from memento.io import atomic_write_text
 
 __all__ = ["BLOCK_BYTES", "VECTORS_META_NAME", "VECTORS_NAME", "VECTORS_STORE_KEY", "BlockSums", "VectorFile",
-           "block_rows_for", "check_store", "hash_block", "iter_rows"]
+           "block_rows_for", "check_store", "hash_block", "iter_rows", "read_block_sums"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,11 @@ def _kind(mode: int) -> str:
     return "a device or special file"
 
 
+def _not_regular(path: Path, mode: int) -> BankError:
+    return BankError(f"{path}: is {_kind(mode)}, not a regular file; memento neither follows nor writes it "
+                     "(move it away)")
+
+
 def _regular(path: Path) -> bool:
     """Whether ``path`` exists as a regular file (not followed); a link or special file there is a ``BankError``."""
     try:
@@ -87,8 +94,7 @@ def _regular(path: Path) -> bool:
     except OSError as error:
         raise BankError(f"{path}: unreadable ({error.strerror})") from None
     if not stat.S_ISREG(mode):
-        raise BankError(f"{path}: is {_kind(mode)}, not a regular file; memento neither follows nor writes it "
-                        "(move it away)")
+        raise _not_regular(path, mode)
     return True
 
 
@@ -97,14 +103,12 @@ def _open(path: Path, flags: int) -> int:
     try:
         fd = os.open(path, flags | _O_SAFE, 0o666)
     except OSError as error:
-        if _regular(path):  # raises for a link or a special file
-            raise BankError(f"{path}: cannot open ({error.strerror})") from None
+        _regular(path)  # a link or a special file there is named as such
         raise BankError(f"{path}: cannot open ({error.strerror})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise BankError(f"{path}: is {_kind(mode)}, not a regular file; memento neither follows nor writes it "
-                        "(move it away)")
+        raise _not_regular(path, mode)
     if flags & getattr(os, "O_NONBLOCK", 0) == 0 and hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
     return fd
@@ -139,7 +143,8 @@ class VectorFile:
         self.block_rows = block_rows_for(dim)
         self._map: np.ndarray | None = None
         self._mmap: mmap.mmap | None = None
-        self._fd: int | None = None  # the descriptor take() reads rows with
+        self._fd: int | None = None  # the descriptor the reads use
+        self._fd_lock = threading.Lock()
         self._tail = b""  # the store's last, partial block (the writer's, after check())
         self._staged: tuple[int, bytes, bool] | None = None  # a write in flight: rows before, new tail, cut on rollback
 
@@ -151,9 +156,7 @@ class VectorFile:
             and _regular(self.path)
 
     def _write_meta(self) -> None:
-        if self._meta.is_symlink() or (self._meta.exists() and not self._meta.is_file()):
-            raise BankError(f"{self._meta}: is not a regular file; memento neither follows nor writes it "
-                            "(move it away)")
+        _regular(self._meta)  # a link or a special file there is refused, never replaced
         info = {"uid": self._uid, "dim": self._dim, "dtype": "float32"}
         if self.stored:
             info.update(store=True, block_rows=self.block_rows, checksum="xxh3-64")
@@ -207,26 +210,22 @@ class VectorFile:
 
     def _verify(self, count: int, sums: BlockSums) -> None:
         blocks = -(-count // self.block_rows)
-        fd = _open(self.path, os.O_RDONLY)
-        try:
-            for block in range(blocks):
-                first = block * self.block_rows
-                rows = min(self.block_rows, count - first)
-                expected = sums.get(block)
-                if expected is None or expected[0] < rows:
-                    raise BankError(f"{self.path.parent}: damaged bank: no checksum for rows {first}.."
-                                    f"{first + rows - 1} of {VECTORS_NAME}")
-                rows = expected[0] if first + expected[0] <= self._size() // self._row_bytes else rows
-                data = os.pread(fd, rows * self._row_bytes, first * self._row_bytes)
-                if len(data) != rows * self._row_bytes or hash_block(data) != expected[1]:
-                    raise BankError(f"{self.path}: rows {first}..{first + rows - 1} do not match their checksum "
-                                    "(the file was changed outside memento; restore it from a copy of the bank)")
-                if block == blocks - 1:
-                    self._tail = data[:(count - first) * self._row_bytes] if rows < self.block_rows else b""
-        finally:
-            os.close(fd)
-        if not blocks:
-            self._tail = b""
+        fd, have = self._reader(), self._size() // self._row_bytes
+        self._tail = b""
+        for block in range(blocks):
+            first = block * self.block_rows
+            rows = min(self.block_rows, count - first)
+            expected = sums.get(block)
+            if expected is None or expected[0] < rows:
+                raise BankError(f"{self.path.parent}: damaged bank: no checksum for rows {first}.."
+                                f"{first + rows - 1} of {VECTORS_NAME}")
+            rows = expected[0] if first + expected[0] <= have else rows
+            data = os.pread(fd, rows * self._row_bytes, first * self._row_bytes)
+            if len(data) != rows * self._row_bytes or hash_block(data) != expected[1]:
+                raise BankError(f"{self.path}: rows {first}..{first + rows - 1} do not match their checksum "
+                                "(the file was changed outside memento; restore it from a copy of the bank)")
+            if block == blocks - 1 and rows < self.block_rows:
+                self._tail = data[:(count - first) * self._row_bytes]
 
     def stage(self, emb_ND: np.ndarray, before: int) -> list[tuple[int, int, str]]:
         """Append the rows ``before..`` and fsync them (before the caller's SQLite commit); returns the
@@ -263,11 +262,7 @@ class VectorFile:
         if keep == 0:
             self._staged = (n, b"", False)
             return n // self.block_rows, None
-        fd = _open(self.path, os.O_RDONLY)
-        try:
-            data = os.pread(fd, keep * self._row_bytes, first * self._row_bytes)
-        finally:
-            os.close(fd)
+        data = os.pread(self._reader(), keep * self._row_bytes, first * self._row_bytes)
         if len(data) != keep * self._row_bytes:
             raise BankError(f"{self.path}: holds fewer than {n} rows; cannot truncate the bank to {n} case(s)")
         self._staged = (n, data, False)
@@ -347,10 +342,10 @@ class VectorFile:
 
     def take(self, positions: np.ndarray, n: int) -> np.ndarray:
         """The rows at ``positions`` (any shape, all in ``0..n-1``) as a new array, one ``pread`` per row on a
-        descriptor kept open: nothing is mapped, so the process's resident memory does not grow however many
-        queries a large bank answers (the kernel's page cache keeps the rows read). Measured against fancy-indexing
-        the map and dropping its pages every 64 MiB, on a million-case file in the page cache: 0.18 ms against 0.49
-        for 64 rows, 2.2 against 11.5 ms for 1,024 (docs/benchmarks.md)."""
+        descriptor kept open (:meth:`_reader`): nothing is mapped, so the process's resident memory does not grow
+        however many queries a large bank answers (the kernel's page cache keeps the rows read). Measured against
+        fancy-indexing the map and dropping its pages every 64 MiB, on a million-case file in the page cache: 0.18 ms
+        against 0.49 for 64 rows, 2.2 against 11.5 ms for 1,024 (docs/benchmarks.md)."""
         pos = np.asarray(positions, dtype=np.int64)
         flat = pos.reshape(-1)
         if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= n):
@@ -364,18 +359,16 @@ class VectorFile:
         return out.reshape(*pos.shape, self._dim)
 
     def _reader(self) -> int:
-        """A read-only descriptor of the file, opened once (a write, a cut or a repair keeps the same file)."""
-        if self._fd is None:
-            self._fd = _open(self.path, os.O_RDONLY)
-        return self._fd
+        """A read-only descriptor of the file, opened once (a write, a cut or a repair keeps the same file) and
+        shared by every read: :meth:`take`, :meth:`read`, the checks."""
+        with self._fd_lock:  # readers search in parallel (memento.selector.runtime)
+            if self._fd is None:
+                self._fd = _open(self.path, os.O_RDONLY)
+            return self._fd
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` read into memory (not mapped)."""
-        fd = _open(self.path, os.O_RDONLY)
-        try:
-            data = os.pread(fd, (stop - start) * self._row_bytes, start * self._row_bytes)
-        finally:
-            os.close(fd)
+        data = os.pread(self._reader(), (stop - start) * self._row_bytes, start * self._row_bytes)
         if len(data) != (stop - start) * self._row_bytes:
             raise BankError(f"{self.path}: holds fewer than {stop} row(s) (changed outside memento?)")
         return np.frombuffer(data, dtype="<f4").reshape(stop - start, self._dim).astype(np.float32, copy=False)
@@ -390,21 +383,27 @@ class VectorFile:
 def iter_rows(directory: Path, dim: int, start: int, stop: int, chunk: int = 4096) -> Iterator[bytes]:
     """The bytes of each row ``start..stop-1`` of a store's ``vectors.f32``, read a chunk at a time (for digests
     and exports that read the file without a bank)."""
-    path = directory / VECTORS_NAME
-    row_bytes = 4 * dim
-    fd = _open(path, os.O_RDONLY)
+    store = VectorFile(directory, "", dim, stored=True)
     try:
         for first in range(start, stop, chunk):
-            rows = min(chunk, stop - first)
-            data = os.pread(fd, rows * row_bytes, first * row_bytes)
-            if len(data) != rows * row_bytes:
-                raise BankError(f"{path}: holds fewer than {stop} row(s) (changed outside memento?)")
-            for i in range(rows):
-                yield data[i * row_bytes:(i + 1) * row_bytes]
+            yield from (row.tobytes() for row in store.read(first, min(stop, first + chunk)))
     finally:
-        os.close(fd)
+        store.close()
 
 
 def check_store(directory: Path, uid: str, dim: int, count: int, sums: BlockSums) -> None:
     """``memento verify``'s check of a store without opening the bank: as the open's (nothing written)."""
-    VectorFile(directory, uid, dim, stored=True).check(count, sums, writer=False)
+    store = VectorFile(directory, uid, dim, stored=True)
+    try:
+        store.check(count, sums, writer=False)
+    finally:
+        store.close()
+
+
+def read_block_sums(conn: sqlite3.Connection, where: object) -> dict[int, tuple[int, str]]:
+    """The ``vector_blocks`` table of a bank's SQLite connection as :data:`BlockSums`; a row written outside
+    memento is a ``BankError`` naming ``where``."""
+    try:
+        return {int(b): (int(n), str(h)) for b, n, h in conn.execute("SELECT block, rows, hash FROM vector_blocks")}
+    except (TypeError, ValueError) as error:
+        raise BankError(f"{where}: damaged bank (vector_blocks: {error})") from None
