@@ -10,18 +10,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import numbers
 import re
 from typing import Any
 
 import numpy as np
+import orjson
 
 from memento.errors import DataFormatError
 
 __all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "SCOPE_FIELDS", "Case", "Selection", "Task", "check_id", "check_reward",
-           "check_text", "content_hash", "finite_float", "json_value_problem", "shown"]
+           "check_text", "content_hash", "finite_float", "is_id", "is_text", "json_value_problem", "shown"]
 
 # ---------------------------------------------------------------- the range of each field, decided once
 #
@@ -120,6 +120,18 @@ def _check_string(value: Any, what: str, max_chars: int, bad: re.Pattern[str], k
     return value
 
 
+def is_text(value: Any) -> bool:
+    """Whether :func:`check_text` takes ``value`` (with its default bound), without building an error."""
+    return type(value) is str and 0 < len(value) <= MAX_TEXT_CHARS and _NOT_TEXT.search(value) is None \
+        and not value.isspace()
+
+
+def is_id(value: Any) -> bool:
+    """Whether :func:`check_id` takes ``value`` (with its default bound), without building an error."""
+    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS and _NOT_ID.search(value) is None \
+        and not value.isspace()
+
+
 def check_text(value: Any, what: str, *, max_chars: int = MAX_TEXT_CHARS) -> str:
     """A text (state, action, question, answer, query): a string of 1 to ``max_chars`` characters, not all
     whitespace, without NUL or lone surrogates; anything else raises ``DataFormatError``."""
@@ -185,8 +197,8 @@ def content_hash(state: str, action: str, env: str | None, kind: str,
     fields: list[Any] = [state, action, env, kind]
     if any(value is not None for value in scope):
         fields.append(list(scope))
-    payload = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    return hashlib.sha256(orjson.dumps(fields)).hexdigest()  # json.dumps(fields, ensure_ascii=False,
+    # separators=(",", ":")) byte for byte (tests/unit/test_ingest.py), about 5x faster
 
 
 def _meta(value: Any, owner: str) -> None:

@@ -9,8 +9,7 @@ Two passes over the file, never holding it:
    explicit id given on two lines is refused. Nothing is kept but the count and the explicit ids.
 2. **import** (:func:`import_case_file`): after the vectors were checked and the bank opened, the ids given in
    the file are checked against the bank (:meth:`memento.memory.front.BankFront.check_ids`), then the file is
-   read again ``chunk`` lines at a time; each chunk becomes cases (built without checking them a second time,
-   their content hashes computed with orjson, byte for byte what :func:`memento.types.content_hash` hashes) and
+   read again ``chunk`` lines at a time; each chunk becomes cases (built without checking them a second time) and
    is added with its rows of the vectors in one transaction (:meth:`~memento.memory.front.BankFront.add`: the
    de-duplication, ids, scopes and crash guarantees of every add). A kill leaves whole chunks; running the same
    import again skips the cases already stored.
@@ -23,7 +22,6 @@ counts the cases. Throughput and memory: docs/benchmarks.md, "Bulk import".
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import queue
 import re
@@ -34,17 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from memento.errors import DataFormatError, DimensionError
-from memento.types import MAX_ID_CHARS, MAX_TEXT_CHARS, SCOPE_FIELDS, Case, json_value_problem
+from memento.formats import _parse_case, iter_jsonl  # the reference checks, for what the fast ones do not accept
+from memento.io import loads_json
+from memento.types import SCOPE_FIELDS, Case, is_id, is_text, json_value_problem
 
 __all__ = ["CaseFileScan", "import_case_file", "scan_case_file"]
 
 logger = logging.getLogger(__name__)
 
 _CASE_KEYS = frozenset({"id", "state", "action", "reward", "env", "kind", "meta", *SCOPE_FIELDS})
-_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")  # as memento.types checks a text
-_NOT_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # and an id
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -58,23 +57,13 @@ class CaseFileScan:
     ids: dict[str, int]
 
 
-def _text(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_TEXT_CHARS and _NOT_TEXT.search(value) is None \
-        and not value.isspace()
-
-
-def _ident(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS and _NOT_ID.search(value) is None \
-        and not value.isspace()
-
-
 def _fast(row: Any) -> Case | None:
     """The case of a row that passes every check of :func:`memento.formats._parse_case` and :class:`Case`, built
     without running them again; None when any check needs the standard path (which then raises, or builds it)."""
     if type(row) is not dict or not row.keys() <= _CASE_KEYS:
         return None
     state, action, reward = row.get("state"), row.get("action"), row.get("reward")
-    if not (_text(state) and _text(action)):
+    if not (is_text(state) and is_text(action)):
         return None
     if type(reward) is float:
         if not 0.0 <= reward <= 1.0:
@@ -86,15 +75,15 @@ def _fast(row: Any) -> Case | None:
     else:
         return None
     env, kind = row.get("env"), row.get("kind")
-    if (env is not None and not _ident(env)) or (kind is not None and not _ident(kind)):
+    if (env is not None and not is_id(env)) or (kind is not None and not is_id(kind)):
         return None
     case_id = row.get("id")
     if type(case_id) is int:
         case_id = str(case_id)
-    if case_id is not None and not _ident(case_id):
+    if case_id is not None and not is_id(case_id):
         return None
     scope = tuple(row.get(name) for name in SCOPE_FIELDS)
-    if any(value is not None and not _ident(value) for value in scope):
+    if any(value is not None and not is_id(value) for value in scope):
         return None
     meta = row.get("meta")
     if meta is None:
@@ -108,27 +97,14 @@ def _fast(row: Any) -> Case | None:
     return case
 
 
-def _content_hash(case: Case) -> str:
-    """:func:`memento.types.content_hash` of ``case`` (orjson writes the same bytes as its ``json.dumps``)."""
-    import orjson
-
-    fields: list[Any] = [case.state, case.action, case.env, case.kind]
-    scope = (case.user, case.agent, case.session)
-    if any(value is not None for value in scope):
-        fields.append(list(scope))
-    return hashlib.sha256(orjson.dumps(fields)).hexdigest()
-
-
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """``(line number, raw line)`` of each line that is not blank, as :func:`memento.formats.iter_jsonl` reads
     them (a BOM before the first line, CRLF ends)."""
-    from memento.formats import iter_jsonl
-
     try:
         handle = path.open("rb")
     except OSError:
-        yield from ((number, b"") for number, _ in iter_jsonl(path))  # its error for a file it cannot read
-        return
+        next(iter_jsonl(path), None)  # its one-line error for a file it cannot read
+        raise
     with handle:
         number = 0
         for raw in handle:
@@ -141,11 +117,6 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 def _case(path: Path, number: int, raw: bytes) -> Case:
     """The checked case of one line; the standard reader's ``DataFormatError`` (file and line) otherwise."""
-    import orjson
-
-    from memento.formats import _parse_case  # the reference checks, for what the fast ones do not accept
-    from memento.io import loads_json
-
     try:
         case = _fast(orjson.loads(raw))
     except orjson.JSONDecodeError:
@@ -201,7 +172,6 @@ def _chunks(path: Path, size: int) -> Iterator[tuple[list[int], list[Case]]]:
     numbers: list[int] = []
     cases: list[Case] = []
     for number, case in _cases(path):
-        case.__dict__["content_hash"] = _content_hash(case)  # Case.content_hash is a cached property
         numbers.append(number)
         cases.append(case)
         if len(cases) == size:
