@@ -24,7 +24,7 @@ import numpy as np
 from memento.io import atomic_write_text
 
 __all__ = ["chunk_rng", "default_models", "distinct_choices", "environment", "exact_topk", "exact_topk_chunks",
-           "finish", "make_vectors", "timestamp", "vector_chunks", "write_results"]
+           "finish", "make_vectors", "memory_mib", "timestamp", "vector_chunks", "write_results"]
 
 
 def timestamp() -> str:
@@ -154,3 +154,20 @@ def default_models(planner_spec: str, encoder: Any | None, planner: Any | None) 
 
         planner = build_planner(parse_planner_spec(planner_spec))
     return encoder, planner
+
+
+def memory_mib(pid: int | str = "self") -> dict[str, float | None]:
+    """Process ``pid``'s resident memory now (``VmRSS``; its anonymous and file-backed parts ``RssAnon``,
+    ``RssFile``) and its peak so far (``VmHWM``, counted from its last exec) in MiB, from ``/proc/PID/status``
+    (None where there is none, or the process is gone)."""
+    found: dict[str, float | None] = {"VmRSS": None, "VmHWM": None, "RssAnon": None, "RssFile": None}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in found and value.strip().endswith("kB"):
+                    found[key] = int(value.split()[0]) / 1024
+    except (OSError, ValueError):
+        pass
+    return {"rss_mib": found["VmRSS"], "peak_rss_mib": found["VmHWM"], "rss_anon_mib": found["RssAnon"],
+            "rss_file_mib": found["RssFile"]}

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memento.bench.common import environment, finish, timestamp, vector_chunks, write_results
+from memento.bench.common import environment, finish, memory_mib, timestamp, vector_chunks, write_results
 from memento.config import (
     MAX_BENCH_BYTES,
     MAX_BENCH_VECTORS,
@@ -96,10 +96,10 @@ def _run_import(cases: Path, vectors: Path, bank: Path, config: IngestBenchConfi
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
-        peak_kib = 0
+        peak_mib = 0.0
         while True:  # the child's own high-water mark (VmHWM is its address space's, from its exec on; ru_maxrss
             # would count this process's pages, which the child shared until its exec)
-            peak_kib = max(peak_kib, _vm_hwm_kib(child.pid))
+            peak_mib = max(peak_mib, memory_mib(child.pid)["peak_rss_mib"] or 0.0)
             pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid:
                 break
@@ -111,20 +111,8 @@ def _run_import(cases: Path, vectors: Path, bank: Path, config: IngestBenchConfi
         output, errors = out.read(), err.read()
     if child.returncode != 0:
         raise RuntimeError(f"memento bank import exited {child.returncode}: {errors.strip()[-500:]}")
-    return {"wall_s": wall, "peak_rss_mib": peak_kib / 1024, "output": output.strip().splitlines()[-1:],
+    return {"wall_s": wall, "peak_rss_mib": peak_mib, "output": output.strip().splitlines()[-1:],
             "command": " ".join(command[1:])}
-
-
-def _vm_hwm_kib(pid: int) -> int:
-    """``VmHWM`` of process ``pid`` in KiB (0 when it cannot be read: gone, or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def run_ingest_bench(config: IngestBenchConfig, *, out: str | Path | None = None,

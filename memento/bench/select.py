@@ -48,7 +48,15 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bench.common import distinct_choices, exact_topk_chunks, finish, timestamp, vector_chunks, write_results
+from memento.bench.common import (
+    distinct_choices,
+    exact_topk_chunks,
+    finish,
+    memory_mib,
+    timestamp,
+    vector_chunks,
+    write_results,
+)
 from memento.config import (
     MAX_BENCH_BYTES,
     MAX_BENCH_ITEMS,
@@ -336,22 +344,6 @@ def _environment() -> dict[str, Any]:
             "loadavg_start": list(os.getloadavg())}
 
 
-def _memory_mib() -> dict[str, float | None]:
-    """The process's resident memory now (``VmRSS``; its anonymous and file-backed parts ``RssAnon``, ``RssFile``)
-    and its peak so far (``VmHWM``) in MiB, from ``/proc/self/status`` (None where there is none)."""
-    found: dict[str, float | None] = {"VmRSS": None, "VmHWM": None, "RssAnon": None, "RssFile": None}
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                if key in found and value.strip().endswith("kB"):
-                    found[key] = int(value.split()[0]) / 1024
-    except (OSError, ValueError):
-        pass
-    return {"rss_mib": found["VmRSS"], "peak_rss_mib": found["VmHWM"], "rss_anon_mib": found["RssAnon"],
-            "rss_file_mib": found["RssFile"]}
-
-
 def _faiss_of(bank: Any) -> FaissIndex | None:
     """The bank's :class:`FaissIndex` (its vector index's ``_index``), or None where its back end has none."""
     index = getattr(getattr(bank, "_index", None), "_index", None)
@@ -480,6 +472,23 @@ def _measure_setting(bank: Any, knob: str | None, value: int | None, refine: int
     return setting
 
 
+def _knob(factory: str, config: SelectBenchConfig) -> tuple[str | None, tuple[int | None, ...]]:
+    """The search knob of ``factory`` and the values to measure: ``nprobe`` for an IVF index (its coarse quantizer
+    may be an HNSW), ``ef_search`` for an HNSW graph, none for a flat index."""
+    if "IVF" in factory:
+        return "nprobe", config.nprobe
+    if "HNSW" in factory:
+        return "ef_search", config.ef_search
+    return None, (None,)
+
+
+def _after_select() -> dict[str, float | None]:
+    """A row's resident memory after its selections (:func:`memento.bench.common.memory_mib`)."""
+    memory = memory_mib()
+    return {"rss_after_select_mib": memory["rss_mib"], "rss_after_select_anon_mib": memory["rss_anon_mib"],
+            "rss_after_select_file_mib": memory["rss_file_mib"], "peak_rss_mib": memory["peak_rss_mib"]}
+
+
 def _evict(bank: Any) -> None:
     """Drop the bank's ``vectors.f32`` from the kernel's page cache (and its map), so the next reads are cold."""
     path = Path(bank.path) / "vectors.f32"
@@ -513,8 +522,7 @@ def _measure_bank(config: SelectBenchConfig, policies: list[tuple[str, str | Non
         row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
                                "vectors": bank.config.vectors, "bank": str(config.bank), "recall_queries": recall_q,
                                "exact_topk_s": time.perf_counter() - t0, "settings": []}
-        knob = "ef_search" if "HNSW" in factory and "IVF" not in factory else "nprobe" if "IVF" in factory else None
-        values = config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe" else (None,)
+        knob, values = _knob(factory, config)
         with _blas_threads(config.torch_threads):
             for value in values:
                 for refine in config.refine:
@@ -524,11 +532,9 @@ def _measure_bank(config: SelectBenchConfig, policies: list[tuple[str, str | Non
                         setting = _measure_setting(bank, knob, value, refine, n, c, recall_q, queries_QD, truth_QC,
                                                    config, rng, policies)
                         setting["pass"] = phase
-                        setting.update({f"{key}_after": value for key, value in _memory_mib().items()})
+                        setting.update({f"{key}_after": value for key, value in memory_mib().items()})
                         row["settings"].append(setting)
-        memory = _memory_mib()
-        row.update(rss_after_select_mib=memory["rss_mib"], rss_after_select_anon_mib=memory["rss_anon_mib"],
-                   rss_after_select_file_mib=memory["rss_file_mib"], peak_rss_mib=memory["peak_rss_mib"])
+        row.update(_after_select())
     finally:
         bank.close()
     return row
@@ -555,15 +561,14 @@ def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: 
         t0 = time.perf_counter()
         bank.candidates(queries_QD[0], c)  # in ram mode the first call loads the bank's vectors from SQLite
         first_query_s = time.perf_counter() - t0
-        after_build = _memory_mib()
+        after_build = memory_mib()
         row: dict[str, Any] = {"n": n, "factory": factory, "exact": factory == "Flat", "candidates": c,
                                "vectors": vectors,
                                "build_s": build_s, "add_per_s": n / build_s, "first_query_s": first_query_s,
                                "train_s": sum(train_spent) if train_spent else None, "chunk": config.chunk,
                                "recall_queries": recall_q, "exact_topk_s": exact_s,
                                "rss_after_build_mib": after_build["rss_mib"], "settings": []}
-        knob = "ef_search" if "HNSW" in factory else "nprobe" if "IVF" in factory else None
-        values = config.ef_search if knob == "ef_search" else config.nprobe if knob == "nprobe" else (None,)
+        knob, values = _knob(factory, config)
         refines = config.refine if factory != "Flat" else (1,)
         with _blas_threads(config.torch_threads):
             row["settings"] = [_measure_setting(bank, knob, value, refine, n, c, recall_q, queries_QD, truth_QC,
@@ -572,11 +577,7 @@ def _measure_size(n: int, vectors: VectorStore, config: SelectBenchConfig, rng: 
             if vectors == "disk":
                 row["vector_reads"] = _time_vector_reads(bank, n, c, config.queries,
                                                          np.random.default_rng((config.seed, n, 7)))
-        after_select = _memory_mib()
-        row["rss_after_select_mib"] = after_select["rss_mib"]
-        row["rss_after_select_anon_mib"] = after_select["rss_anon_mib"]
-        row["rss_after_select_file_mib"] = after_select["rss_file_mib"]
-        row["peak_rss_mib"] = after_select["peak_rss_mib"]
+        row.update(_after_select())
     finally:
         bank.close()
         shutil.rmtree(path, ignore_errors=True)
