@@ -160,23 +160,12 @@ def _run(argv: list[str]) -> int:
         return int(stop.code or 0)
 
 
-@pytest.mark.parametrize("name", sorted(SAFETENSORS))
-def test_malformed_safetensors_are_one_line(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "vecs.safetensors"
-    bad.write_bytes(SAFETENSORS[name])
-    with pytest.raises(DataFormatError) as raised:
-        read_embeddings(bad)
-    assert str(bad) in str(raised.value) and "\n" not in str(raised.value)
-    assert _run(["bank", "import", str(_cases(tmp_path / "cases.jsonl")), "--embeddings", str(bad),
-                 "--bank", str(tmp_path / "bank")]) == 2
-    _one_line_error(capsys, str(bad))
-    assert not (tmp_path / "bank").exists()
-
-
-@pytest.mark.parametrize("name", sorted(NPY))
-def test_malformed_npy_are_one_line(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "vecs.npy"
-    bad.write_bytes(NPY[name])
+@pytest.mark.parametrize("suffix, name", [(".safetensors", name) for name in sorted(SAFETENSORS)]
+                         + [(".npy", name) for name in sorted(NPY)])
+def test_malformed_embeddings_files_are_one_line(tmp_path: Path, suffix: str, name: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / f"vecs{suffix}"
+    bad.write_bytes((SAFETENSORS if suffix == ".safetensors" else NPY)[name])
     with pytest.raises(DataFormatError) as raised:
         read_embeddings(bad)
     assert str(bad) in str(raised.value) and "\n" not in str(raised.value)
