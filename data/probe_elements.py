@@ -70,9 +70,9 @@ def main() -> int:
     case_ND = encoder.encode([c.state for c in cases], normalize=True)
     test_ND = encoder.encode([t.question for t in all_test], normalize=True)
     sim_TC = test_ND @ case_ND.T
-    bank_rows = [i for i, t in enumerate(all_test) if symbol_of(t.id) in held]
-    bank_tasks = [all_test[i] for i in bank_rows]
-    el, fa = rank_stats(sim_TC[bank_rows], bank_tasks, cases, args.k, symbol_of)
+    bankfile = [i for i, t in enumerate(all_test) if symbol_of(t.id) in held]
+    bank_tasks = [all_test[i] for i in bankfile]
+    el, fa = rank_stats(sim_TC[bankfile], bank_tasks, cases, args.k, symbol_of)
     bare_case = encoder.encode([bare_question(builder, c.meta["family"], c.state) for c in cases], normalize=True)
     bare_test = encoder.encode([bare_question(builder, str(t.family), t.question) for t in bank_tasks], normalize=True)
     el0, fa0 = rank_stats(bare_test @ bare_case.T, bank_tasks, cases, args.k, symbol_of)

@@ -4,7 +4,7 @@ The core library: typed configs, the text encoder, the case bank, Q-networks, th
 protocol, the replay buffer, the soft-Q learner and synthetic environments. Importing it
 never pulls in Lightning, FastAPI or LLM clients. Concrete policies live in the sibling
 package ``policies`` (which depends on this one, never the other way round): runs that choose a
-policy take the factory ``policies.make_policy`` as an argument. The soft-Q agent
+policy take the factory ``memento.policies.make_policy`` as an argument. The soft-Q agent
 (:class:`SoftQAgent`) lives here, because a served :class:`Selector` is one.
 
 A trained selector ships with the package (the ``facts-real`` suite's pre-trained Q-network over its seed
@@ -17,6 +17,7 @@ cases); :func:`shipped_selector` builds it on first use and returns its path::
 """
 
 from memento._version import __version__
+from memento.bank import Candidates, CaseBank
 from memento.config import (
     BankConfig,
     EncoderConfig,
@@ -50,7 +51,6 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation, Policy, PolicyContext
 from memento.learn.qnet import QNetwork, build_qnet
 from memento.learn.replay import ReplayBatch, ReplayBuffer, Transition
-from memento.memory import Candidates, CaseBank
 from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig, OnlineLoop, run_online
 from memento.runs.rundir import RunDir

@@ -227,7 +227,7 @@ def factory_problem(factory: Any) -> str | None:
     """Why a faiss factory string is refused before faiss sees it (``None``: it may be built): not a string, too
     long, an ``IVF<n>`` outside 1..MAX_NLIST, an ``HNSW<M>`` / ``NSG<R>`` outside 2..MAX_HNSW_M, any other number
     above MAX_FACTORY_NUMBER (or, in a ``...x<bits>`` suffix, above 16); faiss itself judges the rest (and
-    :class:`memento.memory.index.FaissIndex` turns what it refuses into one line)."""
+    :class:`memento.bank.index.FaissIndex` turns what it refuses into one line)."""
     import re
 
     if not isinstance(factory, str) or not factory.strip():
@@ -738,7 +738,7 @@ class LearnerConfig:
 
 # ---------------------------------------------------------------- selection policies
 # One config per policy of ``policies/`` (``kind`` names it); ``PolicyConfig`` is their union, and
-# ``policies.make_policy(config, context)`` is the one factory. Run configs (the online loop, the regret
+# ``memento.policies.make_policy(config, context)`` is the one factory. Run configs (the online loop, the regret
 # run) nest one of them; a JSON ``{"kind": ...}`` object converts back to the right class.
 
 PolicyKind = Literal["random", "similarity", "soft_q", "linucb", "cfgm", "lifemem", "plugmem"]
@@ -768,7 +768,7 @@ class RandomConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimilarityConfig:
-    """Options of ``policies.similarity.SimilarityPolicy`` (the non-parametric CBR baseline).
+    """Options of ``memento.policies.similarity.SimilarityPolicy`` (the non-parametric CBR baseline).
 
     - ``sample``: False = always top-K by cosine; True = a non-greedy ``select`` samples.
     - ``temperature``: of ``softmax(cos / temperature)`` (cosines lie in [-1, 1], so small values).
@@ -792,7 +792,7 @@ class SimilarityConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LinUCBConfig:
-    """Options of ``policies.linucb.LinUCBPolicy``.
+    """Options of ``memento.policies.linucb.LinUCBPolicy``.
 
     ``dim`` is the state/case vector dimension D (``None`` in a run config: the encoder gives it);
     ``features`` the (state, case) features; ``mode`` one shared ridge regression or one per case;
@@ -1088,7 +1088,7 @@ class SoftQConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CFGMRetrievalConfig:
-    """CFGM's dual-channel retrieval (``policies.cfgm``): the ``k_tasks`` most similar successful trajectories
+    """CFGM's dual-channel retrieval (``memento.policies.cfgm``): the ``k_tasks`` most similar successful trajectories
     (paper: k = 2) and, with ``tips``, the tips made from them, after the environment's focus point with
     ``focus``; at most the decision's K items in all (the prompt budget)."""
 
@@ -1105,7 +1105,7 @@ class CFGMRetrievalConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LifeMemRetrievalConfig:
-    """LifeMem's environment-aligned retrieval (``policies.lifemem``): the ``k_trajectories`` most similar
+    """LifeMem's environment-aligned retrieval (``memento.policies.lifemem``): the ``k_trajectories`` most similar
     trajectories (the loop gives candidates of the same environment) and, with ``skills``, the deduplicated
     skills of their clusters; at most the decision's K items in all."""
 
@@ -1121,7 +1121,7 @@ class LifeMemRetrievalConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlugMemRetrievalConfig:
-    """PlugMem's retrieval as a policy (``policies.plugmem``), over the expanded candidates: the ``seeds``
+    """PlugMem's retrieval as a policy (``memento.policies.plugmem``), over the expanded candidates: the ``seeds``
     propositions/prescriptions most similar to the state, then (``route``) the other candidate items that share a
     concept or an intent with a seed, most similar first, pruned to ``budget_tokens`` words of shown text (first
     fit, in that order); then ``cases`` raw cases (most similar with reward > 0; 0: none, PlugMem retrieves

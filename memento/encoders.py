@@ -57,7 +57,7 @@ __all__ = ["DEFAULT_MODEL_ID", "ENCODER_META_NAME", "PICKLE_WEIGHTS", "Embedding
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-ENCODER_META_NAME = "memento_encoder.json"  # written beside a fine-tuned model (training.simcse); records its pooling
+ENCODER_META_NAME = "memento_encoder.json"  # beside a fine-tuned model (memento.training.simcse): its pooling
 ENCODER_META_FORMAT = "memento-encoder"
 ENCODER_META_VERSION = 1
 _AUTO_PROGRESS_THRESHOLD = 512  # show a progress bar by default when more texts than this need encoding
@@ -65,7 +65,7 @@ _AUTO_PROGRESS_THRESHOLD = 512  # show a progress bar by default when more texts
 
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-ENCODER_META_NAME = "memento_encoder.json"  # written beside a fine-tuned model (training.simcse); records its pooling
+ENCODER_META_NAME = "memento_encoder.json"  # beside a fine-tuned model (memento.training.simcse): its pooling
 ENCODER_META_FORMAT = "memento-encoder"
 ENCODER_META_VERSION = 1
 _AUTO_PROGRESS_THRESHOLD = 512  # show a progress bar by default when more texts than this need encoding

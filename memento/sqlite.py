@@ -1,6 +1,6 @@
 """The SQLite plumbing memento's stores share: connecting, WAL, the ``meta`` table and its format check.
 
-Four stores are single SQLite files: the case bank (``cases.sqlite``, :mod:`memento.memory.bank`), a
+Four stores are single SQLite files: the case bank (``cases.sqlite``, :mod:`memento.bank.local`), a
 selector's feedback log (``feedback.sqlite``, :mod:`memento.selector.artifact`), its pending selections
 (``.pending.sqlite``, :mod:`memento.selector.pending`) and the embedding cache (:mod:`memento.encoders`).
 Each versioned one keeps ``format`` and ``format_version`` (a decimal string) in a key/value ``meta``

@@ -42,7 +42,7 @@ MAX_ID_CHARS = 256
 """The longest id, env, kind or family (characters)."""
 REWARD_LOW, REWARD_HIGH = 0.0, 1.0
 SCOPE_FIELDS = ("user", "agent", "session")
-"""The scope fields a case may carry (who it belongs to; :mod:`memento.memory.where`)."""
+"""The scope fields a case may carry (who it belongs to; :mod:`memento.bank.where`)."""
 
 _NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 _NOT_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -216,7 +216,7 @@ class Case:
     ``id`` is assigned by the bank when left ``None``. ``kind`` separates raw cases from
     derived items (tips, skills, propositions) that later policies put in the same bank.
     ``user``/``agent``/``session`` scope the case (who it belongs to): a search with a scope finds only the
-    cases of that scope (:mod:`memento.memory.where`). ``version`` counts the changes made to the stored case in
+    cases of that scope (:mod:`memento.bank.where`). ``version`` counts the changes made to the stored case in
     place (1 when added; each ``update`` adds one) and ``updated`` is the time of the last one (a bank reads it
     as ``created`` until the case is first updated); neither is part of the Case JSONL row.
     """

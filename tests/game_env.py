@@ -94,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from memento.config import from_dict
+    from memento.policies import make_policy
     from memento.runs.games import GameLoopConfig, run_games
-    from policies import make_policy
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out")

@@ -178,7 +178,7 @@ class HashingEncoder:
 def small_selector(root: Path) -> Path:
     """A small real selector artifact at ``root/selector`` (k = 3, warm-up 1) over a Flat bank of the text env's seed
     cases at ``root/bank``, encoded with :class:`HashingEncoder` (load it with ``encoder=HashingEncoder()``)."""
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
     from memento.selector.export import create_selector
 
     env, encoder = make_env(), HashingEncoder()
@@ -190,8 +190,8 @@ def small_selector(root: Path) -> Path:
 def soft_q_run(out: Path, *, steps: int) -> Path:
     """A tiny real run of the online loop at ``out`` (``steps`` tasks, K = 2 of C = 6, no shuffle, soft-Q with
     warm-up 2, no checkpoints or TensorBoard): the logged run the OPE and bank-name tests evaluate."""
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, loop_policy, run_online
-    from policies import make_policy
 
     env = make_env()
     config = LoopConfig(steps=steps, k=2, candidates=6, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,
@@ -206,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from memento.config import from_dict
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, run_online
-    from policies import make_policy
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out")

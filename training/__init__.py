@@ -1,19 +1,5 @@
-"""Offline training with PyTorch Lightning (see docs/training.md).
+"""Deprecated alias of :mod:`memento.training` for one release: ``training.x`` is ``memento.training.x``."""
 
-Q-network training from logs (``memento train``):
+from memento._alias import alias
 
-- :mod:`training.config` -- ``TrainConfig`` (data, Q-network, learner, trainer sub-configs), saved as
-  ``config.json`` in every run;
-- :mod:`training.data` -- readers of transition logs, Memento training pairs and Case JSONL + rewards
-  files, encoded once, split by state; ``QDataModule`` serves ``memento.learn.replay.ReplayBatch`` batches;
-- :mod:`training.q_module` -- ``QModule``, the ``LightningModule`` around ``memento.learn.learner.soft_q_loss``;
-- :mod:`training.metrics` -- AUC, expected calibration error, per-state hit@K;
-- :mod:`training.run` -- ``train_q``: one run (Trainer, early stopping, checkpoints, TensorBoard, the
-  selector directory); :mod:`training.cli` -- the ``memento train`` command;
-- :mod:`training.bench` -- ``memento bench train --lightning``.
-
-Encoder fine-tuning (``memento train-encoder``): :mod:`training.simcse`, :mod:`training.simcse_cli`.
-
-``memento`` never imports this package at module level, and nothing here imports Lightning at package
-import: the CLI modules are argparse-only.
-"""
+alias(__name__, "memento.training")

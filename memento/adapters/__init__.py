@@ -10,7 +10,7 @@ Both turn ``selector.select(query, k, mode, env, track=track, scope=scope, filte
 documents/nodes (text ``Task: ...`` / ``Action: ...``; metadata :data:`METADATA_KEYS`: case id, reward, env, kind,
 score, q, similarity, prob, policy_prob, selection_id, mode, policy_version, and the case's user/agent/session
 when set). ``scope`` (``{"user", "agent", "session"}``) and ``filter`` (on the cases' meta: ``{"topic": "geo"}``,
-``{"topic": {"in": [...]}}``, ``{"AND": [...]}``, ``{"OR": [...]}``; :mod:`memento.memory.where`) restrict the
+``{"topic": {"in": [...]}}``, ``{"AND": [...]}``, ``{"OR": [...]}``; :mod:`memento.bank.where`) restrict the
 candidates: a field on both retrievers, and per call on LangChain's (``retriever.invoke(query, scope=...,
 filter=..., k=..., score_threshold=...)``, or ``search_kwargs``); the LlamaIndex retriever also takes LlamaIndex's
 own ``MetadataFilters`` (``==`` and ``in``, AND/OR). A top-level string equality on ``user``, ``agent`` or
@@ -47,9 +47,9 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
+from memento.bank.where import as_scope, parse_filter
 from memento.errors import ConfigError, DataFormatError, MementoError
 from memento.extras import install_hint
-from memento.memory.where import as_scope, parse_filter
 from memento.types import SCOPE_FIELDS, Case
 
 __all__ = ["METADATA_KEYS", "ScoreKind", "above", "case_metadata", "case_text", "check_k", "check_metadata_keys",

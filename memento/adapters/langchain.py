@@ -63,8 +63,8 @@ from memento.adapters import (
     select_where,
     selection_id_of,
 )
+from memento.bank.where import as_scope
 from memento.errors import DataFormatError
-from memento.memory.where import as_scope
 from memento.types import SCOPE_FIELDS, Case, check_id, check_reward, check_text
 
 try:

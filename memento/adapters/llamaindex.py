@@ -61,11 +61,11 @@ __all__ = ["MementoRetriever", "metadata_filters_json"]
 _OPERATORS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt", FilterOperator.GTE: "gte",
               FilterOperator.LT: "lt", FilterOperator.LTE: "lte", FilterOperator.IN: "in", FilterOperator.NIN: "nin",
               FilterOperator.TEXT_MATCH: "contains"}
-"""LlamaIndex's operators and memento's (:mod:`memento.memory.where`); ``text_match`` is a substring match."""
+"""LlamaIndex's operators and memento's (:mod:`memento.bank.where`); ``text_match`` is a substring match."""
 
 
 def metadata_filters_json(filters: MetadataFilters) -> dict[str, Any]:
-    """LlamaIndex ``MetadataFilters`` as memento filter JSON (:mod:`memento.memory.where`): ``== != > >= < <= in nin
+    """LlamaIndex ``MetadataFilters`` as memento filter JSON (:mod:`memento.bank.where`): ``== != > >= < <= in nin
     text_match`` (``ExactMatchFilter`` too) under AND/OR/NOT, nested; any other operator raises ``DataFormatError``."""
     if not isinstance(filters, MetadataFilters):
         raise DataFormatError(f"filters must be a llama_index MetadataFilters, got {type(filters).__name__}")

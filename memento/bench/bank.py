@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from memento.bank import CaseBank, create_bank, open_bank
 from memento.bench.common import environment, exact_topk, finish, make_vectors, timestamp, write_results
 from memento.config import (
     MAX_BENCH_BYTES,
@@ -37,7 +38,6 @@ from memento.config import (
     check_ints,
 )
 from memento.errors import ConfigError
-from memento.memory import CaseBank, create_bank, open_bank
 from memento.types import Case
 
 __all__ = ["BankBenchConfig", "format_table", "ivf_nlist", "run_bank_bench"]
@@ -129,7 +129,7 @@ def _environment(backends: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _milvus_can(factory: str) -> bool:
-    from memento.memory.milvus import milvus_index
+    from memento.bank.milvus import milvus_index
 
     try:
         milvus_index(factory)

@@ -123,8 +123,8 @@ def run_games_bench(config: GamesBenchConfig, *, out: str | Path, workdir: str |
     """Run the benchmark; the JSON at ``out`` is rewritten after every run (a long benchmark shows progress)."""
     from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
     from memento.planners.actor import ActorConfig
+    from memento.policies import make_policy
     from memento.runs.games import GameLoopConfig, run_games
-    from policies import make_policy
 
     if config.suite not in SUITES:
         raise ConfigError(f"suite {config.suite!r}: unknown; known: {', '.join(sorted(SUITES))}")

@@ -48,6 +48,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from memento.bank import CaseBank
 from memento.bench.common import environment, make_vectors, write_results
 from memento.config import (
     MAX_BENCH_ITEMS,
@@ -72,10 +73,10 @@ from memento.envs.tasks import load_suite, seed_cases
 from memento.errors import ConfigError, MementoError
 from memento.formats import read_steps_jsonl
 from memento.judges import make_judge
-from memento.memory import CaseBank
 from memento.ope.evaluate import TargetSpec, evaluate_run
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
+from memento.policies import make_policy
 from memento.runs.base import anchored
 from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy, qa_policy
@@ -83,7 +84,6 @@ from memento.runs.regret import RegretConfig, regret_policy, run_regret
 from memento.runs.rundir import RunDir
 from memento.runs.spans import success_spans
 from memento.types import Case, Task
-from policies import make_policy
 
 __all__ = ["OnlineBenchConfig", "SyntheticTextEnv", "fixed_latency_openai", "format_online_table",
            "ope_from_soft_q_run", "run_online_bench", "summarize_ope"]

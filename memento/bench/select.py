@@ -48,6 +48,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from memento.bank import CaseBank
+from memento.bank.index import FaissIndex, use_gpu_for
 from memento.bench.common import (
     distinct_choices,
     exact_topk_chunks,
@@ -81,10 +83,8 @@ from memento.config import (
 )
 from memento.encoders import Encoder
 from memento.learn.qnet import build_qnet
-from memento.memory import CaseBank
-from memento.memory.index import FaissIndex, use_gpu_for
+from memento.policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 from memento.types import Case
-from policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 
 __all__ = ["ReferenceScorer", "SelectBenchConfig", "format_table", "reference_texts", "run_select_bench"]
 

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from memento.bank import CaseBank
 from memento.bench.common import finish, make_vectors, timestamp, write_results
 from memento.bench.select import _environment as base
 from memento.config import (
@@ -63,7 +64,6 @@ from memento.config import (
     check_int_tuple,
     check_ints,
 )
-from memento.memory import CaseBank
 from memento.selector.export import create_selector
 from memento.serve.app import TOKEN_ENV, require_extra
 from memento.types import Case

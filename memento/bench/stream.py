@@ -6,12 +6,12 @@ suite's train games grouped by environment, the game type) and each **arm**:
 - ``none``: no memory;
 - ``similarity``: the K nearest raw cases with a stored return > 0 (Memento's non-parametric retrieval);
 - ``cfgm``: CFGM's builders (focus point per environment, contrastive tips per game, key-information reflection
-  at anomalous steps) and its dual-channel retrieval (``policies.cfgm``);
+  at anomalous steps) and its dual-channel retrieval (``memento.policies.cfgm``);
 - ``lifemem``: LifeMem's builders (workflow clusters with adaptive split, skills) and its environment-aligned
-  retrieval (``policies.lifemem``);
+  retrieval (``memento.policies.lifemem``);
 - ``soft_q-all``: both systems' builders and soft-Q (``gamma = 0``) choosing among every kind (raw cases, focus
   points, tips, skills: the Q-network sees the kind);
-- only when named in ``arms``: ``plugmem``, PlugMem's builders and retrieval (``policies.plugmem``; the chosen
+- only when named in ``arms``: ``plugmem``, PlugMem's builders and retrieval (``memento.policies.plugmem``; the chosen
   items are compressed into one note per prompt, ``PlugMemConfig.show``); ``plugmem-lean``, the same builders
   with a small budget: the nearest positive raw case plus knowledge pruned to 48 words, compressed into a note of
   at most 24 words (an attempt at PlugMem's claim, fewer memory tokens at equal success, with a planner whose
@@ -124,8 +124,8 @@ def run_stream_bench(config: StreamBenchConfig, *, out: str | Path, workdir: str
     from memento.envs.tasks import suite_names
     from memento.envs.textworld import SUITES, TextWorldConfig, build_suite
     from memento.planners.actor import ActorConfig
+    from memento.policies import make_policy
     from memento.runs.games import GameLoopConfig, run_games
-    from policies import make_policy
 
     if games is None and (config.suite in suite_names() or (Path(config.suite) / "train.jsonl").is_file()):
         return _run_qa_stream(config, out=out, workdir=workdir, planner=planner, encoder=encoder, progress=progress)
@@ -191,7 +191,7 @@ def _run_qa_stream(config: StreamBenchConfig, *, out: str | Path, workdir: str |
                    encoder: Any | None, progress: bool) -> dict[str, Any]:
     """The stream over a question suite's families (:mod:`memento.bench.stream_qa`)."""
     from memento.judges import make_judge
-    from policies import make_policy
+    from memento.policies import make_policy
 
     train_by_env, test_by_env = qa_stream_tasks(config.suite, config.envs, config.train_per_env,
                                                 config.test_per_env)

@@ -8,6 +8,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, get_args
 
+from memento.bank import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
+from memento.bank.where import as_scope, parse_filter
 from memento.cli.options import (
     BANK,
     EXIT_OK,
@@ -27,8 +29,6 @@ from memento.errors import BankError, DataFormatError, DimensionError, EncoderEr
 from memento.flags import check_count, config_option, int_arg
 from memento.formats import CaseFormat, read_case_file
 from memento.io import loads_json, parse_json
-from memento.memory import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
-from memento.memory.where import as_scope, parse_filter
 from memento.types import SCOPE_FIELDS
 
 CASE_FORMAT_HELP = """\
@@ -246,7 +246,7 @@ def _copy(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     refuse_artifact(args.bank)
     if args.embeddings is not None and args.format == "case":  # streamed: the file is checked, never held
-        from memento.memory.ingest import scan_case_file
+        from memento.bank.ingest import scan_case_file
 
         return _import_embeddings(args, scan_case_file(args.file, progress=None))
     cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
@@ -274,10 +274,10 @@ def _import(args: argparse.Namespace) -> int:
 
 def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
     """``bank import FILE --embeddings VECS``: the vectors given, checked whole before the bank is created or
-    opened, then added a chunk per transaction (:mod:`memento.memory.bulk`; a Case JSONL file is streamed,
-    ``cases`` is then its :class:`memento.memory.ingest.CaseFileScan`)."""
-    from memento.memory.bulk import check_embeddings, import_with_embeddings, read_embeddings
-    from memento.memory.ingest import CaseFileScan, import_case_file
+    opened, then added a chunk per transaction (:mod:`memento.bank.bulk`; a Case JSONL file is streamed,
+    ``cases`` is then its :class:`memento.bank.ingest.CaseFileScan`)."""
+    from memento.bank.bulk import check_embeddings, import_with_embeddings, read_embeddings
+    from memento.bank.ingest import CaseFileScan, import_case_file
 
     check_count("--chunk", args.chunk, 1, 10_000_000)
     vectors = read_embeddings(args.embeddings)
@@ -310,7 +310,7 @@ def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
 
 
 def _reindex(args: argparse.Namespace) -> int:
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
 
     check_index_flag(args.index)
     knobs = {name: value for name, value in (("nprobe", args.nprobe), ("ef_search", args.ef_search),

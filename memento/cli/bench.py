@@ -249,7 +249,7 @@ def _run_train(args: argparse.Namespace) -> int:
         buffer_size=args.buffer_size, bank_cases=args.bank_cases, device=args.device,
         torch_threads=args.torch_threads, seed=args.seed)
     if args.lightning:
-        from training.bench import run_train_bench_lightning
+        from memento.training.bench import run_train_bench_lightning
 
         return _printed(format_train(run_train_bench_lightning(config, out=args.json)), args)
     return _printed(format_train(run_train_bench(config, out=args.json)), args)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-import training.cli
-import training.simcse_cli
+import memento.training.cli
+import memento.training.simcse_cli
 from memento._version import __version__
 from memento.cli import bank, bench, demo, evaluate, export, inspect, mcp, online, play, score, serve, verify
 from memento.cli.options import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, one_line
@@ -24,7 +24,7 @@ from memento.errors import MementoError
 COMMANDS: dict[str, ModuleType] = {
     "bank": bank, "bench": bench, "demo": demo, "online": online, "play": play, "evaluate": evaluate,
     "export": export, "verify": verify, "serve": serve, "mcp": mcp, "inspect": inspect, "score": score,
-    "train-encoder": training.simcse_cli, "train": training.cli,
+    "train-encoder": memento.training.simcse_cli, "train": memento.training.cli,
 }
 """Each subcommand and its module (``add_parser(subparsers)``, ``run(args) -> int``). The ``training`` modules
 import only argparse and the configs at module level: Lightning loads when a run starts."""

@@ -92,7 +92,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, encoder: Any | None = None) -> int:
     """Run ``memento evaluate`` (:func:`memento.ope.evaluate.evaluate_run`, then the table, the JSON and the exports).
-    ``make_policy`` (``policies.make_policy``, passed in by the composition root) builds the similarity, random and
+    ``make_policy`` (``memento.policies.make_policy``, passed in by the composition root)
+    builds the similarity, random and
     selector targets; ``encoder`` replaces the one ``--encoder`` names (a test hook: tests pass a light one).
     Everything cheap (flags, targets, the whole log) is checked before the bank is opened and the encoder loaded."""
     if not args.policies and not (args.export_vw or args.export_obp):
@@ -128,6 +129,6 @@ def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, en
 
 
 def run(args: argparse.Namespace) -> int:
-    from policies import make_policy
+    from memento.policies import make_policy
 
     return cmd_evaluate(args, make_policy=make_policy)

@@ -43,10 +43,10 @@ from memento.flags import check_count, check_device, config_option, field_help, 
 from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
+from memento.policies import make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import LoopConfig, check_seed_bank, qa_policy, without_labels
 from memento.runs.ray import WorkersConfig
-from policies import make_policy
 
 DESCRIPTION = """\
 Run the online continual-learning loop (Memento's Algorithm 1): for each task, choose K cases

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
+from memento.bank import MilvusOptions
 from memento.config import EncoderConfig, IndexConfig, Pooling, factory_problem, field_default
 from memento.encoders import saved_pooling
 from memento.errors import ConfigError
@@ -28,7 +29,6 @@ from memento.flags import (
     set_torch_threads,
 )
 from memento.formats import CaseFormat
-from memento.memory import MilvusOptions
 from memento.types import shown
 
 __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "JUDGES", "PLANNER_SPECS", "RAW",

@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
     games = _games(args)
     set_torch_threads(args.torch_threads)
     from memento.encoders import Encoder
+    from memento.policies import make_policy
     from memento.runs.games import run_games
-    from policies import make_policy
 
     encoder = Encoder.from_pretrained()
     planner = build_planner(spec)

@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from memento.bank import CaseBank, open_bank
+from memento.bank.uri import bank_name
 from memento.cli.options import (
     EXIT_OK,
     add_bank_option,
@@ -29,8 +31,6 @@ from memento.errors import ConfigError, DataFormatError
 from memento.flags import config_option
 from memento.formats import read_case_file
 from memento.learn.labels import LabelConfig, label_tasks, read_label_tasks, summary_path
-from memento.memory import CaseBank, open_bank
-from memento.memory.uri import bank_name
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
 

@@ -25,8 +25,8 @@ of :meth:`checkpoint` (``labels/``), so a resumed run continues exactly.
 
 ``alpha`` follows the learner (fixed, scheduled or tuned) unless ``fixed_alpha`` pins it (a served
 selector whose config names one). The agent lives in the core because the served
-:class:`~memento.selector.runtime.Selector` is one; ``policies.soft_q`` re-exports it and
-``policies.make_policy`` builds it from a :class:`~memento.config.SoftQConfig`.
+:class:`~memento.selector.runtime.Selector` is one; ``memento.policies.soft_q`` re-exports it and
+``memento.policies.make_policy`` builds it from a :class:`~memento.config.SoftQConfig`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memento.bank import Candidates
 from memento.config import ReplayConfig, SoftQConfig
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.learn.evidence import (
@@ -69,7 +70,6 @@ from memento.learn.policy import (
 )
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer, Transition
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = ["LEARNER_DIR", "REPLAY_DIR", "SoftQAgent", "load_trained_learner", "save_state"]

@@ -6,7 +6,7 @@ it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`mem
 
 - **Per-case evidence** (:class:`~memento.config.EvidenceConfig`). When the planner labels a task's candidates (each
   scored alone against the target, :class:`~memento.learn.policy.CandidateLabels`), each labelled case gets one
-  evidence row in the bank (:meth:`memento.memory.CaseBank.record_evidence`): its label advantage over its
+  evidence row in the bank (:meth:`memento.bank.CaseBank.record_evidence`): its label advantage over its
   *look-alike* rivals in that labelled set, :func:`lookalike_advantage`. The agent adds ``weight`` times the shrunk
   mean ``value_sum / (weight_sum + prior)`` (:func:`evidence_term`), centred on the case's look-alikes among the
   candidates (:func:`relative_evidence`), to the Q-network's score: look-alikes are reordered, nothing else moves,

@@ -6,7 +6,7 @@ similarity are taken from the bank, and the log-likelihood of the gold answer (`
 computed for the prompt with each candidate as the only demonstration (and, when ``k > 1``, for ``sets``
 random K-sets of those candidates, drawn with a seeded ``numpy.random.Generator``). The scores are written
 as JSONL, one self-describing row per task (no header line), and ``memento train --from-labels`` trains a
-Q-network towards them (:mod:`training.listwise`).
+Q-network towards them (:mod:`memento.learn.listwise`).
 
 Row format (docs/training.md, "From planner-scored labels")::
 
@@ -539,7 +539,7 @@ def score_candidates(tasks: Iterable[Task], bank: Any, encoder: Any, planner: An
                      progress: bool = False, *, cost: LabelCost | None = None) -> Iterator[LabelRow]:
     """Label each task with a known answer (see the module docstring); rows come in task order, lazily.
 
-    ``bank`` is a :class:`~memento.memory.CaseBank`; ``encoder`` has ``encode(texts)`` and ``dim`` (the bank's);
+    ``bank`` is a :class:`~memento.bank.CaseBank`; ``encoder`` has ``encode(texts)`` and ``dim`` (the bank's);
     ``planner`` implements ``score_many`` (:class:`~memento.planners.base.ScoringPlanner`; one that cannot score
     raises its one-line :class:`PlannerError`). ``cost``, when given, is filled in as rows are produced.
     The K-sets are drawn from one ``numpy.random.default_rng(config.seed)`` in task order, so a run is

@@ -1,6 +1,6 @@
 """The Policy protocol every case-selection policy implements, and the helpers they share.
 
-A policy looks at one state vector ``state_D`` and a candidate set (``memento.memory.Candidates``:
+A policy looks at one state vector ``state_D`` and a candidate set (``memento.bank.Candidates``:
 ``C`` case ids, their bank positions, similarity scores and stored vectors) and
 
 - ``probs(state_D, candidates) -> probs_C``: its distribution over the candidates (float64, sums to 1);
@@ -37,7 +37,7 @@ lets each algorithm plug in): the online loop, the regret run and the served sel
   (``False`` when the policy has none).
 
 :class:`StaticPolicy` gives the non-learning policies (random, similarity) those members.
-Policies are built by ``policies.make_policy(config, context)`` from a
+Policies are built by ``memento.policies.make_policy(config, context)`` from a
 :data:`~memento.config.PolicyConfig` and a :class:`PolicyContext`; the core never imports
 ``policies``: the composition root (the CLI, the benchmarks) passes the factory in.
 """
@@ -56,10 +56,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from memento.bank import Candidates
 from memento.config import PolicyConfig
 from memento.errors import DataFormatError, DimensionError
 from memento.learn.qnet import MLPQNetwork, QNetwork, eval_call
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = [
@@ -180,7 +180,7 @@ class PolicyContext:
     (:class:`memento.learn.features.CaseFeaturizer` over the run's bank and encoder; ``None``: the run gives none);
     ``c_max``: the most next-state candidates a multi-step decision logs (the game loop's candidate count; a
     soft-Q learner with ``gamma > 0`` keeps them in its replay buffer); ``evidence_of``: the per-case evidence at
-    bank positions, ``(count_C, weight_C, value_C)`` (the bank's :meth:`~memento.memory.CaseBank.evidence_at`;
+    bank positions, ``(count_C, weight_C, value_C)`` (the bank's :meth:`~memento.bank.CaseBank.evidence_at`;
     ``None``: the run keeps none).
     """
 
@@ -196,7 +196,7 @@ class PolicyContext:
 
 
 PolicyFactory = Callable[[PolicyConfig, PolicyContext], "Policy"]
-"""``make_policy(config, context) -> Policy`` (``policies.make_policy``), passed in by the composition root."""
+"""``make_policy(config, context) -> Policy`` (``memento.policies.make_policy``), passed in by the composition root."""
 
 
 @runtime_checkable

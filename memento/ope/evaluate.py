@@ -395,7 +395,7 @@ def _stored_rewards(bank: Any, ids: Sequence[str]) -> np.ndarray:
 
 
 def _load_steps(steps: list[LoggedStep], steps_path: Path, bank: Any, encode: Any) -> LoadedSteps:
-    from memento.memory import Candidates
+    from memento.bank import Candidates
 
     positions = []
     for step in steps:
@@ -527,7 +527,7 @@ def run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: str
         raise ConfigError("the similarity, random and selector targets need make_policy")
     source = Path(source)
     steps_path = RunDir(source).steps if source.is_dir() else source
-    from memento.memory.uri import bank_name
+    from memento.bank.uri import bank_name
 
     # a directory or milvus:URI[#collection]; a malformed name is one line before the log is read
     bank_path = bank_name(bank) if bank else steps_path.parent / RunDir.BANK
@@ -537,7 +537,7 @@ def run_evaluation(source: str | Path, specs: Sequence[TargetSpec], *, bank: str
         warn(f"{steps_path} holds multi-step decisions (done=false); each is evaluated as a one-step round, so "
              "later rewards it led to are not credited")
 
-    from memento.memory import open_bank
+    from memento.bank import open_bank
     from memento.runs.qa import encode_checked
 
     with _damaged_bank(bank_path):
@@ -575,7 +575,7 @@ def evaluate_run(run: str | Path, targets: Sequence[str | TargetSpec], *, make_p
                  seed: int = 0) -> Evaluation:
     """``memento evaluate`` from Python: estimate each of ``targets`` (``logged``, ``similarity``, ``random``, a
     selector directory, or a :class:`TargetSpec`) from ``run`` (a run directory or its ``steps.jsonl``; the bank
-    is ``bank`` or the ``bank/`` beside the log). ``make_policy`` (``policies.make_policy``) builds every target
+    is ``bank`` or the ``bank/`` beside the log). ``make_policy`` (``memento.policies.make_policy``) builds every target
     but ``logged``; ``encoder`` must be the one the run used (``None``: the one at ``encoder_path``, by default
     the bundled all-MiniLM-L6-v2); ``greedy``: each target's arg-max choice instead of its sampling distribution;
     ``n_boot`` bootstrap resamples at ``level``; ``folds`` of the cross-fitted reward model; ``seed`` of the

@@ -34,6 +34,9 @@ from typing import Any, ClassVar, get_args
 import numpy as np
 import torch
 
+from memento.bank import CaseBank
+from memento.bank.index import use_gpu_for
+from memento.bank.uri import bank_name, open_bank
 from memento.config import (
     MAX_CANDIDATES,
     MAX_K,
@@ -55,9 +58,6 @@ from memento.extras import install_hint
 from memento.io import atomic_write
 from memento.learn.features import CaseFeaturizer
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
-from memento.memory import CaseBank
-from memento.memory.index import use_gpu_for
-from memento.memory.uri import bank_name, open_bank
 from memento.runs.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Selection
@@ -258,7 +258,7 @@ def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
 def run_bank(target: Path, dim: int, *, bank_dir: Path | str | None, index: str, encoder_config: Any,
              device: torch.device) -> CaseBank:
     """A run's fresh bank at ``target``: a copy of the bank named ``bank_dir`` (a directory or ``milvus:URI``,
-    :func:`memento.memory.uri.open_bank`; read only, not changed; its index factory and encoder win), or an empty
+    :func:`memento.bank.uri.open_bank`; read only, not changed; its index factory and encoder win), or an empty
     one with ``index``. A seed bank of another dimension is a :class:`DimensionError` naming both. The copy keeps
     where the seed keeps its vectors (``BankConfig.vectors``)."""
     if bank_dir is None:
@@ -331,7 +331,7 @@ class Run:
             raise ConfigError(f"{name}: config={type(config).__name__}: must be a {self.config_class.__name__}")
         if not callable(make_policy):
             raise ConfigError(f"{name}: make_policy={make_policy!r} is not callable (config, context) -> Policy "
-                              "(pass policies.make_policy)")
+                              "(pass memento.policies.make_policy)")
         dim = getattr(encoder, "dim", None)
         if not callable(getattr(encoder, "encode", None)) or not isinstance(dim, int):
             raise ConfigError(f"{name}: encoder {encoder!r} needs encode(texts) and an integer dim")

@@ -67,6 +67,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from memento.bank import Candidates, CaseBank
 from memento.config import (
     MAX_STEPS,
     PolicyConfig,
@@ -82,7 +83,6 @@ from memento.errors import CheckpointError, GameError
 from memento.formats import StepRecord
 from memento.io import parse_json
 from memento.learn.policy import Observation, Policy, PolicyFactory
-from memento.memory import Candidates, CaseBank
 from memento.planners.actor import ActorChoice, ActorConfig, CommandActor
 from memento.runs.base import Run, RunConfig, loop_policy, selection_fields, timed
 from memento.runs.qa import success_by_window
@@ -336,7 +336,7 @@ class _Played:
 class GameLoop(Run):
     """Plays ``games`` with a frozen-LLM actor and a case-choosing policy (see the module docstring).
 
-    - ``make_policy``: ``(policy config, PolicyContext) -> Policy`` (``policies.make_policy``);
+    - ``make_policy``: ``(policy config, PolicyContext) -> Policy`` (``memento.policies.make_policy``);
     - ``encoder``: ``encode(texts) -> [N, D]`` unit vectors and ``dim``;
     - ``planner``: the frozen LLM the :class:`~memento.planners.actor.CommandActor` asks (an ``HFPlanner``, an
       ``OpenAICompatPlanner``, any planner the actor's mode supports);

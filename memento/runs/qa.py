@@ -15,7 +15,7 @@ One **step** is one task (one LLM call)::
          -> TensorBoard scalars, steps.jsonl record, checkpoint every N steps
 
 The policy is whatever ``make_policy(config.policy, context)`` builds (the composition root passes
-``policies.make_policy``); the loop calls only its ``select`` and ``observe``. ``soft_q`` records each
+``memento.policies.make_policy``); the loop calls only its ``select`` and ``observe``. ``soft_q`` records each
 decision in its replay buffer and takes its gradient steps after warm-up; ``linucb`` updates its ridge
 regression with the set's reward; ``random`` and ``similarity`` do not learn (similarity sees the growing
 bank, and with ``positive_only=True`` only its successful cases: Memento's non-parametric client).
@@ -83,6 +83,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 import torch
 
+from memento.bank import Candidates, CaseBank
+from memento.bank.uri import open_bank
 from memento.config import (
     MAX_BATCH,
     MAX_STEPS,
@@ -102,8 +104,6 @@ from memento.formats import StepRecord, read_steps_jsonl
 from memento.judges import first_line
 from memento.learn.evidence import lookalike_advantage
 from memento.learn.policy import CandidateLabels, Observation, PolicyFactory
-from memento.memory import Candidates, CaseBank
-from memento.memory.uri import open_bank
 from memento.runs.base import (
     Run,
     RunConfig,
@@ -388,7 +388,7 @@ class Acted:
 class OnlineLoop(Run):
     """Memento's Algorithm 1 over a task stream (see the module docstring).
 
-    - ``make_policy``: ``(policy config, PolicyContext) -> Policy``, e.g. ``policies.make_policy``;
+    - ``make_policy``: ``(policy config, PolicyContext) -> Policy``, e.g. ``memento.policies.make_policy``;
     - ``encoder``: ``encode(texts) -> [N, D]`` unit vectors and ``dim`` (a :class:`memento.Encoder`);
     - ``planner``: a :class:`memento.planners.Planner` (``plan`` / ``plan_many``);
     - ``judge``: ``judge(task, output_text) -> object with .reward (float) and .reason (str)``: the step's

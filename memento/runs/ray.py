@@ -90,6 +90,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memento.bank import Candidates, CaseBank
 from memento.config import (
     MAX_WORKERS,
     QNetConfig,
@@ -109,7 +110,6 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
-from memento.memory import Candidates, CaseBank
 from memento.runs.base import crossed, timed
 from memento.runs.qa import Acted, LoopConfig, OnlineLoop, rollout
 from memento.systems.items import memory_tokens

@@ -32,7 +32,7 @@ generator, which draws dropout masks and replay mini-batches). The environment's
 by its own ``SyntheticBanditConfig.seed``. Two runs with the same configs and device give the same
 regret, bit for bit.
 
-The policy is built by the ``make_policy`` factory the caller passes (``policies.make_policy``): the
+The policy is built by the ``make_policy`` factory the caller passes (``memento.policies.make_policy``): the
 core never imports the ``policies`` package.
 """
 
@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memento.bank import CaseBank
 from memento.config import (
     MAX_CANDIDATES,
     MAX_K,
@@ -64,7 +65,6 @@ from memento.config import (
 from memento.envs.synthetic import SyntheticBandit
 from memento.errors import BankError, ConfigError
 from memento.learn.policy import Observation, PolicyContext, PolicyFactory
-from memento.memory import CaseBank
 from memento.runs.base import loop_policy, torch_seed
 from memento.runs.rundir import write_json
 
@@ -209,7 +209,7 @@ def _fill_bank(env: SyntheticBandit, path: Path) -> CaseBank:
 
 def run_regret(env: SyntheticBandit, config: RegretConfig, *, make_policy: PolicyFactory, workdir: str | Path,
                device: str | torch.device = "cpu") -> RegretResult:
-    """Run ``config.policy`` (built by ``make_policy``, e.g. ``policies.make_policy``) on ``env`` for
+    """Run ``config.policy`` (built by ``make_policy``, e.g. ``memento.policies.make_policy``) on ``env`` for
     ``config.steps`` decisions and measure its regret.
 
     ``workdir`` receives the case bank (``bank/``), ``config.json`` (the run config and the
@@ -222,7 +222,8 @@ def run_regret(env: SyntheticBandit, config: RegretConfig, *, make_policy: Polic
     if not isinstance(config, RegretConfig):
         raise ConfigError(f"run_regret: config={type(config).__name__}: must be a RegretConfig")
     if not callable(make_policy):
-        raise ConfigError(f"run_regret: make_policy={make_policy!r} is not callable (pass policies.make_policy)")
+        raise ConfigError(f"run_regret: make_policy={make_policy!r} is not callable "
+                          "(pass memento.policies.make_policy)")
     if config.k > env.n_cases:
         raise ConfigError(f"RegretConfig.k={config.k}: must be <= the bandit's n_cases={env.n_cases}")
     workdir = Path(workdir)

@@ -71,6 +71,8 @@ import numpy as np
 import torch
 
 from memento import sqlite
+from memento.bank import bankfile
+from memento.bank.local import BANK_FORMAT, BANK_FORMAT_VERSION, DERIVED_NAMES, CaseBank
 from memento.config import (
     FIXED_SETS,
     MAX_CANDIDATES,
@@ -114,8 +116,6 @@ from memento.io import (
 from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
-from memento.memory import rows as bank_rows
-from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION, DERIVED_NAMES, CaseBank
 
 __all__ = [
     "BANK_DB",
@@ -368,7 +368,7 @@ def file_sha256(path: Path) -> str:
 def feedback_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int = 0,
                          previous: str | None = None) -> str:
     """Chained sha256 (:func:`memento.sqlite.chain_digest`) of feedback rows ``start < seq <= stop`` (seq counts
-    from 1); the bank's rows are digested by :func:`memento.memory.rows.digest`."""
+    from 1); the bank's rows are digested by :func:`memento.bank.bankfile.digest`."""
     conn = db if isinstance(db, sqlite3.Connection) else sqlite.connect(db)
     try:
         rows = conn.execute(f"SELECT {_FEEDBACK_COLUMNS} FROM feedback WHERE seq > ? AND seq <= ? ORDER BY seq",
@@ -382,7 +382,7 @@ def feedback_rows_digest(db: Path | sqlite3.Connection, stop: int, *, start: int
 def _count_rows(path: Path, table: str) -> int:
     try:
         if table == "cases":
-            return bank_rows.count(path)
+            return bankfile.count(path)
         conn = sqlite.connect(path)
         try:
             return int(conn.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
@@ -677,7 +677,7 @@ def check_bank_file(path: Path) -> dict[str, int]:
     version with a valid config and uid, dense positions and embeddings of one length. Returns ``cases``,
     ``dim`` (the bank's config) and, when it holds cases, ``embedding_dim`` (the stored vectors' length)."""
     try:
-        found = bank_rows.facts(path)
+        found = bankfile.facts(path)
     except sqlite3.Error as error:
         raise CheckpointError(f"{path}: not a case bank ({error})") from None
     sqlite.check_format(found.meta, path, format=BANK_FORMAT, version=BANK_FORMAT_VERSION, what="case bank")
@@ -697,7 +697,7 @@ def check_bank_file(path: Path) -> dict[str, int]:
             if found.blobs != n or long != 0:
                 raise CheckpointError(f"{path}: damaged case bank (vectors stored in vectors.f32 and in SQLite)")
             try:
-                bank_rows.check_vectors(path, found.meta["uid"], config.dim, n)
+                bankfile.check_vectors(path, found.meta["uid"], config.dim, n)
             except BankError as error:
                 raise CheckpointError(str(error)) from None
             out["embedding_dim"] = config.dim
@@ -892,15 +892,15 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         if n < saved["rows"]:
             raise CheckpointError(f"{path}: holds {n} {table} row(s), {MANIFEST_NAME} records {saved['rows']} "
                                   "(truncated or rolled back)")
-        updated = table == "cases" and bank_rows.has_updates(path)
-        if n == saved["rows"] and not intact and not (table == "cases" and (bank_rows.has_tombstones(path)
+        updated = table == "cases" and bankfile.has_updates(path)
+        if n == saved["rows"] and not intact and not (table == "cases" and (bankfile.has_tombstones(path)
                                                                             or updated)):
             raise CheckpointError(f"{path}: changed after it was saved (size or sha256 differs from {MANIFEST_NAME}, "
                                   "and no rows were appended)")
         # rows appended, or cases deleted (tombstones) since the save: the saved rows themselves must be intact;
         # cases updated in place (recorded): what no update changes must be
-        digest = (bank_rows.digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
-        if digest != saved["digest"] and not (updated and "stable_digest" in saved and bank_rows.digest(
+        digest = (bankfile.digest if table == "cases" else feedback_rows_digest)(path, saved["rows"])
+        if digest != saved["digest"] and not (updated and "stable_digest" in saved and bankfile.digest(
                 path, saved["rows"], stable=True) == saved["stable_digest"]):
             raise CheckpointError(f"{path}: its first {saved['rows']} saved {table} row(s) were changed "
                                   f"(row digest differs from {MANIFEST_NAME})")
@@ -1339,8 +1339,8 @@ def write_artifact(tmp: Path, out: Path, *, learner: SoftQLearner, buffer: Repla
         "format": SELECTOR_FORMAT, "format_version": SELECTOR_FORMAT_VERSION, "created": stamp,
         "created_unix": now, "saved": stamp, "saved_unix": now, "saves": 1, "versions": library_versions(),
         "source": source, "dim": spec.dim, "learner_updates": learner.updates,
-        "live": {BANK_DB: {"rows": cases, "digest": bank_rows.digest(tmp / BANK_DB, cases),
-                           "stable_digest": bank_rows.digest(tmp / BANK_DB, cases, stable=True)},
+        "live": {BANK_DB: {"rows": cases, "digest": bankfile.digest(tmp / BANK_DB, cases),
+                           "stable_digest": bankfile.digest(tmp / BANK_DB, cases, stable=True)},
                  FEEDBACK_NAME: {"rows": 0, "digest": feedback_rows_digest(tmp / FEEDBACK_NAME, 0)}},
     }
     atomic_write_text(tmp / CARD_NAME, model_card(out, manifest, config, spec, cases=cases, feedbacks=0,
@@ -1396,13 +1396,13 @@ def _live_entries(parts: LiveParts, previous: dict[str, Any], bank_db: Path,
     when the previous manifest has none (written before updates in place)."""
     n_cases, n_feedback = len(parts.bank), len(parts.feedback)
     old_cases, old_feedback = previous["live"][BANK_DB], previous["live"][FEEDBACK_NAME]
-    again = bank_rows.has_updates(bank_db)
+    again = bankfile.has_updates(bank_db)
     stable = old_cases.get("stable_digest")
     return {
         BANK_DB: {"rows": n_cases,
-                  "digest": bank_rows.digest(bank_db, n_cases, start=0 if again else old_cases["rows"],
+                  "digest": bankfile.digest(bank_db, n_cases, start=0 if again else old_cases["rows"],
                                              previous=None if again else old_cases["digest"]),
-                  "stable_digest": bank_rows.digest(bank_db, n_cases, start=0 if stable is None else old_cases["rows"],
+                  "stable_digest": bankfile.digest(bank_db, n_cases, start=0 if stable is None else old_cases["rows"],
                                                     previous=stable, stable=True)},
         FEEDBACK_NAME: {"rows": n_feedback,
                         "digest": feedback_rows_digest(feedback_db, n_feedback, start=old_feedback["rows"],

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import torch
 
+from memento.bank import CaseBank, bank_exists, bankfile, copy_bank, parse_bank_uri
+from memento.bank.local import DERIVED_NAMES
 from memento.config import (
     FIXED_SETS,
     MAX_CANDIDATES,
@@ -49,9 +51,6 @@ from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, load_trained_learner
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
-from memento.memory import CaseBank, bank_exists, copy_bank, parse_bank_uri
-from memento.memory import rows as bank_rows
-from memento.memory.bank import DERIVED_NAMES
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
 from memento.selector.artifact import BANK_DIR, MANIFEST_NAME, EncoderSpec, SelectorConfig
@@ -204,7 +203,7 @@ def _copy_bank(src: _Source, dst: Path, dim: int) -> tuple[Any, int]:
             truncated = bank.truncate(src.bank_cases) > 0  # cases retained after the checkpoint
         config, cases = bank.config, len(bank)
     if truncated:  # drop the freed pages, so the removed cases do not linger in the file
-        bank_rows.vacuum(dst / "cases.sqlite")
+        bankfile.vacuum(dst / "cases.sqlite")
     return config, cases
 
 
@@ -369,8 +368,8 @@ def create_selector(bank: str | Path, out_dir: str | Path, *, encoder: Any = Non
     For a bank built without a run (imported cases, Memento memories): load it with ``learn=True`` and it
     trains from feedback. ``bank`` is a case bank directory (copied with its usage statistics and action vectors;
     its index factory is kept) or a Milvus bank ``milvus:URI[#collection]`` (its rows copied into the artifact's
-    own directory bank by :func:`memento.memory.copy_bank`; ``bank_options``: its
-    :class:`~memento.memory.MilvusOptions`). The artifact always holds its own directory bank.
+    own directory bank by :func:`memento.bank.copy_bank`; ``bank_options``: its
+    :class:`~memento.bank.MilvusOptions`). The artifact always holds its own directory bank.
     ``encoder``: an :class:`EncoderSpec`, a :class:`memento.Encoder` (its description is recorded), or
     ``None`` for the encoder the bank records (if none, the artifact takes vectors only). ``qnet`` and
     ``learner`` default to the online loop's soft-Q settings (``dim`` comes from the bank).

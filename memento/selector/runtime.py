@@ -31,7 +31,7 @@ decision (state vector, chosen case vectors, propensities, reward) enters the re
 selection uses the new weights.
 ``add_case`` commits the case to the bank's SQLite before it returns.
 
-**A case's lifecycle** (mem0's verbs, over the bank's: :mod:`memento.memory.history`). ``add_case`` of stored
+**A case's lifecycle** (mem0's verbs, over the bank's: :mod:`memento.bank.history`). ``add_case`` of stored
 content (same state, action, env and scope) with other meta updates the stored case's meta in place;
 ``update_case`` changes a case's action, reward or meta in place (same id, ``version`` bumped); ``replace_case``
 supersedes a case by new content under a new id, keeping the old case's scope and meta unless given;
@@ -83,6 +83,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from memento.bank import Candidates, CaseBank
+from memento.bank.front import finite_float32
+from memento.bank.history import CaseEvent
+from memento.bank.index import use_gpu_for
+from memento.bank.where import Scope, Where, as_scope, parse_filter
 from memento.config import SoftQConfig
 from memento.errors import (
     CheckpointError,
@@ -98,11 +103,6 @@ from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
-from memento.memory import Candidates, CaseBank
-from memento.memory.front import finite_float32
-from memento.memory.history import CaseEvent
-from memento.memory.index import use_gpu_for
-from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.selector.artifact import (
     BANK_DB,
     BANK_DIR,
@@ -549,7 +549,7 @@ class Selector:
         result's ``selection_id`` is ``None``, so no feedback can follow. The cases chosen, and the draws
         taken from the seeded generator, are the same either way. ``scope`` (``{"user": ..., "agent": ...,
         "session": ...}``) and ``filter`` (on the cases' meta: ``{"topic": {"in": ["geo", "sci"]}}``, AND/OR;
-        :mod:`memento.memory.where`) restrict the candidates; one that matches nothing gives an empty result.
+        :mod:`memento.bank.where`) restrict the candidates; one that matches nothing gives an empty result.
         ``include_global``: beside a scope, the cases without any owner (no user, agent, session) are candidates too."""
         k = _check_select_args(k, mode, env, track)
         scope, filter = as_scope(scope, include_global=include_global), parse_filter(filter)
@@ -733,7 +733,7 @@ class Selector:
                      scope: Scope | Mapping[str, Any] | None = None) -> str:
         """Supersede a case by a new one (one bank transaction, then a save in place, as :meth:`delete_case`):
         the old case is never selected again, the new one can be; returns the new case's id (ids are never
-        reused; see :meth:`memento.memory.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given.
+        reused; see :meth:`memento.bank.CaseBank.replace`). ``state`` is encoded unless ``embedding`` is given.
         The new case keeps the old one's owner (``user``/``agent``/``session``) and ``meta`` unless ``scope`` or
         ``meta`` is given (``scope={}``: no owner, ``meta={}``: no meta)."""
         check_id(case_id, "case id")
@@ -755,7 +755,7 @@ class Selector:
                     meta: dict[str, Any] | None = None, state: str | None = None) -> Case:
         """Change a case in place (mem0's ``update``; committed before this returns): its ``action``, ``reward``
         and/or ``meta`` (replaced whole). The id, the vector, the scope and the usage stay; ``version`` goes up by
-        one and ``updated`` is now (:meth:`memento.memory.CaseBank.update`). A new ``state`` would need a new
+        one and ``updated`` is now (:meth:`memento.bank.CaseBank.update`). A new ``state`` would need a new
         vector: it is refused (use :meth:`replace_case`). Returns the case as stored now; an unknown or deleted id
         raises ``UnknownCaseError``."""
         check_id(case_id, "case id")
@@ -779,7 +779,7 @@ class Selector:
 
     def history(self, case_id: str) -> list[CaseEvent]:
         """A case's events, oldest first: ``add``, ``update`` (the fields, their old and new values), ``replace``,
-        ``delete`` (:meth:`memento.memory.CaseBank.history`) and ``feedback``: each reward reported on a selection
+        ``delete`` (:meth:`memento.bank.CaseBank.history`) and ``feedback``: each reward reported on a selection
         that showed it (from ``feedback.sqlite``; a selection is logged once its reward is). A deleted or replaced
         case's events keep only their kind, time, version and field names (no values, no rewards) unless the bank
         audits (``load(..., audit=True)``). An unknown id raises ``UnknownCaseError``."""

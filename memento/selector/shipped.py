@@ -43,9 +43,9 @@ def shipped_selector(name: str = "facts-real", directory: str | Path | None = No
                      rebuild: bool = False) -> Path:
     """The path of the shipped selector artifact ``name``, built there first when missing (see the module
     docstring); ``rebuild`` builds it again."""
+    from memento.bank import CaseBank
     from memento.encoders import Encoder
     from memento.envs.tasks import suite_dir
-    from memento.memory import CaseBank
     from memento.selector.export import create_selector
 
     if name not in SHIPPED:

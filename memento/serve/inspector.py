@@ -9,7 +9,7 @@ exported selector (``memento export``):
   families where it is better or worse late); the spans are :func:`memento.runs.spans.success_spans`;
 - the bank: search by text (``?q=``, encoded with the run's or artifact's encoder: nearest cases with their
   scores), filters by env / kind / reward, paging; a case page with its usage statistics (the bank's usage log,
-  :meth:`memento.memory.bank.CaseBank.usage_at`; for an artifact also its feedback log) and the steps that
+  :meth:`memento.bank.local.CaseBank.usage_at`; for an artifact also its feedback log) and the steps that
   showed it;
 - the steps of a run (``steps.jsonl``), filtered by ``failures=1``, ``family``, ``policy``; each step: the
   candidates, their probabilities, the chosen cases, the answer and the reward, with prev/next links;
@@ -44,18 +44,18 @@ from urllib.parse import parse_qs, urlencode
 
 import numpy as np
 
+from memento.bank import bankfile
+from memento.bank.local import CaseBank
 from memento.charts import svg_line_chart, windowed_success
 from memento.errors import DataFormatError, EncoderError, MementoError, NotABankError, UnknownCaseError
 from memento.extras import require
 from memento.io import loads_json
-from memento.memory import rows as bank_rows
-from memento.memory.bank import CaseBank
 from memento.runs.rundir import RunDir, read_json
 from memento.runs.spans import LATE_STEPS, success_spans
 from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_encoder
-from memento.serve.charts import number_text as _num
-from memento.serve.charts import short_text as _short
-from memento.serve.charts import template_env
+from memento.serve.pages import number_text as _num
+from memento.serve.pages import short_text as _short
+from memento.serve.pages import template_env
 from memento.types import shown
 
 __all__ = ["Inspector", "cookie_value", "inspect_app", "serve_inspector", "svg_line_chart"]
@@ -389,12 +389,12 @@ class Inspector:
 
     def filters(self, view: _BankView) -> tuple[list[str], list[str]]:
         """The envs and kinds the bank holds (for the filter menus)."""
-        return bank_rows.distinct(view.db, "env"), bank_rows.distinct(view.db, "kind")
+        return bankfile.distinct(view.db, "env"), bankfile.distinct(view.db, "kind")
 
     def list_cases(self, view: _BankView, *, env: str | None, kind: str | None, reward: str | None,
                    page: int) -> tuple[list[dict[str, Any]], int]:
         """A page of cases in bank order under the filters, and how many match."""
-        return bank_rows.page(view.db, env=env, kind=kind, reward=reward, offset=page * PAGE_SIZE, limit=PAGE_SIZE)
+        return bankfile.page(view.db, env=env, kind=kind, reward=reward, offset=page * PAGE_SIZE, limit=PAGE_SIZE)
 
     def search(self, view: _BankView, text: str, *, env: str | None, kind: str | None, reward: str | None,
                page: int) -> tuple[list[dict[str, Any]], int]:

@@ -26,7 +26,7 @@ A ``scope`` is ``{"user"?, "agent"?, "session"?}`` (or mem0's ``user_id``, ``age
 null): only the cases of that scope, and with ``include_global`` the cases without any owner as well. A
 ``filter`` (``{"topic": "geo"}``, ``{"level": {"gte": 2, "lt": 5}}``, ``{"user": "alice"}``, ``{"created":
 {"gte": "2024-05-01"}}``, ``{"AND": [...]}``, ``{"OR": [...]}``, ``{"NOT": {...}}``; see
-:mod:`memento.memory.where`) that matches nothing gives no cases, not an error. An argument a tool does not take
+:mod:`memento.bank.where`) that matches nothing gives no cases, not an error. An argument a tool does not take
 is refused (a tool error naming it), never ignored: ``list_cases(user="alice")`` is an error, not every tenant's
 cases.
 

@@ -15,7 +15,7 @@ endpoint or tool does not take is refused, never ignored, and a scope field's va
 ``{"user": null}`` scope meant every user's cases; a ``"user": null`` case, a case for everyone). mem0's
 ``user_id``, ``agent_id`` and ``run_id`` are aliases of ``user``, ``agent`` and ``session`` wherever a scope is
 given (both with different values is an error). ``include_global`` beside a scope also takes the cases without any
-owner (:mod:`memento.memory.where`).
+owner (:mod:`memento.bank.where`).
 
 Imported only by :mod:`memento.serve.http` and :mod:`memento.serve.mcp` (pydantic comes with both extras). No
 ``from __future__ import annotations``: the models are built per config and pydantic reads their annotations as
@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from memento.memory.where import SCOPE_ALIASES, as_scope, parse_filter
+from memento.bank.where import SCOPE_ALIASES, as_scope, parse_filter
 from memento.serve.common import ServeConfig
 from memento.types import MAX_ID_CHARS, SCOPE_FIELDS, check_id, check_reward, check_text, json_value_problem
 
@@ -71,8 +71,8 @@ class Fields:
     case_id: Any  # check_id: 1 to 256 characters
     embedding: Any  # 1 to max_embedding_dim finite numbers
     meta: Any  # a JSON object
-    scope: Any  # {"user"?, "agent"?, "session"?} or mem0's names: ids, never null (memento.memory.where.as_scope)
-    filter: Any  # a filter (memento.memory.where.parse_filter): meta keys, scope fields, created; operators, AND/OR/NOT
+    scope: Any  # {"user"?, "agent"?, "session"?} or mem0's names: ids, never null (memento.bank.where.as_scope)
+    filter: Any  # a filter (memento.bank.where.parse_filter): meta keys, scope fields, created; operators, AND/OR/NOT
     owner: Any  # a new case's user/agent/session: an id; null refused (leave it out for a case without an owner)
     include_global: Any  # a bool: beside a scope, the cases without any owner too
 

@@ -1,6 +1,6 @@
 """Candidate sets over items of every kind: the bank's nearest entries plus the items linked to them.
 
-A state's top-C entries by cosine (:meth:`memento.memory.CaseBank.candidates`) are **expanded** with the active
+A state's top-C entries by cosine (:meth:`memento.bank.CaseBank.candidates`) are **expanded** with the active
 items linked to them (:class:`memento.systems.items.ItemGraph`):
 
 - the **tips** made from a candidate trajectory (CFGM: a task's tips come with its trajectories);
@@ -14,14 +14,15 @@ items linked to them (:class:`memento.systems.items.ItemGraph`):
 each once, after the base candidates, in the order met. Items that are themselves among the base candidates
 stay where they are; superseded item versions and emptied clusters are dropped; cluster entries are not shown
 (they are bookkeeping: their skills are). The result is an :class:`ItemCandidates`: a
-:class:`~memento.memory.Candidates` that also carries each row's ``kind``, its ``links`` (the rows it was
+:class:`~memento.bank.Candidates` that also carries each row's ``kind``, its ``links`` (the rows it was
 expanded from: a tip's trajectory, a skill's member trajectories among the candidates, a routed item's item),
 stored ``rewards_C``, its high-level ``nodes`` (:func:`memento.systems.plugmem.item_nodes`: ``()`` but for
 plugmem items) and ``tokens_C`` (the words of its ``action``, what the prompt shows:
 :func:`memento.systems.plugmem.count_tokens`).
 
 Every policy chooses from the same expanded set, so "similarity over raw cases", the seed systems' own retrieval
-(``policies.cfgm``, ``policies.lifemem``, ``policies.plugmem``) and soft-Q over all kinds see the same items; a
+(``memento.policies.cfgm``, ``memento.policies.lifemem``, ``memento.policies.plugmem``)
+and soft-Q over all kinds see the same items; a
 Q-network with case features sees each row's kind (:mod:`memento.learn.features`). For Memento's positive-only pool an
 item counts as positive (an item has no outcome of its own: its stored reward is 0).
 """
@@ -34,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.errors import DimensionError
-from memento.memory import Candidates
 from memento.systems.items import ItemGraph
 from memento.systems.plugmem import PLUG_KINDS, PlugMemGraph, count_tokens, item_nodes
 

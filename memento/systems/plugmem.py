@@ -57,7 +57,7 @@ text, :func:`count_tokens`, so the count does not depend on a tokenizer); (5) on
 a short task-aligned note (first line, cut to ``note_max_tokens`` words). :class:`PlugMemRetrieval` reports the
 memory tokens of the note (what the prompt would carry) and the calls made.
 
-The *policy* ``policies.plugmem`` cannot call the LLM inside ``select``: it picks, among the expanded candidates
+The *policy* ``memento.policies.plugmem`` cannot call the LLM inside ``select``: it picks, among the expanded candidates
 (:func:`memento.systems.expand.expand_candidates`, which adds the nearest plugmem items and the items sharing a
 node with a candidate item), the most similar items as seeds, routes through the seeds' own concepts/intents
 (the fallback of step 2), and prunes to its token budget, deterministically. The loops then do step 5 on what

@@ -42,9 +42,9 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from memento.bank import Candidates, CaseBank
 from memento.config import MAX_RETRIES, check, check_int
 from memento.errors import ConfigError, ReplyFormatError
-from memento.memory import Candidates, CaseBank
 from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point, retry_reflection
 from memento.systems.expand import expand_candidates
 from memento.systems.items import ItemGraph, split_notes

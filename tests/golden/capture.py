@@ -63,8 +63,8 @@ def _tensor_digest(directory: Path) -> str:
 
 def online_runs(root: Path) -> dict[str, Any]:
     from memento.config import LearnerConfig, LinUCBConfig, RandomConfig, SimilarityConfig, SoftQConfig
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, run_online
-    from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
     env = make_env()
@@ -96,8 +96,8 @@ def regret_runs(root: Path) -> dict[str, Any]:
     import dataclasses
 
     from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
+    from memento.policies import make_policy
     from memento.runs.regret import RegretConfig, regret_policy, run_regret
-    from policies import make_policy
 
     out: dict[str, Any] = {}
     for policy in ("soft_q", "linucb", "similarity", "random"):
@@ -115,9 +115,9 @@ def regret_runs(root: Path) -> dict[str, Any]:
 
 def selector_run(root: Path) -> dict[str, Any]:
     from memento.config import SoftQConfig
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, run_online
     from memento.selector.export import export_selector, load_selector
-    from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
     env = make_env()

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from memento.config import SoftQConfig
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.export import export_selector
-from policies import make_policy
 from tests.loop_env import ExactJudge, make_env
 
 QUESTION = "What is the capital of Peru?"

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.encoders import Encoder
 from memento.errors import DataFormatError, DimensionError
 from memento.formats import read_memento_memory
-from memento.memory import CaseBank
 from tests.conftest import MEMENTO_FIXTURES
 
 MEMORY = MEMENTO_FIXTURES / "memory.jsonl"

@@ -8,14 +8,14 @@ import textwrap
 
 import numpy as np
 
-from memento.memory import CaseBank
+from memento.bank import CaseBank
 from memento.types import Case
 from tests.conftest import unit_vectors
 
 CHILD = textwrap.dedent("""
     import os, sys
     import numpy as np
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
     from memento.types import Case
     bank = CaseBank.open(sys.argv[1])
     x = np.load(sys.argv[2])
@@ -51,7 +51,7 @@ def test_child_killed_mid_transaction_leaves_bank_as_before(tmp_path, rng):
     script = textwrap.dedent("""
         import os, sys, sqlite3
         import numpy as np
-        from memento.memory import CaseBank
+        from memento.bank import CaseBank
         from memento.types import Case
         bank = CaseBank.open(sys.argv[1])
         real_commit = bank._rows.conn.commit

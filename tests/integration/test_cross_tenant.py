@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from memento.bank import create_bank, open_bank
 from memento.errors import DataFormatError, UnknownCaseError
-from memento.memory import create_bank, open_bank
 from memento.selector.export import load_selector, verify
 from memento.types import Case
 from tests.loop_env import HashingEncoder, small_selector

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from memento.config import LearnerConfig, QNetConfig, to_dict
-from training.metrics import expected_calibration_error, roc_auc
-from training.q_module import QModule
+from memento.training.metrics import expected_calibration_error, roc_auc
+from memento.training.q_module import QModule
 
 WORLD = 2
 

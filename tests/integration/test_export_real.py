@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from memento.config import SoftQConfig
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.export import export_selector, load_selector, verify
-from policies import make_policy
 from tests.fuzzing import record
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
@@ -110,9 +110,9 @@ def test_load_select_learn_save_without_lightning_or_llm_clients(hashing_artifac
 
 @pytest.mark.slow
 def test_real_encoder_text_query_in_a_fresh_process(encoder, tmp_path: Path) -> None:
+    from memento.bank import CaseBank
     from memento.learn.learner import SoftQLearner
-    from memento.memory import CaseBank
-    from policies import SoftQPolicy
+    from memento.policies import SoftQPolicy
 
     env = make_env()
     threads = torch.get_num_threads()

@@ -46,7 +46,7 @@ def test_default_device_is_cuda_when_present():
 
 @pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat"])
 def test_faiss_gpu_search_matches_cpu(tmp_path, factory):
-    from memento.memory import CaseBank, gpu_available
+    from memento.bank import CaseBank, gpu_available
     from memento.types import Case
 
     if not gpu_available():

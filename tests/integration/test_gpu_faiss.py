@@ -15,14 +15,14 @@ pytestmark = pytest.mark.gpu
 
 
 def _needs_faiss_gpu() -> None:
-    from memento.memory.index import gpu_available
+    from memento.bank.index import gpu_available
 
     if not gpu_available():
         pytest.skip("faiss has no GPU support here (make install-gpu: faiss-gpu in place of faiss-cpu)")
 
 
 def test_selector_on_cuda_searches_on_the_gpu(tmp_path: Path) -> None:
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
     from memento.selector.export import create_selector
     from memento.selector.runtime import Selector
     from memento.types import Case
@@ -41,8 +41,8 @@ def test_selector_on_cuda_searches_on_the_gpu(tmp_path: Path) -> None:
 
 
 def test_the_loop_on_cuda_searches_on_the_gpu(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, OnlineLoop
-    from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
     _needs_faiss_gpu()
@@ -50,7 +50,7 @@ def test_the_loop_on_cuda_searches_on_the_gpu(tmp_path: Path, caplog: pytest.Log
     loop = OnlineLoop(LoopConfig(steps=6, tensorboard=False), make_policy=make_policy, encoder=HashingEncoder(),
                       planner=env.planner(), judge=ExactJudge(), tasks=env.tasks, seed_cases=env.seed_cases,
                       out_dir=tmp_path / "run", device="cuda")
-    with caplog.at_level(logging.INFO, logger="memento.memory.index"):
+    with caplog.at_level(logging.INFO, logger="memento.bank.index"):
         summary = loop.run()
     assert summary["steps"] == 6
     assert not [r for r in caplog.records if "stays on the CPU" in r.getMessage()]

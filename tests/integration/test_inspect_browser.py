@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from memento.memory import CaseBank  # noqa: E402
+from memento.bank import CaseBank  # noqa: E402
 from memento.serve.inspector import Inspector, inspect_app  # noqa: E402
 from tests.loop_env import HashingEncoder  # noqa: E402
 from tests.unit.test_inspect import make_run  # noqa: E402

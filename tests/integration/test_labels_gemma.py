@@ -12,14 +12,14 @@ import math
 
 import pytest
 
+from memento.bank import CaseBank
 from memento.config import EncoderConfig, LearnerConfig, QNetConfig
 from memento.envs.tasks import load_suite, seed_cases
 from memento.learn.labels import LabelConfig, label_tasks, read_labels, summary_path
 from memento.learn.learner import SoftQLearner
-from memento.memory import CaseBank
 from memento.planners import HFPlanner
-from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
-from training.run import train_q
+from memento.training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
+from memento.training.run import train_q
 
 pytestmark = pytest.mark.slow
 

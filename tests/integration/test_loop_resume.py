@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memento.memory import CaseBank
+from memento.bank import CaseBank
 from tests.fuzzing import record
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ phases of an uninterrupted add:
   file and its manifest) to the end (the commit, milvus-lite's index build, the close);
 - ``index``: while milvus-lite writes the sealed segment's vector index file (``indexes/*.vector.flat.idx``,
   written in place by its background thread); a killed write leaves a torn file, which milvus-lite cannot load
-  (before the repair in ``memento.memory.milvus._load_collection``, no command opened such a bank).
+  (before the repair in ``memento.bank.milvus._load_collection``, no command opened such a bank).
 
 In every phase the child writes that index file as milvus-lite does (``np.save`` into the path opened for
 writing) through a file object that pauses after each 16 KiB (~70 ms for the whole file), so that kills land
@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import MilvusBank, MilvusOptions, create_bank, open_bank
 from memento.formats import write_jsonl
-from memento.memory import MilvusBank, MilvusOptions, create_bank, open_bank
 from memento.types import Case
 from tests.fuzzing import record, scale
 
@@ -48,8 +48,8 @@ import numpy as np
 import milvus_lite, pymilvus
 from milvus_lite.index.brute_force import BruteForceIndex
 from memento.formats import read_case_file
-from memento.memory import MilvusOptions, open_bank
-from memento.memory.milvus import MilvusRows
+from memento.bank import MilvusOptions, open_bank
+from memento.bank.milvus import MilvusRows
 uri, path, vectors, batch = sys.argv[1:5]
 cases = read_case_file(path, "case")
 vectors_ND = np.load(vectors)
@@ -166,7 +166,7 @@ def raw_rows(uri: str) -> int:
         rows = client.query(collection, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"]) if rows else 0
     finally:
-        from memento.memory.milvus import disconnect
+        from memento.bank.milvus import disconnect
 
         disconnect(client, lite_dir)
 

@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from memento.bank import CaseBank  # noqa: E402
 from memento.bench.serve import HttpClient, ServerProcess, run_clients  # noqa: E402
-from memento.memory import CaseBank  # noqa: E402
 from memento.types import Case  # noqa: E402
 
 pytestmark = pytest.mark.slow

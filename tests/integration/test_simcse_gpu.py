@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from memento.encoders import Encoder
-from training.simcse import SimCSEConfig, train_encoder
+from memento.training.simcse import SimCSEConfig, train_encoder
 
 pytestmark = pytest.mark.gpu
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-import training.joint
+import memento.training.joint
 from memento.config import QNetConfig
 from memento.encoders import Encoder
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
-from training.config import LightningConfig
-from training.joint import JointConfig, train_joint
-from training.simcse import load_pairs
+from memento.training.config import LightningConfig
+from memento.training.joint import JointConfig, train_joint
+from memento.training.simcse import load_pairs
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +24,13 @@ PAIRS = Path(__file__).resolve().parents[1] / "fixtures" / "simcse" / "pairs.jso
 
 def test_one_step_updates_encoder_and_q_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real_loss = training.joint.soft_q_loss
+    real_loss = memento.training.joint.soft_q_loss
 
     def spy(qnet, target, batch, config, alpha, **kwargs):
         calls.append((batch.state_BD.requires_grad, tuple(batch.cases_BKD.shape)))
         return real_loss(qnet, target, batch, config, alpha, **kwargs)
 
-    monkeypatch.setattr(training.joint, "soft_q_loss", spy)
+    monkeypatch.setattr(memento.training.joint, "soft_q_loss", spy)
     config = JointConfig(data=(str(PAIRS),), max_length=32, batch_size=8, max_steps=1, qnet=QNetConfig(hidden=32),
                          encoder_lr=1e-4, lightning=LightningConfig(accelerator="cpu", devices="1"))
     encoder = Encoder.from_pretrained(max_length=32, device="cpu", use_cache=False)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank.local import CaseBank
 from memento.config import EncoderConfig, load_json
 from memento.encoders import ENCODER_META_NAME, Encoder
 from memento.formats import read_cases_jsonl
-from memento.memory.bank import CaseBank
-from training.config import LightningConfig
-from training.simcse import SimCSEConfig, SimCSEModule, SimCSEResult, load_texts, tokenize, train_encoder
+from memento.training.config import LightningConfig
+from memento.training.simcse import SimCSEConfig, SimCSEModule, SimCSEResult, load_texts, tokenize, train_encoder
 
 pytestmark = pytest.mark.slow
 

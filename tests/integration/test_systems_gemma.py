@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from memento.memory import CaseBank
+from memento.bank import CaseBank
 from memento.planners import HFPlanner
 from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point
 from memento.systems.items import ItemGraph

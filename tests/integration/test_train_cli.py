@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import CaseBank
 from memento.cli.entry import main
 from memento.config import RandomConfig, SoftQConfig
 from memento.learn.learner import SoftQLearner
-from memento.memory import CaseBank
+from memento.policies import SimilarityConfig, SimilarityPolicy, SoftQPolicy, bank_rewards, make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.export import load_selector
-from policies import SimilarityConfig, SimilarityPolicy, SoftQPolicy, bank_rewards, make_policy
 from tests.loop_env import ExactJudge, make_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "memento"
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(autouse=True)
 def _shared_encoder(encoder, monkeypatch) -> Iterator[None]:
     """`memento train` uses the session's encoder instead of loading its own (same model, same cache)."""
-    monkeypatch.setattr("training.cli.load_encoder", lambda config: encoder)
+    monkeypatch.setattr("memento.training.cli.load_encoder", lambda config: encoder)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

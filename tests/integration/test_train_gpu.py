@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from memento.learn.learner import SoftQLearner
+from memento.training.run import resolve_precision, train_q
 from tests.unit.test_training_data import synthetic_data
 from tests.unit.test_training_module import _config
-from training.run import resolve_precision, train_q
 
 pytestmark = pytest.mark.gpu
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from memento.bank import CaseBank
+from memento.bank.bankfile import digest as bank_rows_digest
 from memento.errors import CheckpointError
-from memento.memory import CaseBank
-from memento.memory.rows import digest as bank_rows_digest
 from memento.selector.artifact import (
     BANK_DB,
     DERIVED_FILES,

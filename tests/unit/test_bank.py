@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import Candidates, CaseBank
 from memento.config import EncoderConfig, IndexConfig
 from memento.errors import (
     BankError,
@@ -21,7 +22,6 @@ from memento.errors import (
     UnknownCaseError,
 )
 from memento.formats import read_cases_jsonl
-from memento.memory import Candidates, CaseBank
 from memento.types import Case
 from tests.conftest import unit_vectors
 
@@ -844,7 +844,7 @@ def test_missing_index_file_rebuilt(filled, bank_path: Path, caplog) -> None:
     bank, ids, emb = filled
     bank.close()
     (bank_path / "index.faiss").unlink()
-    with caplog.at_level("WARNING", logger="memento.memory.bank"), CaseBank.open(bank_path) as again:
+    with caplog.at_level("WARNING", logger="memento.bank.local"), CaseBank.open(bank_path) as again:
         assert "rebuilding from 20 cases" in caplog.text
         assert again.stats()["index_ntotal"] == 20
         _, found = again.search(emb[11], 1)
@@ -875,7 +875,7 @@ def test_crash_between_commit_and_index_write(bank_path: Path, rng, caplog) -> N
     b._rows.conn.close()
     b._closed = True
     assert json.loads((bank_path / "index.json").read_text())["ntotal"] == 10
-    with caplog.at_level("WARNING", logger="memento.memory.bank"), CaseBank.open(bank_path) as again:
+    with caplog.at_level("WARNING", logger="memento.bank.local"), CaseBank.open(bank_path) as again:
         assert "index is 5 case(s) behind SQLite; adding them" in caplog.text  # caught up, not rebuilt
         assert "rebuilding" not in caplog.text
         assert len(again) == 15
@@ -899,7 +899,7 @@ def test_index_from_another_bank_rebuilt(tmp_path: Path, rng, caplog) -> None:
         other.add(make_cases(5, prefix="other"), other_emb)
     for name in ("index.faiss", "index.json"):
         shutil.copy(tmp_path / "other" / name, tmp_path / "mine" / name)
-    with caplog.at_level("WARNING", logger="memento.memory.bank"), CaseBank.open(tmp_path / "mine") as again:
+    with caplog.at_level("WARNING", logger="memento.bank.local"), CaseBank.open(tmp_path / "mine") as again:
         assert "index missing or stale; rebuilding from 8 cases" in caplog.text
         assert again.stats()["index_ntotal"] == 8
         for j in range(8):
@@ -1037,8 +1037,8 @@ def test_truncate_rolls_back_newest_cases(tmp_path, rng, factory):
 def test_candidates_subset_and_positive():
     import numpy as np
 
+    from memento.bank import Candidates
     from memento.errors import DimensionError
-    from memento.memory import Candidates
 
     cands = Candidates(ids=["a", "b", "c"], positions_C=np.array([5, 1, 7]), scores_C=np.array([0.9, 0.8, 0.1]),
                        embeddings_CD=np.eye(3, dtype=np.float32))
@@ -1077,7 +1077,7 @@ def test_scores_a_few_last_places_apart_are_one_tie_in_position_order() -> None:
     """An index may score two equal vectors one unit in the last place apart (other SIMD lanes, another CPU):
     such runs are one tie, given the run's first score and ordered by position; real gaps and padding keep
     their order, and the vectors follow their rows."""
-    from memento.memory.front import _order_ties
+    from memento.bank.front import _order_ties
 
     near = np.nextafter(np.float32(0.9697622), np.float32(1.0))
     scores_BK = np.array([[near, np.float32(0.9697622), np.float32(0.5), -np.inf],

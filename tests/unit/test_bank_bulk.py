@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
+from memento.bank.bulk import import_with_embeddings, read_embeddings
 from memento.cli.entry import main
-from memento.memory import CaseBank
-from memento.memory.bulk import import_with_embeddings, read_embeddings
 from tests.conftest import unit_vectors
 
 DIM = 16

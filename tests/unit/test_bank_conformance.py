@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import Bank, CaseBank, MilvusBank, MilvusOptions, bank_exists, create_bank, open_bank
+from memento.bank.uri import parse_bank_uri
 from memento.config import EncoderConfig
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
 from memento.formats import read_cases_jsonl
-from memento.memory import Bank, CaseBank, MilvusBank, MilvusOptions, bank_exists, create_bank, open_bank
-from memento.memory.uri import parse_bank_uri
 from memento.types import Case, content_hash
 from tests.conftest import unit_vectors
 
@@ -338,7 +338,7 @@ def test_missing_bank_is_not_created(bank_uri) -> None:
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from memento.memory import open_bank
+    from memento.bank import open_bank
     from memento.types import Case
     bank = open_bank(sys.argv[1])
     rng = np.random.default_rng(0)
@@ -636,7 +636,7 @@ def test_milvus_rows_past_the_watermark_are_unseen_then_rolled_back(lite_uri, rn
         assert len(reader) == 5 and _raw(reader) == 8
         assert reader.search(ghost[0], 3)[1].tolist()[0] in ids
         assert [c.id for c in reader.iter_cases()] == ids
-    with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"), open_bank(lite_uri) as bank:
+    with caplog.at_level(logging.WARNING, logger="memento.bank.milvus"), open_bank(lite_uri) as bank:
         assert [r.message for r in caplog.records if "rolled back 3 row(s)" in r.message]
         assert len(bank) == 5 and _raw(bank) == 5
         new = bank.add(make_cases(3, "new"), ghost)
@@ -806,7 +806,7 @@ def test_a_milvus_collection_made_before_versions_updates_without_one(lite_uri, 
     with create_bank(lite_uri, DIM) as bank:
         ids = bank.add(make_cases(3), unit_vectors(rng, 3, DIM))
         monkeypatch.setattr(bank._rows, "versioned", False)
-        with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"):
+        with caplog.at_level(logging.WARNING, logger="memento.bank.milvus"):
             bank.update(ids[0], action="changed")
         assert "before case versions" in caplog.text
         got = bank.get(ids[0])

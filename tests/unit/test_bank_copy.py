@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import open_bank
 from memento.cli.entry import main
 from memento.envs.tasks import suite_dir
-from memento.memory import open_bank
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank, create_bank
+from memento.bank.local import VECTORS_META_NAME, VECTORS_NAME
 from memento.config import BankConfig, IndexConfig, from_dict
 from memento.errors import ConfigError
-from memento.memory import CaseBank, create_bank
-from memento.memory.bank import VECTORS_META_NAME, VECTORS_NAME
 from memento.types import Case
 from tests.conftest import unit_vectors
 

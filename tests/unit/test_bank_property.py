@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memento.memory import CaseBank
+from memento.bank import CaseBank
 from memento.types import Case
 from tests.conftest import unit_vectors
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank, create_bank, open_bank
+from memento.bank.where import as_scope, parse_filter
 from memento.config import EncoderConfig
 from memento.errors import BankError, DataFormatError
-from memento.memory import CaseBank, create_bank, open_bank
-from memento.memory.where import as_scope, parse_filter
 from memento.types import Case
 from tests.conftest import unit_vectors
 from tests.unit.test_bank_conformance import bank_uri, lite_file, server_url  # noqa: F401 - fixtures
@@ -191,7 +191,7 @@ def test_a_directory_bank_made_before_scopes_gains_them_on_the_first_scoped_case
 
 
 def test_a_milvus_collection_made_before_scopes_says_so(tmp_path, rng, monkeypatch) -> None:
-    from memento.memory import milvus
+    from memento.bank import milvus
 
     bank = create_bank(f"milvus:{tmp_path / 'm.db'}#c", DIM)
     bank.add([Case(state="plain", action="a", reward=1.0)], unit_vectors(rng, 1, DIM))

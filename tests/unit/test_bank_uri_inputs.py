@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import copy_bank, open_bank
 from memento.cli.entry import main
-from memento.memory import copy_bank, open_bank
 from memento.selector.export import create_selector, load_selector, verify
 from tests.loop_env import HashingEncoder, soft_q_run
 from tests.unit.test_cli_ope import _evaluate
@@ -75,8 +75,8 @@ def test_export_refuses_a_missing_milvus_collection(run: Path, lite: str, tmp_pa
 
 
 def test_training_data_from_a_milvus_bank(run: Path, lite: str) -> None:
-    from training.data import load_transition_log
-    from training.simcse import load_texts
+    from memento.training.data import load_transition_log
+    from memento.training.simcse import load_texts
 
     a = load_transition_log(run, HashingEncoder(), bank=run / "bank")
     b = load_transition_log(run, HashingEncoder(), bank=lite)
@@ -90,8 +90,8 @@ def test_online_loop_with_case_features_from_a_milvus_seed_bank(lite: str, tmp_p
     vectors): the run copies the seed bank into its own bank and logs the features there."""
     import dataclasses
 
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, loop_policy, run_online
-    from policies import make_policy
     from tests.loop_env import ExactJudge, make_env
 
     env = make_env()

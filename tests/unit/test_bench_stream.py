@@ -153,7 +153,7 @@ def test_question_stream_starts_from_the_suite_seed_bank(tmp_path: Path) -> None
     results = run_stream_bench(config, out=tmp_path / "s.json", workdir=tmp_path / "work",
                                planner=CallablePlanner(answer, name="toy"), encoder=HashingEncoder())
     assert results["seed_bank"] == 2
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
 
     with CaseBank.open(tmp_path / "work" / "seed-0" / "grouped" / "similarity" / "train" / "bank") as bank:
         stored = {c.state: c.reward for c in bank.iter_cases()}

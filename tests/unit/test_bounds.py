@@ -152,7 +152,7 @@ def test_usual_factories_are_accepted(factory: str) -> None:
 
 
 def test_faiss_refusals_and_failures_are_one_line() -> None:
-    from memento.memory.index import FaissIndex
+    from memento.bank.index import FaissIndex
 
     for factory in ("PQ5", "LSH", "Flat,,"):  # faiss itself refuses these over dim 384
         _refused(lambda f=factory: FaissIndex(IndexConfig(factory=f), 384), "factory")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import Candidates
 from memento.config import QNetConfig
 from memento.learn.policy import q_values
 from memento.learn.qnet import CaseHalfCache, MLPQNetwork, build_qnet
-from memento.memory import Candidates
 
 D, C, N = 16, 12, 40
 

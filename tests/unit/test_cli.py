@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.cli.entry import build_parser, main
-from memento.memory import CaseBank
 from memento.types import Case
 from tests.conftest import unit_vectors
 

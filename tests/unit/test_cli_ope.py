@@ -16,7 +16,7 @@ import pytest
 from memento.cli.entry import main
 from memento.cli.evaluate import add_parser, cmd_evaluate
 from memento.ope.export import parse_vw_cb_adf
-from policies import make_policy
+from memento.policies import make_policy
 from tests.loop_env import HashingEncoder, soft_q_run
 
 K1 = {"ips", "snips", "dm", "dr"}

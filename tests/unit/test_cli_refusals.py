@@ -9,10 +9,10 @@ import pytest
 
 from memento.cli.entry import main
 from memento.errors import ConfigError
+from memento.policies import make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import LoopConfig
 from memento.runs.ray import steady_rate
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 ROOT = Path(__file__).resolve().parents[2]

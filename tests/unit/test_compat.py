@@ -14,10 +14,10 @@ import pytest
 
 from memento.config import SoftQConfig
 from memento.errors import CheckpointError
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.runs.rundir import RunDir
 from memento.selector.export import export_selector, load_selector, verify
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "artifacts"

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import CaseBank
 from memento.config import IndexConfig, QNetConfig
 from memento.errors import BankError
-from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.types import Case
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 INDEX = IndexConfig(factory="IVF4,PQ8x4", nprobe=4, refine=4)  # 4-bit codes: trained on >= 39 x 16 = 624 vectors

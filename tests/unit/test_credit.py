@@ -20,9 +20,9 @@ import torch
 from memento.config import SoftQConfig
 from memento.errors import ConfigError
 from memento.planners.base import CallablePlanner, PlannerError
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.types import Case, Task
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder
 
 HARMFUL = "Which colour is a lemon? (a trick)"
@@ -55,7 +55,7 @@ def _run(tmp_path, credit: str) -> OnlineLoop:
 def _q_by_state(loop: OnlineLoop) -> dict[str, float]:
     encoder = HashingEncoder()
     state_D = encoder.encode([TASKS[0].question])[0]
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
 
     with CaseBank.open(loop.run_dir.bank) as bank:
         cands = bank.candidates(state_D, 4)

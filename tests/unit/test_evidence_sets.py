@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import CaseBank
 from memento.config import EvidenceConfig, OnlineLabelsConfig, SetChoiceConfig, SoftQConfig
 from memento.learn.evidence import (
     add_reward,
@@ -33,11 +34,10 @@ from memento.learn.evidence import (
     set_size,
     update_set_values,
 )
-from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop, qa_policy, without_labels
 from memento.types import Case, Task
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder
 
 THINGS = ["zorvia minor", "quenlo tarrak", "mirth ondale", "pellow ruska", "varnen oskel", "halbrecht umo",

@@ -19,6 +19,8 @@ import pytest
 import torch
 
 import memento
+from memento.bank import CaseBank
+from memento.bank.bankfile import digest as bank_rows_digest
 from memento.cli.entry import main
 from memento.config import LearnerConfig, QNetConfig, ReplayConfig, SoftQConfig, load_json, save_json, to_dict
 from memento.errors import (
@@ -34,8 +36,7 @@ from memento.errors import (
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
-from memento.memory import CaseBank
-from memento.memory.rows import digest as bank_rows_digest
+from memento.policies import make_policy
 from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig
 from memento.selector.artifact import (
@@ -52,7 +53,6 @@ from memento.selector.artifact import (
 )
 from memento.selector.export import export_selector, load_selector, verify
 from memento.selector.runtime import Selector
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 STEPS = 40
@@ -136,7 +136,7 @@ def test_export_writes_every_part_with_checksums(exported: Path, runs: Path) -> 
 
 
 def test_selections_equal_the_trained_policy_greedy_and_sampled(exported: Path, runs: Path) -> None:
-    from policies import SoftQPolicy
+    from memento.policies import SoftQPolicy
 
     learner = SoftQLearner.load(runs / "soft_q" / "selector", device="cpu")
     policy = SoftQPolicy(learner.qnet, alpha=learner.alpha)

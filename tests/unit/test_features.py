@@ -14,16 +14,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from memento.bank import CaseBank
 from memento.config import CASE_KINDS, CASE_SCALARS, LearnerConfig, QNetConfig, SoftQConfig
 from memento.errors import ConfigError, DimensionError
 from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer, case_scalars
 from memento.learn.policy import Observation, PolicyContext
 from memento.learn.qnet import build_qnet
-from memento.memory import CaseBank
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.types import Case
-from policies import make_policy
 from tests.conftest import unit_vectors
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 

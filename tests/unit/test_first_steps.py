@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from memento.bank import CaseBank
 from memento.cli.entry import build_parser, main
-from memento.memory import CaseBank
 from memento.selector.export import create_selector
 from memento.serve.app import ServeConfig, create_app
 from tests.loop_env import HashingEncoder, make_env

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import memento
+from memento.bank import CaseBank
 from memento.errors import DataFormatError, UnknownCaseError
-from memento.memory import CaseBank
 from memento.selector.export import load_selector, verify
 from memento.selector.runtime import Selector
 from memento.types import Case

@@ -240,8 +240,8 @@ def rewards_cases(workdir: Path) -> Path:
 @given(content=_files_for(_REWARD))
 @_known_examples(_REWARD)
 def test_rewards_jsonl_loads_or_refuses_in_one_line(workdir: Path, rewards_cases: Path, content: bytes) -> None:
+    from memento.training.data import load_cases_rewards
     from tests.loop_env import HashingEncoder
-    from training.data import load_cases_rewards
 
     record(__name__, "inputs")
     path = workdir / "rewards.jsonl"
@@ -258,7 +258,7 @@ def test_rewards_jsonl_loads_or_refuses_in_one_line(workdir: Path, rewards_cases
 def _config_bases() -> list[tuple[type, dict[str, Any]]]:
     from memento.config import IndexConfig, LearnerConfig, QNetConfig, ReplayConfig, to_dict
     from memento.runs.qa import loop_policy
-    from training.config import DataConfig, TrainConfig
+    from memento.training.config import DataConfig, TrainConfig
 
     qnet = QNetConfig(dim=16)
     loop = [to_dict(LoopConfig()), to_dict(LoopConfig(policy=loop_policy("similarity"))),
@@ -342,7 +342,7 @@ def test_http_bodies_get_2xx_or_a_4xx_problem(http: Any, body: tuple[str, bytes]
 
 @pytest.fixture(scope="module")
 def bank_dir(workdir: Path) -> Path:
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
 
     CaseBank.create(workdir / "bank", 8).close()  # no encoder: a file the reader takes fails on that, still rc 2
     return workdir / "bank"

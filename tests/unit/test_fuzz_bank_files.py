@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank, bulk
+from memento.bank.bulk import check_embeddings, import_with_embeddings, read_embeddings
 from memento.cli.entry import main
 from memento.config import MAX_DIM
 from memento.errors import CheckpointError, DataFormatError
 from memento.io import load_json_file
-from memento.memory import CaseBank, bulk
-from memento.memory.bulk import check_embeddings, import_with_embeddings, read_embeddings
 from tests.conftest import unit_vectors
 
 N, DIM = 6, 8

@@ -134,7 +134,7 @@ def test_verify_loads_or_refuses_every_json_file_in_one_line(workdir: Path, caps
 
 def _train_base() -> dict[str, Any]:
     from memento.config import QNetConfig, to_dict
-    from training.config import DataConfig, TrainConfig
+    from memento.training.config import DataConfig, TrainConfig
 
     return to_dict(TrainConfig(data=DataConfig(source="cases", cases="missing-cases.jsonl",
                                                rewards="missing-rewards.jsonl"), qnet=QNetConfig(dim=16)))
@@ -164,7 +164,7 @@ def test_train_config_loads_or_refuses_in_one_line(workdir: Path, capsys: pytest
 
 def _simcse_base() -> dict[str, Any]:
     from memento.config import to_dict
-    from training.config import SimCSEConfig
+    from memento.training.config import SimCSEConfig
 
     return to_dict(SimCSEConfig(data=["missing.jsonl"]))
 
@@ -179,7 +179,7 @@ def test_train_encoder_config_loads_or_refuses_in_one_line(workdir: Path, capsys
     """The config as the command reads it; a refused one also through ``memento train-encoder`` (a config that
     loads is not trained on: that would take minutes)."""
     from memento.cli.entry import build_parser
-    from training.simcse_cli import config_from_args
+    from memento.training.simcse_cli import config_from_args
 
     record(__name__, "inputs")
     case = workdir / "train-encoder"
@@ -318,7 +318,7 @@ def test_memento_plan_strings_load_or_refuse_in_one_line(workdir: Path, kind: st
 
 @pytest.fixture(scope="module")
 def vector_bank(workdir: Path) -> Path:
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
 
     CaseBank.create(workdir / "bank", 8).close()  # no encoder: a text that passes the argument checks ends there
     return workdir / "bank"
@@ -355,7 +355,7 @@ def test_bank_search_with_undecodable_argv_bytes_in_a_real_process(tmp_path: Pat
     import subprocess
     import sys
 
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
 
     CaseBank.create(tmp_path / "bank", 8).close()
     done = subprocess.run([sys.executable.encode(), b"-m", b"memento", b"bank", b"search", b"\xff\xfe",

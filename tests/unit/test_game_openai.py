@@ -9,8 +9,8 @@ from typing import Any
 from memento.envs.textworld import TextWorldEnv
 from memento.planners.actor import ActorConfig
 from memento.planners.openai_compat import OpenAICompatPlanner
+from memento.policies import make_policy
 from memento.runs.games import GameLoopConfig, game_policy, run_games
-from policies import make_policy
 from tests.game_env import HashingEncoder
 from tests.unit.test_openai_compat import FakeServer, chat_reply
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from memento.bank import CaseBank
 from memento.config import SimilarityConfig, from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, GameError
 from memento.learn.replay import ReplayBuffer
-from memento.memory import CaseBank
+from memento.policies import make_policy
 from memento.runs.games import GameLoop, GameLoopConfig, discounted_returns, game_policy, run_games
-from policies import make_policy
 from tests.game_env import HashingEncoder, ScriptedPlanner, walkthrough_commands
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from memento.bank import CaseBank
 from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig
-from memento.memory import CaseBank
 from memento.planners.base import PlanOutput
+from memento.policies import make_policy
 from memento.runs.games import GameLoop, GameLoopConfig, game_policy, run_games
 from memento.systems.items import ItemGraph
 from memento.systems.runtime import SystemsConfig, split_notes
 from memento.types import Case
-from policies import make_policy
 from tests.game_env import HashingEncoder, ScriptedPlanner, walkthrough_commands
 
 REPLIES = {  # a word of each builder template -> the scripted reply

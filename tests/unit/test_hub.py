@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 import memento
+from memento.bank import CaseBank
 from memento.encoders import Encoder, default_model_path
 from memento.errors import CheckpointError, EncoderError
-from memento.memory import CaseBank
 from memento.selector.artifact import EncoderSpec, read_encoder_spec
 from memento.selector.export import create_selector, load_selector, verify
 from memento.types import Case

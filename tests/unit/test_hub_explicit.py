@@ -167,8 +167,8 @@ def test_a_bank_whose_encoder_path_is_missing_is_not_exported_as_a_hub_id(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """``org/name`` recorded as a local path that no longer exists is refused, never written to encoder.json as a
     Hub id (a Hub encoder is recorded as ``hf://org/name``); nothing is created."""
+    from memento.bank import CaseBank
     from memento.config import EncoderConfig
-    from memento.memory import CaseBank
     from memento.selector.export import create_selector
 
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""The streamed bulk import (:mod:`memento.memory.ingest`): the same cases, ids, hashes and one-line errors as the
+"""The streamed bulk import (:mod:`memento.bank.ingest`): the same cases, ids, hashes and one-line errors as the
 standard reader and ``add``, in two passes over the file."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memento.bank import CaseBank
+from memento.bank.ingest import _fast, import_case_file, scan_case_file
 from memento.cli.entry import main
 from memento.errors import DataFormatError
 from memento.formats import read_cases_jsonl
-from memento.memory import CaseBank
-from memento.memory.ingest import _fast, import_case_file, scan_case_file
 from memento.types import Case, content_hash
 from tests.conftest import unit_vectors
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from memento import io as memento_io
+from memento.bank import CaseBank
 from memento.cli.entry import main
 from memento.config import EncoderConfig, load_json
 from memento.errors import ConfigError, DataFormatError
@@ -28,7 +29,6 @@ from memento.formats import (
     read_tasks_jsonl,
 )
 from memento.io import atomic_write, atomic_write_text
-from memento.memory import CaseBank
 from memento.runs.qa import LoopConfig
 from memento.types import Case
 from tests.conftest import unit_vectors

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, check_policy
 from memento.errors import ConfigError
 from memento.learn.policy import PolicyContext
-from memento.memory import CaseBank
+from memento.policies import CFGMPolicy, LifeMemPolicy, make_policy
+from memento.policies.similarity import bank_rewards
 from memento.runs.games import game_policy
 from memento.systems.expand import ItemCandidates, expand_candidates
 from memento.systems.items import ItemGraph, make_item
 from memento.types import Case
-from policies import CFGMPolicy, LifeMemPolicy, make_policy
-from policies.similarity import bank_rewards
 
 
 def _unit(*xs):

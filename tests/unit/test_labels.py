@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.cli import entry as cli
 from memento.cli import score as score_cli
 from memento.errors import ConfigError, DataFormatError
@@ -28,7 +29,6 @@ from memento.learn.labels import (
     summary_path,
     write_labels,
 )
-from memento.memory import CaseBank
 from memento.planners.base import AnswerScore, CallablePlanner, PlannerError
 from memento.types import Case, Task
 from tests.loop_env import HashingEncoder

@@ -1,4 +1,4 @@
-"""The import graph runs one way: the core (``memento``) < ``policies`` < ``training`` < the composition root.
+"""The import graph runs one way: the core < ``memento.policies`` < ``memento.training`` < the composition root.
 
 The composition root (the ``memento`` command and the benchmarks that run concrete policies) is the only
 place where concrete policies and trainers are wired into the loop, the regret run and the selector; the
@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("memento", "policies", "training")
+PACKAGES = ("memento",)
+ALIASES = ("policies", "training")
+"""Top-level packages that only alias ``memento.policies`` and ``memento.training`` for one release."""
 COMPOSITION_ROOT = {"memento.cli", "memento.__main__", "memento.bench.online",
                     "memento.bench.select", "memento.bench.serve", "memento.bench.games",
                     "memento.bench.stream", "memento.bench.stream_qa"}
@@ -38,7 +40,10 @@ def _modules() -> dict[str, Path]:
 def _layer(module: str) -> int:
     if module in COMPOSITION_ROOT or module.startswith("memento.cli."):
         return 3
-    return {"memento": 0, "policies": 1, "training": 2}[module.split(".")[0]]
+    for prefix, layer in (("memento.policies", 1), ("memento.training", 2)):
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return 0
 
 
 def _resolve(module: str, name: str, known: dict[str, Path]) -> str | None:
@@ -113,7 +118,8 @@ def test_importing_the_core_loads_neither_policies_nor_training() -> None:
     code = ("import json, sys\n"
             "import memento, memento.runs.qa, memento.selector.runtime, memento.runs.regret\n"
             "import memento.selector.export, memento.serve.app\n"
-            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'policies', 'training'})))\n")
+            "print(json.dumps(sorted({'.'.join(m.split('.')[:2]) for m in sys.modules} "
+            "& {'memento.policies', 'memento.training', 'policies', 'training'})))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                             check=False)
     assert result.returncode == 0, result.stderr

@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from memento.bank import CaseBank
 from memento.charts import learning_curves_svg
 from memento.config import (
     POLICY_CONFIGS,
@@ -38,9 +39,9 @@ from memento.config import (
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError
-from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlannerError
 from memento.planners.spec import PlannerSpec, parse_planner_spec
+from memento.policies import make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import (
     COMPONENTS,
@@ -53,7 +54,6 @@ from memento.runs.qa import (
     task_order,
     without_labels,
 )
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, Judged, make_env
 
 STEPS, LATE = 300, 100
@@ -164,9 +164,9 @@ def test_summary_fields_are_consistent(comparison, policy):
     assert summary["bank_size_end"] - summary["bank_size_start"] == summary["retained"] == len(new)
     assert len({r["retained_id"] for r in new}) == len(new)
     assert summary["duplicates"] == sum(r["duplicate"] for r in records)
-    bank_rows = _bank_rows(run / "bank")
-    assert len(bank_rows) == summary["bank_size_end"]
-    assert [row[0] for row in bank_rows[summary["bank_size_start"]:]] == [r["retained_id"] for r in new]
+    bankfile = _bank_rows(run / "bank")
+    assert len(bankfile) == summary["bank_size_end"]
+    assert [row[0] for row in bankfile[summary["bank_size_start"]:]] == [r["retained_id"] for r in new]
     assert summary["success_rate"] == pytest.approx(np.mean([r["success"] for r in records]))
     assert summary["cumulative_reward"] == pytest.approx(sum(r["reward"] for r in records))
     windows = summary["success_by_window"]

@@ -1,4 +1,4 @@
-"""A Milvus Lite bank whose index file a crash left torn opens with its cases (memento.memory.milvus).
+"""A Milvus Lite bank whose index file a crash left torn opens with its cases (memento.bank.milvus).
 
 milvus-lite writes a sealed segment's vector index (``indexes/<segment>.vector.<type>.idx``) in place, in a
 background thread after a flush; a kill while it writes leaves a prefix of the file, and loading the collection
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import create_bank, open_bank
 from memento.errors import BankError
-from memento.memory import create_bank, open_bank
 from memento.types import Case
 from tests.conftest import unit_vectors
 
@@ -63,7 +63,7 @@ def test_a_torn_index_file_is_rebuilt_on_open(tmp_path: Path, factory: str, keep
     assert "\n" not in message and index.name in message and "open the bank once for writing" in message
     assert index.stat().st_size == int(whole * keep)
 
-    with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"), open_bank(uri) as bank:
+    with caplog.at_level(logging.WARNING, logger="memento.bank.milvus"), open_bank(uri) as bank:
         assert len(bank) == N
         assert bank.ids_at(range(N)) == ids
         scores, found = bank.search(vectors_ND[17], 1)
@@ -74,7 +74,7 @@ def test_a_torn_index_file_is_rebuilt_on_open(tmp_path: Path, factory: str, keep
     assert data_digests(lite) == data  # data, manifest and schema files untouched
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"), open_bank(uri, read_only=True) as bank:
+    with caplog.at_level(logging.WARNING, logger="memento.bank.milvus"), open_bank(uri, read_only=True) as bank:
         assert len(bank) == N
     assert not caplog.records
 
@@ -82,7 +82,7 @@ def test_a_torn_index_file_is_rebuilt_on_open(tmp_path: Path, factory: str, keep
 def test_a_whole_bank_opens_without_repair(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     uri, lite, _, _ = flushed_bank(tmp_path)
     before = {p: p.stat().st_mtime_ns for p in index_files(lite)}
-    with caplog.at_level(logging.WARNING, logger="memento.memory.milvus"), open_bank(uri) as bank:
+    with caplog.at_level(logging.WARNING, logger="memento.bank.milvus"), open_bank(uri) as bank:
         assert len(bank) == N
     assert not caplog.records
     assert {p: p.stat().st_mtime_ns for p in index_files(lite)} == before

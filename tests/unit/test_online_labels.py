@@ -27,9 +27,9 @@ from memento.config import OnlineLabelsConfig, SoftQConfig
 from memento.errors import ConfigError
 from memento.learn.labels import read_labels
 from memento.planners.base import CallablePlanner
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
 from memento.types import Case, Task
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder
 
 ENTITIES = ["zorvia minor east", "quenlo tarrak vey", "mirth ondale sar", "pellow ruska dane", "varnen oskel tiv",
@@ -229,7 +229,7 @@ def test_cli_default_labels_are_off_with_one_line_when_the_server_gives_no_logpr
 
 def test_a_runs_online_labels_train_a_selector_offline(tmp_path) -> None:
     pytest.importorskip("lightning")
-    from training.data import load_labels
+    from memento.training.data import load_labels
 
     loop = _run(tmp_path, "run", _labels_policy(), steps=24)
     data = load_labels(loop.run_dir.labels, loop.run_dir.bank, HashingEncoder(dim=256), features="case")

@@ -1,5 +1,5 @@
 """The distribution's metadata (pyproject.toml, constraints.txt), ``python -m memento``, and which device the
-case bank's faiss index goes to (``memento.memory.index.use_gpu_for`` and the call sites that use it)."""
+case bank's faiss index goes to (``memento.bank.index.use_gpu_for`` and the call sites that use it)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memento.memory import index as faiss_index
+from memento.bank import index as faiss_index
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "memento-mdp"
@@ -141,7 +141,7 @@ def test_python_dash_m_memento(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 
 @pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), None, "mps"])
 def test_use_gpu_for_a_cpu_device_is_false_and_silent(device: object, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="memento.memory.index"):
+    with caplog.at_level(logging.INFO, logger="memento.bank.index"):
         assert faiss_index.use_gpu_for(device) is False
     assert not caplog.records
 
@@ -150,12 +150,12 @@ def test_use_gpu_for_a_cpu_device_is_false_and_silent(device: object, caplog: py
 def test_use_gpu_for_cuda_follows_the_faiss_build(device: object, monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(faiss_index, "gpu_available", lambda: True)
-    with caplog.at_level(logging.INFO, logger="memento.memory.index"):
+    with caplog.at_level(logging.INFO, logger="memento.bank.index"):
         assert faiss_index.use_gpu_for(device) is True
     assert not caplog.records
 
     monkeypatch.setattr(faiss_index, "gpu_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="memento.memory.index"):
+    with caplog.at_level(logging.INFO, logger="memento.bank.index"):
         assert faiss_index.use_gpu_for(device) is False
     (record,) = caplog.records  # exactly one line saying why, and what to install
     message = record.getMessage()
@@ -166,7 +166,7 @@ def test_use_gpu_for_cuda_follows_the_faiss_build(device: object, monkeypatch: p
 def test_use_gpu_for_names_two_faiss_builds(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(faiss_index, "gpu_available", lambda: False)
     monkeypatch.setattr(faiss_index, "faiss_distributions", lambda: {"faiss-cpu": "1.15.1", "faiss-gpu": "1.15.1"})
-    with caplog.at_level(logging.WARNING, logger="memento.memory.index"):
+    with caplog.at_level(logging.WARNING, logger="memento.bank.index"):
         assert faiss_index.use_gpu_for("cuda") is False
     assert "faiss-cpu 1.15.1, faiss-gpu 1.15.1 are installed together" in caplog.records[0].getMessage()
 
@@ -189,8 +189,8 @@ def _recorder(monkeypatch: pytest.MonkeyPatch, module: object) -> list[object]:
 
 def test_the_loop_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import memento.runs.base
+    from memento.policies import make_policy
     from memento.runs.qa import LoopConfig, run_online
-    from policies import make_policy
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
     calls = _recorder(monkeypatch, memento.runs.base)
@@ -204,7 +204,7 @@ def test_the_loop_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pyt
 
 def test_the_selector_opens_its_bank_for_its_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import memento.selector.runtime
-    from memento.memory import CaseBank
+    from memento.bank import CaseBank
     from memento.selector.export import create_selector
     from memento.types import Case
     from tests.conftest import unit_vectors

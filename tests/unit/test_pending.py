@@ -24,11 +24,11 @@ import torch
 
 from memento.config import SoftQConfig
 from memento.errors import CheckpointError, UnknownSelectionError
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.artifact import FEEDBACK_NAME, FeedbackLog
 from memento.selector.export import export_selector, load_selector, verify
 from memento.selector.pending import PENDING_NAME, PendingSelection, PendingStore, answered_in
-from policies import make_policy
 from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import Candidates, CaseBank
 from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.learn.policy import Observation, Policy, PolicyContext, plackett_luce_prob, softmax
-from memento.memory import Candidates, CaseBank
-from memento.types import Case, Selection
-from policies import (
+from memento.policies import (
     LinUCBConfig,
     LinUCBPolicy,
     RandomConfig,
@@ -26,6 +25,7 @@ from policies import (
     make_policy,
     with_rewards,
 )
+from memento.types import Case, Selection
 from tests.conftest import unit_vectors
 
 DIM = 8

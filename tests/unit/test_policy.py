@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from memento.bank import Candidates
 from memento.errors import DataFormatError, DimensionError
 from memento.learn.policy import (
     check_candidates,
@@ -20,7 +21,6 @@ from memento.learn.policy import (
     softmax,
     top_k,
 )
-from memento.memory import Candidates
 from tests.conftest import unit_vectors
 
 # chi-square critical values at significance 0.001 (used when scipy is absent)

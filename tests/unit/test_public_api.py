@@ -43,7 +43,7 @@ def test_error_hierarchy() -> None:
 def test_import_does_not_pull_heavy_dependencies() -> None:
     code = (
         "import json, sys\n"
-        "import memento, memento.config, memento.formats, memento.types, memento.encoders, memento.memory\n"
+        "import memento, memento.config, memento.formats, memento.types, memento.encoders, memento.bank\n"
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
     root = Path(__file__).resolve().parents[2]

@@ -184,8 +184,8 @@ def test_config_round_trip() -> None:
 def test_a_fresh_anchored_network_ranks_exactly_like_cosine(arch: str) -> None:
     import numpy as np
 
-    from memento.memory import Candidates
-    from policies import SimilarityPolicy, SoftQPolicy
+    from memento.bank import Candidates
+    from memento.policies import SimilarityPolicy, SoftQPolicy
 
     net = build_qnet(QNetConfig(arch=arch, dim=16, hidden=32, anchor="cosine", seed=3)).eval()
     rng = np.random.default_rng(0)

@@ -14,11 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memento.memory import CaseBank
+from memento.bank import CaseBank
+from memento.policies import make_policy
 from memento.runs.base import Run, RunConfig, loop_policy, timed
 from memento.runs.rundir import RunDir
 from memento.types import Case
-from policies import make_policy
 from tests.loop_env import HashingEncoder
 
 QUESTIONS = [f"what is {a} plus {b}" for a in range(3) for b in range(3)]

@@ -24,7 +24,7 @@ import numpy as np
 from memento.config import QNetConfig
 from memento.learn.policy import boltzmann_select, q_values
 from memento.learn.qnet import build_qnet
-from memento.memory import CaseBank
+from memento.bank import CaseBank
 from memento.types import Case
 
 d = 8

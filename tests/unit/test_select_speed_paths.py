@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from memento.bank import Candidates
 from memento.config import QNetConfig
 from memento.errors import DataFormatError, DimensionError
 from memento.learn.policy import (
@@ -27,7 +28,6 @@ from memento.learn.policy import (
     top_k,
 )
 from memento.learn.qnet import MLPQNetwork, QNetwork, build_qnet
-from memento.memory import Candidates
 
 D, C = 16, 12
 

@@ -82,8 +82,8 @@ class FakeSelector:
 
     @staticmethod
     def _keeps(case: Case, env: str | None, scope: Any, filter: Any, include_global: bool = False) -> bool:
-        """The real selector's verdicts (memento.memory.where), for the scoped reads."""
-        from memento.memory.where import as_scope, parse_filter
+        """The real selector's verdicts (memento.bank.where), for the scoped reads."""
+        from memento.bank.where import as_scope, parse_filter
 
         scope, where = as_scope(scope, include_global=include_global), parse_filter(filter)
         return ((env is None or case.env == env) and (scope is None or scope.matches(case))
@@ -827,8 +827,8 @@ def test_bench_serve_config_and_table() -> None:
 def real_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A selector over the 28 seed cases of tests/loop_env.py (hashing encoder), a Q-network with heavy dropout
     (a forward in training mode would show), learning from the first feedback."""
+    from memento.bank import CaseBank
     from memento.config import QNetConfig
-    from memento.memory import CaseBank
     from memento.selector.export import create_selector
     from tests.loop_env import HashingEncoder, make_env
 

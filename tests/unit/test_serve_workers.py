@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import CaseBank
 from memento.errors import BankError, CheckpointError, MementoError, UnknownSelectionError
-from memento.memory import CaseBank
 from memento.selector.pending import PendingSelection, PendingStore
 from memento.types import Case
 

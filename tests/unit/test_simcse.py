@@ -11,9 +11,9 @@ import torch
 
 from memento.config import LearnerConfig, QNetConfig, load_json, save_json
 from memento.errors import ConfigError, DataFormatError, DimensionError, EncoderError
-from training.config import JointConfig, LightningConfig, joint_config_from_dict, simcse_config_from_dict
-from training.run import resolve_precision
-from training.simcse import (
+from memento.training.config import JointConfig, LightningConfig, joint_config_from_dict, simcse_config_from_dict
+from memento.training.run import resolve_precision
+from memento.training.simcse import (
     PairData,
     SimCSEConfig,
     SupCollate,
@@ -256,7 +256,7 @@ def _args(argv: list[str]):
 
 
 def test_cli_flags_build_the_config(tmp_path: Path) -> None:
-    from training.simcse_cli import config_from_args
+    from memento.training.simcse_cli import config_from_args
 
     args = _args(["train-encoder", "--data", "a.jsonl", "--data", "b.jsonl", "--mode", "sup", "--out", "o",
                   "--pooling", "cls", "--max-steps", "5", "--batch-size", "8", "--lr", "1e-4", "--seed", "2",
@@ -334,7 +334,7 @@ def test_encoder_takes_pooling_from_saved_directory(tmp_path: Path, caplog: pyte
 
 def test_sup_eval_batch_spreads_over_states() -> None:
     """The fixed sup batch takes one example per state in turn (examples of one state would mask each other)."""
-    from training.simcse import SimCSEDataModule
+    from memento.training.simcse import SimCSEDataModule
 
     class Recorder(_StubTokenizer):
         calls: list[list[str]] = []

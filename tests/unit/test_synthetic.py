@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.envs import SyntheticBandit, SyntheticBanditConfig
 from memento.errors import ConfigError, DataFormatError, DimensionError
-from memento.memory import CaseBank
+from memento.policies import RandomPolicy, SimilarityPolicy
 from memento.types import Task
-from policies import RandomPolicy, SimilarityPolicy
 
 K = 4
 

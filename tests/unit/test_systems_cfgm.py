@@ -7,8 +7,8 @@ import logging
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.errors import ConfigError, DataFormatError, ProvenanceError
-from memento.memory import CaseBank
 from memento.planners.base import PlanOutput
 from memento.systems.cfgm import (
     DEFAULT_ANOMALY_PATTERNS,

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
-from memento.memory import CaseBank
 from memento.planners.base import PlanOutput
 from memento.systems.items import ItemGraph
 from memento.systems.lifemem import (

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.errors import ConfigError, DataFormatError, ProvenanceError, ReplyFormatError
-from memento.memory import CaseBank
 from memento.planners.base import PlanOutput
 from memento.systems.items import ItemGraph, make_item, sources_of
 from memento.systems.llm import BuilderTemplates, MemoryLLM, parse_choice, parse_items

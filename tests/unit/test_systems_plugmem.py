@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.config import PlugMemRetrievalConfig, check_policy
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.learn.policy import PolicyContext
-from memento.memory import CaseBank
 from memento.planners.base import CallablePlanner, PlanOutput
+from memento.policies import PlugMemPolicy, make_policy
+from memento.policies.similarity import bank_rewards
 from memento.runs.games import game_policy
 from memento.runs.qa import LoopConfig, loop_policy, run_online
 from memento.systems.expand import ItemCandidates, expand_candidates
@@ -38,8 +40,6 @@ from memento.systems.plugmem import (
 )
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Case, Task
-from policies import PlugMemPolicy, make_policy
-from policies.similarity import bank_rewards
 from tests.loop_env import ExactJudge, HashingEncoder
 from tests.unit.test_loop_systems import Recorder as LoopRecorder
 from tests.unit.test_loop_systems import _bank, _tasks, check_extended_run

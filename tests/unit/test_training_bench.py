@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-import training.q_module  # noqa: F401  (imports Lightning at collection, not inside the first test)
+import memento.training.q_module  # noqa: F401  (imports Lightning at collection, not inside the first test)
 from memento.bench.train import TrainBenchConfig, format_table
 from memento.cli.entry import main
-from training.bench import run_train_bench_lightning
+from memento.training.bench import run_train_bench_lightning
 
 
 def test_lightning_rows_sit_beside_the_plain_rows(tmp_path):

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.data  # noqa: F401  (imports Lightning once, at collection, not inside the first test)
+import memento.training.data  # noqa: F401  (imports Lightning once, at collection, not inside the first test)
 from memento.cli.entry import build_parser, main
 from memento.config import QNetConfig, to_dict
-from training.cli import build_train_config
-from training.config import TrainerConfig
+from memento.training.cli import build_train_config
+from memento.training.config import TrainerConfig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "memento"
 MEMENTO = ["--from-memento", str(FIXTURES / "training_data.jsonl"), "--memory", str(FIXTURES / "memory.jsonl")]
@@ -82,7 +82,7 @@ def test_flags_override_the_config_file(tmp_path):
 ])
 def test_bad_input_is_one_line_with_status_2(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("training.cli.load_encoder", lambda config: pytest.fail("no encoder before checks"))
+    monkeypatch.setattr("memento.training.cli.load_encoder", lambda config: pytest.fail("no encoder before checks"))
     assert main(["train", "--out", str(tmp_path / "run"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("memento: error: ") and err.count("\n") == 1
@@ -91,7 +91,7 @@ def test_bad_input_is_one_line_with_status_2(tmp_path, capsys, monkeypatch, argv
 
 
 def test_a_used_run_directory_needs_resume_and_resume_keeps_the_model(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("training.cli.load_encoder", lambda config: pytest.fail("no encoder before checks"))
+    monkeypatch.setattr("memento.training.cli.load_encoder", lambda config: pytest.fail("no encoder before checks"))
     out = tmp_path / "run"
     out.mkdir()
     config = build_train_config(_args(*MEMENTO, "--out", str(out)), dim=384)

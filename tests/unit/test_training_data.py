@@ -1,4 +1,4 @@
-"""training.config and training.data: the typed run config, the three readers, the split by state, the batches.
+"""memento.training.config and .data: the typed run config, the three readers, the split by state, the batches.
 
 Texts are encoded with the hashing encoder of tests/loop_env.py (no model to load); the real MiniLM runs in
 tests/integration/test_train_cli.py.
@@ -15,10 +15,9 @@ import pytest
 from memento.config import EncoderConfig, LearnerConfig, QNetConfig, RandomConfig, to_dict
 from memento.errors import ConfigError, DataFormatError
 from memento.learn.replay import ReplayBatch
+from memento.policies import make_policy
 from memento.runs.qa import LoopConfig, run_online
-from policies import make_policy
-from tests.loop_env import ExactJudge, HashingEncoder, make_env
-from training.config import (
+from memento.training.config import (
     DataConfig,
     LightningConfig,
     TrainConfig,
@@ -27,7 +26,7 @@ from training.config import (
     save_train_config,
     train_config_from_dict,
 )
-from training.data import (
+from memento.training.data import (
     EpochSampler,
     QDataModule,
     RankingBatch,
@@ -38,6 +37,7 @@ from training.data import (
     load_transition_log,
     split_by_state,
 )
+from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "memento"
 PAIRS, MEMORY = FIXTURES / "training_data.jsonl", FIXTURES / "memory.jsonl"

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from memento.bank import CaseBank
 from memento.cli import entry as cli
 from memento.cli import score as score_cli
 from memento.config import CASE_SCALARS, LearnerConfig, QNetConfig
@@ -21,13 +22,12 @@ from memento.errors import ConfigError, DataFormatError
 from memento.learn.labels import LabelConfig, label_tasks
 from memento.learn.learner import SoftQLearner
 from memento.learn.listwise import ListwiseBatch, best_in_top_k, listwise_kl
-from memento.memory import CaseBank
 from memento.planners.base import AnswerScore, CallablePlanner
+from memento.training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
+from memento.training.data import ListwiseDataset, QDataModule, TrainingData, load_labels
+from memento.training.run import train_q
 from memento.types import Case, Task
 from tests.loop_env import HashingEncoder
-from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
-from training.data import ListwiseDataset, QDataModule, TrainingData, load_labels
-from training.run import train_q
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -218,13 +218,13 @@ def test_load_labels_takes_case_vectors_from_the_bank(tmp_path):
 
 
 def test_score_then_train_from_labels_then_export(tmp_path, monkeypatch, capsys):
-    import training.cli
+    import memento.training.cli
 
     bank_dir, tasks = _bank_and_tasks(tmp_path)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
     monkeypatch.setattr(score_cli, "load_encoder", lambda config: HashingEncoder(DIM))
     monkeypatch.setattr(score_cli, "build_planner", lambda spec, **kw: blue_planner())
-    monkeypatch.setattr(training.cli, "load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(memento.training.cli, "load_encoder", lambda config: HashingEncoder(DIM))
     labels = tmp_path / "labels.jsonl"
     assert cli.main(["score", "--tasks", str(tmp_path / "tasks.jsonl"), "--bank", str(bank_dir), "--candidates", "6",
                      "--out", str(labels), "--no-progress"]) == 0
@@ -259,7 +259,7 @@ def test_train_from_labels_bad_flags_are_one_line(tmp_path, monkeypatch, capsys,
 def test_train_from_labels_with_case_features(tmp_path, monkeypatch, capsys):
     """The planner prefers cases whose *answer* is 'blue': with case features the Q-network sees the answer's
     embedding and puts a blue case first on the held-out tasks."""
-    import training.cli
+    import memento.training.cli
 
     bank_dir, tasks = _bank_and_tasks(tmp_path)
     encoder = HashingEncoder(DIM)
@@ -269,7 +269,7 @@ def test_train_from_labels_with_case_features(tmp_path, monkeypatch, capsys):
     assert data.cases_MD.shape[1] == 2 * DIM + CASE_SCALARS
     with CaseBank.open(bank_dir) as bank:  # the action vectors are stored in the bank
         assert bank.action_embeddings_at(bank.positions_of(data.case_keys))[1].all()
-    monkeypatch.setattr(training.cli, "load_encoder", lambda config: HashingEncoder(DIM))
+    monkeypatch.setattr(memento.training.cli, "load_encoder", lambda config: HashingEncoder(DIM))
     run = tmp_path / "run"
     code = cli.main(["train", "--from-labels", str(tmp_path / "labels.jsonl"), "--bank", str(bank_dir),
                      "--out", str(run), "--max-epochs", "40", "--hidden", "32", "--batch-size", "4", "--lr", "0.01",
@@ -282,7 +282,7 @@ def test_train_from_labels_with_case_features(tmp_path, monkeypatch, capsys):
     learner = SoftQLearner.load(run / "selector")
     assert learner.qnet.config.features == "case" and learner.qnet.config.anchor == "cosine"
     with pytest.raises(ConfigError, match="case features .* planner-scored labels"):
-        from training.data import load_data
+        from memento.training.data import load_data
 
         load_data(DataConfig(source="cases", cases=str(tmp_path / "c.jsonl"), rewards=str(tmp_path / "r.jsonl")),
                   encoder, features="case")

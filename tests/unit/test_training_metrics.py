@@ -1,4 +1,4 @@
-"""training.metrics: AUC (rank statistic), expected calibration error and hit@K against known answers."""
+"""memento.training.metrics: AUC (rank statistic), expected calibration error and hit@K against known answers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.metrics import expected_calibration_error, hit_at_k, random_hit_at_k, roc_auc
+from memento.training.metrics import expected_calibration_error, hit_at_k, random_hit_at_k, roc_auc
 
 
 def _auc_by_pairs(scores, labels) -> float:
@@ -74,7 +74,7 @@ def test_hit_at_k_and_its_random_baseline():
 
 
 def test_epoch_pair_metrics_match_the_functions_over_batches():
-    from training.metrics import EpochPairMetrics
+    from memento.training.metrics import EpochPairMetrics
 
     rng = np.random.default_rng(3)
     q = torch.tensor(rng.integers(-3, 4, 200).astype(np.float32))  # ties

@@ -1,4 +1,4 @@
-"""training.q_module and training.run: Lightning fits on the CPU with synthetic encoded data.
+"""memento.training.q_module and memento.training.run: Lightning fits on the CPU with synthetic encoded data.
 
 The module must compute what SoftQLearner.update computes (same loss function, optimiser, clipping,
 Polyak target, temperature), resume bit for bit from a Lightning checkpoint, and leave a selector
@@ -22,11 +22,11 @@ from memento.errors import CheckpointError
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBatch
+from memento.training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
+from memento.training.data import TrainingData
+from memento.training.q_module import QModule
+from memento.training.run import resolve_precision, train_q, trainer_kwargs
 from tests.unit.test_training_data import synthetic_data
-from training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
-from training.data import TrainingData
-from training.q_module import QModule
-from training.run import resolve_precision, train_q, trainer_kwargs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -89,7 +89,7 @@ def test_twenty_step_fit_on_cpu(tmp_path):
 
 
 def _batches(data: TrainingData, n: int, batch_size: int, seed: int) -> list[ReplayBatch]:
-    from training.data import _Tensors
+    from memento.training.data import _Tensors
 
     tensors = _Tensors(data)
     generator = torch.Generator().manual_seed(seed)

@@ -22,9 +22,9 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank
 from memento.errors import DataFormatError, MementoError
 from memento.formats import read_cases_jsonl
-from memento.memory import CaseBank
 from memento.types import Case
 from tests.loop_env import HashingEncoder
 

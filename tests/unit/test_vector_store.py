@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memento.bank import CaseBank, bankfile
+from memento.bank.vectorfile import VECTORS_META_NAME, VECTORS_NAME, block_rows_for
 from memento.errors import BankError
-from memento.memory import CaseBank
-from memento.memory import rows as bank_rows
-from memento.memory.vectorfile import VECTORS_META_NAME, VECTORS_NAME, block_rows_for
 from memento.types import Case
 from tests.conftest import unit_vectors
 
@@ -57,12 +56,12 @@ def test_the_vector_is_stored_once(tmp_path: Path) -> None:
 def test_the_row_digest_reads_the_vectors_from_the_file(tmp_path: Path) -> None:
     make(tmp_path / "b", n=50)
     db = tmp_path / "b" / "cases.sqlite"
-    before = bank_rows.digest(db, 50)
+    before = bankfile.digest(db, 50)
     with open(tmp_path / "b" / VECTORS_NAME, "r+b") as f:  # one float changed
         f.seek(7 * ROW)
         f.write(np.float32(0.5).tobytes())
-    assert bank_rows.digest(db, 50) != before
-    assert bank_rows.digest(db, 7) == bank_rows.digest(db, 7)
+    assert bankfile.digest(db, 50) != before
+    assert bankfile.digest(db, 7) == bankfile.digest(db, 7)
 
 
 @pytest.mark.parametrize("damage", ["nan", "zero", "shift", "swap"])
@@ -118,7 +117,7 @@ def test_a_link_or_a_fifo_is_never_followed_or_written(tmp_path: Path) -> None:
     path.unlink()
     os.mkfifo(path)
     script = textwrap.dedent(f"""
-        from memento.memory import CaseBank
+        from memento.bank import CaseBank
         from memento.errors import BankError
         try:
             CaseBank.open({str(tmp_path / 'b')!r})
@@ -169,7 +168,7 @@ def test_a_follower_reads_new_rows_from_the_file(tmp_path: Path) -> None:
 _WRITER = """
 import sys
 import numpy as np
-from memento.memory import CaseBank
+from memento.bank import CaseBank
 from memento.types import Case
 bank = CaseBank.open(sys.argv[1])
 rng = np.random.default_rng(int(sys.argv[2]))
@@ -198,7 +197,7 @@ def test_sigkill_during_adds_leaves_whole_adds_that_verify(tmp_path: Path) -> No
         with CaseBank.open(tmp_path / "b") as bank:  # every block verifies; the count is whole adds
             assert (len(bank) - 10) % 300 == 0
             assert (tmp_path / "b" / VECTORS_NAME).stat().st_size == len(bank) * ROW
-        bank_rows.check_vectors(tmp_path / "b" / "cases.sqlite", bank.uid, DIM, len(bank))
+        bankfile.check_vectors(tmp_path / "b" / "cases.sqlite", bank.uid, DIM, len(bank))
 
 
 @pytest.mark.parametrize("damage", ["DELETE FROM vector_blocks WHERE block = 1",
@@ -216,7 +215,7 @@ def test_reindex_builds_a_new_index_over_the_stored_vectors(tmp_path: Path, caps
     from memento.cli.entry import main
 
     emb = make(tmp_path / "b", n=3000)
-    before = bank_rows.digest(tmp_path / "b" / "cases.sqlite", 3000)
+    before = bankfile.digest(tmp_path / "b" / "cases.sqlite", 3000)
     assert main(["bank", "reindex", "--bank", str(tmp_path / "b"), "--index", "IVF16,PQ64x4fs", "--nprobe", "16",
                  "--refine", "8"]) == 0
     assert "reindexed 3000 case(s)" in capsys.readouterr().out
@@ -225,7 +224,7 @@ def test_reindex_builds_a_new_index_over_the_stored_vectors(tmp_path: Path, caps
         assert bank.stats()["index_trained"] and bank.stats()["index_ntotal"] == 3000
         for i in (0, 1234, 2999):
             assert bank.candidates(emb[i], 4).positions_C[0] == i
-    assert bank_rows.digest(tmp_path / "b" / "cases.sqlite", 3000) == before  # the cases and vectors unchanged
+    assert bankfile.digest(tmp_path / "b" / "cases.sqlite", 3000) == before  # the cases and vectors unchanged
     assert main(["bank", "reindex", "--bank", str(tmp_path / "b"), "--index", "IVF0,Nope"]) == 2
     assert "memento: error:" in capsys.readouterr().err
     with CaseBank.open(tmp_path / "b") as bank:

@@ -1,4 +1,4 @@
-"""Scopes and filters (memento.memory.where): the parser, and the one verdict its three compilations give (Python,
+"""Scopes and filters (memento.bank.where): the parser, and the one verdict its three compilations give (Python,
 SQLite and Milvus: one suite of cases and filters through all three, the Milvus one on a Milvus Lite collection;
 tests/unit/test_bank_scopes.py runs searches on every bank back end)."""
 
@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memento.errors import DataFormatError
-from memento.memory.where import (
+from memento.bank.where import (
     MAX_FILTER_TERMS,
     TIME_COLUMNS,
     Scope,
@@ -24,6 +23,7 @@ from memento.memory.where import (
     milvus_attrs,
     parse_filter,
 )
+from memento.errors import DataFormatError
 from memento.types import SCOPE_FIELDS, Case
 from tests.fuzzing import FUZZ, examples, record
 
@@ -319,7 +319,7 @@ MILVUS_SUITE = [
 
 @pytest.fixture(scope="module")
 def milvus_bank(tmp_path_factory: pytest.TempPathFactory):
-    from memento.memory import create_bank
+    from memento.bank import create_bank
     from tests.conftest import unit_vectors
 
     bank = create_bank(f"milvus:{Path(tmp_path_factory.mktemp('where')) / 'w.db'}#where", 4)
@@ -329,7 +329,7 @@ def milvus_bank(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _milvus_matches(bank, where: Where | None, scope: Scope | None = None) -> list[bool]:
-    from memento.memory.front import Filter
+    from memento.bank.front import Filter
 
     expression = bank._index._filter(Filter(scope=scope, meta=where))  # what a search of this bank sends
     rows = bank._rows.client.query(bank._rows.collection, filter=expression, output_fields=["pos"])
@@ -363,7 +363,7 @@ def test_a_vector_beyond_float32_is_one_line_without_a_numpy_warning() -> None:
 
     import numpy as np
 
-    from memento.memory.front import validate_query
+    from memento.bank.front import validate_query
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy's overflow RuntimeWarning would fail here

@@ -1,6 +1,6 @@
 """Offline training data: logged (state, case, reward) decisions, encoded once, split by state.
 
-Three inputs (:class:`~training.config.DataConfig` ``source``):
+Three inputs (:class:`~memento.training.config.DataConfig` ``source``):
 
 - ``"log"`` -- the online loop's transition log ``steps.jsonl`` (see :mod:`memento.runs.qa`). Each
   record with a non-empty ``chosen_ids`` is one decision: the state text ``state``, the K chosen
@@ -65,8 +65,8 @@ from memento.errors import ConfigError, DataFormatError, DimensionError
 from memento.formats import iter_jsonl, read_memento_memory, read_memento_training_pairs
 from memento.learn.listwise import ListwiseBatch
 from memento.learn.replay import ReplayBatch
+from memento.training.config import DataConfig
 from memento.types import check_reward, finite_float, shown
-from training.config import DataConfig
 
 __all__ = ["EpochSampler", "ListwiseDataset", "QDataModule", "RankingBatch", "RankingDataset", "RowDataset",
            "TrainingData", "check_inputs", "label_warning", "load_cases_rewards", "load_data", "load_labels",
@@ -339,7 +339,7 @@ class _Builder:
 
 def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, Path | str]:
     """``(steps.jsonl, bank)`` for a run directory or a ``steps.jsonl`` path; the bank is ``bank`` (a directory or
-    ``milvus:URI[#collection]``, see :func:`memento.memory.parse_bank_uri`), else the ``bank/`` beside the log."""
+    ``milvus:URI[#collection]``, see :func:`memento.bank.parse_bank_uri`), else the ``bank/`` beside the log."""
     path = Path(log)
     steps = path / "steps.jsonl" if path.is_dir() else path
     if path.is_dir() and not steps.is_file():
@@ -350,7 +350,7 @@ def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, 
     if not steps.is_file():
         raise DataFormatError("transition log not found (expected a run directory holding steps.jsonl, or the "
                               "steps.jsonl file)", path=steps)
-    from memento.memory.uri import bank_name
+    from memento.bank.uri import bank_name
 
     bank_dir = bank_name(bank) if bank is not None else steps.parent / "bank"
     return steps, bank_dir
@@ -358,7 +358,7 @@ def resolve_log(log: str | Path, bank: str | Path | None = None) -> tuple[Path, 
 
 def load_transition_log(log: str | Path, encoder: Any, *, bank: str | Path | None = None) -> TrainingData:
     """Decisions of an online-loop transition log, case texts from its bank (see the module docstring)."""
-    from memento.memory import open_bank
+    from memento.bank import open_bank
 
     steps, bank_dir = resolve_log(log, bank)
     with open_bank(bank_dir, read_only=True) as case_bank:
@@ -469,9 +469,9 @@ def load_labels(labels: str | Path, bank: str | Path, encoder: Any, *, features:
     With ``features="case"`` each candidate is its case vector (:mod:`memento.learn.features`: embedding, action
     embedding, stored reward, usage statistics, kind; action vectors missing from the bank are encoded and stored
     there)."""
+    from memento.bank import Candidates, open_bank
     from memento.learn.features import CaseFeaturizer
     from memento.learn.labels import iter_labels
-    from memento.memory import Candidates, open_bank
 
     rows = list(iter_labels(labels))  # the whole file is checked first (file:line errors)
     if not rows:
@@ -558,7 +558,7 @@ def check_inputs(config: DataConfig) -> None:
         case "labels":
             need_file(config.labels)
             assert config.bank is not None
-            from memento.memory import parse_bank_uri
+            from memento.bank import parse_bank_uri
 
             if parse_bank_uri(config.bank).backend == "dir" and not (Path(config.bank) / "cases.sqlite").is_file():
                 raise DataFormatError("no case bank here (the labels' candidate ids refer to one; pass --bank DIR)",

@@ -1,9 +1,9 @@
 """``memento train-encoder``: SimCSE fine-tuning of the encoder from the command line.
 
 This module only builds the argument parser and imports nothing heavy at module level:
-``memento --help`` builds every subcommand's parser. Its options for :class:`~training.config.SimCSEConfig`
+``memento --help`` builds every subcommand's parser. Its options for :class:`~memento.training.config.SimCSEConfig`
 fields are derived from the class (:func:`memento.flags.config_option`: type, choices, the default shown).
-:func:`run` imports torch, Lightning and :mod:`training.simcse` when the command actually runs.
+:func:`run` imports torch, Lightning and :mod:`memento.training.simcse` when the command actually runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from memento.config import field_default
 from memento.flags import check_accelerator, config_option, shown
-from training.config import Accelerator, LightningConfig, SimCSEConfig
+from memento.training.config import Accelerator, LightningConfig, SimCSEConfig
 
 __all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
 
@@ -53,7 +53,7 @@ _PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")  # what --precision 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add ``train-encoder`` to an argparse subparsers object; returns the new parser. The options for
-    :class:`~training.config.SimCSEConfig` fields are derived from it (:func:`memento.flags.config_option`)."""
+    :class:`~memento.training.config.SimCSEConfig` fields are derived from it (:func:`memento.flags.config_option`)."""
     p = commands.add_parser("train-encoder", help="fine-tune the encoder with SimCSE (unsupervised or from rewards)",
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", action="append", metavar="FILE", default=None,
@@ -112,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The ``SimCSEConfig``: ``--config`` (or the defaults), overridden by every flag given."""
     from memento.config import from_dict, to_dict
     from memento.errors import ConfigError
-    from training.config import simcse_config_from_dict
+    from memento.training.config import simcse_config_from_dict
 
     if args.config:
         from memento.io import read_json
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     """Train and print a summary; a ``MementoError`` propagates to the ``memento`` CLI (one line, exit 2)."""
     import warnings
 
-    from training.cli import require_train_extra
+    from memento.training.cli import require_train_extra
 
     require_train_extra("train-encoder", ("lightning",))  # one line, before anything loads
 
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
         warnings.filterwarnings("ignore", message=r".*(LeafSpec|smaller than the logging interval|"
                                                   r"does not have many workers).*")
-    from training.simcse import train_encoder
+    from memento.training.simcse import train_encoder
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     print(f"SimCSE ({config.mode}) on {', '.join(config.data)}: model {config.model or 'all-MiniLM-L6-v2 (bundled)'}, "

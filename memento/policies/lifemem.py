@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.config import LifeMemRetrievalConfig
 from memento.learn.policy import RewardFn
-from memento.memory import Candidates
-from policies.cfgm import ItemRetrievalPolicy, base_rows, linked_rows
+from memento.policies.cfgm import ItemRetrievalPolicy, base_rows, linked_rows
 
 __all__ = ["LifeMemPolicy", "LifeMemRetrievalConfig"]
 

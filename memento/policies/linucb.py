@@ -48,11 +48,11 @@ from typing import get_args
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.config import LinUCBConfig, LinUCBFeatures, LinUCBMode
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
 from memento.io import atomic_write, atomic_write_text, read_safetensors
 from memento.learn.policy import Observation, StaticPolicy, check_candidates, check_k, make_selection, softmax, top_k
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = ["LinUCBConfig", "LinUCBFeatures", "LinUCBMode", "LinUCBPolicy", "linucb_features"]

@@ -1,10 +1,10 @@
 """``memento train``: offline Q-network training with Lightning (the parser and the handler).
 
 ``memento.cli.entry`` calls :func:`add_parser` while it builds its parser and :func:`run` for the
-command; this module imports only the standard library and ``memento``/``training.config``
+command; this module imports only the standard library and ``memento``/``memento.training.config``
 at module level (Lightning is imported when a run starts).
 
-The run configuration is built in three layers: the defaults of :class:`~training.config.TrainConfig`,
+The run configuration is built in three layers: the defaults of :class:`~memento.training.config.TrainConfig`,
 then ``--config FILE`` (a TrainConfig JSON, ``qnet.dim`` may be left out), then each flag given on
 the command line. ``--resume`` takes the run's own ``config.json`` as the base instead and allows
 only trainer flags (more epochs, other devices...).
@@ -82,7 +82,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def _add_data_options(data: Any) -> None:
-    from training.config import DataConfig
+    from memento.training.config import DataConfig
 
     data.add_argument("--from-log", metavar="PATH", default=None,
                       help="online-loop run directory or its steps.jsonl transition log")
@@ -119,7 +119,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_trainer_options(tr: Any) -> None:
-    from training.config import LightningConfig, TrainerConfig
+    from memento.training.config import LightningConfig, TrainerConfig
 
     config_option(tr, TrainerConfig, "max_epochs", "epochs at most")
     config_option(tr, TrainerConfig, "max_steps", "optimiser steps at most (-1: no limit)")
@@ -168,7 +168,7 @@ def _read_json_object(path: Path) -> dict[str, Any]:
 
 def _nested(path: Path) -> dict[str, Any]:
     """The TrainConfig JSON object in ``path``, its trainer's Lightning fields nested (older files have them flat)."""
-    from training.config import nest_flat_lightning
+    from memento.training.config import nest_flat_lightning
 
     raw = _read_json_object(path)
     trainer = raw.get("trainer")
@@ -249,9 +249,9 @@ def _check_pairs(raw: dict[str, Any]) -> None:
 
 
 def build_train_config(args: argparse.Namespace, *, dim: int | None = None) -> Any:
-    """The :class:`~training.config.TrainConfig` of the command line (``dim``: the encoder's, when loaded)."""
+    """The :class:`~memento.training.config.TrainConfig` of the command line (``dim``: the encoder's, when loaded)."""
     from memento.config import to_dict
-    from training.config import RESUMABLE_CHANGES, train_config_from_dict
+    from memento.training.config import RESUMABLE_CHANGES, train_config_from_dict
 
     overrides = _overrides(args)
     out = Path(args.out)
@@ -281,7 +281,7 @@ def _quiet_lightning(verbose: bool) -> None:
 
 
 def _print_stats(stats: dict[str, Any]) -> None:
-    from training.data import label_warning
+    from memento.training.data import label_warning
 
     a = stats["all"]
     if stats["source"] == "labels":
@@ -320,7 +320,7 @@ def require_train_extra(command: str = "train", modules: tuple[str, ...] = ()) -
 def run(args: argparse.Namespace) -> int:
     """The ``memento train`` command; returns the exit status (errors are raised as ``MementoError``)."""
     require_train_extra()  # before anything loads: a missing extra is one line, not a traceback
-    from training.run import launched_rank_zero
+    from memento.training.run import launched_rank_zero
 
     config = build_train_config(args)  # every cheap check before the encoder is loaded
     flags.check_accelerator(config.trainer.lightning.accelerator)
@@ -334,14 +334,14 @@ def run(args: argparse.Namespace) -> int:
 
         raise CheckpointError(f"{last}: no Lightning checkpoint to resume from")
     flags.check_torch_threads(args)
-    from training.data import check_inputs
+    from memento.training.data import check_inputs
 
     check_inputs(config.data)
     flags.set_torch_threads(args.torch_threads)
     _quiet_lightning(getattr(args, "verbose", 0) > 0)
     encoder = load_encoder(config.data.encoder)
     config = build_train_config(args, dim=encoder.dim)
-    from training.data import QDataModule
+    from memento.training.data import QDataModule
 
     dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, seed=config.learner.seed,
                      gamma=config.learner.gamma, features=config.qnet.features)
@@ -349,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
     dm.setup("fit")
     if rank_zero:
         _print_stats(dm.stats())
-    from training.run import train_q
+    from memento.training.run import train_q
 
     summary = train_q(config, out, encoder=encoder, data=dm.data, resume=args.resume)
     if not rank_zero:

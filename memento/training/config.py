@@ -2,7 +2,7 @@
 
 - :class:`LightningConfig` -- the devices and numerics of a ``lightning.Trainer`` (accelerator,
   devices, nodes, strategy, precision, logging interval), nested as ``lightning`` in every config
-  below; :func:`training.run.trainer_kwargs` turns it into the ``Trainer``'s keyword arguments;
+  below; :func:`memento.training.run.trainer_kwargs` turns it into the ``Trainer``'s keyword arguments;
 - :class:`TrainConfig` -- one ``memento train`` run (offline Q-network training), composed of
   sub-configs:
 
@@ -14,8 +14,8 @@
   - ``trainer``: :class:`TrainerConfig` -- the Lightning ``Trainer`` (its ``lightning`` part), epochs,
     early stopping, checkpointing, metrics;
 
-- :class:`SimCSEConfig` -- one ``memento train-encoder`` run (:mod:`training.simcse`);
-- :class:`JointConfig` -- joint encoder + Q-head training (:mod:`training.joint`; ``qnet`` and
+- :class:`SimCSEConfig` -- one ``memento train-encoder`` run (:mod:`memento.training.simcse`);
+- :class:`JointConfig` -- joint encoder + Q-head training (:mod:`memento.training.joint`; ``qnet`` and
   ``learner`` are the same sub-configs as in :class:`TrainConfig`).
 
 Each is saved as ``config.json`` in its run directory. A ``TrainConfig`` is read back with
@@ -80,7 +80,7 @@ class LightningConfig:
       ``"32-true"``; any other value is passed to Lightning;
     - ``log_every_n_steps``: TensorBoard step scalars every n optimiser steps.
 
-    :func:`training.run.trainer_kwargs` turns it into ``lightning.Trainer`` keyword arguments.
+    :func:`memento.training.run.trainer_kwargs` turns it into ``lightning.Trainer`` keyword arguments.
     """
 
     accelerator: Accelerator = "auto"
@@ -120,7 +120,7 @@ def _check_lightning(obj: Any) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """What the Q-network learns from (see :mod:`training.data` for the formats).
+    """What the Q-network learns from (see :mod:`memento.training.data` for the formats).
 
     - ``source``: ``"log"`` -- an online-loop transition log (``log`` is a run directory or its
       ``steps.jsonl``; case texts come from ``bank``, default the run's ``bank/``);
@@ -267,7 +267,7 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimCSEConfig:
-    """One SimCSE fine-tuning run (:mod:`training.simcse`; saved as ``config.json`` in the output directory).
+    """One SimCSE fine-tuning run (:mod:`memento.training.simcse`; saved as ``config.json`` in the output directory).
 
     - ``mode``: ``"unsup"`` (dropout noise, texts only) or ``"sup"`` (rewarded (state, case) pairs);
     - ``data``: input files (JSONL, format detected from the first row) or bank directories;
@@ -346,9 +346,9 @@ def _joint_qnet() -> QNetConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JointConfig:
-    """Joint encoder + Q-head training (:mod:`training.joint`; saved as ``config.json``).
+    """Joint encoder + Q-head training (:mod:`memento.training.joint`; saved as ``config.json``).
 
-    - ``data``: rewarded pairs files (as :func:`training.simcse.load_pairs` reads them);
+    - ``data``: rewarded pairs files (as :func:`memento.training.simcse.load_pairs` reads them);
     - ``model``/``pooling``/``max_length``: the encoder, as in :class:`SimCSEConfig`;
     - ``qnet``: the Q head (:class:`~memento.config.QNetConfig`; here a 256-wide one-layer MLP by
       default); its ``dim`` is the encoder's (``None``, or it must equal it) and its initialisation

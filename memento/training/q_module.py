@@ -26,7 +26,7 @@ Logged to TensorBoard (``self.log``): ``train/loss`` (per step and per epoch), `
 labels ``val/hit@K`` with its random-order baseline ``val/hit@K_random`` and ``val/ranking_states``;
 ``train/alpha`` when the temperature moves, ``train/entropy`` (per epoch) of ``softmax(Q / alpha)``. Under DDP
 the AUC and ECE are global (torchmetrics states gathered from every process,
-:class:`~training.metrics.EpochPairMetrics`); hit@K and the entropy are means of per-process means.
+:class:`~memento.training.metrics.EpochPairMetrics`); hit@K and the entropy are means of per-process means.
 
 **Planner-scored labels** (``source="labels"``, batches of :class:`~memento.learn.listwise.ListwiseBatch`): the loss
 is the listwise ``KL(softmax(score / tau) || softmax(Q / alpha))`` over each task's candidates
@@ -53,8 +53,8 @@ from memento.learn.learner import SoftQLearner, masked_entropy, polyak_update, s
 from memento.learn.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from memento.learn.qnet import QNetwork, build_qnet
 from memento.learn.replay import ReplayBatch
-from training.data import RankingBatch
-from training.metrics import EpochPairMetrics, hit_at_k, random_hit_at_k
+from memento.training.data import RankingBatch
+from memento.training.metrics import EpochPairMetrics, hit_at_k, random_hit_at_k
 
 __all__ = ["QModule"]
 
@@ -94,7 +94,7 @@ class QModule(L.LightningModule):
 
     @classmethod
     def from_config(cls, config: Any) -> QModule:
-        """The module of a :class:`training.config.TrainConfig`."""
+        """The module of a :class:`memento.training.config.TrainConfig`."""
         return cls(qnet=to_dict(config.qnet), learner=to_dict(config.learner), hit_k=list(config.trainer.hit_k),
                    ece_bins=config.trainer.ece_bins, label_threshold=config.data.label_threshold,
                    tau=config.data.tau)

@@ -7,7 +7,7 @@ A bank is a directory::
     index.faiss    the faiss index over the embeddings (position p = case at position p)
     index.json     which bank and how many positions the index file covers
 
-:class:`CaseBank` is the bank front (:class:`memento.memory.front.BankFront`: ids, de-duplication, validation,
+:class:`CaseBank` is the bank front (:class:`memento.bank.front.BankFront`: ids, de-duplication, validation,
 tombstones, import/export) over three parts defined here: :class:`SqliteRows` (the ``cases`` and ``deleted``
 tables), :class:`FaissVectors` (the faiss index over an in-memory mirror of the vectors) and
 :class:`SqliteFeatures` (the case features' tables).
@@ -24,7 +24,7 @@ write, so a bank that never uses them is left byte for byte as it was:
   (``record_evidence``: its label advantage over its look-alike rivals, :mod:`memento.learn.evidence`), the
   soft-Q agent's per-case memory; rolled back with the usage log by ``truncate_usage(step)``;
 - ``history (seq, pos, event, time, version, fields, link, old_*/new_* of action, reward, meta)``: the cases'
-  stored events (``update``, and the ``add`` of a case a ``replace`` stored; :mod:`memento.memory.history`),
+  stored events (``update``, and the ``add`` of a case a ``replace`` stored; :mod:`memento.bank.history`),
   created by the first; a deletion erases its cases' values there unless the bank was opened with ``audit=True``.
 
 SQLite is the source of truth. Writes commit to SQLite first, then reach the in-memory
@@ -70,20 +70,20 @@ from typing import Any
 import numpy as np
 
 from memento import sqlite
-from memento.config import BankConfig, EncoderConfig, IndexConfig, VectorStore, from_dict, to_dict
-from memento.errors import BankError, DataFormatError, DimensionError, NotABankError
-from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
-from memento.memory.front import BankFront, Filter, NewRow, case_meta_json, stack_vectors
-from memento.memory.history import EventRow
-from memento.memory.index import FaissIndex, exact_topk
-from memento.memory.vectorfile import (
+from memento.bank.front import BankFront, Filter, NewRow, case_meta_json, stack_vectors
+from memento.bank.history import EventRow
+from memento.bank.index import FaissIndex, exact_topk
+from memento.bank.vectorfile import (
     VECTORS_META_NAME,
     VECTORS_NAME,
     VECTORS_STORE_KEY,
     VectorFile,
     read_block_sums,
 )
-from memento.memory.where import Scope, Where
+from memento.bank.where import Scope, Where
+from memento.config import BankConfig, EncoderConfig, IndexConfig, VectorStore, from_dict, to_dict
+from memento.errors import BankError, DataFormatError, DimensionError, NotABankError
+from memento.io import atomic_write, atomic_write_text, remove_stale_temporaries
 from memento.types import SCOPE_FIELDS, Case, shown
 
 __all__ = ["BANK_FORMAT", "BANK_FORMAT_VERSION", "DERIVED_NAMES", "CaseBank", "FaissVectors", "SqliteFeatures",
@@ -99,7 +99,7 @@ INDEX_META_NAME = "index.json"
 DERIVED_NAMES = (INDEX_NAME, INDEX_META_NAME, VECTORS_NAME, VECTORS_META_NAME)
 """The files beside cases.sqlite (a copy of a bank copies those that exist): the bank rebuilds the index files from
 it; ``vectors.f32`` is the vectors' store of a disk bank (a cache of SQLite's copy in a disk bank made before issue
-41), see :mod:`memento.memory.vectorfile`."""
+41), see :mod:`memento.bank.vectorfile`."""
 _FILL_CHUNK = 32_768  # rows per pass over a bank's vectors (filling the index, loading the codes)
 _CHUNK = 900  # below SQLite's bound on host parameters
 
@@ -132,7 +132,7 @@ _FEATURE_SCHEMA = (
 
 _VECTOR_BLOCKS_SCHEMA = ("CREATE TABLE IF NOT EXISTS vector_blocks (block INTEGER PRIMARY KEY, rows INTEGER NOT NULL, "
                          "hash TEXT NOT NULL)")
-"""A disk bank's checksum of each block of vectors.f32 (:mod:`memento.memory.vectorfile`)."""
+"""A disk bank's checksum of each block of vectors.f32 (:mod:`memento.bank.vectorfile`)."""
 
 _DELETED_SCHEMA = ("CREATE TABLE IF NOT EXISTS deleted (pos INTEGER PRIMARY KEY, id TEXT NOT NULL, time REAL NOT NULL, "
                    "replaced_by TEXT)")
@@ -505,7 +505,7 @@ class SqliteRows:
 
 class SqliteFeatures:
     """The case features of a directory bank: the ``usage`` and ``action_embeddings`` tables of ``cases.sqlite``
-    (created on first write), and the cases' ``history`` log (:mod:`memento.memory.history`, created on the first
+    (created on first write), and the cases' ``history`` log (:mod:`memento.bank.history`, created on the first
     event). ``forget``/``truncate``/``record_events`` run in the row store's transaction. ``keep_values``: a
     forgotten case's history keeps its values (a bank opened with ``audit=True``)."""
 
@@ -811,7 +811,7 @@ class FaissVectors:
         ``vectors_ND`` and the bank together are fewer than it trains on."""
         if self._index.is_trained or self._count + len(vectors_ND) < self._index.min_train:
             return False
-        from memento.memory.bulk import gather_rows, release_pages
+        from memento.bank.bulk import gather_rows, release_pages
 
         positions = self._index.train_sample(len(vectors_ND), self._rng)
         sample = np.asarray(vectors_ND, dtype=np.float32) if positions is None else gather_rows(vectors_ND, positions)
@@ -1027,7 +1027,7 @@ class CaseBank(BankFront):
         its factory must be the bank's. ``use_gpu=None`` searches on a GPU when faiss-gpu
         sees one. ``audit``: a deleted (or replaced) case's history keeps its values (old and new field values);
         by default a deletion erases them, and the history keeps only its events' kinds, times and field names
-        (:mod:`memento.memory.history`).
+        (:mod:`memento.bank.history`).
         """
         path = Path(path)
         db = path / DB_NAME

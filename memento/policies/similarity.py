@@ -14,7 +14,7 @@ non-parametric client, which retrieves only successful cases. Rewards come from,
 1. a ``rewards_C`` attribute on the candidate set (see :class:`RewardedCandidates` and
    :func:`with_rewards`), aligned with ``candidates.ids``;
 2. the ``reward_of`` callable given to the policy: ``reward_of(ids) -> rewards`` for a list of
-   case ids (:func:`bank_rewards` builds one that reads a :class:`~memento.memory.CaseBank`).
+   case ids (:func:`bank_rewards` builds one that reads a :class:`~memento.bank.CaseBank`).
 
 Excluded candidates get probability 0 and are never chosen; when fewer than K pass, all of them
 are chosen. When none passes, ``if_no_positive`` decides: ``"all"`` (default) falls back to the
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.config import IfNoPositive, SimilarityConfig
 from memento.errors import DataFormatError, DimensionError
 from memento.learn.policy import (
@@ -42,7 +43,6 @@ from memento.learn.policy import (
     softmax,
     top_k,
 )
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = [
@@ -112,8 +112,9 @@ class SimilarityPolicy(StaticPolicy):
         if rewards is None:
             if self.reward_of is None:
                 raise DataFormatError("SimilarityConfig.positive_only=True needs rewards: pass candidates with a "
-                                      "rewards_C attribute (policies.similarity.with_rewards) or build the policy "
-                                      "with reward_of=... (e.g. policies.similarity.bank_rewards(bank))")
+                                      "rewards_C attribute (memento.policies.similarity.with_rewards) or build the "
+                                      "policy "
+                                      "with reward_of=... (e.g. memento.policies.similarity.bank_rewards(bank))")
             rewards = self.reward_of(list(candidates.ids))
             source = "reward_of(ids)"
         rewards = np.asarray(rewards, dtype=np.float64)

@@ -21,10 +21,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+from memento.bank.local import DB_NAME, CaseBank
+from memento.bank.protocol import Bank
 from memento.config import EncoderConfig, IndexConfig, VectorStore
 from memento.errors import BankError, ConfigError
-from memento.memory.bank import DB_NAME, CaseBank
-from memento.memory.protocol import Bank
 from memento.types import shown
 
 __all__ = ["BankBackend", "BankLocation", "bank_exists", "copy_bank", "create_bank", "open_bank",
@@ -73,7 +73,7 @@ def parse_bank_uri(text: str | Path) -> BankLocation:
                         "milvus:URI[#collection] (milvus:./bank.db, milvus:http://host:19530#cases)")
     rest = text[match.end():]
     uri, _, collection = rest.partition("#") if "#" in rest else (rest, "", "")
-    from memento.memory.milvus import DEFAULT_COLLECTION
+    from memento.bank.milvus import DEFAULT_COLLECTION
 
     collection = collection or DEFAULT_COLLECTION
     if not uri:
@@ -95,7 +95,7 @@ def bank_name(text: str | Path) -> Path | str:
 
 
 def _options(options: Any | None) -> Any:
-    from memento.memory.milvus import MilvusOptions
+    from memento.bank.milvus import MilvusOptions
 
     return options if options is not None else MilvusOptions()
 
@@ -105,7 +105,7 @@ def _check_encoder(bank: Bank, encoder: EncoderConfig | None) -> None:
     if encoder is None or recorded is None:
         return
     if (encoder.model, encoder.pooling) != (recorded.model, recorded.pooling):
-        from memento.memory.milvus import _encoder_id
+        from memento.bank.milvus import _encoder_id
 
         bank.close()
         raise BankError(f"{bank.path}: bank was filled by encoder {_encoder_id(recorded)}, not {_encoder_id(encoder)}")
@@ -117,8 +117,8 @@ def open_bank(uri: str | Path | BankLocation, *, dim: int | None = None, encoder
     """Open the bank named ``uri``; ``dim``/``encoder``, when given, must be the bank's (one-line errors).
 
     ``use_gpu``/``seed`` are a directory bank's (its faiss index); ``options`` a Milvus bank's
-    (:class:`memento.memory.milvus.MilvusOptions`: connect timeout, flush policy). ``audit``: a deleted case's
-    history keeps its values (:mod:`memento.memory.history`)."""
+    (:class:`memento.bank.milvus.MilvusOptions`: connect timeout, flush policy). ``audit``: a deleted case's
+    history keeps its values (:mod:`memento.bank.history`)."""
     where = uri if isinstance(uri, BankLocation) else parse_bank_uri(uri)
     if where.backend == "dir":
         assert where.path is not None
@@ -126,7 +126,7 @@ def open_bank(uri: str | Path | BankLocation, *, dim: int | None = None, encoder
                                    read_only=read_only, audit=audit)
         _check_encoder(bank, encoder)
         return bank
-    from memento.memory.milvus import MilvusBank
+    from memento.bank.milvus import MilvusBank
 
     assert where.uri is not None and where.collection is not None
     return MilvusBank.open(where.uri, collection=where.collection, dim=dim, encoder=encoder, index=index,
@@ -146,7 +146,7 @@ def create_bank(uri: str | Path | BankLocation, dim: int, index: str | IndexConf
     if vectors != "ram":
         raise ConfigError(f"vectors={shown(vectors, 40)}: a Milvus bank keeps its vectors in Milvus; "
                           "vectors='disk' is a directory bank's setting")
-    from memento.memory.milvus import MilvusBank
+    from memento.bank.milvus import MilvusBank
 
     assert where.uri is not None and where.collection is not None
     return MilvusBank.create(where.uri, dim, index, collection=where.collection, encoder=encoder,
@@ -159,7 +159,7 @@ def bank_exists(uri: str | Path | BankLocation, *, options: Any | None = None) -
     if where.backend == "dir":
         assert where.path is not None
         return (where.path / DB_NAME).is_file()
-    from memento.memory.milvus import MilvusBank, disconnect, lite_dir_of
+    from memento.bank.milvus import MilvusBank, disconnect, lite_dir_of
 
     assert where.uri is not None
     lite = lite_dir_of(where.uri)
@@ -200,7 +200,7 @@ def copy_bank(src: str | Path | BankLocation, dst: str | Path | BankLocation, *,
     with open_bank(source, read_only=True, options=opts) as bank:
         factory = index or bank.config.index.factory
         if target.backend == "milvus":
-            from memento.memory.milvus import milvus_index
+            from memento.bank.milvus import milvus_index
 
             milvus_index(factory)  # a factory Milvus has no index for: one line, before anything is written
         if target.backend == "dir":
@@ -216,7 +216,7 @@ def copy_bank(src: str | Path | BankLocation, dst: str | Path | BankLocation, *,
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         else:
-            from memento.memory.milvus import drop_milvus_bank, lite_dir_of
+            from memento.bank.milvus import drop_milvus_bank, lite_dir_of
 
             assert target.uri is not None and target.collection is not None
             lite = lite_dir_of(target.uri)

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.config import PlugMemRetrievalConfig
 from memento.learn.policy import RewardFn
-from memento.memory import Candidates
+from memento.policies.cfgm import ItemRetrievalPolicy, base_rows, ranked_rows
 from memento.systems.plugmem import PLUG_KINDS, first_fit
-from policies.cfgm import ItemRetrievalPolicy, base_rows, ranked_rows
 
 __all__ = ["PlugMemPolicy", "PlugMemRetrievalConfig", "budget_rows"]
 

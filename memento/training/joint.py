@@ -10,9 +10,9 @@ propensity 1, single-step (``gamma`` must be 0: pairs carry no next state), so t
 binary cross-entropy of ``Q(s, c)`` against the reward. Both parameter sets get AdamW steps,
 the encoder with its own (small) learning rate.
 
-:func:`train_joint` saves ``OUT/config.json`` (the :class:`~training.config.JointConfig`, which
-:func:`~training.config.joint_config_from_dict` reads back), ``OUT/encoder/`` (as
-:mod:`training.simcse` does: loadable by ``Encoder.from_pretrained``) and ``OUT/selector/`` (a saved
+:func:`train_joint` saves ``OUT/config.json`` (the :class:`~memento.training.config.JointConfig`, which
+:func:`~memento.training.config.joint_config_from_dict` reads back), ``OUT/encoder/`` (as
+:mod:`memento.training.simcse` does: loadable by ``Encoder.from_pretrained``) and ``OUT/selector/`` (a saved
 :class:`~memento.learn.learner.SoftQLearner` whose Q-network scores vectors of that encoder). A Q head
 trained this way is only valid with the encoder it was trained with.
 """
@@ -39,10 +39,10 @@ from memento.io import atomic_write_text
 from memento.learn.learner import SoftQLearner, polyak_update, soft_q_loss
 from memento.learn.qnet import QNetwork, build_qnet
 from memento.learn.replay import ReplayBatch
-from training import simcse
-from training.config import JointConfig
-from training.run import trainer_kwargs
-from training.simcse import ENCODER_DIR, ListDataset, PairData, load_pairs, save_encoder, tokenize
+from memento.training import simcse
+from memento.training.config import JointConfig
+from memento.training.run import trainer_kwargs
+from memento.training.simcse import ENCODER_DIR, ListDataset, PairData, load_pairs, save_encoder, tokenize
 
 __all__ = ["JointConfig", "JointModule", "JointResult", "pair_rows", "train_joint"]
 

@@ -1,8 +1,8 @@
-"""One offline training run: a :class:`~training.config.TrainConfig` in, a run directory out.
+"""One offline training run: a :class:`~memento.training.config.TrainConfig` in, a run directory out.
 
 Run directory (``out_dir``)::
 
-    config.json      the TrainConfig (training.config.load_train_config reads it back)
+    config.json      the TrainConfig (memento.training.config.load_train_config reads it back)
     data.json        what the data held: rows, pairs, states, states with mixed labels, per split
     tb/              TensorBoard event files (Lightning's TensorBoardLogger; hparams.yaml beside them)
     checkpoints/     Lightning checkpoints: last.ckpt (for --resume) and best-*.ckpt (lowest val/loss)
@@ -32,7 +32,7 @@ import torch
 
 from memento.errors import CheckpointError, ConfigError
 from memento.io import write_json
-from training.config import LightningConfig, TrainConfig, save_train_config
+from memento.training.config import LightningConfig, TrainConfig, save_train_config
 
 __all__ = ["launched_rank_zero", "resolve_precision", "train_q", "trainer_kwargs"]
 
@@ -92,7 +92,7 @@ _IGNORED_WARNINGS = (
 
 def _data_module(config: TrainConfig, out: Path, encoder: Any, data: Any) -> tuple[Any, dict[str, Any]]:
     """The fitted-for ``QDataModule`` and its statistics (written to ``out/data.json`` by rank zero)."""
-    from training.data import QDataModule
+    from memento.training.data import QDataModule
 
     dm = QDataModule(config.data, batch_size=config.learner.batch_size, encoder=encoder, data=data,
                      seed=config.learner.seed, gamma=config.learner.gamma, features=config.qnet.features)
@@ -136,12 +136,12 @@ def train_q(config: TrainConfig, out_dir: str | Path, *, encoder: Any = None, da
     """Train a Q-network offline as ``config`` says; returns the summary (also ``out_dir/summary.json``).
 
     ``encoder``: the text encoder (default: ``config.data.encoder`` is loaded); ``data``: a ready
-    :class:`~training.data.TrainingData` (skips the files); ``resume``: continue from
+    :class:`~memento.training.data.TrainingData` (skips the files); ``resume``: continue from
     ``out_dir/checkpoints/last.ckpt``; ``callbacks``: extra Lightning callbacks.
     """
     from lightning.pytorch.callbacks import EarlyStopping
 
-    from training.q_module import QModule
+    from memento.training.q_module import QModule
 
     out = Path(out_dir)
     last = out / CHECKPOINT_DIR / LAST_CHECKPOINT

@@ -28,8 +28,8 @@ eval mode; :func:`train_encoder` checks this after saving.
 
 Output directory ``OUT``:
 
-- ``config.json``: the :class:`~training.config.SimCSEConfig` of the run (its ``lightning`` part is the
-  ``lightning.Trainer``'s devices and precision; :func:`~training.config.simcse_config_from_dict` reads it);
+- ``config.json``: the :class:`~memento.training.config.SimCSEConfig` of the run (its ``lightning`` part is the
+  ``lightning.Trainer``'s devices and precision; :func:`~memento.training.config.simcse_config_from_dict` reads it);
 - ``encoder/``: a normal transformers directory (``model.safetensors``, ``config.json``,
   tokenizer files) plus ``memento_encoder.json`` (pooling, max_length, base model, dim, the
   training config and figures). Use it as ``--encoder OUT/encoder`` or
@@ -78,8 +78,8 @@ from memento.formats import (
     read_tasks_jsonl,
 )
 from memento.io import atomic_write_text
-from training.config import SimCSEConfig
-from training.run import trainer_kwargs
+from memento.training.config import SimCSEConfig
+from memento.training.run import trainer_kwargs
 
 __all__ = [
     "DataFormatName",
@@ -128,7 +128,7 @@ def _data_input(path: str | Path) -> Path | str:
     """An input as the readers take it: a Milvus bank's name as given (``milvus:URI[#collection]``; a malformed
     one raises ``BankError``, one line), anything else a :class:`~pathlib.Path`."""
     if isinstance(path, str) and path.lower().startswith("milvus:"):
-        from memento.memory.uri import bank_name
+        from memento.bank.uri import bank_name
 
         return bank_name(path)
     return Path(path)
@@ -141,7 +141,7 @@ def detect_format(path: str | Path) -> DataFormatName:
     if isinstance(path, str):  # a Milvus bank
         return "bank"
     if path.is_dir():
-        from memento.memory.bank import DB_NAME
+        from memento.bank.local import DB_NAME
 
         if not (path / DB_NAME).is_file():
             raise DataFormatError(f"a directory, but not a case bank (no {DB_NAME})", path=path)
@@ -160,7 +160,7 @@ def detect_format(path: str | Path) -> DataFormatName:
 
 def _texts_of(path: Path | str, fmt: DataFormatName, include_actions: bool) -> list[str]:
     if fmt == "bank":
-        from memento.memory import open_bank
+        from memento.bank import open_bank
 
         bank = open_bank(path, read_only=True)
         try:

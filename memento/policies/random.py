@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.errors import ConfigError
 from memento.learn.policy import (
     RewardFn,
@@ -19,7 +20,6 @@ from memento.learn.policy import (
     make_selection,
     positive_pool,
 )
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = ["RandomPolicy"]

@@ -8,14 +8,14 @@ Two passes over the file, never holding it:
    do not accept whole is parsed again by the standard reader, which raises its error or returns the case); an
    explicit id given on two lines is refused. Nothing is kept but the count and the explicit ids.
 2. **import** (:func:`import_case_file`): after the vectors were checked and the bank opened, the ids given in
-   the file are checked against the bank (:meth:`memento.memory.front.BankFront.check_ids`), then the file is
+   the file are checked against the bank (:meth:`memento.bank.front.BankFront.check_ids`), then the file is
    read again ``chunk`` lines at a time; each chunk becomes cases (built without checking them a second time) and
-   is added with its rows of the vectors in one transaction (:meth:`~memento.memory.front.BankFront.add`: the
+   is added with its rows of the vectors in one transaction (:meth:`~memento.bank.front.BankFront.add`: the
    de-duplication, ids, scopes and crash guarantees of every add). A kill leaves whole chunks; running the same
    import again skips the cases already stored.
 
 The index is trained once, on a sample of all the vectors, before the first chunk
-(:meth:`memento.memory.bank.CaseBank.train_index`). A progress bar (tqdm, on stderr when it is a terminal)
+(:meth:`memento.bank.local.CaseBank.train_index`). A progress bar (tqdm, on stderr when it is a terminal)
 counts the cases. Throughput and memory: docs/benchmarks.md, "Bulk import".
 """
 
@@ -244,9 +244,9 @@ def import_case_file(bank: Any, scan: CaseFileScan, vectors_ND: np.ndarray, *, a
     another shape than ``[cases, bank.dim]`` are one ``DimensionError`` naming ``where``."""
     from tqdm.auto import tqdm
 
-    from memento.memory.bank import CaseBank
-    from memento.memory.bulk import release_pages
-    from memento.memory.front import check_embedding_shape
+    from memento.bank.bulk import release_pages
+    from memento.bank.front import check_embedding_shape
+    from memento.bank.local import CaseBank
 
     try:
         check_embedding_shape(np.shape(vectors_ND), scan.cases, bank.dim)

@@ -3,7 +3,7 @@
 :func:`run_train_bench_lightning` runs :func:`memento.bench.train.run_train_bench`'s measurement with a
 second trainer: for each Q-network architecture, on the same filled replay buffer, first the plain
 loop (``buffer.sample`` + ``SoftQLearner.update``), then a ``lightning.Trainer`` fitting
-:class:`~training.q_module.QModule` on batches drawn with ``buffer.sample`` (the same batch size, the
+:class:`~memento.training.q_module.QModule` on batches drawn with ``buffer.sample`` (the same batch size, the
 same loss function, optimiser, clipping and target update; ``precision="32-true"``, no logger, no
 checkpoints, no progress bar, so what differs is the trainer's own per-step work: hooks, ``self.log``,
 the closure). Samples/s count (state, case, reward) pairs, B x K per step, as in the plain rows.
@@ -49,7 +49,7 @@ def time_lightning(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device
     import torch
 
     from memento.config import LearnerConfig, QNetConfig, to_dict
-    from training.q_module import QModule
+    from memento.training.q_module import QModule
 
     module = QModule(qnet=to_dict(QNetConfig(arch=arch, dim=config.dim, hidden=config.hidden, seed=config.seed)),
                      learner=to_dict(LearnerConfig(batch_size=config.batch_size, seed=config.seed)))

@@ -7,7 +7,7 @@ the file's ``i``-th line. Everything is checked before the bank is touched: the 
 unit-norm) and the ids. Then:
 
 - an index that needs training (IVF, PQ) is trained once on a sample drawn from the whole file
-  (:meth:`memento.memory.bank.CaseBank.train_index`), so every later chunk is only encoded and added;
+  (:meth:`memento.bank.local.CaseBank.train_index`), so every later chunk is only encoded and added;
 - the cases are added ``chunk`` at a time (fewer when ``chunk`` rows of float32 vectors would pass 256 MiB), each
   chunk in one transaction: a kill leaves whole chunks, never part of one, and running the same import again
   skips the cases already stored (their content is in the bank) and adds the rest. (With ``allow_duplicates``
@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from memento.bank.front import check_embedding_shape, check_unit_rows
 from memento.config import MAX_DIM
 from memento.errors import DataFormatError, DimensionError
 from memento.io import loads_json
-from memento.memory.front import check_embedding_shape, check_unit_rows
 from memento.types import Case, shown
 
 __all__ = ["DEFAULT_CHUNK", "check_embeddings", "import_with_embeddings", "read_embeddings"]
@@ -215,7 +215,7 @@ def gather_rows(vectors_ND: Any, positions: np.ndarray) -> np.ndarray:
 
 def check_embeddings(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
     """``vectors_ND`` is ``[n, dim]``, finite and unit-norm (read at most 64 MiB of float32 at a time, checked as
-    :meth:`memento.memory.front.BankFront.add` checks them); one ``DimensionError`` or ``DataFormatError`` naming
+    :meth:`memento.bank.front.BankFront.add` checks them); one ``DimensionError`` or ``DataFormatError`` naming
     ``where`` and the first bad row otherwise."""
     _check_shape(vectors_ND, n, dim, where)
     step = _rows_per(_CHECK_BYTES, dim)
@@ -237,7 +237,7 @@ def import_with_embeddings(bank: Any, cases: Sequence[Case], vectors_ND: np.ndar
     checked first (:func:`check_embeddings`); ``checked``: they were, only their shape is."""
     from tqdm.auto import tqdm
 
-    from memento.memory.bank import CaseBank
+    from memento.bank.local import CaseBank
 
     if checked:
         _check_shape(vectors_ND, len(cases), bank.dim, where)

@@ -1,12 +1,12 @@
 """The operations the loop, the selector, the service and the tools use on a case bank, as one protocol.
 
-Two backends implement :class:`Bank`, both the one bank front :class:`memento.memory.front.BankFront` (ids,
+Two backends implement :class:`Bank`, both the one bank front :class:`memento.bank.front.BankFront` (ids,
 de-duplication, validation, tombstones, import/export, written once) over their own row store, vector index
 and feature store:
 
-- :class:`memento.memory.bank.CaseBank`, a directory (SQLite in WAL mode + a faiss index), the default;
-- :class:`memento.memory.milvus.MilvusBank`, one Milvus collection (``pymilvus``; Milvus Lite in a local
-  file, or a server), named ``milvus:URI[#collection]`` (:func:`memento.memory.uri.parse_bank_uri`).
+- :class:`memento.bank.local.CaseBank`, a directory (SQLite in WAL mode + a faiss index), the default;
+- :class:`memento.bank.milvus.MilvusBank`, one Milvus collection (``pymilvus``; Milvus Lite in a local
+  file, or a server), named ``milvus:URI[#collection]`` (:func:`memento.bank.uri.parse_bank_uri`).
 
 Both keep the same case ids (content-hash ids ``c<sha256[:16]>`` unless the case brings its own), the same
 dense positions (a case's position is its insertion index; the faiss label in a directory bank, the primary key
@@ -15,7 +15,7 @@ in a Milvus collection), the same de-duplication (by :func:`memento.types.conten
 (``delete``/``replace``/``delete_all`` tombstone a case: it is never found, listed, chosen or read by ``get`` again,
 but ``get(..., include_deleted=True)`` and ``embeddings_at``/``positions_of`` still read its row, so logged
 decisions can be replayed) and the same case lifecycle (``update`` in place with a ``version``, ``history``;
-:mod:`memento.memory.history`).
+:mod:`memento.bank.history`).
 
 Operations, and what a Milvus bank does with each:
 
@@ -29,7 +29,7 @@ operation                          Milvus bank
 ``embeddings`` / ``embeddings_at``  yes, float32 exactly as added
 ``ids_at`` / ``positions_of``      yes
 ``search`` / ``search_positions``  yes; ``env``/``kind``/``positive``, the scope and the metadata filter
-                                   (:mod:`memento.memory.where`) become a Milvus filter expression
+                                   (:mod:`memento.bank.where`) become a Milvus filter expression
 ``candidates``                     yes; the vectors come back with the hits (``output_fields``)
 ``update_reward``                  yes (the row is rewritten with ``upsert``)
 ``update``                         yes (the row is rewritten with ``upsert``; a collection made before case
@@ -57,12 +57,12 @@ operation                          Milvus bank
 ``positive=True`` on ``search``, ``search_positions`` and ``candidates`` is the top-k among the cases whose stored
 reward is > 0 (a pre-filter, not a filtered top-k): a Milvus bank pushes it down as ``reward > 0``; a directory
 bank reads the rewarded positions from SQLite at each call (rewards change, and are not kept in memory) and
-hands faiss that mask with the env/kind/deleted ones. (:meth:`memento.memory.front.Candidates.positive`, which
+hands faiss that mask with the env/kind/deleted ones. (:meth:`memento.bank.front.Candidates.positive`, which
 similarity's ``positive_only`` uses, is different: it filters a top-C already found.)
 
 *Crash.* A directory bank commits an ``add`` in one SQLite transaction: after ``kill -9`` all of the call's
 cases are there or none. So does a Milvus bank, through a committed-rows watermark (the collection property
-``memento.committed``, moved once after the last insert batch; :mod:`memento.memory.milvus`, "Transactions"):
+``memento.committed``, moved once after the last insert batch; :mod:`memento.bank.milvus`, "Transactions"):
 rows past it are never counted, read or found, and the next writer deletes them, so after ``kill -9`` an
 ``add``/``import_jsonl`` left all of its cases or none (tested with SIGKILL at 10 points of a 2,000-case
 import), and ``delete``/``replace``/``truncate`` are whole too (their tombstones are recorded at the commit
@@ -79,10 +79,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from memento.bank.front import Candidates
+from memento.bank.history import CaseEvent
+from memento.bank.where import Scope, Where
 from memento.config import BankConfig
-from memento.memory.front import Candidates
-from memento.memory.history import CaseEvent
-from memento.memory.where import Scope, Where
 from memento.types import Case
 
 __all__ = ["Bank"]

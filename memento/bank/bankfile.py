@@ -1,6 +1,6 @@
 """Queries on a case bank's SQLite file (``cases.sqlite``) for code that holds the file, not a :class:`CaseBank`.
 
-The bank's tables are :mod:`memento.memory.bank`'s to define; the selector artifact (its checks, row digests,
+The bank's tables are :mod:`memento.bank.local`'s to define; the selector artifact (its checks, row digests,
 exports) and the inspector (filter menus, pages of cases) read them through these functions only. Every
 function takes the path of the file and opens a connection of its own for the call; all but :func:`vacuum`
 only read.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memento import sqlite
-from memento.memory.vectorfile import VECTORS_STORE_KEY, check_store, iter_rows, read_block_sums
+from memento.bank.vectorfile import VECTORS_STORE_KEY, check_store, iter_rows, read_block_sums
 
 __all__ = ["BankFileFacts", "block_sums", "check_vectors", "count", "digest", "distinct", "facts", "has_tombstones",
            "has_updates", "page", "vacuum"]

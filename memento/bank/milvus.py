@@ -1,7 +1,7 @@
 """A case bank in one Milvus collection (``pymilvus``): Milvus Lite in a local file, or a Milvus server.
 
-Named ``milvus:URI[#collection]`` wherever a bank is accepted (:mod:`memento.memory.uri`); it implements
-:class:`memento.memory.protocol.Bank` (that module's table says which operations, and what a crash loses).
+Named ``milvus:URI[#collection]`` wherever a bank is accepted (:mod:`memento.bank.uri`); it implements
+:class:`memento.bank.protocol.Bank` (that module's table says which operations, and what a crash loses).
 
 One collection per bank, one row per case::
 
@@ -20,7 +20,7 @@ in two side collections, created on first write: ``<collection>__usage`` (one ro
 ``step``, ``pos``, ``reward``; an auto-id key, and a constant 2-d vector since Milvus wants one in every
 collection), ``<collection>__actions`` (``pos`` primary key, the action's ``vector``) and ``<collection>__evidence``
 (one row per time a case was labelled: ``step``, ``pos``, ``weight``, ``value``, as the usage log). ``delete`` and
-``truncate`` remove a case's rows there too. The cases' history (:mod:`memento.memory.history`) is a fourth,
+``truncate`` remove a case's rows there too. The cases' history (:mod:`memento.bank.history`) is a fourth,
 ``<collection>__history`` (one row per stored event, an auto-id key; a delete erases its cases' values there unless
 the bank was opened with ``audit=True``).
 
@@ -79,6 +79,10 @@ from typing import Any
 
 import numpy as np
 
+from memento.bank.front import BankFront, Filter, NewRow, case_meta_json
+from memento.bank.history import UPDATABLE, EventRow
+from memento.bank.local import BANK_FORMAT, BANK_FORMAT_VERSION
+from memento.bank.where import milvus_attrs
 from memento.config import BankConfig, EncoderConfig, IndexConfig, from_dict, to_dict
 from memento.errors import (
     BankError,
@@ -90,10 +94,6 @@ from memento.errors import (
 )
 from memento.extras import install_hint
 from memento.io import parse_json
-from memento.memory.bank import BANK_FORMAT, BANK_FORMAT_VERSION
-from memento.memory.front import BankFront, Filter, NewRow, case_meta_json
-from memento.memory.history import UPDATABLE, EventRow
-from memento.memory.where import milvus_attrs
 from memento.types import SCOPE_FIELDS, Case, shown
 
 __all__ = ["ACTIONS_SUFFIX", "DEFAULT_COLLECTION", "EVIDENCE_SUFFIX", "HISTORY_SUFFIX", "USAGE_SUFFIX", "MilvusBank",
@@ -106,7 +106,7 @@ DEFAULT_COLLECTION = "memento_cases"
 USAGE_SUFFIX = "__usage"  # the side collections of the case features
 EVIDENCE_SUFFIX = "__evidence"
 ACTIONS_SUFFIX = "__actions"
-HISTORY_SUFFIX = "__history"  # the cases' history log (memento.memory.history)
+HISTORY_SUFFIX = "__history"  # the cases' history log (memento.bank.history)
 _MAX_TEXT = 65_535  # bytes in a Milvus VARCHAR
 _MAX_ID = 512
 _MAX_TOPK = 16_384  # Milvus' limit on a search's top-k and on nq
@@ -970,10 +970,10 @@ class MilvusFeatures:
 
 class MilvusBank(BankFront):
     """Cases and their vectors in one Milvus collection (and the case features in two side collections); see
-    the module docstring. The bank front (:class:`memento.memory.front.BankFront`) over :class:`MilvusRows`,
+    the module docstring. The bank front (:class:`memento.bank.front.BankFront`) over :class:`MilvusRows`,
     :class:`MilvusVectors` and :class:`MilvusFeatures`.
 
-    Use :meth:`create` or :meth:`open` (or :func:`memento.memory.uri.open_bank`), and ``close()`` when done.
+    Use :meth:`create` or :meth:`open` (or :func:`memento.bank.uri.open_bank`), and ``close()`` when done.
     """
 
     def __init__(self, client: Any, *, uri: str, collection: str, name: str, config: BankConfig, uid: str,
@@ -1097,7 +1097,7 @@ class MilvusBank(BankFront):
              encoder: EncoderConfig | None = None, index: IndexConfig | None = None, read_only: bool = False,
              options: MilvusOptions | None = None, audit: bool = False) -> MilvusBank:
         """Open an existing bank; ``dim``/``encoder``, when given, must be the bank's (one-line errors). ``audit``:
-        a deleted case's history keeps its values (:mod:`memento.memory.history`)."""
+        a deleted case's history keeps its values (:mod:`memento.bank.history`)."""
         options = options or MilvusOptions()
         name = f"milvus:{uri}#{collection}"
         client, lite_dir = cls.connect(uri, options=options, must_exist=True)

@@ -8,15 +8,15 @@ replay buffer from a storage, a sampler and a writer):
 - a :class:`FeatureStore`: the Q-network's case features, an append-only usage log ``(step, pos, reward)``
   and one action vector per position (SQLite tables | Milvus side collections).
 
-:class:`memento.memory.bank.CaseBank` and :class:`memento.memory.milvus.MilvusBank` are this front with their
+:class:`memento.bank.local.CaseBank` and :class:`memento.bank.milvus.MilvusBank` are this front with their
 parts (their ``create``/``open`` build the parts). Positions are dense (a case's position is its insertion
 index); a tombstoned (deleted or replaced) case is never found, listed, chosen or read again (``get`` raises
 ``UnknownCaseError`` for it), but the internal readers of logged decisions (``get(..., include_deleted=True)``,
-``embeddings``/``embeddings_at``/``positions_of``) still read its row (see :mod:`memento.memory.protocol`).
+``embeddings``/``embeddings_at``/``positions_of``) still read its row (see :mod:`memento.bank.protocol`).
 
 The lifecycle verbs (mem0's): ``update`` changes a case's action, reward or meta in place (same id, ``version``
 bumped, ``updated`` set, an ``update`` event in its history); ``add`` of content already stored with other meta
-updates the stored case's meta the same way; ``history`` lists a case's events (:mod:`memento.memory.history`);
+updates the stored case's meta the same way; ``history`` lists a case's events (:mod:`memento.bank.history`);
 ``count`` and ``delete_all`` act on the live cases of a scope or metadata filter.
 """
 
@@ -34,11 +34,11 @@ from typing import Any, Protocol, overload
 
 import numpy as np
 
+from memento.bank.history import UPDATABLE, CaseEvent, EventRow
+from memento.bank.where import Scope, Where, as_scope, parse_filter
 from memento.config import BankConfig, IndexConfig, to_dict
 from memento.errors import BankError, DataFormatError, DimensionError, UnknownCaseError
 from memento.formats import read_case_file, write_jsonl
-from memento.memory.history import UPDATABLE, CaseEvent, EventRow
-from memento.memory.where import Scope, Where, as_scope, parse_filter
 from memento.types import Case, check_reward, check_text, shown
 
 __all__ = ["BankFront", "Candidates", "FeatureStore", "Filter", "NewRow", "RowStore", "VectorIndex", "stack_vectors"]
@@ -114,7 +114,7 @@ class Candidates:
 
     def positive(self, rewards_C: np.ndarray) -> Candidates:
         """Only the candidates whose stored reward is > 0; all of them when none is (Memento's positive-only
-        retrieval, as :class:`policies.similarity.SimilarityPolicy` with ``positive_only=True`` applies it)."""
+        retrieval, as :class:`memento.policies.similarity.SimilarityPolicy` with ``positive_only=True`` applies it)."""
         keep_C = np.asarray(rewards_C, dtype=np.float64) > 0
         return self if keep_C.all() or not keep_C.any() else self.subset(keep_C)
 
@@ -148,7 +148,7 @@ class NewRow:
 @dataclass(frozen=True)
 class Filter:
     """What a search keeps: live cases, of ``env``/``kind`` when given, with a stored reward > 0 if ``positive``,
-    in ``scope`` and matching the metadata filter ``meta`` when given (:mod:`memento.memory.where`)."""
+    in ``scope`` and matching the metadata filter ``meta`` when given (:mod:`memento.bank.where`)."""
 
     env: str | None = None
     kind: str | None = None
@@ -291,7 +291,7 @@ class FeatureStore(Protocol):
         ...
 
     def record_events(self, events: Sequence[EventRow]) -> None:
-        """Append events to the cases' history log (:mod:`memento.memory.history`)."""
+        """Append events to the cases' history log (:mod:`memento.bank.history`)."""
         ...
 
     def events_at(self, position: int) -> list[EventRow]:
@@ -468,7 +468,7 @@ class BankFront:
         history; mem0's ``add``), unless ``update_meta=False`` (the online loops' retention: a resumed run adds again
         what it re-plays, and :meth:`truncate` would not roll an update in place back). Ids left ``None`` are
         derived from the content hash. Nothing is written if any case or embedding is invalid. (What a crash during
-        the call leaves: :mod:`memento.memory.protocol`.)
+        the call leaves: :mod:`memento.bank.protocol`.)
         """
         self._check_writable()
         cases = list(cases)
@@ -516,7 +516,7 @@ class BankFront:
         return updated
 
     def _apply_update(self, position: int, old: Case, changes: dict[str, Any], now: float) -> Case:
-        """Write ``changes`` (of :data:`memento.memory.history.UPDATABLE` fields) to the case ``old`` at
+        """Write ``changes`` (of :data:`memento.bank.history.UPDATABLE` fields) to the case ``old`` at
         ``position`` with its version bumped and an ``update`` event, in the caller's transaction; returns the new
         case. Content that another live case holds already is refused (``DataFormatError``)."""
         names = tuple(name for name in UPDATABLE if name in changes)
@@ -765,7 +765,7 @@ class BankFront:
         return result[0] if single else result
 
     def history(self, case_id: str) -> list[CaseEvent]:
-        """The events of a stored case, oldest first (:mod:`memento.memory.history`): its ``add``, its ``update``
+        """The events of a stored case, oldest first (:mod:`memento.bank.history`): its ``add``, its ``update``
         events with the fields changed and their old and new values, and its ``replace`` or ``delete``. A deleted
         or replaced case's history keeps only the events' kinds, times, versions and field names, unless the bank
         was opened with ``audit=True``. An unknown id raises ``UnknownCaseError``."""
@@ -799,7 +799,7 @@ class BankFront:
     def count(self, *, env: str | None = None, kind: str | None = None,
               scope: Scope | Mapping[str, Any] | None = None, filter: Where | Mapping[str, Any] | None = None) -> int:
         """How many live cases there are of ``env``/``kind``, in ``scope``, whose meta match ``filter``
-        (:mod:`memento.memory.where`); all live cases when none is given."""
+        (:mod:`memento.bank.where`); all live cases when none is given."""
         self._check_open()
         return int(self._rows.live_positions(Filter.of(env, kind, False, scope, filter), self._count).size)
 
@@ -900,7 +900,7 @@ class BankFront:
                          positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
                          filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match.
-        ``positive``: only cases whose stored reward is > 0; ``scope``/``filter``: see :mod:`memento.memory.where`."""
+        ``positive``: only cases whose stored reward is > 0; ``scope``/``filter``: see :mod:`memento.bank.where`."""
         where = Filter.of(env, kind, positive, scope, filter)
         scores_BK, positions_BK, _ = self._search(query, k, where, pad=True)
         return scores_BK, positions_BK
@@ -949,7 +949,7 @@ class BankFront:
         For one query ``[D]``: ``(scores_K, ids_K)``, trimmed to the cases found. For a batch ``[B, D]``:
         ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a numpy object array of case-id
         strings. ``env``/``kind`` restrict the search; ``positive`` keeps the cases whose stored reward is > 0;
-        ``scope``/``filter`` keep the cases of a scope whose metadata match (:mod:`memento.memory.where`).
+        ``scope``/``filter`` keep the cases of a scope whose metadata match (:mod:`memento.bank.where`).
         """
         single = np.asarray(query).ndim == 1
         where = Filter.of(env, kind, positive, scope, filter)

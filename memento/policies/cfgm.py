@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from memento.bank import Candidates
 from memento.config import CFGMRetrievalConfig
 from memento.learn.policy import RewardFn, StaticPolicy, check_candidates, check_k, make_selection
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = ["CFGMPolicy", "CFGMRetrievalConfig", "ItemRetrievalPolicy", "ranked_rows"]

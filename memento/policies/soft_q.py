@@ -15,7 +15,7 @@ parameterless one) unless ``device`` pins one. While scoring, the network is put
 is the learner's job.
 
 :class:`~memento.learn.agent.SoftQAgent` (re-exported here) is the learning soft-Q policy: it owns its
-Q-network, learner and replay buffer and chooses with the same rule; ``policies.make_policy`` builds
+Q-network, learner and replay buffer and chooses with the same rule; ``memento.policies.make_policy`` builds
 it from a :class:`~memento.config.SoftQConfig`.
 """
 
@@ -27,10 +27,10 @@ import numbers
 import numpy as np
 import torch
 
+from memento.bank import Candidates
 from memento.errors import ConfigError
 from memento.learn.agent import SoftQAgent
 from memento.learn.policy import StaticPolicy, boltzmann_select, q_values, softmax
-from memento.memory import Candidates
 from memento.types import Selection
 
 __all__ = ["SoftQAgent", "SoftQPolicy"]
