@@ -30,9 +30,9 @@ from memento.envs.tasks import suite_dir
 from memento.errors import ConfigError, DataFormatError
 from memento.flags import config_option
 from memento.formats import read_case_file
-from memento.learn.labels import LabelConfig, label_tasks, read_label_tasks, summary_path
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
+from memento.runs.labels import LabelConfig, label_tasks, read_label_tasks, summary_path
 
 DESCRIPTION = """\
 Label training tasks with the frozen planner (docs/training.md, "From planner-scored labels"; EPR / LLM-R style):

@@ -584,7 +584,8 @@ class OnlineLoop(Run):
         out: list[CandidateLabels | None] = [None] * len(tasks)
         if lcfg is None:
             return out
-        from memento.learn.labels import LabelRow, prompt_name  # not at import: it reaches the planners package
+        from memento.learn.labels import LabelRow
+        from memento.runs.labels import prompt_name  # not at import: it reaches the planners package
         rows, case_sets, answers, kinds, picked, set_rows = [], [], [], [], [], []
         label_sets = getattr(self.policy, "label_sets", None)
         passes = int(self.counters.get("label_passes", 0))  # the budget's count, with this round's planned ones

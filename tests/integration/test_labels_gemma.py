@@ -15,9 +15,10 @@ import pytest
 from memento.bank import CaseBank
 from memento.config import EncoderConfig, LearnerConfig, QNetConfig
 from memento.envs.tasks import load_suite, seed_cases
-from memento.learn.labels import LabelConfig, label_tasks, read_labels, summary_path
+from memento.learn.labels import read_labels
 from memento.learn.learner import SoftQLearner
 from memento.planners import HFPlanner
+from memento.runs.labels import LabelConfig, label_tasks, summary_path
 from memento.training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
 from memento.training.run import train_q
 

@@ -31,8 +31,8 @@ from memento.config import (
 )
 from memento.envs.textworld import TextWorldConfig
 from memento.errors import ConfigError
-from memento.learn.labels import LabelConfig
 from memento.runs.base import TaskOrder, task_order
+from memento.runs.labels import LabelConfig
 from memento.runs.qa import LoopConfig
 from memento.runs.regret import MAX_REGRET_STEPS, RegretConfig
 from memento.systems.runtime import SystemsConfig

@@ -36,7 +36,8 @@ from memento.formats import (
     read_steps_jsonl,
     read_tasks_jsonl,
 )
-from memento.learn.labels import read_label_tasks, read_labels
+from memento.learn.labels import read_labels
+from memento.runs.labels import read_label_tasks
 from memento.runs.qa import LoopConfig
 from memento.selector.artifact import SelectorConfig
 from tests.fuzzing import FUZZ, examples, record

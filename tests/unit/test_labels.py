@@ -17,19 +17,9 @@ from memento.bank import CaseBank
 from memento.cli import entry as cli
 from memento.cli import score as score_cli
 from memento.errors import ConfigError, DataFormatError
-from memento.learn.labels import (
-    LabelConfig,
-    LabelCost,
-    LabelRow,
-    iter_labels,
-    label_tasks,
-    read_label_tasks,
-    read_labels,
-    score_candidates,
-    summary_path,
-    write_labels,
-)
+from memento.learn.labels import LabelRow, iter_labels, read_labels, write_labels
 from memento.planners.base import AnswerScore, CallablePlanner, PlannerError
+from memento.runs.labels import LabelConfig, LabelCost, label_tasks, read_label_tasks, score_candidates, summary_path
 from memento.types import Case, Task
 from tests.loop_env import HashingEncoder
 

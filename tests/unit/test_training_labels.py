@@ -19,10 +19,10 @@ from memento.cli import entry as cli
 from memento.cli import score as score_cli
 from memento.config import CASE_SCALARS, LearnerConfig, QNetConfig
 from memento.errors import ConfigError, DataFormatError
-from memento.learn.labels import LabelConfig, label_tasks
 from memento.learn.learner import SoftQLearner
 from memento.learn.listwise import ListwiseBatch, best_in_top_k, listwise_kl
 from memento.planners.base import AnswerScore, CallablePlanner
+from memento.runs.labels import LabelConfig, label_tasks
 from memento.training.config import DataConfig, LightningConfig, TrainConfig, TrainerConfig
 from memento.training.data import ListwiseDataset, QDataModule, TrainingData, load_labels
 from memento.training.run import train_q
