@@ -11,9 +11,13 @@ Replay: the p50/p99 latency (microseconds) of ``add`` of one :class:`~memento.le
 (and of building that checked Transition), ``add_batch`` of B decisions and ``sample(B)``.
 
 Everything runs on ``device`` (``auto``: CUDA when present, else CPU), which is recorded. Each
-way of training is one ``Trainer`` value timed by its own function (:func:`_time_training`
+way of training is one ``Trainer`` value timed by its own function (:func:`time_training`
 dispatches with ``match``), so another trainer adds a value and a function, and its rows sit
 beside the plain loop's in the same table.
+
+The pieces of the measurement are public so that another trainer's benchmark (``memento bench train --lightning``,
+:mod:`memento.training.bench`) runs the same one: :func:`resolve_device`, :func:`torch_environment`,
+:func:`filled_buffer`, :func:`time_training`, :func:`time_replay`, :func:`sync_device` and :func:`percentiles_ms`.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer, Transition
 
-__all__ = ["Trainer", "TrainBenchConfig", "format_table", "run_train_bench"]
+__all__ = ["Trainer", "TrainBenchConfig", "filled_buffer", "format_table", "percentiles_ms", "resolve_device",
+           "run_train_bench", "sync_device", "time_replay", "time_training", "torch_environment"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +112,9 @@ class TrainBenchConfig:
         check_choice(self, "device", BenchDevice)
 
 
-def _resolve_device(config: TrainBenchConfig) -> Any:
+def resolve_device(config: TrainBenchConfig) -> Any:
+    """The ``torch.device`` of ``config.device`` (``auto``: CUDA when present, else CPU); ``cuda`` without a CUDA
+    device is a ``ConfigError``."""
     import torch
 
     if config.device == "cuda" and not torch.cuda.is_available():
@@ -117,14 +124,17 @@ def _resolve_device(config: TrainBenchConfig) -> Any:
     return torch.device(config.device)
 
 
-def _sync(device: Any) -> None:
+def sync_device(device: Any) -> None:
+    """Wait for the work queued on ``device`` (CUDA; nothing to wait for on the CPU), before reading a clock."""
     import torch
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _environment(device: Any) -> dict[str, Any]:
+def torch_environment(device: Any) -> dict[str, Any]:
+    """The results document's ``environment``: Python, the machine, its CPUs, numpy and torch with its thread
+    count, the device (with the CUDA device's name) and the load average at the start."""
     import torch
 
     env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
@@ -147,7 +157,7 @@ def _random_batch(rng: np.random.Generator, b: int, config: TrainBenchConfig) ->
             "propensity_BK": rng.uniform(0.05, 1.0, (b, config.k)).astype(np.float32)}
 
 
-def _filled_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> tuple[Any, float]:
+def filled_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> tuple[Any, float]:
     """A replay buffer holding ``buffer_size`` random decisions; also the fill time in seconds."""
 
     buffer = ReplayBuffer(ReplayConfig(capacity=config.buffer_size, dim=config.dim, k_max=config.k), device=device)
@@ -156,12 +166,13 @@ def _filled_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generat
         batch = _random_batch(rng, min(_FILL_CHUNK, config.buffer_size - start), config)
         t0 = time.perf_counter()
         buffer.add_batch(**batch)
-        _sync(device)
+        sync_device(device)
         fill_s += time.perf_counter() - t0
     return buffer, fill_s
 
 
-def _ms(seconds: list[float]) -> dict[str, float]:
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    """``{"p50_ms", "p99_ms"}``: the median and 99th percentile of durations in seconds, in milliseconds."""
     ms = np.array(seconds) * 1e3
     return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
 
@@ -179,12 +190,12 @@ def _time_plain(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device: A
     update_s: list[float] = []
     pairs = 0.0
     metrics: dict[str, float] = {}
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for _ in range(config.steps):
         t0 = time.perf_counter()
         batch = buffer.sample(config.batch_size, generator)
-        _sync(device)
+        sync_device(device)
         t1 = time.perf_counter()
         metrics = learner.update(batch)  # returns floats: the step is finished on the device
         t2 = time.perf_counter()
@@ -192,7 +203,7 @@ def _time_plain(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device: A
         update_s.append(t2 - t1)
         pairs += metrics["pairs"]
     seconds = time.perf_counter() - start
-    sample, update = _ms(sample_s), _ms(update_s)
+    sample, update = percentiles_ms(sample_s), percentiles_ms(update_s)
     return {"params": sum(p.numel() for p in learner.qnet.parameters()), "seconds": seconds,
             "samples": int(pairs), "samples_per_s": pairs / seconds,
             "decisions_per_s": config.steps * config.batch_size / seconds,
@@ -200,8 +211,9 @@ def _time_plain(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device: A
             "final_loss": metrics["loss"]}
 
 
-def _time_training(trainer: Trainer, arch: QNetArch, buffer: Any, config: TrainBenchConfig,
-                   device: Any) -> dict[str, Any]:
+def time_training(trainer: Trainer, arch: QNetArch, buffer: Any, config: TrainBenchConfig,
+                  device: Any) -> dict[str, Any]:
+    """One row of the training table: ``trainer`` training a fresh ``arch`` Q-network on ``buffer``."""
     match trainer:
         case "plain":
             timing = _time_plain(arch, buffer, config, device)
@@ -220,13 +232,13 @@ def _timed(prepare: Any, operation: Any, reps: int, device: Any) -> dict[str, fl
     """p50/p99 µs of ``operation(prepare())``; ``prepare`` (fresh input each time) is not timed."""
     for _ in range(10):  # warm-up
         operation(prepare())
-    _sync(device)
+    sync_device(device)
     seconds = []
     for _ in range(reps):
         args = prepare()
         t0 = time.perf_counter()
         operation(args)
-        _sync(device)
+        sync_device(device)
         seconds.append(time.perf_counter() - t0)
     return _us(seconds)
 
@@ -246,7 +258,7 @@ def _bank_buffer(config: TrainBenchConfig, device: Any, rng: np.random.Generator
     return buffer
 
 
-def _time_replay(buffer: Any, config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> dict[str, Any]:
+def time_replay(buffer: Any, config: TrainBenchConfig, device: Any, rng: np.random.Generator) -> dict[str, Any]:
     """p50/p99 µs of Transition(...), add(one), add_batch(B), sample(B) and sample(B) with its vectors gathered,
     on the filled buffer (fresh random input for each add), and the two samples on a buffer whose cases come
     from a bank of ``bank_cases``."""
@@ -319,24 +331,24 @@ def run_train_bench(config: TrainBenchConfig, *, out: str | Path | None = None) 
     """Run the benchmark; returns (and writes to ``out`` as it goes) the results document."""
     import torch
 
-    device = _resolve_device(config)
+    device = resolve_device(config)
     default_threads = torch.get_num_threads()
     try:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         rng = np.random.default_rng(config.seed)
         results: dict[str, Any] = {"benchmark": "train", "config": dataclasses.asdict(config),
-                                   "environment": _environment(device),
+                                   "environment": torch_environment(device),
                                    "started": timestamp(), "results": [], "replay": None}
-        buffer, fill_s = _filled_buffer(config, device, rng)
+        buffer, fill_s = filled_buffer(config, device, rng)
         results["buffer"] = {"decisions": len(buffer), "fill_s": fill_s, "fill_per_s": len(buffer) / fill_s}
         for trainer in config.trainers:
             for arch in config.archs:
                 logger.info("bench train: %s %s on %s", trainer, arch, device)
-                results["results"].append(_time_training(trainer, arch, buffer, config, device))
+                results["results"].append(time_training(trainer, arch, buffer, config, device))
                 if out is not None:
                     write_results(out, results)
-        results["replay"] = _time_replay(buffer, config, device, rng)
+        results["replay"] = time_replay(buffer, config, device, rng)
     finally:
         torch.set_num_threads(default_threads)
     return finish(results, out)

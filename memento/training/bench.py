@@ -28,13 +28,13 @@ import numpy as np
 from memento.bench.common import finish, timestamp, write_results
 from memento.bench.train import (
     TrainBenchConfig,
-    _environment,
-    _filled_buffer,
-    _ms,
-    _resolve_device,
-    _sync,
-    _time_replay,
-    _time_training,
+    filled_buffer,
+    percentiles_ms,
+    resolve_device,
+    sync_device,
+    time_replay,
+    time_training,
+    torch_environment,
 )
 from memento.config import QNetArch
 
@@ -66,11 +66,11 @@ def time_lightning(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device
 
     class Clock(L.Callback):
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            _sync(device)
+            sync_device(device)
             marks["start"].append(time.perf_counter())
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            _sync(device)
+            sync_device(device)
             marks["end"].append(time.perf_counter())
             if batch_idx == total - 1:
                 losses.append(float(outputs["loss"]))
@@ -85,7 +85,7 @@ def time_lightning(arch: QNetArch, buffer: Any, config: TrainBenchConfig, device
     start, end = marks["start"][config.warmup_steps:], marks["end"][config.warmup_steps:]
     seconds = end[-1] - marks["end"][config.warmup_steps - 1] if config.warmup_steps else end[-1] - start[0]
     fetch = [s - e for s, e in zip(start[1:], end[:-1])]
-    update, gaps = _ms([e - s for s, e in zip(start, end)]), _ms(fetch or [0.0])
+    update, gaps = percentiles_ms([e - s for s, e in zip(start, end)]), percentiles_ms(fetch or [0.0])
     pairs = config.steps * config.batch_size * config.k
     return {"params": sum(p.numel() for p in module.qnet.parameters()), "seconds": seconds, "samples": pairs,
             "samples_per_s": pairs / seconds, "decisions_per_s": config.steps * config.batch_size / seconds,
@@ -102,7 +102,7 @@ def run_train_bench_lightning(config: TrainBenchConfig, *, out: str | Path | Non
     :func:`memento.bench.train.run_train_bench`, with ``trainer`` "plain" and "lightning" rows)."""
     import torch
 
-    device = _resolve_device(config)
+    device = resolve_device(config)
     default_threads = torch.get_num_threads()
     quiet = [logging.getLogger(f"lightning.{part}.utilities.rank_zero") for part in ("pytorch", "fabric")]
     levels = [q.level for q in quiet]
@@ -113,23 +113,23 @@ def run_train_bench_lightning(config: TrainBenchConfig, *, out: str | Path | Non
             torch.set_num_threads(config.torch_threads)
         rng = np.random.default_rng(config.seed)
         results: dict[str, Any] = {"benchmark": "train", "trainers": ["plain", "lightning"],
-                                   "config": dataclasses.asdict(config), "environment": _environment(device),
+                                   "config": dataclasses.asdict(config), "environment": torch_environment(device),
                                    "started": timestamp(), "results": [], "replay": None}
         import lightning
 
         results["environment"]["lightning"] = lightning.__version__
-        buffer, fill_s = _filled_buffer(config, device, rng)
+        buffer, fill_s = filled_buffer(config, device, rng)
         results["buffer"] = {"decisions": len(buffer), "fill_s": fill_s, "fill_per_s": len(buffer) / fill_s}
         for arch in config.archs:
             logger.info("bench train: plain and lightning %s on %s", arch, device)
-            results["results"].append(_time_training("plain", arch, buffer, config, device))
+            results["results"].append(time_training("plain", arch, buffer, config, device))
             timing = time_lightning(arch, buffer, config, device)
             results["results"].append({"trainer": "lightning", "arch": arch, "device": str(device),
                                        "batch_size": config.batch_size, "k": config.k, "steps": config.steps,
                                        **timing})
             if out is not None:
                 write_results(out, results)
-        results["replay"] = _time_replay(buffer, config, device, rng)
+        results["replay"] = time_replay(buffer, config, device, rng)
     finally:
         torch.set_num_threads(default_threads)
         for q, level in zip(quiet, levels):
