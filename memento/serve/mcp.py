@@ -46,10 +46,12 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from memento.serve.app import ServeConfig, Writer, _case_record, _json_safe, require_extra, thread_limiter
+from memento.serve.app import ServeConfig, Writer, require_extra, thread_limiter
+from memento.serve.common import case_record, json_safe
 
 __all__ = ["TOOLS_HELP", "build_mcp_server", "run_mcp"]
 
@@ -106,27 +108,35 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
 
     The tools' arguments are validated with the strict field types of the HTTP request bodies
     (:mod:`memento.serve.schema`, the same ``config`` limits): a bad argument is a tool error of one line naming
-    the field, and nothing is recorded."""
+    the field, and nothing is recorded. The tools come in three families, registered in this order:
+    :func:`_selection_tools`, :func:`_write_tools`, :func:`_read_tools`."""
     require_extra("mcp")
-    from mcp.server.mcpserver.exceptions import ToolError
-
     from memento._version import __version__
-    from memento.serve.schema import OWNER_ARGS, fields, owner_scope
+    from memento.serve.schema import fields
 
     config = config or ServeConfig()
-
-    def fail(error: Exception) -> ToolError:
-        if isinstance(error, KeyError) and error.args:
-            return ToolError(str(error.args[0]))
-        return ToolError(str(error))
-
     f = fields(config)
     limit_threads = thread_limiter(config.threads)  # tools run in the SDK's worker threads
+    functions = (*_selection_tools(selector, writer, f, limit_threads), *_write_tools(writer, f),
+                 *_read_tools(selector, f, limit_threads))
+    tools = [_strict_tool(fn) for fn in functions]
+    return _server_class()(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING",
+                           tools=tools)
 
-    from pydantic import Field, Strict
 
-    Limit = Annotated[int, Strict(), Field(ge=1, le=10_000)]
-    Offset = Annotated[int, Strict(), Field(ge=0, le=2 ** 62)]
+def _fail(error: Exception) -> Exception:
+    """The SDK's ``ToolError`` for an error a tool met: its message in one line (a ``KeyError``'s without quotes)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    if isinstance(error, KeyError) and error.args:
+        return ToolError(str(error.args[0]))
+    return ToolError(str(error))
+
+
+def _selection_tools(selector: Any, writer: Writer, f: Any, limit_threads: Callable[[], None]
+                     ) -> tuple[Callable[..., Any], ...]:
+    """``select_cases`` and ``record_outcome``: the policy's choice and the reward it learns from. ``f`` holds the
+    argument types (:func:`memento.serve.schema.fields`)."""
 
     def select_cases(task: f.text, k: f.k = 4, scope: f.scope | None = None, filter: f.filter | None = None,
                      env: f.env | None = None, include_global: f.include_global = False) -> dict[str, Any]:
@@ -137,18 +147,28 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         score (the Q-network's logit), similarity (cosine), user?, agent?, session?, meta?}] in the order chosen."""
         limit_threads()
         try:
-            return _json_safe(selector.select(task, k=k, mode="sample", env=env, scope=scope, filter=filter,
-                                              include_global=include_global).to_dict())
+            return json_safe(selector.select(task, k=k, mode="sample", env=env, scope=scope, filter=filter,
+                                             include_global=include_global).to_dict())
         except Exception as error:  # noqa: BLE001 - every selector error is the caller's to read
-            raise fail(error) from None
+            raise _fail(error) from None
 
     def record_outcome(selection_id: f.selection_id, reward: f.reward) -> dict[str, Any]:
         """Report how the task went with the cases of a selection: reward in [0, 1] (1 = success).
         Returns once the outcome is durably recorded."""
         try:
-            return _json_safe(writer.submit_feedback(selection_id, reward).result())
+            return json_safe(writer.submit_feedback(selection_id, reward).result())
         except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
+            raise _fail(error) from None
+
+    return select_cases, record_outcome
+
+
+def _write_tools(writer: Writer, f: Any) -> tuple[Callable[..., Any], ...]:
+    """``add_case``, ``update_case``, ``delete_case`` and ``delete_all_cases``: the writes, each answered once
+    ``writer`` committed it."""
+    from pydantic import Strict
+
+    from memento.serve.schema import OWNER_ARGS, owner_scope
 
     def add_case(state: f.text, action: f.text, reward: f.reward, user: f.owner = None, agent: f.owner = None,
                  session: f.owner = None, meta: f.meta | None = None, env: f.env | None = None,
@@ -160,15 +180,47 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
             scope = owner_scope(dict(zip(OWNER_ARGS, (user, agent, session, user_id, agent_id, run_id))))
             return {"id": writer.submit_case(state, action, reward, env=env, meta=meta, scope=scope).result()}
         except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
+            raise _fail(error) from None
+
+    def update_case(case_id: f.case_id, action: f.text | None = None, reward: f.reward | None = None,
+                    meta: f.meta | None = None, state: f.text | None = None) -> dict[str, Any]:
+        """Change a stored case in place: its action, reward in [0, 1] and/or meta (replaced whole). The id stays;
+        its version goes up by one. The state cannot change (that is a new case: delete this one and add it).
+        Returns the case as stored now, once committed."""
+        try:
+            case = writer.submit_update(case_id, action=action, reward=reward, meta=meta, state=state).result()
+            return json_safe(case_record(case))
+        except Exception as error:  # noqa: BLE001
+            raise _fail(error) from None
 
     def delete_case(case_id: f.case_id) -> dict[str, Any]:
         """Forget a stored case (stale or wrong): it is never selected again. Returns {"id", "deleted": true,
         "replay_slots_masked"} once the deletion is committed."""
         try:
-            return _json_safe(writer.submit_delete(case_id).result())
+            return json_safe(writer.submit_delete(case_id).result())
         except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
+            raise _fail(error) from None
+
+    def delete_all_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
+                         all: Annotated[bool, Strict()] = False) -> dict[str, Any]:
+        """Forget every stored case of scope ({"user", "agent", "session"}) whose meta match filter (and of env):
+        never selected or read again. A scope or a filter is required (all=true deletes without one). Returns
+        {deleted, replay_slots_masked} once committed."""
+        try:
+            return json_safe(writer.submit_delete_all(env=env, scope=scope, filter=filter, all=all).result())
+        except Exception as error:  # noqa: BLE001
+            raise _fail(error) from None
+
+    return add_case, update_case, delete_case, delete_all_cases
+
+
+def _read_tools(selector: Any, f: Any, limit_threads: Callable[[], None]) -> tuple[Callable[..., Any], ...]:
+    """``search_cases``, ``list_cases``, ``count_cases``, ``get_case`` and ``case_history``: reads of the stored
+    cases that record nothing."""
+    from pydantic import Field, Strict
+
+    Limit = Annotated[int, Strict(), Field(ge=1, le=10_000)]
+    Offset = Annotated[int, Strict(), Field(ge=0, le=2 ** 62)]
 
     def search_cases(query: f.text, k: f.k = 10, scope: f.scope | None = None, filter: f.filter | None = None,
                      env: f.env | None = None, include_global: f.include_global = False) -> dict[str, Any]:
@@ -179,9 +231,9 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         try:
             found = selector.search_cases(query, k=k, env=env, scope=scope, filter=filter,
                                           include_global=include_global)
-            return _json_safe({"cases": [{**case.to_json(), "similarity": similarity} for case, similarity in found]})
+            return json_safe({"cases": [{**case.to_json(), "similarity": similarity} for case, similarity in found]})
         except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
+            raise _fail(error) from None
 
     def list_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
                    limit: Limit = 100, offset: Offset = 0, include_global: f.include_global = False) -> dict[str, Any]:
@@ -191,47 +243,9 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         try:
             cases = selector.list_cases(env=env, scope=scope, filter=filter, limit=limit, offset=offset,
                                         include_global=include_global)
-            return _json_safe({"cases": [case.to_json() for case in cases], "limit": limit, "offset": offset})
+            return json_safe({"cases": [case.to_json() for case in cases], "limit": limit, "offset": offset})
         except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
-
-    def get_case(case_id: f.case_id) -> dict[str, Any]:
-        """One stored case by id: {id, state, action, reward, kind, version, created, updated, env?, user?, agent?,
-        session?, meta?}. A deleted or replaced case is an error."""
-        try:
-            return _json_safe(_case_record(selector.get_case(case_id)))
-        except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
-
-    def update_case(case_id: f.case_id, action: f.text | None = None, reward: f.reward | None = None,
-                    meta: f.meta | None = None, state: f.text | None = None) -> dict[str, Any]:
-        """Change a stored case in place: its action, reward in [0, 1] and/or meta (replaced whole). The id stays;
-        its version goes up by one. The state cannot change (that is a new case: delete this one and add it).
-        Returns the case as stored now, once committed."""
-        try:
-            case = writer.submit_update(case_id, action=action, reward=reward, meta=meta, state=state).result()
-            return _json_safe(_case_record(case))
-        except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
-
-    def case_history(case_id: f.case_id) -> dict[str, Any]:
-        """A case's events, oldest first: add, update (fields, old and new values), replace, delete, feedback (the
-        reward reported on a selection that showed it). A deleted case's events keep only their kind, time and
-        field names. Returns {id, events: [{event, time, version?, fields?, old?, new?, ...}]}."""
-        try:
-            return _json_safe({"id": case_id, "events": [event.to_json() for event in selector.history(case_id)]})
-        except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
-
-    def delete_all_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
-                         all: Annotated[bool, Strict()] = False) -> dict[str, Any]:
-        """Forget every stored case of scope ({"user", "agent", "session"}) whose meta match filter (and of env):
-        never selected or read again. A scope or a filter is required (all=true deletes without one). Returns
-        {deleted, replay_slots_masked} once committed."""
-        try:
-            return _json_safe(writer.submit_delete_all(env=env, scope=scope, filter=filter, all=all).result())
-        except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
+            raise _fail(error) from None
 
     def count_cases(scope: f.scope | None = None, filter: f.filter | None = None, env: f.env | None = None,
                     include_global: f.include_global = False) -> dict[str, Any]:
@@ -240,13 +254,26 @@ def build_mcp_server(selector: Any, writer: Writer, *, config: ServeConfig | Non
         try:
             return {"count": int(selector.count(env=env, scope=scope, filter=filter, include_global=include_global))}
         except Exception as error:  # noqa: BLE001
-            raise fail(error) from None
+            raise _fail(error) from None
 
-    tools = [_strict_tool(fn) for fn in (select_cases, record_outcome, add_case, update_case, delete_case,
-                                          delete_all_cases, search_cases, list_cases, count_cases, get_case,
-                                          case_history)]
-    return _server_class()(name="memento", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING",
-                           tools=tools)
+    def get_case(case_id: f.case_id) -> dict[str, Any]:
+        """One stored case by id: {id, state, action, reward, kind, version, created, updated, env?, user?, agent?,
+        session?, meta?}. A deleted or replaced case is an error."""
+        try:
+            return json_safe(case_record(selector.get_case(case_id)))
+        except Exception as error:  # noqa: BLE001
+            raise _fail(error) from None
+
+    def case_history(case_id: f.case_id) -> dict[str, Any]:
+        """A case's events, oldest first: add, update (fields, old and new values), replace, delete, feedback (the
+        reward reported on a selection that showed it). A deleted case's events keep only their kind, time and
+        field names. Returns {id, events: [{event, time, version?, fields?, old?, new?, ...}]}."""
+        try:
+            return json_safe({"id": case_id, "events": [event.to_json() for event in selector.history(case_id)]})
+        except Exception as error:  # noqa: BLE001
+            raise _fail(error) from None
+
+    return search_cases, list_cases, count_cases, get_case, case_history
 
 
 def _strict_tool(fn: Any) -> Any:
@@ -273,14 +300,40 @@ def _server_class() -> type:
     refused in one line naming the field (the SDK's text spans several lines and names its internal model),
     and over stdio a line that is not a JSON-RPC message is answered with a JSON-RPC error (-32700 parse
     error for what is not JSON, -32600 invalid request for the rest, ``"id": null``) instead of being dropped."""
-    import mcp_types
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
     from mcp.server.stdio import stdio_server
-    from mcp.shared.message import SessionMessage
     from pydantic import ValidationError
 
     from memento.serve.schema import error_line
+
+    answer_malformed = _answer_malformed_class()
+
+    class StrictMCPServer(MCPServer):  # type: ignore[misc]
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as error:
+                cause = error.__cause__
+                if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                    raise
+                raise ToolError(f"{name}: invalid arguments: "
+                                f"{error_line(cause, takes=_TAKES.get(name, ''))}") from cause
+
+        async def run_stdio_async(self) -> None:
+            async with stdio_server() as (read_stream, write_stream):
+                low = self._lowlevel_server  # as the SDK's own in-memory client reaches it
+                await low.run(answer_malformed(read_stream, write_stream), write_stream,
+                              low.create_initialization_options())
+
+    return StrictMCPServer
+
+
+def _answer_malformed_class() -> type:
+    """The stdio read stream's wrapper that answers a malformed JSON-RPC line (for :func:`_server_class`)."""
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
 
     class _AnswerMalformed:
         """The stdio transport's read stream, less its malformed lines, each answered on the write stream."""
@@ -326,24 +379,7 @@ def _server_class() -> type:
         async def __aexit__(self, *exc: Any) -> Any:
             return await self.inner.__aexit__(*exc)
 
-    class StrictMCPServer(MCPServer):  # type: ignore[misc]
-        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-            try:
-                return await super().call_tool(name, arguments, context)
-            except ToolError as error:
-                cause = error.__cause__
-                if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
-                    raise
-                raise ToolError(f"{name}: invalid arguments: "
-                                f"{error_line(cause, takes=_TAKES.get(name, ''))}") from cause
-
-        async def run_stdio_async(self) -> None:
-            async with stdio_server() as (read_stream, write_stream):
-                low = self._lowlevel_server  # as the SDK's own in-memory client reaches it
-                await low.run(_AnswerMalformed(read_stream, write_stream), write_stream,
-                              low.create_initialization_options())
-
-    return StrictMCPServer
+    return _AnswerMalformed
 
 
 def run_mcp(path: str | Path, *, learn: bool = False, device: str | None = None, seed: int = 0,
