@@ -36,6 +36,7 @@ __all__ = [
     "iter_jsonl",
     "json_value_problem",
     "loads_text",
+    "parse_case",
     "read_case_file",
     "read_cases_jsonl",
     "read_memento_memory",
@@ -156,7 +157,10 @@ def _plan(row: dict[str, Any]) -> str:
 _CASE_KEYS = {"id", "state", "action", "reward", "env", "kind", "meta", *SCOPE_FIELDS}
 
 
-def _parse_case(row: dict[str, Any]) -> Case:
+def parse_case(row: dict[str, Any]) -> Case:
+    """The :class:`Case` of one parsed Case JSONL row, every field checked (the reference checks, which
+    :mod:`memento.bank.ingest` applies to what its fast path does not accept); a problem is a one-line
+    ``DataFormatError`` without the file (the readers add ``file:line``)."""
     unknown = sorted(set(row) - _CASE_KEYS)
     if unknown:
         raise DataFormatError(f"unknown field(s) {unknown} for a Case JSONL row")
@@ -185,7 +189,7 @@ def read_cases_jsonl(path: str | Path) -> list[Case]:
     first_line: dict[str, int] = {}
     for number, row in iter_jsonl(path):
         try:
-            case = _parse_case(row)
+            case = parse_case(row)
         except DataFormatError as error:
             raise DataFormatError(error.reason, path=path, line=number) from None
         if case.id is not None:

@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 from memento.errors import DataFormatError, DimensionError
-from memento.formats import _parse_case, iter_jsonl  # the reference checks, for what the fast ones do not accept
+from memento.formats import iter_jsonl, parse_case  # the reference checks, for what the fast ones do not accept
 from memento.io import loads_json
 from memento.types import SCOPE_FIELDS, Case, is_id, is_text, json_value_problem
 
@@ -58,7 +58,7 @@ class CaseFileScan:
 
 
 def _fast(row: Any) -> Case | None:
-    """The case of a row that passes every check of :func:`memento.formats._parse_case` and :class:`Case`, built
+    """The case of a row that passes every check of :func:`memento.formats.parse_case` and :class:`Case`, built
     without running them again; None when any check needs the standard path (which then raises, or builds it)."""
     if type(row) is not dict or not row.keys() <= _CASE_KEYS:
         return None
@@ -127,7 +127,7 @@ def _case(path: Path, number: int, raw: bytes) -> Case:
         row = loads_json(raw.rstrip(b"\r\n"))
         if not isinstance(row, dict):
             raise DataFormatError(f"expected a JSON object, got {type(row).__name__}")
-        return _parse_case(row)
+        return parse_case(row)
     except DataFormatError as error:
         if not raw.decode("utf-8", "replace").strip():  # a line of other Unicode whitespace: skipped as blank
             raise _Blank() from None

@@ -86,7 +86,8 @@ from memento.learn.qnet import build_qnet
 from memento.policies import SimilarityPolicy, SoftQPolicy  # the benchmarks are a composition root, like the CLI
 from memento.types import Case
 
-__all__ = ["ReferenceScorer", "SelectBenchConfig", "format_table", "reference_texts", "run_select_bench"]
+__all__ = ["ReferenceScorer", "SelectBenchConfig", "format_table", "faiss_torch_environment", "reference_texts",
+           "run_select_bench"]
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +335,10 @@ def _recall(found_QC: np.ndarray, truth_QC: np.ndarray) -> float:
     return hits / truth_QC.size
 
 
-def _environment() -> dict[str, Any]:
+def faiss_torch_environment() -> dict[str, Any]:
+    """The results document's ``environment`` of the selection benchmark: Python, the machine, its CPUs, faiss,
+    numpy and torch with their thread counts, and the load average at the start (``memento bench serve`` adds
+    its own)."""
     import faiss
     import torch
 
@@ -595,7 +599,7 @@ def run_select_bench(config: SelectBenchConfig, *, out: str | Path | None = None
             config = dataclasses.replace(config, dim=bank.dim)
     rng = np.random.default_rng(config.seed)
     results: dict[str, Any] = {
-        "benchmark": "select", "config": dataclasses.asdict(config), "environment": _environment(),
+        "benchmark": "select", "config": dataclasses.asdict(config), "environment": faiss_torch_environment(),
         "index_rule": f"Flat (exact) for N <= {config.exact_max:,}, else {config.factory}",
         "started": timestamp(), "results": [], "reference": None}
     policies = _make_policies(config)

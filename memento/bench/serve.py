@@ -48,7 +48,7 @@ import numpy as np
 
 from memento.bank import CaseBank
 from memento.bench.common import finish, make_vectors, timestamp, write_results
-from memento.bench.select import _environment as base
+from memento.bench.select import faiss_torch_environment as base
 from memento.config import (
     MAX_BATCH,
     MAX_BENCH_ITEMS,

@@ -111,8 +111,6 @@ from memento.serve.common import (
     redact_server_logs,
     thread_limiter,
 )
-from memento.serve.common import case_record as _case_record  # noqa: F401 - memento.serve.mcp imports it from here
-from memento.serve.common import json_safe as _json_safe  # noqa: F401 - memento.serve.mcp imports it from here
 from memento.serve.common import token_matches as token_matches
 
 __all__ = [
@@ -124,6 +122,7 @@ __all__ = [
     "check_host",
     "create_app",
     "is_loopback",
+    "quiet_signals",
     "require_extra",
     "resolve_token",
     "serve",
@@ -232,7 +231,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 @contextlib.contextmanager
-def _quiet_signals(server: Any, pool: _WorkerPool | None = None) -> Iterator[None]:
+def quiet_signals(server: Any, pool: _WorkerPool | None = None) -> Iterator[None]:
     """uvicorn's signal capture, without re-raising the signal after the graceful shutdown (we exit 0).
 
     With worker processes (``pool``) the first signal stops them first, in a thread, while this process
@@ -511,7 +510,7 @@ def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8080, token:
                                    server_header=False)
         redact_server_logs()  # after uvicorn configured its loggers: never a ?token= in the access log
         server = uvicorn.Server(uv_config)
-        server.capture_signals = lambda: _quiet_signals(server, pool)  # type: ignore[method-assign]
+        server.capture_signals = lambda: quiet_signals(server, pool)  # type: ignore[method-assign]
         try:
             if pool is not None:
                 pool.start(sock)

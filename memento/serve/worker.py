@@ -59,7 +59,7 @@ def main() -> int:
     import uvicorn
 
     from memento.selector.runtime import Selector
-    from memento.serve.app import _quiet_signals
+    from memento.serve.app import quiet_signals
     from memento.serve.common import LearnerLink, ServeConfig, redact_server_logs
     from memento.serve.http import build_app
 
@@ -82,7 +82,7 @@ def main() -> int:
                                    server_header=False)
         redact_server_logs()
         server = uvicorn.Server(uv_config)
-        server.capture_signals = lambda: _quiet_signals(server)  # type: ignore[method-assign]
+        server.capture_signals = lambda: quiet_signals(server)  # type: ignore[method-assign]
         learner_pid = spec.get("learner_pid")
         threading.Thread(target=_watch_parent, args=(server, spec["learner_socket"], learner_pid),
                          name="memento-watch-learner", daemon=True).start()

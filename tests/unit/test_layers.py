@@ -124,3 +124,81 @@ def test_importing_the_core_loads_neither_policies_nor_training() -> None:
                             check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+# ---------------------------------------------------------------- what learning may import; private names
+
+BELOW_THE_PLANNER = ("memento.learn", "memento.bank")
+"""Packages that learn from data or hold it, and so never reach a planner, a run, the selector or the service."""
+ABOVE_LEARNING = ("memento.planners", "memento.runs", "memento.selector", "memento.serve")
+PRIVATE_IMPORTS_ALLOWED = {
+    ("memento.bank.uri", "memento.bank.milvus", "_encoder_id"):
+        "memento/bank/milvus.py is being split (issue 42); the encoder's name becomes public there",
+}
+"""``(importer, module, name)`` -> why it is still imported; each entry is a debt, not a permission."""
+
+
+def _under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def _named_modules(module: str, path: Path) -> list[tuple[int, str]]:
+    """Every module an import in ``path`` may name, anywhere in the file (in a function too): ``import a.b`` names
+    ``a.b``; ``from a import b`` names ``a`` and ``a.b`` (``b`` may be a module); a relative import is resolved
+    against ``module``'s package; ``importlib.import_module("a.b")`` and ``__import__("a.b")`` name ``a.b``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in ("import_module",
+                                                                                            "__import__")):
+            out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def test_learning_and_the_bank_import_nothing_above_them() -> None:
+    known = _modules()
+    offences = [f"{path.relative_to(ROOT)}:{line}: {module} imports {name}"
+                for module, path in known.items() if _under(module, BELOW_THE_PLANNER)
+                for line, name in _named_modules(module, path) if _under(name, ABOVE_LEARNING)]
+    assert not offences, "\n".join(offences)
+    assert any(_under(module, ("memento.learn",)) for module in known)  # the rule reads real files
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """``from memento.x import _y`` reaches into another module: what two modules share is public (documented,
+    no underscore) in its rightful home. Dunder names (``__version__``) are public."""
+    known = _modules()
+    offences, used = [], set()
+    for module, path in known.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(parts + ([node.module] if node.module else []))
+            if not _under(source, PACKAGES):
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+                    continue
+                if (module, source, name) in PRIVATE_IMPORTS_ALLOWED:
+                    used.add((module, source, name))
+                    continue
+                offences.append(f"{path.relative_to(ROOT)}:{node.lineno}: {module} imports {source}.{name}")
+    assert not offences, "\n".join(offences)
+    stale = set(PRIVATE_IMPORTS_ALLOWED) - used
+    assert not stale, f"allowed but no longer imported (remove from PRIVATE_IMPORTS_ALLOWED): {sorted(stale)}"
