@@ -8,5 +8,7 @@
 - :mod:`memento.runs.ray`: the QA loop with Ray rollout workers;
 - :mod:`memento.runs.regret`: the regret run on a synthetic bandit;
 - :mod:`memento.runs.compare`, :mod:`memento.runs.lifelong`: several runs side by side;
+- :mod:`memento.runs.labels`: planner-scored labels, offline (``memento score``: the planner scores each
+  task's candidate cases);
 - :mod:`memento.runs.rundir`: the run directory and its checkpoints.
 """
