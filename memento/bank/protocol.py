@@ -96,6 +96,7 @@ class Bank(Protocol):
     config: BankConfig
     read_only: bool
     audit: bool
+    updates_made: int  # updates in place by this process (update, add with new meta)
 
     @property
     def path(self) -> Path | str:
