@@ -75,6 +75,7 @@ from typing import Any
 
 import torch
 
+import memento.selector.artifact.parts as _parts
 from memento.bank.local import CaseBank
 from memento.errors import CheckpointError
 from memento.io import fsync_dir
@@ -134,15 +135,7 @@ from memento.selector.artifact.manifest import (
     verify_artifact,
     write_manifest,
 )
-from memento.selector.artifact.parts import (
-    LIVE_FILES,
-    LIVE_PARTS,
-    PARTS,
-    REQUIRED_FILES,
-    Loaded,
-    SaveJob,
-    check_dims,
-)
+from memento.selector.artifact.parts import LIVE_FILES, REQUIRED_FILES, Loaded, SaveJob, check_dims
 from memento.selector.artifact.qnet import read_policy, write_policy, write_qnet
 
 __all__ = [
@@ -258,7 +251,7 @@ def _save_parts(job: SaveJob, previous: dict[str, Any] | None, source: dict[str,
     def draft() -> dict[str, Any]:
         if not drafts:
             live = {part.live: part.entry(job, None if previous is None else previous["live"][part.live])
-                    for part in LIVE_PARTS}
+                    for part in _parts.LIVE_PARTS}
             drafts.append(
                 new_manifest(source=source or {}, dim=job.spec.dim, learner_updates=job.learner.updates, live=live)
                 if previous is None else
@@ -267,7 +260,7 @@ def _save_parts(job: SaveJob, previous: dict[str, Any] | None, source: dict[str,
         return drafts[0]
 
     job.draft = draft
-    for part in PARTS:
+    for part in _parts.PARTS:
         part.save(job)
     files = hashed()
     if previous is None:  # a new artifact: created and saved at the same time
@@ -317,7 +310,7 @@ class LiveParts:
 def checkpoint_live(root: Path, bank: CaseBank, feedback: FeedbackLog) -> None:
     """Flush the bank's index and move both live SQLite files' committed rows into their main files (so
     their bytes are what a checksum, a copy or an upload sees)."""
-    for part in LIVE_PARTS:
+    for part in _parts.LIVE_PARTS:
         part.checkpoint(root, bank, feedback)
 
 
@@ -416,9 +409,9 @@ def check_artifact(path: str | Path, *, verify: bool = True, device: str | torch
     report = verify_artifact(path, cache=cache) if verify else None
     manifest = report["manifest"] if report is not None else read_manifest(path)
     got = Loaded(root=path, device=device, recorded={MANIFEST_NAME: manifest["dim"]})
-    for part in PARTS:
+    for part in _parts.PARTS:
         part.load(got)
-    for part in PARTS:
+    for part in _parts.PARTS:
         part.check(got)
     dims = got.dims()
     check_dims(path, dims)

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import memento.selector.artifact.parts as _parts
 from memento.errors import CheckpointError
 from memento.io import atomic_write_text, parse_json, read_versioned_json
 from memento.selector.artifact.files import check_entry, check_tree, file_sha256
 from memento.selector.artifact.layout import READY_DIR, SELECTOR_FORMAT, SELECTOR_FORMAT_VERSION, SQLITE_SIDECARS
-from memento.selector.artifact.parts import LIVE_FILES, LIVE_PARTS, PARTS, REQUIRED_FILES
 
 __all__ = ["MANIFEST_NAME", "has_manifest", "hash_files", "library_versions", "listed_files", "manifest_path",
            "new_manifest", "now_iso", "read_manifest", "read_manifest_object", "resaved_manifest", "verify_artifact",
@@ -149,11 +149,11 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for rel, entry in files.items():
         check_entry(rel, path)
         _check_file_entry(rel, entry, path)
-    missing = [name for name in REQUIRED_FILES if name not in files]
+    missing = [name for name in _parts.REQUIRED_FILES if name not in files]
     if missing:
         raise CheckpointError(f"{path}: the manifest does not list {missing[0]} (every artifact has "
-                              f"{', '.join(REQUIRED_FILES)})")
-    for name in LIVE_FILES:
+                              f"{', '.join(_parts.REQUIRED_FILES)})")
+    for name in _parts.LIVE_FILES:
         entry = live.get(name)
         if (not isinstance(entry, dict) or isinstance(entry.get("rows"), bool) or not isinstance(entry.get("rows"), int)
                 or entry["rows"] < 0 or not isinstance(entry.get("digest"), str)
@@ -231,7 +231,7 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
     appended: dict[str, int] = {}
     # live files first: whether rows were appended decides how the files derived from them are checked
     may_differ: set[str] = set()
-    for part in LIVE_PARTS:
+    for part in _parts.LIVE_PARTS:
         rel = part.live
         path = root / rel
         entry, saved = files[rel], manifest["live"][rel]
@@ -255,16 +255,16 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         rows[rel], appended[rel] = n, n - saved["rows"]
         if appended[rel] > 0:
             may_differ.update(part.rebuilt)
-    for part in PARTS:  # a directory loaded as a model: every file in it must be listed and hashed
+    for part in _parts.PARTS:  # a directory loaded as a model: every file in it must be listed and hashed
         for loaded in part.loaded_dirs:
             if (root / loaded).is_dir():
                 for rel in listed_files(root):
                     if rel.startswith(loaded + "/") and rel not in files:
                         raise CheckpointError(f"{root / rel}: a file in the artifact's {loaded}/ that "
                                               f"{MANIFEST_NAME} does not list (the encoder is loaded from there)")
-    checked = len(LIVE_FILES)
+    checked = len(_parts.LIVE_FILES)
     for rel, entry in sorted(files.items()):
-        if rel in LIVE_FILES:
+        if rel in _parts.LIVE_FILES:
             continue
         path = root / rel
         derived_may_differ = rel in may_differ
