@@ -255,8 +255,8 @@ def verify_artifact(root: str | Path, *, cache: dict[str, tuple[int, int, str]] 
         rows[rel], appended[rel] = n, n - saved["rows"]
         if appended[rel] > 0:
             may_differ.update(part.rebuilt)
-    for part in _parts.PARTS:  # a directory loaded as a model: every file in it must be listed and hashed
-        for loaded in part.loaded_dirs:
+    for each in _parts.PARTS:  # a directory loaded as a model: every file in it must be listed and hashed
+        for loaded in each.loaded_dirs:
             if (root / loaded).is_dir():
                 for rel in listed_files(root):
                     if rel.startswith(loaded + "/") and rel not in files:
