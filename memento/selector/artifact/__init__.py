@@ -135,7 +135,7 @@ from memento.selector.artifact.manifest import (
     verify_artifact,
     write_manifest,
 )
-from memento.selector.artifact.parts import LIVE_FILES, REQUIRED_FILES, Loaded, SaveJob, check_dims
+from memento.selector.artifact.parts import LIVE_FILES, REQUIRED_FILES, Loaded, SaveJob, SaveKind, check_dims
 from memento.selector.artifact.qnet import read_policy, write_policy, write_qnet
 
 __all__ = [
@@ -301,8 +301,8 @@ class LiveParts:
     feedback: FeedbackLog
     alpha: float
 
-    def job(self, kind: str, directory: Path, source: Path, target: Path) -> SaveJob:
-        return SaveJob(kind=kind, directory=directory, source=source, target=target,  # type: ignore[arg-type]
+    def job(self, kind: SaveKind, directory: Path, source: Path, target: Path) -> SaveJob:
+        return SaveJob(kind=kind, directory=directory, source=source, target=target,
                        config=self.config, spec=self.spec, learner=self.learner, buffer=self.buffer, alpha=self.alpha,
                        bank=self.bank, feedback=self.feedback)
 

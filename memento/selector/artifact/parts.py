@@ -61,7 +61,7 @@ from memento.selector.artifact.layout import (
 from memento.selector.artifact.qnet import check_qnet_file, write_qnet
 
 __all__ = ["LIVE_FILES", "PARTS", "REQUIRED_FILES", "BankPart", "CardPart", "ConfigPart", "EncoderPart",
-           "FeedbackPart", "LearnerPart", "LivePart", "Loaded", "Part", "QNetPart", "ReplayPart", "SaveJob",
+           "FeedbackPart", "LearnerPart", "LivePart", "Loaded", "Part", "QNetPart", "ReplayPart", "SaveJob", "SaveKind",
            "check_dims"]
 
 SaveKind = Literal["new", "in_place", "copy"]
