@@ -26,7 +26,6 @@ The cache directory and the offline switch are read from the environment at each
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -36,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from memento.errors import CheckpointError, ConfigError, EncoderError, MementoError
-from memento.io import parse_json
 
 __all__ = ["CARD_METADATA", "HUB_PREFIX", "MAX_REVISION_CHARS", "PUSH_IGNORE", "default_cache_dir", "hub_cache_dir",
            "hub_offline", "hub_ref", "is_hub_id", "local_or_hub", "portable_card", "portable_text", "push_folder",
@@ -209,12 +207,14 @@ def resolve_selector(repo_id: str, *, revision: str | None = None) -> Path:
     The copy lives under ``$MEMENTO_CACHE_DIR/hub/<org>--<name>/<commit>`` and is reused by later loads
     of the same commit (with the feedback and cases they recorded there).
     """
+    from memento.selector.artifact.manifest import MANIFEST_NAME, has_manifest
+
     snapshot, commit = resolve_snapshot(repo_id, revision=revision, what="selector", error=CheckpointError)
     target = default_cache_dir() / "hub" / repo_id.replace("/", "--") / (commit or "snapshot")
-    if (target / "manifest.json").is_file():
+    if has_manifest(target):
         return target
-    if not (snapshot / "manifest.json").is_file():
-        raise CheckpointError(f"selector {repo_id!r}: {snapshot} holds no manifest.json (not a selector artifact)")
+    if not has_manifest(snapshot):
+        raise CheckpointError(f"selector {repo_id!r}: {snapshot} holds no {MANIFEST_NAME} (not a selector artifact)")
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -277,35 +277,37 @@ def portable_card(text: str) -> str:
 
 def _stage_push(folder: Path, staging: Path) -> None:
     """``folder`` as pushed, in ``staging``: every file that is not dot-named or a SQLite sidecar linked (copied
-    where links are not possible), ``README.md`` and ``manifest.json`` rewritten without absolute local paths
-    (the manifest's entry for the card updated to the pushed bytes)."""
-    import hashlib
-
+    where links are not possible), the model card and the manifest rewritten without absolute local paths
+    (the manifest's entry for the card updated to the pushed bytes, through the manifest's owner,
+    :mod:`memento.selector.artifact.manifest`)."""
     from huggingface_hub.utils import filter_repo_objects
+
+    from memento.selector.artifact.layout import CARD_NAME
+    from memento.selector.artifact.manifest import (
+        MANIFEST_NAME,
+        has_manifest,
+        read_manifest_object,
+        with_file,
+        write_manifest,
+    )
 
     names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
     for rel in filter_repo_objects(names, ignore_patterns=PUSH_IGNORE):
-        if rel in ("README.md", "manifest.json"):
+        if rel in (CARD_NAME, MANIFEST_NAME):
             continue
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(folder / rel, staging / rel)  # read, never written, by the upload
         except OSError:
             shutil.copyfile(folder / rel, staging / rel)
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise CheckpointError(f"push_to_hub: {folder} holds no manifest.json (not a selector artifact)")
-    manifest = parse_json(manifest_path.read_bytes(), where=str(manifest_path))
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{manifest_path}: not a JSON object")
-    manifest = _portable(manifest)
-    if (folder / "README.md").is_file():
-        card = portable_card((folder / "README.md").read_text(encoding="utf-8")).encode("utf-8")
-        (staging / "README.md").write_bytes(card)
-        files = manifest.get("files")
-        if isinstance(files, dict) and "README.md" in files:
-            files["README.md"] = {**files["README.md"], "sha256": hashlib.sha256(card).hexdigest(), "bytes": len(card)}
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if not has_manifest(folder):
+        raise CheckpointError(f"push_to_hub: {folder} holds no {MANIFEST_NAME} (not a selector artifact)")
+    manifest = _portable(read_manifest_object(folder))
+    if (folder / CARD_NAME).is_file():
+        card = portable_card((folder / CARD_NAME).read_text(encoding="utf-8")).encode("utf-8")
+        (staging / CARD_NAME).write_bytes(card)
+        manifest = with_file(manifest, CARD_NAME, card)
+    write_manifest(staging, manifest, atomic=False)  # a scratch directory, uploaded whole
 
 
 def push_folder(folder: Path, repo_id: str, *, token: str | None = None, private: bool = False,

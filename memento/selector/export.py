@@ -53,7 +53,8 @@ from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
-from memento.selector.artifact import BANK_DIR, MANIFEST_NAME, EncoderSpec, SelectorConfig
+from memento.selector.artifact import BANK_DIR, EncoderSpec, SelectorConfig
+from memento.selector.artifact.manifest import has_manifest
 from memento.selector.runtime import Selector
 from memento.types import shown
 
@@ -249,7 +250,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:
             raise CheckpointError(f"{out}: already exists and is not empty (overwrite=True / --force replaces it)")
-        if not (out / MANIFEST_NAME).is_file():
+        if not has_manifest(out):
             raise CheckpointError(f"{out}: exists and is not a selector artifact; refusing to replace it")
 
 
@@ -271,7 +272,7 @@ def export_selector(source: str | Path, out_dir: str | Path, *, overwrite: bool 
 
     source, out = Path(source), Path(out_dir)
     _prepare_out(out, overwrite)
-    if source.is_dir() and (source / MANIFEST_NAME).is_file():  # an artifact: a verified copy
+    if source.is_dir() and has_manifest(source):  # an artifact: a verified copy
         if out.exists() and out.resolve() == source.resolve():
             raise CheckpointError(f"{out}: is the source artifact itself")
         with load_selector(source) as selector:

@@ -46,12 +46,13 @@ def shipped_selector(name: str = "facts-real", directory: str | Path | None = No
     from memento.bank import CaseBank
     from memento.encoders import Encoder
     from memento.envs.tasks import suite_dir
+    from memento.selector.artifact.manifest import has_manifest
     from memento.selector.export import create_selector
 
     if name not in SHIPPED:
         raise ConfigError(f"shipped_selector: no shipped selector {name!r} (shipped: {', '.join(SHIPPED)})")
     out = Path(directory) if directory is not None else _default_directory(name)
-    if (out / "manifest.json").is_file() and not rebuild:
+    if has_manifest(out) and not rebuild:
         return out
     suite = suite_dir(name)
     out.parent.mkdir(parents=True, exist_ok=True)

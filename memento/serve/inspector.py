@@ -53,6 +53,7 @@ from memento.io import loads_json
 from memento.runs.rundir import RunDir, read_json
 from memento.runs.spans import LATE_STEPS, success_spans
 from memento.selector.artifact import FEEDBACK_NAME, feedback_with_case, load_encoder
+from memento.selector.artifact.manifest import MANIFEST_NAME, has_manifest
 from memento.serve.pages import number_text as _num
 from memento.serve.pages import short_text as _short
 from memento.serve.pages import template_env
@@ -177,7 +178,7 @@ class Inspector:
             get = (lambda: encoder) if encoder is not None else _lazy(lambda: encoder_of(bank))
             banks[name] = _BankView(name, bank, bank_dir / "cases.sqlite", get, feedback=feedback, refresh=True)
 
-        if (root / "manifest.json").is_file() and (root / "bank").is_dir():  # a selector artifact
+        if has_manifest(root) and (root / "bank").is_dir():  # a selector artifact
             feedback = root / FEEDBACK_NAME
             add_bank(root.name or str(root), root / "bank", encoder_of=lambda bank: load_encoder(root),
                      feedback=feedback if feedback.is_file() else None)
@@ -186,7 +187,7 @@ class Inspector:
         runs = cls._find_runs(root)
         if not runs:
             raise NotABankError(f"{root}: neither a run directory (config.json + bank/), a directory of runs, "
-                                "nor a selector artifact (manifest.json + bank/)")
+                                f"nor a selector artifact ({MANIFEST_NAME} + bank/)")
         comparison = None
         if (root / "comparison.json").is_file():
             comparison = read_json(root / "comparison.json")
