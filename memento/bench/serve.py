@@ -64,6 +64,7 @@ from memento.config import (
     check_int_tuple,
     check_ints,
 )
+from memento.selector.artifact.manifest import manifest_path
 from memento.selector.export import create_selector
 from memento.serve.app import TOKEN_ENV, require_extra
 from memento.types import Case
@@ -517,7 +518,7 @@ def run_serve_bench(config: ServeBenchConfig, *, out: str | Path | None = None, 
     root = Path(tempfile.mkdtemp(prefix="memento-bench-serve-", dir=workdir))
     try:
         path = Path(artifact) if artifact is not None else root / "artifact"
-        if (path / "manifest.json").exists():
+        if manifest_path(path).exists():
             results["artifact"] = {"path": str(path), "reused": True}
         else:
             t0 = time.perf_counter()
