@@ -113,8 +113,8 @@ from memento.io import (
     read_versioned_json,
     sqlite_copy,
 )
-from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.learner import SoftQLearner
+from memento.learn.persist import LEARNER_DIR, REPLAY_DIR, save_state
 from memento.learn.replay import ReplayBuffer
 
 __all__ = [
@@ -172,7 +172,7 @@ CONFIG_NAME = "config.json"
 ENCODER_NAME = "encoder.json"
 QNET_NAME = "qnet.safetensors"
 CARD_NAME = "README.md"
-# LEARNER_DIR, REPLAY_DIR: the soft-Q agent's own layout (memento.learn.agent), the same in a checkpoint and here
+# LEARNER_DIR, REPLAY_DIR: the soft-Q agent's own layout (memento.learn.persist), the same in a checkpoint and here
 BANK_DIR = "bank"
 FEEDBACK_NAME = "feedback.sqlite"
 BANK_DB = f"{BANK_DIR}/cases.sqlite"

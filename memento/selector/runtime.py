@@ -16,7 +16,7 @@ policy picks k of them: ``mode="sample"`` draws without replacement from ``softm
 top k by Q (probabilities 1.0). Draws come from one ``numpy.random.Generator`` seeded with ``seed``: two
 selectors loaded with the same seed make the same choices for the same calls.
 
-**Choosing and learning** is the soft-Q agent's (:class:`memento.learn.agent.SoftQAgent`, the same one the online
+**Choosing and learning** is the soft-Q agent's (:class:`memento.policies.soft_q.SoftQAgent`, the same one the online
 loop runs): the selector calls only its ``select`` and ``observe``.
 
 **Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept on disk by
@@ -88,7 +88,6 @@ from memento.bank.front import finite_float32
 from memento.bank.history import CaseEvent
 from memento.bank.index import use_gpu_for
 from memento.bank.where import Scope, Where, as_scope, parse_filter
-from memento.config import SoftQConfig
 from memento.errors import (
     CheckpointError,
     ConfigError,
@@ -98,11 +97,11 @@ from memento.errors import (
     UnknownSelectionError,
 )
 from memento.hub import local_or_hub, push_folder, resolve_selector
-from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Observation
 from memento.learn.replay import ReplayBuffer
+from memento.policies import SoftQAgent, SoftQConfig
 from memento.selector.artifact import (
     BANK_DB,
     BANK_DIR,

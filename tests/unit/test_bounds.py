@@ -22,16 +22,15 @@ from memento.config import (
     EncoderConfig,
     IndexConfig,
     LearnerConfig,
-    LinUCBConfig,
     QNetConfig,
     ReplayConfig,
-    SoftQConfig,
     factory_problem,
     from_dict,
 )
 from memento.envs.textworld import TextWorldConfig
 from memento.errors import ConfigError
 from memento.learn.labels import LabelConfig
+from memento.policies import LinUCBConfig, SoftQConfig
 from memento.runs.base import TaskOrder, task_order
 from memento.runs.qa import LoopConfig
 from memento.runs.regret import MAX_REGRET_STEPS, RegretConfig
