@@ -47,25 +47,15 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_UPDATES_PER_STEP",
     "MAX_WORKERS",
-    "POLICY_CONFIGS",
     "read_config_json",
     "AlphaSchedule",
     "BankConfig",
     "EncoderConfig",
     "ImportanceWeights",
-    "IfNoPositive",
     "IndexConfig",
     "LearnerConfig",
-    "LinUCBConfig",
-    "LinUCBFeatures",
-    "LinUCBMode",
-    "PolicyConfig",
-    "PolicyKind",
     "Pooling",
     "CASE_KINDS",
-    "CFGMRetrievalConfig",
-    "LifeMemRetrievalConfig",
-    "PlugMemRetrievalConfig",
     "CASE_SCALARS",
     "QNetAnchor",
     "QNetFeatures",
@@ -73,10 +63,7 @@ __all__ = [
     "LabelTarget",
     "OnlineLabelsConfig",
     "QNetConfig",
-    "RandomConfig",
     "ReplayConfig",
-    "SimilarityConfig",
-    "SoftQConfig",
     "StorageDtype",
     "TDLoss",
     "check",
@@ -91,7 +78,6 @@ __all__ = [
     "factory_problem",
     "is_int",
     "short_repr",
-    "check_policy",
     "field_default",
     "from_dict",
     "load_json",
@@ -498,6 +484,12 @@ def check_choice(obj: Any, field: str, choices: Any) -> None:
     check(value in get_args(choices), type(obj), field, value, f"must be one of {get_args(choices)}")
 
 
+def check_bools(obj: Any, *fields: str) -> None:
+    """Each ``obj.field`` of ``fields`` is a bool."""
+    for field in fields:
+        check(isinstance(getattr(obj, field), bool), type(obj), field, getattr(obj, field), "must be true or false")
+
+
 def check_float(obj: Any, field: str, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = False) -> None:
     """``obj.field`` is a finite real number within the bounds; an int is stored as a float."""
@@ -736,109 +728,9 @@ class LearnerConfig:
         check_int(self, "seed", 0, MAX_SEED)
 
 
-# ---------------------------------------------------------------- selection policies
-# One config per policy of ``policies/`` (``kind`` names it); ``PolicyConfig`` is their union, and
-# ``memento.policies.make_policy(config, context)`` is the one factory. Run configs (the online loop, the regret
-# run) nest one of them; a JSON ``{"kind": ...}`` object converts back to the right class.
-
-PolicyKind = Literal["random", "similarity", "soft_q", "linucb", "cfgm", "lifemem", "plugmem"]
-IfNoPositive = Literal["all", "error"]
-LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
-LinUCBMode = Literal["shared", "disjoint"]
-
-
-def check_bools(obj: Any, *fields: str) -> None:
-    """Each ``obj.field`` of ``fields`` is a bool."""
-    for field in fields:
-        check(isinstance(getattr(obj, field), bool), type(obj), field, getattr(obj, field), "must be true or false")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RandomConfig:
-    """The uniform policy. ``positive_only``: uniform among the candidates with stored reward > 0 only (all of
-    them when none is): the floor for a learned choice within the pool of Memento's positive-only retrieval."""
-
-    kind: Literal["random"] = "random"
-    positive_only: bool = False
-
-    def __post_init__(self) -> None:
-        check_choice(self, "kind", Literal["random"])
-        check_bools(self, "positive_only")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SimilarityConfig:
-    """Options of ``memento.policies.similarity.SimilarityPolicy`` (the non-parametric CBR baseline).
-
-    - ``sample``: False = always top-K by cosine; True = a non-greedy ``select`` samples.
-    - ``temperature``: of ``softmax(cos / temperature)`` (cosines lie in [-1, 1], so small values).
-    - ``positive_only``: keep only candidates with reward > 0 (Memento's non-parametric client).
-    - ``if_no_positive``: what ``positive_only`` does when no candidate has reward > 0 (``"all"``: fall
-      back to every candidate; ``"error"``: raise).
-    """
-
-    kind: Literal["similarity"] = "similarity"
-    sample: bool = False
-    temperature: float = 0.05
-    positive_only: bool = False
-    if_no_positive: IfNoPositive = "all"
-
-    def __post_init__(self) -> None:
-        check_choice(self, "kind", Literal["similarity"])
-        check_bools(self, "sample", "positive_only")
-        check_float(self, "temperature", low=0.0, low_open=True)
-        check_choice(self, "if_no_positive", IfNoPositive)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LinUCBConfig:
-    """Options of ``memento.policies.linucb.LinUCBPolicy``.
-
-    ``dim`` is the state/case vector dimension D (``None`` in a run config: the encoder gives it);
-    ``features`` the (state, case) features; ``mode`` one shared ridge regression or one per case;
-    ``exploration`` the width of the confidence bonus (Li et al.'s alpha; 0 = greedy ridge regression);
-    ``ridge`` the prior precision; ``temperature`` only shapes the reported ``probs_C``; ``intercept``
-    appends a constant 1.
-    """
-
-    kind: Literal["linucb"] = "linucb"
-    dim: int | None = None
-    features: LinUCBFeatures = "product_concat"
-    mode: LinUCBMode = "shared"
-    intercept: bool = True
-    exploration: float = 1.0
-    ridge: float = 1.0
-    temperature: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_choice(self, "kind", Literal["linucb"])
-        if self.dim is not None:
-            check_int(self, "dim", 1, MAX_LINUCB_DIM)
-        check_choice(self, "features", LinUCBFeatures)
-        check_choice(self, "mode", LinUCBMode)
-        check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
-              "'state' features are the same for every case, so they need mode='disjoint'")
-        check_float(self, "exploration", low=0.0)
-        check_bools(self, "intercept")
-        check_float(self, "ridge", low=0.0, low_open=True)
-        check_float(self, "temperature", low=0.0, low_open=True)
-
-    @property
-    def feature_dim(self) -> int:
-        """F, the length of ``phi(s, c)``."""
-        if self.dim is None:
-            raise ConfigError("LinUCBConfig.dim=None: the feature dimension needs dim")
-        base = 2 * self.dim if self.features in ("product_concat", "concat") else self.dim
-        return base + int(self.intercept)
-
-
-def _online_learner() -> LearnerConfig:
-    return LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0, batch_size=64, alpha=0.2)
-
-
-def _online_qnet() -> QNetConfig:
-    return QNetConfig(hidden=128, dropout=0.0, embed_dim=64)
-
+# ---------------------------------------------------------------- the soft-Q agent's learning machinery
+# What memento.learn (labels, listwise loss, per-case evidence, set choice) reads; the soft-Q policy's own config,
+# memento.policies.soft_q.SoftQConfig, nests these three.
 
 LabelTarget = Literal["gold", "hindsight"]
 """What online labels score (``OnlineLabelsConfig.target``): ``"gold"``, the task's gold answer when it has one
@@ -1021,138 +913,8 @@ class SetChoiceConfig:
 
 
 NO_EVIDENCE = EvidenceConfig(weight=0.0)
-"""Per-case evidence off: the Q-network's score alone (:class:`SoftQConfig`'s own default; the QA loop turns it on)."""
+"""Per-case evidence off: the Q-network's score alone (:class:`memento.policies.soft_q.SoftQConfig`'s own
+default; the QA loop turns it on)."""
 FIXED_SETS = SetChoiceConfig(sizes="fixed", redundancy=2.0)
-"""K cases drawn by Gumbel-top-k, look-alikes allowed (:class:`SoftQConfig`'s own default, Memento's choice; the QA
-loop learns the set)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SoftQConfig:
-    """The soft-Q agent (:class:`memento.learn.agent.SoftQAgent`): a Q-network, its learner and its replay buffer.
-
-    - ``qnet``: the Q-network (``dim`` comes from the encoder; the init seed from the run's seed);
-    - ``learner``: the soft-Q learner (``learner.batch_size`` is the replay mini-batch); single-step runs
-      need ``gamma = 0``;
-    - ``alpha``: when given, the temperature of ``softmax(Q / alpha)``, overriding ``learner.alpha`` (the
-      stored ``learner`` then carries it);
-    - ``replay_capacity``: decisions the buffer keeps; ``warmup``: decisions logged before the first
-      update; ``updates_per_step``: gradient steps per decision after warm-up;
-    - ``positive_only``: choose among the candidates with stored reward > 0 only (all of them when none
-      is), the pool Memento's non-parametric retrieval uses;
-    - ``init_qnet``: a trained selector directory (what ``SoftQLearner.save`` writes, e.g. ``memento
-      train``'s ``OUT/selector``, or that run directory itself) whose Q-network, architecture included, the
-      run starts from instead of a fresh one (the optimiser starts fresh with ``learner``; ``qnet`` is then
-      unused);
-    - ``labels``: per-candidate planner labels online and the listwise loss on them
-      (:class:`OnlineLabelsConfig`; default off);
-    - ``evidence``: per-case evidence from those labels added to Q (:class:`EvidenceConfig`; default off,
-      :data:`NO_EVIDENCE`); ``sets``: which set is shown (:class:`SetChoiceConfig`; default K cases as Memento draws
-      them, :data:`FIXED_SETS`). The QA loop's default soft-Q (:func:`memento.runs.base.loop_policy`) turns all three
-      on.
-    """
-
-    kind: Literal["soft_q"] = "soft_q"
-    qnet: QNetConfig = dataclasses.field(default_factory=_online_qnet)
-    learner: LearnerConfig = dataclasses.field(default_factory=_online_learner)
-    alpha: float | None = None
-    replay_capacity: int = 10_000
-    warmup: int = dataclasses.field(default=16, metadata={"help": "decisions before the first soft-Q update"})
-    updates_per_step: int = dataclasses.field(default=1, metadata={"help": (
-        "soft-Q gradient steps per decision after warm-up (0: the Q-network is "
-        "not updated online, e.g. a pre-trained selector used as it is)")})
-    positive_only: bool = False
-    init_qnet: str | None = None
-    labels: OnlineLabelsConfig = dataclasses.field(default_factory=OnlineLabelsConfig)
-    evidence: EvidenceConfig = dataclasses.field(default_factory=lambda: NO_EVIDENCE)
-    sets: SetChoiceConfig = dataclasses.field(default_factory=lambda: FIXED_SETS)
-
-    def __post_init__(self) -> None:
-        cls = type(self)
-        check_choice(self, "kind", Literal["soft_q"])
-        check(isinstance(self.evidence, EvidenceConfig), cls, "evidence", self.evidence, "must be an EvidenceConfig")
-        check(isinstance(self.sets, SetChoiceConfig), cls, "sets", self.sets, "must be a SetChoiceConfig")
-        check(isinstance(self.qnet, QNetConfig), cls, "qnet", self.qnet, "must be a QNetConfig")
-        check(isinstance(self.learner, LearnerConfig), cls, "learner", self.learner, "must be a LearnerConfig")
-        if self.alpha is not None:
-            check_float(self, "alpha", low=0.0, low_open=True)
-            if self.learner.alpha != self.alpha:
-                object.__setattr__(self, "learner", dataclasses.replace(self.learner, alpha=self.alpha))
-        check_ints(self, replay_capacity=(1, MAX_REPLAY_CAPACITY), warmup=(0, MAX_STEPS),
-                   updates_per_step=(0, MAX_UPDATES_PER_STEP))
-        check_bools(self, "positive_only")
-        check(self.init_qnet is None or (isinstance(self.init_qnet, str) and bool(self.init_qnet.strip())), cls,
-              "init_qnet", self.init_qnet, "must be a selector directory path or null")
-        check(isinstance(self.labels, OnlineLabelsConfig), cls, "labels", self.labels, "must be an OnlineLabelsConfig")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CFGMRetrievalConfig:
-    """CFGM's dual-channel retrieval (``memento.policies.cfgm``): the ``k_tasks`` most similar successful trajectories
-    (paper: k = 2) and, with ``tips``, the tips made from them, after the environment's focus point with
-    ``focus``; at most the decision's K items in all (the prompt budget)."""
-
-    kind: Literal["cfgm"] = "cfgm"
-    k_tasks: int = 2
-    tips: bool = True
-    focus: bool = True
-
-    def __post_init__(self) -> None:
-        check_choice(self, "kind", Literal["cfgm"])
-        check_int(self, "k_tasks", 1, MAX_K)
-        check_bools(self, "tips", "focus")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LifeMemRetrievalConfig:
-    """LifeMem's environment-aligned retrieval (``memento.policies.lifemem``): the ``k_trajectories`` most similar
-    trajectories (the loop gives candidates of the same environment) and, with ``skills``, the deduplicated
-    skills of their clusters; at most the decision's K items in all."""
-
-    kind: Literal["lifemem"] = "lifemem"
-    k_trajectories: int = 2
-    skills: bool = True
-
-    def __post_init__(self) -> None:
-        check_choice(self, "kind", Literal["lifemem"])
-        check_int(self, "k_trajectories", 1, MAX_K)
-        check_bools(self, "skills")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PlugMemRetrievalConfig:
-    """PlugMem's retrieval as a policy (``memento.policies.plugmem``), over the expanded candidates: the ``seeds``
-    propositions/prescriptions most similar to the state, then (``route``) the other candidate items that share a
-    concept or an intent with a seed, most similar first, pruned to ``budget_tokens`` words of shown text (first
-    fit, in that order); then ``cases`` raw cases (most similar with reward > 0; 0: none, PlugMem retrieves
-    knowledge, not episodes); at most the decision's K items in all. The LLM's abstract queries and compression
-    are prompt-side (``memento.systems.plugmem.retrieve``), not part of the policy."""
-
-    kind: Literal["plugmem"] = "plugmem"
-    seeds: int = 3
-    route: bool = True
-    budget_tokens: int = 256
-    cases: int = 0
-
-    def __post_init__(self) -> None:
-        check_choice(self, "kind", Literal["plugmem"])
-        check_int(self, "seeds", 1, MAX_K)
-        check_bools(self, "route")
-        check_ints(self, budget_tokens=(1, MAX_TOKENS), cases=(0, MAX_K))
-
-
-PolicyConfig = (RandomConfig | SimilarityConfig | SoftQConfig | LinUCBConfig | CFGMRetrievalConfig
-                | LifeMemRetrievalConfig | PlugMemRetrievalConfig)
-"""One selection policy's configuration; ``config.kind`` names the policy."""
-
-POLICY_CONFIGS: dict[str, type] = {"random": RandomConfig, "similarity": SimilarityConfig, "soft_q": SoftQConfig,
-                                   "linucb": LinUCBConfig, "cfgm": CFGMRetrievalConfig,
-                                   "lifemem": LifeMemRetrievalConfig, "plugmem": PlugMemRetrievalConfig}
-"""The config class of each policy kind (the names of :data:`PolicyKind`)."""
-
-
-def check_policy(obj: Any, field: str = "policy") -> None:
-    """``obj.field`` is one of the :data:`PolicyConfig` classes."""
-    value = getattr(obj, field)
-    check(isinstance(value, tuple(POLICY_CONFIGS.values())), type(obj), field, value,
-          f"must be a policy config ({', '.join(c.__name__ for c in POLICY_CONFIGS.values())})")
+"""K cases drawn by Gumbel-top-k, look-alikes allowed (:class:`memento.policies.soft_q.SoftQConfig`'s own default,
+Memento's choice; the QA loop learns the set)."""

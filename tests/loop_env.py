@@ -190,8 +190,8 @@ def small_selector(root: Path) -> Path:
 def soft_q_run(out: Path, *, steps: int) -> Path:
     """A tiny real run of the online loop at ``out`` (``steps`` tasks, K = 2 of C = 6, no shuffle, soft-Q with
     warm-up 2, no checkpoints or TensorBoard): the logged run the OPE and bank-name tests evaluate."""
-    from memento.policies import make_policy
-    from memento.runs.qa import LoopConfig, loop_policy, run_online
+    from memento.policies import loop_policy, make_policy
+    from memento.runs.qa import LoopConfig, run_online
 
     env = make_env()
     config = LoopConfig(steps=steps, k=2, candidates=6, shuffle=False, tensorboard=False, checkpoint_every=0, seed=0,

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from memento.bench.common import default_models, environment, finish, timestamp, write_results
-from memento.config import MAX_BENCH_ITEMS, MAX_CANDIDATES, MAX_K, MAX_STEPS, SoftQConfig, check, check_ints
+from memento.config import MAX_BENCH_ITEMS, MAX_CANDIDATES, MAX_K, MAX_STEPS, check, check_ints
 from memento.errors import ConfigError
+from memento.policies import SoftQConfig
 
 __all__ = ["GamesBenchConfig", "arm_config", "format_games_table", "frozen_policy", "run_games_bench", "t_interval"]
 
@@ -94,19 +95,19 @@ class GamesBenchConfig:
 def arm_config(arm: str) -> tuple[bool, Any]:
     """``(memory, policy config)`` of an arm name (``none``, ``similarity``, ``random``, ``linucb``, ``soft_q``,
     ``soft_q-g<gamma>``)."""
-    from memento.runs.games import game_policy
+    from memento.policies import loop_policy
 
     if arm == "none":
-        return False, game_policy("random")
+        return False, loop_policy("random")
     if arm in ("similarity", "random", "linucb", "soft_q"):
-        return True, game_policy(arm)  # type: ignore[arg-type]
+        return True, loop_policy(arm)  # type: ignore[arg-type]
     if arm.startswith("soft_q-g"):
         try:
             gamma = float(arm[len("soft_q-g"):])
         except ValueError:
             gamma = -1.0
         if 0.0 < gamma < 1.0:
-            return True, game_policy("soft_q", gamma=gamma)
+            return True, loop_policy("soft_q", gamma=gamma)
     raise ConfigError(f"arm {arm!r}: choose none, similarity, random, linucb, soft_q or soft_q-g<gamma> with "
                       "0 < gamma < 1 (e.g. soft_q-g0.9)")
 

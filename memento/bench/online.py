@@ -57,11 +57,6 @@ from memento.config import (
     MAX_STEPS,
     MAX_WORKERS,
     OnlineLabelsConfig,
-    PolicyConfig,
-    PolicyKind,
-    RandomConfig,
-    SimilarityConfig,
-    SoftQConfig,
     check,
     check_choice,
     check_int,
@@ -76,11 +71,20 @@ from memento.judges import make_judge
 from memento.ope.evaluate import TargetSpec, evaluate_run
 from memento.planners.base import CallablePlanner
 from memento.planners.spec import build_planner, parse_planner_spec
-from memento.policies import make_policy
-from memento.runs.base import anchored
+from memento.policies import (
+    PolicyConfig,
+    PolicyKind,
+    RandomConfig,
+    SimilarityConfig,
+    SoftQConfig,
+    loop_policy,
+    make_policy,
+    regret_policy,
+)
+from memento.policies.soft_q import anchored
 from memento.runs.compare import run_comparison
-from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy, qa_policy
-from memento.runs.regret import RegretConfig, regret_policy, run_regret
+from memento.runs.qa import LoopConfig, OnlineLoop, qa_policy
+from memento.runs.regret import RegretConfig, run_regret
 from memento.runs.rundir import RunDir
 from memento.runs.spans import success_spans
 from memento.types import Case, Task
@@ -106,7 +110,7 @@ answer), ``soft_q_labels_relation`` / ``soft_q_hindsight_relation`` (either with
 relation term, ``QNetConfig.relation_rank`` = :data:`BENCH_RELATION_RANK`), ``soft_q_pretrained`` (soft-Q starting from
 the trained Q-network ``OnlineBenchConfig.init_qnet``, e.g. ``memento train --from-labels`` on the train split,
 learning on), ``soft_q_pretrained_frozen`` (the same without online updates), ``soft_q_default`` (the QA loop's
-default soft-Q, :func:`memento.runs.base.loop_policy`: per-case evidence, the learned set, online labels on the
+default soft-Q, :func:`memento.runs.qa.qa_policy`: per-case evidence, the learned set, online labels on the
 informative steps), ``soft_q_default_hindsight`` (the same with hindsight targets only), ``similarity_k1`` and
 ``soft_q_default_k1`` (similarity and the default shown at most one case: K = 1) and ``best_of_c`` (not a
 policy: an upper bound that scores the ``best_of_c`` positive-only nearest cases one by one with the planner's

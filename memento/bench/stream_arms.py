@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig
 from memento.errors import ConfigError
+from memento.policies import CFGMRetrievalConfig, LifeMemRetrievalConfig, PlugMemRetrievalConfig
 from memento.runs.rundir import read_json
 
 __all__ = ["EXTRA_ARMS", "LEAN_BUDGET", "LEAN_NOTE", "STREAM_ARMS", "finished_or_cleared", "learned_and_final",
@@ -32,12 +32,10 @@ def stream_arm(arm: str, *, questions: bool = False) -> tuple[bool, Any, Any]:
     """``(memory, policy config, SystemsConfig)`` of a stream arm (see :mod:`memento.bench.stream`): the game loop's
     policies, or with ``questions`` the online loop's (no key-information reflection: a question has no
     observation to reflect on)."""
-    from memento.runs.games import game_policy
-    from memento.runs.qa import loop_policy
+    from memento.policies import loop_policy as policy  # the game loop's defaults are the online loop's
     from memento.systems.plugmem import PlugMemConfig
     from memento.systems.runtime import SystemsConfig
 
-    policy = loop_policy if questions else game_policy
     reflect = not questions
     match arm:
         case "none":

@@ -28,22 +28,13 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import (
-    MAX_STEPS,
-    MAX_WORKERS,
-    EvidenceConfig,
-    OnlineLabelsConfig,
-    PolicyKind,
-    QNetConfig,
-    SetChoiceConfig,
-    SoftQConfig,
-)
+from memento.config import MAX_STEPS, MAX_WORKERS, EvidenceConfig, OnlineLabelsConfig, QNetConfig, SetChoiceConfig
 from memento.errors import ConfigError, DataFormatError
 from memento.flags import check_count, check_device, config_option, field_help, int_arg
 from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
-from memento.policies import make_policy
+from memento.policies import PolicyKind, SoftQConfig, make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import LoopConfig, check_seed_bank, qa_policy, without_labels
 from memento.runs.ray import WorkersConfig

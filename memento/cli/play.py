@@ -23,9 +23,10 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import PolicyKind, field_default, from_dict, read_config_json
+from memento.config import field_default, from_dict, read_config_json
 from memento.errors import ConfigError, GameError
 from memento.flags import check_count, config_option, int_arg
+from memento.policies import PolicyKind
 
 MAX_EPISODE_STEPS = 100_000
 """``--max-steps``: an episode's steps (each an LLM call; the trajectory is held in memory until it ends)."""
@@ -87,7 +88,8 @@ def add_parser(commands: Any) -> None:
 
 
 def _play_config(args: argparse.Namespace) -> Any:
-    from memento.runs.games import GameLoopConfig, game_policy
+    from memento.policies import loop_policy
+    from memento.runs.games import GameLoopConfig
 
     base = from_dict(GameLoopConfig, read_config_json(args.config)) if args.config else GameLoopConfig()
     known = (*get_args(PolicyKind), "none")
@@ -99,7 +101,7 @@ def _play_config(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--gamma={args.gamma}: only soft_q learns with a discount")
     changes: dict[str, Any] = {name: getattr(args, name) for name in _GAME_FIELDS if getattr(args, name) is not None}
     if not args.config or args.policy != "soft_q" or args.gamma:
-        changes["policy"] = game_policy("random" if args.policy == "none" else args.policy, gamma=args.gamma)
+        changes["policy"] = loop_policy("random" if args.policy == "none" else args.policy, gamma=args.gamma)
     changes["memory"] = args.policy != "none" and base.memory
     if args.max_steps is not None:
         check_count("--max-steps", args.max_steps, 1, MAX_EPISODE_STEPS)

@@ -1,6 +1,6 @@
-"""Learning which cases to show: the Q-networks, the replay buffer, the soft-Q learner and agent, case features,
-the Policy protocol, and planner-scored labels with their listwise loss.
+"""Learning which cases to show: the Q-networks, the replay buffer, the soft-Q learner and its saved state, case
+features, per-case evidence, the Policy protocol, and planner-scored labels with their listwise loss.
 
-A new policy implements :class:`memento.learn.policy.Policy` (concrete policies live in the top-level
-``policies`` package and are wired in by the composition root).
+A new policy implements :class:`memento.learn.policy.Policy`; concrete policies (the soft-Q agent among them) live
+in ``memento.policies``, one module each, which builds on this package and is never imported by it.
 """

@@ -2,7 +2,7 @@
 
 A Q-network reads a case only through its vectors, so two cases worded alike (a current answer and a stale one to
 the same question) look alike to it: what a label says about *this* case is spread over every case that resembles
-it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`memento.learn.agent.SoftQAgent`):
+it. Two pieces sit beside the embedding Q, both in the soft-Q agent (:class:`memento.policies.soft_q.SoftQAgent`):
 
 - **Per-case evidence** (:class:`~memento.config.EvidenceConfig`). When the planner labels a task's candidates (each
   scored alone against the target, :class:`~memento.learn.policy.CandidateLabels`), each labelled case gets one

@@ -38,8 +38,8 @@ lets each algorithm plug in): the online loop, the regret run and the served sel
 
 :class:`StaticPolicy` gives the non-learning policies (random, similarity) those members.
 Policies are built by ``memento.policies.make_policy(config, context)`` from a
-:data:`~memento.config.PolicyConfig` and a :class:`PolicyContext`; the core never imports
-``policies``: the composition root (the CLI, the benchmarks) passes the factory in.
+:data:`~memento.policies.PolicyConfig` and a :class:`PolicyContext`; this module (the base layer) never imports
+``memento.policies``: the runs take the factory as an argument (:data:`PolicyFactory`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from memento.bank import Candidates
-from memento.config import PolicyConfig
 from memento.errors import DataFormatError, DimensionError
 from memento.learn.qnet import MLPQNetwork, QNetwork, eval_call
 from memento.types import Selection
@@ -195,8 +194,9 @@ class PolicyContext:
     evidence_of: EvidenceFn | None = None
 
 
-PolicyFactory = Callable[[PolicyConfig, PolicyContext], "Policy"]
-"""``make_policy(config, context) -> Policy`` (``memento.policies.make_policy``), passed in by the composition root."""
+PolicyFactory = Callable[[Any, PolicyContext], "Policy"]
+"""``make_policy(config, context) -> Policy`` (``memento.policies.make_policy``; ``config`` a
+:data:`memento.policies.PolicyConfig`), passed in by the caller of a run."""
 
 
 @runtime_checkable

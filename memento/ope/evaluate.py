@@ -164,7 +164,7 @@ def parse_target(text: str) -> TargetSpec:
 
 
 def _policy_config(spec: TargetSpec, dim: int) -> Any:
-    from memento.config import RandomConfig, SimilarityConfig, SoftQConfig
+    from memento.policies import RandomConfig, SimilarityConfig, SoftQConfig
 
     if spec.policy is not None:
         return spec.policy
@@ -172,7 +172,7 @@ def _policy_config(spec: TargetSpec, dim: int) -> Any:
         return SimilarityConfig()
     if spec.kind == "random":
         return RandomConfig()
-    from memento.learn.agent import load_trained_learner
+    from memento.learn.persist import load_trained_learner
 
     if spec.path is None:
         raise ConfigError(f"target {spec.name!r}: a selector target needs its path")

@@ -12,23 +12,48 @@ plus the tips, skills and focus points linked to them), the policy takes
 cut to the decision's K items (the prompt budget), in that order. A plain candidate set (no item kinds) is
 treated as raw cases. The choice is deterministic: ``Selection.greedy`` is True and ``set_prob`` 1; ``probs``
 puts equal mass on the rows this choice would take (for the logs). The policy does not learn.
+
+The module is the whole policy: its config (:class:`CFGMRetrievalConfig`), the policy (:class:`CFGMPolicy`), its
+factory entry (:func:`build`) and its run defaults (the class's own defaults in every run), declared in :data:`SPEC`;
+it also holds the part every seed system's retrieval shares (:class:`ItemRetrievalPolicy`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from memento.bank import Candidates
-from memento.config import CFGMRetrievalConfig
-from memento.learn.policy import RewardFn, StaticPolicy, check_candidates, check_k, make_selection
+from memento.config import MAX_K, check_bools, check_choice, check_int
+from memento.learn.policy import PolicyContext, RewardFn, StaticPolicy, check_candidates, check_k, make_selection
+from memento.policies.spec import PolicySpec
 from memento.types import Selection
 
-__all__ = ["CFGMPolicy", "CFGMRetrievalConfig", "ItemRetrievalPolicy", "ranked_rows"]
+__all__ = ["SPEC", "CFGMPolicy", "CFGMRetrievalConfig", "ItemRetrievalPolicy", "build", "ranked_rows"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CFGMRetrievalConfig:
+    """CFGM's dual-channel retrieval (``memento.policies.cfgm``): the ``k_tasks`` most similar successful trajectories
+    (paper: k = 2) and, with ``tips``, the tips made from them, after the environment's focus point with
+    ``focus``; at most the decision's K items in all (the prompt budget)."""
+
+    kind: Literal["cfgm"] = dataclasses.field(default="cfgm", metadata={"help": (
+        "the policy: CFGM's dual-channel retrieval (the focus point, similar successful trajectories, their tips)")})
+    k_tasks: int = dataclasses.field(default=2, metadata={"help": (
+        "the most similar successful trajectories taken (paper: k = 2)")})
+    tips: bool = dataclasses.field(default=True, metadata={"help": "also take the tips made from those trajectories"})
+    focus: bool = dataclasses.field(default=True, metadata={"help": "take the environment's focus point first"})
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["cfgm"])
+        check_int(self, "k_tasks", 1, MAX_K)
+        check_bools(self, "tips", "focus")
 
 
 def ranked_rows(state_D: np.ndarray, candidates: Candidates, rows: list[int]) -> list[int]:
@@ -121,3 +146,12 @@ class CFGMPolicy(ItemRetrievalPolicy):
         trajectories = base_rows(state_D, candidates, cfg.k_tasks, self.reward_of)
         tips = linked_rows(candidates, "tip", trajectories) if cfg.tips else []
         return [*focus, *trajectories, *tips]
+
+
+def build(config: CFGMRetrievalConfig, context: PolicyContext) -> CFGMPolicy:
+    """The factory entry: a :class:`CFGMPolicy` (``context.reward_of`` for the successful trajectories)."""
+    return CFGMPolicy(config, reward_of=context.reward_of)
+
+
+SPEC = PolicySpec(kind="cfgm", config=CFGMRetrievalConfig, build=build,
+                  loop_default=lambda gamma: CFGMRetrievalConfig(), regret_default=CFGMRetrievalConfig)

@@ -35,27 +35,94 @@ to every chosen case (the same task-level credit Memento's data carries); call
 and logs every (state, case, reward, case id) it was updated with: ``checkpoint`` writes that log
 (``linucb.safetensors`` + ``linucb.json``) and ``restore`` replays it in order, so a resumed run ends
 with the same matrices as an uninterrupted one.
+
+The module is the whole policy: its config (:class:`LinUCBConfig`), the policy (:class:`LinUCBPolicy`), its factory
+entry (:func:`build`) and its run defaults (the class's own defaults in every run), declared in :data:`SPEC`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
 from collections.abc import Sequence
 from pathlib import Path
-from typing import get_args
+from typing import Literal, get_args
 
 import numpy as np
 
 from memento.bank import Candidates
-from memento.config import LinUCBConfig, LinUCBFeatures, LinUCBMode
+from memento.config import MAX_LINUCB_DIM, check, check_bools, check_choice, check_float, check_int
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
 from memento.io import atomic_write, atomic_write_text, read_safetensors
-from memento.learn.policy import Observation, StaticPolicy, check_candidates, check_k, make_selection, softmax, top_k
+from memento.learn.policy import (
+    Observation,
+    PolicyContext,
+    StaticPolicy,
+    check_candidates,
+    check_k,
+    make_selection,
+    softmax,
+    top_k,
+)
+from memento.policies.spec import PolicySpec
 from memento.types import Selection
 
-__all__ = ["LinUCBConfig", "LinUCBFeatures", "LinUCBMode", "LinUCBPolicy", "linucb_features"]
+__all__ = ["SPEC", "LinUCBConfig", "LinUCBFeatures", "LinUCBMode", "LinUCBPolicy", "build", "linucb_features"]
+
+LinUCBFeatures = Literal["product_concat", "product", "concat", "state"]
+LinUCBMode = Literal["shared", "disjoint"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinUCBConfig:
+    """Options of ``memento.policies.linucb.LinUCBPolicy``.
+
+    ``dim`` is the state/case vector dimension D (``None`` in a run config: the encoder gives it);
+    ``features`` the (state, case) features; ``mode`` one shared ridge regression or one per case;
+    ``exploration`` the width of the confidence bonus (Li et al.'s alpha; 0 = greedy ridge regression);
+    ``ridge`` the prior precision; ``temperature`` only shapes the reported ``probs_C``; ``intercept``
+    appends a constant 1.
+    """
+
+    kind: Literal["linucb"] = dataclasses.field(default="linucb", metadata={"help": (
+        "the policy: a LinUCB contextual bandit on (state, case) features")})
+    dim: int | None = dataclasses.field(default=None, metadata={"help": (
+        "the state/case vector dimension D (none: the run's encoder gives it)")})
+    features: LinUCBFeatures = dataclasses.field(default="product_concat", metadata={"help": (
+        "the (state, case) features: product_concat [s * c, c], product s * c, concat [s, c], or state s (only "
+        "with mode disjoint)")})
+    mode: LinUCBMode = dataclasses.field(default="shared", metadata={"help": (
+        "shared: one ridge regression for all cases; disjoint: one per case")})
+    intercept: bool = dataclasses.field(default=True, metadata={"help": "append a constant 1 to the features"})
+    exploration: float = dataclasses.field(default=1.0, metadata={"help": (
+        "width of the confidence bonus (Li et al.'s alpha; 0: greedy ridge regression)")})
+    ridge: float = dataclasses.field(default=1.0, metadata={"help": "prior precision of the ridge regression"})
+    temperature: float = dataclasses.field(default=0.1, metadata={"help": (
+        "temperature of the reported softmax(ucb / temperature) (a diagnostic: the choice is the top-K by UCB)")})
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["linucb"])
+        if self.dim is not None:
+            check_int(self, "dim", 1, MAX_LINUCB_DIM)
+        check_choice(self, "features", LinUCBFeatures)
+        check_choice(self, "mode", LinUCBMode)
+        check(not (self.features == "state" and self.mode == "shared"), type(self), "features", self.features,
+              "'state' features are the same for every case, so they need mode='disjoint'")
+        check_float(self, "exploration", low=0.0)
+        check_bools(self, "intercept")
+        check_float(self, "ridge", low=0.0, low_open=True)
+        check_float(self, "temperature", low=0.0, low_open=True)
+
+    @property
+    def feature_dim(self) -> int:
+        """F, the length of ``phi(s, c)``."""
+        if self.dim is None:
+            raise ConfigError("LinUCBConfig.dim=None: the feature dimension needs dim")
+        base = 2 * self.dim if self.features in ("product_concat", "concat") else self.dim
+        return base + int(self.intercept)
+
 
 def linucb_features(state_D: np.ndarray, cases_CD: np.ndarray, features: LinUCBFeatures, *,
                     intercept: bool = True) -> np.ndarray:
@@ -252,3 +319,14 @@ class LinUCBPolicy(StaticPolicy):
 
     def __repr__(self) -> str:
         return f"LinUCBPolicy({self.config!r}, n_updates={self.n_updates})"
+
+
+def build(config: LinUCBConfig, context: PolicyContext) -> LinUCBPolicy:
+    """The factory entry: a :class:`LinUCBPolicy` (``dim`` from ``context.dim`` when not set)."""
+    if config.dim is None:
+        config = dataclasses.replace(config, dim=context.dim)
+    return LinUCBPolicy(config)
+
+
+SPEC = PolicySpec(kind="linucb", config=LinUCBConfig, build=build, loop_default=lambda gamma: LinUCBConfig(),
+                  regret_default=LinUCBConfig)

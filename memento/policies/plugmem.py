@@ -25,19 +25,55 @@ embedding) and the compression of what was retrieved into a short task-aligned n
 :func:`memento.systems.plugmem.retrieve` (and :meth:`memento.systems.runtime.MemorySystems.plugmem_note`), which
 the loops do not call: with this policy the planner sees the chosen items as ``Fact:`` / ``Procedure:`` notes,
 uncompressed. The policy is the paper's retrieval with its documented fallback for step 2 and without step 5.
+
+The module is the whole policy: its config (:class:`PlugMemRetrievalConfig`), the policy (:class:`PlugMemPolicy`),
+its factory entry (:func:`build`) and its run defaults (the class's own defaults in every run), declared in
+:data:`SPEC`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Literal
+
 import numpy as np
 
 from memento.bank import Candidates
-from memento.config import PlugMemRetrievalConfig
-from memento.learn.policy import RewardFn
+from memento.config import MAX_K, MAX_TOKENS, check_bools, check_choice, check_int, check_ints
+from memento.learn.policy import PolicyContext, RewardFn
 from memento.policies.cfgm import ItemRetrievalPolicy, base_rows, ranked_rows
+from memento.policies.spec import PolicySpec
 from memento.systems.plugmem import PLUG_KINDS, first_fit
 
-__all__ = ["PlugMemPolicy", "PlugMemRetrievalConfig", "budget_rows"]
+__all__ = ["SPEC", "PlugMemPolicy", "PlugMemRetrievalConfig", "budget_rows", "build"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlugMemRetrievalConfig:
+    """PlugMem's retrieval as a policy (``memento.policies.plugmem``), over the expanded candidates: the ``seeds``
+    propositions/prescriptions most similar to the state, then (``route``) the other candidate items that share a
+    concept or an intent with a seed, most similar first, pruned to ``budget_tokens`` words of shown text (first
+    fit, in that order); then ``cases`` raw cases (most similar with reward > 0; 0: none, PlugMem retrieves
+    knowledge, not episodes); at most the decision's K items in all. The LLM's abstract queries and compression
+    are prompt-side (``memento.systems.plugmem.retrieve``), not part of the policy."""
+
+    kind: Literal["plugmem"] = dataclasses.field(default="plugmem", metadata={"help": (
+        "the policy: PlugMem's retrieval (propositions and prescriptions routed through their concepts and "
+        "intents, pruned to a token budget)")})
+    seeds: int = dataclasses.field(default=3, metadata={"help": (
+        "the propositions/prescriptions most similar to the state that seed the retrieval")})
+    route: bool = dataclasses.field(default=True, metadata={"help": (
+        "also take the other items that share a concept or an intent with a seed, most similar first")})
+    budget_tokens: int = dataclasses.field(default=256, metadata={"help": (
+        "words of shown text the knowledge items are pruned to (first fit, in that order)")})
+    cases: int = dataclasses.field(default=0, metadata={"help": (
+        "raw cases shown besides (the most similar with stored reward > 0; 0: none)")})
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["plugmem"])
+        check_int(self, "seeds", 1, MAX_K)
+        check_bools(self, "route")
+        check_ints(self, budget_tokens=(1, MAX_TOKENS), cases=(0, MAX_K))
 
 
 def budget_rows(rows: list[int], tokens_C: np.ndarray, budget: int) -> list[int]:
@@ -71,3 +107,12 @@ class PlugMemPolicy(ItemRetrievalPolicy):
             return []
         cases = base_rows(state_D, candidates, cfg.cases, self.reward_of) if cfg.cases else []
         return [*memory, *cases]
+
+
+def build(config: PlugMemRetrievalConfig, context: PolicyContext) -> PlugMemPolicy:
+    """The factory entry: a :class:`PlugMemPolicy` (``context.reward_of`` for the raw cases)."""
+    return PlugMemPolicy(config, reward_of=context.reward_of)
+
+
+SPEC = PolicySpec(kind="plugmem", config=PlugMemRetrievalConfig, build=build,
+                  loop_default=lambda gamma: PlugMemRetrievalConfig(), regret_default=PlugMemRetrievalConfig)

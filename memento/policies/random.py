@@ -3,15 +3,23 @@
 The floor any learned selector must beat. A uniform policy has no arg-max, so ``greedy=True``
 still samples (the returned ``Selection.greedy`` is False and ``set_prob`` is the exact
 probability of the ordered draw, ``(C - K)! / C!``).
+
+The module is the whole policy: its config (:class:`RandomConfig`), the policy (:class:`RandomPolicy`), its factory
+entry (:func:`build`) and its run defaults (the class's own defaults in every run), declared in :data:`SPEC`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Literal
+
 import numpy as np
 
 from memento.bank import Candidates
+from memento.config import check_bools, check_choice
 from memento.errors import ConfigError
 from memento.learn.policy import (
+    PolicyContext,
     RewardFn,
     StaticPolicy,
     check_candidates,
@@ -20,9 +28,25 @@ from memento.learn.policy import (
     make_selection,
     positive_pool,
 )
+from memento.policies.spec import PolicySpec
 from memento.types import Selection
 
-__all__ = ["RandomPolicy"]
+__all__ = ["SPEC", "RandomConfig", "RandomPolicy", "build"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RandomConfig:
+    """The uniform policy. ``positive_only``: uniform among the candidates with stored reward > 0 only (all of
+    them when none is): the floor for a learned choice within the pool of Memento's positive-only retrieval."""
+
+    kind: Literal["random"] = dataclasses.field(default="random", metadata={"help": (
+        "the policy: uniform over the candidates")})
+    positive_only: bool = dataclasses.field(default=False, metadata={"help": (
+        "uniform among the candidates with stored reward > 0 only (all of them when none is)")})
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["random"])
+        check_bools(self, "positive_only")
 
 
 class RandomPolicy(StaticPolicy):
@@ -52,3 +76,13 @@ class RandomPolicy(StaticPolicy):
 
     def __repr__(self) -> str:
         return f"RandomPolicy(positive_only={self.positive_only})" if self.positive_only else "RandomPolicy()"
+
+
+def build(config: RandomConfig, context: PolicyContext) -> RandomPolicy:
+    """The factory entry: a :class:`RandomPolicy` (``context.reward_of`` gives the stored rewards ``positive_only``
+    needs)."""
+    return RandomPolicy(positive_only=config.positive_only, reward_of=context.reward_of)
+
+
+SPEC = PolicySpec(kind="random", config=RandomConfig, build=build, loop_default=lambda gamma: RandomConfig(),
+                  regret_default=RandomConfig)

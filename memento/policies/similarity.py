@@ -19,6 +19,10 @@ non-parametric client, which retrieves only successful cases. Rewards come from,
 Excluded candidates get probability 0 and are never chosen; when fewer than K pass, all of them
 are chosen. When none passes, ``if_no_positive`` decides: ``"all"`` (default) falls back to the
 whole candidate set (logged at debug level), ``"error"`` raises ``DataFormatError``.
+
+The module is the whole policy: its config (:class:`SimilarityConfig`), the policy (:class:`SimilarityPolicy`), its
+factory entry (:func:`build`) and its run defaults (the online runs keep successful cases only, the regret run all
+of them), declared in :data:`SPEC`.
 """
 
 from __future__ import annotations
@@ -26,14 +30,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from memento.bank import Candidates
-from memento.config import IfNoPositive, SimilarityConfig
+from memento.config import check_bools, check_choice, check_float
 from memento.errors import DataFormatError, DimensionError
 from memento.learn.policy import (
+    PolicyContext,
     RewardFn,
     StaticPolicy,
     check_candidates,
@@ -43,20 +48,54 @@ from memento.learn.policy import (
     softmax,
     top_k,
 )
+from memento.policies.spec import PolicySpec
 from memento.types import Selection
 
 __all__ = [
+    "SPEC",
     "IfNoPositive",
     "RewardedCandidates",
     "SimilarityConfig",
     "SimilarityPolicy",
     "bank_rewards",
+    "build",
     "cosine_scores",
     "with_rewards",
 ]
 
 logger = logging.getLogger(__name__)
 
+IfNoPositive = Literal["all", "error"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimilarityConfig:
+    """Options of ``memento.policies.similarity.SimilarityPolicy`` (the non-parametric CBR baseline).
+
+    - ``sample``: False = always top-K by cosine; True = a non-greedy ``select`` samples.
+    - ``temperature``: of ``softmax(cos / temperature)`` (cosines lie in [-1, 1], so small values).
+    - ``positive_only``: keep only candidates with reward > 0 (Memento's non-parametric client).
+    - ``if_no_positive``: what ``positive_only`` does when no candidate has reward > 0 (``"all"``: fall
+      back to every candidate; ``"error"``: raise).
+    """
+
+    kind: Literal["similarity"] = dataclasses.field(default="similarity", metadata={"help": (
+        "the policy: cosine top-K, the non-parametric case-based-reasoning baseline")})
+    sample: bool = dataclasses.field(default=False, metadata={"help": (
+        "a non-greedy choice samples K from softmax(cos / temperature) (false: always the top-K by cosine)")})
+    temperature: float = dataclasses.field(default=0.05, metadata={"help": (
+        "temperature of softmax(cos / temperature) (cosines lie in [-1, 1], so small values)")})
+    positive_only: bool = dataclasses.field(default=False, metadata={"help": (
+        "keep only the candidates with stored reward > 0 (Memento's non-parametric client)")})
+    if_no_positive: IfNoPositive = dataclasses.field(default="all", metadata={"help": (
+        "what positive_only does when no candidate has reward > 0: all (fall back to every candidate) or error "
+        "(raise)")})
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", Literal["similarity"])
+        check_bools(self, "sample", "positive_only")
+        check_float(self, "temperature", low=0.0, low_open=True)
+        check_choice(self, "if_no_positive", IfNoPositive)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,3 +195,16 @@ class SimilarityPolicy(StaticPolicy):
 
     def __repr__(self) -> str:
         return f"SimilarityPolicy({self.config!r})"
+
+
+def build(config: SimilarityConfig, context: PolicyContext) -> SimilarityPolicy:
+    """The factory entry: a :class:`SimilarityPolicy` (``context.reward_of`` gives the stored rewards
+    ``positive_only`` needs)."""
+    return SimilarityPolicy(config, reward_of=context.reward_of)
+
+
+SPEC = PolicySpec(kind="similarity", config=SimilarityConfig, build=build,
+                  loop_default=lambda gamma: SimilarityConfig(positive_only=True),
+                  regret_default=lambda: SimilarityConfig(positive_only=False))
+"""Run defaults: the online runs (QA and game loops) choose among the successful cases only, as Memento's
+non-parametric client retrieves them; the regret run takes the deterministic cosine top-k over all candidates."""

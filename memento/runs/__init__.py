@@ -2,7 +2,8 @@
 
 - :mod:`memento.runs.base`: the skeleton every run kind shares (:class:`~memento.runs.base.Run`: seeds, run
   directory, bank, policy, checkpoints and resume, TensorBoard, progress, summary; a kind writes ``_act`` and
-  ``_commit``) and the one place for policy defaults (:func:`~memento.runs.base.loop_policy`);
+  ``_commit``); a run's default policy config of each kind comes from the policy registry
+  (:func:`memento.policies.loop_policy`, :func:`memento.policies.regret_policy`);
 - :mod:`memento.runs.qa`: the online QA loop (one task, one LLM call per step);
 - :mod:`memento.runs.games`: the multi-step loop on text games;
 - :mod:`memento.runs.ray`: the QA loop with Ray rollout workers;

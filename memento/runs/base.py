@@ -14,7 +14,7 @@ policy's own state) and resume (bank rolled back, logs restored, RNG states and 
 the progress bar and the summary. The memory systems (:class:`~memento.systems.runtime.MemorySystems`) are built for
 every run: with none configured each of their hooks does nothing.
 
-:func:`loop_policy` is the one place that maps a policy kind to the runs' default config.
+The runs' default config of each policy kind comes from the policy registry (:func:`memento.policies.loop_policy`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, get_args
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -42,15 +42,9 @@ from memento.config import (
     MAX_K,
     MAX_SEED,
     MAX_STEPS,
-    POLICY_CONFIGS,
-    PolicyConfig,
-    PolicyKind,
-    SimilarityConfig,
-    SoftQConfig,
     check,
     check_factory,
     check_int,
-    check_policy,
     to_dict,
 )
 from memento.errors import CheckpointError, ConfigError, DataFormatError, DimensionError
@@ -58,47 +52,18 @@ from memento.extras import install_hint
 from memento.io import atomic_write
 from memento.learn.features import CaseFeaturizer
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
+from memento.policies import PolicyConfig, check_policy, loop_policy
 from memento.runs.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Selection
 
-__all__ = ["Run", "RunConfig", "TaskOrder", "anchored", "crossed", "encode_checked", "loop_policy", "restore_bank",
-           "run_bank", "selection_fields", "task_order", "timed", "torch_seed"]
+__all__ = ["Run", "RunConfig", "TaskOrder", "crossed", "encode_checked", "restore_bank", "run_bank", "selection_fields",
+           "task_order", "timed", "torch_seed"]
 
 logger = logging.getLogger(__name__)
 
 SEED_STREAMS = 5
 """Streams spawned from a run's seed (``SeedSequence.spawn`` children do not depend on how many are spawned)."""
-
-
-def anchored(soft_q: SoftQConfig, **qnet: Any) -> SoftQConfig:
-    """``soft_q`` with its Q-network anchored on cosine similarity and seeing the case features (``anchor="cosine"``,
-    ``features="case"``), with ``qnet``'s further changes."""
-    return dataclasses.replace(soft_q, qnet=dataclasses.replace(soft_q.qnet, anchor="cosine", features="case", **qnet))
-
-
-def loop_policy(kind: PolicyKind, *, gamma: float = 0.0, rewarded_only: bool = True,
-                soft_q: SoftQConfig | None = None) -> PolicyConfig:
-    """The runs' default config of each policy kind: the config class's own defaults, except
-
-    - similarity: among the successful cases only (``rewarded_only``), as Memento's non-parametric client
-      retrieves them;
-    - soft_q: ``soft_q`` when given, else among the same successful cases with a Q-network anchored on cosine
-      similarity that sees the case features (:func:`anchored`): the configuration measured best on ``facts-real``
-      (docs/benchmarks.md; :class:`~memento.config.SoftQConfig`'s own defaults stay the plain Memento Q-network,
-      which needs no bank to build); its ``learner.gamma`` set to ``gamma`` (0: cross-entropy on each step's own
-      reward; > 0: soft TD with the target network, for the game loop).
-
-    The QA loop takes the defaults, the game loop passes its ``gamma``, the regret run
-    (:func:`memento.runs.regret.regret_policy`) its plain similarity and its own soft-Q."""
-    if kind not in POLICY_CONFIGS:
-        raise ConfigError(f"policy kind {kind!r}: must be one of {get_args(PolicyKind)}")
-    if kind == "similarity":
-        return SimilarityConfig(positive_only=rewarded_only)
-    if kind == "soft_q":
-        base = soft_q if soft_q is not None else anchored(SoftQConfig(positive_only=rewarded_only))
-        return dataclasses.replace(base, learner=dataclasses.replace(base.learner, gamma=float(gamma)))
-    return POLICY_CONFIGS[kind]()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,7 +72,7 @@ class RunConfig:
     extend it; each documents them for its run):
 
     - ``k``: cases shown per decision; ``candidates``: C, the cosine pre-selection the policy chooses from (``k <= C``);
-    - ``policy``: :data:`memento.config.PolicyConfig` (default: :func:`loop_policy`'s soft-Q);
+    - ``policy``: :data:`memento.policies.PolicyConfig` (default: :func:`memento.policies.loop_policy`'s soft-Q);
     - ``seed``: every random stream of the run; ``shuffle``: the order is a fresh permutation per pass (else the list
       order, cycled); ``index``: the faiss factory of a new bank;
     - ``window``: units per moving-average window; ``checkpoint_every``: steps between checkpoints (0: only at the

@@ -15,10 +15,10 @@ from typing import Any, get_args
 import numpy as np
 
 from memento.charts import learning_curves_svg
-from memento.config import POLICY_CONFIGS, PolicyConfig, PolicyKind
 from memento.errors import ConfigError
 from memento.io import atomic_write_text
-from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
+from memento.policies import POLICY_CONFIGS, PolicyConfig, PolicyKind, loop_policy
+from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.runs.rundir import write_json
 from memento.runs.spans import LATE_STEPS, success_spans
 
@@ -56,7 +56,7 @@ def run_comparison(policies: Sequence[PolicyConfig | PolicyKind] | Mapping[str, 
     """Run each policy on the same task stream (same seed, same task order) in ``out_dir/<policy>/``.
 
     ``policies``: policy configs, or kinds (a kind takes ``config.policy`` when it is of that kind, else
-    :func:`memento.runs.qa.loop_policy`'s default), each named by its kind; or a mapping ``{name: config}`` (to
+    :func:`memento.policies.loop_policy`'s default), each named by its kind; or a mapping ``{name: config}`` (to
     compare variants of one kind). Each name at most once; it names the run's directory. Each policy starts from its own
     copy of the same starting bank (``bank_dir`` or ``seed_cases`` in ``kwargs``, as for
     :class:`~memento.runs.qa.OnlineLoop`, which also gets ``make_policy`` and the rest of ``kwargs``). Writes

@@ -70,9 +70,6 @@ import torch
 from memento.bank import Candidates, CaseBank
 from memento.config import (
     MAX_STEPS,
-    PolicyConfig,
-    PolicyKind,
-    SoftQConfig,
     check,
     check_choice,
     check_float,
@@ -84,14 +81,15 @@ from memento.formats import StepRecord
 from memento.io import parse_json
 from memento.learn.policy import Observation, Policy, PolicyFactory
 from memento.planners.actor import ActorChoice, ActorConfig, CommandActor
-from memento.runs.base import Run, RunConfig, loop_policy, selection_fields, timed
+from memento.policies import SoftQConfig
+from memento.runs.base import Run, RunConfig, selection_fields, timed
 from memento.runs.qa import success_by_window
 from memento.runs.rundir import RunDir
 from memento.systems.items import memory_tokens
 from memento.systems.runtime import split_notes
 from memento.types import Case, Selection
 
-__all__ = ["GAME_COMPONENTS", "GameLoop", "GameLoopConfig", "game_policy", "games_fingerprint", "prompt_case",
+__all__ = ["GAME_COMPONENTS", "GameLoop", "GameLoopConfig", "games_fingerprint", "prompt_case",
            "run_games"]
 
 logger = logging.getLogger(__name__)
@@ -111,14 +109,6 @@ RESUMABLE_CHANGES = ("episodes", "checkpoint_every", "tensorboard")
 CHECKPOINT_KIND = "games"
 
 
-def game_policy(kind: PolicyKind, *, gamma: float = 0.0) -> PolicyConfig:
-    """The game loop's default config of each policy: :func:`memento.runs.base.loop_policy`'s (similarity and soft-Q
-    choose among the cases with a stored return > 0; soft-Q's Q-network is anchored on cosine similarity and
-    sees the case features: the case's action embedding and stored return), with soft-Q's ``learner.gamma``
-    set to ``gamma`` (0: cross-entropy on each step's own reward; > 0: soft TD with the target network)."""
-    return loop_policy(kind, gamma=gamma)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GameLoopConfig(RunConfig):
     """One run of the game loop (see the module docstring).
@@ -126,8 +116,8 @@ class GameLoopConfig(RunConfig):
     - ``episodes``: games to play (drawn from the game list: a fresh permutation per pass with ``shuffle``,
       else the list order, cycled); ``k``: cases shown per decision; ``candidates``: C, the cosine
       pre-selection the policy chooses from;
-    - ``policy``: :data:`memento.config.PolicyConfig` (:func:`game_policy` gives the defaults); a soft-Q config
-      may have ``learner.gamma > 0`` here (soft TD on the game's transitions);
+    - ``policy``: :data:`memento.policies.PolicyConfig` (:func:`memento.policies.loop_policy` gives the defaults, with
+      the game's ``gamma``); a soft-Q config may have ``learner.gamma > 0`` here (soft TD on the game's transitions);
     - ``memory``: retrieve cases at all (``False``: the no-memory baseline: the actor sees no case and nothing
       is retrieved, whatever the bank holds); ``same_env``: candidates only among the cases of the game's own
       type (``Case.env``); ``retrieval``: per ``"step"`` or per ``"episode"``;

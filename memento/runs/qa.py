@@ -90,10 +90,7 @@ from memento.config import (
     MAX_STEPS,
     EvidenceConfig,
     OnlineLabelsConfig,
-    PolicyConfig,
-    PolicyKind,
     SetChoiceConfig,
-    SoftQConfig,
     check,
     check_choice,
     check_float,
@@ -104,11 +101,11 @@ from memento.formats import StepRecord, read_steps_jsonl
 from memento.judges import first_line
 from memento.learn.evidence import lookalike_advantage
 from memento.learn.policy import CandidateLabels, Observation, PolicyFactory
+from memento.policies import PolicyConfig, PolicyKind, SoftQConfig, loop_policy
 from memento.runs.base import (
     Run,
     RunConfig,
     encode_checked,
-    loop_policy,
     restore_bank,
     run_bank,
     selection_fields,
@@ -124,7 +121,7 @@ if TYPE_CHECKING:  # the planners package (LLM clients) is imported only when a 
     from memento.planners.base import Planner, PlanOutput
 
 __all__ = ["COMPONENTS", "Acted", "LoopConfig", "OnlineLoop", "check_seed_bank", "encode_checked",
-           "leave_one_out_credit", "loop_policy", "plan_outputs", "restore_bank", "rollout", "run_bank", "run_online",
+           "leave_one_out_credit", "plan_outputs", "restore_bank", "rollout", "run_bank", "run_online",
            "qa_policy", "success_by_window", "task_env", "task_order", "tasks_fingerprint", "torch_seed",
            "without_labels"]
 
@@ -147,7 +144,7 @@ class LoopConfig(RunConfig):
 
     - ``steps``: tasks (= LLM calls) to run; ``k``: cases shown per task; ``candidates``: C, the size
       of the cosine pre-selection the policy chooses from (``k <= C``);
-    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`: ``qa_policy("soft_q")`` (default),
+    - ``policy``: the policy's config (:data:`memento.policies.PolicyConfig`: ``qa_policy("soft_q")`` (default),
       ``SimilarityConfig``, ``RandomConfig`` or ``LinUCBConfig``; :func:`qa_policy` gives the loop's
       default of each kind). A ``SoftQConfig`` must have ``learner.gamma = 0``: the loop is single-step;
     - ``batch_size``: B tasks selected with the same policy parameters and planned together with

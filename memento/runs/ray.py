@@ -27,7 +27,7 @@ tasks, planned with one ``plan_many`` call; one task by default).
 temperature and the policy version (learner updates so far). The driver puts one in Ray's object store when the
 learner has made ``sync_every`` updates since the last one (and at the first dispatch after each checkpoint);
 each unit carries a reference to the current snapshot, and a worker fetches it only when its version changed. A
-worker chooses exactly as :class:`~memento.learn.agent.SoftQAgent.select` does (it builds one around the snapshot, with
+worker chooses exactly as :class:`~memento.policies.SoftQAgent.select` does (it builds one around the snapshot, with
 the unit's stored rewards for positive-only pools and its case vectors). Random and similarity policies have no
 parameters: a worker builds them once. Policies that learn outside a Q-network (LinUCB) and the memory systems
 (CFGM, LifeMem, PlugMem) run in-process only, and are refused here with one line.
@@ -91,25 +91,15 @@ import numpy as np
 import torch
 
 from memento.bank import Candidates, CaseBank
-from memento.config import (
-    MAX_WORKERS,
-    QNetConfig,
-    ReplayConfig,
-    SoftQConfig,
-    check,
-    check_float,
-    check_int,
-    check_ints,
-    to_dict,
-)
+from memento.config import MAX_WORKERS, QNetConfig, ReplayConfig, check, check_float, check_int, check_ints, to_dict
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
 from memento.extras import missing_extra, require
 from memento.io import loads_json, parse_json
-from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
+from memento.policies import SoftQAgent, SoftQConfig
 from memento.runs.base import crossed, timed
 from memento.runs.qa import Acted, LoopConfig, OnlineLoop, rollout
 from memento.systems.items import memory_tokens

@@ -10,7 +10,7 @@ bandit's cases, then for ``config.steps`` steps:
    success probability), and the step's regret ``env.best_success_prob(task, k) - env.success_prob(task,
    chosen)`` from the oracle;
 5. learning: ``policy.observe([Observation(...)])``, as in the online loop: ``soft_q``
-   (:class:`~memento.learn.agent.SoftQAgent`) appends the decision to its replay buffer and, once ``warmup``
+   (:class:`~memento.policies.soft_q.SoftQAgent`) appends the decision to its replay buffer and, once ``warmup``
    decisions are logged, makes ``updates_per_step`` single-step (``gamma = 0``, binary cross-entropy)
    learner updates on uniform mini-batches; its temperature follows ``learner.alpha``. ``linucb``
    updates its ridge regression with the set's reward for each chosen case. ``random`` and
@@ -53,41 +53,24 @@ from memento.config import (
     MAX_CANDIDATES,
     MAX_K,
     MAX_SEED,
-    LearnerConfig,
-    PolicyConfig,
-    PolicyKind,
-    SoftQConfig,
     check,
     check_int,
-    check_policy,
     to_dict,
 )
 from memento.envs.synthetic import SyntheticBandit
 from memento.errors import BankError, ConfigError
 from memento.learn.policy import Observation, PolicyContext, PolicyFactory
-from memento.runs.base import loop_policy, torch_seed
+from memento.policies import PolicyConfig, SoftQConfig, check_policy, regret_policy
+from memento.runs.base import torch_seed
 from memento.runs.rundir import write_json
 
-__all__ = ["RegretConfig", "RegretResult", "regret_policy", "run_regret"]
+__all__ = ["RegretConfig", "RegretResult", "run_regret"]
 
 logger = logging.getLogger(__name__)
 
 BANK_DIR = "bank"
 CONFIG_NAME = "config.json"
 RESULT_NAME = "regret.json"
-
-
-def _regret_soft_q() -> SoftQConfig:
-    return SoftQConfig(learner=LearnerConfig(gamma=0.0, lr=3e-3, weight_decay=0.0, batch_size=64, alpha=0.2,
-                                             alpha_final=0.05, alpha_decay_steps=1000),
-                       warmup=50, replay_capacity=100_000)
-
-
-def regret_policy(kind: PolicyKind) -> PolicyConfig:
-    """The regret run's default config of each policy (:func:`memento.runs.base.loop_policy` with similarity's
-    deterministic cosine top-k over all candidates and this run's soft-Q: 50 warm-up decisions, a 100k replay
-    buffer, alpha 0.2 decaying to 0.05 over 1000 updates when scheduled)."""
-    return loop_policy(kind, rewarded_only=False, soft_q=_regret_soft_q())
 
 
 MAX_REGRET_STEPS = 10_000_000
@@ -100,8 +83,8 @@ class RegretConfig:
 
     - ``steps``: decisions; ``k``: cases shown per decision; ``candidates``: C, the size of the
       cosine pre-selection the policy chooses from (``k <= C``);
-    - ``policy``: the policy's config (:data:`memento.config.PolicyConfig`; :func:`regret_policy` gives
-      this run's default of each kind; a ``SoftQConfig`` needs ``learner.gamma = 0``: the bandit is
+    - ``policy``: the policy's config (:data:`memento.policies.PolicyConfig`; :func:`memento.policies.regret_policy`
+      gives this run's default of each kind; a ``SoftQConfig`` needs ``learner.gamma = 0``: the bandit is
       single-step);
     - ``seed``: every random stream of the run (not the world, which ``SyntheticBanditConfig.seed`` fixes).
     """
@@ -109,7 +92,7 @@ class RegretConfig:
     steps: int = 1500
     k: int = 4
     candidates: int = 32
-    policy: PolicyConfig = dataclasses.field(default_factory=_regret_soft_q)
+    policy: PolicyConfig = dataclasses.field(default_factory=lambda: regret_policy("soft_q"))
     seed: int = 0
 
     def __post_init__(self) -> None:

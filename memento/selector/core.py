@@ -30,9 +30,9 @@ import torch
 
 from memento.bank.protocol import Bank
 from memento.errors import MementoError
-from memento.learn.agent import SoftQAgent
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
+from memento.policies import SoftQAgent
 from memento.selector.artifact import EncoderSpec, FeedbackLog, SelectorConfig
 from memento.selector.batching import EncodeBatcher, ReadWriteLock
 from memento.selector.encoding import QueryEncoder

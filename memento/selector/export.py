@@ -40,17 +40,17 @@ from memento.config import (
     LearnerConfig,
     QNetConfig,
     ReplayConfig,
-    SoftQConfig,
     from_dict,
     to_dict,
 )
 from memento.encoders import DEFAULT_MODEL_ID
 from memento.errors import CheckpointError, ConfigError, DimensionError
 from memento.io import sqlite_copy
-from memento.learn.agent import LEARNER_DIR, REPLAY_DIR, load_trained_learner
 from memento.learn.learner import SoftQLearner
+from memento.learn.persist import LEARNER_DIR, REPLAY_DIR, load_trained_learner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
+from memento.policies import SoftQConfig
 from memento.runs.qa import LoopConfig
 from memento.runs.rundir import RunDir, read_json
 from memento.selector.artifact import BANK_DIR, EncoderSpec, SelectorConfig

@@ -19,7 +19,6 @@ import torch
 
 from memento.bank import CaseBank
 from memento.errors import MementoError
-from memento.hub import push_folder
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
 from memento.selector.artifact import (
@@ -38,6 +37,7 @@ from memento.selector.artifact import (
     write_artifact,
     write_policy,
 )
+from memento.selector.artifact.hub import push_folder
 from memento.selector.core import SelectorCore
 
 __all__ = ["ArtifactPersistence", "stat_key"]

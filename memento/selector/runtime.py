@@ -16,7 +16,7 @@ policy picks k of them: ``mode="sample"`` draws without replacement from ``softm
 top k by Q (probabilities 1.0). Draws come from one ``numpy.random.Generator`` seeded with ``seed``: two
 selectors loaded with the same seed make the same choices for the same calls.
 
-**Choosing and learning** is the soft-Q agent's (:class:`memento.learn.agent.SoftQAgent`, the same one the online
+**Choosing and learning** is the soft-Q agent's (:class:`memento.policies.soft_q.SoftQAgent`, the same one the online
 loop runs): the selector calls only its ``select`` and ``observe``.
 
 **Feedback.** ``feedback(selection_id, reward)`` looks up the selection (kept on disk by
@@ -87,13 +87,12 @@ import torch
 from memento.bank import CaseBank
 from memento.bank.index import use_gpu_for
 from memento.bank.protocol import Bank
-from memento.config import SoftQConfig
 from memento.errors import CheckpointError, ConfigError
-from memento.hub import local_or_hub, resolve_selector
-from memento.learn.agent import SoftQAgent
+from memento.hub import local_or_hub
 from memento.learn.features import CaseFeaturizer
 from memento.learn.learner import SoftQLearner
 from memento.learn.replay import ReplayBuffer
+from memento.policies import SoftQAgent, SoftQConfig
 from memento.selector.artifact import (
     BANK_DB,
     BANK_DIR,
@@ -107,6 +106,7 @@ from memento.selector.artifact import (
     check_dims,
     recover,
 )
+from memento.selector.artifact.hub import resolve_selector
 from memento.selector.batching import ReadWriteLock
 from memento.selector.cases import BankEditing
 from memento.selector.encoding import QueryEncoder

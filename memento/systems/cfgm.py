@@ -36,7 +36,7 @@ when no candidate is open), cut the same way.
 
 **Defaults** are the paper's settings: 5 focus points, 5 + 3 tips, 3 reflection retries; the dual-channel top-k
 retrieval (k = 2 trajectories and their tips) is the policy ``memento.policies.cfgm``
-(:class:`memento.config.CFGMRetrievalConfig`), not built here.
+(:class:`memento.policies.cfgm.CFGMRetrievalConfig`), not built here.
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ def _tensor_digest(directory: Path) -> str:
 
 
 def online_runs(root: Path) -> dict[str, Any]:
-    from memento.config import LearnerConfig, LinUCBConfig, RandomConfig, SimilarityConfig, SoftQConfig
-    from memento.policies import make_policy
+    from memento.config import LearnerConfig
+    from memento.policies import LinUCBConfig, RandomConfig, SimilarityConfig, SoftQConfig, make_policy
     from memento.runs.qa import LoopConfig, run_online
     from tests.loop_env import ExactJudge, HashingEncoder, make_env
 
@@ -96,8 +96,8 @@ def regret_runs(root: Path) -> dict[str, Any]:
     import dataclasses
 
     from memento.envs.synthetic import SyntheticBandit, SyntheticBanditConfig
-    from memento.policies import make_policy
-    from memento.runs.regret import RegretConfig, regret_policy, run_regret
+    from memento.policies import make_policy, regret_policy
+    from memento.runs.regret import RegretConfig, run_regret
 
     out: dict[str, Any] = {}
     for policy in ("soft_q", "linucb", "similarity", "random"):
@@ -114,8 +114,7 @@ def regret_runs(root: Path) -> dict[str, Any]:
 
 
 def selector_run(root: Path) -> dict[str, Any]:
-    from memento.config import SoftQConfig
-    from memento.policies import make_policy
+    from memento.policies import SoftQConfig, make_policy
     from memento.runs.qa import LoopConfig, run_online
     from memento.selector.export import export_selector, load_selector
     from tests.loop_env import ExactJudge, HashingEncoder, make_env

@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from memento.config import SoftQConfig
-from memento.policies import make_policy
+from memento.policies import SoftQConfig, make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.export import export_selector
 from tests.loop_env import ExactJudge, make_env

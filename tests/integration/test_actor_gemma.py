@@ -69,10 +69,10 @@ def test_gemma_plays_a_tiny_game_with_per_step_cases_and_soft_td(gemma, encoder,
     import dataclasses
     import json
 
-    from memento.policies import make_policy
-    from memento.runs.games import GameLoopConfig, game_policy, run_games
+    from memento.policies import loop_policy, make_policy
+    from memento.runs.games import GameLoopConfig, run_games
 
-    policy = dataclasses.replace(game_policy("soft_q", gamma=0.9), warmup=2)
+    policy = dataclasses.replace(loop_policy("soft_q", gamma=0.9), warmup=2)
     config = GameLoopConfig(episodes=3, policy=policy, tensorboard=False,
                             game=dataclasses.replace(GameLoopConfig().game, max_steps=4))
     summary = run_games(config, make_policy=make_policy, encoder=encoder, planner=gemma,

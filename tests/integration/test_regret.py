@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from memento.bank import CaseBank
-from memento.config import PolicyKind, QNetConfig, SoftQConfig, from_dict
+from memento.config import QNetConfig, from_dict
 from memento.envs import SyntheticBandit, SyntheticBanditConfig
 from memento.errors import BankError, ConfigError
-from memento.policies import make_policy
-from memento.runs.regret import RegretConfig, RegretResult, regret_policy, run_regret
+from memento.policies import PolicyKind, SoftQConfig, make_policy, regret_policy
+from memento.runs.regret import RegretConfig, RegretResult, run_regret
 
 # The default world: 8 task types, 400 cases (30 % tight look-alike distractors), dim 32, mean aggregate.
 ENV = dict(n_task_types=8, n_cases=400, dim=32, distractor_fraction=0.3)

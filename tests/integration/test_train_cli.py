@@ -19,9 +19,16 @@ import torch
 
 from memento.bank import CaseBank
 from memento.cli.entry import main
-from memento.config import RandomConfig, SoftQConfig
 from memento.learn.learner import SoftQLearner
-from memento.policies import SimilarityConfig, SimilarityPolicy, SoftQPolicy, bank_rewards, make_policy
+from memento.policies import (
+    RandomConfig,
+    SimilarityConfig,
+    SimilarityPolicy,
+    SoftQConfig,
+    SoftQPolicy,
+    bank_rewards,
+    make_policy,
+)
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.export import load_selector
 from tests.loop_env import ExactJudge, make_env

@@ -90,8 +90,8 @@ def test_online_loop_with_case_features_from_a_milvus_seed_bank(lite: str, tmp_p
     vectors): the run copies the seed bank into its own bank and logs the features there."""
     import dataclasses
 
-    from memento.policies import make_policy
-    from memento.runs.qa import LoopConfig, loop_policy, run_online
+    from memento.policies import loop_policy, make_policy
+    from memento.runs.qa import LoopConfig, run_online
     from tests.loop_env import ExactJudge, make_env
 
     env = make_env()

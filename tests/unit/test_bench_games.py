@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from memento.bench.games import GamesBenchConfig, arm_config, format_games_table, run_games_bench, t_interval
-from memento.config import SoftQConfig
 from memento.errors import ConfigError
+from memento.policies import SoftQConfig
 from tests.game_env import HashingEncoder, ScriptedPlanner, walkthrough_commands
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from memento.bench.online import BestOfCPlanner, OnlineBenchConfig, bench_policy, paired_difference, summarize_real
-from memento.config import RandomConfig, SimilarityConfig, SoftQConfig
 from memento.errors import ConfigError
 from memento.planners.base import AnswerScore, CallablePlanner
+from memento.policies import RandomConfig, SimilarityConfig, SoftQConfig
 from memento.types import Case, Task
 
 

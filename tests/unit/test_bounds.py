@@ -22,15 +22,14 @@ from memento.config import (
     EncoderConfig,
     IndexConfig,
     LearnerConfig,
-    LinUCBConfig,
     QNetConfig,
     ReplayConfig,
-    SoftQConfig,
     factory_problem,
     from_dict,
 )
 from memento.envs.textworld import TextWorldConfig
 from memento.errors import ConfigError
+from memento.policies import LinUCBConfig, SoftQConfig
 from memento.runs.base import TaskOrder, task_order
 from memento.runs.labels import LabelConfig
 from memento.runs.qa import LoopConfig

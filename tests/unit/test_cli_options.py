@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from memento.cli.entry import COMMANDS, build_parser, main
-from memento.config import EncoderConfig, LearnerConfig, OnlineLabelsConfig, QNetConfig, SoftQConfig
+from memento.config import EncoderConfig, LearnerConfig, OnlineLabelsConfig, QNetConfig
 from memento.flags import config_option, field_help, int_arg, shown
+from memento.policies import SoftQConfig
 
 
 def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memento.config import SoftQConfig
 from memento.errors import CheckpointError
-from memento.policies import make_policy
+from memento.policies import SoftQConfig, make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.runs.rundir import RunDir
 from memento.selector.export import export_selector, load_selector, verify

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from memento.config import SoftQConfig
 from memento.errors import ConfigError
 from memento.planners.base import CallablePlanner, PlannerError
-from memento.policies import make_policy
+from memento.policies import SoftQConfig, make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.types import Case, Task
 from tests.loop_env import ExactJudge, HashingEncoder

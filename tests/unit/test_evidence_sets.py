@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from memento.bank import CaseBank
-from memento.config import EvidenceConfig, OnlineLabelsConfig, SetChoiceConfig, SoftQConfig
+from memento.config import EvidenceConfig, OnlineLabelsConfig, SetChoiceConfig
 from memento.learn.evidence import (
     add_reward,
     draw_set,
@@ -35,7 +35,7 @@ from memento.learn.evidence import (
     update_set_values,
 )
 from memento.planners.base import CallablePlanner
-from memento.policies import make_policy
+from memento.policies import SoftQConfig, make_policy
 from memento.runs.qa import LoopConfig, OnlineLoop, qa_policy, without_labels
 from memento.types import Case, Task
 from tests.loop_env import ExactJudge, HashingEncoder

@@ -22,7 +22,7 @@ import memento
 from memento.bank import CaseBank
 from memento.bank.bankfile import digest as bank_rows_digest
 from memento.cli.entry import main
-from memento.config import LearnerConfig, QNetConfig, ReplayConfig, SoftQConfig, load_json, save_json, to_dict
+from memento.config import LearnerConfig, QNetConfig, ReplayConfig, load_json, save_json, to_dict
 from memento.errors import (
     CheckpointError,
     ConfigError,
@@ -36,7 +36,7 @@ from memento.errors import (
 from memento.learn.learner import SoftQLearner
 from memento.learn.qnet import build_qnet
 from memento.learn.replay import ReplayBuffer
-from memento.policies import make_policy
+from memento.policies import SoftQConfig, make_policy
 from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig
 from memento.selector.artifact import (

@@ -15,13 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from memento.bank import CaseBank
-from memento.config import CASE_KINDS, CASE_SCALARS, LearnerConfig, QNetConfig, SoftQConfig
+from memento.config import CASE_KINDS, CASE_SCALARS, LearnerConfig, QNetConfig
 from memento.errors import ConfigError, DimensionError
-from memento.learn.agent import SoftQAgent
 from memento.learn.features import CaseFeaturizer, case_scalars
 from memento.learn.policy import Observation, PolicyContext
 from memento.learn.qnet import build_qnet
-from memento.policies import make_policy
+from memento.policies import SoftQAgent, SoftQConfig, make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.types import Case
 from tests.conftest import unit_vectors

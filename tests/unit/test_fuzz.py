@@ -258,7 +258,7 @@ def test_rewards_jsonl_loads_or_refuses_in_one_line(workdir: Path, rewards_cases
 
 def _config_bases() -> list[tuple[type, dict[str, Any]]]:
     from memento.config import IndexConfig, LearnerConfig, QNetConfig, ReplayConfig, to_dict
-    from memento.runs.qa import loop_policy
+    from memento.policies import loop_policy
     from memento.training.config import DataConfig, TrainConfig
 
     qnet = QNetConfig(dim=16)

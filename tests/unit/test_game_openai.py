@@ -9,14 +9,14 @@ from typing import Any
 from memento.envs.textworld import TextWorldEnv
 from memento.planners.actor import ActorConfig
 from memento.planners.openai_compat import OpenAICompatPlanner
-from memento.policies import make_policy
-from memento.runs.games import GameLoopConfig, game_policy, run_games
+from memento.policies import loop_policy, make_policy
+from memento.runs.games import GameLoopConfig, run_games
 from tests.game_env import HashingEncoder
 from tests.unit.test_openai_compat import FakeServer, chat_reply
 
 
 def _config(**changes: Any) -> GameLoopConfig:
-    return GameLoopConfig(episodes=1, memory=False, cases="none", policy=game_policy("random"), tensorboard=False,
+    return GameLoopConfig(episodes=1, memory=False, cases="none", policy=loop_policy("random"), tensorboard=False,
                           actor=ActorConfig(mode="generate", case_weight=0.0), **changes)
 
 

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from memento.bank import CaseBank
-from memento.config import SimilarityConfig, from_dict, to_dict
+from memento.config import from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError, GameError
 from memento.learn.replay import ReplayBuffer
-from memento.policies import make_policy
-from memento.runs.games import GameLoop, GameLoopConfig, discounted_returns, game_policy, run_games
+from memento.policies import SimilarityConfig, loop_policy, make_policy
+from memento.runs.games import GameLoop, GameLoopConfig, discounted_returns, run_games
 from tests.game_env import HashingEncoder, ScriptedPlanner, walkthrough_commands
 
 
@@ -31,7 +31,7 @@ def preferred(games: list[Path]) -> list[str]:
 
 
 def _soft_q(gamma: float = 0.9) -> object:
-    policy = game_policy("soft_q", gamma=gamma)
+    policy = loop_policy("soft_q", gamma=gamma)
     return dataclasses.replace(policy, warmup=2)
 
 
@@ -141,7 +141,7 @@ def test_episode_retrieval_keeps_one_choice_per_episode(tmp_path: Path, games: l
 
 
 def test_no_memory_sees_no_case(tmp_path: Path, games: list[Path], preferred: list[str]) -> None:
-    config = GameLoopConfig(episodes=3, memory=False, cases="none", policy=game_policy("random"), tensorboard=False)
+    config = GameLoopConfig(episodes=3, memory=False, cases="none", policy=loop_policy("random"), tensorboard=False)
     summary = _run(tmp_path / "run", games, preferred, config)
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     assert all(not s["chosen_ids"] for s in steps) and summary["bank_size_end"] == 0
@@ -167,12 +167,12 @@ def test_bad_input_is_one_line(tmp_path: Path, games: list[Path], preferred: lis
     with pytest.raises(GameError, match="game file not found"):
         _run(tmp_path / "x", [tmp_path / "missing.z8"], preferred, GameLoopConfig(episodes=1))
     with pytest.raises(ConfigError, match="retrieval"):
-        GameLoopConfig(retrieval="episode", policy=game_policy("soft_q", gamma=0.9))
+        GameLoopConfig(retrieval="episode", policy=loop_policy("soft_q", gamma=0.9))
     with pytest.raises(ConfigError):
         GameLoopConfig(case_gamma=1.5)
     with pytest.raises(ConfigError):
         from_dict(GameLoopConfig, {"retrieval": "sometimes"})
-    config = GameLoopConfig(episodes=2, policy=game_policy("similarity"), tensorboard=False)
+    config = GameLoopConfig(episodes=2, policy=loop_policy("similarity"), tensorboard=False)
     _run(tmp_path / "run", games, preferred, config)
     with pytest.raises(ConfigError, match="already holds a run"):
         _run(tmp_path / "run", games, preferred, config)
@@ -183,7 +183,7 @@ def test_bad_input_is_one_line(tmp_path: Path, games: list[Path], preferred: lis
 
 
 def test_config_round_trips_through_json() -> None:
-    config = GameLoopConfig(policy=game_policy("soft_q", gamma=0.8), retrieval="step", cases="step")
+    config = GameLoopConfig(policy=loop_policy("soft_q", gamma=0.8), retrieval="step", cases="step")
     assert from_dict(GameLoopConfig, json.loads(json.dumps(to_dict(config)))) == config
     assert config.arm == "soft_q-g0.8" and GameLoopConfig(memory=False).arm == "none"
 
@@ -204,7 +204,7 @@ def test_planner_executor_split_plans_once_per_episode(tmp_path: Path, games: li
             return super().score_many(tasks, case_sets_per_task, answers)
 
     planner = Recording(preferred)
-    config = GameLoopConfig(episodes=3, plan=True, policy=game_policy("similarity"), tensorboard=False)
+    config = GameLoopConfig(episodes=3, plan=True, policy=loop_policy("similarity"), tensorboard=False)
     summary = _run(tmp_path / "run", games, preferred, config, planner=planner)
     assert planner.plans == summary["episodes"] == 3
     assert planner.questions and all(q.startswith("Plan: ") for q in planner.questions)

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from memento.bank import CaseBank
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig
 from memento.planners.base import PlanOutput
-from memento.policies import make_policy
-from memento.runs.games import GameLoop, GameLoopConfig, game_policy, run_games
+from memento.policies import CFGMRetrievalConfig, LifeMemRetrievalConfig, loop_policy, make_policy
+from memento.runs.games import GameLoop, GameLoopConfig, run_games
 from memento.systems.items import ItemGraph
 from memento.systems.runtime import SystemsConfig, split_notes
 from memento.types import Case
@@ -131,7 +130,7 @@ def test_lifemem_clusters_trajectories_and_distils_skills(tmp_path: Path, games,
 
 def test_soft_q_over_every_kind_runs_and_learns(tmp_path: Path, games, preferred) -> None:
     planner = BuilderPlanner(preferred)
-    policy = dataclasses.replace(game_policy("soft_q"), warmup=2)
+    policy = dataclasses.replace(loop_policy("soft_q"), warmup=2)
     config = _config(episodes=7, policy=policy,
                      systems=SystemsConfig(build=("cfgm", "lifemem"), items="all", reflect=True))
     summary = _run(tmp_path / "run", games, planner, config)
@@ -183,7 +182,7 @@ def test_crash_then_resume_equals_uninterrupted_with_builders(tmp_path: Path, ga
 
 def test_default_systems_config_keeps_the_plain_loop(tmp_path: Path, games, preferred) -> None:
     planner = BuilderPlanner(preferred)
-    summary = _run(tmp_path / "run", games, planner, _config(episodes=3, policy=game_policy("similarity")))
+    summary = _run(tmp_path / "run", games, planner, _config(episodes=3, policy=loop_policy("similarity")))
     assert "systems" not in summary and planner.memory_prompts == []
     assert {c.kind for c in _bank(tmp_path / "run")} == {"case"}
     assert not (tmp_path / "run" / "memory_calls.jsonl").exists()
@@ -192,7 +191,7 @@ def test_default_systems_config_keeps_the_plain_loop(tmp_path: Path, games, pref
 def test_items_and_their_links_survive_export_and_load(tmp_path: Path, games, preferred) -> None:
     from memento.selector.export import create_selector, load_selector
 
-    policy = dataclasses.replace(game_policy("soft_q"), warmup=2)
+    policy = dataclasses.replace(loop_policy("soft_q"), warmup=2)
     config = _config(episodes=7, policy=policy,
                      systems=SystemsConfig(build=("cfgm", "lifemem"), items="all"))
     _run(tmp_path / "run", games, BuilderPlanner(preferred), config)

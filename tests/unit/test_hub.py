@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 import memento
+import memento.selector.artifact.hub
 from memento.bank import CaseBank
 from memento.encoders import Encoder, default_model_path
 from memento.errors import CheckpointError, EncoderError
@@ -191,11 +192,11 @@ def test_push_to_hub_and_load_by_repo_id(tmp_path: Path, hub_cache: Path, monkey
     with pytest.raises(CheckpointError, match="'user/repo': no such local path"):  # a Hub id is explicit
         load_selector("user/repo")
     with pytest.raises(CheckpointError, match="not a Hub repository id"):
-        memento.hub.push_folder(out, "not a repo")
+        memento.selector.artifact.hub.push_folder(out, "not a repo")
 
 
 def _absolute_paths(text: str) -> list[str]:
-    return [m.group(0) for m in memento.hub._ABS_PATH.finditer(text)]
+    return [m.group(0) for m in memento.selector.artifact.hub._ABS_PATH.finditer(text)]
 
 
 def test_the_pushed_card_and_manifest_carry_no_local_path(tmp_path: Path, hub_cache: Path,
@@ -232,10 +233,11 @@ def test_the_pushed_card_and_manifest_carry_no_local_path(tmp_path: Path, hub_ca
 
 
 def test_a_card_whose_metadata_does_not_parse_is_refused() -> None:
-    text = memento.hub.portable_card("---\nlibrary_name: other\ntags:\n- mine\n---\n# x: /home/u/run\n")
+    card = "---\nlibrary_name: other\ntags:\n- mine\n---\n# x: /home/u/run\n"
+    text = memento.selector.artifact.hub.portable_card(card)
     assert text.endswith("# x: run\n") and yaml.safe_load(text.split("---\n")[1])["tags"][-1] == "mine"
     with pytest.raises(CheckpointError, match="model card"):
-        memento.hub.portable_card("---\nlibrary_name: [unclosed\n---\n# x\n")
+        memento.selector.artifact.hub.portable_card("---\nlibrary_name: [unclosed\n---\n# x\n")
 
 
 def test_the_model_card_front_matter_is_what_the_hub_reads(tmp_path: Path) -> None:

@@ -193,7 +193,7 @@ def test_a_failed_push_is_one_line_naming_the_repository_and_the_endpoint(fake_h
 
     from huggingface_hub import constants
 
-    from memento.hub import push_folder
+    from memento.selector.artifact.hub import push_folder
 
     folder = _artifact_stub(tmp_path / "artifact")
     with pytest.raises(CheckpointError) as refused:  # the fake Hub answers 404 to the repository's creation

@@ -14,8 +14,10 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from memento.bank import CaseBank  # noqa: E402
-from memento.config import SoftQConfig  # noqa: E402
-from memento.policies import make_policy  # noqa: E402
+from memento.policies import (
+    SoftQConfig,
+    make_policy,  # noqa: E402
+)
 from memento.runs.qa import LoopConfig, run_online  # noqa: E402
 from memento.serve.inspector import COOKIE, Inspector, cookie_value, inspect_app, svg_line_chart  # noqa: E402
 from memento.types import Case  # noqa: E402

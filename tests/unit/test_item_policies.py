@@ -6,12 +6,18 @@ import numpy as np
 import pytest
 
 from memento.bank import CaseBank
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig, check_policy
 from memento.errors import ConfigError
 from memento.learn.policy import PolicyContext
-from memento.policies import CFGMPolicy, LifeMemPolicy, make_policy
+from memento.policies import (
+    CFGMPolicy,
+    CFGMRetrievalConfig,
+    LifeMemPolicy,
+    LifeMemRetrievalConfig,
+    check_policy,
+    loop_policy,
+    make_policy,
+)
 from memento.policies.similarity import bank_rewards
-from memento.runs.games import game_policy
 from memento.systems.expand import ItemCandidates, expand_candidates
 from memento.systems.items import ItemGraph, make_item
 from memento.types import Case
@@ -116,7 +122,7 @@ def test_soft_q_with_case_features_chooses_among_every_kind(world):
         return out / np.linalg.norm(out, axis=1, keepdims=True)
 
     featurizer = CaseFeaturizer(bank, encode)
-    agent = make_policy(game_policy("soft_q"), PolicyContext(dim=4, k_max=4, reward_of=bank_rewards(bank),
+    agent = make_policy(loop_policy("soft_q"), PolicyContext(dim=4, k_max=4, reward_of=bank_rewards(bank),
                                                              featurizer=featurizer))
     vectors = featurizer.vectors(cands) if hasattr(featurizer, "vectors") else agent.case_vectors(cands)
     kind_block = np.asarray(vectors)[:, -8:]

@@ -1,10 +1,22 @@
-"""The import graph runs one way: the core < ``memento.policies`` < ``memento.training`` < the composition root.
+"""The import graph runs one way: the base < ``memento.policies`` < the composition of policies into runs <
+``memento.training`` < the composition root.
 
-The composition root (the ``memento`` command and the benchmarks that run concrete policies) is the only
-place where concrete policies and trainers are wired into the loop, the regret run and the selector; the
-core defines protocols and configs and takes the factory (``make_policy``) as an argument. Checked on the
-source with ``ast`` (every import, at module level or inside a function), plus: the module-level import
-graph has no circle, and importing the core modules loads neither ``policies`` nor ``training``.
+- **base**: every module not named below (``memento.bank``, ``memento.learn``, ``memento.planners``,
+  ``memento.encoders``, ``memento.systems``, ``memento.envs``, ``memento.adapters``, ``memento.config``,
+  ``memento.types``, ``memento.errors``, ``memento.io``, ...): protocols, configs and machinery; it never imports
+  ``memento.policies`` or ``memento.training``;
+- **policies**: ``memento.policies``, one module per policy (config, class, factory entry, run defaults) and the
+  registry;
+- **compose**: :data:`COMPOSE`, the modules that compose policies into runs: the runs (whose configs nest a policy
+  config), the served selector (a soft-Q agent), the service over it, off-policy evaluation of policy configs, the
+  benchmarks, and the package ``memento`` itself (it re-exports policy configs and runs, imported on first use);
+- **training**: ``memento.training`` (offline trainers);
+- **root**: :data:`ROOT_MODULES`, the command line, which wires all of them together.
+
+Checked on the source with ``ast`` (every import, at module level or inside a function; ``from memento import
+sqlite`` is an import of ``memento.sqlite``, not of the package), plus: the module-level import graph has no circle,
+importing the base loads neither ``memento.policies`` nor ``memento.training``, and importing the runs and the
+selector does not load ``memento.training``.
 """
 
 from __future__ import annotations
@@ -19,11 +31,19 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("memento",)
 ALIASES = ("policies", "training")
 """Top-level packages that only alias ``memento.policies`` and ``memento.training`` for one release."""
-COMPOSITION_ROOT = {"memento.cli", "memento.__main__", "memento.bench.online",
-                    "memento.bench.select", "memento.bench.serve", "memento.bench.games",
-                    "memento.bench.stream", "memento.bench.stream_qa"}
-"""Modules allowed to import every layer (the CLI, every module of ``memento.cli``, and the benchmarks that run
-concrete policies)."""
+COMPOSE = ("memento.runs", "memento.selector", "memento.serve", "memento.ope", "memento.bench")
+"""Subpackages that compose policies into runs (with the package ``memento`` itself, :data:`COMPOSE_MODULES`)."""
+COMPOSE_MODULES = ("memento",)
+ROOT_MODULES = ("memento.cli", "memento.__main__")
+"""The composition root (``memento.cli`` and every module in it, ``python -m memento``)."""
+BASE, POLICIES, COMPOSITION, TRAINING, COMPOSITION_ROOT = range(5)
+LAYER_NAMES = ("base", "policies", "compose", "training", "root")
+BASE_MODULES = ("memento.config", "memento.types", "memento.errors", "memento.io", "memento.formats", "memento.flags",
+                "memento.bank", "memento.bank.local", "memento.encoders", "memento.hub", "memento.learn.policy",
+                "memento.learn.learner", "memento.learn.persist", "memento.learn.labels", "memento.learn.evidence",
+                "memento.learn.features", "memento.planners.spec", "memento.judges", "memento.systems.runtime",
+                "memento.systems.expand", "memento.envs", "memento.adapters")
+"""Base-layer modules a process imports without the policies (checked in a fresh interpreter)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -37,16 +57,23 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
 def _layer(module: str) -> int:
-    if module in COMPOSITION_ROOT or module.startswith("memento.cli."):
-        return 3
-    for prefix, layer in (("memento.policies", 1), ("memento.training", 2)):
-        if module == prefix or module.startswith(prefix + "."):
-            return layer
-    return 0
+    if _within(module, ROOT_MODULES):
+        return COMPOSITION_ROOT
+    if _within(module, ("memento.training",)):
+        return TRAINING
+    if module in COMPOSE_MODULES or _within(module, COMPOSE):
+        return COMPOSITION
+    if _within(module, ("memento.policies",)):
+        return POLICIES
+    return BASE
 
 
-def _resolve(module: str, name: str, known: dict[str, Path]) -> str | None:
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
     """The project module an import names (the longest known prefix), or None for a third-party one."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
@@ -56,30 +83,47 @@ def _resolve(module: str, name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
-def _imports(path: Path, *, module_level_only: bool) -> list[tuple[int, str, list[str]]]:
+def _targets(node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> set[str]:
+    """The project modules an import statement loads: ``from P import m`` of submodules ``m`` names the submodules
+    only (``P`` runs first anyway, as it does for any ``import P.m``)."""
+    if isinstance(node, ast.Import):
+        return {t for alias in node.names if (t := _resolve(alias.name, known)) is not None}
+    package = _resolve(node.module or "", known)
+    subs = {_resolve(f"{node.module}.{alias.name}", known) for alias in node.names}
+    subs = {s for s in subs if s is not None and s != package}
+    if package is None or len(subs) == len(node.names):
+        return subs
+    return subs | {package}
+
+
+def _imports(path: Path, known: dict[str, Path], *, module_level_only: bool) -> list[tuple[int, set[str]]]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     nodes = tree.body if module_level_only else list(ast.walk(tree))
     out = []
     for node in nodes:
         if module_level_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name, []) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module, [alias.name for alias in node.names]))
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+            out.append((node.lineno, _targets(node, known)))
     return out
+
+
+def test_every_layer_holds_modules() -> None:
+    layers = {_layer(module) for module in _modules()}
+    assert layers == set(range(len(LAYER_NAMES)))
+    assert _layer("memento") == COMPOSITION and _layer("memento.policies.soft_q") == POLICIES
+    assert _layer("memento.learn.policy") == BASE and _layer("memento.cli.online") == COMPOSITION_ROOT
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
     known = _modules()
     offences = []
     for module, path in known.items():
-        for line, name, names in _imports(path, module_level_only=False):
-            targets = [_resolve(module, name, known)]
-            targets += [_resolve(module, f"{name}.{n}", known) for n in names]  # from memento import bench
-            for target in {t for t in targets if t is not None}:
+        for line, targets in _imports(path, known, module_level_only=False):
+            for target in sorted(targets):
                 if _layer(target) > _layer(module):
-                    offences.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}")
+                    offences.append(f"{path.relative_to(ROOT)}:{line}: {module} ({LAYER_NAMES[_layer(module)]}) "
+                                    f"imports {target} ({LAYER_NAMES[_layer(target)]})")
     assert not offences, "\n".join(offences)
 
 
@@ -88,9 +132,9 @@ def test_the_module_level_import_graph_has_no_circle() -> None:
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
         edges = set()
-        for _, name, names in _imports(path, module_level_only=True):
-            for target in [_resolve(module, name, known)] + [_resolve(module, f"{name}.{n}", known) for n in names]:
-                if target is not None and target != module and not module.startswith(target + "."):
+        for _, targets in _imports(path, known, module_level_only=True):
+            for target in targets:
+                if target != module and not module.startswith(target + "."):
                     edges.add(target)  # a package's own __init__ is imported first by any submodule anyway
         graph[module] = edges
     state: dict[str, int] = {}
@@ -114,16 +158,25 @@ def test_the_module_level_import_graph_has_no_circle() -> None:
             assert cycle is None, " -> ".join(cycle)
 
 
-def test_importing_the_core_loads_neither_policies_nor_training() -> None:
-    code = ("import json, sys\n"
-            "import memento, memento.runs.qa, memento.selector.runtime, memento.runs.regret\n"
-            "import memento.selector.export, memento.serve.app\n"
+def _loaded(imports: str) -> list[str]:
+    """The layers above the base (and the old alias packages) that a fresh interpreter holds after ``imports``."""
+    code = (f"import json, sys\nimport {imports}\n"
             "print(json.dumps(sorted({'.'.join(m.split('.')[:2]) for m in sys.modules} "
             "& {'memento.policies', 'memento.training', 'policies', 'training'})))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                             check=False)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_base_loads_neither_policies_nor_training() -> None:
+    assert all(_layer(module) == BASE for module in BASE_MODULES)
+    assert _loaded("memento, " + ", ".join(BASE_MODULES)) == []
+
+
+def test_importing_the_runs_and_the_selector_loads_the_policies_but_not_training() -> None:
+    assert _loaded("memento.runs.qa, memento.selector.runtime, memento.runs.regret, memento.selector.export, "
+                   "memento.serve.app") == ["memento.policies"]
 
 
 # ---------------------------------------------------------------- what learning may import; private names

@@ -26,28 +26,16 @@ from safetensors.torch import load_file
 
 from memento.bank import CaseBank
 from memento.charts import learning_curves_svg
-from memento.config import (
-    POLICY_CONFIGS,
-    LearnerConfig,
-    LinUCBConfig,
-    QNetConfig,
-    SimilarityConfig,
-    SoftQConfig,
-    from_dict,
-    load_json,
-    save_json,
-    to_dict,
-)
+from memento.config import LearnerConfig, QNetConfig, from_dict, load_json, save_json, to_dict
 from memento.errors import CheckpointError, ConfigError, DataFormatError
 from memento.planners.base import CallablePlanner, PlannerError
 from memento.planners.spec import PlannerSpec, parse_planner_spec
-from memento.policies import make_policy
+from memento.policies import POLICY_CONFIGS, LinUCBConfig, SimilarityConfig, SoftQConfig, loop_policy, make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import (
     COMPONENTS,
     LoopConfig,
     OnlineLoop,
-    loop_policy,
     qa_policy,
     run_online,
     success_by_window,

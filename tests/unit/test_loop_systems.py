@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from memento.bank import CaseBank
-from memento.config import CFGMRetrievalConfig, LifeMemRetrievalConfig
 from memento.errors import ConfigError
 from memento.planners.base import CallablePlanner
-from memento.policies import make_policy
-from memento.runs.qa import LoopConfig, loop_policy, run_online, task_env
+from memento.policies import CFGMRetrievalConfig, LifeMemRetrievalConfig, loop_policy, make_policy
+from memento.runs.qa import LoopConfig, run_online, task_env
 from memento.systems.items import ItemGraph
 from memento.systems.runtime import SystemsConfig
 from memento.types import Case, Task

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
-from memento.config import OnlineLabelsConfig, SoftQConfig
+from memento.config import OnlineLabelsConfig
 from memento.errors import ConfigError
 from memento.learn.labels import read_labels
 from memento.planners.base import CallablePlanner
-from memento.policies import make_policy
-from memento.runs.qa import LoopConfig, OnlineLoop, loop_policy
+from memento.policies import SoftQConfig, loop_policy, make_policy
+from memento.runs.qa import LoopConfig, OnlineLoop
 from memento.types import Case, Task
 from tests.loop_env import ExactJudge, HashingEncoder
 

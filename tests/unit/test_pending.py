@@ -22,9 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from memento.config import SoftQConfig
 from memento.errors import CheckpointError, UnknownSelectionError
-from memento.policies import make_policy
+from memento.policies import SoftQConfig, make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.selector.artifact import FEEDBACK_NAME, FeedbackLog
 from memento.selector.export import export_selector, load_selector, verify

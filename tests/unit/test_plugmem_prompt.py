@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from memento.config import PlugMemRetrievalConfig
 from memento.errors import ConfigError
 from memento.planners.base import CallablePlanner
 from memento.planners.prompts import PromptConfig, render_prompt
-from memento.runs.qa import loop_policy
+from memento.policies import PlugMemRetrievalConfig, loop_policy
 from memento.systems.items import make_item, memory_tokens, split_notes
 from memento.systems.plugmem import NOTE_KIND, PlugMemConfig, compress
 from memento.systems.runtime import MemorySystems, SystemsConfig

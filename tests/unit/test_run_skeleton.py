@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from memento.bank import CaseBank
-from memento.policies import make_policy
-from memento.runs.base import Run, RunConfig, loop_policy, timed
+from memento.policies import loop_policy, make_policy
+from memento.runs.base import Run, RunConfig, timed
 from memento.runs.rundir import RunDir
 from memento.types import Case
 from tests.loop_env import HashingEncoder

@@ -13,14 +13,19 @@ import numpy as np
 import pytest
 
 from memento.bank import CaseBank
-from memento.config import PlugMemRetrievalConfig, check_policy
 from memento.errors import ConfigError, DataFormatError, ReplyFormatError
 from memento.learn.policy import PolicyContext
 from memento.planners.base import CallablePlanner, PlanOutput
-from memento.policies import PlugMemPolicy, make_policy
+from memento.policies import (
+    PlugMemPolicy,
+    PlugMemRetrievalConfig,
+    check_policy,
+    loop_policy,
+    make_policy,
+    regret_policy,
+)
 from memento.policies.similarity import bank_rewards
-from memento.runs.games import game_policy
-from memento.runs.qa import LoopConfig, loop_policy, run_online
+from memento.runs.qa import LoopConfig, run_online
 from memento.systems.expand import ItemCandidates, expand_candidates
 from memento.systems.items import ItemGraph, make_item, split_notes
 from memento.systems.llm import MemoryLLM
@@ -424,7 +429,7 @@ def test_expansion_routes_and_the_policy_chooses_within_the_budget(knowledge) ->
 
 
 def test_policy_config_kind_and_factories() -> None:
-    assert loop_policy("plugmem") == PlugMemRetrievalConfig() == game_policy("plugmem")
+    assert loop_policy("plugmem") == PlugMemRetrievalConfig() == regret_policy("plugmem")
     check_policy(type("X", (), {"policy": PlugMemRetrievalConfig()})(), "policy")
     for bad in (dict(seeds=0), dict(route="yes"), dict(budget_tokens=0), dict(cases=-1)):
         with pytest.raises(ConfigError):
@@ -576,7 +581,7 @@ def test_game_loop_builds_plugmem_items_from_episodes_and_shows_them(tmp_path: P
     planner = Planner(walkthrough_commands(games))
     base = GameLoopConfig(episodes=4, k=4, tensorboard=False, checkpoint_every=0, seed=1,
                           game=dataclasses.replace(GameLoopConfig().game, max_steps=5))
-    config = dataclasses.replace(base, policy=game_policy("plugmem"),
+    config = dataclasses.replace(base, policy=loop_policy("plugmem"),
                                  systems=SystemsConfig(build=("plugmem",), items="all"))
     summary = run_games(config, make_policy=make_policy, encoder=HashingEncoder(), planner=planner, games=games,
                         out_dir=tmp_path / "run")

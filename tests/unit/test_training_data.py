@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memento.config import EncoderConfig, LearnerConfig, QNetConfig, RandomConfig, to_dict
+from memento.config import EncoderConfig, LearnerConfig, QNetConfig, to_dict
 from memento.errors import ConfigError, DataFormatError
 from memento.learn.replay import ReplayBatch
-from memento.policies import make_policy
+from memento.policies import RandomConfig, make_policy
 from memento.runs.qa import LoopConfig, run_online
 from memento.training.config import (
     DataConfig,

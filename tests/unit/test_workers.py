@@ -26,8 +26,8 @@ from memento.config import from_dict, to_dict
 from memento.errors import ConfigError
 from memento.formats import read_steps_jsonl
 from memento.planners.base import CallablePlanner
-from memento.policies import make_policy
-from memento.runs.qa import LoopConfig, loop_policy
+from memento.policies import loop_policy, make_policy
+from memento.runs.qa import LoopConfig
 from memento.runs.ray import RayOnlineLoop, WorkersConfig, import_ray, read_workers_log
 from memento.runs.rundir import RunDir
 from tests.loop_env import ExactJudge, HashingEncoder, make_env

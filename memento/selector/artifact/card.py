@@ -17,11 +17,11 @@ def _pct(x: Any) -> str:
 
 def card_front_matter(manifest: dict[str, Any], spec: EncoderSpec) -> list[str]:
     """The YAML front matter the Hugging Face Hub reads from a model card (``huggingface_hub.ModelCardData``):
-    library name and tags (:data:`memento.hub.CARD_METADATA`), the base encoder (its Hub id when known), the
-    task suite as the dataset, the run's figures as metrics and as the model index's results."""
+    library name and tags (:data:`memento.selector.artifact.hub.CARD_METADATA`), the base encoder (its Hub id
+    when known), the task suite as the dataset, the run's figures as metrics and as the model index's results."""
     from huggingface_hub import EvalResult, ModelCardData
 
-    from memento.hub import CARD_METADATA
+    from memento.selector.artifact.hub import CARD_METADATA
 
     source = manifest.get("source") or {}
     summary = source.get("summary") or {}

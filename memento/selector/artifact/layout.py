@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from memento.bank.local import DERIVED_NAMES
-from memento.learn.agent import LEARNER_DIR, REPLAY_DIR
+from memento.learn.persist import LEARNER_DIR, REPLAY_DIR
 
 __all__ = ["BANK_DB", "BANK_DIR", "CARD_NAME", "CONFIG_NAME", "DERIVED_FILES", "ENCODER_FILES_DIR", "ENCODER_FORMAT",
            "ENCODER_FORMAT_VERSION", "ENCODER_NAME", "FEEDBACK_FORMAT", "FEEDBACK_FORMAT_VERSION", "FEEDBACK_NAME",
@@ -28,7 +28,7 @@ CONFIG_NAME = "config.json"
 ENCODER_NAME = "encoder.json"
 QNET_NAME = "qnet.safetensors"
 CARD_NAME = "README.md"
-# LEARNER_DIR, REPLAY_DIR: the soft-Q agent's own layout (memento.learn.agent), the same in a checkpoint and here
+# LEARNER_DIR, REPLAY_DIR: the soft-Q agent's own layout (memento.learn.persist), the same in a checkpoint and here
 BANK_DIR = "bank"
 FEEDBACK_NAME = "feedback.sqlite"
 BANK_DB = f"{BANK_DIR}/cases.sqlite"
