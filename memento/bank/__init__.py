@@ -1,6 +1,12 @@
 """The case bank: the Bank protocol, the bank front written once (:mod:`memento.bank.front`) and its two
 backends, the directory bank (SQLite rows + faiss index) and the Milvus bank (one collection, plus side
-collections for the case features), and the bank URIs that name either (``DIR`` or ``milvus:URI[#collection]``)."""
+collections for the case features), and the bank URIs that name either (``DIR`` or ``milvus:URI[#collection]``).
+
+Modules: ``protocol`` (the operations, documented once), ``front`` (reads, searches, usage, lifetime) over
+``edits`` (the writes) and ``parts`` (the part protocols and shared checks); the directory bank in ``local`` over
+``sqliterows`` and ``faissvectors`` (``index``, ``vectorfile``); the Milvus bank in ``milvus`` over ``milvusconn``,
+``milvusrows``, ``milvusindex`` and ``milvusfeatures``; ``uri``, ``where``, ``history``, ``bulk``, ``ingest``,
+``mapped`` and ``bankfile`` beside them."""
 
 from memento.bank.front import Candidates
 from memento.bank.history import CaseEvent

@@ -19,7 +19,6 @@ A progress bar (tqdm, on stderr when it is a terminal) counts the cases.
 from __future__ import annotations
 
 import logging
-import mmap
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from memento.bank.front import check_embedding_shape, check_unit_rows
+from memento.bank.local import CaseBank
+from memento.bank.mapped import CHECK_BYTES, release_pages, rows_per
+from memento.bank.parts import check_embedding_shape, check_unit_rows
 from memento.config import MAX_DIM
 from memento.errors import DataFormatError, DimensionError
 from memento.io import loads_json
@@ -38,19 +39,12 @@ __all__ = ["DEFAULT_CHUNK", "check_embeddings", "import_with_embeddings", "read_
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 50_000
-_CHECK_BYTES = 64 << 20
-"""At most this many bytes of float32 are checked at once (and at least one row), whatever the width."""
 _ADD_BYTES = 256 << 20
 """At most this many bytes of float32 vectors go into one transaction: ``chunk`` is cut to fit (at least one row)."""
 _MAX_HEADER = 100 << 20
 """The longest safetensors header read (the format's own bound)."""
 _SAFETENSORS_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
 _ACCEPTED = "F16, F32 or F64"
-
-
-def _rows_per(limit: int, dim: int) -> int:
-    """How many float32 rows of ``dim`` fit in ``limit`` bytes (at least one)."""
-    return max(1, limit // (4 * max(1, dim)))
 
 
 def read_embeddings(path: str | Path) -> np.ndarray:
@@ -183,42 +177,12 @@ def _check_shape(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
         raise DimensionError(f"{where}: {error}") from None
 
 
-def release_pages(vectors_ND: Any) -> None:
-    """Drop the pages of a memory-mapped ``vectors_ND`` read so far from this process's map (``MADV_DONTNEED``;
-    the kernel's page cache keeps them), so a pass over a large file does not grow its resident memory by the
-    file's size. Anything else is left as it is."""
-    mapped = getattr(vectors_ND, "_mmap", None)  # np.memmap's map (numpy keeps it there)
-    advice = getattr(mmap, "MADV_DONTNEED", None)
-    if isinstance(mapped, mmap.mmap) and advice is not None:
-        try:
-            mapped.madvise(advice)
-        except (OSError, ValueError):  # pragma: no cover - a map that cannot take advice stays as it is
-            pass
-
-
-def gather_rows(vectors_ND: Any, positions: np.ndarray) -> np.ndarray:
-    """``vectors_ND[positions]`` (sorted positions, e.g. an index's training sample) as float32, read 64 MiB of
-    rows at a time with :func:`release_pages` after each, so a sample spread over a memory-mapped file does not
-    map the whole file at once."""
-    positions = np.asarray(positions, dtype=np.int64)
-    dim = int(np.shape(vectors_ND)[1])
-    out = np.empty((len(positions), dim), dtype=np.float32)
-    window = _rows_per(_CHECK_BYTES, dim)
-    done = 0
-    while done < len(positions):
-        stop = int(np.searchsorted(positions, positions[done] + window, side="left"))
-        out[done:stop] = vectors_ND[positions[done:stop]]
-        release_pages(vectors_ND)
-        done = stop
-    return out
-
-
 def check_embeddings(vectors_ND: np.ndarray, n: int, dim: int, where: str) -> None:
     """``vectors_ND`` is ``[n, dim]``, finite and unit-norm (read at most 64 MiB of float32 at a time, checked as
     :meth:`memento.bank.front.BankFront.add` checks them); one ``DimensionError`` or ``DataFormatError`` naming
     ``where`` and the first bad row otherwise."""
     _check_shape(vectors_ND, n, dim, where)
-    step = _rows_per(_CHECK_BYTES, dim)
+    step = rows_per(CHECK_BYTES, dim)
     for start in range(0, n, step):
         with np.errstate(over="ignore", invalid="ignore"):  # a float64 beyond float32 becomes inf: reported below
             chunk = np.asarray(vectors_ND[start:start + step], dtype=np.float32)
@@ -237,15 +201,13 @@ def import_with_embeddings(bank: Any, cases: Sequence[Case], vectors_ND: np.ndar
     checked first (:func:`check_embeddings`); ``checked``: they were, only their shape is."""
     from tqdm.auto import tqdm
 
-    from memento.bank.local import CaseBank
-
     if checked:
         _check_shape(vectors_ND, len(cases), bank.dim, where)
     else:
         check_embeddings(vectors_ND, len(cases), bank.dim, where)
     if isinstance(bank, CaseBank) and bank.train_index(vectors_ND):
         logger.info("%s: index trained on a sample of the %d imported vectors", bank.path, len(cases))
-    per_add = _rows_per(_ADD_BYTES, bank.dim)
+    per_add = rows_per(_ADD_BYTES, bank.dim)
     if chunk > per_add:  # never an [N, D] float32 copy of more than _ADD_BYTES, whatever the width
         logger.info("%s: %d cases per transaction (at most %d MiB of dim=%d vectors), not %d", where, per_add,
                     _ADD_BYTES >> 20, bank.dim, chunk)

@@ -244,9 +244,9 @@ def import_case_file(bank: Any, scan: CaseFileScan, vectors_ND: np.ndarray, *, a
     another shape than ``[cases, bank.dim]`` are one ``DimensionError`` naming ``where``."""
     from tqdm.auto import tqdm
 
-    from memento.bank.bulk import release_pages
-    from memento.bank.front import check_embedding_shape
     from memento.bank.local import CaseBank
+    from memento.bank.mapped import release_pages
+    from memento.bank.parts import check_embedding_shape
 
     try:
         check_embedding_shape(np.shape(vectors_ND), scan.cases, bank.dim)

@@ -79,8 +79,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from memento.bank.front import Candidates
 from memento.bank.history import CaseEvent
+from memento.bank.parts import Candidates
 from memento.bank.where import Scope, Where
 from memento.config import BankConfig
 from memento.types import Case
@@ -90,12 +90,16 @@ __all__ = ["Bank"]
 
 @runtime_checkable
 class Bank(Protocol):
-    """A case bank: cases, their unit-norm state vectors, nearest-neighbour search over them."""
+    """A case bank: cases, their unit-norm state vectors, nearest-neighbour search over them.
 
-    uid: str
-    config: BankConfig
-    read_only: bool
-    audit: bool
+    This is the one description of the bank's operations: :class:`memento.bank.front.BankFront` implements every
+    member for both back ends and does not restate it (``tests/unit/test_bank_conformance.py`` checks that the
+    front and each back end have every member, with the same parameters)."""
+
+    uid: str  # the bank's identity, kept in its metadata
+    config: BankConfig  # dim, index, encoder; ``set_search_params`` replaces its search fields
+    read_only: bool  # opened read-only: every write raises ``BankError``
+    audit: bool  # a deleted case's history keeps its values (off: only kinds, times and field names)
     updates_made: int  # updates in place by this process (update, add with new meta)
 
     @property
@@ -104,10 +108,14 @@ class Bank(Protocol):
         ...
 
     @property
-    def dim(self) -> int: ...
+    def dim(self) -> int:
+        """The width ``D`` of the stored vectors."""
+        ...
 
     @property
-    def num_deleted(self) -> int: ...
+    def num_deleted(self) -> int:
+        """How many cases were deleted (tombstoned); ``len(bank) - num_deleted`` cases can be found."""
+        ...
 
     def __len__(self) -> int:
         """Rows stored, deleted ones included (positions are ``0..len-1``)."""
@@ -119,100 +127,232 @@ class Bank(Protocol):
 
     # ---- writes
     def add(self, cases: Sequence[Case], embeddings: Any, *, allow_duplicates: bool = False,
-            update_meta: bool = True) -> list[str]: ...
+            update_meta: bool = True) -> list[str]:
+        """Store cases and their unit-norm embeddings ``[N, D]``.
 
-    def check_ids(self, cases: Sequence[Case], *, allow_duplicates: bool = False) -> None: ...
+        Returns one id per input case. A case whose content (state, action, env, kind, scope) is already stored,
+        or repeats an earlier case of the same call, is skipped and its stored id returned, unless
+        ``allow_duplicates``; when it brings meta other than the stored case's (a non-empty ``meta``), the stored
+        case takes that meta in place, as :meth:`update` does (its version bumped, an ``update`` event in its
+        history; mem0's ``add``), unless ``update_meta=False`` (the online loops' retention: a resumed run adds again
+        what it re-plays, and :meth:`truncate` would not roll an update in place back). Ids left ``None`` are
+        derived from the content hash. Nothing is written if any case or embedding is invalid. (What a crash during
+        the call leaves: :mod:`memento.bank.protocol`.)
+        """
+        ...
 
-    def update_reward(self, case_id: str, reward: float) -> None: ...
+    def check_ids(self, cases: Sequence[Case], *, allow_duplicates: bool = False) -> None:
+        """Raise the ``DataFormatError`` that :meth:`add` would raise for these cases' ids (one used twice, or
+        used by another stored case), before any work is spent on their embeddings; writes nothing."""
+        ...
+
+    def update_reward(self, case_id: str, reward: float) -> None:
+        """Set the reward of a stored case: a number in [0, 1] (:func:`memento.types.check_reward`, as every entry
+        point checks it); anything else raises ``DataFormatError`` and changes nothing. ``update(case_id,
+        reward=reward)``: a change is an update in place (version, history)."""
+        ...
 
     def update(self, case_id: str, *, action: str | None = None, reward: float | None = None,
-               meta: dict[str, Any] | None = None, state: str | None = None) -> Case: ...
+               meta: dict[str, Any] | None = None, state: str | None = None) -> Case:
+        """Change a live case in place (mem0's ``update``): its ``action``, ``reward`` and/or ``meta`` (replaced
+        whole), keeping its id, vector, scope and usage; its ``version`` goes up by one, ``updated`` is now, and
+        its history gets an ``update`` event with the old and new values. Returns the case as stored now (as it
+        was, with no version bump, when nothing given differs). ``state`` may only repeat the stored state: a new
+        state would need a new vector, so :meth:`replace` the case instead. An unknown or deleted id raises
+        ``UnknownCaseError``; a bad value ``DataFormatError``, and nothing changes."""
+        ...
 
-    def delete(self, ids: str | Sequence[str]) -> int: ...
+    def delete(self, ids: str | Sequence[str]) -> int:
+        """Forget the cases ``ids`` (stored before this returns): they are never found, listed or chosen again;
+        returns how many were deleted. An unknown or already deleted id raises ``UnknownCaseError`` and nothing
+        is deleted. Rows stay (a tombstone; their usage rows and action vector go)."""
+        ...
 
     def delete_all(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
-                   filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> int: ...
+                   filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> int:
+        """Delete every live case of ``scope`` whose meta match ``filter`` (and of ``env`` when given), as
+        :meth:`delete` does (one transaction); returns how many. A scope or a filter is required, so that no one
+        wipes every tenant's cases by accident: ``all=True`` deletes every (matching) case without one."""
+        ...
 
     def delete_where(self, *, env: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
-                     filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> list[str]: ...
+                     filter: Where | Mapping[str, Any] | None = None, all: bool = False) -> list[str]:
+        """:meth:`delete_all`, returning the ids it deleted (in position order)."""
+        ...
 
-    def replace(self, case_id: str, case: Case, embedding: Any) -> str: ...
+    def replace(self, case_id: str, case: Case, embedding: Any) -> str:
+        """Supersede the case ``case_id`` by ``case`` (its unit-norm state vector ``embedding``, ``[D]``): the old
+        case is deleted (:meth:`delete`) and the new one added; returns the new case's id.
 
-    def truncate(self, n: int) -> int: ...
+        Ids are never reused, so the new case gets a new id (``case.id``, or one derived from its content; the
+        tombstone records which id replaced the old one). If its content is already stored as another live case,
+        that case's id is returned and nothing is added. Both back ends do both in one transaction (a Milvus
+        bank through its watermark: a crash leaves the old case, or the new one with the old one deleted)."""
+        ...
+
+    def truncate(self, n: int) -> int:
+        """Remove every case at position ``>= n`` (the newest ones), with their usage rows, action vectors and
+        tombstones; returns how many were removed. Used to roll a bank back to a checkpoint."""
+        ...
 
     def import_jsonl(self, path: str | Path, encoder: Any, *, format: str = "case",
-                     allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]: ...
+                     allow_duplicates: bool = False, show_progress_bar: bool | None = None) -> list[str]:
+        """Read a case file (any :data:`memento.formats.CaseFormat`), encode states, add all.
+
+        The whole file is validated before anything is written.
+        """
+        ...
 
     # ---- reads
     def get(self, ids: Any, *, include_deleted: bool = False) -> Any:
-        """``get(id) -> Case``, ``get([ids]) -> list[Case]``; an unknown or deleted id raises ``UnknownCaseError``
-        (``include_deleted``: deleted rows too, for the readers of logged decisions)."""
+        """``get(id) -> Case``, ``get([ids]) -> list[Case]``: the stored case(s), in the order asked; an unknown or
+        deleted (or replaced) id raises ``UnknownCaseError``. ``include_deleted``: read deleted cases' rows too (for
+        the internal readers of logged decisions: the inspector, off-policy evaluation, a bank copy; never an answer
+        to a user's read)."""
         ...
 
-    def history(self, case_id: str) -> list[CaseEvent]: ...
+    def history(self, case_id: str) -> list[CaseEvent]:
+        """The events of a stored case, oldest first (:mod:`memento.bank.history`): its ``add``, its ``update``
+        events with the fields changed and their old and new values, and its ``replace`` or ``delete``. A deleted
+        or replaced case's history keeps only the events' kinds, times, versions and field names, unless the bank
+        was opened with ``audit=True``. An unknown id raises ``UnknownCaseError``."""
+        ...
 
     def count(self, *, env: str | None = None, kind: str | None = None, scope: Scope | Mapping[str, Any] | None = None,
-              filter: Where | Mapping[str, Any] | None = None) -> int: ...
+              filter: Where | Mapping[str, Any] | None = None) -> int:
+        """How many live cases there are of ``env``/``kind``, in ``scope``, whose meta match ``filter``
+        (:mod:`memento.bank.where`); all live cases when none is given."""
+        ...
 
     def ids_where(self, *, env: str | None = None, kind: str | None = None,
                   scope: Scope | Mapping[str, Any] | None = None,
-                  filter: Where | Mapping[str, Any] | None = None) -> list[str]: ...
+                  filter: Where | Mapping[str, Any] | None = None) -> list[str]:
+        """The ids of the live cases :meth:`count` counts, in position order."""
+        ...
 
-    def rewards(self, ids: Sequence[str]) -> np.ndarray: ...
+    def rewards(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored rewards ``[N]`` (float64) of the given case ids, in the order asked."""
+        ...
 
-    def embeddings(self, ids: Sequence[str]) -> np.ndarray: ...
+    def embeddings(self, ids: Sequence[str]) -> np.ndarray:
+        """Stored unit vectors ``[N, D]`` of the given case ids."""
+        ...
 
-    def embeddings_at(self, positions: Sequence[int] | np.ndarray) -> np.ndarray: ...
+    def embeddings_at(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Stored unit vectors ``[N, D]`` at bank positions."""
+        ...
 
-    def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]: ...
+    def ids_at(self, positions: Sequence[int] | np.ndarray) -> list[str]:
+        """Case ids at bank positions."""
+        ...
 
-    def positions_of(self, ids: Sequence[str]) -> np.ndarray: ...
+    def positions_of(self, ids: Sequence[str]) -> np.ndarray:
+        """Bank positions (int64) of the case ids, in the order asked; an unknown id raises ``UnknownCaseError``."""
+        ...
 
-    def is_deleted(self, ids: Sequence[str]) -> list[bool]: ...
+    def is_deleted(self, ids: Sequence[str]) -> list[bool]:
+        """Whether each stored case id was deleted; an id never stored raises ``UnknownCaseError``."""
+        ...
 
-    def deleted_ids(self) -> list[str]: ...
+    def deleted_ids(self) -> list[str]:
+        """The ids of the deleted cases, in position order."""
+        ...
 
-    def iter_cases(self, batch_size: int = 1000) -> Iterator[Case]: ...
+    def iter_cases(self, batch_size: int = 1000) -> Iterator[Case]:
+        """All live cases in insertion order, read in batches."""
+        ...
 
-    def export_jsonl(self, path: str | Path) -> int: ...
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write every live case as Case JSONL (atomically); returns the number written."""
+        ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]:
+        """Counts, reward summary, index state and storage sizes (a backend's own keys after ``path``)."""
+        ...
 
     # ---- search
     def search(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
                positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
-               filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+               filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest cases to ``query_D`` or ``query_BD`` by cosine (queries are normalised).
+
+        For one query ``[D]``: ``(scores_K, ids_K)``, trimmed to the cases found. For a batch ``[B, D]``:
+        ``(scores_BK, ids_BK)``, padded with ``-inf`` and ``None``. ``ids`` is a numpy object array of case-id
+        strings. ``env``/``kind`` restrict the search; ``positive`` keeps the cases whose stored reward is > 0;
+        ``scope``/``filter`` keep the cases of a scope whose metadata match (:mod:`memento.bank.where`).
+        """
+        ...
 
     def search_positions(self, query: Any, k: int, *, env: str | None = None, kind: str | None = None,
                          positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
-                         filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+                         filter: Where | Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product: ``(scores_BK, positions_BK)``, -inf / -1 where fewer than k match.
+        ``positive``: only cases whose stored reward is > 0; ``scope``/``filter``: see :mod:`memento.bank.where`."""
+        ...
 
     def candidates(self, query_D: Any, c: int, *, env: str | None = None, kind: str | None = None,
                    positive: bool = False, scope: Scope | Mapping[str, Any] | None = None,
-                   filter: Where | Mapping[str, Any] | None = None) -> Candidates: ...
+                   filter: Where | Mapping[str, Any] | None = None) -> Candidates:
+        """The top-``c`` cases for one state with their stored vectors (the policy's candidate set);
+        ``positive``: among the cases whose stored reward is > 0 only (the top-C of those, not a filtered top-C);
+        ``scope``/``filter``: among the cases of a scope whose metadata match, likewise."""
+        ...
 
-    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None: ...
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None,
+                          refine: int | None = None) -> None:
+        """Change the HNSW ``ef_search`` / IVF ``nprobe`` / exact re-ranking ``refine`` used by later searches
+        (not saved)."""
+        ...
 
     # ---- usage statistics and action vectors (the Q-network's case features)
-    def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None: ...
+    def record_usage(self, step: int, ids: Sequence[str], reward: float) -> None:
+        """Log that the cases ``ids`` were shown at ``step`` and the decision earned ``reward`` (in [0, 1];
+        stored)."""
+        ...
 
-    def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def usage_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shown_C, reward_sum_C)``: how often the cases at ``positions`` were shown and their summed reward."""
+        ...
 
-    def truncate_usage(self, step: int) -> int: ...
+    def truncate_usage(self, step: int) -> int:
+        """Forget every usage and evidence row logged at ``step`` or later (a resume to a checkpoint at ``step``);
+        returns how many were removed."""
+        ...
 
-    def record_evidence(self, step: int, ids: Sequence[str], weight: Any, value: Any) -> None: ...
+    def record_evidence(self, step: int, ids: Sequence[str], weight: Any, value: Any) -> None:
+        """Log what the planner's labels at ``step`` said of the cases ``ids`` (the soft-Q agent's per-case memory,
+        :mod:`memento.learn.evidence`): per case a finite ``weight >= 0`` (how much look-alike rivalry the label
+        had) and a finite ``value`` (its weighted label advantage over them)."""
+        ...
 
-    def evidence_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def evidence_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(count_C, weight_C, value_C)``: how often the cases at ``positions`` were labelled, and the sums of
+        their evidence weights and values (:meth:`record_evidence`)."""
+        ...
 
-    def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def action_embeddings_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(emb_CD, have_C)``: the stored action vectors at ``positions`` (zeros where ``have_C`` is False)."""
+        ...
 
-    def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None: ...
+    def set_action_embeddings(self, positions: Sequence[int] | np.ndarray, embeddings: Any) -> None:
+        """Store the action vectors of the cases at ``positions`` (``(C, D)`` float32)."""
+        ...
 
     # ---- followers and lifetime
-    def rows_on_disk(self) -> int: ...
+    def rows_on_disk(self) -> int:
+        """How many rows the store holds now (another process may have added some since open)."""
+        ...
 
-    def refresh(self) -> int: ...
+    def refresh(self) -> int:
+        """Take in the cases another process stored since this bank was opened (or last refreshed); returns how
+        many. Rows are never removed, so positions stay dense; the deletions another process made are seen by
+        the next search."""
+        ...
 
-    def flush(self) -> None: ...
+    def flush(self) -> None:
+        """Make what was written durable in the backend's own form (read-only: nothing)."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush and close. Safe to call twice."""
+        ...

@@ -105,10 +105,10 @@ def _check_encoder(bank: Bank, encoder: EncoderConfig | None) -> None:
     if encoder is None or recorded is None:
         return
     if (encoder.model, encoder.pooling) != (recorded.model, recorded.pooling):
-        from memento.bank.milvus import _encoder_id
+        from memento.bank.milvus import encoder_id
 
         bank.close()
-        raise BankError(f"{bank.path}: bank was filled by encoder {_encoder_id(recorded)}, not {_encoder_id(encoder)}")
+        raise BankError(f"{bank.path}: bank was filled by encoder {encoder_id(recorded)}, not {encoder_id(encoder)}")
 
 
 def open_bank(uri: str | Path | BankLocation, *, dim: int | None = None, encoder: EncoderConfig | None = None,

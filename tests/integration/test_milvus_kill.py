@@ -10,7 +10,7 @@ phases of an uninterrupted add:
   file and its manifest) to the end (the commit, milvus-lite's index build, the close);
 - ``index``: while milvus-lite writes the sealed segment's vector index file (``indexes/*.vector.flat.idx``,
   written in place by its background thread); a killed write leaves a torn file, which milvus-lite cannot load
-  (before the repair in ``memento.bank.milvus._load_collection``, no command opened such a bank).
+  (before the repair in ``memento.bank.milvusindex.load_collection``, no command opened such a bank).
 
 In every phase the child writes that index file as milvus-lite does (``np.save`` into the path opened for
 writing) through a file object that pauses after each 16 KiB (~70 ms for the whole file), so that kills land

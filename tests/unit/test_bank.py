@@ -1077,14 +1077,14 @@ def test_scores_a_few_last_places_apart_are_one_tie_in_position_order() -> None:
     """An index may score two equal vectors one unit in the last place apart (other SIMD lanes, another CPU):
     such runs are one tie, given the run's first score and ordered by position; real gaps and padding keep
     their order, and the vectors follow their rows."""
-    from memento.bank.front import _order_ties
+    from memento.bank.front import order_ties
 
     near = np.nextafter(np.float32(0.9697622), np.float32(1.0))
     scores_BK = np.array([[near, np.float32(0.9697622), np.float32(0.5), -np.inf],
                           [np.float32(0.8), np.float32(0.7), np.float32(0.7), -np.inf]], dtype=np.float32)
     labels_BK = np.array([[17, 15, 3, -1], [9, 8, 2, -1]], dtype=np.int64)
     vectors_BKD = labels_BK[..., None].astype(np.float32)
-    scores, labels, vectors = _order_ties(scores_BK, labels_BK, vectors_BKD)
+    scores, labels, vectors = order_ties(scores_BK, labels_BK, vectors_BKD)
     assert labels.tolist() == [[15, 17, 3, -1], [9, 2, 8, -1]]
     assert scores[0, 0] == scores[0, 1] == near and scores[0, 2] == np.float32(0.5) and scores[0, 3] == -np.inf
     assert vectors[..., 0].tolist() == labels.astype(np.float32).tolist()

@@ -11,6 +11,7 @@ server (``milvus-lite server``, the same Milvus API over the network) in a child
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 
 from memento.bank import Bank, CaseBank, MilvusBank, MilvusOptions, bank_exists, create_bank, open_bank
+from memento.bank.front import BankFront
 from memento.bank.uri import parse_bank_uri
 from memento.config import EncoderConfig
 from memento.errors import BankError, DataFormatError, DimensionError, NotABankError, UnknownCaseError
@@ -119,6 +121,38 @@ def filled(bank: Bank, rng: np.random.Generator):
 def test_both_backends_implement_the_protocol(bank: Bank) -> None:
     assert isinstance(bank, Bank)
     assert isinstance(bank, (CaseBank, MilvusBank))
+    for name in Bank.__annotations__:  # the data members (uid, config, read_only, audit), set by the front
+        assert hasattr(bank, name), name
+
+
+def _protocol_members() -> dict[str, object]:
+    """The operations :class:`Bank` documents: its methods and properties (the data members are checked on a bank)."""
+    dunders = ("__len__", "__enter__", "__exit__")
+    return {name: member for name, member in vars(Bank).items()
+            if (isinstance(member, property) or inspect.isfunction(member))
+            and (not name.startswith("_") or name in dunders)}
+
+
+def _parameters(function: object) -> list[tuple[str, object, object]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]  # type: ignore
+
+
+@pytest.mark.parametrize("implementation", [BankFront, CaseBank, MilvusBank], ids=lambda cls: cls.__name__)
+def test_the_front_and_every_backend_have_each_protocol_member(implementation: type) -> None:
+    """The protocol is the one description of the bank API: the front (and so each back end) has every member it
+    documents, a property where it is one and the same parameters (names, kinds, defaults) where it is a method;
+    and the front adds no public operation the protocol does not document."""
+    members = _protocol_members()
+    assert len(members) >= 40 and "add" in members and "path" in members
+    for name, spec in members.items():
+        impl = inspect.getattr_static(implementation, name, None)
+        assert impl is not None, f"{implementation.__name__} has no {name}"
+        if isinstance(spec, property):
+            assert isinstance(impl, property), f"{implementation.__name__}.{name} is not a property"
+        else:
+            assert _parameters(spec) == _parameters(getattr(implementation, name)), f"{implementation.__name__}.{name}"
+    public = {name for name in dir(BankFront) if not name.startswith("_")}
+    assert public <= set(members), f"BankFront operations not in the protocol: {sorted(public - set(members))}"
 
 
 def test_add_ids_dedupe_and_allow_duplicates(filled, rng) -> None:

@@ -184,10 +184,7 @@ def test_importing_the_runs_and_the_selector_loads_the_policies_but_not_training
 BELOW_THE_PLANNER = ("memento.learn", "memento.bank")
 """Packages that learn from data or hold it, and so never reach a planner, a run, the selector or the service."""
 ABOVE_LEARNING = ("memento.planners", "memento.runs", "memento.selector", "memento.serve")
-PRIVATE_IMPORTS_ALLOWED = {
-    ("memento.bank.uri", "memento.bank.milvus", "_encoder_id"):
-        "memento/bank/milvus.py is being split (issue 42); the encoder's name becomes public there",
-}
+PRIVATE_IMPORTS_ALLOWED: dict[tuple[str, str, str], str] = {}
 """``(importer, module, name)`` -> why it is still imported; each entry is a debt, not a permission."""
 
 
