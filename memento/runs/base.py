@@ -1,18 +1,24 @@
 """The run skeleton the question-answering loop, the game loop and the Ray driver share.
 
-A run kind writes only its step, split in two hooks (as Stable-Baselines3 writes its collect loop once):
+A run kind declares a :class:`RunSpec` once (its name, config class and length field, its unit, stream, counters,
+time components, logs...) and writes its step, split in two hooks (as Stable-Baselines3 writes its collect loop
+once), with :meth:`Run._stream` (the stream's length and fingerprint):
 
-- :meth:`Run._act`: one unit of work (a round of B tasks, an episode) from the current bank and policy:
-  candidates -> select -> plan / act -> judge -> credit;
-- :meth:`Run._commit`: what the unit changes: retain -> observe -> usage -> log (the step counters advance).
+- :meth:`Run._act`: one unit of work (a round of B tasks, a game's command) from the current bank and policy:
+  candidates -> select -> plan / act -> judge -> credit; it writes nothing;
+- :meth:`Run._commit`: everything the unit changes, in order: labels -> retain -> observe -> usage -> log (the step
+  counters advance).
 
-:class:`Run` owns the rest: the seeds (``numpy.random.SeedSequence(seed).spawn``: stream 0 the task or game order,
-1 the policy's draws, 2 and 3 the Q-network and learner seeds, 4 a run kind's own, e.g. the game actor's draws), the
-run directory (:class:`~memento.runs.rundir.RunDir`), the bank, the policy, the counters and millisecond totals,
-checkpoints (``state.json`` with the common state plus :meth:`Run._checkpoint_state`, copies of the run's logs, the
-policy's own state) and resume (bank rolled back, logs restored, RNG states and counters reloaded), TensorBoard,
-the progress bar and the summary. The memory systems (:class:`~memento.systems.runtime.MemorySystems`) are built for
-every run: with none configured each of their hooks does nothing.
+The few other hooks are optional and narrow (:meth:`Run._next_unit`, :meth:`Run._begin`: what a unit needs in the
+bank before it acts, :meth:`Run._checkpoint_due`, :meth:`Run._summary`, ...). :class:`Run` owns the rest: the seeds
+(``numpy.random.SeedSequence(seed).spawn``: stream 0 the task or game order, 1 the policy's draws, 2 and 3 the
+Q-network and learner seeds, 4 a run kind's own, e.g. the game actor's draws), the run directory
+(:class:`~memento.runs.rundir.RunDir`), the bank, the policy, the counters and millisecond totals, checkpoints
+(``state.json`` with the common state plus :meth:`Run._checkpoint_state`, copies of the run's logs, the policy's
+own state; one after each unit when due) and resume (bank rolled back, logs restored, RNG states and counters
+reloaded), TensorBoard, the progress bar and the summary (the common entries, then :meth:`Run._summary`'s). The
+memory systems (:class:`~memento.systems.runtime.MemorySystems`) are built for every run: with none configured
+each of their hooks does nothing.
 
 :func:`loop_policy` is the one place that maps a policy kind to the runs' default config.
 """

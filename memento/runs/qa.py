@@ -57,10 +57,11 @@ equals a longer run outright when the old ``steps`` was a multiple of ``batch_si
 round was shorter).
 
 **Structure.** The run (seeds, run directory, bank, policy, checkpoints, resume, TensorBoard, progress, summary)
-is :class:`memento.runs.base.Run`'s; :class:`OnlineLoop` writes a round's two halves: ``_act`` (encode ->
-candidates -> select -> plan -> judge -> credit -> labels, the planner's part being :func:`rollout`, which the Ray
-rollout workers call too) and ``_commit`` (retain -> observe -> usage -> log, which the Ray driver calls with a
-worker's result).
+is :class:`memento.runs.base.Run`'s; :class:`OnlineLoop` declares its ``RunSpec`` and writes a round's two halves:
+``_act`` (encode -> candidates -> select -> plan -> judge -> credit -> labels scored, the planner's part being
+:func:`rollout`, which the Ray rollout workers call too; it writes nothing) and ``_commit`` (labels written ->
+retain -> observe -> usage -> log, which the Ray driver calls with a worker's result); CFGM's focus point of a new
+environment goes into the bank before the round acts (``_begin``).
 
 **Threads.** The library never calls ``torch.set_num_threads`` (global state); the ``memento online``
 command has ``--torch-threads`` for that.
