@@ -1,18 +1,24 @@
 """The run skeleton the question-answering loop, the game loop and the Ray driver share.
 
-A run kind writes only its step, split in two hooks (as Stable-Baselines3 writes its collect loop once):
+A run kind declares a :class:`RunSpec` once (its name, config class and length field, its unit, stream, counters,
+time components, logs...) and writes its step, split in two hooks (as Stable-Baselines3 writes its collect loop
+once), with :meth:`Run._stream` (the stream's length and fingerprint):
 
-- :meth:`Run._act`: one unit of work (a round of B tasks, an episode) from the current bank and policy:
-  candidates -> select -> plan / act -> judge -> credit;
-- :meth:`Run._commit`: what the unit changes: retain -> observe -> usage -> log (the step counters advance).
+- :meth:`Run._act`: one unit of work (a round of B tasks, a game's command) from the current bank and policy:
+  candidates -> select -> plan / act -> judge -> credit; it writes nothing;
+- :meth:`Run._commit`: everything the unit changes, in order: labels -> retain -> observe -> usage -> log (the step
+  counters advance).
 
-:class:`Run` owns the rest: the seeds (``numpy.random.SeedSequence(seed).spawn``: stream 0 the task or game order,
-1 the policy's draws, 2 and 3 the Q-network and learner seeds, 4 a run kind's own, e.g. the game actor's draws), the
-run directory (:class:`~memento.runs.rundir.RunDir`), the bank, the policy, the counters and millisecond totals,
-checkpoints (``state.json`` with the common state plus :meth:`Run._checkpoint_state`, copies of the run's logs, the
-policy's own state) and resume (bank rolled back, logs restored, RNG states and counters reloaded), TensorBoard,
-the progress bar and the summary. The memory systems (:class:`~memento.systems.runtime.MemorySystems`) are built for
-every run: with none configured each of their hooks does nothing.
+The few other hooks are optional and narrow (:meth:`Run._next_unit`, :meth:`Run._begin`: what a unit needs in the
+bank before it acts, :meth:`Run._checkpoint_due`, :meth:`Run._summary`, ...). :class:`Run` owns the rest: the seeds
+(``numpy.random.SeedSequence(seed).spawn``: stream 0 the task or game order, 1 the policy's draws, 2 and 3 the
+Q-network and learner seeds, 4 a run kind's own, e.g. the game actor's draws), the run directory
+(:class:`~memento.runs.rundir.RunDir`), the bank, the policy, the counters and millisecond totals, checkpoints
+(``state.json`` with the common state plus :meth:`Run._checkpoint_state`, copies of the run's logs, the policy's
+own state; one after each unit when due) and resume (bank rolled back, logs restored, RNG states and counters
+reloaded), TensorBoard, the progress bar and the summary (the common entries, then :meth:`Run._summary`'s). The
+memory systems (:class:`~memento.systems.runtime.MemorySystems`) are built for every run: with none configured
+each of their hooks does nothing.
 
 The runs' default config of each policy kind comes from the policy registry (:func:`memento.policies.loop_policy`).
 """
@@ -27,9 +33,9 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -53,12 +59,19 @@ from memento.io import atomic_write
 from memento.learn.features import CaseFeaturizer
 from memento.learn.policy import Policy, PolicyContext, PolicyFactory
 from memento.policies import PolicyConfig, check_policy, loop_policy
-from memento.runs.rundir import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, RunDir, check_saved_config, write_json
+from memento.runs.rundir import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_FORMAT_VERSION,
+    CHECKPOINT_KINDS,
+    RunDir,
+    check_saved_config,
+    write_json,
+)
 from memento.systems.runtime import MemorySystems, SystemsConfig
 from memento.types import Selection
 
-__all__ = ["Run", "RunConfig", "TaskOrder", "crossed", "encode_checked", "restore_bank", "run_bank", "selection_fields",
-           "task_order", "timed", "torch_seed"]
+__all__ = ["COMMON_COUNTERS", "TASKS", "Run", "RunConfig", "RunSpec", "Step", "Stream", "TaskOrder", "crossed",
+           "encode_checked", "restore_bank", "run_bank", "selection_fields", "task_order", "timed", "torch_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -262,38 +275,104 @@ def restore_bank(ckpt: Path, state: dict[str, Any], bank: CaseBank) -> None:
 # ---------------------------------------------------------------- the skeleton
 
 
-class Run:
-    """One run over a stream of units (see the module docstring). A run kind sets the class attributes, implements
-    :meth:`_act` and :meth:`_commit` and the small hooks below (``_fingerprint``, ``_done``, ``_next_unit``,
-    ``_summary``...); :meth:`run` does the rest.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stream:
+    """What a run's order draws from, as its files name it: ``noun`` in messages (``55 tasks``), ``changed`` when a
+    resume finds another one (``saved for another task list``), and the keys of its fingerprint (``state.json``,
+    ``run.json``) and of its length (``state.json``)."""
 
-    ``UNIT`` names the progress unit: the config's ``<UNIT>s`` field is the run's length and ``state.json``'s
-    ``<UNIT>`` key its position; ``STREAM`` names what the order draws from (``<STREAM>_fingerprint`` and
-    ``n_<STREAM>`` in ``state.json``); a unit returned by :meth:`_next_unit` has a ``start_step``.
+    noun: str
+    changed: str
+    fingerprint_key: str
+    size_key: str
+
+
+TASKS = Stream(noun="tasks", changed="another task list", fingerprint_key="tasks_fingerprint", size_key="n_tasks")
+"""A stream of tasks (the question-answering loop's, and the default)."""
+
+COMMON_COUNTERS = ("retained", "duplicates", "memory_tokens")
+"""Counters every run has (the common summary reports them); a spec's own come first, in its order."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What a run kind declares once (``SPEC``), and :class:`Run` reads:
+
+    - ``name``: the run in messages (``a game run's checkpoint``); ``config``: its config class (a
+      :class:`RunConfig`); ``length``: the config field holding the run's length, in units (``steps``);
+    - ``unit``: what the progress counts, in log lines and as the ``state.json`` key of a checkpoint's position
+      (``step``, or ``episode`` written by the kind's :meth:`Run._checkpoint_state`); ``bar_unit``: the progress
+      bar's unit; ``rate``: the moving rate the bar shows;
+    - ``stream``: what the order draws from (:class:`Stream`);
+    - ``counters``: the kind's counters (``state.json``, the summary), the :data:`COMMON_COUNTERS` added after
+      them; ``components``: where a step's time goes (``ms_totals``, ``ms_per_step``; ``checkpoint`` added last);
+    - ``resumable``: the config fields a resume may change; ``rngs``: the generators the run draws from, by name
+      and seed stream (``policy_rng`` is the policy's); ``logs``: the run files a checkpoint copies;
+    - ``checkpoint_kind``: ``state.json``'s ``kind`` (none: untagged); ``final_checkpoint``: a checkpoint at the
+      end even when the last unit wrote none (a resumed finished run too); ``trajectory``: which cases the memory
+      systems read as the run's own trajectories (:class:`~memento.systems.runtime.MemorySystems`).
     """
 
-    config_class: ClassVar[type[RunConfig]] = RunConfig
-    COMPONENTS: ClassVar[tuple[str, ...]] = ()
-    RESUMABLE: ClassVar[tuple[str, ...]] = ()
-    COUNTERS: ClassVar[tuple[str, ...]] = ()
-    RNGS: ClassVar[dict[str, int]] = {"policy_rng": 1}
-    LOGS: ClassVar[tuple[str, ...]] = (RunDir.STEPS,)
-    UNIT: ClassVar[str] = "step"
-    STREAM: ClassVar[str] = "tasks"
-    STREAM_CHANGED: ClassVar[str] = "another task list"
-    KIND: ClassVar[str | None] = None
-    KIND_NAME: ClassVar[str] = "question-answering"
-    BAR_UNIT: ClassVar[str] = "task"
-    RATE_NAME: ClassVar[str] = "success"
-    FINAL_CHECKPOINT: ClassVar[bool] = False
-    TRAJECTORY: ClassVar[Any] = None
+    name: str
+    config: type[RunConfig]
+    length: str
+    unit: str = "step"
+    bar_unit: str = "task"
+    rate: str = "success"
+    stream: Stream = TASKS
+    counters: tuple[str, ...] = ()
+    components: tuple[str, ...] = ()
+    resumable: tuple[str, ...] = ()
+    rngs: tuple[tuple[str, int], ...] = (("policy_rng", 1),)
+    logs: tuple[str, ...] = (RunDir.STEPS,)
+    checkpoint_kind: str | None = None
+    final_checkpoint: bool = False
+    trajectory: Callable[[Any], bool] | None = None
+
+    def __post_init__(self) -> None:
+        fields = {f.name for f in dataclasses.fields(self.config)} if dataclasses.is_dataclass(self.config) else set()
+        if self.length not in fields:
+            raise ConfigError(f"RunSpec {self.name!r}: length={self.length!r} is not a field of "
+                              f"{getattr(self.config, '__name__', self.config)!r}")
+        if not any(name == "policy_rng" for name, _ in self.rngs):
+            raise ConfigError(f"RunSpec {self.name!r}: rngs={self.rngs!r} has no policy_rng")
+        if any(not 0 <= index < SEED_STREAMS for _, index in self.rngs):
+            raise ConfigError(f"RunSpec {self.name!r}: rngs={self.rngs!r}: streams are 0..{SEED_STREAMS - 1}")
+
+    @property
+    def all_counters(self) -> tuple[str, ...]:
+        """``counters`` with the :data:`COMMON_COUNTERS` it lacks."""
+        return self.counters + tuple(c for c in COMMON_COUNTERS if c not in self.counters)
+
+    @property
+    def all_components(self) -> tuple[str, ...]:
+        """``components`` with ``checkpoint`` when it lacks it."""
+        return self.components + (() if "checkpoint" in self.components else ("checkpoint",))
+
+
+class Step(NamedTuple):
+    """The default unit: the one step at ``start_step``."""
+
+    start_step: int
+
+
+class Run:
+    """One run over a stream of units (see the module docstring). A run kind declares its :class:`RunSpec`
+    (``SPEC``) and writes :meth:`_stream`, :meth:`_act` and :meth:`_commit`; :meth:`run` does the rest. The other
+    hooks below are optional: a unit is one step (:meth:`_next_unit`), the progress is the step
+    (:meth:`_done`), the kind adds nothing to the summary (:meth:`_summary`) or to a checkpoint
+    (:meth:`_checkpoint_state`), has no state of its own to reset or restore (:meth:`_reset`, :meth:`_resumed`), and
+    needs nothing written before a unit acts (:meth:`_begin`). A unit has a ``start_step``.
+    """
+
+    SPEC: ClassVar[RunSpec]
 
     def __init__(self, config: RunConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Any,
                  out_dir: str | Path, bank_dir: str | Path | None = None, device: str | torch.device = "cpu",
                  resume: bool = False, progress: bool = False):
         name = type(self).__name__
-        if not isinstance(config, self.config_class):
-            raise ConfigError(f"{name}: config={type(config).__name__}: must be a {self.config_class.__name__}")
+        if not isinstance(config, self.SPEC.config):
+            raise ConfigError(f"{name}: config={type(config).__name__}: must be a {self.SPEC.config.__name__}")
         if not callable(make_policy):
             raise ConfigError(f"{name}: make_policy={make_policy!r} is not callable (config, context) -> Policy "
                               "(pass memento.policies.make_policy)")
@@ -313,17 +392,38 @@ class Run:
         self.dim = dim
         self.handles: dict[Path, Any] = {}
 
-    # ------------------------------------------------------------------ hooks (a run kind implements these)
+    # ------------------------------------------------------------------ hooks: a run kind writes the first three
 
-    def _fingerprint(self) -> str:
+    def _stream(self) -> tuple[int, str]:
+        """The stream the order draws from: its length and its fingerprint (a resume must see the same)."""
         raise NotImplementedError
 
-    def _stream_length(self) -> int:
+    def _act(self, bank: CaseBank, unit: Any) -> Any:
+        """One unit of work from the current bank and policy (candidates -> select -> plan / act -> judge ->
+        credit): what it chose and what came of it, with nothing written (bank, learner, run files)."""
         raise NotImplementedError
+
+    def _commit(self, bank: CaseBank, acted: Any) -> Any:
+        """What the unit changes (retain -> observe -> usage -> labels and logs), in the order it is written; the
+        step advances here."""
+        raise NotImplementedError
+
+    def _next_unit(self) -> Any:
+        """The next unit of work (default: the one step at ``self.step``)."""
+        return Step(self.step)
+
+    def _begin(self, bank: CaseBank, unit: Any) -> None:
+        """What a unit needs in the bank before it acts (default: nothing; a memory system's items that the unit
+        retrieves, e.g. CFGM's focus point of a new environment)."""
 
     def _done(self) -> int:
-        """Units done so far (the progress bar's position)."""
+        """Units done so far (the progress bar's position; default: the step)."""
         return self.step
+
+    def _checkpoint_due(self, unit: Any) -> bool:
+        """A checkpoint after ``unit`` (default: at the end, and after a unit whose steps crossed a multiple of
+        ``checkpoint_every``)."""
+        return self._done() == self._total() or crossed(unit.start_step, self.step, self.config.checkpoint_every)
 
     def _reset(self) -> None:
         """The kind's own state at the start of :meth:`run` (before a resume restores it)."""
@@ -331,31 +431,24 @@ class Run:
     def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
         """Resume: the kind's own state from the checkpoint (its logs are already restored)."""
 
-    def _checkpoint_state(self, in_progress: Any) -> dict[str, Any]:
+    def _checkpoint_state(self) -> dict[str, Any]:
         """The kind's own entries of ``state.json``."""
         return {}
 
     def _logs(self) -> list[Path]:
         """The run's logs a checkpoint copies (open for appending while the run drives)."""
-        return [self.out_dir / name for name in self.LOGS]
+        return [self.out_dir / name for name in self.SPEC.logs]
 
     def _recent(self) -> deque[float]:
-        raise NotImplementedError
+        """The last ``window`` outcomes, as the progress bar's moving rate starts (default: none yet)."""
+        return deque(maxlen=self.config.window)
 
     def _desc(self) -> str:
         return f"online {self.config.policy_kind}"
 
-    def _next_unit(self) -> Any:
-        raise NotImplementedError
-
-    def _act(self, bank: CaseBank, unit: Any) -> Any:
-        raise NotImplementedError
-
-    def _commit(self, bank: CaseBank, acted: Any) -> Any:
-        raise NotImplementedError
-
-    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
-        raise NotImplementedError
+    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+        """The kind's entries of the summary, after the common ones (default: none)."""
+        return {}
 
     def _log_summary(self, summary: dict[str, Any]) -> None:
         logger.info("%s: %d steps, success %.3f, bank %d -> %d", self._desc(), summary["steps"],
@@ -364,7 +457,7 @@ class Run:
     # ------------------------------------------------------------------ setup
 
     def _total(self) -> int:
-        return int(getattr(self.config, self.UNIT + "s"))
+        return int(getattr(self.config, self.SPEC.length))
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         return encode_checked(self.encoder, self.dim, texts)
@@ -389,21 +482,21 @@ class Run:
         describe = getattr(self.encoder, "describe", None)
         return {"policy": self.config.policy_kind, "device": str(self.device),
                 "encoder": describe() if callable(describe) else repr(self.encoder), "planner": repr(self.planner),
-                f"{self.STREAM}_fingerprint": self.fingerprint,
+                self.SPEC.stream.fingerprint_key: self.fingerprint,
                 "seed_bank": None if self.bank_dir is None else str(self.bank_dir),
                 "torch": torch.__version__, "numpy": np.__version__}
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _timed_checkpoint(self, bank: CaseBank, in_progress: Any = None) -> None:
+    def _timed_checkpoint(self, bank: CaseBank) -> None:
         t0 = time.perf_counter()
-        self._checkpoint(bank, in_progress)
+        self._checkpoint(bank)
         self.ms_totals["checkpoint"] += (time.perf_counter() - t0) * 1000.0
-        self._checkpointed_at_end = in_progress is None and self._done() == self._total()
+        self._checkpointed_at_end = self._done() == self._total()
 
-    def _checkpoint(self, bank: CaseBank, in_progress: Any = None) -> None:
+    def _checkpoint(self, bank: CaseBank) -> None:
         """Write a complete checkpoint into checkpoint.tmp, then swap it in for checkpoint."""
-        cfg = self.config
+        cfg, spec = self.config, self.SPEC
         tmp = self.run_dir.begin_checkpoint()
         bank.flush()
         for path, handle in self.handles.items():
@@ -417,28 +510,30 @@ class Run:
                  "bank_size_start": self.bank_size_start, "counters": dict(self.counters),
                  "ms_totals": dict(self.ms_totals),
                  **{name: rng.bit_generator.state for name, rng in self.rngs.items()},
-                 f"{self.STREAM}_fingerprint": self.fingerprint, f"n_{self.STREAM}": self._stream_length(),
-                 **self._checkpoint_state(in_progress), "time": time.time()}
+                 spec.stream.fingerprint_key: self.fingerprint, spec.stream.size_key: self.stream_size,
+                 **self._checkpoint_state(), "time": time.time()}
         write_json(tmp / RunDir.STATE, state)  # last: its presence marks the checkpoint complete
         final = self.run_dir.commit_checkpoint(tmp)
-        logger.info("checkpoint at step %d, %s %d (%d cases in the bank) in %s", self.step, self.UNIT, self._done(),
+        logger.info("checkpoint at step %d, %s %d (%d cases in the bank) in %s", self.step, spec.unit, self._done(),
                     len(bank), final)
 
     def _check_checkpoint(self, ckpt: Path, state: dict[str, Any]) -> None:
         """A checkpoint of this kind of run, config (but for the resumable fields), stream and length."""
-        if state.get("kind") != self.KIND:
-            other = "question-answering" if state.get("kind") is None else "game"
-            raise CheckpointError(f"{ckpt}: a {other} run's checkpoint, not a {self.KIND_NAME} run's")
-        check_saved_config(ckpt, self.config_class, self.config, self.RESUMABLE)
-        key, n = f"{self.STREAM}_fingerprint", f"n_{self.STREAM}"
+        spec = self.SPEC
+        kind = state.get("kind")
+        if kind != spec.checkpoint_kind:
+            other = CHECKPOINT_KINDS.get(kind, repr(kind))
+            raise CheckpointError(f"{ckpt}: a {other} run's checkpoint, not a {spec.name} run's")
+        check_saved_config(ckpt, spec.config, self.config, spec.resumable)
+        stream, key, n = spec.stream.noun, spec.stream.fingerprint_key, spec.stream.size_key
         if state[key] != self.fingerprint:
-            raise CheckpointError(f"{ckpt}: saved for {self.STREAM_CHANGED} ({state[n]} {self.STREAM}, fingerprint "
-                                  f"{state[key][:12]}); now {self._stream_length()} {self.STREAM}, fingerprint "
+            raise CheckpointError(f"{ckpt}: saved for {spec.stream.changed} ({state[n]} {stream}, fingerprint "
+                                  f"{state[key][:12]}); now {self.stream_size} {stream}, fingerprint "
                                   f"{self.fingerprint[:12]}")
-        position = int(state[self.UNIT])
+        position = int(state[spec.unit])
         if position > self._total():
-            raise CheckpointError(f"{ckpt}: the checkpoint is at {self.UNIT} {position}, beyond "
-                                  f"{self.UNIT}s={self._total()}")
+            raise CheckpointError(f"{ckpt}: the checkpoint is at {spec.unit} {position}, beyond "
+                                  f"{spec.length}={self._total()}")
 
     def _restore(self, ckpt: Path, bank: CaseBank) -> None:
         state = RunDir.read_state(ckpt)
@@ -457,37 +552,38 @@ class Run:
             atomic_write(path, lambda dst, src=ckpt / path.name: shutil.copyfile(src, dst))
         self._resumed(ckpt, state)
         self.run_dir.adopt_checkpoint(ckpt)
-        logger.info("resumed %s at step %d, %s %d of %d (%d cases in the bank)", self._desc(), self.step, self.UNIT,
+        logger.info("resumed %s at step %d, %s %d of %d (%d cases in the bank)", self._desc(), self.step,
+                    self.SPEC.unit,
                     self._done(), self._total(), len(bank))
 
     # ------------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
         """Run (or finish) the stream; returns the summary (also written to ``out_dir/summary.json``)."""
-        cfg = self.config
+        cfg, spec = self.config, self.SPEC
         started = time.perf_counter()
-        self.fingerprint = self._fingerprint()
+        self.stream_size, self.fingerprint = self._stream()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.run_dir.start(self.resume)
         seeds = np.random.SeedSequence(cfg.seed).spawn(SEED_STREAMS)
-        self.order = TaskOrder(self._stream_length(), self._total(), seeds[0], shuffle=cfg.shuffle)
-        self.rngs = {name: np.random.Generator(np.random.PCG64(seeds[i])) for name, i in self.RNGS.items()}
+        self.order = TaskOrder(self.stream_size, self._total(), seeds[0], shuffle=cfg.shuffle)
+        self.rngs = {name: np.random.Generator(np.random.PCG64(seeds[i])) for name, i in spec.rngs}
         self.policy_rng = self.rngs["policy_rng"]
         self.step = 0
-        self.counters: dict[str, Any] = dict.fromkeys(self.COUNTERS, 0)
-        self.ms_totals: dict[str, float] = dict.fromkeys(self.COMPONENTS, 0.0)
+        self.counters: dict[str, Any] = dict.fromkeys(spec.all_counters, 0)
+        self.ms_totals: dict[str, float] = dict.fromkeys(spec.all_components, 0.0)
         self._checkpointed_at_end = False
         self._reset()
         bank = self._make_bank() if ckpt is None else CaseBank.open(self.run_dir.bank, dim=self.dim,
                                                                    use_gpu=use_gpu_for(self.device))
         try:
             self.systems = MemorySystems(cfg.systems, planner=self.planner, encode=self._encode,
-                                         cache_path=self.out_dir / "memory_calls.jsonl", trajectory=self.TRAJECTORY)
+                                         cache_path=self.out_dir / "memory_calls.jsonl", trajectory=spec.trajectory)
             self.policy = self._build_policy(seeds, bank)
             if ckpt is None:
                 self.bank_size_start = len(bank)
                 write_json(self.run_dir.config_path, to_dict(cfg))
-                for name in self.LOGS:
+                for name in spec.logs:
                     (self.out_dir / name).write_bytes(b"")
             else:
                 self._restore(ckpt, bank)
@@ -521,7 +617,7 @@ class Run:
 
         self.writer = self._tensorboard()
         self.recent = self._recent()
-        self.bar = tqdm(total=self._total(), initial=self._done(), desc=self._desc(), unit=self.BAR_UNIT,
+        self.bar = tqdm(total=self._total(), initial=self._done(), desc=self._desc(), unit=self.SPEC.bar_unit,
                         disable=not self.progress, dynamic_ncols=True)
         try:
             with contextlib.ExitStack() as stack:
@@ -533,7 +629,8 @@ class Run:
             if self.writer is not None:
                 self.writer.close()
         has_model = self.policy.save_model(self.run_dir.selector)
-        summary = self._summary(bank, time.perf_counter() - started, self.resumed_from, has_model)
+        summary = {**self._common_summary(bank, time.perf_counter() - started, self.resumed_from, has_model),
+                   **self._summary(bank)}
         write_json(self.run_dir.summary_path, summary)
         self._log_summary(summary)
         return summary
@@ -543,25 +640,24 @@ class Run:
         while self._done() < self._total():
             unit = self._next_unit()
             before = self._done()
+            self._begin(bank, unit)
             self._commit(bank, self._act(bank, unit))
             self._advanced(bank, self._done() - before)
-            self._checkpoint_if_due(bank, unit.start_step)
-        if self.FINAL_CHECKPOINT and self._done() == self._total() and not self._checkpointed_at_end:
+            if self._checkpoint_due(unit):
+                self._timed_checkpoint(bank)
+        if self.SPEC.final_checkpoint and self._done() == self._total() and not self._checkpointed_at_end:
             self._timed_checkpoint(bank)
 
     def _advanced(self, bank: CaseBank, units: int) -> None:
-        self.bar.update(units)
-        self.bar.set_postfix(**{self.RATE_NAME: f"{np.mean(self.recent):.2f}"}, bank=len(bank))
-
-    def _checkpoint_if_due(self, bank: CaseBank, start_step: int) -> None:
-        """A checkpoint at the end, and after a unit whose steps crossed a multiple of ``checkpoint_every``."""
-        if self._done() == self._total() or crossed(start_step, self.step, self.config.checkpoint_every):
-            self._timed_checkpoint(bank)
+        if units:  # a unit that finished none (a game's command before the episode's last) leaves the bar as it is
+            self.bar.update(units)
+            rate = {self.SPEC.rate: f"{np.mean(self.recent):.2f}"} if self.recent else {}  # none yet: no rate
+            self.bar.set_postfix(**rate, bank=len(bank))
 
     # ------------------------------------------------------------------ summary
 
     def _ms_per_step(self, steps: int) -> dict[str, float]:
-        ms = {name: self.ms_totals[name] / max(1, steps) for name in self.COMPONENTS}
+        ms = {name: self.ms_totals[name] / max(1, steps) for name in self.SPEC.all_components}
         ms["total"] = sum(ms.values())
         return ms
 

@@ -54,6 +54,7 @@ ends in the state an uninterrupted run reaches (bank, Q-network weights, per-ste
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -82,7 +83,7 @@ from memento.io import parse_json
 from memento.learn.policy import Observation, Policy, PolicyFactory
 from memento.planners.actor import ActorChoice, ActorConfig, CommandActor
 from memento.policies import SoftQConfig
-from memento.runs.base import Run, RunConfig, selection_fields, timed
+from memento.runs.base import Run, RunConfig, RunSpec, Stream, selection_fields, timed
 from memento.runs.qa import success_by_window
 from memento.runs.rundir import RunDir
 from memento.systems.items import memory_tokens
@@ -107,6 +108,9 @@ RESUMABLE_CHANGES = ("episodes", "checkpoint_every", "tensorboard")
 """GameLoopConfig fields a resumed run may change; any other difference is refused."""
 
 CHECKPOINT_KIND = "games"
+
+GAMES = Stream(noun="games", changed="other games", fingerprint_key="games_fingerprint", size_key="n_games")
+"""A stream of game files (``state.json``: ``games_fingerprint``, ``n_games``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -311,16 +315,15 @@ def _tried_key(state: GameState) -> str:
 
 
 @dataclasses.dataclass
-class _Played:
-    """An episode's act: the episode, its final state, the game's name and type, the policy version that chose, and
-    the seconds per component since the last checkpoint."""
+class _Commanded:
+    """A command's act: the episode it belongs to, the step it made (``None``: the game was over before one), the
+    actor's choice, the game's state after it and the memory tokens the actor was shown."""
 
     episode: _Episode
-    final: GameState
-    game: str
-    env_name: str
-    version: int
-    ms: dict[str, float]
+    step: _Step | None
+    choice: ActorChoice | None
+    after: GameState
+    memory_tokens: int = 0
 
 
 class GameLoop(Run):
@@ -334,24 +337,20 @@ class GameLoop(Run):
     - ``out_dir``: the run directory; ``bank_dir``: a starting bank (copied; the original is not changed);
     - ``resume``: continue from ``out_dir``'s checkpoint (without one, start afresh).
 
-    The run itself is :class:`~memento.runs.base.Run`'s; a unit is an episode: :meth:`_act` plays it (with the
-    checkpoints due inside it), :meth:`_commit` learns from it, retains it and logs it.
+    The run itself is :class:`~memento.runs.base.Run`'s; a unit is one command of the episode in progress:
+    :meth:`_begin` starts the episode (the game reset, or replayed to a checkpoint; CFGM's focus point),
+    :meth:`_act` chooses the cases and the command and plays it, :meth:`_commit` logs the step and, at the
+    episode's end, learns from the episode, retains it and logs it. A checkpoint falls after a command that brought
+    the step count to a multiple of ``checkpoint_every`` (mid-episode), and after an episode whose steps crossed
+    one.
     """
 
-    config_class = GameLoopConfig
-    COMPONENTS = GAME_COMPONENTS
-    RESUMABLE = RESUMABLE_CHANGES
-    COUNTERS = ("retained", "duplicates", "invalid", "unusable", "from_case", "decisions", "memory_tokens")
-    RNGS = {"policy_rng": 1, "actor_rng": 4}
-    LOGS = (RunDir.STEPS, RunDir.EPISODES)
-    UNIT = "episode"
-    STREAM = "games"
-    STREAM_CHANGED = "other games"
-    KIND = CHECKPOINT_KIND
-    KIND_NAME = "game"
-    BAR_UNIT = "episode"
-    RATE_NAME = "won"
-    FINAL_CHECKPOINT = True
+    SPEC = RunSpec(name="game", config=GameLoopConfig, length="episodes", unit="episode", bar_unit="episode",
+                   rate="won", stream=GAMES, components=GAME_COMPONENTS,
+                   counters=("retained", "duplicates", "invalid", "unusable", "from_case", "decisions",
+                             "memory_tokens"),
+                   resumable=RESUMABLE_CHANGES, rngs=(("policy_rng", 1), ("actor_rng", 4)),
+                   logs=(RunDir.STEPS, RunDir.EPISODES), checkpoint_kind=CHECKPOINT_KIND, final_checkpoint=True)
 
     def __init__(self, config: GameLoopConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Any,
                  games: Sequence[str | Path], out_dir: str | Path, bank_dir: str | Path | None = None,
@@ -368,11 +367,8 @@ class GameLoop(Run):
 
     # ------------------------------------------------------------------ the skeleton's hooks
 
-    def _fingerprint(self) -> str:
-        return games_fingerprint(self.games)
-
-    def _stream_length(self) -> int:
-        return len(self.games)
+    def _stream(self) -> tuple[int, str]:
+        return len(self.games), games_fingerprint(self.games)
 
     def _done(self) -> int:
         return self.episode_index
@@ -381,17 +377,30 @@ class GameLoop(Run):
         self.actor_rng = self.rngs["actor_rng"]
         self.episode_index = 0
         self.episode_log: list[dict[str, Any]] = []
-        self._in_progress: _Episode | None = None
+        self._episode: _Episode | None = None  # the episode in progress (from a checkpoint, or begun)
+        self._game: contextlib.ExitStack | None = None  # the episode's game, open from its start to its end
 
     def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank, **context: Any) -> Policy:
         return super()._build_policy(seeds, bank, c_max=self.config.candidates, **context)
 
-    def _env(self, game: int) -> TextWorldEnv:
+    def _open_env(self, game: int) -> TextWorldEnv:
         return TextWorldEnv(self.games[game], self.config.game)
 
-    def _checkpoint_state(self, in_progress: _Episode | None) -> dict[str, Any]:
-        return {"kind": CHECKPOINT_KIND, "episode": self.episode_index,
-                "in_progress": None if in_progress is None else in_progress.to_json()}
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """The episode count and, mid-episode, the episode so far (with the wall seconds spent on it)."""
+        episode, progress = self._episode, None
+        if episode is not None:
+            progress = episode.to_json()
+            progress["wall_s"] = episode.started + time.perf_counter() - self._t_start
+        return {"kind": CHECKPOINT_KIND, "episode": self.episode_index, "in_progress": progress}
+
+    def _checkpoint_due(self, unit: _Episode) -> bool:
+        """Mid-episode: when the step count reached a multiple of ``checkpoint_every``; at an episode's end: when
+        its steps crossed one (or the run is done)."""
+        if self._episode is not None:
+            every = self.config.checkpoint_every
+            return bool(every and self.step % every == 0)
+        return super()._checkpoint_due(unit)
 
     def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
         self.episode_index = int(state["episode"])
@@ -402,9 +411,9 @@ class GameLoop(Run):
             raise CheckpointError(f"{ckpt}: episodes.jsonl holds {len(self.episode_log)} records for episode "
                                   f"{self.episode_index}")
         progress = state.get("in_progress")
-        self._in_progress = None if progress is None else _Episode.from_json(progress)
-        if self._in_progress is not None:
-            logger.info("resumed %s %d steps into episode %d", self.config.arm, len(self._in_progress.steps),
+        self._episode = None if progress is None else _Episode.from_json(progress)
+        if self._episode is not None:
+            logger.info("resumed %s %d steps into episode %d", self.config.arm, len(self._episode.steps),
                         self.episode_index)
 
     def _run_info(self) -> dict[str, Any]:
@@ -419,11 +428,13 @@ class GameLoop(Run):
         return deque((float(e["won"]) for e in self.episode_log[-window:]), maxlen=window)
 
     def _next_unit(self) -> _Episode:
-        """The episode a checkpoint interrupted, the next game of the order, or (``systems.retries``) the failed
-        game again."""
-        if self._in_progress is not None:
-            episode, self._in_progress = self._in_progress, None
-            return episode
+        """The episode in progress (the one a checkpoint interrupted), else the next: the next game of the order,
+        or (``systems.retries``) the failed game again."""
+        if self._episode is None:
+            self._episode = self._next_episode()
+        return self._episode
+
+    def _next_episode(self) -> _Episode:
         last = self.episode_log[-1] if self.episode_log else None
         if last is not None and last.get("retry") is not None:
             return _Episode(index=self.episode_index, game=int(last["game_index"]), start_step=self.step,
@@ -463,54 +474,67 @@ class GameLoop(Run):
             episode.selection = sel
         return cands, sel
 
-    def _act(self, bank: CaseBank, episode: _Episode) -> _Played:
-        """Play the episode from its start (or, resumed, from its last checkpoint) until it ends."""
+    def _begin(self, bank: CaseBank, episode: _Episode) -> None:
+        """At an episode's first command: open its game, reset it (or, resumed, replay its commands), CFGM's focus
+        point before the environment's first episode, and (resumed) the step vectors and candidates."""
+        if self._game is not None:
+            return
         cfg = self.config
-        ms = dict.fromkeys(GAME_COMPONENTS, 0.0)
+        self._ms = ms = dict.fromkeys(GAME_COMPONENTS, 0.0)
         self._t_start = time.perf_counter()
-        with self._env(episode.game) as env:
-            self._env_name = env.env
-            with timed(ms, "env"):
-                state = env.replay(episode.commands) if episode.steps else env.reset()
-            if not episode.steps and cfg.learn:  # CFGM's focus point, before the environment's first episode
-                with timed(ms, "retain"):
-                    self.systems.before_episode(bank, env.env, state.objective, state.admissible)
-            if episode.steps:  # resumed mid-episode: the step vectors and candidates from the texts
-                with timed(ms, "encode"):
-                    vectors_TD = self._encode([s.text for s in episode.steps])
-                for t, (s, state_D) in enumerate(zip(episode.steps, vectors_TD)):
-                    s.state_D = state_D
-                    wanted = cfg.memory and len(bank) and (cfg.retrieval == "step" or t == 0)
-                    s.candidates = self._candidates(bank, state_D) if wanted else None
-            version, alpha = self.policy.version, self.policy.alpha
-            while not state.done:
-                state = self._act_step(bank, env, episode, state, ms, version, alpha)
-            return _Played(episode=episode, final=state, game=env.name, env_name=env.env, version=version, ms=ms)
+        self._game = contextlib.ExitStack()
+        env = self._env = self._game.enter_context(self._open_env(episode.game))
+        self._env_name = env.env
+        with timed(ms, "env"):
+            state = env.replay(episode.commands) if episode.steps else env.reset()
+        if not episode.steps and cfg.learn:  # CFGM's focus point, before the environment's first episode
+            with timed(ms, "retain"):
+                self.systems.before_episode(bank, env.env, state.objective, state.admissible)
+        if episode.steps:  # resumed mid-episode: the step vectors and candidates from the texts
+            with timed(ms, "encode"):
+                vectors_TD = self._encode([s.text for s in episode.steps])
+            for t, (s, state_D) in enumerate(zip(episode.steps, vectors_TD)):
+                s.state_D = state_D
+                wanted = cfg.memory and len(bank) and (cfg.retrieval == "step" or t == 0)
+                s.candidates = self._candidates(bank, state_D) if wanted else None
+        self._version, self._alpha = self.policy.version, self.policy.alpha
+        self._state = state
+
+    def _close_game(self) -> None:
+        if self._game is not None:
+            game, self._game = self._game, None
+            game.close()
+
+    def _drive(self, bank: CaseBank) -> None:
+        try:
+            super()._drive(bank)
+        finally:
+            self._close_game()  # a run that failed mid-episode
 
     def _prompt(self, bank: CaseBank, text: str, episode: _Episode,
-                sel: Selection | None) -> tuple[list[Case], list[str]]:
-        """The cases the actor is shown for the step's choice and the notes above its state (memory items, the
-        reflection on a failed attempt, the correction of the previous step)."""
+                sel: Selection | None) -> tuple[list[Case], list[str], int]:
+        """The cases the actor is shown for the step's choice, the notes above its state (memory items, the
+        reflection on a failed attempt, the correction of the previous step) and the memory tokens shown."""
         cases = [prompt_case(c) for c in bank.get(list(sel.ids))] if sel is not None else []
         cases = self.systems.prompt_cases(text, cases)
-        self.counters["memory_tokens"] += memory_tokens(cases)
         shown, notes = split_notes(cases)
         if episode.reflection:
             notes.insert(0, f"Reflection: {episode.reflection}")
         if episode.steps and episode.steps[-1].correction:
             notes.append(f"Correction: {episode.steps[-1].correction}")
-        return shown, notes
+        return shown, notes, memory_tokens(cases)
 
-    def _act_step(self, bank: CaseBank, env: TextWorldEnv, episode: _Episode, state: GameState,
-                  ms: dict[str, float], version: int, alpha: float | None) -> GameState:
-        """One command: encode -> candidates -> select -> the actor's command -> the game's reward; the state
-        after it. A checkpoint falls here when the step count reaches a multiple of ``checkpoint_every``."""
-        cfg = self.config
+    def _act(self, bank: CaseBank, episode: _Episode) -> _Commanded:
+        """One command: encode -> candidates -> select -> the actor's command -> the game's reward and the state
+        after it (the episode's steps grow in the commit)."""
+        cfg, env, ms, state = self.config, self._env, self._ms, self._state
+        if state.done:  # a game over before its first command
+            return _Commanded(episode=episode, step=None, choice=None, after=state)
         text = state.text()
         with timed(ms, "encode"):
             state_D = self._encode([text])[0]
         cands, sel = self._decide(bank, state_D, ms, episode, first=not episode.steps)
-        shown, notes = self._prompt(bank, text, episode, sel)
+        shown, notes, tokens = self._prompt(bank, text, episode, sel)
         key = _tried_key(state)
         with timed(ms, "act"):
             if cfg.plan and not episode.steps:  # the planner/executor split: one plan per episode
@@ -528,22 +552,7 @@ class GameLoop(Run):
                 history = [(s.command, "") for s in episode.steps] + [(choice.command, result.state.observation)]
                 step.correction = self.systems.reflect_step(state.objective, history, result.state.admissible,
                                                             score=float(result.state.score))
-        episode.steps.append(step)
-        self.counters["invalid"] += int(result.invalid)
-        self.counters["unusable"] += int(choice.unusable)
-        self.counters["from_case"] += int(choice.source == "case")
-        with timed(ms, "log"):
-            self._log_step(episode, env.name, env.env, step, choice, result.state, version, alpha, len(bank))
-        self.step += 1
-        every = cfg.checkpoint_every
-        if every and self.step % every == 0 and not result.state.done:
-            self._write_ms(ms)
-            ms.update(dict.fromkeys(ms, 0.0))
-            clock = time.perf_counter()
-            episode.started += clock - self._t_start
-            self._t_start = clock
-            self._timed_checkpoint(bank, episode)
-        return result.state
+        return _Commanded(episode=episode, step=step, choice=choice, after=result.state, memory_tokens=tokens)
 
     def _plan(self, text: str, shown: list[Case], task_id: str) -> str:
         """The planner's plan of subgoals for the episode, from its first state and the chosen cases (one call)."""
@@ -572,12 +581,36 @@ class GameLoop(Run):
 
     # ------------------------------------------------------------------ commit: learn, retain, log
 
-    def _commit(self, bank: CaseBank, played: _Played) -> None:
+    def _commit(self, bank: CaseBank, commanded: _Commanded) -> None:
+        """The command into the episode, its counts and its ``steps.jsonl`` record; at the episode's end,
+        :meth:`_end_episode`."""
+        episode, step, choice, ms = commanded.episode, commanded.step, commanded.choice, self._ms
+        env = self._env
+        if step is not None and choice is not None:
+            episode.steps.append(step)
+            self.counters["memory_tokens"] += commanded.memory_tokens
+            self.counters["invalid"] += int(step.invalid)
+            self.counters["unusable"] += int(choice.unusable)
+            self.counters["from_case"] += int(choice.source == "case")
+            with timed(ms, "log"):
+                self._log_step(episode, env.name, env.env, step, choice, commanded.after, self._version,
+                               self._alpha, len(bank))
+            self.step += 1
+        self._state = commanded.after
+        if not commanded.after.done:
+            self._write_ms(ms)
+            ms.update(dict.fromkeys(ms, 0.0))
+            return
+        game, env_name = env.name, env.env
+        self._close_game()
+        self._end_episode(bank, episode, commanded.after, game, env_name)
+        self._episode = None
+
+    def _end_episode(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> None:
         """The episode's end: observe -> usage -> retain (and the memory systems' builds) -> log."""
-        cfg = self.config
-        episode, final, ms = played.episode, played.final, played.ms
+        cfg, ms = self.config, self._ms
         with timed(ms, "learn"):
-            observations = self._observations(bank, episode, final, played.version, ms) if cfg.memory else []
+            observations = self._observations(bank, episode, final, self._version, ms) if cfg.memory else []
             metrics = self.policy.observe(observations, learn=cfg.learn) if observations else {}
             self.counters["decisions"] += len(observations)
         with timed(ms, "retain"):
@@ -586,10 +619,9 @@ class GameLoop(Run):
                 for obs in observations:  # the case features' usage statistics: the episode's outcome per showing
                     # logged at the episode's last step (< the next checkpoint's step, >= any checkpoint inside it)
                     bank.record_usage(self.step - 1, list(obs.selection.ids), float(final.normalized_score))
-            trajectory_id = self._retain(bank, episode, final, played.game, played.env_name)
-            retry = self._build(bank, episode, final, played.game, played.env_name, trajectory_id) if cfg.learn \
-                else None
-        record = {"episode": episode.index, "game": played.game, "env": played.env_name, "won": bool(final.won),
+            trajectory_id = self._retain(bank, episode, final, game, env_name)
+            retry = self._build(bank, episode, final, game, env_name, trajectory_id) if cfg.learn else None
+        record = {"episode": episode.index, "game": game, "env": env_name, "won": bool(final.won),
                   "lost": bool(final.lost), "score": int(final.score), "max_score": int(final.max_score),
                   "normalized_score": float(final.normalized_score), "steps": len(episode.steps),
                   "return": float(sum(s.reward for s in episode.steps)),
@@ -706,7 +738,7 @@ class GameLoop(Run):
 
     # ------------------------------------------------------------------ summary
 
-    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
+    def _summary(self, bank: CaseBank) -> dict[str, Any]:
         cfg = self.config
         log = self.episode_log
         won_E = np.asarray([float(e["won"]) for e in log], dtype=np.float64)
@@ -715,7 +747,6 @@ class GameLoop(Run):
         n_steps = int(steps_E.sum())
         episode_wall = [float(e["wall_s"]) for e in log]
         return {
-            **self._common_summary(bank, wall_s, resumed_from, has_model),
             "kind": CHECKPOINT_KIND, "arm": cfg.arm, "episodes": len(log),
             "steps": n_steps, "success_rate": float(won_E.mean()) if log else 0.0,
             "mean_score": float(score_E.mean()) if log else 0.0,

@@ -57,10 +57,11 @@ equals a longer run outright when the old ``steps`` was a multiple of ``batch_si
 round was shorter).
 
 **Structure.** The run (seeds, run directory, bank, policy, checkpoints, resume, TensorBoard, progress, summary)
-is :class:`memento.runs.base.Run`'s; :class:`OnlineLoop` writes a round's two halves: ``_act`` (encode ->
-candidates -> select -> plan -> judge -> credit -> labels, the planner's part being :func:`rollout`, which the Ray
-rollout workers call too) and ``_commit`` (retain -> observe -> usage -> log, which the Ray driver calls with a
-worker's result).
+is :class:`memento.runs.base.Run`'s; :class:`OnlineLoop` declares its ``RunSpec`` and writes a round's two halves:
+``_act`` (encode -> candidates -> select -> plan -> judge -> credit -> labels scored, the planner's part being
+:func:`rollout`, which the Ray rollout workers call too; it writes nothing) and ``_commit`` (labels written ->
+retain -> observe -> usage -> log, which the Ray driver calls with a worker's result); CFGM's focus point of a new
+environment goes into the bank before the round acts (``_begin``).
 
 **Threads.** The library never calls ``torch.set_num_threads`` (global state); the ``memento online``
 command has ``--torch-threads`` for that.
@@ -105,6 +106,7 @@ from memento.policies import PolicyConfig, PolicyKind, SoftQConfig, loop_policy
 from memento.runs.base import (
     Run,
     RunConfig,
+    RunSpec,
     encode_checked,
     restore_bank,
     run_bank,
@@ -352,10 +354,21 @@ def rollout(planner: Any, judge: Callable[[Task, str], Any], tasks: Sequence[Tas
 
 
 class Round(NamedTuple):
-    """One policy-update round: the tasks of stream positions ``start_step`` to ``stop - 1``."""
+    """One policy-update round: the tasks of stream positions ``start_step`` to ``stop - 1`` (``tasks``, once the
+    order was read)."""
 
     start_step: int
     stop: int
+    tasks: tuple[Task, ...] = ()
+
+
+class LabelWrite(NamedTuple):
+    """A ``labels.jsonl`` row the round's act scored and its commit writes: the row, its target (``gold`` or
+    ``hindsight``) and the prompts scored for it."""
+
+    row: dict[str, Any]
+    target: str
+    passes: int
 
 
 @dataclasses.dataclass
@@ -363,7 +376,8 @@ class Acted:
     """What a round's act gave its commit: per task its state vector, candidates, the policy's selection (``None``
     without candidates), the cases shown, the planner's output, the judged ``(reward, reason)``, the leave-one-out
     credit and the online labels (``None`` when there are none); the policy version and temperature that chose,
-    the bank's size then, the seconds per component so far, the prompts scored and the memory tokens shown."""
+    the bank's size then, the seconds per component so far, the prompts scored, the memory tokens shown and the
+    ``labels.jsonl`` rows to write."""
 
     tasks: list[Task]
     first_step: int
@@ -380,6 +394,7 @@ class Acted:
     ms: dict[str, float]
     score_calls: int = 0
     memory_tokens: int = 0
+    label_rows: list[LabelWrite] = dataclasses.field(default_factory=list)
 
 
 class OnlineLoop(Run):
@@ -406,13 +421,11 @@ class OnlineLoop(Run):
     :class:`~memento.runs.base.Run`'s; this class writes a round's :meth:`_act` and :meth:`_commit`.
     """
 
-    config_class = LoopConfig
-    COMPONENTS = COMPONENTS
-    RESUMABLE = RESUMABLE_CHANGES
-    COUNTERS = ("llm_calls", "score_calls", "retained", "duplicates", "not_retained", "prompt_tokens",
-                "output_tokens", "memory_tokens", "labelled", "labelled_gold", "labelled_hindsight", "label_passes")
-    LOGS = (RunDir.STEPS, RunDir.LABELS)
-    TRAJECTORY = staticmethod(own_answer)
+    SPEC = RunSpec(name="question-answering", config=LoopConfig, length="steps", components=COMPONENTS,
+                   counters=("llm_calls", "score_calls", "retained", "duplicates", "not_retained", "prompt_tokens",
+                             "output_tokens", "memory_tokens", "labelled", "labelled_gold", "labelled_hindsight",
+                             "label_passes"),
+                   resumable=RESUMABLE_CHANGES, logs=(RunDir.STEPS, RunDir.LABELS), trajectory=own_answer)
 
     def __init__(self, config: LoopConfig, *, make_policy: PolicyFactory, encoder: Any, planner: Planner,
                  judge: Callable[[Task, str], Any], tasks: Sequence[Task], out_dir: str | Path,
@@ -453,11 +466,8 @@ class OnlineLoop(Run):
 
     # ------------------------------------------------------------------ the skeleton's hooks
 
-    def _fingerprint(self) -> str:
-        return tasks_fingerprint(self.tasks)
-
-    def _stream_length(self) -> int:
-        return len(self.tasks)
+    def _stream(self) -> tuple[int, str]:
+        return len(self.tasks), tasks_fingerprint(self.tasks)
 
     def _reset(self) -> None:
         self.rewards: list[float] = []
@@ -504,14 +514,23 @@ class OnlineLoop(Run):
         return Round(start, min(cfg.steps, (start // cfg.batch_size + 1) * cfg.batch_size))
 
     def _next_unit(self) -> Round:
-        return self._round(self.step)
+        unit = self._round(self.step)
+        return unit._replace(tasks=tuple(self.tasks[i] for i in self.order[unit.start_step:unit.stop]))
+
+    def _begin(self, bank: CaseBank, unit: Round) -> None:
+        """CFGM: the focus point of each new environment of the round, before its tasks retrieve (nothing without
+        the memory systems)."""
+        t0 = time.perf_counter()
+        for task in unit.tasks:
+            self._ensure_focus(bank, task)
+        self.ms_totals["candidates"] += (time.perf_counter() - t0) * 1000.0
 
     # ------------------------------------------------------------------ act: a round's choices and outcomes
 
     def _act(self, bank: CaseBank, unit: Round) -> Acted:
         """One policy-update round over the tasks of ``unit`` (B >= 1): encode -> candidates -> select -> plan ->
-        judge -> credit -> online labels."""
-        tasks = [self.tasks[i] for i in self.order[unit.start_step:unit.stop]]
+        judge -> credit -> online labels (scored, not yet written)."""
+        tasks = list(unit.tasks)
         ms: dict[str, float] = {}
         state_BD, cands, bank_size = self._prepare(bank, tasks, ms)
         with timed(ms, "select"):
@@ -525,20 +544,20 @@ class OnlineLoop(Run):
                                                        credit=cfg.credit, temperature=cfg.credit_temperature, ms=ms)
         self._check_rewards(tasks, judged)
         with timed(ms, "label"):
-            labels = self._labels(bank, tasks, cands, selections, outputs, judged, unit.start_step)
+            labels, label_rows = self._labels(bank, tasks, cands, selections, outputs, judged, unit.start_step)
         return Acted(tasks=tasks, first_step=unit.start_step, state_BD=state_BD, candidates=cands,
                      selections=selections, outputs=outputs, judged=judged, credit=credit, labels=labels,
+                     label_rows=label_rows,
                      version=version, alpha=alpha, bank_size=bank_size, ms=ms, score_calls=score_calls,
                      memory_tokens=sum(memory_tokens(cases) for cases in prompts))
 
     def _prepare(self, bank: CaseBank, tasks: list[Task], ms: dict[str, float]
                  ) -> tuple[np.ndarray, list[Candidates], int]:
-        """The tasks' state vectors, their candidates (after CFGM's focus points) and the bank's size."""
+        """The tasks' state vectors, their candidates (CFGM's focus points are in the bank already:
+        :meth:`_begin`) and the bank's size."""
         with timed(ms, "encode"):
             state_BD = self._encode([task.question for task in tasks])
         with timed(ms, "candidates"):
-            for task in tasks:
-                self._ensure_focus(bank, task)
             bank_size = len(bank)
             cands = [self.systems.candidates(bank, state_BD[b], self.config.candidates, env=task_env(task),
                                              same_env=False) for b, task in enumerate(tasks)]
@@ -571,16 +590,18 @@ class OnlineLoop(Run):
 
     def _labels(self, bank: CaseBank, tasks: list[Task], cands: list[Candidates], selections: list[Selection | None],
                 outputs: list[PlanOutput], judged: list[tuple[float, str]], first_step: int
-                ) -> list[CandidateLabels | None]:
+                ) -> tuple[list[CandidateLabels | None], list[LabelWrite]]:
         """Online labels (``SoftQConfig.labels``): for each task of the round on a labelled step (every
         ``labels.every``-th, and an informative one, :meth:`_label_rows`) with a target (the gold answer, or the
         planner's own rewarded output), the candidates the policy ranked highest, each scored alone, and the
         policy's ranked prefixes of a few set sizes (set-level labels, ``SoftQConfig.sets``), with the planner in
-        one ``score_many`` call; the rows go to ``labels.jsonl`` (the format of ``memento score``)."""
+        one ``score_many`` call; also the rows the commit writes to ``labels.jsonl`` (the format of ``memento
+        score``, :meth:`_write_labels`)."""
         lcfg = labels_config(self.config)
         out: list[CandidateLabels | None] = [None] * len(tasks)
+        written_rows: list[LabelWrite] = []
         if lcfg is None:
-            return out
+            return out, written_rows
         from memento.learn.labels import LabelRow
         from memento.runs.labels import prompt_name  # not at import: it reaches the planners package
         rows, case_sets, answers, kinds, picked, set_rows = [], [], [], [], [], []
@@ -612,10 +633,9 @@ class OnlineLoop(Run):
             answers.append(answer)
             kinds.append(kind)
         if not rows:
-            return out
+            return out, written_rows
         scores = self.planner.score_many([tasks[b] for b in rows], case_sets, answers)
         planner_name, prompt = repr(self.planner), prompt_name(self.planner)
-        labels_handle = self.handles[self.run_dir.labels]
         for b, rows_M, all_scores, sets, answer, kind in zip(rows, picked, scores, set_rows, answers, kinds):
             per_token = [s.logprob / max(1, s.n_tokens) for s in all_scores]
             task_scores = all_scores[:len(rows_M)]
@@ -638,13 +658,21 @@ class OnlineLoop(Run):
                                "set_logprob": tuple(float(all_scores[0].logprob) if j == 0 else
                                                     float(all_scores[len(rows_M) + j - 1].logprob)
                                                     for j in written)} if len(written) > 1 else {}))
-            labels_handle.write(json.dumps(row.to_json(), ensure_ascii=False) + "\n")
+            written_rows.append(LabelWrite(row=row.to_json(), target=kind, passes=len(all_scores)))
+        return out, written_rows
+
+    def _write_labels(self, rows: Sequence[LabelWrite]) -> None:
+        """A round's online labels into ``labels.jsonl``, with their counts."""
+        if not rows:
+            return
+        labels_handle = self.handles[self.run_dir.labels]
+        for label in rows:
+            labels_handle.write(json.dumps(label.row, ensure_ascii=False) + "\n")
             self.counters["labelled"] += 1
-            self.counters[f"labelled_{kind}"] += 1
-            self.counters["label_passes"] += len(all_scores)
-            self.counters["score_calls"] += len(all_scores)
+            self.counters["labelled_gold" if label.target == "gold" else "labelled_hindsight"] += 1
+            self.counters["label_passes"] += label.passes
+            self.counters["score_calls"] += label.passes
         labels_handle.flush()
-        return out
 
     def _label_rows(self, bank: CaseBank, candidates: Candidates, selection: Selection, judged: tuple[float, str],
                     lcfg: OnlineLabelsConfig) -> np.ndarray | None:
@@ -677,9 +705,11 @@ class OnlineLoop(Run):
     # ------------------------------------------------------------------ commit: what a round changes
 
     def _commit(self, bank: CaseBank, acted: Acted) -> list[StepRecord]:
-        """Retain -> observe -> usage -> log, in stream order; the records of the round (also in ``steps.jsonl``
-        and on TensorBoard). Also the commit of a rollout worker's round (:mod:`memento.runs.ray`)."""
+        """Labels -> retain -> observe -> usage -> log, in stream order; the records of the round (also in
+        ``steps.jsonl`` and on TensorBoard). Also the commit of a rollout worker's round (:mod:`memento.runs.ray`)."""
         ms, first_step, tasks = acted.ms, acted.first_step, acted.tasks
+        with timed(ms, "label"):
+            self._write_labels(acted.label_rows)
         with timed(ms, "retain"):
             retained = self._retain(bank, tasks, acted.outputs, acted.judged, acted.state_BD, first_step)
         with timed(ms, "learn"):
@@ -805,16 +835,13 @@ class OnlineLoop(Run):
 
     # ------------------------------------------------------------------ summary
 
-    # ------------------------------------------------------------------ summary
-
-    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
+    def _summary(self, bank: CaseBank) -> dict[str, Any]:
         cfg = self.config
         steps = len(self.rewards)
         success_T = np.asarray(self.successes, dtype=np.float64)
         ms = self._ms_per_step(steps)
         ms["overhead"] = ms["total"] - ms["plan"] - ms["judge"]
         return {
-            **self._common_summary(bank, wall_s, resumed_from, has_model),
             "steps": steps, "llm_calls": int(self.counters["llm_calls"]),
             "score_calls": int(self.counters["score_calls"]),
             "success_rate": float(success_T.mean()) if steps else 0.0,

@@ -694,11 +694,11 @@ class RayOnlineLoop(OnlineLoop):
         self.processes = 1
         self._loop_t0 = None
 
-    def _checkpoint_state(self, in_progress: Any) -> dict[str, Any]:
+    def _checkpoint_state(self) -> dict[str, Any]:
         """The worker figures so far (a resumed run adds its own to them: ``summary.json`` covers the whole run)."""
         elapsed = time.perf_counter() - self._loop_t0 if self._loop_t0 is not None else 0.0
         counted = {k: v for k, v in self.worker_stats.items() if k in _SUMMED_STATS or k == "staleness_max"}
-        return {**super()._checkpoint_state(in_progress),
+        return {**super()._checkpoint_state(),
                 "workers": {**counted, "loop_s": self.loop_s_before + elapsed, "processes": self.processes}}
 
     def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
@@ -715,8 +715,8 @@ class RayOnlineLoop(OnlineLoop):
         processes = saved.get("processes")
         self.processes = (int(processes) if isinstance(processes, int) and processes >= 1 else 1) + 1
 
-    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
-        summary = super()._summary(bank, wall_s, resumed_from, has_model)
+    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+        summary = super()._summary(bank)
         stats = dict(self.worker_stats)
         n = max(1, stats["transitions"])
         stats["staleness_mean"] = stats.pop("staleness_sum") / n

@@ -19,7 +19,7 @@ bandit's cases, then for ``config.steps`` steps:
 **No retention.** Algorithm 1 also retains each new experience, ``M_{t+1} = M_t ∪ {(s_t, a_t, r_t)}``.
 In the bandit the planner's output is not modelled, so a retained case would be a vector with no
 oracle success probability; the bank stays fixed here. The online loop with retention is
-``memento.runs.qa`` (a later issue).
+:class:`memento.runs.qa.OnlineLoop`.
 
 **Regret** is measured against the best ``k``-set of the *whole* bank, so it includes what the
 candidate pre-selection leaves out; ``RegretResult.ceiling_regret_T`` is the regret of the best

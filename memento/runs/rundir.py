@@ -32,14 +32,18 @@ from memento.config import from_dict, to_dict
 from memento.errors import CheckpointError, ConfigError
 from memento.io import fsync_dir, write_json
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "RunDir", "check_saved_config", "read_json",
-           "write_json"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "CHECKPOINT_KINDS", "RunDir", "check_saved_config",
+           "read_json", "write_json"]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "memento-online-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 2
 """2: the LoopConfig nests its policy's config (``policy: {"kind": ...}``); 1: flat policy fields."""
+
+CHECKPOINT_KINDS: dict[str | None, str] = {None: "question-answering", "games": "game"}
+"""The run that writes each kind of checkpoint (``state.json``'s ``kind``; none: the online loop's, written before
+checkpoints were tagged), by the name a refused resume gives it (``a game run's checkpoint``)."""
 
 
 def read_json(path: Path) -> Any:

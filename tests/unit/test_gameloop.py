@@ -107,9 +107,9 @@ def test_crash_mid_episode_then_resume_equals_uninterrupted(tmp_path: Path, game
     crashing = ScriptedPlanner(preferred)
     original = GameLoop._checkpoint
 
-    def checkpoint_then_arm(self, bank, episode=None):  # noqa: ANN001, ANN202
-        original(self, bank, episode)
-        if episode is not None and crashing.fail_after is None:
+    def checkpoint_then_arm(self, bank):  # noqa: ANN001, ANN202
+        original(self, bank)
+        if self._episode is not None and crashing.fail_after is None:  # a mid-episode checkpoint
             crashing.fail_after = crashing.calls
     monkeypatch.setattr(GameLoop, "_checkpoint", checkpoint_then_arm)
     with pytest.raises(RuntimeError, match="scripted crash"):

@@ -161,8 +161,8 @@ def test_crash_then_resume_equals_uninterrupted_with_builders(tmp_path: Path, ga
     crashing = BuilderPlanner(preferred)
     original = GameLoop._checkpoint
 
-    def checkpoint_then_arm(self, bank, episode=None):  # noqa: ANN001, ANN202
-        original(self, bank, episode)
+    def checkpoint_then_arm(self, bank):  # noqa: ANN001, ANN202
+        original(self, bank)
         if self.episode_index >= 2 and crashing.fail_after is None:
             crashing.fail_after = crashing.calls + 3
     monkeypatch.setattr(GameLoop, "_checkpoint", checkpoint_then_arm)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections import deque
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from memento.bank import CaseBank
+from memento.learn.policy import Observation
 from memento.policies import loop_policy, make_policy
-from memento.runs.base import Run, RunConfig, timed
+from memento.runs.base import Run, RunConfig, RunSpec, Step, timed
 from memento.runs.rundir import RunDir
 from memento.types import Case
 from tests.loop_env import HashingEncoder
@@ -32,36 +32,15 @@ class ToyConfig(RunConfig):
     steps: int = 14
 
 
-class Unit(NamedTuple):
-    start_step: int
-
-
 class ToyRun(Run):
     """Answers sums: shown a stored case of the same question the planner copies its answer, else it guesses."""
 
-    config_class = ToyConfig
-    COMPONENTS = ("act", "commit", "checkpoint")
-    COUNTERS = ("retained", "duplicates", "memory_tokens")
+    SPEC = RunSpec(name="toy", config=ToyConfig, length="steps", components=("act", "commit"))
 
-    def _fingerprint(self) -> str:
-        return hashlib.sha256("\n".join(QUESTIONS).encode()).hexdigest()
+    def _stream(self) -> tuple[int, str]:
+        return len(QUESTIONS), hashlib.sha256("\n".join(QUESTIONS).encode()).hexdigest()
 
-    def _stream_length(self) -> int:
-        return len(QUESTIONS)
-
-    def _reset(self) -> None:
-        self.rewards: list[float] = []
-
-    def _resumed(self, ckpt: Path, state: dict[str, Any]) -> None:
-        self.rewards = [json.loads(line)["reward"] for line in self.run_dir.steps.read_text().splitlines()]
-
-    def _recent(self) -> deque[float]:
-        return deque(self.rewards[-self.config.window:], maxlen=self.config.window)
-
-    def _next_unit(self) -> Unit:
-        return Unit(self.step)
-
-    def _act(self, bank: CaseBank, unit: Unit) -> dict[str, Any]:
+    def _act(self, bank: CaseBank, unit: Step) -> tuple[Case, Any, Observation | None]:
         with timed(self.ms_totals, "act"):
             question = QUESTIONS[int(self.order[unit.start_step])]
             state_D = self._encode([question])[0]
@@ -69,29 +48,25 @@ class ToyRun(Run):
             sel = self.policy.select(state_D, cands, self.config.k, rng=self.policy_rng) if len(cands) else None
             answer = self.planner(question, bank.get(list(sel.ids)) if sel is not None else [])
             a, b = (int(w) for w in question.split()[2::2])
-        return {"question": question, "state_D": state_D, "cands": cands, "sel": sel, "answer": answer,
-                "reward": float(answer == str(a + b))}
+        case = Case(state=question, action=answer, reward=float(answer == str(a + b)))
+        return case, state_D, None if sel is None else Observation(
+            state_D=state_D, candidates=cands, selection=sel, reward=case.reward, step=unit.start_step,
+            policy_version=self.policy.version)
 
-    def _commit(self, bank: CaseBank, acted: dict[str, Any]) -> None:
-        from memento.learn.policy import Observation
-
+    def _commit(self, bank: CaseBank, acted: tuple[Case, Any, Observation | None]) -> None:
+        case, state_D, seen = acted
         with timed(self.ms_totals, "commit"):
-            bank.add([Case(state=acted["question"], action=acted["answer"], reward=acted["reward"])],
-                     acted["state_D"][None])
-            if acted["sel"] is not None:
-                self.policy.observe([Observation(state_D=acted["state_D"], candidates=acted["cands"],
-                                                 selection=acted["sel"], reward=acted["reward"], step=self.step,
-                                                 policy_version=self.policy.version)])
-            row = {"step": self.step, "chosen": [] if acted["sel"] is None else list(acted["sel"].ids),
-                   "answer": acted["answer"], "reward": acted["reward"]}
+            bank.add([case], state_D[None])
+            if seen is not None:
+                self.policy.observe([seen])
+            row = {"step": self.step, "chosen": [] if seen is None else list(seen.selection.ids),
+                   "answer": case.action, "reward": case.reward}
             self.handles[self.run_dir.steps].write(json.dumps(row) + "\n")
-            self.rewards.append(acted["reward"])
-            self.recent.append(acted["reward"])
             self.step += 1
 
-    def _summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None, has_model: bool) -> dict[str, Any]:
-        return {**self._common_summary(bank, wall_s, resumed_from, has_model), "steps": len(self.rewards),
-                "success_rate": sum(self.rewards) / max(1, len(self.rewards)), "ms_per_step": self._ms_per_step(1)}
+    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+        rewards = [json.loads(line)["reward"] for line in self.run_dir.steps.read_text().splitlines()]
+        return {"steps": len(rewards), "success_rate": sum(rewards) / len(rewards), "ms_per_step": self._ms_per_step(1)}
 
 
 # ---------------------------------------------------------------- the tests
