@@ -27,8 +27,9 @@ from memento.errors import ConfigError
 from memento.types import shown as value_shown
 
 __all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_accelerator",
-           "check_count", "check_device", "check_torch_threads", "config_option", "field_help", "field_type", "int_arg",
-           "load_encoder", "set_torch_threads", "shown"]
+           "check_count", "check_device", "check_torch_threads", "config_option", "config_options", "config_switch",
+           "field_help", "field_type", "given_fields", "int_arg", "load_encoder", "option_value", "set_torch_threads",
+           "shown"]
 
 BANK = "a directory or milvus:URI[#collection]"
 
@@ -105,9 +106,65 @@ def config_option(parser: Any, cls: type, name: str, help: str | None = None, *,
     derived = _argparse_kwargs(field_type(cls, name))
     if "type" in kwargs or "choices" in kwargs:  # the caller's type or choices replace the annotation's
         derived = {key: v for key, v in derived.items() if key == "nargs"}
+    if kwargs.get("action") in _SWITCHES:  # a switch takes no value: no type, choices or nargs
+        derived = {}
     options = {"default": None, "dest": name, **derived, **kwargs}
-    return parser.add_argument(flag or "--" + name.replace("_", "-"), help=f"{text} (default: {shown(value)})",
-                               **options)
+    if flag is not None and "metavar" not in options and "choices" not in options and "action" not in options:
+        options["metavar"] = flag.lstrip("-").replace("-", "_").upper()  # the flag's name, as argparse would show it
+    suffix = "" if value is SWITCH else f" (default: {shown(value)})"
+    action = parser.add_argument(flag or "--" + name.replace("_", "-"), help=text + suffix, **options)
+    action.config_field = (cls, name)  # type: ignore[attr-defined] # read by given_fields and the flag tests
+    action.shown_default = value  # type: ignore[attr-defined]
+    return action
+
+
+_SWITCHES = ("store_true", "store_false", "store_const")
+SWITCH: Any = object()
+"""``shown_default`` of a switch (:func:`config_switch`): its help names no default (the flag's name says it)."""
+
+
+def config_switch(parser: Any, cls: type, name: str, help: str | None = None, *, flag: str | None = None,
+                  shown_default: Any = dataclasses.MISSING, **kwargs: Any) -> argparse.Action:
+    """A flag without a value for boolean field ``name``: ``--flag`` sets the opposite of the field's default
+    (``--no-x`` for a field that defaults to true); left out (``None``), the config's default applies. Its help
+    names no default unless ``shown_default`` is given."""
+    on = not field_default(cls, name)
+    if flag is None and not on:
+        flag = "--no-" + name.replace("_", "-")
+    return config_option(parser, cls, name, help, flag=flag,
+                         shown_default=SWITCH if shown_default is dataclasses.MISSING else shown_default,
+                         action="store_true" if on else "store_false", **kwargs)
+
+
+def config_options(parser: Any, cls: type,
+                   fields: dict[str, dict[str, Any]] | tuple[str, ...]) -> list[argparse.Action]:
+    """A flag for each of ``fields`` of ``cls``: field names, or names -> keyword arguments of :func:`config_option`
+    (``help``, ``flag``, ``metavar``, ...); boolean fields as :func:`config_switch`."""
+    table = fields if isinstance(fields, dict) else {name: {} for name in fields}
+    actions = []
+    for name, kwargs in table.items():
+        add = config_switch if field_type(cls, name) is bool else config_option
+        actions.append(add(parser, cls, name, **kwargs))
+    return actions
+
+
+def given_fields(args: argparse.Namespace, cls: type, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The fields of ``cls`` (or only ``names``) the command line set: each one's value under its field name
+    (``dest``), lists as tuples; a flag left out (``None``) is not there, so the config's default applies."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if names is not None and field.name not in names:
+            continue
+        value = getattr(args, field.name, None)
+        if value is not None:
+            out[field.name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def option_value(args: argparse.Namespace, cls: type, name: str, dest: str | None = None) -> Any:
+    """The value of the flag for field ``name`` of ``cls``: the command line's, else the field's default."""
+    value = getattr(args, dest or name)
+    return field_default(cls, name) if value is None else value
 
 
 # ---------------------------------------------------------------- option groups of memento and training commands

@@ -47,6 +47,7 @@ from memento.policies import make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import LoopConfig, check_seed_bank, qa_policy, without_labels
 from memento.runs.ray import WorkersConfig
+from memento.runs.spans import LATE_STEPS
 
 DESCRIPTION = """\
 Run the online continual-learning loop (Memento's Algorithm 1): for each task, choose K cases
@@ -106,8 +107,8 @@ def add_parser(commands: Any) -> None:
                              "(contains, f1) stores each case's own outcome as a real bank does (facts-real)")
     for name, text in _LOOP_FIELDS.items():
         config_option(online, LoopConfig, name, text)
-    online.add_argument("--late-steps", type=int_arg, default=200,
-                        help="the last steps that make the 'late' success rate (default: 200)")
+    online.add_argument("--late-steps", type=int_arg, default=LATE_STEPS,
+                        help=f"the last steps that make the 'late' success rate (default: {LATE_STEPS})")
     _add_soft_q_options(online)
     config_option(online, LoopConfig, "credit",
                   "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the "
