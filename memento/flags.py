@@ -22,11 +22,12 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from memento.config import MAX_THREADS, check_count, field_default
+from memento.config import MAX_THREADS, EncoderConfig, check_count, field_default
 from memento.errors import ConfigError
 from memento.types import shown as value_shown
 
-__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_accelerator",
+__all__ = ["BANK", "HIDDEN", "add_bank_option", "add_config_file", "add_encoder_flag", "add_no_progress", "add_out",
+           "add_resume", "add_torch_threads", "check_accelerator",
            "check_count", "check_device", "check_torch_threads", "config_option", "config_options", "config_switch",
            "field_help", "field_type", "given_fields", "int_arg", "load_encoder", "option_value", "set_torch_threads",
            "shown"]
@@ -111,16 +112,17 @@ def config_option(parser: Any, cls: type, name: str, help: str | None = None, *,
     options = {"default": None, "dest": name, **derived, **kwargs}
     if flag is not None and "metavar" not in options and "choices" not in options and "action" not in options:
         options["metavar"] = flag.lstrip("-").replace("-", "_").upper()  # the flag's name, as argparse would show it
-    suffix = "" if value is SWITCH else f" (default: {shown(value)})"
+    suffix = "" if value is HIDDEN else f" (default: {shown(value)})"
     action = parser.add_argument(flag or "--" + name.replace("_", "-"), help=text + suffix, **options)
-    action.config_field = (cls, name)  # type: ignore[attr-defined] # read by given_fields and the flag tests
-    action.shown_default = value  # type: ignore[attr-defined]
+    action.config_field = (cls, name)  # type: ignore[attr-defined] # the field it sets (tests walk the parsers)
+    action.shown_from_field = shown_default is dataclasses.MISSING  # type: ignore[attr-defined]
     return action
 
 
 _SWITCHES = ("store_true", "store_false", "store_const")
-SWITCH: Any = object()
-"""``shown_default`` of a switch (:func:`config_switch`): its help names no default (the flag's name says it)."""
+HIDDEN: Any = object()
+"""A ``shown_default`` that shows none: a switch's (:func:`config_switch`; the flag's name says it), or an option
+whose field's default means "not given"."""
 
 
 def config_switch(parser: Any, cls: type, name: str, help: str | None = None, *, flag: str | None = None,
@@ -132,7 +134,7 @@ def config_switch(parser: Any, cls: type, name: str, help: str | None = None, *,
     if flag is None and not on:
         flag = "--no-" + name.replace("_", "-")
     return config_option(parser, cls, name, help, flag=flag,
-                         shown_default=SWITCH if shown_default is dataclasses.MISSING else shown_default,
+                         shown_default=HIDDEN if shown_default is dataclasses.MISSING else shown_default,
                          action="store_true" if on else "store_false", **kwargs)
 
 
@@ -175,12 +177,26 @@ def add_bank_option(parser: Any, help: str = BANK, *, required: bool = False, me
     parser.add_argument("--bank", required=required, metavar=metavar, default=None, help=help)
 
 
-def add_encoder_flag(parser: Any) -> None:
+def add_encoder_flag(parser: Any, help: str | None = None) -> None:
     """``--encoder PATH``: a local transformers encoder directory or a Hub id ``hf://org/name[@rev]``
     (``None``: the bundled model)."""
-    parser.add_argument("--encoder", metavar="PATH", default=None,
-                        help="local transformers encoder directory, or a Hub id hf://ORG/NAME[@REV] "
-                             "(default: bundled all-MiniLM-L6-v2)")
+    config_option(parser, EncoderConfig, "model", help, flag="--encoder", dest="encoder", metavar="PATH",
+                  shown_default="bundled all-MiniLM-L6-v2")
+
+
+def add_out(parser: Any, help: str, *, metavar: str = "DIR", default: str | None = None) -> None:
+    """``--out``: where a command writes (required unless it has a ``default``)."""
+    parser.add_argument("--out", required=default is None, default=default, metavar=metavar, help=help)
+
+
+def add_resume(parser: Any, help: str) -> None:
+    """``--resume``: continue the run in ``--out`` (the flag's meaning per command in ``help``)."""
+    parser.add_argument("--resume", action="store_true", help=help)
+
+
+def add_config_file(parser: Any, help: str, *, metavar: str = "FILE") -> None:
+    """``--config FILE``: a config JSON file the flags given override."""
+    parser.add_argument("--config", metavar=metavar, default=None, help=help)
 
 
 def add_torch_threads(parser: Any, default: int = 0,

@@ -80,7 +80,8 @@ class GamesBenchConfig:
     max_steps: int = dataclasses.field(default=15, metadata={"help": "step limit"})
     k: int = dataclasses.field(default=2, metadata={"help": "cases per decision"})
     candidates: int = dataclasses.field(default=16, metadata={"help": "candidate set size"})
-    planner: str = "gemma"
+    planner: str = dataclasses.field(default="gemma", metadata={"help": (
+        "the planner spec (gemma, hf:PATH, hf://ORG/NAME[@REV], openai:MODEL@URL[?...])")})
     resume: bool = dataclasses.field(default=False, metadata={"help": "reuse finished runs in --workdir"})
 
     def __post_init__(self) -> None:

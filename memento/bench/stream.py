@@ -91,7 +91,8 @@ class StreamBenchConfig:
     candidates: int = dataclasses.field(default=16, metadata={"help": "candidate set size"})
     case_weight: float = dataclasses.field(default=0.5, metadata={"help": (
         "the actor's probability mass on the chosen cases' proposals")})
-    planner: str = "gemma"
+    planner: str = dataclasses.field(default="gemma", metadata={"help": (
+        "the planner spec (gemma, hf:PATH, hf://ORG/NAME[@REV], openai:MODEL@URL[?...])")})
     envs: tuple[str, ...] = dataclasses.field(default=(), metadata={"help": (
         "question suites: the families in the stream")})
     train_per_env: int = dataclasses.field(default=10, metadata={"help": "question suites: train questions per family"})

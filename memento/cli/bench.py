@@ -31,7 +31,7 @@ from memento.cli.options import (
 )
 from memento.config import MAX_THREADS, field_default
 from memento.errors import ConfigError
-from memento.flags import check_device, config_option, config_options, config_switch, field_type, given_fields
+from memento.flags import HIDDEN, check_device, config_option, config_options, config_switch, field_type, given_fields
 
 _KEEP_RUNS = "keep the run directories here (default: a temporary one)"
 _TORCH = "torch.set_num_threads (default: torch's)"
@@ -135,7 +135,7 @@ def _add_select(suites: Any) -> None:
         "sizes", "k", "candidates", "factory", "exact_max", "ef_search", "nprobe", "vectors", "refine", "archs",
         "data", "dim", "queries", "chunk", "recall_queries", "reference_size", "reference_queries"))
     config_options(bs, SelectBenchConfig, {"torch_threads": {"metavar": f"0..{MAX_THREADS}"}, "device": {},
-                                           "bank": {}, "cold": {}, "seed": {}})
+                                           "bank": {"shown_default": HIDDEN}, "cold": {}, "seed": {}})
     add_workdir(bs)
     add_results_file(bs)
 
@@ -204,7 +204,7 @@ def _add_online(suites: Any) -> None:
     add_seed(seeds, "one seed (the same as --seeds S)", default=None)
     config_options(bo, OnlineBenchConfig, {
         "retain_judge": {"choices": JUDGES, "shown_default": "exact, as the reward"}, "soft_q_candidates": {},
-        "init_qnet": {"metavar": "DIR"}, "resume": {}, "ope": {}})
+        "init_qnet": {"metavar": "DIR", "shown_default": HIDDEN}, "resume": {}, "ope": {}})
     add_results_file(bo)
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memento.cli.options import add_command, add_listen_options, set_torch_threads
+from memento.cli.options import (
+    add_command,
+    add_device,
+    add_learn_flag,
+    add_listen_options,
+    add_seed,
+    add_selector_dir,
+    add_token_file,
+    set_torch_threads,
+)
 from memento.config import MAX_BATCH, MAX_SEED, MAX_THREADS
 from memento.errors import ConfigError
-from memento.flags import check_count, check_device, config_option, config_switch, given_fields, int_arg, option_value
+from memento.flags import check_count, check_device, config_option, config_switch, given_fields, option_value
 from memento.serve.app import ServeConfig, check_host, require_extra, resolve_token, serve
 from memento.serve.common import MAX_SERVE_WORKERS
 
@@ -67,23 +76,19 @@ saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:
 
 def add_parser(commands: Any) -> None:
     serve = add_command(commands, "serve", "serve an exported selector over HTTP (FastAPI + uvicorn)", DESCRIPTION)
-    serve.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export), or a Hub id "
-                                                  "hf://USER/REPO[@REV]")
+    add_selector_dir(serve)
     add_listen_options(serve, port=8080, loopback_note=", loopback")
     auth = serve.add_mutually_exclusive_group()
-    auth.add_argument("--token-file", metavar="FILE", default=None,
-                      help="file holding the bearer token (default: the MEMENTO_SERVE_TOKEN environment variable)")
+    add_token_file(auth, "file holding the bearer token (default: the MEMENTO_SERVE_TOKEN environment variable)")
     auth.add_argument("--no-auth", action="store_true",
                       help="serve without a token (only allowed when --host is loopback)")
-    serve.add_argument("--learn", action="store_true",
-                       help="keep learning from feedback (soft-Q updates in the writer thread); "
-                            "default: record feedback only")
+    add_learn_flag(serve, "keep learning from feedback (soft-Q updates in the writer thread); default: record "
+                          "feedback only")
     config_option(serve, ServeConfig, "save_every_s", metavar="S")
     config_option(serve, ServeConfig, "save_every_n", metavar="N")
-    serve.add_argument("--device", default=None, metavar="D",
-                       help="torch device of the Q-network and encoder, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    add_device(serve, "torch device of the Q-network and encoder, e.g. cpu, cuda, cuda:1 (default: cpu)")
     config_option(serve, ServeConfig, "max_body_bytes", metavar="B")
-    serve.add_argument("--seed", type=int_arg, default=0, help="seed of the sampling RNG (default: 0)")
+    add_seed(serve, "seed of the sampling RNG (default: 0)")
     config_option(serve, ServeConfig, "threads", metavar="N")
     config_option(serve, ServeConfig, "batch_max_texts", metavar="N")
     config_option(serve, ServeConfig, "batch_wait_ms", metavar="MS")
