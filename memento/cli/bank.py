@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from memento.bank import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
+from memento.bank.bulk import DEFAULT_CHUNK
 from memento.bank.where import as_scope, parse_filter
 from memento.cli.options import (
     BANK,
@@ -80,8 +81,8 @@ def add_parser(commands: Any) -> None:
                      help="precomputed unit-norm vectors, row i for line i: a .npy file or a .safetensors file "
                           "with one [N, D] tensor (no encoder runs; a new bank records no encoder unless "
                           "--encoder names one)")
-    imp.add_argument("--chunk", type=int_arg, default=50_000,
-                     help="with --embeddings: cases per transaction (default: 50000)")
+    imp.add_argument("--chunk", type=int_arg, default=DEFAULT_CHUNK,
+                     help=f"with --embeddings: cases per transaction (default: {DEFAULT_CHUNK})")
     add_encoder_options(imp.add_argument_group("encoder (used when the bank is created)"))
     add_storage_options(imp)
 

@@ -69,8 +69,10 @@ def add_command(commands: Any, name: str, help: str, description: str | None = N
 # ---------------------------------------------------------------- option groups
 
 
-def add_connect_timeout(parser: Any, help: str = "give up connecting to a Milvus server after S seconds") -> None:
-    parser.add_argument("--connect-timeout", type=float, default=None, metavar="S", help=f"{help} (default: 5)")
+def add_connect_timeout(parser: Any, help: str | None = None) -> None:
+    """``--connect-timeout S``: :class:`~memento.bank.MilvusOptions`' ``connect_timeout_s``."""
+    config_option(parser, MilvusOptions, "connect_timeout_s", help, flag="--connect-timeout", dest="connect_timeout",
+                  metavar="S")
 
 
 def add_planner_option(parser: Any, config: type | None = None, *, required: bool = False,
