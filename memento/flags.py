@@ -4,7 +4,11 @@
 its type (``int``, ``float``, ``str``; a ``Literal`` gives the choices; ``X | None`` is ``X``; ``tuple[X, ...]``
 takes one or more values), its help (``field(metadata={"help": ...})``, unless the command passes a text of its
 own), and the default the help shows. The option itself defaults to ``None``: a flag left out keeps the config's
-default (or a ``--config`` file's value), so every default is written once, in the config.
+default (or a ``--config`` file's value), so every default is written once, in the config. :func:`config_switch`
+is the same for a boolean field (``--x`` or ``--no-x``), :func:`config_options` declares several fields at once,
+and a command reads them back with :func:`given_fields` (the fields the command line set) or :func:`option_value`
+(one flag's value, else the field's default). Each action it makes records the field it sets
+(``action.config_field``), so tests can walk every command's flags.
 
 It also holds the option groups the ``memento`` commands and the ``training`` commands both declare (``--bank``,
 ``--encoder``, ``--torch-threads``, ``--no-progress``) and what a command does with them (set torch's threads, load
