@@ -114,8 +114,6 @@ def config_option(parser: Any, cls: type, name: str, help: str | None = None, *,
     if kwargs.get("action") in _SWITCHES:  # a switch takes no value: no type, choices or nargs
         derived = {}
     options = {"default": None, "dest": name, **derived, **kwargs}
-    if flag is not None and "metavar" not in options and "choices" not in options and "action" not in options:
-        options["metavar"] = flag.lstrip("-").replace("-", "_").upper()  # the flag's name, as argparse would show it
     suffix = "" if value is HIDDEN else f" (default: {shown(value)})"
     action = parser.add_argument(flag or "--" + name.replace("_", "-"), help=text + suffix, **options)
     action.config_field = (cls, name)  # type: ignore[attr-defined] # the field it sets (tests walk the parsers)

@@ -54,7 +54,7 @@ class IngestBenchConfig:
     refine: int = dataclasses.field(default=4, metadata={"help": "the bank's refine setting"})
     chunk: int = dataclasses.field(default=50_000, metadata={"help": "the import's --chunk, cases per transaction"})
     dim: int = dataclasses.field(default=384, metadata={"help": "vector dimension"})
-    data: Literal["uniform", "clustered"] = dataclasses.field(default="clustered", metadata={"help": (
+    data: Literal["clustered", "uniform"] = dataclasses.field(default="clustered", metadata={"help": (
         "clustered vectors like real embeddings, or uniform on the sphere")})
     again: bool = dataclasses.field(default=False, metadata={"help": "time a second run of the same import"})
     keep: str | None = dataclasses.field(default=None, metadata={"help": (

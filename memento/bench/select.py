@@ -150,7 +150,7 @@ class SelectBenchConfig:
     hidden: int = 512
     alpha: float = 1.0
     dim: int = dataclasses.field(default=384, metadata={"help": "vector dimension"})
-    data: Literal["uniform", "clustered"] = dataclasses.field(default="clustered", metadata={"help": (
+    data: Literal["clustered", "uniform"] = dataclasses.field(default="clustered", metadata={"help": (
         "clustered vectors like real embeddings, or uniform on the sphere")})
     queries: int = dataclasses.field(default=200, metadata={"help": "timed single queries per setting"})
     chunk: int = dataclasses.field(default=100_000, metadata={"help": (

@@ -305,7 +305,7 @@ class ServeBenchConfig:
     """
 
     size: int = dataclasses.field(default=100_000, metadata={"help": "cases in the bank"})
-    data: Literal["uniform", "clustered"] = dataclasses.field(default="clustered", metadata={"help": (
+    data: Literal["clustered", "uniform"] = dataclasses.field(default="clustered", metadata={"help": (
         "clustered vectors like real embeddings, or uniform on the sphere")})
     factory: str = dataclasses.field(default="HNSW32,Flat", metadata={"help": "faiss index of the bank"})
     k: int = dataclasses.field(default=4, metadata={"help": "cases per select"})

@@ -312,7 +312,7 @@ def _add_serve(suites: Any) -> None:
                     "Needs the 'serve' extra.")
     config_options(bsv, ServeBenchConfig, {
         "size": {}, "factory": {}, "data": {}, "k": {}, "clients": {}, "selects": {}, "text_selects": {},
-        "feedbacks": {}, "learn": {}, "server_threads": {"flag": "--threads"},
+        "feedbacks": {}, "learn": {}, "server_threads": {"flag": "--threads", "metavar": "THREADS"},
         "batch_max_texts": {"metavar": "N", "shown_default": "the server's default"},
         "batch_wait_ms": {"metavar": "MS", "shown_default": "the server's default"}, "warmup": {},
         "workers": {"metavar": "N"}, "seed": {}})
