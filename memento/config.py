@@ -256,8 +256,10 @@ class EncoderConfig:
     transformers encoder directory (SimCSE checkpoints included).
     """
 
-    model: str | None = None
-    pooling: Pooling = "avg"
+    model: str | None = dataclasses.field(default=None, metadata={"help": (
+        "local transformers encoder directory, or a Hub id hf://ORG/NAME[@REV]")})
+    pooling: Pooling = dataclasses.field(default="avg", metadata={"help": (
+        "how token vectors become one text vector (SimCSE pooling)")})
     max_length: int = dataclasses.field(default=256, metadata={"help": "token limit per text"})
     batch_size: int = 64
     normalize: bool = True
@@ -284,7 +286,7 @@ class IndexConfig:
 
     factory: str = dataclasses.field(
         default="Flat", metadata={"help": 'faiss index factory string, e.g. "Flat", "HNSW32,Flat", "IVF1024,Flat"'})
-    ef_search: int = 128
+    ef_search: int = dataclasses.field(default=128, metadata={"help": "HNSW efSearch per query (an HNSW index)"})
     nprobe: int = dataclasses.field(default=32, metadata={"help": "IVF lists searched per query (an IVF index)"})
     refine: int = dataclasses.field(default=1, metadata={
         "help": f"re-rank REFINE x C index hits by their exact vectors, 1..{MAX_REFINE} (1: the index's order)"})
@@ -705,7 +707,7 @@ class LearnerConfig:
     importance_weights: ImportanceWeights = dataclasses.field(
         default="none", metadata={"help": "weight pairs by capped inverse logged propensity"})
     importance_cap: float = 100.0
-    seed: int = 0
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the learner's dropout masks"})
 
     def __post_init__(self) -> None:
         check_float(self, "gamma", low=0.0, high=1.0, high_open=True)
@@ -768,12 +770,15 @@ class OnlineLabelsConfig:
       is the run's ``label_passes`` counter, part of its checkpoint, so a resumed run labels the same steps.
     """
 
-    m: int = 0
+    m: int = dataclasses.field(default=0, metadata={"help": (
+        "per-candidate planner labels online: score the top-M candidates each alone after a task (0: off)")})
     every: int = dataclasses.field(default=1, metadata={"help": "label every N-th task only"})
     when: LabelWhen = dataclasses.field(default="informative", metadata={"help": (
         "always: label every (every-th) step; informative: only a step that failed or showed a case never "
         "labelled, scoring the never-labelled ones of the top M beside the top case")})
-    target: LabelTarget = "gold"
+    target: LabelTarget = dataclasses.field(default="gold", metadata={"help": (
+        "what the labels score: gold (the task's gold answer; the planner's own output when the judge rewarded it "
+        "where a task has none) or hindsight (only the rewarded outputs: no gold answer used)")})
     tau: float = 1.0
     weight: float = 1.0
     capacity: int = 2048

@@ -4,7 +4,11 @@
 its type (``int``, ``float``, ``str``; a ``Literal`` gives the choices; ``X | None`` is ``X``; ``tuple[X, ...]``
 takes one or more values), its help (``field(metadata={"help": ...})``, unless the command passes a text of its
 own), and the default the help shows. The option itself defaults to ``None``: a flag left out keeps the config's
-default (or a ``--config`` file's value), so every default is written once, in the config.
+default (or a ``--config`` file's value), so every default is written once, in the config. :func:`config_switch`
+is the same for a boolean field (``--x`` or ``--no-x``), :func:`config_options` declares several fields at once,
+and a command reads them back with :func:`given_fields` (the fields the command line set) or :func:`option_value`
+(one flag's value, else the field's default). Each action it makes records the field it sets
+(``action.config_field``), so tests can walk every command's flags.
 
 It also holds the option groups the ``memento`` commands and the ``training`` commands both declare (``--bank``,
 ``--encoder``, ``--torch-threads``, ``--no-progress``) and what a command does with them (set torch's threads, load
@@ -22,13 +26,15 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from memento.config import MAX_THREADS, check_count, field_default
+from memento.config import MAX_THREADS, EncoderConfig, check_count, field_default
 from memento.errors import ConfigError
 from memento.types import shown as value_shown
 
-__all__ = ["BANK", "add_bank_option", "add_encoder_flag", "add_no_progress", "add_torch_threads", "check_accelerator",
-           "check_count", "check_device", "check_torch_threads", "config_option", "field_help", "field_type", "int_arg",
-           "load_encoder", "set_torch_threads", "shown"]
+__all__ = ["BANK", "HIDDEN", "add_bank_option", "add_config_file", "add_encoder_flag", "add_no_progress", "add_out",
+           "add_resume", "add_torch_threads", "check_accelerator",
+           "check_count", "check_device", "check_torch_threads", "config_option", "config_options", "config_switch",
+           "field_help", "field_type", "given_fields", "int_arg", "load_encoder", "option_value", "set_torch_threads",
+           "shown"]
 
 BANK = "a directory or milvus:URI[#collection]"
 
@@ -105,9 +111,64 @@ def config_option(parser: Any, cls: type, name: str, help: str | None = None, *,
     derived = _argparse_kwargs(field_type(cls, name))
     if "type" in kwargs or "choices" in kwargs:  # the caller's type or choices replace the annotation's
         derived = {key: v for key, v in derived.items() if key == "nargs"}
+    if kwargs.get("action") in _SWITCHES:  # a switch takes no value: no type, choices or nargs
+        derived = {}
     options = {"default": None, "dest": name, **derived, **kwargs}
-    return parser.add_argument(flag or "--" + name.replace("_", "-"), help=f"{text} (default: {shown(value)})",
-                               **options)
+    suffix = "" if value is HIDDEN else f" (default: {shown(value)})"
+    action = parser.add_argument(flag or "--" + name.replace("_", "-"), help=text + suffix, **options)
+    action.config_field = (cls, name)  # type: ignore[attr-defined] # the field it sets (tests walk the parsers)
+    action.shown_from_field = shown_default is dataclasses.MISSING  # type: ignore[attr-defined]
+    return action
+
+
+_SWITCHES = ("store_true", "store_false", "store_const")
+HIDDEN: Any = object()
+"""A ``shown_default`` that shows none: a switch's (:func:`config_switch`; the flag's name says it), or an option
+whose field's default means "not given"."""
+
+
+def config_switch(parser: Any, cls: type, name: str, help: str | None = None, *, flag: str | None = None,
+                  shown_default: Any = dataclasses.MISSING, **kwargs: Any) -> argparse.Action:
+    """A flag without a value for boolean field ``name``: ``--flag`` sets the opposite of the field's default
+    (``--no-x`` for a field that defaults to true); left out (``None``), the config's default applies. Its help
+    names no default unless ``shown_default`` is given."""
+    on = not field_default(cls, name)
+    if flag is None and not on:
+        flag = "--no-" + name.replace("_", "-")
+    return config_option(parser, cls, name, help, flag=flag,
+                         shown_default=HIDDEN if shown_default is dataclasses.MISSING else shown_default,
+                         action="store_true" if on else "store_false", **kwargs)
+
+
+def config_options(parser: Any, cls: type,
+                   fields: dict[str, dict[str, Any]] | tuple[str, ...]) -> list[argparse.Action]:
+    """A flag for each of ``fields`` of ``cls``: field names, or names -> keyword arguments of :func:`config_option`
+    (``help``, ``flag``, ``metavar``, ...); boolean fields as :func:`config_switch`."""
+    table = fields if isinstance(fields, dict) else {name: {} for name in fields}
+    actions = []
+    for name, kwargs in table.items():
+        add = config_switch if field_type(cls, name) is bool else config_option
+        actions.append(add(parser, cls, name, **kwargs))
+    return actions
+
+
+def given_fields(args: argparse.Namespace, cls: type, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The fields of ``cls`` (or only ``names``) the command line set: each one's value under its field name
+    (``dest``), lists as tuples; a flag left out (``None``) is not there, so the config's default applies."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if names is not None and field.name not in names:
+            continue
+        value = getattr(args, field.name, None)
+        if value is not None:
+            out[field.name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def option_value(args: argparse.Namespace, cls: type, name: str, dest: str | None = None) -> Any:
+    """The value of the flag for field ``name`` of ``cls``: the command line's, else the field's default."""
+    value = getattr(args, dest or name)
+    return field_default(cls, name) if value is None else value
 
 
 # ---------------------------------------------------------------- option groups of memento and training commands
@@ -118,12 +179,26 @@ def add_bank_option(parser: Any, help: str = BANK, *, required: bool = False, me
     parser.add_argument("--bank", required=required, metavar=metavar, default=None, help=help)
 
 
-def add_encoder_flag(parser: Any) -> None:
+def add_encoder_flag(parser: Any, help: str | None = None) -> None:
     """``--encoder PATH``: a local transformers encoder directory or a Hub id ``hf://org/name[@rev]``
     (``None``: the bundled model)."""
-    parser.add_argument("--encoder", metavar="PATH", default=None,
-                        help="local transformers encoder directory, or a Hub id hf://ORG/NAME[@REV] "
-                             "(default: bundled all-MiniLM-L6-v2)")
+    config_option(parser, EncoderConfig, "model", help, flag="--encoder", dest="encoder", metavar="PATH",
+                  shown_default="bundled all-MiniLM-L6-v2")
+
+
+def add_out(parser: Any, help: str, *, metavar: str = "DIR", default: str | None = None) -> None:
+    """``--out``: where a command writes (required unless it has a ``default``)."""
+    parser.add_argument("--out", required=default is None, default=default, metavar=metavar, help=help)
+
+
+def add_resume(parser: Any, help: str) -> None:
+    """``--resume``: continue the run in ``--out`` (the flag's meaning per command in ``help``)."""
+    parser.add_argument("--resume", action="store_true", help=help)
+
+
+def add_config_file(parser: Any, help: str, *, metavar: str = "FILE") -> None:
+    """``--config FILE``: a config JSON file the flags given override."""
+    parser.add_argument("--config", metavar=metavar, default=None, help=help)
 
 
 def add_torch_threads(parser: Any, default: int = 0,

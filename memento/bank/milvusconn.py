@@ -27,7 +27,8 @@ class MilvusOptions:
     request (a Milvus Lite insert is one write-ahead-log batch).
     """
 
-    connect_timeout_s: float = 5.0
+    connect_timeout_s: float = dataclasses.field(default=5.0, metadata={"help": (
+        "give up connecting to a Milvus server after S seconds")})
     flush_rows: int | None = None
     insert_batch: int = 1000
 

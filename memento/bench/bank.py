@@ -49,17 +49,23 @@ _ADD_CHUNK = 10_000
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BankBenchConfig:
-    sizes: tuple[int, ...] = (10_000, 100_000)
-    factories: tuple[str, ...] = ("Flat", "HNSW32,Flat", "IVF{nlist},Flat")
-    dim: int = 384
-    queries: int = 200
-    k: int = 10
-    data: Literal["uniform", "clustered"] = "uniform"
-    ef_search: tuple[int, ...] = (64, 128, 256)
-    nprobe: tuple[int, ...] = (16, 64, 256)
-    backends: tuple[Literal["dir", "milvus"], ...] = ("dir",)
-    op: Literal["search", "candidates"] = "search"
-    seed: int = 0
+    sizes: tuple[int, ...] = dataclasses.field(default=(10_000, 100_000), metadata={"help": "bank sizes"})
+    factories: tuple[str, ...] = dataclasses.field(
+        default=("Flat", "HNSW32,Flat", "IVF{nlist},Flat"), metadata={"help": (
+            "faiss factory strings ('{nlist}' becomes a size-dependent IVF list count)")})
+    dim: int = dataclasses.field(default=384, metadata={"help": "vector dimension"})
+    queries: int = dataclasses.field(default=200, metadata={"help": "timed single queries per setting"})
+    k: int = dataclasses.field(default=10, metadata={"help": "k for search and recall@k"})
+    data: Literal["uniform", "clustered"] = dataclasses.field(default="uniform", metadata={"help": (
+        "uniform random unit vectors, or a mixture of clusters like real embeddings")})
+    ef_search: tuple[int, ...] = dataclasses.field(default=(64, 128, 256), metadata={"help": "HNSW efSearch values"})
+    nprobe: tuple[int, ...] = dataclasses.field(default=(16, 64, 256), metadata={"help": "IVF nprobe values"})
+    backends: tuple[Literal["dir", "milvus"], ...] = dataclasses.field(default=("dir",), metadata={"help": (
+        "comma-separated bank backends: dir (SQLite + faiss), milvus (a Milvus Lite file; the 'milvus' extra), e.g. "
+        "dir,milvus")})
+    op: Literal["search", "candidates"] = dataclasses.field(default="search", metadata={"help": (
+        "what is timed: search_positions, or candidates (ids + stored vectors)")})
+    seed: int = dataclasses.field(default=0, metadata={"help": "random seed"})
 
     def __post_init__(self) -> None:
         check_int_tuple(self, "sizes", 1, MAX_BENCH_VECTORS)

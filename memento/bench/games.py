@@ -65,19 +65,25 @@ def t_interval(x: Any) -> dict[str, float]:
 class GamesBenchConfig:
     """One benchmark run (see the module docstring)."""
 
-    suite: str = "tw-small"
-    arms: tuple[str, ...] = ("none", "similarity", "soft_q", "soft_q-g0.9")
-    seeds: tuple[int, ...] = (0, 1, 2)
-    train_episodes: int = 16
-    splits: tuple[str, ...] = ("test", "ood")
-    eval_repeats: int = 2
-    continual: bool = False
-    case_weight: float = 0.5
-    max_steps: int = 15
-    k: int = 2
-    candidates: int = 16
-    planner: str = "gemma"
-    resume: bool = False
+    suite: str = dataclasses.field(default="tw-small", metadata={"help": "shipped suite"})
+    arms: tuple[str, ...] = dataclasses.field(
+        default=("none", "similarity", "soft_q", "soft_q-g0.9"), metadata={"help": (
+            "comma-separated arms")})
+    seeds: tuple[int, ...] = dataclasses.field(default=(0, 1, 2), metadata={"help": "seeds"})
+    train_episodes: int = dataclasses.field(default=16, metadata={"help": "episodes of the train phase"})
+    splits: tuple[str, ...] = dataclasses.field(default=("test", "ood"), metadata={"help": "evaluation splits"})
+    eval_repeats: int = dataclasses.field(default=2, metadata={"help": "evaluation episodes per game"})
+    continual: bool = dataclasses.field(default=False, metadata={"help": (
+        "evaluate as the online loop runs: retain the evaluation episodes and keep learning (results keyed "
+        "<split>-continual; with --resume the train runs in --workdir are reused)")})
+    case_weight: float = dataclasses.field(default=0.5, metadata={"help": (
+        "the actor's probability mass on the chosen cases' proposals")})
+    max_steps: int = dataclasses.field(default=15, metadata={"help": "step limit"})
+    k: int = dataclasses.field(default=2, metadata={"help": "cases per decision"})
+    candidates: int = dataclasses.field(default=16, metadata={"help": "candidate set size"})
+    planner: str = dataclasses.field(default="gemma", metadata={"help": (
+        "the planner spec (gemma, hf:PATH, hf://ORG/NAME[@REV], openai:MODEL@URL[?...])")})
+    resume: bool = dataclasses.field(default=False, metadata={"help": "reuse finished runs in --workdir"})
 
     def __post_init__(self) -> None:
         cls = type(self)

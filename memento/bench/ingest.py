@@ -49,15 +49,17 @@ class IngestBenchConfig:
     (cases per transaction); ``dim``, ``data``, ``seed``: the vectors (:func:`memento.bench.common.vector_chunks`);
     ``again``: time a second run of the same import; ``keep``: leave the files and the bank there."""
 
-    sizes: tuple[int, ...] = (100_000, 1_000_000)
-    factory: str = "IVF1024,PQ32x4fs"
-    refine: int = 4
-    chunk: int = 50_000
-    dim: int = 384
-    data: Literal["uniform", "clustered"] = "clustered"
-    again: bool = False
-    keep: str | None = None
-    seed: int = 0
+    sizes: tuple[int, ...] = dataclasses.field(default=(100_000, 1_000_000), metadata={"help": "cases per import"})
+    factory: str = dataclasses.field(default="IVF1024,PQ32x4fs", metadata={"help": "the new bank's faiss index"})
+    refine: int = dataclasses.field(default=4, metadata={"help": "the bank's refine setting"})
+    chunk: int = dataclasses.field(default=50_000, metadata={"help": "the import's --chunk, cases per transaction"})
+    dim: int = dataclasses.field(default=384, metadata={"help": "vector dimension"})
+    data: Literal["clustered", "uniform"] = dataclasses.field(default="clustered", metadata={"help": (
+        "clustered vectors like real embeddings, or uniform on the sphere")})
+    again: bool = dataclasses.field(default=False, metadata={"help": "time a second run of the same import"})
+    keep: str | None = dataclasses.field(default=None, metadata={"help": (
+        "leave the generated files and the bank in DIR/import-N")})
+    seed: int = dataclasses.field(default=0, metadata={"help": "random seed"})
 
     def __post_init__(self) -> None:
         cls = type(self)

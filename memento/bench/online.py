@@ -86,7 +86,7 @@ from memento.runs.compare import run_comparison
 from memento.runs.qa import LoopConfig, OnlineLoop, qa_policy
 from memento.runs.regret import RegretConfig, run_regret
 from memento.runs.rundir import RunDir
-from memento.runs.spans import success_spans
+from memento.runs.spans import LATE_STEPS, success_spans
 from memento.types import Case, Task
 
 __all__ = ["OnlineBenchConfig", "SyntheticTextEnv", "fixed_latency_openai", "format_online_table",
@@ -212,30 +212,47 @@ class OnlineBenchConfig:
     comparison, estimate off-policy from the soft_q run's log the greedy learned selector and similarity
     (:func:`ope_from_soft_q_run`), with ``ope_bootstrap`` resamples for their intervals (0: none)."""
 
-    steps: int = 600
-    policies: tuple[BenchPolicy, ...] = ("soft_q", "similarity")
-    suite: str = "facts"
-    split: str = "test"
-    planner: str = "gemma"
-    late_steps: int = 200
-    window: int = 50
-    synthetic_steps: int = 1500
-    overhead_bank: int = 100_000
-    overhead_steps: int = 200
-    parts: tuple[str, ...] = ("real", "synthetic", "overhead")
-    seeds: tuple[int, ...] = (0,)
-    soft_q_candidates: SoftQCandidates = "all"
+    steps: int = dataclasses.field(default=600, metadata={"help": "tasks per policy and seed in the real part"})
+    policies: tuple[BenchPolicy, ...] = dataclasses.field(default=("soft_q", "similarity"), metadata={
+        "help": f"comma-separated, from {', '.join(get_args(BenchPolicy))}"})
+    suite: str = dataclasses.field(default="facts", metadata={"help": "shipped suite"})
+    split: str = dataclasses.field(default="test", metadata={"help": "split of the suite"})
+    planner: str = dataclasses.field(default="gemma", metadata={"help": "the planner of the real part"})
+    late_steps: int = dataclasses.field(default=LATE_STEPS, metadata={"help": "the 'late' window"})
+    window: int = dataclasses.field(default=50, metadata={"help": "the 'early' window of the real part"})
+    synthetic_steps: int = dataclasses.field(default=1500, metadata={"help": "bandit steps per policy"})
+    overhead_bank: int = dataclasses.field(default=100_000, metadata={"help": "bank size for the overhead part"})
+    overhead_steps: int = dataclasses.field(default=200, metadata={"help": "steps per policy in the overhead part"})
+    parts: tuple[str, ...] = dataclasses.field(default=("real", "synthetic", "overhead"), metadata={"help": (
+        "comma-separated parts to run: real, synthetic, overhead, workers (Ray rollout workers: tasks/s with a "
+        "fixed-latency planner, and the synthetic learning curve, per --workers count)")})
+    seeds: tuple[int, ...] = dataclasses.field(default=(0,), metadata={"help": (
+        "seeds of the real part, one run per policy each")})
+    soft_q_candidates: SoftQCandidates = dataclasses.field(default="all", metadata={"help": (
+        "real part: soft_q chooses among all candidates or only rewarded ones")})
     bootstrap: int = 2000
-    retain_judge: str | None = None
-    init_qnet: str | None = None
-    best_of_c: int = 16
-    resume: bool = False
-    ope: bool = True
-    ope_bootstrap: int = 200
-    workers: tuple[int, ...] = (1, 2, 4)
-    workers_steps: int = 120
-    workers_latency_ms: float = 200.0
-    workers_curve_steps: int = 1000
+    retain_judge: str | None = dataclasses.field(default=None, metadata={"help": (
+        "real part: the judge of a retained case's stored reward")})
+    init_qnet: str | None = dataclasses.field(default=None, metadata={"help": (
+        "real part: the trained Q-network of soft_q_pretrained and soft_q_pretrained_frozen (a `memento train` run "
+        "directory, e.g. --from-labels on the suite's train split)")})
+    best_of_c: int = dataclasses.field(default=16, metadata={"help": (
+        "real part: the nearest rewarded cases the best_of_c upper bound scores per task")})
+    resume: bool = dataclasses.field(default=False, metadata={"help": (
+        "real part: keep the finished runs in --workdir (resume unfinished ones) instead of refusing a non-empty "
+        "run directory; lets policies be added to a benchmark later")})
+    ope: bool = dataclasses.field(default=True, metadata={"help": (
+        "real part: the off-policy estimates (memento evaluate, from each seed's soft_q log) of the greedy learned "
+        "selector and of similarity next to the measured figures (--no-ope skips them)")})
+    ope_bootstrap: int = dataclasses.field(default=200, metadata={"help": (
+        "real part: bootstrap resamples of the off-policy estimates' intervals (0: none)")})
+    workers: tuple[int, ...] = dataclasses.field(default=(1, 2, 4), metadata={"help": (
+        "workers part: the worker counts, side by side in one run")})
+    workers_steps: int = dataclasses.field(default=120, metadata={"help": "workers part: tasks per throughput run"})
+    workers_latency_ms: float = dataclasses.field(default=200.0, metadata={"help": (
+        "workers part: the fixed planner latency")})
+    workers_curve_steps: int = dataclasses.field(default=1000, metadata={"help": (
+        "workers part: transitions per learning-curve run on the synthetic bandit")})
     workers_curve_seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self) -> None:

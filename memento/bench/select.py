@@ -131,30 +131,46 @@ class SelectBenchConfig:
       size (added to the sizes if missing).
     """
 
-    sizes: tuple[int, ...] = (1_000, 10_000, 100_000, 1_000_000)
-    k: int = 4
-    candidates: int = 64
-    factory: str = "HNSW32,Flat"
-    exact_max: int = 20_000
-    ef_search: tuple[int, ...] = (64,)
-    nprobe: tuple[int, ...] = (32,)
-    vectors: tuple[VectorStore, ...] = ("ram",)
-    refine: tuple[int, ...] = (1,)
-    archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
+    sizes: tuple[int, ...] = dataclasses.field(default=(1_000, 10_000, 100_000, 1_000_000), metadata={"help": (
+        "bank sizes")})
+    k: int = dataclasses.field(default=4, metadata={"help": "cases selected per query"})
+    candidates: int = dataclasses.field(default=64, metadata={"help": "candidate set size C"})
+    factory: str = dataclasses.field(default="HNSW32,Flat", metadata={"help": (
+        "faiss factory for banks above --exact-max")})
+    exact_max: int = dataclasses.field(default=20_000, metadata={"help": "largest bank that uses Flat, exact search"})
+    ef_search: tuple[int, ...] = dataclasses.field(default=(64,), metadata={"help": "HNSW efSearch values"})
+    nprobe: tuple[int, ...] = dataclasses.field(default=(32,), metadata={"help": "IVF nprobe values"})
+    vectors: tuple[VectorStore, ...] = dataclasses.field(default=("ram",), metadata={"help": (
+        "where the banks keep their float32 vectors: in RAM, or in a memory-mapped file read by position; one bank "
+        "per value and size")})
+    refine: tuple[int, ...] = dataclasses.field(default=(1,), metadata={"help": (
+        "re-rank REFINE x C index hits by their exact vectors, one setting per value, at the sizes above "
+        "--exact-max (1: the index's own order)")})
+    archs: tuple[QNetArch, ...] = dataclasses.field(default=("mlp", "mlp_interact", "two_tower"), metadata={"help": (
+        "Q-network architectures for the soft-Q policy")})
     hidden: int = 512
     alpha: float = 1.0
-    dim: int = 384
-    data: Literal["uniform", "clustered"] = "clustered"
-    queries: int = 200
-    chunk: int = 100_000
-    recall_queries: int = 100
-    reference_size: int = 1_000
-    reference_queries: int = 5
-    torch_threads: int = 1
-    device: Literal["cpu", "cuda"] = "cpu"
-    seed: int = 0
-    bank: str | None = None
-    cold: bool = False
+    dim: int = dataclasses.field(default=384, metadata={"help": "vector dimension"})
+    data: Literal["clustered", "uniform"] = dataclasses.field(default="clustered", metadata={"help": (
+        "clustered vectors like real embeddings, or uniform on the sphere")})
+    queries: int = dataclasses.field(default=200, metadata={"help": "timed single queries per setting"})
+    chunk: int = dataclasses.field(default=100_000, metadata={"help": (
+        "vectors drawn and added per chunk, the most the bench holds at once")})
+    recall_queries: int = dataclasses.field(default=100, metadata={"help": (
+        "queries whose exact top-C is streamed over the chunks for the recall")})
+    reference_size: int = dataclasses.field(default=1_000, metadata={"help": (
+        "cases scored by the Memento-style reference (0 skips it)")})
+    reference_queries: int = dataclasses.field(default=5, metadata={"help": "queries timed for the reference"})
+    torch_threads: int = dataclasses.field(default=1, metadata={"help": (
+        "torch threads while selections are timed (0: torch's default)")})
+    device: Literal["cpu", "cuda"] = dataclasses.field(default="cpu", metadata={"help": (
+        "where the Q-networks score and, with faiss-gpu, where the banks search")})
+    seed: int = dataclasses.field(default=0, metadata={"help": "random seed"})
+    bank: str | None = dataclasses.field(default=None, metadata={"help": (
+        "measure this existing directory bank instead of building banks (opened read-only; --sizes, --factory and "
+        "--vectors are then unused): e.g. a 10M bank built once with memento bank import")})
+    cold: bool = dataclasses.field(default=False, metadata={"help": (
+        "time each setting twice: first after evicting the bank's vectors.f32 from the page cache (cold), then warm")})
 
     def __post_init__(self) -> None:
         cls = type(self)

@@ -305,21 +305,26 @@ class ServeBenchConfig:
       value (the first is the main record; the learning run uses it too).
     """
 
-    size: int = 100_000
-    data: Literal["uniform", "clustered"] = "clustered"
-    factory: str = "HNSW32,Flat"
-    k: int = 4
-    clients: tuple[int, ...] = (1, 16)
-    selects: int = 1000
-    text_selects: int = 200
-    feedbacks: int = 1000
-    learn: bool = True
-    server_threads: int = 1
-    batch_max_texts: int | None = None
-    batch_wait_ms: float | None = None
-    warmup: int = 20
-    seed: int = 0
-    workers: tuple[int, ...] = (1,)
+    size: int = dataclasses.field(default=100_000, metadata={"help": "cases in the bank"})
+    data: Literal["clustered", "uniform"] = dataclasses.field(default="clustered", metadata={"help": (
+        "clustered vectors like real embeddings, or uniform on the sphere")})
+    factory: str = dataclasses.field(default="HNSW32,Flat", metadata={"help": "faiss index of the bank"})
+    k: int = dataclasses.field(default=4, metadata={"help": "cases per select"})
+    clients: tuple[int, ...] = dataclasses.field(default=(1, 16), metadata={"help": "concurrent client threads"})
+    selects: int = dataclasses.field(default=1000, metadata={"help": "timed selects by embedding per client count"})
+    text_selects: int = dataclasses.field(default=200, metadata={"help": (
+        "timed selects by text per client count (0 skips)")})
+    feedbacks: int = dataclasses.field(default=1000, metadata={"help": "timed feedbacks per client count"})
+    learn: bool = dataclasses.field(default=True, metadata={"help": (
+        "also time the feedback of a learning server (memento serve --learn); --no-learn skips that run")})
+    server_threads: int = dataclasses.field(default=1, metadata={"help": "the server's --threads"})
+    batch_max_texts: int | None = dataclasses.field(default=None, metadata={"help": "the server's --batch-max-texts"})
+    batch_wait_ms: float | None = dataclasses.field(default=None, metadata={"help": "the server's --batch-wait-ms"})
+    warmup: int = dataclasses.field(default=20, metadata={"help": "untimed requests before each phase"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "random seed"})
+    workers: tuple[int, ...] = dataclasses.field(default=(1,), metadata={"help": (
+        "the server's --workers, one run of the select and feedback phases per value, recorded side by side, e.g. "
+        "--workers 1 2")})
 
     def __post_init__(self) -> None:
         check_ints(self, size=(1, MAX_BENCH_VECTORS), k=(1, MAX_K), selects=(1, MAX_BENCH_ITEMS),

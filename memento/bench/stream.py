@@ -80,21 +80,27 @@ def game_env(path: Path) -> str:
 class StreamBenchConfig:
     """One stream benchmark (see the module docstring)."""
 
-    suite: str = "tw-stream"
-    arms: tuple[str, ...] = STREAM_ARMS
-    orders: tuple[str, ...] = ("grouped", "random")
-    seeds: tuple[int, ...] = (0,)
-    eval_repeats: int = 1
-    max_steps: int = 15
-    k: int = 4
-    candidates: int = 16
-    case_weight: float = 0.5
-    planner: str = "gemma"
-    envs: tuple[str, ...] = ()
-    train_per_env: int = 10
-    test_per_env: int = 8
-    seed_bank: bool = True
-    resume: bool = False
+    suite: str = dataclasses.field(default="tw-stream", metadata={"help": "shipped suite"})
+    arms: tuple[str, ...] = dataclasses.field(default=STREAM_ARMS, metadata={"help": (
+        f"comma-separated arms (also {', '.join(EXTRA_ARMS)}, only when named)")})
+    orders: tuple[str, ...] = dataclasses.field(default=("grouped", "random"), metadata={"help": "grouped, random"})
+    seeds: tuple[int, ...] = dataclasses.field(default=(0,), metadata={"help": "seeds"})
+    eval_repeats: int = dataclasses.field(default=1, metadata={"help": "evaluation episodes per test game"})
+    max_steps: int = dataclasses.field(default=15, metadata={"help": "step limit"})
+    k: int = dataclasses.field(default=4, metadata={"help": "items per decision, the prompt budget"})
+    candidates: int = dataclasses.field(default=16, metadata={"help": "candidate set size"})
+    case_weight: float = dataclasses.field(default=0.5, metadata={"help": (
+        "the actor's probability mass on the chosen cases' proposals")})
+    planner: str = dataclasses.field(default="gemma", metadata={"help": (
+        "the planner spec (gemma, hf:PATH, hf://ORG/NAME[@REV], openai:MODEL@URL[?...])")})
+    envs: tuple[str, ...] = dataclasses.field(default=(), metadata={"help": (
+        "question suites: the families in the stream")})
+    train_per_env: int = dataclasses.field(default=10, metadata={"help": "question suites: train questions per family"})
+    test_per_env: int = dataclasses.field(default=8, metadata={"help": "question suites: test questions per family"})
+    seed_bank: bool = dataclasses.field(default=True, metadata={"help": (
+        "question suites: every memory arm starts from the suite's seed cases (retained answers stored with the "
+        "lenient contains judge); --no-seed-bank: from an empty bank")})
+    resume: bool = dataclasses.field(default=False, metadata={"help": "reuse finished runs in --workdir"})
 
     def __post_init__(self) -> None:
         cls = type(self)

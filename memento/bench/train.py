@@ -82,20 +82,23 @@ class TrainBenchConfig:
     - ``torch_threads``: torch intra-op threads (0: torch's default, one per core).
     """
 
-    archs: tuple[QNetArch, ...] = ("mlp", "mlp_interact", "two_tower")
+    archs: tuple[QNetArch, ...] = dataclasses.field(default=("mlp", "mlp_interact", "two_tower"), metadata={"help": (
+        "Q-network architectures")})
     trainers: tuple[Trainer, ...] = ("plain",)
-    batch_size: int = 256
-    k: int = 4
-    steps: int = 200
+    batch_size: int = dataclasses.field(default=256, metadata={"help": "decisions per update"})
+    k: int = dataclasses.field(default=4, metadata={"help": "cases per decision"})
+    steps: int = dataclasses.field(default=200, metadata={"help": "timed updates per architecture"})
     warmup_steps: int = 10
-    dim: int = 384
+    dim: int = dataclasses.field(default=384, metadata={"help": "embedding dimension"})
     hidden: int = 512
-    buffer_size: int = 100_000
-    bank_cases: int = 10_000
+    buffer_size: int = dataclasses.field(default=100_000, metadata={"help": "decisions in the replay buffer"})
+    bank_cases: int = dataclasses.field(default=10_000, metadata={"help": (
+        "a second buffer draws its cases from a bank of this many vectors")})
     replay_reps: int = 200
-    device: BenchDevice = "auto"
-    torch_threads: int = 0
-    seed: int = 0
+    device: BenchDevice = dataclasses.field(default="auto", metadata={"help": (
+        "where to train (auto: CUDA when present)")})
+    torch_threads: int = dataclasses.field(default=0, metadata={"help": "torch threads (0: torch's default)"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "random seed"})
 
     def __post_init__(self) -> None:
         check_ints(self, batch_size=(1, MAX_BATCH), k=(1, MAX_K), steps=(1, MAX_BENCH_ITEMS), dim=(1, MAX_DIM),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from memento.bank import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
+from memento.bank.bulk import DEFAULT_CHUNK
 from memento.bank.where import as_scope, parse_filter
 from memento.cli.options import (
     BANK,
@@ -26,7 +27,7 @@ from memento.cli.options import (
 )
 from memento.config import MAX_CANDIDATES, MAX_DIM, BankConfig, IndexConfig, field_default
 from memento.errors import BankError, DataFormatError, DimensionError, EncoderError
-from memento.flags import check_count, config_option, int_arg
+from memento.flags import HIDDEN, check_count, config_option, config_options, int_arg
 from memento.formats import CaseFormat, read_case_file
 from memento.io import loads_json, parse_json
 from memento.types import SCOPE_FIELDS
@@ -64,8 +65,8 @@ def add_parser(commands: Any) -> None:
                          description="Create an empty case bank. Its dimension comes from the encoder, or from --dim "
                                      "for a bank filled with your own vectors.")
     add_bank_option(create, "bank to create (a directory or milvus:URI)", required=True)
-    create.add_argument("--dim", type=int_arg, default=None,
-                        help="vector dimension without an encoder (then text search is unavailable)")
+    config_option(create, BankConfig, "dim", "vector dimension without an encoder (then text search is unavailable)",
+                  shown_default=HIDDEN)
     add_encoder_options(create.add_argument_group("encoder (used when the bank is created)"))
     add_storage_options(create)
 
@@ -80,8 +81,8 @@ def add_parser(commands: Any) -> None:
                      help="precomputed unit-norm vectors, row i for line i: a .npy file or a .safetensors file "
                           "with one [N, D] tensor (no encoder runs; a new bank records no encoder unless "
                           "--encoder names one)")
-    imp.add_argument("--chunk", type=int_arg, default=50_000,
-                     help="with --embeddings: cases per transaction (default: 50000)")
+    imp.add_argument("--chunk", type=int_arg, default=DEFAULT_CHUNK,
+                     help=f"with --embeddings: cases per transaction (default: {DEFAULT_CHUNK})")
     add_encoder_options(imp.add_argument_group("encoder (used when the bank is created)"))
     add_storage_options(imp)
 
@@ -114,11 +115,9 @@ def add_parser(commands: Any) -> None:
                                       "the bank's, with its search knobs (--nprobe, --ef-search, --refine). Cases, ids "
                                       "and positions are unchanged; a directory bank only.")
     add_bank_option(reindex, BANK, required=True)
-    reindex.add_argument("--index", required=True, help="the new index's faiss factory string")
-    for name, default_help in (("--nprobe", "IVF lists searched"), ("--ef-search", "HNSW efSearch"),
-                               ("--refine", "re-rank REFINE x C index hits by their exact vectors")):
-        reindex.add_argument(name, type=int_arg, default=None,
-                             help=f"{default_help} (default: the IndexConfig default)")
+    config_option(reindex, IndexConfig, "factory", "the new index's faiss factory string", flag="--index",
+                  dest="index", required=True, shown_default=HIDDEN)
+    config_options(reindex, IndexConfig, ("nprobe", "ef_search", "refine"))
 
     stats = add_command(actions, "stats", "counts, rewards, index and file sizes", raw=False)
     add_bank_option(stats, BANK, required=True)
@@ -131,9 +130,8 @@ def add_parser(commands: Any) -> None:
                                    "leaves nothing at DST.")
     copy.add_argument("dst", metavar="DST", help="the new bank")
     add_bank_option(copy, "the bank to copy", required=True, metavar="SRC")
-    copy.add_argument("--index", default=None,
-                      help="DST's index factory (default: SRC's; Milvus takes Flat, IVF<n>,Flat, IVF<n>,SQ8, "
-                           "HNSW<M>,Flat)")
+    config_option(copy, IndexConfig, "factory", "DST's index factory", flag="--index", dest="index",
+                  shown_default="SRC's; Milvus takes Flat, IVF<n>,Flat, IVF<n>,SQ8, HNSW<M>,Flat")
     for action in (copy, create, imp, exp, search, stats, reindex):
         add_connect_timeout(action)
 

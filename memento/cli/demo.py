@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from memento.cli import online
-from memento.cli.options import add_command, add_planner_option, add_seed
+from memento.cli.options import add_command, add_out, add_planner_option, add_seed
 from memento.envs.tasks import suite_dir
 from memento.flags import int_arg
+from memento.runs.spans import LATE_STEPS
 
 DESCRIPTION = """\
 The main job on its embedded defaults (what `make demo` runs): the online loop on the realistic
@@ -39,7 +40,7 @@ DEMO_SELECTOR = "selector"
 def add_parser(commands: Any) -> None:
     demo = add_command(commands, "demo", "the main job on its defaults: soft-Q vs similarity with Gemma", DESCRIPTION)
     demo.add_argument("--steps", type=int_arg, default=250, help="tasks (LLM calls) per policy (default: 250)")
-    demo.add_argument("--out", default="checkpoints/demo", metavar="DIR", help="output (default: checkpoints/demo)")
+    add_out(demo, "output (default: checkpoints/demo)", default="checkpoints/demo")
     add_planner_option(demo, default="gemma")
     add_seed(demo, "seed of every random stream of the run (default: 0)")
     demo.add_argument("--fresh", action="store_true", help="delete --out first and start over")
@@ -54,7 +55,7 @@ def online_argv(args: argparse.Namespace, out: Path) -> list[str]:
             "--planner", args.planner, "--policy", "soft_q,similarity", "--judge", "exact",
             "--retain-judge", "contains", "--soft-q-candidates", "positive",
             "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out), "--torch-threads", "1",
-            "--late-steps", str(min(200, max(1, args.steps // 2)))]
+            "--late-steps", str(min(LATE_STEPS, max(1, args.steps // 2)))]
     if not args.from_scratch:
         selector = suite / DEMO_SELECTOR
         argv += ["--init-qnet", str(selector)]

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memento.cli.options import add_bank_option, add_command, add_seed
+from memento.cli.options import add_bank_option, add_command, add_encoder_flag, add_results_file, add_seed
 from memento.errors import ConfigError
+from memento.flags import config_option, given_fields
 from memento.ope.estimators import OPEConfig, RewardModelConfig
 from memento.ope.evaluate import export_rounds, run_evaluation, target_specs
 from memento.ope.export import write_obp_json, write_vw_cb_adf
@@ -49,17 +50,14 @@ def add_parser(commands: Any) -> None:
                     help="a target: logged, similarity, random or a selector directory (repeatable)")
     add_bank_option(ev, "the bank the log's candidates come from, a directory or milvus:URI[#collection] (default: "
                         "the run's bank/)")
-    ev.add_argument("--encoder", metavar="PATH", default=None,
-                    help="the encoder the run used: a directory or a Hub id hf://ORG/NAME[@REV] (default: "
-                         "bundled all-MiniLM-L6-v2)")
+    add_encoder_flag(ev, "the encoder the run used: a directory or a Hub id hf://ORG/NAME[@REV]")
     ev.add_argument("--greedy", action="store_true",
                     help="evaluate each target's arg-max choice instead of its sampling distribution")
-    ev.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                    help="bootstrap resamples for the intervals; 0: none (default: 1000)")
-    ev.add_argument("--level", type=float, default=0.95, help="interval confidence level (default: 0.95)")
-    ev.add_argument("--folds", type=int, default=5, help="cross-fitting folds of the reward model (default: 5)")
+    config_option(ev, OPEConfig, "n_boot", flag="--bootstrap", dest="bootstrap", metavar="N", type=int)
+    config_option(ev, OPEConfig, "level")
+    config_option(ev, RewardModelConfig, "folds", type=int)
     add_seed(ev, "seed of the bootstrap, the folds and Monte Carlo moments (default: 0)")
-    ev.add_argument("--json", metavar="OUT", default=None, help="write the estimates as JSON")
+    add_results_file(ev, "write the estimates as JSON", required=False)
     ev.add_argument("--export-vw", metavar="FILE", default=None, help="write the log as Vowpal Wabbit cb_adf text")
     ev.add_argument("--export-obp", metavar="FILE", default=None,
                     help="write the log as Open Bandit Pipeline bandit feedback (JSON)")
@@ -98,7 +96,9 @@ def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, en
     Everything cheap (flags, targets, the whole log) is checked before the bank is opened and the encoder loaded."""
     if not args.policies and not (args.export_vw or args.export_obp):
         raise ConfigError("nothing to do: give at least one --policy, or --export-vw / --export-obp")
-    config = OPEConfig(n_boot=args.bootstrap, level=args.level, reward_model=RewardModelConfig(folds=args.folds))
+    given = {"n_boot": args.bootstrap, "level": args.level}
+    model = RewardModelConfig(**given_fields(args, RewardModelConfig, ("folds",)))
+    config = OPEConfig(**{name: value for name, value in given.items() if value is not None}, reward_model=model)
     if args.seed < 0:
         raise ConfigError(f"--seed={args.seed}: must be >= 0")
     specs = target_specs(args.policies)

@@ -8,7 +8,8 @@ from typing import Any
 
 from memento.cli.options import EXIT_OK, add_bank_option, add_command, add_connect_timeout, bank_options
 from memento.errors import ConfigError
-from memento.flags import int_arg
+from memento.flags import config_option, option_value
+from memento.runs.base import RunConfig
 from memento.selector.export import create_selector, export_selector, verify
 
 DESCRIPTION = """\
@@ -42,15 +43,15 @@ def add_parser(commands: Any) -> None:
     add_bank_option(export, "SRC is an offline-trained selector (memento train); serve it over this case bank, a "
                             "directory or milvus:URI[#collection] (copied into OUT's own directory bank)")
     add_connect_timeout(export, "with a milvus:http://... --bank: give up on the server after S seconds")
-    export.add_argument("--k", type=int_arg, default=4, help="with --bank: cases shown per task (default: 4)")
-    export.add_argument("--candidates", type=int_arg, default=32,
-                        help="with --bank: the cosine pre-selection the policy chooses from (default: 32)")
+    config_option(export, RunConfig, "k", "with --bank: cases shown per task")
+    config_option(export, RunConfig, "candidates", "with --bank: the cosine pre-selection the policy chooses from")
 
 
 def run(args: argparse.Namespace) -> int:
     src = Path(args.source)
     if args.bank is not None:
-        out = create_selector(args.bank, args.out, trained=src, k=args.k, candidates=args.candidates,
+        out = create_selector(args.bank, args.out, trained=src, k=option_value(args, RunConfig, "k"),
+                              candidates=option_value(args, RunConfig, "candidates"),
                               overwrite=args.force, bank_options=bank_options(args))
     elif (src / "selector" / "learner.json").is_file() and not (src / "bank").is_dir():
         raise ConfigError(f"{src}: an offline-trained selector (memento train) has no case bank of its own; "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memento.cli.options import EXIT_OK, add_command, add_listen_options
+from memento.cli.options import EXIT_OK, add_command, add_listen_options, add_token_file
 from memento.errors import ConfigError
 from memento.serve.app import require_extra, resolve_token
 
@@ -21,9 +21,8 @@ def add_parser(commands: Any) -> None:
                     "serve` shows the same pages under /inspect.")
     inspect.add_argument("path", metavar="RUN_OR_ARTIFACT", help="a run, comparison or selector directory")
     add_listen_options(inspect, port=8090, loopback_note="")
-    inspect.add_argument("--token-file", metavar="FILE", default=None,
-                         help="require this bearer token (needed off loopback; default there: "
-                              "$MEMENTO_SERVE_TOKEN); the browser gives it once as ?token= or in the login form")
+    add_token_file(inspect, "require this bearer token (needed off loopback; default there: $MEMENTO_SERVE_TOKEN); "
+                            "the browser gives it once as ?token= or in the login form")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memento.cli.options import add_command
+from memento.cli.options import add_command, add_device, add_learn_flag, add_seed, add_selector_dir
 from memento.config import MAX_SEED
-from memento.flags import check_count, check_device, int_arg
+from memento.flags import check_count, check_device, config_option
 from memento.serve.app import ServeConfig, require_extra
 from memento.serve.mcp import TOOLS_HELP, run_mcp
 
@@ -23,16 +23,18 @@ client configuration, e.g.:
 The server runs until the client closes stdin; then pending writes are drained and the artifact saved.""".replace(
     "{tools}", TOOLS_HELP)
 
+SAVE_EVERY_N = 100
+"""``memento mcp`` checkpoints after this many writes (its ``ServeConfig.save_every_n``; no time trigger)."""
+
 
 def add_parser(commands: Any) -> None:
     mcp = add_command(commands, "mcp", "serve an exported selector as MCP tools over stdio", DESCRIPTION)
-    mcp.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export), or a Hub id "
-                                              "hf://USER/REPO[@REV]")
-    mcp.add_argument("--learn", action="store_true", help="keep learning from record_outcome (default: record only)")
-    mcp.add_argument("--save-every-n", type=int_arg, default=100, metavar="N",
-                     help="checkpoint after N writes (default: 100; 0: only at exit)")
-    mcp.add_argument("--device", default=None, metavar="D", help="torch device, e.g. cpu or cuda (default: cpu)")
-    mcp.add_argument("--seed", type=int_arg, default=0, help="seed of the sampling RNG (default: 0)")
+    add_selector_dir(mcp)
+    add_learn_flag(mcp, "keep learning from record_outcome (default: record only)")
+    config_option(mcp, ServeConfig, "save_every_n", "checkpoint after N writes (0: only at exit)", metavar="N",
+                  shown_default=SAVE_EVERY_N)
+    add_device(mcp, "torch device, e.g. cpu or cuda (default: cpu)")
+    add_seed(mcp, "seed of the sampling RNG (default: 0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,4 +42,5 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_count("--seed", args.seed, 0, MAX_SEED)
     return run_mcp(args.dir, learn=args.learn, device=args.device, seed=args.seed,
-                   config=ServeConfig(save_every_n=args.save_every_n, save_every_s=0))
+                   config=ServeConfig(save_every_n=SAVE_EVERY_N if args.save_every_n is None else args.save_every_n,
+                                      save_every_s=0))

@@ -13,10 +13,14 @@ from memento.cli.options import (
     add_bank_option,
     add_cases_format,
     add_command,
+    add_device,
     add_encoder_options,
     add_no_progress,
+    add_out,
     add_planner_option,
+    add_resume,
     add_systems_flags,
+    add_tasks_file,
     add_torch_threads,
     check_tensorboard,
     check_torch_threads,
@@ -30,7 +34,16 @@ from memento.cli.options import (
 )
 from memento.config import MAX_STEPS, MAX_WORKERS, EvidenceConfig, OnlineLabelsConfig, QNetConfig, SetChoiceConfig
 from memento.errors import ConfigError, DataFormatError
-from memento.flags import check_count, check_device, config_option, field_help, int_arg
+from memento.flags import (
+    HIDDEN,
+    check_count,
+    check_device,
+    config_option,
+    config_options,
+    config_switch,
+    field_help,
+    int_arg,
+)
 from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
@@ -38,6 +51,7 @@ from memento.policies import PolicyKind, SoftQConfig, make_policy
 from memento.runs.compare import comparison_table, run_comparison
 from memento.runs.qa import LoopConfig, check_seed_bank, qa_policy, without_labels
 from memento.runs.ray import WorkersConfig
+from memento.runs.spans import LATE_STEPS
 
 DESCRIPTION = """\
 Run the online continual-learning loop (Memento's Algorithm 1): for each task, choose K cases
@@ -69,18 +83,15 @@ uninterrupted run with the same seed on the CPU)."""
 SOFT_Q = qa_policy("soft_q")
 """The soft_q config `memento online` starts from (the loop's default; flags override its fields)."""
 
-_LOOP_FIELDS = {  # LoopConfig field -> the help of its flag (the run configs carry no help metadata)
-    "steps": "tasks (LLM calls) per policy", "k": "cases shown per task", "candidates": "candidate set size C",
-    "batch_size": "tasks selected with the same policy parameters and planned together",
-    "checkpoint_every": "steps between checkpoints; 0: only at the end", "window": "steps per success-rate window",
-}
-_SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet", "updates_per_step")
+_LOOP_FIELDS = ("steps", "k", "candidates", "batch_size", "checkpoint_every", "window")
+"""The LoopConfig fields set by flags of their own name (their help on the fields)."""
+_SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet", "updates_per_step")  # SoftQConfig fields set by flags
 _QNET_FLAGS = ("anchor", "features", "relation_rank")
 
 
 def add_parser(commands: Any) -> None:
     online = add_command(commands, "online", "run the online learning loop for one or more policies", DESCRIPTION)
-    online.add_argument("--tasks", required=True, metavar="FILE", help="Task JSONL {id, question, answers, ...}")
+    add_tasks_file(online, required=True)
     seed = online.add_mutually_exclusive_group()
     seed.add_argument("--cases", metavar="FILE", default=None, help="seed cases for the bank (JSONL)")
     add_bank_option(seed, "a seed bank to copy into the run (a directory or milvus:URI[#collection]; instead of "
@@ -95,28 +106,20 @@ def add_parser(commands: Any) -> None:
     online.add_argument("--retain-judge", choices=JUDGES, default=None,
                         help="how a retained case's stored reward is judged (default: as --judge); a lenient judge "
                              "(contains, f1) stores each case's own outcome as a real bank does (facts-real)")
-    for name, text in _LOOP_FIELDS.items():
-        config_option(online, LoopConfig, name, text)
-    online.add_argument("--late-steps", type=int_arg, default=200,
-                        help="the last steps that make the 'late' success rate (default: 200)")
+    config_options(online, LoopConfig, _LOOP_FIELDS)
+    online.add_argument("--late-steps", type=int_arg, default=LATE_STEPS,
+                        help=f"the last steps that make the 'late' success rate (default: {LATE_STEPS})")
     _add_soft_q_options(online)
-    config_option(online, LoopConfig, "credit",
-                  "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the "
-                  "planner scores the gold answer with each case left out: K + 1 forward passes; needs a scoring "
-                  "planner)")
-    online.add_argument("--init-qnet", metavar="DIR", default=None,
-                        help="soft_q starts from this trained Q-network (a `memento train` run directory or its "
-                             "selector/ subdirectory) instead of a fresh one")
-    config_option(online, LoopConfig, "seed", "seed of every random stream of the run")
-    config_option(online, LoopConfig, "tensorboard", "write no TensorBoard event files (OUT/<policy>/tb); needed "
-                  "without TensorBoard installed (the 'train' extra)", flag="--no-tensorboard",
-                  action="store_const", const=False, shown_default="write them")
+    config_option(online, LoopConfig, "credit")
+    config_option(online, SoftQConfig, "init_qnet", metavar="DIR", shown_default=HIDDEN)
+    config_option(online, LoopConfig, "seed")
+    config_switch(online, LoopConfig, "tensorboard")
     add_systems_flags(online.add_argument_group("memory systems (CFGM, LifeMem; a question's environment is its "
                                                 "family)"), games=False)
-    online.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    online.add_argument("--resume", action="store_true", help="continue the runs in --out from their checkpoints")
-    online.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
-                        help="where the Q-network learns (default: cpu; exact resume holds on the CPU)")
+    add_out(online, "output directory")
+    add_resume(online, "continue the runs in --out from their checkpoints")
+    add_device(online, "where the Q-network learns (default: cpu; exact resume holds on the CPU)",
+               choices=["cpu", "cuda", "auto"], default="cpu")
     add_torch_threads(online)
     add_no_progress(online, "no progress bar (there is none either when stderr is not a terminal)")
     _add_worker_options(online.add_argument_group("rollout workers (Ray; the 'ray' extra)"))
@@ -126,7 +129,7 @@ def add_parser(commands: Any) -> None:
 
 def _add_soft_q_options(online: Any) -> None:
     """The soft_q policy's flags (unset: :data:`SOFT_Q`'s fields)."""
-    config_option(online, SoftQConfig, "alpha", "soft-Q temperature", shown_default=SOFT_Q.learner.alpha)
+    config_option(online, SoftQConfig, "alpha", shown_default=SOFT_Q.learner.alpha)
     config_option(online, SoftQConfig, "warmup")
     config_option(online, SoftQConfig, "updates_per_step")
     config_option(online, SoftQConfig, "positive_only",
@@ -153,10 +156,7 @@ def _add_soft_q_options(online: Any) -> None:
                   shown_default=SOFT_Q.sets.sizes)
     config_option(online, SetChoiceConfig, "redundancy", flag="--set-redundancy", dest="sets_redundancy",
                   shown_default=SOFT_Q.sets.redundancy)
-    config_option(online, OnlineLabelsConfig, "target",
-                  "what the labels score: gold (the task's gold answer; the planner's own output when the judge "
-                  "rewarded it where a task has none) or hindsight (only the rewarded outputs: no gold answer used)",
-                  flag="--labels-target", dest="labels_target")
+    config_option(online, OnlineLabelsConfig, "target", flag="--labels-target", dest="labels_target")
 
 
 def _add_worker_options(group: Any) -> None:
@@ -164,10 +164,9 @@ def _add_worker_options(group: Any) -> None:
                        help=f"1..{MAX_WORKERS}; N > 1: N Ray actors, each with its own planner and judge, select "
                             "(with a snapshot of the policy), plan and judge; this process keeps the bank, the "
                             "learner and the logs (default: 1, everything in this process)")
-    group.add_argument("--ray-address", default=None, metavar="ADDR",
-                       help="join this Ray cluster (e.g. auto, ray://HOST:10001; default: start a local Ray)")
-    config_option(group, WorkersConfig, "sync_every",
-                  "learner updates between two policy snapshots sent to the workers")
+    config_option(group, WorkersConfig, "address", flag="--ray-address", dest="ray_address", metavar="ADDR",
+                  shown_default="start a local Ray")
+    config_option(group, WorkersConfig, "sync_every")
 
 
 def loop_config(args: argparse.Namespace, **fixed: Any) -> LoopConfig:

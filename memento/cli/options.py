@@ -10,20 +10,26 @@ import argparse
 from typing import Any, get_args
 
 from memento.bank import MilvusOptions
-from memento.config import EncoderConfig, IndexConfig, Pooling, factory_problem, field_default
+from memento.config import EncoderConfig, IndexConfig, factory_problem, field_default
 from memento.encoders import saved_pooling
 from memento.errors import ConfigError
 from memento.extras import require
 from memento.flags import (
     BANK,
+    HIDDEN,
     add_bank_option,
+    add_config_file,
     add_encoder_flag,
     add_no_progress,
+    add_out,
+    add_resume,
     add_torch_threads,
     check_count,
     check_device,
     check_torch_threads,
     config_option,
+    config_switch,
+    given_fields,
     int_arg,
     load_encoder,
     set_torch_threads,
@@ -32,9 +38,11 @@ from memento.formats import CaseFormat
 from memento.types import shown
 
 __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "JUDGES", "PLANNER_SPECS", "RAW",
-           "add_bank_option", "add_cases_format", "add_command", "add_connect_timeout", "add_encoder_flag",
-           "add_encoder_options", "add_json_flag", "add_listen_options", "add_no_progress", "add_planner_option",
-           "add_results_file", "add_seed", "add_systems_flags", "add_torch_threads", "add_workdir", "bank_options",
+           "add_bank_option", "add_cases_format", "add_command", "add_config_file", "add_connect_timeout", "add_device",
+           "add_encoder_flag", "add_encoder_options", "add_json_flag", "add_learn_flag", "add_listen_options",
+           "add_no_progress", "add_out", "add_planner_option", "add_results_file", "add_resume", "add_seed",
+           "add_selector_dir", "add_systems_flags", "add_tasks_file", "add_token_file", "add_torch_threads",
+           "add_workdir", "bank_options",
            "check_count", "check_device", "check_index_flag", "check_torch_threads", "int_arg",
            "comma_list", "config_option", "encoder_config", "index_factory", "load_encoder",
            "one_line", "progress", "set_torch_threads", "systems_from_args"]
@@ -61,8 +69,10 @@ def add_command(commands: Any, name: str, help: str, description: str | None = N
 # ---------------------------------------------------------------- option groups
 
 
-def add_connect_timeout(parser: Any, help: str = "give up connecting to a Milvus server after S seconds") -> None:
-    parser.add_argument("--connect-timeout", type=float, default=None, metavar="S", help=f"{help} (default: 5)")
+def add_connect_timeout(parser: Any, help: str | None = None) -> None:
+    """``--connect-timeout S``: :class:`~memento.bank.MilvusOptions`' ``connect_timeout_s``."""
+    config_option(parser, MilvusOptions, "connect_timeout_s", help, flag="--connect-timeout", dest="connect_timeout",
+                  metavar="S")
 
 
 def add_planner_option(parser: Any, config: type | None = None, *, required: bool = False,
@@ -80,8 +90,9 @@ def add_encoder_options(group: Any, *, index: tuple[type, str, str] | None = (In
     """``--encoder``, ``--pooling``, ``--max-length`` and (``index``: its config class, field and help) ``--index``,
     read by :func:`encoder_config`."""
     add_encoder_flag(group)
-    group.add_argument("--pooling", choices=list(get_args(Pooling)), default=None,
-                       help="SimCSE pooling (default: the one a fine-tuned --encoder records, else avg)")
+    pooling = field_default(EncoderConfig, "pooling")
+    config_option(group, EncoderConfig, "pooling",
+                  shown_default=f"the one a fine-tuned --encoder records, else {pooling}")
     config_option(group, EncoderConfig, "max_length")
     if index is not None:
         cls, field, text = index
@@ -101,9 +112,36 @@ def add_json_flag(parser: Any, help: str = "print JSON instead of text") -> None
     parser.add_argument("--json", action="store_true", help=help)
 
 
-def add_results_file(parser: Any) -> None:
-    """``--json OUT``: a benchmark's results file (required)."""
-    parser.add_argument("--json", required=True, metavar="OUT", help="results file")
+def add_results_file(parser: Any, help: str = "results file", *, required: bool = True) -> None:
+    """``--json OUT``: a results file (a benchmark's: required)."""
+    parser.add_argument("--json", required=required, default=None, metavar="OUT", help=help)
+
+
+def add_tasks_file(parser: Any, *, required: bool) -> None:
+    """``--tasks FILE``: a Task JSONL file."""
+    parser.add_argument("--tasks", required=required, default=None, metavar="FILE",
+                        help="Task JSONL {id, question, answers, ...}")
+
+
+def add_device(parser: Any, help: str, *, choices: list[str] | None = None, default: str | None = None) -> None:
+    """``--device``: the torch device a command runs on (checked by :func:`memento.flags.check_device`)."""
+    parser.add_argument("--device", choices=choices, default=default, metavar=None if choices else "D", help=help)
+
+
+def add_selector_dir(parser: Any, help: str = "the exported selector directory (memento export), or a Hub id "
+                                              "hf://USER/REPO[@REV]") -> None:
+    """``DIR``: an exported selector (positional)."""
+    parser.add_argument("dir", metavar="DIR", help=help)
+
+
+def add_learn_flag(parser: Any, help: str) -> None:
+    """``--learn``: a served selector keeps learning from feedback."""
+    parser.add_argument("--learn", action="store_true", help=help)
+
+
+def add_token_file(parser: Any, help: str) -> None:
+    """``--token-file FILE``: the bearer token of a server command."""
+    parser.add_argument("--token-file", metavar="FILE", default=None, help=help)
 
 
 def add_workdir(parser: Any, help: str = "where the temporary banks go (default: system temp)") -> None:
@@ -171,35 +209,23 @@ def one_line(message: object) -> str:
 def add_systems_flags(parser: Any, *, games: bool) -> None:
     """The memory-system flags of ``memento play`` (``games``: with reflection and retries) and ``memento
     online``, read by :func:`systems_from_args`."""
-    parser.add_argument("--build", default=None, metavar="SYSTEMS",
-                        help="memory systems that build items: comma-separated cfgm, lifemem, plugmem (default: none)")
-    parser.add_argument("--items", choices=["cases", "all"], default=None,
-                        help="candidates: raw cases only, or with their linked tips, skills and focus points "
-                             "(default: cases)")
+    from memento.systems.runtime import SystemsConfig
+
+    config_option(parser, SystemsConfig, "build", type=comma_list, nargs=None, metavar="SYSTEMS", shown_default="none")
+    config_option(parser, SystemsConfig, "items")
     if games:
-        parser.add_argument("--reflect", action="store_true",
-                            help="CFGM's key-information reflection at steps with an anomalous observation")
-        parser.add_argument("--retries", type=int_arg, default=None,
-                            help="CFGM's exploration: replay a failed game up to N more times with a reflection "
-                                 "(default: 0)")
-    parser.add_argument("--templates", metavar="JSON", default=None,
-                        help="a JSON file replacing builder prompt templates "
-                             "(memento.systems.llm.BuilderTemplates)")
+        config_switch(parser, SystemsConfig, "reflect")
+        config_option(parser, SystemsConfig, "retries")
+    config_option(parser, SystemsConfig, "templates", metavar="JSON", shown_default=HIDDEN)
 
 
 def systems_from_args(args: argparse.Namespace, base: Any) -> Any:
     """``base`` (a SystemsConfig) with the memory-system flags applied; None when no flag is given."""
     import dataclasses
 
-    systems: dict[str, Any] = {}
-    if args.build is not None:
-        systems["build"] = comma_list(args.build)
-    if args.items is not None:
-        systems["items"] = args.items
-    if getattr(args, "reflect", False):
-        systems["reflect"] = True
-    if getattr(args, "retries", None) is not None:
-        systems["retries"] = args.retries
+    from memento.systems.runtime import SystemsConfig
+
+    systems = given_fields(args, SystemsConfig, ("build", "items", "reflect", "retries", "templates"))
     if args.templates is not None:
         from memento.systems.llm import BuilderTemplates
 

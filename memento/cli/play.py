@@ -13,8 +13,11 @@ from typing import Any, get_args
 from memento.cli.options import (
     add_bank_option,
     add_command,
+    add_config_file,
     add_no_progress,
+    add_out,
     add_planner_option,
+    add_resume,
     add_systems_flags,
     add_torch_threads,
     check_tensorboard,
@@ -23,9 +26,9 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import field_default, from_dict, read_config_json
+from memento.config import LearnerConfig, field_default, from_dict, read_config_json
 from memento.errors import ConfigError, GameError
-from memento.flags import check_count, config_option, int_arg
+from memento.flags import check_count, config_option, config_options, config_switch, given_fields, option_value
 from memento.policies import PolicyKind
 
 MAX_EPISODE_STEPS = 100_000
@@ -47,11 +50,8 @@ OUT gets config.json, run.json, bank/, steps.jsonl (one line per command), episo
 checkpoint/, summary.json and, for soft_q, selector/. --resume continues an interrupted run from
 its checkpoint (mid-episode too: the game is replayed to the saved step)."""
 
-_GAME_FIELDS = {  # GameLoopConfig field -> the help of its flag (the run configs carry no help metadata)
-    "episodes": "episodes to play", "k": "cases per decision", "candidates": "candidate set size C",
-    "checkpoint_every": "steps between checkpoints; 0: at the end", "seed": "seed of every random stream",
-    "retrieval": "choose cases at every step or once per episode",
-}
+_GAME_FIELDS = ("episodes", "k", "candidates", "checkpoint_every", "seed", "retrieval")
+"""The GameLoopConfig fields set by flags of their own name (their help on the fields)."""
 
 
 def add_parser(commands: Any) -> None:
@@ -65,24 +65,21 @@ def add_parser(commands: Any) -> None:
     play.add_argument("--split", default="train", help="split of --suite: train, test or ood (default: train)")
     play.add_argument("--policy", default="soft_q",
                       help=f"{', '.join(get_args(PolicyKind))}, or none (no memory) (default: soft_q)")
-    play.add_argument("--gamma", type=float, default=0.0,
-                      help="soft_q's discount: 0 = cross-entropy on each step's reward, > 0 = soft TD (default: 0)")
+    config_option(play, LearnerConfig, "gamma", "soft_q's discount: 0 = cross-entropy on each step's reward, > 0 = "
+                  "soft TD")
     add_planner_option(play, default="gemma")
-    play.add_argument("--config", metavar="JSON", default=None,
-                      help="a GameLoopConfig JSON file (flags given on the command line override its fields)")
-    for name, text in _GAME_FIELDS.items():
-        config_option(play, GameLoopConfig, name, text)
-    play.add_argument("--max-steps", type=int_arg, default=None,
-                      help=f"step limit per episode (default: {field_default(GameLoopConfig, 'game').max_steps})")
-    config_option(play, GameLoopConfig, "tensorboard", "write no TensorBoard event files (OUT/tb); needed without "
-                  "TensorBoard installed (the 'train' extra)", flag="--no-tensorboard", action="store_const",
-                  const=False, shown_default="write them")
+    add_config_file(play, "a GameLoopConfig JSON file (flags given on the command line override its fields)",
+                    metavar="JSON")
+    config_options(play, GameLoopConfig, _GAME_FIELDS)
+    game = field_default(GameLoopConfig, "game")
+    config_option(play, type(game), "max_steps", "step limit per episode", shown_default=game.max_steps)
+    config_switch(play, GameLoopConfig, "tensorboard")
     add_systems_flags(play, games=True)
     add_bank_option(play, "a starting bank to copy (a directory or milvus:URI[#collection]; default: empty)")
-    play.add_argument("--no-learn", action="store_true", help="the policy does not learn (evaluation)")
+    config_switch(play, GameLoopConfig, "learn")
     play.add_argument("--no-retain", action="store_true", help="the bank retains nothing (evaluation)")
-    play.add_argument("--out", required=True, metavar="DIR", help="run directory")
-    play.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    add_out(play, "run directory")
+    add_resume(play, "continue the run in --out from its checkpoint")
     add_torch_threads(play, 0, "torch.set_num_threads (default: torch's)")
     add_no_progress(play)
 
@@ -95,21 +92,18 @@ def _play_config(args: argparse.Namespace) -> Any:
     known = (*get_args(PolicyKind), "none")
     if args.policy not in known:
         raise ConfigError(f"--policy {args.policy!r}: choose from {', '.join(known)}")
-    if not 0.0 <= args.gamma < 1.0:
-        raise ConfigError(f"--gamma={args.gamma}: must be in [0, 1)")
-    if args.gamma > 0 and args.policy != "soft_q":
-        raise ConfigError(f"--gamma={args.gamma}: only soft_q learns with a discount")
-    changes: dict[str, Any] = {name: getattr(args, name) for name in _GAME_FIELDS if getattr(args, name) is not None}
-    if not args.config or args.policy != "soft_q" or args.gamma:
-        changes["policy"] = loop_policy("random" if args.policy == "none" else args.policy, gamma=args.gamma)
+    gamma = option_value(args, LearnerConfig, "gamma")
+    if not 0.0 <= gamma < 1.0:
+        raise ConfigError(f"--gamma={gamma}: must be in [0, 1)")
+    if gamma > 0 and args.policy != "soft_q":
+        raise ConfigError(f"--gamma={gamma}: only soft_q learns with a discount")
+    changes: dict[str, Any] = given_fields(args, GameLoopConfig, (*_GAME_FIELDS, "learn", "tensorboard"))
+    if not args.config or args.policy != "soft_q" or gamma:
+        changes["policy"] = loop_policy("random" if args.policy == "none" else args.policy, gamma=gamma)
     changes["memory"] = args.policy != "none" and base.memory
     if args.max_steps is not None:
         check_count("--max-steps", args.max_steps, 1, MAX_EPISODE_STEPS)
         changes["game"] = dataclasses.replace(base.game, max_steps=args.max_steps)
-    if args.tensorboard is not None:
-        changes["tensorboard"] = args.tensorboard
-    if args.no_learn:
-        changes["learn"] = False
     if args.no_retain:
         changes["cases"] = "none"
     systems = systems_from_args(args, base.systems)

@@ -17,7 +17,9 @@ from memento.cli.options import (
     add_command,
     add_encoder_options,
     add_no_progress,
+    add_out,
     add_planner_option,
+    add_tasks_file,
     add_torch_threads,
     check_torch_threads,
     encoder_config,
@@ -28,7 +30,7 @@ from memento.cli.options import (
 )
 from memento.envs.tasks import suite_dir
 from memento.errors import ConfigError, DataFormatError
-from memento.flags import config_option
+from memento.flags import config_options, config_switch, given_fields
 from memento.formats import read_case_file
 from memento.planners.base import PlannerError
 from memento.planners.spec import build_planner, check_planner_spec, parse_planner_spec
@@ -47,12 +49,8 @@ and the cost (forward passes = scored prompts, wall time, seconds per scored can
 --save-bank (default <out stem>.bank/): train from the labels with
   memento train --from-labels OUT --bank BANK --out RUN"""
 
-_LABEL_FIELDS = {  # LabelConfig field -> the help of its flag
-    "candidates": "cosine candidates C scored per task", "max_tasks": "score at most N tasks (the first with answers)",
-    "k": "1: single-case demonstrations; K > 1: also random K-sets",
-    "sets": "random K-sets scored per task when --k > 1",
-    "seed": "seed of the K-set draws", "batch_size": "tasks per planner.score_many call",
-}
+_LABEL_FIELDS = ("candidates", "max_tasks", "k", "sets", "seed", "batch_size")
+"""The LabelConfig fields set by flags of their own name (their help on the fields)."""
 
 
 def add_parser(commands: Any) -> None:
@@ -62,7 +60,7 @@ def add_parser(commands: Any) -> None:
     source.add_argument("--suite", metavar="NAME|DIR", default=None,
                         help="a shipped suite (facts, facts-real, arith-real, elements-real, contradict-real) or a "
                              "suite directory")
-    source.add_argument("--tasks", metavar="FILE", default=None, help="Task JSONL {id, question, answers, ...}")
+    add_tasks_file(source, required=False)
     score.add_argument("--split", choices=["train", "test", "all"], default=None,
                        help="split of --suite (default: train)")
     bank = score.add_mutually_exclusive_group()
@@ -74,12 +72,10 @@ def add_parser(commands: Any) -> None:
                        help="where a bank built from --cases or the suite's seed cases goes "
                             "(default: <out stem>.bank next to --out)")
     add_planner_option(score, LabelConfig)
-    for name, text in _LABEL_FIELDS.items():
-        extra = {"metavar": "N", "shown_default": "all"} if name == "max_tasks" else {}
-        config_option(score, LabelConfig, name, text, **extra)
-    score.add_argument("--keep-self", action="store_true",
-                       help="keep candidates whose state is the task's own question (default: left out)")
-    score.add_argument("--out", required=True, metavar="FILE", help="the labels JSONL file (written atomically)")
+    config_options(score, LabelConfig, {name: {"metavar": "N", "shown_default": "all"} if name == "max_tasks" else {}
+                                        for name in _LABEL_FIELDS})
+    config_switch(score, LabelConfig, "exclude_self", flag="--keep-self")
+    add_out(score, "the labels JSONL file (written atomically)", metavar="FILE")
     add_torch_threads(score)
     add_no_progress(score)
     add_encoder_options(score.add_argument_group("encoder (used when the bank is created)"))
@@ -145,8 +141,7 @@ def _build_bank(args: argparse.Namespace, cases: list[Any], save_bank: Path, enc
 
 def run(args: argparse.Namespace) -> int:
     # everything cheap is checked before a model is loaded or a file written
-    given = {name: getattr(args, name) for name in ("planner", *_LABEL_FIELDS) if getattr(args, name) is not None}
-    config = LabelConfig(exclude_self=not args.keep_self, **given)
+    config = LabelConfig(**given_fields(args, LabelConfig, ("planner", *_LABEL_FIELDS, "exclude_self")))
     spec = parse_planner_spec(config.planner)
     check_planner_spec(spec)
     check_torch_threads(args)

@@ -5,10 +5,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memento.cli.options import add_command, add_listen_options, set_torch_threads
+from memento.cli.options import (
+    add_command,
+    add_device,
+    add_learn_flag,
+    add_listen_options,
+    add_seed,
+    add_selector_dir,
+    add_token_file,
+    set_torch_threads,
+)
 from memento.config import MAX_BATCH, MAX_SEED, MAX_THREADS
 from memento.errors import ConfigError
-from memento.flags import check_count, check_device, int_arg
+from memento.flags import check_count, check_device, config_option, config_switch, given_fields, option_value
 from memento.serve.app import ServeConfig, check_host, require_extra, resolve_token, serve
 from memento.serve.common import MAX_SERVE_WORKERS
 
@@ -67,51 +76,30 @@ saves, and exits 0. Once listening, one line 'memento serve: DIR on http://HOST:
 
 def add_parser(commands: Any) -> None:
     serve = add_command(commands, "serve", "serve an exported selector over HTTP (FastAPI + uvicorn)", DESCRIPTION)
-    serve.add_argument("dir", metavar="DIR", help="the exported selector directory (memento export), or a Hub id "
-                                                  "hf://USER/REPO[@REV]")
+    add_selector_dir(serve)
     add_listen_options(serve, port=8080, loopback_note=", loopback")
     auth = serve.add_mutually_exclusive_group()
-    auth.add_argument("--token-file", metavar="FILE", default=None,
-                      help="file holding the bearer token (default: the MEMENTO_SERVE_TOKEN environment variable)")
+    add_token_file(auth, "file holding the bearer token (default: the MEMENTO_SERVE_TOKEN environment variable)")
     auth.add_argument("--no-auth", action="store_true",
                       help="serve without a token (only allowed when --host is loopback)")
-    serve.add_argument("--learn", action="store_true",
-                       help="keep learning from feedback (soft-Q updates in the writer thread); "
-                            "default: record feedback only")
-    serve.add_argument("--save-every-s", type=float, default=60.0, metavar="S",
-                       help="checkpoint when S seconds passed since the last one and something changed "
-                            "(default: 60; 0: off)")
-    serve.add_argument("--save-every-n", type=int_arg, default=1000, metavar="N",
-                       help="checkpoint after N writes (feedback + cases) (default: 1000; 0: off)")
-    serve.add_argument("--device", default=None, metavar="D",
-                       help="torch device of the Q-network and encoder, e.g. cpu, cuda, cuda:1 (default: cpu)")
-    serve.add_argument("--max-body-bytes", type=int_arg, default=1 << 20, metavar="B",
-                       help="largest request body accepted; larger ones get 413 (default: 1048576)")
-    serve.add_argument("--seed", type=int_arg, default=0, help="seed of the sampling RNG (default: 0)")
-    serve.add_argument("--threads", type=int_arg, default=1, metavar="N",
-                       help="torch threads (torch.set_num_threads) and faiss OpenMP threads per request thread "
-                            "(default: 1: a request scores a few dozen candidates, and idle threads of concurrent "
-                            "requests spin against each other; 0: the libraries' defaults)")
-    serve.add_argument("--batch-max-texts", type=int_arg, default=32, metavar="N",
-                       help="dynamic batching of text encoding: concurrent query texts are encoded together, up "
-                            "to N in one forward pass (default: 32; 0: off, each request encodes its own text, "
-                            "one at a time)")
-    serve.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
-                       help="how long the first text of a batch waits for others, in ms (default: 2; 0: only "
-                            "the texts already queued; under load the queue fills while a batch runs)")
-    serve.add_argument("--workers", type=int_arg, default=1, metavar="N",
-                       help="server processes accepting on the port: this one, which records feedback and new "
-                            "cases, learns and saves, and N-1 read-only workers that answer selects and reads "
-                            "and forward writes to it (default: 1; each worker loads its own copy of the "
-                            "bank's vectors, index and encoder)")
-    serve.add_argument("--publish-every-s", type=float, default=1.0, metavar="S",
-                       help="with --workers > 1: publish the learner's Q-network to the workers at most every S "
-                            "seconds after it changed, and at every checkpoint (default: 1; 0: after every "
-                            "update)")
-    serve.add_argument("--no-warmup", dest="warmup", action="store_false",
-                       help="skip the start-up warm-up select: /readyz answers 200 at once and the first select "
-                            "loads the encoder (default: warm up in the background; /readyz 503 until done)")
+    add_learn_flag(serve, "keep learning from feedback (soft-Q updates in the writer thread); default: record "
+                          "feedback only")
+    config_option(serve, ServeConfig, "save_every_s", metavar="S")
+    config_option(serve, ServeConfig, "save_every_n", metavar="N")
+    add_device(serve, "torch device of the Q-network and encoder, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    config_option(serve, ServeConfig, "max_body_bytes", metavar="B")
+    add_seed(serve, "seed of the sampling RNG (default: 0)")
+    config_option(serve, ServeConfig, "threads", metavar="N")
+    config_option(serve, ServeConfig, "batch_max_texts", metavar="N")
+    config_option(serve, ServeConfig, "batch_wait_ms", metavar="MS")
+    config_option(serve, ServeConfig, "workers", metavar="N")
+    config_option(serve, ServeConfig, "publish_every_s", metavar="S")
+    config_switch(serve, ServeConfig, "warmup")
 
+
+_SERVE_FIELDS = ("save_every_s", "save_every_n", "max_body_bytes", "threads", "batch_max_texts", "batch_wait_ms",
+                 "workers", "publish_every_s", "warmup")
+"""The ServeConfig fields ``memento serve`` sets from its flags."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,20 +108,18 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: must be in [0, 65535]")
     token = resolve_token(token_file=args.token_file, no_auth=args.no_auth)
-    check_count("--threads", args.threads, 0, MAX_THREADS)
-    check_count("--workers", args.workers, 1, MAX_SERVE_WORKERS)
-    check_count("--batch-max-texts", args.batch_max_texts, 0, MAX_BATCH)
+    threads, workers = option_value(args, ServeConfig, "threads"), option_value(args, ServeConfig, "workers")
+    check_count("--threads", threads, 0, MAX_THREADS)
+    check_count("--workers", workers, 1, MAX_SERVE_WORKERS)
+    check_count("--batch-max-texts", option_value(args, ServeConfig, "batch_max_texts"), 0, MAX_BATCH)
     check_count("--seed", args.seed, 0, MAX_SEED)
     check_device(args.device)
-    set_torch_threads(args.threads)
-    config = ServeConfig(save_every_s=args.save_every_s, save_every_n=args.save_every_n,
-                         max_body_bytes=args.max_body_bytes, threads=args.threads,
-                         batch_max_texts=args.batch_max_texts, batch_wait_ms=args.batch_wait_ms,
-                         workers=args.workers, publish_every_s=args.publish_every_s, warmup=args.warmup)
+    set_torch_threads(threads)
+    config = ServeConfig(**given_fields(args, ServeConfig, _SERVE_FIELDS))
 
     def ready(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
-        workers = f"; workers: {args.workers}" if args.workers > 1 else ""
+        workers = f"; workers: {config.workers}" if config.workers > 1 else ""
         print(f"memento serve: {args.dir} on http://{shown}:{port} (auth: {'bearer token' if token else 'none'}; "
               f"learn: {'on' if args.learn else 'off'}{workers}); SIGTERM or Ctrl-C saves and stops", flush=True)
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from memento.cli.options import EXIT_OK, add_command
+from memento.cli.options import EXIT_OK, add_command, add_json_flag, add_selector_dir
 from memento.selector.export import verify
 
 DESCRIPTION = """\
@@ -19,8 +19,8 @@ exits 2."""
 
 def add_parser(commands: Any) -> None:
     parser = add_command(commands, "verify", "check an exported selector's checksums and dimensions", DESCRIPTION)
-    parser.add_argument("dir", metavar="DIR", help="the exported selector directory")
-    parser.add_argument("--json", action="store_true", help="print the report (with the manifest) as JSON")
+    add_selector_dir(parser, "the exported selector directory")
+    add_json_flag(parser, "print the report (with the manifest) as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -123,7 +123,7 @@ class RewardModelConfig:
     ``max_iter`` / ``tol``: the solver's stopping rule (Newton steps; tolerance on the gradient).
     """
 
-    folds: int = 5
+    folds: int = dataclasses.field(default=5, metadata={"help": "cross-fitting folds of the reward model"})
     l2: float = 1.0
     link: Link = "auto"
     max_iter: int = 50
@@ -144,8 +144,8 @@ class OPEConfig:
     ordered K-prefixes enumerated for exact Plackett-Luce moments, beyond which ``mc_samples`` seeded draws
     estimate them; ``reward_model``: DM and DR's model."""
 
-    n_boot: int = 1000
-    level: float = 0.95
+    n_boot: int = dataclasses.field(default=1000, metadata={"help": "bootstrap resamples for the intervals; 0: none"})
+    level: float = dataclasses.field(default=0.95, metadata={"help": "interval confidence level"})
     support_eps: float = 1e-6
     max_enumerate: int = 60_000
     mc_samples: int = 20_000

@@ -94,16 +94,20 @@ class RunConfig:
       shown (:class:`~memento.systems.runtime.SystemsConfig`; default: none).
     """
 
-    k: int = 4
-    candidates: int = 32
+    k: int = dataclasses.field(default=4, metadata={"help": "cases shown per task"})
+    candidates: int = dataclasses.field(default=32, metadata={"help": "candidate set size C"})
     policy: PolicyConfig = dataclasses.field(default_factory=lambda: loop_policy("soft_q"))
-    seed: int = 0
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of every random stream of the run"})
     shuffle: bool = True
-    index: str = "Flat"
-    window: int = 50
-    checkpoint_every: int = 100
-    tensorboard: bool = True
-    learn: bool = True
+    index: str = dataclasses.field(default="Flat", metadata={"help": "faiss factory of a new bank"})
+    window: int = dataclasses.field(default=50, metadata={"help": "steps per success-rate window"})
+    checkpoint_every: int = dataclasses.field(default=100, metadata={"help": (
+        "steps between checkpoints; 0: only at the end")})
+    tensorboard: bool = dataclasses.field(default=True, metadata={"help": (
+        "write TensorBoard event files (the run's tb/); --no-tensorboard: none, needed without TensorBoard "
+        "installed (the 'train' extra)")})
+    learn: bool = dataclasses.field(default=True, metadata={"help": (
+        "the policy learns; --no-learn: it does not (an evaluation)")})
     systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
 
     def __post_init__(self) -> None:

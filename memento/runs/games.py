@@ -146,12 +146,13 @@ class GameLoopConfig(RunConfig):
     smaller ``k``, ``candidates``, ``window`` and ``checkpoint_every`` defaults).
     """
 
-    episodes: int = 24
-    k: int = 2
-    candidates: int = 16
+    episodes: int = dataclasses.field(default=24, metadata={"help": "episodes to play"})
+    k: int = dataclasses.field(default=2, metadata={"help": "cases per decision"})
+    candidates: int = dataclasses.field(default=16, metadata={"help": "candidate set size C"})
     memory: bool = True
     same_env: bool = True
-    retrieval: Retrieval = "step"
+    retrieval: Retrieval = dataclasses.field(default="step", metadata={"help": (
+        "choose cases at every step or once per episode")})
     cases: Retained = "both"
     case_gamma: float = 0.9
     plan: bool = False
@@ -159,7 +160,7 @@ class GameLoopConfig(RunConfig):
         max_steps=15, history=1, max_state_chars=700))
     actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     window: int = 8
-    checkpoint_every: int = 50
+    checkpoint_every: int = dataclasses.field(default=50, metadata={"help": "steps between checkpoints; 0: at the end"})
 
     def __post_init__(self) -> None:
         cls = type(self)

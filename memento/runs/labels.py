@@ -80,14 +80,17 @@ class LabelConfig:
       the same task would show the planner its own answer).
     """
 
-    candidates: int = 16
-    planner: str = "gemma"
-    max_tasks: int | None = None
-    seed: int = 0
-    k: int = 1
-    sets: int = 8
-    batch_size: int = 8
-    exclude_self: bool = True
+    candidates: int = dataclasses.field(default=16, metadata={"help": "cosine candidates C scored per task"})
+    planner: str = dataclasses.field(default="gemma", metadata={"help": (
+        "the planner spec (gemma, hf:PATH, hf://ORG/NAME[@REV], openai:MODEL@URL[?...])")})
+    max_tasks: int | None = dataclasses.field(default=None, metadata={"help": (
+        "score at most N tasks (the first with answers)")})
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the K-set draws"})
+    k: int = dataclasses.field(default=1, metadata={"help": "1: single-case demonstrations; K > 1: also random K-sets"})
+    sets: int = dataclasses.field(default=8, metadata={"help": "random K-sets scored per task when --k > 1"})
+    batch_size: int = dataclasses.field(default=8, metadata={"help": "tasks per planner.score_many call"})
+    exclude_self: bool = dataclasses.field(default=True, metadata={"help": (
+        "leave out candidates whose state is the task's own question; --keep-self: keep them")})
 
     def __post_init__(self) -> None:
         cls = type(self)

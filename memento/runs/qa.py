@@ -184,11 +184,14 @@ class LoopConfig(RunConfig):
     """
 
     policy: PolicyConfig = dataclasses.field(default_factory=lambda: qa_policy("soft_q"))
-    steps: int = 500
-    batch_size: int = 1
+    steps: int = dataclasses.field(default=500, metadata={"help": "tasks (LLM calls) per policy"})
+    batch_size: int = dataclasses.field(default=1, metadata={"help": (
+        "tasks selected with the same policy parameters and planned together")})
     retain: bool = True
     success_threshold: float = 0.5
-    credit: Credit = "shared"
+    credit: Credit = dataclasses.field(default="shared", metadata={"help": (
+        "how a task's reward reaches the K shown cases: shared (each gets it), or leave_one_out (the planner scores "
+        "the gold answer with each case left out: K + 1 forward passes; needs a scoring planner)")})
     credit_temperature: float = 1.0
 
     def __post_init__(self) -> None:

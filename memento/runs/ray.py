@@ -165,8 +165,10 @@ class WorkersConfig:
     """
 
     workers: int = 2
-    sync_every: int = 1
-    address: str | None = None
+    sync_every: int = dataclasses.field(default=1, metadata={"help": (
+        "learner updates between two policy snapshots sent to the workers")})
+    address: str | None = dataclasses.field(default=None, metadata={"help": (
+        "join this Ray cluster (e.g. auto, ray://HOST:10001)")})
     worker_cpus: float = 1.0
     worker_gpus: float = 0.0
     max_restarts: int = 3

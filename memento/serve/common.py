@@ -1,11 +1,12 @@
-"""What ``memento serve`` (:mod:`memento.serve.app`), its FastAPI layer (:mod:`memento.serve.http`) and the MCP
-tools share: the service config, the single writer thread, the request-time helpers.
+"""What ``memento serve`` (:mod:`memento.serve.app`), its FastAPI layer (:mod:`memento.serve.http`), the read-only
+worker processes (:mod:`memento.serve.worker`) and the MCP tools share: the service config (:class:`ServeConfig`,
+:data:`MAX_SERVE_WORKERS`), the single writer thread (:class:`Writer`), the learner's link to the workers
+(:class:`LearnerLink`), token redaction in logs and the request-time helpers (:func:`token_matches`,
+:func:`case_record`, :func:`json_safe`, :func:`thread_limiter`).
 
-This module sits below all of them (``serve -> _serve_common``, ``_serve_http -> _serve_common``; only
-``serve`` imports ``_serve_http``, lazily), imports nothing optional, and is private: use the names
-through :mod:`memento.serve.app`, which re-exports them. Its records go to the ``memento.serve.app`` logger, as
-they did before this module was split off.
-"""
+This module sits below all of them (``app``, ``http``, ``worker`` and ``schema`` import it; it imports none of them)
+and imports nothing optional. :mod:`memento.serve.app` re-exports the names callers use. Its records go to the
+``memento.serve.app`` logger, as they did before this module was split off."""
 
 from __future__ import annotations
 
@@ -71,20 +72,37 @@ class ServeConfig:
       and the first select pays the loading.
     """
 
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = dataclasses.field(default=1 << 20, metadata={"help": (
+        "largest request body accepted; larger ones get 413")})
     max_k: int = 64
     max_text_chars: int = 32_768
     max_embedding_dim: int = 8192
     queue_size: int = 10_000
-    save_every_s: float = 60.0
-    save_every_n: int = 1000
+    save_every_s: float = dataclasses.field(default=60.0, metadata={"help": (
+        "checkpoint when S seconds passed since the last one and something changed (0: off)")})
+    save_every_n: int = dataclasses.field(default=1000, metadata={"help": (
+        "checkpoint after N writes (feedback + cases) (0: off)")})
     graceful_timeout_s: float = 30.0
-    threads: int = 1
-    batch_max_texts: int = 32
-    batch_wait_ms: float = 2.0
-    workers: int = 1
-    publish_every_s: float = 1.0
-    warmup: bool = True
+    threads: int = dataclasses.field(default=1, metadata={"help": (
+        "torch threads (torch.set_num_threads) and faiss OpenMP threads per request thread (1: a request scores a "
+        "few dozen candidates, and idle threads of concurrent requests spin against each other; 0: the libraries' "
+        "defaults)")})
+    batch_max_texts: int = dataclasses.field(default=32, metadata={"help": (
+        "dynamic batching of text encoding: concurrent query texts are encoded together, up to N in one forward "
+        "pass (0: off, each request encodes its own text, one at a time)")})
+    batch_wait_ms: float = dataclasses.field(default=2.0, metadata={"help": (
+        "how long the first text of a batch waits for others, in ms (0: only the texts already queued; under load "
+        "the queue fills while a batch runs)")})
+    workers: int = dataclasses.field(default=1, metadata={"help": (
+        "server processes accepting on the port: this one, which records feedback and new cases, learns and saves, "
+        "and N-1 read-only workers that answer selects and reads and forward writes to it (each worker loads its "
+        "own copy of the bank's vectors, index and encoder)")})
+    publish_every_s: float = dataclasses.field(default=1.0, metadata={"help": (
+        "with --workers > 1: publish the learner's Q-network to the workers at most every S seconds after it "
+        "changed, and at every checkpoint (0: after every update)")})
+    warmup: bool = dataclasses.field(default=True, metadata={"help": (
+        "warm up in the background on start (/readyz answers 503 until done); --no-warmup: skip the start-up "
+        "warm-up select, /readyz answers 200 at once and the first select loads the encoder")})
 
     def __post_init__(self) -> None:
         check_ints(self, max_body_bytes=1, max_k=1, max_text_chars=1, max_embedding_dim=1, queue_size=1,

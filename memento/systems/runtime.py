@@ -74,14 +74,19 @@ ItemsChoice = Literal["cases", "all"]
 class SystemsConfig:
     """What a run builds and shows (see the module docstring)."""
 
-    build: tuple[Builder, ...] = ()
-    items: ItemsChoice = "cases"
-    reflect: bool = False
-    retries: int = 0
+    build: tuple[Builder, ...] = dataclasses.field(default=(), metadata={"help": (
+        "memory systems that build items: comma-separated cfgm, lifemem, plugmem")})
+    items: ItemsChoice = dataclasses.field(default="cases", metadata={"help": (
+        "candidates: raw cases only, or with their linked tips, skills and focus points")})
+    reflect: bool = dataclasses.field(default=False, metadata={"help": (
+        "CFGM's key-information reflection at steps with an anomalous observation")})
+    retries: int = dataclasses.field(default=0, metadata={"help": (
+        "CFGM's exploration: replay a failed game up to N more times with a reflection")})
     cfgm: CFGMConfig = dataclasses.field(default_factory=CFGMConfig)
     lifemem: LifeMemConfig = dataclasses.field(default_factory=LifeMemConfig)
     plugmem: PlugMemConfig = dataclasses.field(default_factory=PlugMemConfig)
-    templates: str | None = None
+    templates: str | None = dataclasses.field(default=None, metadata={"help": (
+        "a JSON file replacing builder prompt templates (memento.systems.llm.BuilderTemplates)")})
     max_new_tokens: int = 64
 
     def __post_init__(self) -> None:

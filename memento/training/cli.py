@@ -23,7 +23,7 @@ from typing import Any
 from memento import flags
 from memento.errors import ConfigError
 from memento.extras import require
-from memento.flags import config_option, field_help, load_encoder
+from memento.flags import config_option, config_options, field_help, load_encoder
 from memento.types import shown
 
 __all__ = ["add_parser", "build_train_config", "run"]
@@ -61,11 +61,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
     p = commands.add_parser("train", help="train a Q-network offline from logs or labelled pairs (Lightning)",
                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="a TrainConfig JSON file (qnet.dim may be left out); flags override it")
-    p.add_argument("--out", required=True, metavar="DIR", help="run directory (created)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from checkpoints/last.ckpt (its config.json is the base; only "
+    flags.add_config_file(p, "a TrainConfig JSON file (qnet.dim may be left out); flags override it")
+    flags.add_out(p, "run directory (created)")
+    flags.add_resume(p, "continue the run in --out from checkpoints/last.ckpt (its config.json is the base; only "
                         "trainer flags may change)")
     config_option(p, LearnerConfig, "seed", "seed of the Q-network initialisation, the dropout masks, the batch "
                   "order and the split")
@@ -74,8 +72,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     data = p.add_argument_group("data")
     _add_data_options(data)
     flags.add_encoder_flag(data)
-    config_option(data, EncoderConfig, "pooling", "encoder pooling")
-    config_option(data, EncoderConfig, "max_length", "encoder token limit per text")
+    config_options(data, EncoderConfig, ("pooling", "max_length"))
     _add_model_options(p)
     _add_trainer_options(p.add_argument_group("trainer (Lightning)"))
     return p
@@ -84,24 +81,17 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def _add_data_options(data: Any) -> None:
     from memento.training.config import DataConfig
 
-    data.add_argument("--from-log", metavar="PATH", default=None,
-                      help="online-loop run directory or its steps.jsonl transition log")
+    source = {"shown_default": flags.HIDDEN}
+    config_option(data, DataConfig, "log", flag="--from-log", dest="from_log", metavar="PATH", **source)
     flags.add_bank_option(data, f"the case bank the log's case ids refer to, {flags.BANK} (default: bank/ beside "
                           "steps.jsonl); with --from-labels, required: the bank the labels were scored on")
-    data.add_argument("--from-memento", metavar="FILE", default=None,
-                      help="Memento retriever training pairs (training_data.jsonl); label: truth_label")
-    data.add_argument("--memory", metavar="FILE", default=None,
-                      help="the Memento case memory the pairs refer to (memory.jsonl); needed with --from-memento")
-    data.add_argument("--cases", metavar="FILE", default=None, help="Case JSONL bank (every case with an id)")
-    data.add_argument("--rewards", metavar="FILE", default=None,
-                      help='rewards JSONL {"state", "case_id", "reward", "propensity"?}; needed with --cases')
-    data.add_argument("--from-labels", metavar="FILE", default=None,
-                      help="planner-scored labels (memento score --out FILE); needs --bank")
-    for name, text in (("tau", "with --from-labels: temperature of the targets softmax(mean_logprob / tau)"),
-                       ("val_fraction", "share of the states held out for validation"),
-                       ("label_threshold", "reward from which a (state, case) pair counts as rewarded"),
-                       ("num_workers", "DataLoader workers")):
-        config_option(data, DataConfig, name, text)
+    config_option(data, DataConfig, "memento_pairs", flag="--from-memento", dest="from_memento", metavar="FILE",
+                  **source)
+    config_option(data, DataConfig, "memento_memory", flag="--memory", dest="memory", metavar="FILE", **source)
+    config_option(data, DataConfig, "cases", metavar="FILE", **source)
+    config_option(data, DataConfig, "rewards", metavar="FILE", **source)
+    config_option(data, DataConfig, "labels", flag="--from-labels", dest="from_labels", metavar="FILE", **source)
+    config_options(data, DataConfig, ("tau", "val_fraction", "label_threshold", "num_workers"))
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -121,16 +111,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 def _add_trainer_options(tr: Any) -> None:
     from memento.training.config import LightningConfig, TrainerConfig
 
-    config_option(tr, TrainerConfig, "max_epochs", "epochs at most")
-    config_option(tr, TrainerConfig, "max_steps", "optimiser steps at most (-1: no limit)")
-    config_option(tr, TrainerConfig, "patience", "early stopping: validation epochs without improvement (0: off)")
-    config_option(tr, LightningConfig, "accelerator", "Lightning accelerator (auto: a GPU when present)")
-    config_option(tr, LightningConfig, "devices", "auto, a count, -1 (all) or a list like 0,1")
-    config_option(tr, LightningConfig, "num_nodes", "machines for multi-node DDP")
-    config_option(tr, LightningConfig, "strategy", "auto, ddp, ddp_spawn, fsdp, ...")
-    config_option(tr, LightningConfig, "precision", "auto: bf16-mixed on a CUDA GPU, 32-true on the CPU")
-    config_option(tr, LightningConfig, "log_every_n_steps", "TensorBoard step scalars")
-    config_option(tr, TrainerConfig, "hit_k", "K of the hit@K metrics")
+    config_options(tr, TrainerConfig, ("max_epochs", "max_steps", "patience"))
+    config_options(tr, LightningConfig, ("accelerator", "devices", "num_nodes", "strategy", "precision",
+                                         "log_every_n_steps"))
+    config_option(tr, TrainerConfig, "hit_k")
 
 
 _SOURCE_FLAGS = {"from_log": ("log", "log"), "from_memento": ("memento", "memento_pairs"),

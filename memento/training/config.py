@@ -83,12 +83,16 @@ class LightningConfig:
     :func:`memento.training.run.trainer_kwargs` turns it into ``lightning.Trainer`` keyword arguments.
     """
 
-    accelerator: Accelerator = "auto"
-    devices: int | str = "auto"
-    num_nodes: int = 1
-    strategy: str = "auto"
-    precision: Precision = "auto"
-    log_every_n_steps: int = 10
+    accelerator: Accelerator = dataclasses.field(default="auto", metadata={"help": (
+        "Lightning accelerator: auto | cpu | gpu | cuda | mps (auto: a GPU when present)")})
+    devices: int | str = dataclasses.field(default="auto", metadata={"help": (
+        "auto, a device count (-1: all) or a list of indices like 0,1")})
+    num_nodes: int = dataclasses.field(default=1, metadata={"help": "machines for multi-node DDP"})
+    strategy: str = dataclasses.field(default="auto", metadata={"help": "auto, ddp, ddp_spawn, fsdp, ..."})
+    precision: Precision = dataclasses.field(default="auto", metadata={"help": (
+        "auto: bf16-mixed on a CUDA GPU that supports it, else 32-true")})
+    log_every_n_steps: int = dataclasses.field(default=10, metadata={"help": (
+        "TensorBoard step scalars every N optimiser steps")})
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -143,19 +147,27 @@ class DataConfig:
     """
 
     source: DataSource
-    log: str | None = None
+    log: str | None = dataclasses.field(default=None, metadata={"help": (
+        "online-loop run directory or its steps.jsonl transition log")})
     bank: str | None = None
-    memento_pairs: str | None = None
-    memento_memory: str | None = None
-    cases: str | None = None
-    rewards: str | None = None
-    labels: str | None = None
+    memento_pairs: str | None = dataclasses.field(default=None, metadata={"help": (
+        "Memento retriever training pairs (training_data.jsonl); label: truth_label")})
+    memento_memory: str | None = dataclasses.field(default=None, metadata={"help": (
+        "the Memento case memory the pairs refer to (memory.jsonl); needed with --from-memento")})
+    cases: str | None = dataclasses.field(default=None, metadata={"help": "Case JSONL bank (every case with an id)"})
+    rewards: str | None = dataclasses.field(default=None, metadata={"help": (
+        "rewards JSONL {\"state\", \"case_id\", \"reward\", \"propensity\"?}; needed with --cases")})
+    labels: str | None = dataclasses.field(default=None, metadata={"help": (
+        "planner-scored labels (memento score --out FILE); needs --bank")})
     encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
-    val_fraction: float = 0.2
+    val_fraction: float = dataclasses.field(default=0.2, metadata={"help": (
+        "share of the states held out for validation")})
     split_seed: int = 0
-    label_threshold: float = 0.5
-    num_workers: int = 0
-    tau: float = 1.0
+    label_threshold: float = dataclasses.field(default=0.5, metadata={"help": (
+        "reward from which a (state, case) pair counts as rewarded")})
+    num_workers: int = dataclasses.field(default=0, metadata={"help": "DataLoader workers"})
+    tau: float = dataclasses.field(default=1.0, metadata={"help": (
+        "with --from-labels: temperature of the targets softmax(mean_logprob / tau)")})
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -201,12 +213,13 @@ class TrainerConfig:
     """
 
     lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
-    max_epochs: int = 20
-    max_steps: int = -1
-    patience: int = 5
+    max_epochs: int = dataclasses.field(default=20, metadata={"help": "epochs at most"})
+    max_steps: int = dataclasses.field(default=-1, metadata={"help": "optimiser steps at most (-1: no limit)"})
+    patience: int = dataclasses.field(default=5, metadata={"help": (
+        "early stopping: validation epochs without improvement (0: off)")})
     min_delta: float = 0.0
     save_top_k: int = 1
-    hit_k: tuple[int, ...] = (1, 4)
+    hit_k: tuple[int, ...] = dataclasses.field(default=(1, 4), metadata={"help": "K of the hit@K metrics"})
     ece_bins: int = 10
     progress_bar: bool = True
 
@@ -289,24 +302,36 @@ class SimCSEConfig:
       the TensorBoard logging interval of the ``lightning.Trainer``.
     """
 
-    mode: SimCSEMode = "unsup"
-    data: tuple[str, ...] = ()
-    model: str | None = None
-    pooling: Pooling = "avg"
-    max_length: int = 64
-    temperature: float = 0.05
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    batch_size: int = 64
-    epochs: int = 1
-    max_steps: int | None = None
-    dropout: float | None = None
-    include_actions: bool = True
-    positive_threshold: float = 0.5
-    hard_negatives: bool = True
-    eval_size: int = 64
-    seed: int = 0
+    mode: SimCSEMode = dataclasses.field(default="unsup", metadata={"help": "SimCSE objective"})
+    data: tuple[str, ...] = dataclasses.field(default=(), metadata={"help": (
+        "input file or bank directory; repeat for several (required unless --config lists them)")})
+    model: str | None = dataclasses.field(default=None, metadata={"help": (
+        "local transformers encoder directory to start from")})
+    pooling: Pooling = dataclasses.field(default="avg", metadata={"help": (
+        "SimCSE pooling, as the encoder uses it (MiniLM's)")})
+    max_length: int = dataclasses.field(default=64, metadata={"help": "token limit per text in training"})
+    temperature: float = dataclasses.field(default=0.05, metadata={"help": "InfoNCE temperature tau"})
+    lr: float = dataclasses.field(default=3e-5, metadata={"help": "AdamW learning rate"})
+    weight_decay: float = dataclasses.field(default=0.0, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = dataclasses.field(default=0.0, metadata={"help": (
+        "share of the steps with a linear warm-up; then linear decay to 0")})
+    batch_size: int = dataclasses.field(default=64, metadata={"help": (
+        "texts (unsup) or anchors (sup) per step and device; the in-batch negatives")})
+    epochs: int = dataclasses.field(default=1, metadata={"help": "passes over the data"})
+    max_steps: int | None = dataclasses.field(default=None, metadata={"help": (
+        "stop after this many optimiser steps, even mid-epoch")})
+    dropout: float | None = dataclasses.field(default=None, metadata={"help": (
+        "hidden and attention dropout during training, SimCSE's noise")})
+    include_actions: bool = dataclasses.field(default=True, metadata={"help": (
+        "unsup: train on case states and their actions; --no-actions: on case states only")})
+    positive_threshold: float = dataclasses.field(default=0.5, metadata={"help": (
+        "sup: a pair with reward >= this is a positive, below a negative")})
+    hard_negatives: bool = dataclasses.field(default=True, metadata={"help": (
+        "sup: the state's reward-0 cases are hard negatives in the denominator; --no-hard-negatives: in-batch "
+        "negatives only")})
+    eval_size: int = dataclasses.field(default=64, metadata={"help": (
+        "size of the fixed batch whose loss is reported before and after")})
+    seed: int = dataclasses.field(default=0, metadata={"help": "data order, hard negatives, dropout masks"})
     lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
 
     def __post_init__(self) -> None:

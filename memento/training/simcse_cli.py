@@ -11,11 +11,20 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any, get_args
+from typing import Any
 
 from memento.config import field_default
-from memento.flags import check_accelerator, config_option, shown
-from memento.training.config import Accelerator, LightningConfig, SimCSEConfig
+from memento.flags import (
+    HIDDEN,
+    add_config_file,
+    add_out,
+    check_accelerator,
+    config_option,
+    config_options,
+    config_switch,
+    shown,
+)
+from memento.training.config import LightningConfig, SimCSEConfig
 
 __all__ = ["DESCRIPTION", "add_parser", "config_from_args", "run"]
 
@@ -56,48 +65,32 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     :class:`~memento.training.config.SimCSEConfig` fields are derived from it (:func:`memento.flags.config_option`)."""
     p = commands.add_parser("train-encoder", help="fine-tune the encoder with SimCSE (unsupervised or from rewards)",
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", action="append", metavar="FILE", default=None,
-                   help="input file or bank directory; repeat for several (required unless --config lists them)")
-    config_option(p, SimCSEConfig, "mode", "SimCSE objective")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created; its encoder/ is replaced)")
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="a SimCSEConfig JSON (e.g. an earlier OUT/config.json); flags given here override it")
+    config_option(p, SimCSEConfig, "data", action="append", nargs=None, metavar="FILE", shown_default=HIDDEN)
+    config_option(p, SimCSEConfig, "mode")
+    add_out(p, "output directory (created; its encoder/ is replaced)")
+    add_config_file(p, "a SimCSEConfig JSON (e.g. an earlier OUT/config.json); flags given here override it")
     model = p.add_argument_group("model")
-    config_option(model, SimCSEConfig, "model", "local transformers encoder directory to start from",
-                  metavar="PATH", shown_default="bundled all-MiniLM-L6-v2")
-    config_option(model, SimCSEConfig, "pooling", "SimCSE pooling, as the encoder uses it (MiniLM's)")
-    config_option(model, SimCSEConfig, "max_length", "token limit per text in training")
-    config_option(model, SimCSEConfig, "dropout", "hidden and attention dropout during training, SimCSE's noise",
-                  shown_default="the model's, 0.1 for MiniLM")
+    config_option(model, SimCSEConfig, "model", metavar="PATH", shown_default="bundled all-MiniLM-L6-v2")
+    config_options(model, SimCSEConfig, ("pooling", "max_length"))
+    config_option(model, SimCSEConfig, "dropout", shown_default="the model's, 0.1 for MiniLM")
     _add_training_options(p.add_argument_group("training"))
     hw = p.add_argument_group("hardware (passed to lightning.Trainer)")
-    config_option(hw, LightningConfig, "accelerator", " | ".join(get_args(Accelerator)), choices=None)
-    config_option(hw, LightningConfig, "devices", '"auto", a device count ("2", "-1" for all) or a list of indices '
-                  '("0,1")')
-    config_option(hw, LightningConfig, "strategy", "auto | ddp | ...")
-    config_option(hw, LightningConfig, "precision", "auto: bf16-mixed on a GPU that supports it, else 32-true",
-                  choices=list(_PRECISIONS))
+    config_option(hw, LightningConfig, "accelerator", choices=None)
+    config_options(hw, LightningConfig, ("devices", "strategy"))
+    config_option(hw, LightningConfig, "precision", choices=list(_PRECISIONS))
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show Lightning's progress bar (default: when stderr is a terminal)")
     return p
 
 
 def _add_training_options(train: Any) -> None:
-    for name, text in (("epochs", "passes over the data"),
-                       ("max_steps", "stop after this many optimiser steps, even mid-epoch"),
-                       ("batch_size", "texts (unsup) or anchors (sup) per step and device; the in-batch negatives"),
-                       ("lr", "AdamW learning rate"), ("weight_decay", "AdamW weight decay"),
-                       ("warmup_ratio", "share of the steps with a linear warm-up; then linear decay to 0"),
-                       ("temperature", "InfoNCE temperature tau")):
-        config_option(train, SimCSEConfig, name, text, **({"shown_default": "no limit"} if name == "max_steps" else {}))
-    train.add_argument("--no-actions", action="store_true", default=None,
-                       help="unsup: train on case states only, not on their actions")
-    config_option(train, SimCSEConfig, "positive_threshold",
-                  "sup: a pair with reward >= this is a positive, below a negative")
-    train.add_argument("--no-hard-negatives", action="store_true", default=None,
-                       help="sup: in-batch negatives only (no reward-0 cases in the denominator)")
-    config_option(train, SimCSEConfig, "eval_size", "size of the fixed batch whose loss is reported before and after")
-    config_option(train, SimCSEConfig, "seed", "data order, hard negatives, dropout masks")
+    config_option(train, SimCSEConfig, "epochs")
+    config_option(train, SimCSEConfig, "max_steps", shown_default="no limit")
+    config_options(train, SimCSEConfig, ("batch_size", "lr", "weight_decay", "warmup_ratio", "temperature"))
+    config_switch(train, SimCSEConfig, "include_actions", flag="--no-actions")
+    config_option(train, SimCSEConfig, "positive_threshold")
+    config_switch(train, SimCSEConfig, "hard_negatives")
+    config_options(train, SimCSEConfig, ("eval_size", "seed"))
 
 
 _FLAGS = {  # argparse dest -> its field's path in the SimCSEConfig JSON
@@ -132,10 +125,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
             target[path[-1]] = value
     if args.data:
         base["data"] = list(args.data)
-    if args.no_actions:
-        base["include_actions"] = False
-    if args.no_hard_negatives:
-        base["hard_negatives"] = False
+    for name in ("include_actions", "hard_negatives"):
+        if getattr(args, name) is not None:
+            base[name] = getattr(args, name)
     if not base["data"]:
         raise ConfigError("no input: pass --data FILE (or a --config that lists data)")
     return from_dict(SimCSEConfig, base)
