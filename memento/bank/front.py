@@ -93,10 +93,10 @@ class BankFront(FrontEdits):
     # ------------------------------------------------------------------ reads
 
     @overload
-    def get(self, ids: str) -> Case: ...  # type: ignore[overload-overlap]
+    def get(self, ids: str, *, include_deleted: bool = False) -> Case: ...  # type: ignore[overload-overlap]
 
     @overload
-    def get(self, ids: Sequence[str]) -> list[Case]: ...
+    def get(self, ids: Sequence[str], *, include_deleted: bool = False) -> list[Case]: ...
 
     def get(self, ids: str | Sequence[str], *, include_deleted: bool = False) -> Case | list[Case]:
         self._check_open()

@@ -6,7 +6,7 @@ A case vector is ``[state embedding (D) | action embedding (D) | scalars (CASE_S
 - the case's **stored reward** (the outcome of its own task: not the same as its use as a demonstration);
 - its **usage**: the posterior mean of the reward it earned when shown, ``(reward_sum + 1) / (shown + 2)`` (a
   Beta(1, 1) prior for 0/1 rewards) minus its prior mean 0.5, and ``log(1 + shown)``, from the bank's usage log
-  (updated every step: :meth:`memento.bank.CaseBank.record_usage`). Both are 0 for a case never shown, and
+  (updated every step: :meth:`memento.bank.Bank.record_usage`). Both are 0 for a case never shown, and
   the Q-network's weights on them start at 0, so a network trained offline (where no case has been shown)
   keeps them at 0 and its ranking does not drift as the usage statistics grow, until online learning uses them;
 - its **kind**, one-hot over :data:`memento.config.CASE_KINDS` and "other".
@@ -16,7 +16,7 @@ it from the first D numbers. The vector of a case depends only on the bank, so t
 it was when the case was chosen.
 
 The action embedding is the encoder's vector of ``case.action``, computed once per case and stored in the bank
-(:meth:`memento.bank.CaseBank.set_action_embeddings`), so an exported selector carries it.
+(:meth:`memento.bank.Bank.set_action_embeddings`), so an exported selector carries it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from memento.bank import Candidates, CaseBank
+from memento.bank import Candidates
+from memento.bank.protocol import Bank
 from memento.config import CASE_KINDS, CASE_SCALARS
 from memento.errors import DimensionError
 
@@ -67,7 +68,7 @@ class CaseFeaturizer:
     plus its own feedback log).
     """
 
-    def __init__(self, bank: CaseBank, encode: Encode, *, usage_at: UsageFn | None = None, store: bool = True):
+    def __init__(self, bank: Bank, encode: Encode, *, usage_at: UsageFn | None = None, store: bool = True):
         self.bank = bank
         self.encode = encode
         self.usage_at = usage_at if usage_at is not None else bank.usage_at

@@ -42,6 +42,7 @@ import torch
 
 from memento.bank import CaseBank
 from memento.bank.index import use_gpu_for
+from memento.bank.protocol import Bank
 from memento.bank.uri import bank_name, open_bank
 from memento.config import (
     MAX_CANDIDATES,
@@ -238,7 +239,7 @@ def encode_checked(encoder: Any, dim: int, texts: list[str]) -> np.ndarray:
 
 
 def run_bank(target: Path, dim: int, *, bank_dir: Path | str | None, index: str, encoder_config: Any,
-             device: torch.device) -> CaseBank:
+             device: torch.device) -> Bank:
     """A run's fresh bank at ``target``: a copy of the bank named ``bank_dir`` (a directory or ``milvus:URI``,
     :func:`memento.bank.uri.open_bank`; read only, not changed; its index factory and encoder win), or an empty
     one with ``index``. A seed bank of another dimension is a :class:`DimensionError` naming both. The copy keeps
@@ -260,7 +261,7 @@ def run_bank(target: Path, dim: int, *, bank_dir: Path | str | None, index: str,
     return bank
 
 
-def restore_bank(ckpt: Path, state: dict[str, Any], bank: CaseBank) -> None:
+def restore_bank(ckpt: Path, state: dict[str, Any], bank: Bank) -> None:
     """Roll the run's bank back to a checkpoint: the same bank (uid), at least as long, truncated to the saved
     length, and its usage log to the saved step."""
     if state["bank_uid"] != bank.uid:
@@ -402,12 +403,12 @@ class Run:
         """The stream the order draws from: its length and its fingerprint (a resume must see the same)."""
         raise NotImplementedError
 
-    def _act(self, bank: CaseBank, unit: Any) -> Any:
+    def _act(self, bank: Bank, unit: Any) -> Any:
         """One unit of work from the current bank and policy (candidates -> select -> plan / act -> judge ->
         credit): what it chose and what came of it, with nothing written (bank, learner, run files)."""
         raise NotImplementedError
 
-    def _commit(self, bank: CaseBank, acted: Any) -> Any:
+    def _commit(self, bank: Bank, acted: Any) -> Any:
         """What the unit changes (retain -> observe -> usage -> labels and logs), in the order it is written; the
         step advances here."""
         raise NotImplementedError
@@ -416,7 +417,7 @@ class Run:
         """The next unit of work (default: the one step at ``self.step``)."""
         return Step(self.step)
 
-    def _begin(self, bank: CaseBank, unit: Any) -> None:
+    def _begin(self, bank: Bank, unit: Any) -> None:
         """What a unit needs in the bank before it acts (default: nothing; a memory system's items that the unit
         retrieves, e.g. CFGM's focus point of a new environment)."""
 
@@ -450,7 +451,7 @@ class Run:
     def _desc(self) -> str:
         return f"online {self.config.policy_kind}"
 
-    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+    def _summary(self, bank: Bank) -> dict[str, Any]:
         """The kind's entries of the summary, after the common ones (default: none)."""
         return {}
 
@@ -466,7 +467,7 @@ class Run:
     def _encode(self, texts: list[str]) -> np.ndarray:
         return encode_checked(self.encoder, self.dim, texts)
 
-    def _make_bank(self) -> CaseBank:
+    def _make_bank(self) -> Bank:
         """A fresh ``out_dir/bank``: a copy of ``bank_dir``, or empty."""
         from memento.config import EncoderConfig
 
@@ -475,7 +476,7 @@ class Run:
                         encoder_config=encoder_config if isinstance(encoder_config, EncoderConfig) else None,
                         device=self.device)
 
-    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank, **context: Any) -> Policy:
+    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: Bank, **context: Any) -> Policy:
         ctx = PolicyContext(dim=self.dim, k_max=self.config.k, device=self.device, qnet_seed=torch_seed(seeds[2]),
                             learner_seed=torch_seed(seeds[3]), reward_of=bank.rewards,
                             featurizer=CaseFeaturizer(bank, self._encode), evidence_of=bank.evidence_at, **context)
@@ -492,13 +493,13 @@ class Run:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _timed_checkpoint(self, bank: CaseBank) -> None:
+    def _timed_checkpoint(self, bank: Bank) -> None:
         t0 = time.perf_counter()
         self._checkpoint(bank)
         self.ms_totals["checkpoint"] += (time.perf_counter() - t0) * 1000.0
         self._checkpointed_at_end = self._done() == self._total()
 
-    def _checkpoint(self, bank: CaseBank) -> None:
+    def _checkpoint(self, bank: Bank) -> None:
         """Write a complete checkpoint into checkpoint.tmp, then swap it in for checkpoint."""
         cfg, spec = self.config, self.SPEC
         tmp = self.run_dir.begin_checkpoint()
@@ -539,7 +540,7 @@ class Run:
             raise CheckpointError(f"{ckpt}: the checkpoint is at {spec.unit} {position}, beyond "
                                   f"{spec.length}={self._total()}")
 
-    def _restore(self, ckpt: Path, bank: CaseBank) -> None:
+    def _restore(self, ckpt: Path, bank: Bank) -> None:
         state = RunDir.read_state(ckpt)
         self._check_checkpoint(ckpt, state)
         restore_bank(ckpt, state, bank)
@@ -616,7 +617,7 @@ class Run:
             writer.add_text("config", "```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```", 0)
         return writer
 
-    def _loop(self, bank: CaseBank, started: float) -> dict[str, Any]:
+    def _loop(self, bank: Bank, started: float) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
         self.writer = self._tensorboard()
@@ -639,7 +640,7 @@ class Run:
         self._log_summary(summary)
         return summary
 
-    def _drive(self, bank: CaseBank) -> None:
+    def _drive(self, bank: Bank) -> None:
         """Act and commit one unit after the other, with a checkpoint when one is due."""
         while self._done() < self._total():
             unit = self._next_unit()
@@ -652,7 +653,7 @@ class Run:
         if self.SPEC.final_checkpoint and self._done() == self._total() and not self._checkpointed_at_end:
             self._timed_checkpoint(bank)
 
-    def _advanced(self, bank: CaseBank, units: int) -> None:
+    def _advanced(self, bank: Bank, units: int) -> None:
         if units:  # a unit that finished none (a game's command before the episode's last) leaves the bar as it is
             self.bar.update(units)
             rate = {self.SPEC.rate: f"{np.mean(self.recent):.2f}"} if self.recent else {}  # none yet: no rate
@@ -665,7 +666,7 @@ class Run:
         ms["total"] = sum(ms.values())
         return ms
 
-    def _common_summary(self, bank: CaseBank, wall_s: float, resumed_from: int | None,
+    def _common_summary(self, bank: Bank, wall_s: float, resumed_from: int | None,
                         has_model: bool) -> dict[str, Any]:
         """The summary entries every run kind reports."""
         cfg = self.config

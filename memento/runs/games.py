@@ -68,7 +68,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from memento.bank import Candidates, CaseBank
+from memento.bank import Candidates
+from memento.bank.protocol import Bank
 from memento.config import (
     MAX_STEPS,
     check,
@@ -381,7 +382,7 @@ class GameLoop(Run):
         self._episode: _Episode | None = None  # the episode in progress (from a checkpoint, or begun)
         self._game: contextlib.ExitStack | None = None  # the episode's game, open from its start to its end
 
-    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: CaseBank, **context: Any) -> Policy:
+    def _build_policy(self, seeds: list[np.random.SeedSequence], bank: Bank, **context: Any) -> Policy:
         return super()._build_policy(seeds, bank, c_max=self.config.candidates, **context)
 
     def _open_env(self, game: int) -> TextWorldEnv:
@@ -450,7 +451,7 @@ class GameLoop(Run):
 
     # ------------------------------------------------------------------ act: play one episode
 
-    def _candidates(self, bank: CaseBank, state_D: np.ndarray) -> Candidates | None:
+    def _candidates(self, bank: Bank, state_D: np.ndarray) -> Candidates | None:
         """The top-C cases by cosine (of the game's own type with ``same_env``); ``None`` when there is none."""
         if not len(bank):
             return None
@@ -458,7 +459,7 @@ class GameLoop(Run):
         cands = self.systems.candidates(bank, state_D, self.config.candidates, env=env)
         return cands if len(cands) else None
 
-    def _decide(self, bank: CaseBank, state_D: np.ndarray, ms: dict[str, float],
+    def _decide(self, bank: Bank, state_D: np.ndarray, ms: dict[str, float],
                 episode: _Episode, first: bool) -> tuple[Candidates | None, Selection | None]:
         """The step's candidates and the policy's choice (per step, or the episode's one choice)."""
         cfg = self.config
@@ -475,7 +476,7 @@ class GameLoop(Run):
             episode.selection = sel
         return cands, sel
 
-    def _begin(self, bank: CaseBank, episode: _Episode) -> None:
+    def _begin(self, bank: Bank, episode: _Episode) -> None:
         """At an episode's first command: open its game, reset it (or, resumed, replay its commands), CFGM's focus
         point before the environment's first episode, and (resumed) the step vectors and candidates."""
         if self._game is not None:
@@ -506,13 +507,13 @@ class GameLoop(Run):
             game, self._game = self._game, None
             game.close()
 
-    def _drive(self, bank: CaseBank) -> None:
+    def _drive(self, bank: Bank) -> None:
         try:
             super()._drive(bank)
         finally:
             self._close_game()  # a run that failed mid-episode
 
-    def _prompt(self, bank: CaseBank, text: str, episode: _Episode,
+    def _prompt(self, bank: Bank, text: str, episode: _Episode,
                 sel: Selection | None) -> tuple[list[Case], list[str], int]:
         """The cases the actor is shown for the step's choice, the notes above its state (memory items, the
         reflection on a failed attempt, the correction of the previous step) and the memory tokens shown."""
@@ -525,7 +526,7 @@ class GameLoop(Run):
             notes.append(f"Correction: {episode.steps[-1].correction}")
         return shown, notes, memory_tokens(cases)
 
-    def _act(self, bank: CaseBank, episode: _Episode) -> _Commanded:
+    def _act(self, bank: Bank, episode: _Episode) -> _Commanded:
         """One command: encode -> candidates -> select -> the actor's command -> the game's reward and the state
         after it (the episode's steps grow in the commit)."""
         cfg, env, ms, state = self.config, self._env, self._ms, self._state
@@ -582,7 +583,7 @@ class GameLoop(Run):
 
     # ------------------------------------------------------------------ commit: learn, retain, log
 
-    def _commit(self, bank: CaseBank, commanded: _Commanded) -> None:
+    def _commit(self, bank: Bank, commanded: _Commanded) -> None:
         """The command into the episode, its counts and its ``steps.jsonl`` record; at the episode's end,
         :meth:`_end_episode`."""
         episode, step, choice, ms = commanded.episode, commanded.step, commanded.choice, self._ms
@@ -607,7 +608,7 @@ class GameLoop(Run):
         self._end_episode(bank, episode, commanded.after, game, env_name)
         self._episode = None
 
-    def _end_episode(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> None:
+    def _end_episode(self, bank: Bank, episode: _Episode, final: GameState, game: str, env_name: str) -> None:
         """The episode's end: observe -> usage -> retain (and the memory systems' builds) -> log."""
         cfg, ms = self.config, self._ms
         with timed(ms, "learn"):
@@ -637,7 +638,7 @@ class GameLoop(Run):
         self._write_ms(ms)
         self.episode_index += 1
 
-    def _log_episode(self, bank: CaseBank, record: dict[str, Any], final: GameState, loss: float | None) -> None:
+    def _log_episode(self, bank: Bank, record: dict[str, Any], final: GameState, loss: float | None) -> None:
         handle = self.handles[self.run_dir.episodes]
         handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         handle.flush()
@@ -655,7 +656,7 @@ class GameLoop(Run):
             if self.policy.alpha is not None:
                 self.writer.add_scalar("policy/alpha", self.policy.alpha, e)
 
-    def _observations(self, bank: CaseBank, episode: _Episode, final: GameState, version: int,
+    def _observations(self, bank: Bank, episode: _Episode, final: GameState, version: int,
                       ms: dict[str, float]) -> list[Observation]:
         """The episode's decisions as the policy learns from them (see the module docstring)."""
         cfg = self.config
@@ -684,7 +685,7 @@ class GameLoop(Run):
                                    done=bool(last and terminal), next_state_D=nxt_D, next_candidates=nxt_c))
         return out
 
-    def _retain(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str) -> str | None:
+    def _retain(self, bank: Bank, episode: _Episode, final: GameState, game: str, env_name: str) -> str | None:
         """Add the episode's cases to the bank; returns the episode case's id when it is a new trajectory."""
         cfg = self.config
         if cfg.cases == "none" or not episode.steps:
@@ -720,7 +721,7 @@ class GameLoop(Run):
         return ids[-1] if new_trajectory else None
 
 
-    def _build(self, bank: CaseBank, episode: _Episode, final: GameState, game: str, env_name: str,
+    def _build(self, bank: Bank, episode: _Episode, final: GameState, game: str, env_name: str,
                trajectory_id: str | None) -> str | None:
         """The memory systems' builds after an episode (``trajectory_id``: its episode case when new); returns the
         reflection for a retry of the game (or None)."""
@@ -739,7 +740,7 @@ class GameLoop(Run):
 
     # ------------------------------------------------------------------ summary
 
-    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+    def _summary(self, bank: Bank) -> dict[str, Any]:
         cfg = self.config
         log = self.episode_log
         won_E = np.asarray([float(e["won"]) for e in log], dtype=np.float64)

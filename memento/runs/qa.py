@@ -84,7 +84,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 import torch
 
-from memento.bank import Candidates, CaseBank
+from memento.bank import Candidates
+from memento.bank.protocol import Bank
 from memento.bank.uri import open_bank
 from memento.config import (
     MAX_BATCH,
@@ -481,7 +482,7 @@ class OnlineLoop(Run):
     def _logs(self) -> list[Path]:
         return [self.run_dir.steps] + ([self.run_dir.labels] if labels_config(self.config) is not None else [])
 
-    def _make_bank(self) -> CaseBank:
+    def _make_bank(self) -> Bank:
         """A fresh ``out_dir/bank``: a copy of ``bank_dir``, the encoded seed cases, or empty."""
         bank = super()._make_bank()
         if self.bank_dir is not None:
@@ -520,7 +521,7 @@ class OnlineLoop(Run):
         unit = self._round(self.step)
         return unit._replace(tasks=tuple(self.tasks[i] for i in self.order[unit.start_step:unit.stop]))
 
-    def _begin(self, bank: CaseBank, unit: Round) -> None:
+    def _begin(self, bank: Bank, unit: Round) -> None:
         """CFGM: the focus point of each new environment of the round, before its tasks retrieve (nothing without
         the memory systems)."""
         t0 = time.perf_counter()
@@ -530,7 +531,7 @@ class OnlineLoop(Run):
 
     # ------------------------------------------------------------------ act: a round's choices and outcomes
 
-    def _act(self, bank: CaseBank, unit: Round) -> Acted:
+    def _act(self, bank: Bank, unit: Round) -> Acted:
         """One policy-update round over the tasks of ``unit`` (B >= 1): encode -> candidates -> select -> plan ->
         judge -> credit -> online labels (scored, not yet written)."""
         tasks = list(unit.tasks)
@@ -554,7 +555,7 @@ class OnlineLoop(Run):
                      version=version, alpha=alpha, bank_size=bank_size, ms=ms, score_calls=score_calls,
                      memory_tokens=sum(memory_tokens(cases) for cases in prompts))
 
-    def _prepare(self, bank: CaseBank, tasks: list[Task], ms: dict[str, float]
+    def _prepare(self, bank: Bank, tasks: list[Task], ms: dict[str, float]
                  ) -> tuple[np.ndarray, list[Candidates], int]:
         """The tasks' state vectors, their candidates (CFGM's focus points are in the bank already:
         :meth:`_begin`) and the bank's size."""
@@ -566,7 +567,7 @@ class OnlineLoop(Run):
                                              same_env=False) for b, task in enumerate(tasks)]
         return state_BD, cands, bank_size
 
-    def _ensure_focus(self, bank: CaseBank, task: Task) -> None:
+    def _ensure_focus(self, bank: Bank, task: Task) -> None:
         """CFGM: the focus point of the task's environment, from its name and its first questions in the list."""
         env = task_env(task)
         if env in self._focus_asked:  # asked once per family: the same prompt again would be the same reply
@@ -591,7 +592,7 @@ class OnlineLoop(Run):
                                       f"{self.config.policy_kind} policy learns from rewards in "
                                       f"[{bounds[0]:g}, {bounds[1]:g}] (single-step, cross-entropy)")
 
-    def _labels(self, bank: CaseBank, tasks: list[Task], cands: list[Candidates], selections: list[Selection | None],
+    def _labels(self, bank: Bank, tasks: list[Task], cands: list[Candidates], selections: list[Selection | None],
                 outputs: list[PlanOutput], judged: list[tuple[float, str]], first_step: int
                 ) -> tuple[list[CandidateLabels | None], list[LabelWrite]]:
         """Online labels (``SoftQConfig.labels``): for each task of the round on a labelled step (every
@@ -677,7 +678,7 @@ class OnlineLoop(Run):
             self.counters["score_calls"] += label.passes
         labels_handle.flush()
 
-    def _label_rows(self, bank: CaseBank, candidates: Candidates, selection: Selection, judged: tuple[float, str],
+    def _label_rows(self, bank: Bank, candidates: Candidates, selection: Selection, judged: tuple[float, str],
                     lcfg: OnlineLabelsConfig) -> np.ndarray | None:
         """The candidates (rows) a step's labels score, best-ranked first, or ``None`` for an unlabelled step.
 
@@ -707,7 +708,7 @@ class OnlineLoop(Run):
 
     # ------------------------------------------------------------------ commit: what a round changes
 
-    def _commit(self, bank: CaseBank, acted: Acted) -> list[StepRecord]:
+    def _commit(self, bank: Bank, acted: Acted) -> list[StepRecord]:
         """Labels -> retain -> observe -> usage -> log, in stream order; the records of the round (also in
         ``steps.jsonl`` and on TensorBoard). Also the commit of a rollout worker's round (:mod:`memento.runs.ray`)."""
         ms, first_step, tasks = acted.ms, acted.first_step, acted.tasks
@@ -737,7 +738,7 @@ class OnlineLoop(Run):
         self.step = first_step + len(tasks)
         return records
 
-    def _record_evidence(self, bank: CaseBank, observations: Sequence[Observation]) -> None:
+    def _record_evidence(self, bank: Bank, observations: Sequence[Observation]) -> None:
         """Per-case evidence (``SoftQConfig.evidence``): each labelled case's label advantage over its look-alike
         rivals (:func:`memento.learn.evidence.lookalike_advantage`) into the bank, after the policy saw the round
         (so a label is read as evidence from the next round on)."""
@@ -779,7 +780,7 @@ class OnlineLoop(Run):
         for name, value in record.ms.items():
             writer.add_scalar(f"ms/{name}", value, step)
 
-    def _retain(self, bank: CaseBank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
+    def _retain(self, bank: Bank, tasks: list[Task], outputs: list[PlanOutput], judged: list[tuple[float, str]],
                 state_BD: np.ndarray, first_step: int) -> list[tuple[str | None, bool]]:
         """Retain: add each (question, output, reward) to the bank; ``(case id, duplicate)`` per task."""
         retained: list[tuple[str | None, bool]] = [(None, False)] * len(tasks)
@@ -810,7 +811,7 @@ class OnlineLoop(Run):
             self._build(bank, [tasks[b] for b in rows], new_cases, ids, new_ids)
         return retained
 
-    def _build(self, bank: CaseBank, tasks: list[Task], cases: list[Case], ids: list[str], fresh: set[str]) -> None:
+    def _build(self, bank: Bank, tasks: list[Task], cases: list[Case], ids: list[str], fresh: set[str]) -> None:
         """The memory systems after a round's answers were retained: each new answer joins a workflow cluster
         (LifeMem), each question with a success gets its tips (CFGM); nothing without them."""
         self.systems.added(cases, ids)
@@ -838,7 +839,7 @@ class OnlineLoop(Run):
 
     # ------------------------------------------------------------------ summary
 
-    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+    def _summary(self, bank: Bank) -> dict[str, Any]:
         cfg = self.config
         steps = len(self.rewards)
         success_T = np.asarray(self.successes, dtype=np.float64)

@@ -90,7 +90,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from memento.bank import Candidates, CaseBank
+from memento.bank import Candidates
+from memento.bank.protocol import Bank
 from memento.config import MAX_WORKERS, QNetConfig, ReplayConfig, check, check_float, check_int, check_ints, to_dict
 from memento.errors import ConfigError, DataFormatError, MementoError, WorkerError
 from memento.extras import missing_extra, require
@@ -596,7 +597,7 @@ class RayOnlineLoop(OnlineLoop):
             return PolicySnapshot(version=version, alpha=float(policy.alpha), qnet_config=qnet.config, state=state)
         return PolicySnapshot(version=version, alpha=policy.alpha)
 
-    def _message(self, bank: CaseBank, unit: int, start: int, stop: int, snapshot_version: int) -> WorkUnit:
+    def _message(self, bank: Bank, unit: int, start: int, stop: int, snapshot_version: int) -> WorkUnit:
         """The unit's tasks with their candidates as the bank gives them now (the loop's encode -> candidates),
         with the candidates' cases, stored rewards and (Q-network with case features) vectors."""
         tasks = [self.tasks[i] for i in self.order[start:stop]]
@@ -630,7 +631,7 @@ class RayOnlineLoop(OnlineLoop):
                      ms=dict(result.ms), score_calls=result.score_calls,
                      memory_tokens=sum(memory_tokens(cases) for cases in shown))
 
-    def _commit_unit(self, bank: CaseBank, flight: _Flight, result: UnitResult, unit: tuple[int, int, bool]) -> None:
+    def _commit_unit(self, bank: Bank, flight: _Flight, result: UnitResult, unit: tuple[int, int, bool]) -> None:
         """Commit one unit in stream order (the loop's retain -> observe -> usage -> log), its ``workers.jsonl``
         rows, and the checkpoint after it when one is due."""
         learner_version = int(self.policy.version)  # the unit's staleness is counted against it
@@ -670,7 +671,7 @@ class RayOnlineLoop(OnlineLoop):
             start = stop
         return units
 
-    def _drive(self, bank: CaseBank) -> None:
+    def _drive(self, bank: Bank) -> None:
         """The units left, dispatched to the workers and committed in stream order (the module docstring's
         schedule), between starting Ray and stopping it."""
         self._commit_times: list[float] = []  # perf_counter at the first and the latest commit of this process
@@ -717,7 +718,7 @@ class RayOnlineLoop(OnlineLoop):
         processes = saved.get("processes")
         self.processes = (int(processes) if isinstance(processes, int) and processes >= 1 else 1) + 1
 
-    def _summary(self, bank: CaseBank) -> dict[str, Any]:
+    def _summary(self, bank: Bank) -> dict[str, Any]:
         summary = super()._summary(bank)
         stats = dict(self.worker_stats)
         n = max(1, stats["transitions"])
@@ -759,7 +760,7 @@ class RayOnlineLoop(OnlineLoop):
         self.worker_handles = handles
         return handles
 
-    def _pipeline(self, ray: Any, bank: CaseBank, p: _Pipeline) -> None:
+    def _pipeline(self, ray: Any, bank: Bank, p: _Pipeline) -> None:
         """Dispatch, collect and commit every unit left (the schedule of the module docstring)."""
         try:
             self._dispatch_ready(ray, bank, p)
@@ -793,7 +794,7 @@ class RayOnlineLoop(OnlineLoop):
                 with contextlib.suppress(Exception):
                     ray.kill(handle)
 
-    def _dispatch_ready(self, ray: Any, bank: CaseBank, p: _Pipeline) -> None:
+    def _dispatch_ready(self, ray: Any, bank: Bank, p: _Pipeline) -> None:
         """Send every unit whose predecessors (up to N - 1 in flight, none across a checkpoint) are committed."""
         wc = self.workers_config
         while p.next_dispatch < len(p.units) and p.next_commit >= max(p.next_dispatch - wc.workers + 1,

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from memento.bank import CaseBank
+from memento.bank.protocol import Bank
 from memento.config import (
     MAX_CANDIDATES,
     MAX_K,
@@ -173,7 +174,7 @@ class RegretResult:
                 "final_alpha": self.final_alpha, "updates": self.updates, "wall_s": self.wall_s}
 
 
-def _fill_bank(env: SyntheticBandit, path: Path) -> CaseBank:
+def _fill_bank(env: SyntheticBandit, path: Path) -> Bank:
     if path.exists():
         raise BankError(f"{path}: already exists; run_regret needs a fresh workdir (or one without {BANK_DIR}/)")
     cases, emb_ND = env.cases()

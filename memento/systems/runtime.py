@@ -42,7 +42,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from memento.bank import Candidates, CaseBank
+from memento.bank import Candidates
+from memento.bank.protocol import Bank
 from memento.config import MAX_RETRIES, check, check_int
 from memento.errors import ConfigError, ReplyFormatError
 from memento.systems.cfgm import CFGMConfig, KeyInfoReflection, build_tips, focus_point, retry_reflection
@@ -161,7 +162,7 @@ class MemorySystems:
         environment; :meth:`after_answer` reads them), nothing when no system runs."""
         return {"success": success, "family": family} if self.active else {}
 
-    def open(self, bank: CaseBank) -> None:
+    def open(self, bank: Bank) -> None:
         """(Re)read the bank's links (after it was opened, created or truncated back to a checkpoint)."""
         if not self.active:
             return
@@ -183,7 +184,7 @@ class MemorySystems:
             if case_id not in self.graph:
                 self.graph.add(dataclasses.replace(case, id=case_id))
 
-    def _add_items(self, bank: CaseBank, items: list[Case], vectors_ND: np.ndarray | None = None) -> list[str]:
+    def _add_items(self, bank: Bank, items: list[Case], vectors_ND: np.ndarray | None = None) -> list[str]:
         if not items:
             return []
         if vectors_ND is None:
@@ -194,7 +195,7 @@ class MemorySystems:
 
     # ------------------------------------------------------------------ candidates
 
-    def candidates(self, bank: CaseBank, state_D: np.ndarray, c: int, *, env: str | None,
+    def candidates(self, bank: Bank, state_D: np.ndarray, c: int, *, env: str | None,
                    same_env: bool = True) -> Candidates:
         """The candidates a policy chooses from (raw cases, or expanded with items): the C nearest raw cases (of
         ``env`` only when ``same_env``), and with ``items="all"`` their linked items and ``env``'s focus point (and
@@ -211,11 +212,11 @@ class MemorySystems:
 
     # ------------------------------------------------------------------ hooks
 
-    def before_episode(self, bank: CaseBank, env: str, objective: str, admissible: Sequence[str]) -> None:
+    def before_episode(self, bank: Bank, env: str, objective: str, admissible: Sequence[str]) -> None:
         """CFGM: the environment's focus point, once, before its first episode."""
         self.ensure_focus(bank, env, objective, [f"> {c}" for c in list(admissible)[:8]])
 
-    def ensure_focus(self, bank: CaseBank, env: str, description: str, examples: Sequence[str]) -> None:
+    def ensure_focus(self, bank: Bank, env: str, description: str, examples: Sequence[str]) -> None:
         """CFGM: the focus point of ``env``, written once (asked again while a reply gave none)."""
         if "cfgm" not in self.config.build or self.llm is None or self.graph.active("focus", env=env):
             return
@@ -235,7 +236,7 @@ class MemorySystems:
         assert self.llm is not None
         return retry_reflection(self.llm, goal, history, candidates, self.config.cfgm)
 
-    def after_attempts(self, bank: CaseBank, *, game: str, env: str, task: str) -> None:
+    def after_attempts(self, bank: Bank, *, game: str, env: str, task: str) -> None:
         """CFGM: the tips of ``game`` from its episode cases, once it has a success (first time only)."""
         if "cfgm" not in self.config.build or self.llm is None:
             return
@@ -243,7 +244,7 @@ class MemorySystems:
                     if c.env == env and c.meta.get("granularity") == "episode"]
         self._tips(bank, key=game, env=env, task=task, attempts=episodes, won=lambda c: bool(c.meta.get("won")))
 
-    def after_answer(self, bank: CaseBank, *, task_id: str, env: str, question: str) -> None:
+    def after_answer(self, bank: Bank, *, task_id: str, env: str, question: str) -> None:
         """CFGM in question answering: the tips of question ``task_id`` from its retained answers (``meta.task_id``;
         a success is ``meta.success``), once it has a success (first time only)."""
         if "cfgm" not in self.config.build or self.llm is None:
@@ -252,7 +253,7 @@ class MemorySystems:
         self._tips(bank, key=task_id, env=env, task=question, attempts=answers,
                    won=lambda c: bool(c.meta.get("success")))
 
-    def _tips(self, bank: CaseBank, *, key: str, env: str, task: str, attempts: Sequence[Case],
+    def _tips(self, bank: Bank, *, key: str, env: str, task: str, attempts: Sequence[Case],
               won: Callable[[Case], bool]) -> None:
         if any(tip.env == env for tip in self.graph.with_meta("task", key, "tip")):
             return
@@ -264,7 +265,7 @@ class MemorySystems:
         if tips:
             self._add_items(bank, tips, np.repeat(bank.embeddings([successes[0].id or ""]), len(tips), axis=0))
 
-    def after_episode(self, bank: CaseBank, episode_case_id: str | None) -> None:
+    def after_episode(self, bank: Bank, episode_case_id: str | None) -> None:
         """A new trajectory: LifeMem adds it to (or founds) a workflow cluster, then PlugMem structures it into
         propositions and prescriptions."""
         if episode_case_id is None:
@@ -306,7 +307,7 @@ class MemorySystems:
         notes["memory_tokens_max"] = max(notes["memory_tokens_max"], tokens)
         notes["calls"] += calls
 
-    def plugmem_note(self, bank: CaseBank, query: str, state_D: np.ndarray, *,
+    def plugmem_note(self, bank: Bank, query: str, state_D: np.ndarray, *,
                      env: str | None = None) -> PlugMemRetrieval:
         """PlugMem's prompt-side retrieval for ``query`` (:func:`memento.systems.plugmem.retrieve`: abstract
         queries and compression with the run's LLM when it has one, else their fallbacks); its memory tokens
