@@ -252,3 +252,62 @@ def test_no_module_imports_another_modules_private_name() -> None:
     assert not offences, "\n".join(offences)
     stale = set(PRIVATE_IMPORTS_ALLOWED) - used
     assert not stale, f"allowed but no longer imported (remove from PRIVATE_IMPORTS_ALLOWED): {sorted(stale)}"
+
+
+# ---------------------------------------------------------------- sizes, circles through functions, the run skeleton
+
+MAX_MODULE_LINES = 1000
+MAX_CLASS_LINES = 500
+
+
+def test_no_module_over_1000_lines_and_no_class_over_500() -> None:
+    """A module one reader can hold: at most :data:`MAX_MODULE_LINES` lines; a class (``class`` to its last line,
+    docstrings included) at most :data:`MAX_CLASS_LINES`. Tests are not counted."""
+    offences = []
+    for path in _modules().values():
+        text = path.read_text(encoding="utf-8")
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            offences.append(f"{path.relative_to(ROOT)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and (size := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
+                offences.append(f"{path.relative_to(ROOT)}:{node.lineno}: class {node.name} is {size} lines")
+    assert not offences, "\n".join(offences)
+
+
+def test_no_circle_through_imports_inside_functions_either() -> None:
+    """With every import counted (inside functions too), the graph still has no circle: a function-level import
+    that closes one only hides it from the module-level test above."""
+    known = _modules()
+    graph = {module: set().union(*[targets for _, targets in _imports(path, known, module_level_only=False)])
+             - {module} for module, path in known.items()}
+    graph = {module: {t for t in targets if not module.startswith(t + ".")} for module, targets in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
+            if nxt not in state and (cycle := visit(nxt, stack + [nxt])) is not None:
+                return cycle
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [module])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_run_skeleton_names_no_run_kind_and_builds_no_attribute_name() -> None:
+    """``memento.runs.base`` knows its run kinds only through their :class:`~memento.runs.base.RunSpec`: it names no
+    subclass, and it reads no attribute by a name built at run time (``getattr(x, a + b)``, f-strings)."""
+    path = ROOT / "memento" / "runs" / "base.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = {"OnlineLoop", "GameLoop", "RayOnlineLoop"}
+    named = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in kinds})
+    assert not named, named
+    built = [node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr")
+             and len(node.args) > 1 and isinstance(node.args[1], (ast.BinOp, ast.JoinedStr))]
+    assert not built, f"memento/runs/base.py builds attribute names at lines {built}"

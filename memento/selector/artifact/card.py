@@ -9,7 +9,12 @@ from typing import Any
 from memento.selector.artifact.configs import EncoderSpec, SelectorConfig
 from memento.selector.artifact.layout import SELECTOR_FORMAT, SELECTOR_FORMAT_VERSION
 
-__all__ = ["card_front_matter", "model_card"]
+__all__ = ["CARD_METADATA", "card_front_matter", "model_card"]
+
+CARD_METADATA: dict[str, Any] = {"library_name": "memento-mdp",
+                                 "tags": ["memento", "case-based-reasoning", "retrieval", "soft-q"]}
+"""The model card metadata every pushed selector carries (its PyPI name: ``pip install memento-mdp``)."""
+
 
 def _pct(x: Any) -> str:
     return "n/a" if not isinstance(x, (int, float)) else f"{100.0 * x:.1f}%"
@@ -17,11 +22,9 @@ def _pct(x: Any) -> str:
 
 def card_front_matter(manifest: dict[str, Any], spec: EncoderSpec) -> list[str]:
     """The YAML front matter the Hugging Face Hub reads from a model card (``huggingface_hub.ModelCardData``):
-    library name and tags (:data:`memento.selector.artifact.hub.CARD_METADATA`), the base encoder (its Hub id
+    library name and tags (:data:`CARD_METADATA`), the base encoder (its Hub id
     when known), the task suite as the dataset, the run's figures as metrics and as the model index's results."""
     from huggingface_hub import EvalResult, ModelCardData
-
-    from memento.selector.artifact.hub import CARD_METADATA
 
     source = manifest.get("source") or {}
     summary = source.get("summary") or {}

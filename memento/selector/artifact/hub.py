@@ -15,6 +15,7 @@ from typing import Any
 
 from memento.errors import CheckpointError, MementoError
 from memento.hub import HUB_PREFIX, default_cache_dir, is_hub_id, resolve_snapshot, revision_problem
+from memento.selector.artifact.card import CARD_METADATA
 from memento.selector.artifact.layout import CARD_NAME
 from memento.selector.artifact.manifest import (
     MANIFEST_NAME,
@@ -24,7 +25,7 @@ from memento.selector.artifact.manifest import (
     write_manifest,
 )
 
-__all__ = ["CARD_METADATA", "PUSH_IGNORE", "portable_card", "portable_text", "push_folder", "resolve_selector"]
+__all__ = ["PUSH_IGNORE", "portable_card", "portable_text", "push_folder", "resolve_selector"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,6 @@ _ABS_PATH = re.compile(r"(?:(?<=^)|(?<=[\s:=(\[{'\"`,]))(?:~/|/(?=[^/\s])|[A-Za-
 """An absolute local path inside a text (``/home/u/runs/x``, ``~/runs/x``, ``C:\\runs\\x``), at the start or
 after a space, a quote, a backtick, ``:``, ``=`` or an opening bracket; not the ``//`` of a URL."""
 
-CARD_METADATA: dict[str, Any] = {"library_name": "memento-mdp",
-                                 "tags": ["memento", "case-based-reasoning", "retrieval", "soft-q"]}
-"""The model card metadata every pushed selector carries (its PyPI name: ``pip install memento-mdp``)."""
 
 
 def portable_text(text: str) -> str:
