@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from memento.bank import bank_exists, copy_bank, create_bank, open_bank, parse_bank_uri
 from memento.bank.bulk import DEFAULT_CHUNK
@@ -25,12 +26,23 @@ from memento.cli.options import (
     index_factory,
     load_encoder,
 )
-from memento.config import MAX_CANDIDATES, MAX_DIM, BankConfig, IndexConfig, field_default
-from memento.errors import BankError, DataFormatError, DimensionError, EncoderError
-from memento.flags import HIDDEN, check_count, config_option, config_options, int_arg
+from memento.config import (
+    MAX_CANDIDATES,
+    MAX_DIM,
+    BankConfig,
+    IndexConfig,
+    check_bools,
+    check_choice,
+    field_default,
+)
+from memento.errors import BankError, ConfigError, DataFormatError, DimensionError, EncoderError
+from memento.flags import HIDDEN, check_count, config_option, config_options, config_switch, given_fields
 from memento.formats import CaseFormat, read_case_file
 from memento.io import loads_json, parse_json
 from memento.types import SCOPE_FIELDS
+
+MAX_CHUNK = 10_000_000
+"""``bank import --chunk``: the most cases one transaction adds."""
 
 CASE_FORMAT_HELP = """\
 case               Case JSONL {"id", "state", "action", "reward", "env"?, "kind"?, "meta"?,
@@ -58,6 +70,57 @@ _IMPORT_DESCRIPTION = ("Read a case file, encode the states and add every case i
                        "formats:\n" + CASE_FORMAT_HELP)
 
 
+@dataclasses.dataclass(frozen=True)
+class ImportConfig:
+    """What ``bank import`` reads and how it adds the cases (its flags are these fields; the bank and the encoder
+    are the other options')."""
+
+    format: CaseFormat = dataclasses.field(default="case", metadata={"help": "input format"})
+    allow_duplicates: bool = dataclasses.field(default=False, metadata={
+        "help": "store cases whose content is already in the bank"})
+    embeddings: str | None = dataclasses.field(default=None, metadata={"help": (
+        "precomputed unit-norm vectors, row i for line i: a .npy file or a .safetensors file with one [N, D] tensor "
+        "(no encoder runs; a new bank records no encoder unless --encoder names one)")})
+    chunk: int = dataclasses.field(default=DEFAULT_CHUNK, metadata={
+        "help": "with --embeddings: cases per transaction"})
+
+    def __post_init__(self) -> None:
+        check_choice(self, "format", CaseFormat)
+        check_bools(self, "allow_duplicates")
+        if self.embeddings is not None:  # without vectors the cases are added in one transaction: no chunk
+            check_count("--chunk", self.chunk, 1, MAX_CHUNK)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """The query of ``bank search`` beside its text: how many cases, and which cases may be found (``None``: any)."""
+
+    k: int = dataclasses.field(default=4, metadata={"help": f"number of cases, 1..{MAX_CANDIDATES}"})
+    env: str | None = dataclasses.field(default=None, metadata={"help": "only cases of this env"})
+    kind: str | None = dataclasses.field(default=None, metadata={"help": "only cases of this kind"})
+    user: str | None = dataclasses.field(default=None, metadata={"help": "only cases of this user (scope)"})
+    agent: str | None = dataclasses.field(default=None, metadata={"help": "only cases of this agent (scope)"})
+    session: str | None = dataclasses.field(default=None, metadata={"help": "only cases of this session (scope)"})
+    include_global: bool = dataclasses.field(default=False, metadata={"help": (
+        "beside a scope, also the cases without any owner (a shared pool plus the scope's own)")})
+    filter: str | None = dataclasses.field(default=None, metadata={"help": (
+        'only cases that match, e.g. \'{"topic": "geo"}\', \'{"level": {"gte": 2}}\', '
+        '\'{"topic": {"in": ["geo", "sci"]}}\', \'{"OR": [{"level": 1}, {"done": true}]}\', '
+        '\'{"created": {"gte": "2024-05-01"}}\' (docs/formats.md)')})
+
+    def __post_init__(self) -> None:
+        check_bools(self, "include_global")
+        for name in ("env", "kind", *SCOPE_FIELDS, "filter"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"SearchConfig.{name}={value!r}: must be a string or None")
+
+    @property
+    def scope_fields(self) -> dict[str, str]:
+        """The scope given (``--user``, ``--agent``, ``--session``), by field."""
+        return {name: getattr(self, name) for name in SCOPE_FIELDS if getattr(self, name) is not None}
+
+
 def add_parser(commands: Any) -> None:
     bank = add_command(commands, "bank", "create, fill, search, copy and inspect case banks", _DESCRIPTION, raw=False)
     actions = bank.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
@@ -73,16 +136,10 @@ def add_parser(commands: Any) -> None:
     imp = add_command(actions, "import", "import cases from a JSONL file", _IMPORT_DESCRIPTION)
     imp.add_argument("file", metavar="FILE", help="JSONL file to import")
     add_bank_option(imp, "bank (a directory or milvus:URI; created if missing)", required=True)
-    imp.add_argument("--format", choices=list(get_args(CaseFormat)), default="case",
-                     help="input format (default: case)")
-    imp.add_argument("--allow-duplicates", action="store_true",
-                     help="store cases whose content is already in the bank")
-    imp.add_argument("--embeddings", metavar="VECS", default=None,
-                     help="precomputed unit-norm vectors, row i for line i: a .npy file or a .safetensors file "
-                          "with one [N, D] tensor (no encoder runs; a new bank records no encoder unless "
-                          "--encoder names one)")
-    imp.add_argument("--chunk", type=int_arg, default=DEFAULT_CHUNK,
-                     help=f"with --embeddings: cases per transaction (default: {DEFAULT_CHUNK})")
+    config_option(imp, ImportConfig, "format")
+    config_switch(imp, ImportConfig, "allow_duplicates")
+    config_option(imp, ImportConfig, "embeddings", metavar="VECS", shown_default=HIDDEN)
+    config_option(imp, ImportConfig, "chunk")
     add_encoder_options(imp.add_argument_group("encoder (used when the bank is created)"))
     add_storage_options(imp)
 
@@ -96,17 +153,10 @@ def add_parser(commands: Any) -> None:
                                      "match --filter (the top k of the matching cases).")
     search.add_argument("text", metavar="TEXT")
     add_bank_option(search, BANK, required=True)
-    search.add_argument("-k", type=int_arg, default=4, help=f"number of cases, 1..{MAX_CANDIDATES} (default: 4)")
-    search.add_argument("--env", default=None, help="only cases of this env")
-    search.add_argument("--kind", default=None, help="only cases of this kind")
-    for name in SCOPE_FIELDS:
-        search.add_argument(f"--{name}", default=None, metavar="ID", help=f"only cases of this {name} (scope)")
-    search.add_argument("--include-global", action="store_true",
-                        help="beside a scope, also the cases without any owner (a shared pool plus the scope's own)")
-    search.add_argument("--filter", default=None, metavar="JSON",
-                        help='only cases that match, e.g. \'{"topic": "geo"}\', \'{"level": {"gte": 2}}\', '
-                             '\'{"topic": {"in": ["geo", "sci"]}}\', \'{"OR": [{"level": 1}, {"done": true}]}\', '
-                             '\'{"created": {"gte": "2024-05-01"}}\' (docs/formats.md)')
+    config_option(search, SearchConfig, "k", flag="-k")
+    config_options(search, SearchConfig, {"env": {"shown_default": HIDDEN}, "kind": {"shown_default": HIDDEN},
+                                          **{name: {"metavar": "ID", "shown_default": HIDDEN} for name in SCOPE_FIELDS},
+                                          "include_global": {}, "filter": {"metavar": "JSON", "shown_default": HIDDEN}})
     add_json_flag(search)
 
     reindex = add_command(actions, "reindex", "build a new faiss index over a directory bank's vectors", raw=False,
@@ -243,13 +293,14 @@ def _copy(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     refuse_artifact(args.bank)
-    if args.embeddings is not None and args.format == "case":  # streamed: the file is checked, never held
+    config = ImportConfig(**given_fields(args, ImportConfig))
+    if config.embeddings is not None and config.format == "case":  # streamed: the file is checked, never held
         from memento.bank.ingest import scan_case_file
 
-        return _import_embeddings(args, scan_case_file(args.file, progress=None))
-    cases = read_case_file(args.file, args.format)  # validate the whole file before creating anything
-    if args.embeddings is not None:
-        return _import_embeddings(args, cases)
+        return _import_embeddings(args, config, scan_case_file(args.file, progress=None))
+    cases = read_case_file(args.file, config.format)  # validate the whole file before creating anything
+    if config.embeddings is not None:
+        return _import_embeddings(args, config, cases)
     if bank_exists(args.bank, options=bank_options(args)):
         bank, encoder = open_bank(args.bank, options=bank_options(args)), None
     else:
@@ -257,29 +308,28 @@ def _import(args: argparse.Namespace) -> int:
         print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
     with bank:
         try:  # ids used by other cases of the bank: refused before the encoder runs
-            bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
+            bank.check_ids(cases, allow_duplicates=config.allow_duplicates)
         except DataFormatError as error:
             raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
         encoder = encoder or bank_encoder(bank)
         before = len(bank)
         vectors = encoder.encode([c.state for c in cases], normalize=True).reshape(len(cases), bank.dim)
-        bank.add(cases, vectors, allow_duplicates=args.allow_duplicates)
+        bank.add(cases, vectors, allow_duplicates=config.allow_duplicates)
         added = len(bank) - before
         print(f"imported {added} case(s) from {args.file} into {bank.path} "
               f"({len(cases) - added} duplicate(s) skipped; {len(bank)} in the bank)")
     return EXIT_OK
 
 
-def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
+def _import_embeddings(args: argparse.Namespace, config: ImportConfig, cases: Any) -> int:
     """``bank import FILE --embeddings VECS``: the vectors given, checked whole before the bank is created or
     opened, then added a chunk per transaction (:mod:`memento.bank.bulk`; a Case JSONL file is streamed,
     ``cases`` is then its :class:`memento.bank.ingest.CaseFileScan`)."""
     from memento.bank.bulk import check_embeddings, import_with_embeddings, read_embeddings
     from memento.bank.ingest import CaseFileScan, import_case_file
 
-    check_count("--chunk", args.chunk, 1, 10_000_000)
-    vectors = read_embeddings(args.embeddings)
-    where = f"{args.embeddings} (for {args.file})"
+    vectors = read_embeddings(config.embeddings)
+    where = f"{config.embeddings} (for {args.file})"
     n_cases = cases.cases if isinstance(cases, CaseFileScan) else len(cases)
     check_embeddings(vectors, n_cases, int(vectors.shape[1]), where)  # read_embeddings: [N, D]
     if bank_exists(args.bank, options=bank_options(args)):
@@ -288,20 +338,20 @@ def _import_embeddings(args: argparse.Namespace, cases: Any) -> int:
         bank, encoder = _create_bank(args, None if args.encoder else int(vectors.shape[1]))
         if encoder is not None and encoder.dim != vectors.shape[1]:
             bank.close()
-            raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, {args.embeddings} holds "
+            raise DimensionError(f"encoder {encoder.model_id} gives dim={encoder.dim}, {config.embeddings} holds "
                                  f"dim={vectors.shape[1]} vectors")
         print(f"created {bank.path} (dim={bank.dim}, index={bank.config.index.factory})")
     with bank:
         if isinstance(cases, CaseFileScan):
-            added = import_case_file(bank, cases, vectors, allow_duplicates=args.allow_duplicates, chunk=args.chunk,
+            added = import_case_file(bank, cases, vectors, allow_duplicates=config.allow_duplicates, chunk=config.chunk,
                                      where=where)
         else:
             try:
-                bank.check_ids(cases, allow_duplicates=args.allow_duplicates)
+                bank.check_ids(cases, allow_duplicates=config.allow_duplicates)
             except DataFormatError as error:
                 raise DataFormatError(f"{error} (bank {bank.path})", path=args.file) from None
-            added = import_with_embeddings(bank, cases, vectors, allow_duplicates=args.allow_duplicates,
-                                           chunk=args.chunk, where=where, checked=True)
+            added = import_with_embeddings(bank, cases, vectors, allow_duplicates=config.allow_duplicates,
+                                           chunk=config.chunk, where=where, checked=True)
         print(f"imported {added} case(s) from {args.file} into {bank.path} "
               f"({n_cases - added} already stored or duplicate(s) skipped; {len(bank)} in the bank)")
     return EXIT_OK
@@ -342,19 +392,19 @@ def _utf8_argument(value: str | None, name: str) -> None:
         raise DataFormatError(f"{name} is not UTF-8 text ({byte} at character {error.start + 1})") from None
 
 
-def _search_where(args: argparse.Namespace) -> tuple[Any, Any]:
+def _search_where(query: SearchConfig) -> tuple[Any, Any]:
     """The scope and the parsed filter of ``bank search``, checked before the bank opens (one-line errors)."""
     for name in SCOPE_FIELDS:
-        _utf8_argument(getattr(args, name), f"--{name}")
-    _utf8_argument(args.filter, "--filter")
-    fields = {name: getattr(args, name) for name in SCOPE_FIELDS if getattr(args, name) is not None}
-    if args.include_global and not fields:
+        _utf8_argument(getattr(query, name), f"--{name}")
+    _utf8_argument(query.filter, "--filter")
+    fields = query.scope_fields
+    if query.include_global and not fields:
         raise DataFormatError("--include-global goes beside a scope (--user, --agent or --session): without one "
                               "every case is searched already")
-    scope = as_scope(fields, include_global=args.include_global)
+    scope = as_scope(fields, include_global=query.include_global)
     where = None
-    if args.filter is not None:
-        where = parse_filter(parse_json(args.filter, where="--filter", error=DataFormatError, finite=True),
+    if query.filter is not None:
+        where = parse_filter(parse_json(query.filter, where="--filter", error=DataFormatError, finite=True),
                              what="--filter")
     return scope, where
 
@@ -364,14 +414,15 @@ def _scope_text(case: Any) -> str:
 
 
 def _search(args: argparse.Namespace) -> int:
-    for value, name in ((args.text, "TEXT"), (args.env, "--env"), (args.kind, "--kind")):
+    query = SearchConfig(**given_fields(args, SearchConfig))
+    for value, name in ((args.text, "TEXT"), (query.env, "--env"), (query.kind, "--kind")):
         _utf8_argument(value, name)
-    scope, where = _search_where(args)
+    scope, where = _search_where(query)
     with open_bank(args.bank, options=bank_options(args)) as bank:
-        check_count("-k", args.k, 1, MAX_CANDIDATES)
+        check_count("-k", query.k, 1, MAX_CANDIDATES)
         encoder = bank_encoder(bank)
-        k = min(args.k, max(len(bank), 1))  # more than the bank holds finds them all
-        scores, ids = bank.search(encoder.encode(args.text), k, env=args.env, kind=args.kind, scope=scope,
+        k = min(query.k, max(len(bank), 1))  # more than the bank holds finds them all
+        scores, ids = bank.search(encoder.encode(args.text), k, env=query.env, kind=query.kind, scope=scope,
                                   filter=where)
         cases = bank.get(list(ids))
     if args.json:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
 
 from memento.cli import online
 from memento.cli.options import add_command, add_out, add_planner_option, add_seed
+from memento.config import check_bools, is_int
 from memento.envs.tasks import suite_dir
-from memento.flags import int_arg
+from memento.errors import ConfigError
+from memento.flags import config_option, config_switch, given_fields
 from memento.runs.spans import LATE_STEPS
 
 DESCRIPTION = """\
@@ -37,34 +40,49 @@ DEMO_SELECTOR = "selector"
 """The pre-trained selector's directory inside the facts-real suite (data/facts-real/selector/)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """What ``memento demo`` changes in the run it makes (everything else is the embedded defaults)."""
+
+    steps: int = dataclasses.field(default=250, metadata={"help": "tasks (LLM calls) per policy"})
+    fresh: bool = dataclasses.field(default=False, metadata={"help": "delete --out first and start over"})
+    from_scratch: bool = dataclasses.field(default=False, metadata={
+        "help": "soft_q starts from a fresh Q-network, not from the shipped pre-trained selector"})
+
+    def __post_init__(self) -> None:
+        if not is_int(self.steps):  # its range is memento online's to check (--steps)
+            raise ConfigError(f"DemoConfig.steps={self.steps!r}: must be an integer")
+        check_bools(self, "fresh", "from_scratch")
+
+
 def add_parser(commands: Any) -> None:
     demo = add_command(commands, "demo", "the main job on its defaults: soft-Q vs similarity with Gemma", DESCRIPTION)
-    demo.add_argument("--steps", type=int_arg, default=250, help="tasks (LLM calls) per policy (default: 250)")
+    config_option(demo, DemoConfig, "steps")
     add_out(demo, "output (default: checkpoints/demo)", default="checkpoints/demo")
     add_planner_option(demo, default="gemma")
     add_seed(demo, "seed of every random stream of the run (default: 0)")
-    demo.add_argument("--fresh", action="store_true", help="delete --out first and start over")
-    demo.add_argument("--from-scratch", action="store_true",
-                      help="soft_q starts from a fresh Q-network, not from the shipped pre-trained selector")
+    config_switch(demo, DemoConfig, "fresh")
+    config_switch(demo, DemoConfig, "from_scratch")
 
 
 def online_argv(args: argparse.Namespace, out: Path) -> list[str]:
     """The ``memento online`` command line the demo runs."""
+    config = DemoConfig(**given_fields(args, DemoConfig))
     suite = suite_dir("facts-real")
     argv = ["--tasks", str(suite / "test.jsonl"), "--cases", str(suite / "cases.jsonl"),
             "--planner", args.planner, "--policy", "soft_q,similarity", "--judge", "exact",
             "--retain-judge", "contains", "--soft-q-candidates", "positive",
-            "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out), "--torch-threads", "1",
-            "--late-steps", str(min(LATE_STEPS, max(1, args.steps // 2)))]
-    if not args.from_scratch:
+            "--steps", str(config.steps), "--seed", str(args.seed), "--out", str(out), "--torch-threads", "1",
+            "--late-steps", str(min(LATE_STEPS, max(1, config.steps // 2)))]
+    if not config.from_scratch:
         selector = suite / DEMO_SELECTOR
         argv += ["--init-qnet", str(selector)]
         print(f"soft_q starts from the selector pre-trained on planner-scored labels of facts-real/train "
               f"({selector}; see its README.md); similarity is positive-only cosine retrieval. "
-              f"Test split, {args.steps} tasks per policy.")
+              f"Test split, {config.steps} tasks per policy.")
     else:
         print(f"soft_q starts from a fresh similarity-anchored Q-network with case features; "
-              f"test split, {args.steps} tasks per policy.")
+              f"test split, {config.steps} tasks per policy.")
     if out.exists() and any(out.iterdir()):
         argv.append("--resume")
         print(f"continuing the demo run in {out} (use --fresh to start over)")
@@ -73,7 +91,7 @@ def online_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if args.fresh and out.exists():
+    if DemoConfig(**given_fields(args, DemoConfig)).fresh and out.exists():
         shutil.rmtree(out)
     parser = argparse.ArgumentParser(prog="memento")
     online.add_parser(parser.add_subparsers(dest="command"))

@@ -4,19 +4,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from memento.cli.options import add_bank_option, add_command, add_encoder_flag, add_results_file, add_seed
+from memento.config import check_bools
 from memento.errors import ConfigError
-from memento.flags import config_option, given_fields
+from memento.flags import HIDDEN, config_option, config_switch, given_fields
 from memento.ope.estimators import OPEConfig, RewardModelConfig
 from memento.ope.evaluate import export_rounds, run_evaluation, target_specs
 from memento.ope.export import write_obp_json, write_vw_cb_adf
 from memento.runs.rundir import RunDir
 
-__all__ = ["add_parser", "cmd_evaluate", "run"]
+__all__ = ["EvaluateConfig", "add_parser", "cmd_evaluate", "run"]
 
 DESCRIPTION = """\
 Estimate, from a run's log, what other case-selection policies would have scored on the same steps
@@ -42,40 +44,60 @@ The log must hold candidate_probs (the logging policy's probability of every can
 online loop writes; older logs are refused."""
 
 
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    """What ``memento evaluate`` estimates and writes beside the estimators' settings (:class:`OPEConfig`): the
+    target policies, whether each is read greedily, and the log's exports."""
+
+    policies: tuple[str, ...] = dataclasses.field(default=(), metadata={
+        "help": "a target: logged, similarity, random or a selector directory (repeatable)"})
+    greedy: bool = dataclasses.field(default=False, metadata={
+        "help": "evaluate each target's arg-max choice instead of its sampling distribution"})
+    export_vw: str | None = dataclasses.field(default=None, metadata={
+        "help": "write the log as Vowpal Wabbit cb_adf text"})
+    export_obp: str | None = dataclasses.field(default=None, metadata={
+        "help": "write the log as Open Bandit Pipeline bandit feedback (JSON)"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policies", tuple(self.policies))
+        check_bools(self, "greedy")
+        if not self.policies and not (self.export_vw or self.export_obp):
+            raise ConfigError("nothing to do: give at least one --policy, or --export-vw / --export-obp")
+
+
 def add_parser(commands: Any) -> None:
     ev = add_command(commands, "evaluate", "off-policy evaluation of selection policies from a run's log",
                      DESCRIPTION)
     ev.add_argument("run", metavar="RUN_DIR_OR_STEPS_JSONL", help="a run directory or its steps.jsonl")
-    ev.add_argument("--policy", action="append", default=[], metavar="POLICY", dest="policies",
-                    help="a target: logged, similarity, random or a selector directory (repeatable)")
+    config_option(ev, EvaluateConfig, "policies", flag="--policy", action="append", nargs=None, metavar="POLICY",
+                  shown_default=HIDDEN)
     add_bank_option(ev, "the bank the log's candidates come from, a directory or milvus:URI[#collection] (default: "
                         "the run's bank/)")
     add_encoder_flag(ev, "the encoder the run used: a directory or a Hub id hf://ORG/NAME[@REV]")
-    ev.add_argument("--greedy", action="store_true",
-                    help="evaluate each target's arg-max choice instead of its sampling distribution")
+    config_switch(ev, EvaluateConfig, "greedy")
     config_option(ev, OPEConfig, "n_boot", flag="--bootstrap", dest="bootstrap", metavar="N", type=int)
     config_option(ev, OPEConfig, "level")
     config_option(ev, RewardModelConfig, "folds", type=int)
     add_seed(ev, "seed of the bootstrap, the folds and Monte Carlo moments (default: 0)")
     add_results_file(ev, "write the estimates as JSON", required=False)
-    ev.add_argument("--export-vw", metavar="FILE", default=None, help="write the log as Vowpal Wabbit cb_adf text")
-    ev.add_argument("--export-obp", metavar="FILE", default=None,
-                    help="write the log as Open Bandit Pipeline bandit feedback (JSON)")
+    config_option(ev, EvaluateConfig, "export_vw", metavar="FILE", shown_default=HIDDEN)
+    config_option(ev, EvaluateConfig, "export_obp", metavar="FILE", shown_default=HIDDEN)
 
 
 def _warn_stderr(message: str) -> None:
     print(f"memento: warning: {message}", file=sys.stderr)
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
+def _check_outputs(args: argparse.Namespace, command: EvaluateConfig) -> None:
     """The output files (``--json``, ``--export-vw``, ``--export-obp``), checked before anything is read or written:
     distinct, none an existing directory, none the log itself, and ``--json`` only with a ``--policy`` to estimate."""
-    if args.json and not args.policies:
+    if args.json and not command.policies:
         raise ConfigError(f"--json {args.json}: holds the estimates, which need at least one --policy")
     source = Path(args.run)
     log = (RunDir(source).steps if source.is_dir() else source).resolve()
     seen: dict[Path, str] = {}
-    for flag, value in (("--json", args.json), ("--export-vw", args.export_vw), ("--export-obp", args.export_obp)):
+    outputs = (("--json", args.json), ("--export-vw", command.export_vw), ("--export-obp", command.export_obp))
+    for flag, value in outputs:
         if not value:
             continue
         path = Path(value).resolve()
@@ -94,26 +116,25 @@ def cmd_evaluate(args: argparse.Namespace, *, make_policy: Any | None = None, en
     builds the similarity, random and
     selector targets; ``encoder`` replaces the one ``--encoder`` names (a test hook: tests pass a light one).
     Everything cheap (flags, targets, the whole log) is checked before the bank is opened and the encoder loaded."""
-    if not args.policies and not (args.export_vw or args.export_obp):
-        raise ConfigError("nothing to do: give at least one --policy, or --export-vw / --export-obp")
+    command = EvaluateConfig(**given_fields(args, EvaluateConfig))
     given = {"n_boot": args.bootstrap, "level": args.level}
     model = RewardModelConfig(**given_fields(args, RewardModelConfig, ("folds",)))
     config = OPEConfig(**{name: value for name, value in given.items() if value is not None}, reward_model=model)
     if args.seed < 0:
         raise ConfigError(f"--seed={args.seed}: must be >= 0")
-    specs = target_specs(args.policies)
+    specs = target_specs(command.policies)
     if make_policy is None and any(spec.kind != "logged" for spec in specs):
         raise ConfigError("cmd_evaluate: the similarity, random and selector targets need make_policy")
-    _check_outputs(args)
+    _check_outputs(args, command)
     evaluation, data = run_evaluation(args.run, specs, bank=args.bank, config=config, make_policy=make_policy,
-                                      encoder=encoder, encoder_path=args.encoder, greedy=args.greedy,
+                                      encoder=encoder, encoder_path=args.encoder, greedy=command.greedy,
                                       seed=args.seed, warn=_warn_stderr)
-    if args.export_vw:
-        write_vw_cb_adf(args.export_vw, export_rounds(data))
-        print(f"{evaluation.rounds} examples written to {args.export_vw} (Vowpal Wabbit cb_adf)")
-    if args.export_obp:
-        write_obp_json(args.export_obp, export_rounds(data))
-        print(f"{evaluation.rounds} rounds written to {args.export_obp} (Open Bandit Pipeline bandit feedback)")
+    if command.export_vw:
+        write_vw_cb_adf(command.export_vw, export_rounds(data))
+        print(f"{evaluation.rounds} examples written to {command.export_vw} (Vowpal Wabbit cb_adf)")
+    if command.export_obp:
+        write_obp_json(command.export_obp, export_rounds(data))
+        print(f"{evaluation.rounds} rounds written to {command.export_obp} (Open Bandit Pipeline bandit feedback)")
     if not specs:
         return 0
     print(f"{evaluation.source}: {evaluation.rounds} steps ({evaluation.skipped} without a choice skipped), K up to "

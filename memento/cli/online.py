@@ -9,7 +9,7 @@ from typing import Any, get_args
 
 from memento.cli.options import (
     EXIT_OK,
-    JUDGES,
+    JudgeName,
     add_bank_option,
     add_cases_format,
     add_command,
@@ -32,7 +32,17 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import MAX_STEPS, MAX_WORKERS, EvidenceConfig, OnlineLabelsConfig, QNetConfig, SetChoiceConfig
+from memento.config import (
+    MAX_STEPS,
+    MAX_WORKERS,
+    EvidenceConfig,
+    OnlineLabelsConfig,
+    QNetConfig,
+    SetChoiceConfig,
+    check_choice,
+    field_default,
+    is_int,
+)
 from memento.errors import ConfigError, DataFormatError
 from memento.flags import (
     HIDDEN,
@@ -42,7 +52,8 @@ from memento.flags import (
     config_options,
     config_switch,
     field_help,
-    int_arg,
+    given_fields,
+    option_value,
 )
 from memento.formats import read_case_file, read_tasks_jsonl
 from memento.planners.base import PlannerError
@@ -89,26 +100,48 @@ _SOFT_Q_FLAGS = ("alpha", "warmup", "init_qnet", "updates_per_step")  # SoftQCon
 _QNET_FLAGS = ("anchor", "features", "relation_rank")
 
 
+@dataclasses.dataclass(frozen=True)
+class OnlineCommandConfig:
+    """What ``memento online`` runs beside the loop's and the policies' configs: the seed cases, the policies
+    compared, the judges, the 'late' window of the table and the rollout workers (its flags are these fields)."""
+
+    cases: str | None = dataclasses.field(default=None, metadata={"help": "seed cases for the bank (JSONL)"})
+    policy: str = dataclasses.field(default="soft_q,similarity", metadata={
+        "help": f"comma-separated policies: {', '.join(get_args(PolicyKind))}"})
+    judge: JudgeName = dataclasses.field(default="exact", metadata={
+        "help": "how an answer is scored: the reward the policy learns from"})
+    retain_judge: JudgeName | None = dataclasses.field(default=None, metadata={"help": (
+        "how a retained case's stored reward is judged (default: as --judge); a lenient judge (contains, f1) stores "
+        "each case's own outcome as a real bank does (facts-real)")})
+    late_steps: int = dataclasses.field(default=LATE_STEPS, metadata={
+        "help": "the last steps that make the 'late' success rate"})
+    workers: int = dataclasses.field(default=1, metadata={"help": (
+        f"1..{MAX_WORKERS}; N > 1: N Ray actors, each with its own planner and judge, select (with a snapshot of the "
+        "policy), plan and judge; this process keeps the bank, the learner and the logs")})
+
+    def __post_init__(self) -> None:  # the ranges are checked by the command, naming the flags (--late-steps...)
+        check_choice(self, "judge", JudgeName)
+        if self.retain_judge is not None:
+            check_choice(self, "retain_judge", JudgeName)
+        for name in ("late_steps", "workers"):
+            if not is_int(getattr(self, name)):
+                raise ConfigError(f"OnlineCommandConfig.{name}={getattr(self, name)!r}: must be an integer")
+
+
 def add_parser(commands: Any) -> None:
     online = add_command(commands, "online", "run the online learning loop for one or more policies", DESCRIPTION)
     add_tasks_file(online, required=True)
     seed = online.add_mutually_exclusive_group()
-    seed.add_argument("--cases", metavar="FILE", default=None, help="seed cases for the bank (JSONL)")
+    config_option(seed, OnlineCommandConfig, "cases", metavar="FILE", shown_default=HIDDEN)
     add_bank_option(seed, "a seed bank to copy into the run (a directory or milvus:URI[#collection]; instead of "
                           "--cases)")
     add_cases_format(online)
     add_planner_option(online, required=True)
-    online.add_argument("--policy", default="soft_q,similarity", metavar="P[,P...]",
-                        help=f"comma-separated policies: {', '.join(get_args(PolicyKind))} "
-                             "(default: soft_q,similarity)")
-    online.add_argument("--judge", choices=JUDGES, default="exact",
-                        help="how an answer is scored: the reward the policy learns from (default: exact)")
-    online.add_argument("--retain-judge", choices=JUDGES, default=None,
-                        help="how a retained case's stored reward is judged (default: as --judge); a lenient judge "
-                             "(contains, f1) stores each case's own outcome as a real bank does (facts-real)")
+    config_option(online, OnlineCommandConfig, "policy", metavar="P[,P...]")
+    config_option(online, OnlineCommandConfig, "judge")
+    config_option(online, OnlineCommandConfig, "retain_judge", shown_default=HIDDEN)
     config_options(online, LoopConfig, _LOOP_FIELDS)
-    online.add_argument("--late-steps", type=int_arg, default=LATE_STEPS,
-                        help=f"the last steps that make the 'late' success rate (default: {LATE_STEPS})")
+    config_option(online, OnlineCommandConfig, "late_steps")
     _add_soft_q_options(online)
     config_option(online, LoopConfig, "credit")
     config_option(online, SoftQConfig, "init_qnet", metavar="DIR", shown_default=HIDDEN)
@@ -160,10 +193,8 @@ def _add_soft_q_options(online: Any) -> None:
 
 
 def _add_worker_options(group: Any) -> None:
-    group.add_argument("--workers", type=int_arg, default=1, metavar="N",
-                       help=f"1..{MAX_WORKERS}; N > 1: N Ray actors, each with its own planner and judge, select "
-                            "(with a snapshot of the policy), plan and judge; this process keeps the bank, the "
-                            "learner and the logs (default: 1, everything in this process)")
+    config_option(group, OnlineCommandConfig, "workers", metavar="N",
+                  shown_default=f"{field_default(OnlineCommandConfig, 'workers')}, everything in this process")
     config_option(group, WorkersConfig, "address", flag="--ray-address", dest="ray_address", metavar="ADDR",
                   shown_default="start a local Ray")
     config_option(group, WorkersConfig, "sync_every")
@@ -193,24 +224,24 @@ def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     return dataclasses.replace(SOFT_Q, **given)
 
 
-def _workers_config(args: argparse.Namespace) -> WorkersConfig | None:
+def _workers_config(args: argparse.Namespace, command: OnlineCommandConfig) -> WorkersConfig | None:
     """The rollout workers ``--workers N`` (N > 1) asks for, checked (and Ray found) before anything loads; ``None``
     for the in-process loop."""
-    check_count("--workers", args.workers, 1, MAX_WORKERS)
-    if args.workers == 1:
+    check_count("--workers", command.workers, 1, MAX_WORKERS)
+    if command.workers == 1:
         for flag, value in (("--ray-address", args.ray_address), ("--sync-every", args.sync_every)):
             if value is not None:
                 raise ConfigError(f"{flag} is for rollout workers: add --workers N with N >= 2")
         return None
     from memento.runs.ray import WORKER_KINDS, require_ray
 
-    refused = [kind for kind in comma_list(args.policy) if kind not in WORKER_KINDS]
+    refused = [kind for kind in comma_list(command.policy) if kind not in WORKER_KINDS]
     if refused:
-        raise ConfigError(f"--workers {args.workers}: policy {refused[0]!r} runs in-process only (workers run "
+        raise ConfigError(f"--workers {command.workers}: policy {refused[0]!r} runs in-process only (workers run "
                           f"{', '.join(WORKER_KINDS)}); use --workers 1 for it")
     require_ray()  # found, not imported: a local Ray turns on token authentication when it first imports Ray
     given = {"sync_every": args.sync_every} if args.sync_every is not None else {}
-    return WorkersConfig(workers=args.workers, address=args.ray_address, **given)
+    return WorkersConfig(workers=command.workers, address=args.ray_address, **given)
 
 
 def _check_labels_flag(args: argparse.Namespace, policies: list[str]) -> None:
@@ -223,42 +254,44 @@ def _check_labels_flag(args: argparse.Namespace, policies: list[str]) -> None:
         raise ConfigError("--labels 1: one scored candidate has nothing to rank against; give M >= 2, or 0 for no "
                           "labels")
     if "soft_q" not in policies:
-        raise ConfigError(f"--labels {m}: online labels train the soft_q policy, and --policy {args.policy} runs "
+        policy = option_value(args, OnlineCommandConfig, "policy")
+        raise ConfigError(f"--labels {m}: online labels train the soft_q policy, and --policy {policy} runs "
                           "none; add soft_q to --policy, or leave --labels out")
 
 
-def _policies(args: argparse.Namespace) -> list[str]:
-    policies = list(comma_list(args.policy))
+def _policies(command: OnlineCommandConfig) -> list[str]:
+    policies = list(comma_list(command.policy))
     known = get_args(PolicyKind)
     unknown = [p for p in policies if p not in known]
     if not policies or unknown:
-        raise ConfigError(f"--policy {args.policy!r}: unknown policy {unknown[0] if unknown else ''!r}; "
+        raise ConfigError(f"--policy {command.policy!r}: unknown policy {unknown[0] if unknown else ''!r}; "
                           f"choose from {', '.join(known)}")
     if len(set(policies)) != len(policies):
-        raise ConfigError(f"--policy {args.policy!r}: a policy is listed twice")
+        raise ConfigError(f"--policy {command.policy!r}: a policy is listed twice")
     return policies
 
 
-def _judges(args: argparse.Namespace) -> tuple[Any, Any]:
+def _judges(command: OnlineCommandConfig) -> tuple[Any, Any]:
     try:
         from memento.judges import make_judge
     except ImportError as error:
-        raise ConfigError(f"--judge {args.judge}: judges are not available ({error})") from None
-    return make_judge(args.judge), None if args.retain_judge is None else make_judge(args.retain_judge)
+        raise ConfigError(f"--judge {command.judge}: judges are not available ({error})") from None
+    return make_judge(command.judge), None if command.retain_judge is None else make_judge(command.retain_judge)
 
 
 def run(args: argparse.Namespace) -> int:
     # everything cheap is checked before a model is loaded or a file written
-    policies = _policies(args)
+    command = OnlineCommandConfig(**given_fields(args, OnlineCommandConfig))
+    policies = _policies(command)
     spec = parse_planner_spec(args.planner)
     check_planner_spec(spec)
     check_torch_threads(args)
     check_device(args.device)
-    check_count("--late-steps", args.late_steps, 1, MAX_STEPS)
+    check_count("--late-steps", command.late_steps, 1, MAX_STEPS)
     tasks = read_tasks_jsonl(args.tasks)
     if not tasks:
         raise DataFormatError("no tasks in the file", path=args.tasks)
-    seed_cases = read_case_file(args.cases, args.cases_format) if args.cases else None
+    seed_cases = read_case_file(command.cases, args.cases_format) if command.cases else None
     if args.bank is not None:
         check_seed_bank(args.bank)  # read whole: a damaged bank fails before --out is made
     _check_labels_flag(args, policies)
@@ -268,14 +301,14 @@ def run(args: argparse.Namespace) -> int:
     systems = systems_from_args(args, config.systems)
     if systems is not None:
         config = dataclasses.replace(config, systems=systems)
-    workers = _workers_config(args)
+    workers = _workers_config(args, command)
     if workers is not None:  # what the workers refuse, refused before --out is made
         if args.labels_m is not None and soft_q.labels.active:
-            raise ConfigError(f"--workers {args.workers}: online labels (--labels {args.labels_m}) run in-process "
+            raise ConfigError(f"--workers {command.workers}: online labels (--labels {args.labels_m}) run in-process "
                               "only; use --workers 1 with them, or --labels 0")
         if config.systems.active:
-            raise ConfigError(f"--workers {args.workers}: the memory systems (CFGM, LifeMem, PlugMem) run in-process "
-                              "only; use --workers 1 with them")
+            raise ConfigError(f"--workers {command.workers}: the memory systems (CFGM, LifeMem, PlugMem) run "
+                              "in-process only; use --workers 1 with them")
     if workers is not None and args.labels_m is None and soft_q.labels.active:  # labels run in-process only
         print("online labels off: rollout workers (--workers) run without them")
         configs = [without_labels(c) for c in configs]
@@ -292,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    judge, retain_judge = _judges(args)
+    judge, retain_judge = _judges(command)
     encoder = load_encoder(encoder_config(args))
     common: dict[str, Any] = dict(make_policy=make_policy, encoder=encoder, judge=judge, tasks=tasks,
                                   seed_cases=seed_cases, bank_dir=args.bank, device=device, resume=args.resume,
@@ -301,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         from memento.runs.ray import ray_runtime, worker_loop_class
 
         with ray_runtime(workers):
-            comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+            comparison = run_comparison(configs, config=config, out_dir=out, late_steps=command.late_steps,
                                         loop_class=worker_loop_class(workers, spec), **common)
     else:
         try:
@@ -310,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
             raise PlannerError(f"planner {spec}: not available ({error})") from None
         if any(isinstance(c, SoftQConfig) and c.labels.active for c in configs):
             configs, config = _label_default(args, planner, tasks, configs, config)
-        comparison = run_comparison(configs, config=config, out_dir=out, late_steps=args.late_steps,
+        comparison = run_comparison(configs, config=config, out_dir=out, late_steps=command.late_steps,
                                     planner=planner, **common)
     print(comparison_table(comparison))
     print(f"results in {out} (comparison.json, learning_curves.svg, <policy>/summary.json)")

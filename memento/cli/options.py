@@ -7,7 +7,7 @@ threads, Milvus options). Options for config fields come from :func:`memento.fla
 from __future__ import annotations
 
 import argparse
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from memento.bank import MilvusOptions
 from memento.config import EncoderConfig, IndexConfig, factory_problem, field_default
@@ -38,7 +38,8 @@ from memento.formats import CaseFormat
 from memento.types import shown
 
 __all__ = ["BANK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "JUDGES", "PLANNER_SPECS", "RAW",
-           "add_bank_option", "add_cases_format", "add_command", "add_config_file", "add_connect_timeout", "add_device",
+           "JudgeName", "add_bank_option", "add_cases_format", "add_command", "add_config_file", "add_connect_timeout",
+           "add_device",
            "add_encoder_flag", "add_encoder_options", "add_json_flag", "add_learn_flag", "add_listen_options",
            "add_no_progress", "add_out", "add_planner_option", "add_results_file", "add_resume", "add_seed",
            "add_selector_dir", "add_systems_flags", "add_tasks_file", "add_token_file", "add_torch_threads",
@@ -55,7 +56,9 @@ PLANNER_SPECS = ("gemma | hf:PATH | hf://ORG/NAME[@REV] | openai:MODEL@URL[?KEY=
                  "max_tokens, temperature, stop (repeatable; percent-encoded or \\n), api_key_env (a variable name, "
                  "or none), timeout_s, score_timeout_s, max_retries, concurrency, top_p, seed; quote the spec in a "
                  "shell)")
-JUDGES = ["exact", "f1", "contains", "numeric"]
+JudgeName = Literal["exact", "f1", "contains", "numeric"]
+"""The judges a command's ``--judge`` names (:func:`memento.judges.make_judge`)."""
+JUDGES = list(get_args(JudgeName))
 RAW = argparse.RawDescriptionHelpFormatter
 
 

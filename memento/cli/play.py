@@ -26,9 +26,17 @@ from memento.cli.options import (
     set_torch_threads,
     systems_from_args,
 )
-from memento.config import LearnerConfig, field_default, from_dict, read_config_json
+from memento.config import LearnerConfig, check_bools, field_default, from_dict, read_config_json
 from memento.errors import ConfigError, GameError
-from memento.flags import check_count, config_option, config_options, config_switch, given_fields, option_value
+from memento.flags import (
+    HIDDEN,
+    check_count,
+    config_option,
+    config_options,
+    config_switch,
+    given_fields,
+    option_value,
+)
 from memento.policies import PolicyKind
 
 MAX_EPISODE_STEPS = 100_000
@@ -53,18 +61,46 @@ its checkpoint (mid-episode too: the game is replayed to the saved step)."""
 _GAME_FIELDS = ("episodes", "k", "candidates", "checkpoint_every", "seed", "retrieval")
 """The GameLoopConfig fields set by flags of their own name (their help on the fields)."""
 
+DEFAULT_SUITE = "tw-small"
+"""The shipped suite played when neither ``--suite`` nor ``--games`` is given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlayCommandConfig:
+    """What ``memento play`` plays and with which policy, beside the loop's config (:class:`GameLoopConfig`, which
+    ``--config`` and the other flags set): the games (a shipped suite's split, or game files), the policy by name
+    (``none``: no memory) and whether the bank retains the episodes."""
+
+    suite: str | None = dataclasses.field(default=None, metadata={
+        "help": "a shipped game suite: tw-tiny, tw-small, tw-stream"})
+    games: tuple[str, ...] | None = dataclasses.field(default=None, metadata={"help": "game files (.z8 or .ulx)"})
+    split: str = dataclasses.field(default="train", metadata={"help": "split of --suite: train, test or ood"})
+    policy: str = dataclasses.field(default="soft_q", metadata={
+        "help": f"{', '.join(get_args(PolicyKind))}, or none (no memory)"})
+    no_retain: bool = dataclasses.field(default=False, metadata={
+        "help": "the bank retains nothing (evaluation)"})
+
+    def __post_init__(self) -> None:
+        known = (*get_args(PolicyKind), "none")
+        if self.policy not in known:
+            raise ConfigError(f"--policy {self.policy!r}: choose from {', '.join(known)}")
+        check_bools(self, "no_retain")
+
+
+def _command(args: argparse.Namespace) -> PlayCommandConfig:
+    """The :class:`PlayCommandConfig` of the command line."""
+    return PlayCommandConfig(**given_fields(args, PlayCommandConfig))
+
 
 def add_parser(commands: Any) -> None:
     from memento.runs.games import GameLoopConfig
 
     play = add_command(commands, "play", "an agent plays TextWorld games, choosing cases at every step", DESCRIPTION)
     source = play.add_mutually_exclusive_group()
-    source.add_argument("--suite", default=None,
-                        help="a shipped game suite: tw-tiny, tw-small, tw-stream (default: tw-small)")
-    source.add_argument("--games", nargs="+", metavar="FILE", default=None, help="game files (.z8 or .ulx)")
-    play.add_argument("--split", default="train", help="split of --suite: train, test or ood (default: train)")
-    play.add_argument("--policy", default="soft_q",
-                      help=f"{', '.join(get_args(PolicyKind))}, or none (no memory) (default: soft_q)")
+    config_option(source, PlayCommandConfig, "suite", shown_default=DEFAULT_SUITE)
+    config_option(source, PlayCommandConfig, "games", metavar="FILE", shown_default=HIDDEN)
+    config_option(play, PlayCommandConfig, "split")
+    config_option(play, PlayCommandConfig, "policy")
     config_option(play, LearnerConfig, "gamma", "soft_q's discount: 0 = cross-entropy on each step's reward, > 0 = "
                   "soft TD")
     add_planner_option(play, default="gemma")
@@ -77,7 +113,7 @@ def add_parser(commands: Any) -> None:
     add_systems_flags(play, games=True)
     add_bank_option(play, "a starting bank to copy (a directory or milvus:URI[#collection]; default: empty)")
     config_switch(play, GameLoopConfig, "learn")
-    play.add_argument("--no-retain", action="store_true", help="the bank retains nothing (evaluation)")
+    config_switch(play, PlayCommandConfig, "no_retain")
     add_out(play, "run directory")
     add_resume(play, "continue the run in --out from its checkpoint")
     add_torch_threads(play, 0, "torch.set_num_threads (default: torch's)")
@@ -89,22 +125,20 @@ def _play_config(args: argparse.Namespace) -> Any:
     from memento.runs.games import GameLoopConfig
 
     base = from_dict(GameLoopConfig, read_config_json(args.config)) if args.config else GameLoopConfig()
-    known = (*get_args(PolicyKind), "none")
-    if args.policy not in known:
-        raise ConfigError(f"--policy {args.policy!r}: choose from {', '.join(known)}")
+    command = _command(args)  # a policy it does not know is refused here
     gamma = option_value(args, LearnerConfig, "gamma")
     if not 0.0 <= gamma < 1.0:
         raise ConfigError(f"--gamma={gamma}: must be in [0, 1)")
-    if gamma > 0 and args.policy != "soft_q":
+    if gamma > 0 and command.policy != "soft_q":
         raise ConfigError(f"--gamma={gamma}: only soft_q learns with a discount")
     changes: dict[str, Any] = given_fields(args, GameLoopConfig, (*_GAME_FIELDS, "learn", "tensorboard"))
-    if not args.config or args.policy != "soft_q" or gamma:
-        changes["policy"] = loop_policy("random" if args.policy == "none" else args.policy, gamma=gamma)
-    changes["memory"] = args.policy != "none" and base.memory
+    if not args.config or command.policy != "soft_q" or gamma:
+        changes["policy"] = loop_policy("random" if command.policy == "none" else command.policy, gamma=gamma)
+    changes["memory"] = command.policy != "none" and base.memory
     if args.max_steps is not None:
         check_count("--max-steps", args.max_steps, 1, MAX_EPISODE_STEPS)
         changes["game"] = dataclasses.replace(base.game, max_steps=args.max_steps)
-    if args.no_retain:
+    if command.no_retain:
         changes["cases"] = "none"
     systems = systems_from_args(args, base.systems)
     if systems is not None:
@@ -112,11 +146,11 @@ def _play_config(args: argparse.Namespace) -> Any:
     return dataclasses.replace(base, **changes)
 
 
-def _games(args: argparse.Namespace) -> list[Path]:
+def _games(args: argparse.Namespace, command: PlayCommandConfig) -> list[Path]:
     from memento.envs.textworld import SUITES, build_suite
 
-    if args.games:
-        games = [Path(g) for g in args.games]
+    if command.games:
+        games = [Path(g) for g in command.games]
         missing = [g for g in games if not g.is_file()]
         if missing:
             raise GameError(f"{missing[0]}: game file not found")
@@ -125,12 +159,12 @@ def _games(args: argparse.Namespace) -> list[Path]:
         for game in games:  # a corrupt file is one line now, not after the models have loaded
             TextWorldEnv(game).close()
         return games
-    suite = args.suite or "tw-small"
+    suite = command.suite or DEFAULT_SUITE
     if suite not in SUITES:
         raise ConfigError(f"--suite {suite!r}: unknown; known: {', '.join(sorted(SUITES))}")
-    if args.split not in SUITES[suite].splits:
-        raise ConfigError(f"--split {args.split!r}: {suite} has {', '.join(SUITES[suite].splits)}")
-    return build_suite(suite, splits=[args.split], progress=not args.no_progress)[args.split]
+    if command.split not in SUITES[suite].splits:
+        raise ConfigError(f"--split {command.split!r}: {suite} has {', '.join(SUITES[suite].splits)}")
+    return build_suite(suite, splits=[command.split], progress=not args.no_progress)[command.split]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = parse_planner_spec(args.planner)
     check_planner_spec(spec)
-    games = _games(args)
+    games = _games(args, _command(args))
     set_torch_threads(args.torch_threads)
     from memento.encoders import Encoder
     from memento.policies import make_policy

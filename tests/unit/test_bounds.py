@@ -310,7 +310,7 @@ def test_fuzz_online_numeric_flags(flag: str, value: int) -> None:
     any other is one ConfigError line naming the flag's field, of bounded length."""
     from memento.cli import online
     from memento.cli.entry import build_parser
-    from memento.flags import check_count, check_torch_threads
+    from memento.flags import check_count, check_torch_threads, option_value
 
     record(__name__, "inputs")
     argv = ["online", "--tasks", "t.jsonl", "--planner", "openai:m@http://127.0.0.1:9", "--out", "o",
@@ -322,7 +322,7 @@ def test_fuzz_online_numeric_flags(flag: str, value: int) -> None:
     field = flag.lstrip("-").replace("-", "_")
     try:
         check_torch_threads(args)
-        check_count("--late-steps", args.late_steps, 1, C.MAX_STEPS)
+        check_count("--late-steps", option_value(args, online.OnlineCommandConfig, "late_steps"), 1, C.MAX_STEPS)
         soft_q = online.soft_q_config(args)
         config = online.loop_config(args, policy=soft_q)
     except ConfigError as error:
