@@ -65,9 +65,8 @@ def add_parser(commands: Any) -> None:
     config_switch(demo, DemoConfig, "from_scratch")
 
 
-def online_argv(args: argparse.Namespace, out: Path) -> list[str]:
+def online_argv(args: argparse.Namespace, config: DemoConfig, out: Path) -> list[str]:
     """The ``memento online`` command line the demo runs."""
-    config = DemoConfig(**given_fields(args, DemoConfig))
     suite = suite_dir("facts-real")
     argv = ["--tasks", str(suite / "test.jsonl"), "--cases", str(suite / "cases.jsonl"),
             "--planner", args.planner, "--policy", "soft_q,similarity", "--judge", "exact",
@@ -91,8 +90,9 @@ def online_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if DemoConfig(**given_fields(args, DemoConfig)).fresh and out.exists():
+    config = DemoConfig(**given_fields(args, DemoConfig))
+    if config.fresh and out.exists():
         shutil.rmtree(out)
     parser = argparse.ArgumentParser(prog="memento")
     online.add_parser(parser.add_subparsers(dest="command"))
-    return online.run(parser.parse_args(["online", *online_argv(args, out)]))
+    return online.run(parser.parse_args(["online", *online_argv(args, config, out)]))

@@ -202,17 +202,16 @@ def _add_worker_options(group: Any) -> None:
 
 def loop_config(args: argparse.Namespace, **fixed: Any) -> LoopConfig:
     """The LoopConfig the flags describe (unset flags keep LoopConfig's defaults)."""
-    names = (*_LOOP_FIELDS, "seed", "index", "credit", "tensorboard")
-    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    given = given_fields(args, LoopConfig, (*_LOOP_FIELDS, "seed", "index", "credit", "tensorboard"))
     return LoopConfig(**{**given, **fixed})
 
 
 def soft_q_config(args: argparse.Namespace) -> SoftQConfig:
     """The SoftQConfig the soft-Q flags describe (unset flags keep :data:`SOFT_Q`'s fields)."""
-    given: dict[str, Any] = {name: getattr(args, name) for name in _SOFT_Q_FLAGS if getattr(args, name) is not None}
+    given: dict[str, Any] = given_fields(args, SoftQConfig, _SOFT_Q_FLAGS)
     if args.soft_q_candidates is not None:
         given["positive_only"] = args.soft_q_candidates == "positive"
-    qnet = {name: getattr(args, name) for name in _QNET_FLAGS if getattr(args, name) is not None}
+    qnet = given_fields(args, QNetConfig, _QNET_FLAGS)
     if qnet:
         given["qnet"] = dataclasses.replace(SOFT_Q.qnet, **qnet)
     for field, prefix, names in (("labels", "labels", ("m", "every", "when", "target", "budget")),
