@@ -22,6 +22,7 @@ from memento.flags import (
     config_option,
     config_options,
     config_switch,
+    given_fields,
     shown,
 )
 from memento.training.config import LightningConfig, SimCSEConfig
@@ -125,9 +126,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             target[path[-1]] = value
     if args.data:
         base["data"] = list(args.data)
-    for name in ("include_actions", "hard_negatives"):
-        if getattr(args, name) is not None:
-            base[name] = getattr(args, name)
+    base.update(given_fields(args, SimCSEConfig, ("include_actions", "hard_negatives")))
     if not base["data"]:
         raise ConfigError("no input: pass --data FILE (or a --config that lists data)")
     return from_dict(SimCSEConfig, base)
