@@ -125,6 +125,7 @@ from memento.selector.artifact.layout import (
 )
 from memento.selector.artifact.manifest import (
     MANIFEST_NAME,
+    has_manifest,
     hash_files,
     library_versions,
     listed_files,
@@ -344,7 +345,7 @@ def save_copy(root: Path, target: Path, parts: LiveParts, previous: dict[str, An
         if not overwrite:
             raise CheckpointError(f"{target}: already exists and is not an empty directory; save() writes a new "
                                   "artifact there (save() without a path saves in place)")
-        if not (target / MANIFEST_NAME).is_file():
+        if not has_manifest(target):
             raise CheckpointError(f"{target}: exists and is not a selector artifact; refusing to replace it")
     check_tree(root)  # the files copied from are read through no symbolic link
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
